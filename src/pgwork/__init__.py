@@ -1,0 +1,1 @@
+"""pgwork: durable background jobs and job chains in PostgreSQL."""

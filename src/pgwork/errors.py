@@ -1,0 +1,283 @@
+"""Every error pgwork raises on purpose, as classes callers can catch.
+
+The tree::
+
+    PgworkError
+    ├── ConfigurationError            a setting that cannot work (bad schema name, bad option)
+    │   └── InvalidSchemaNameError
+    ├── DatabaseError                 the database could not be used as asked
+    │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
+    │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
+    │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
+    │   └── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
+    ├── JobTypeError                  the registry was asked for something it does not allow
+    │   ├── UnknownJobTypeError
+    │   ├── DuplicateJobTypeError
+    │   ├── NotAnEntryTypeError       start_chain with a type that may not start a chain
+    │   └── ContinuationNotAllowedError
+    ├── PayloadError                  input or output that cannot be stored
+    │   ├── PayloadValidationError    fails its model
+    │   ├── PayloadNotSerializableError  not JSON (names the path)
+    │   └── PayloadTooLargeError
+    ├── JobError                      an operation on a job that cannot be done
+    │   ├── JobNotFoundError
+    │   ├── ChainNotFoundError
+    │   ├── LeaseLostError            a fenced write was refused: another holder owns the job now
+    │   └── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
+    └── WorkerError
+        └── WorkerStateError          start twice, start after stop, ...
+
+Messages say what went wrong and what to do next. The module imports nothing from
+pgwork so any layer can raise these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from uuid import UUID
+
+__all__ = [
+    "AttemptAlreadyFinishedError",
+    "ChainNotFoundError",
+    "ConfigurationError",
+    "ContinuationNotAllowedError",
+    "DatabaseError",
+    "DatabaseUnreachableError",
+    "DuplicateJobTypeError",
+    "InvalidSchemaNameError",
+    "JobError",
+    "JobNotFoundError",
+    "JobTypeError",
+    "LeaseLostError",
+    "NotAnEntryTypeError",
+    "PayloadError",
+    "PayloadNotSerializableError",
+    "PayloadTooLargeError",
+    "PayloadValidationError",
+    "PgworkError",
+    "SchemaMissingError",
+    "SchemaOutdatedError",
+    "UnknownJobTypeError",
+    "UnsupportedConnectionError",
+    "WorkerError",
+    "WorkerStateError",
+]
+
+MIGRATE_HINT = "Run `pgwork migrate --dsn <your DSN>` (or `alembic upgrade head` in a checkout)."
+
+
+def _names(names: Iterable[str]) -> str:
+    listed = sorted(names)
+    return ", ".join(repr(n) for n in listed) if listed else "(none registered)"
+
+
+class PgworkError(Exception):
+    """Root of every error pgwork raises deliberately."""
+
+
+# --- configuration -------------------------------------------------------------------
+
+
+class ConfigurationError(PgworkError, ValueError):
+    """A setting or argument that cannot work; fix the call, not the data."""
+
+
+class InvalidSchemaNameError(ConfigurationError):
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        super().__init__(
+            f"invalid pgwork schema name {schema!r}: use 1-48 characters, a lowercase letter "
+            "or underscore first, then lowercase letters, digits or underscores"
+        )
+
+
+# --- database ------------------------------------------------------------------------
+
+
+class DatabaseError(PgworkError):
+    """The database could not be used as asked."""
+
+
+class DatabaseUnreachableError(DatabaseError):
+    def __init__(self, target: str, reason: str) -> None:
+        self.target = target
+        self.reason = reason
+        super().__init__(
+            f"cannot connect to PostgreSQL at {target}: {reason}. Check the DSN "
+            "(--dsn or PGWORK_DSN), that the server is running, and the credentials."
+        )
+
+
+class SchemaMissingError(DatabaseError):
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        super().__init__(
+            f"the pgwork schema {schema!r} does not exist in this database. {MIGRATE_HINT}"
+        )
+
+
+class SchemaOutdatedError(DatabaseError):
+    def __init__(self, schema: str, current: str | None, expected: str) -> None:
+        self.schema = schema
+        self.current = current
+        self.expected = expected
+        super().__init__(
+            f"the pgwork schema {schema!r} is at revision {current or '(none)'} but this "
+            f"pgwork needs {expected}. {MIGRATE_HINT}"
+        )
+
+
+class UnsupportedConnectionError(DatabaseError, TypeError):
+    def __init__(self, got: object, detail: str = "") -> None:
+        self.got_type = type(got).__name__
+        extra = f" ({detail})" if detail else ""
+        super().__init__(
+            f"cannot enqueue through a {type(got).__module__}.{type(got).__qualname__}{extra}: "
+            "pass a psycopg AsyncConnection, or a SQLAlchemy AsyncConnection / AsyncSession "
+            "created with the psycopg driver (postgresql+psycopg://)"
+        )
+
+
+# --- job types -----------------------------------------------------------------------
+
+
+class JobTypeError(PgworkError):
+    """The registry does not allow what was asked."""
+
+
+class UnknownJobTypeError(JobTypeError, KeyError):
+    def __init__(self, type_name: str, known_types: Iterable[str]) -> None:
+        self.type_name = type_name
+        self.known_types = tuple(sorted(known_types))
+        super().__init__(
+            f"unknown job type {type_name!r}; registered types: {_names(self.known_types)}. "
+            "Declare it with registry.job_type(...) before using it."
+        )
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class DuplicateJobTypeError(JobTypeError):
+    def __init__(self, type_name: str, known_types: Iterable[str]) -> None:
+        self.type_name = type_name
+        self.known_types = tuple(sorted(known_types))
+        super().__init__(
+            f"job type {type_name!r} is already registered (registered types: "
+            f"{_names(self.known_types)}); pick another name or reuse the existing JobType"
+        )
+
+
+class NotAnEntryTypeError(JobTypeError):
+    def __init__(self, type_name: str, entry_types: Iterable[str]) -> None:
+        self.type_name = type_name
+        self.known_types = tuple(sorted(entry_types))
+        super().__init__(
+            f"job type {type_name!r} cannot start a chain (declared with entry=False); "
+            f"types that can: {_names(self.known_types)}"
+        )
+
+
+class ContinuationNotAllowedError(JobTypeError):
+    def __init__(
+        self, from_type: str, to_type: str, allowed: Iterable[str], job_id: UUID | None = None
+    ) -> None:
+        self.from_type = from_type
+        self.type_name = to_type
+        self.job_id = job_id
+        self.known_types = tuple(sorted(allowed))
+        where = f" (job {job_id})" if job_id else ""
+        super().__init__(
+            f"job type {from_type!r}{where} may not continue with {to_type!r}; allowed: "
+            f"{_names(self.known_types)}. Add it to continue_with=[...] in the declaration."
+        )
+
+
+# --- payloads ------------------------------------------------------------------------
+
+
+class PayloadError(PgworkError, ValueError):
+    """Input or output that cannot be stored as a job payload."""
+
+
+class PayloadValidationError(PayloadError):
+    def __init__(self, type_name: str, what: str, detail: str) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.detail = detail
+        super().__init__(f"{what} of job type {type_name!r} does not match its model: {detail}")
+
+
+class PayloadNotSerializableError(PayloadError):
+    def __init__(self, type_name: str, what: str, path: str, reason: str) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{what} of job type {type_name!r} cannot be stored at {path}: {reason}")
+
+
+class PayloadTooLargeError(PayloadError):
+    def __init__(self, type_name: str, what: str, size: int, limit: int) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"{what} of job type {type_name!r} is {size} bytes encoded, over the {limit}-byte "
+            "cap; store large data elsewhere and pass a reference, or raise max_payload_bytes"
+        )
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+
+class JobError(PgworkError):
+    """An operation on a job or chain that cannot be done."""
+
+
+class JobNotFoundError(JobError, LookupError):
+    def __init__(self, job_ids: Sequence[UUID]) -> None:
+        self.job_ids = tuple(job_ids)
+        shown = ", ".join(str(i) for i in self.job_ids)
+        super().__init__(f"no job with id {shown}")
+
+
+class ChainNotFoundError(JobError, LookupError):
+    def __init__(self, chain_ids: Sequence[UUID]) -> None:
+        self.chain_ids = tuple(chain_ids)
+        shown = ", ".join(str(i) for i in self.chain_ids)
+        super().__init__(f"no chain with id {shown}")
+
+
+class LeaseLostError(JobError):
+    def __init__(self, job_id: UUID, attempt: int, action: str) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.action = action
+        super().__init__(
+            f"{action} of job {job_id} (attempt {attempt}) was refused: this worker no longer "
+            "holds the job (its lease expired and it was reaped, or it was cancelled or "
+            "completed elsewhere); nothing was written"
+        )
+
+
+class AttemptAlreadyFinishedError(JobError):
+    def __init__(self, job_id: UUID, outcome: str) -> None:
+        self.job_id = job_id
+        self.outcome = outcome
+        super().__init__(
+            f"attempt on job {job_id} already ended with {outcome}; call complete() or "
+            "reschedule() at most once per attempt"
+        )
+
+
+# --- worker --------------------------------------------------------------------------
+
+
+class WorkerError(PgworkError):
+    """The worker was used in a way its lifecycle does not allow."""
+
+
+class WorkerStateError(WorkerError):
+    pass

@@ -1,0 +1,191 @@
+"""The pgwork schema, defined once as SQLAlchemy Core ``MetaData``.
+
+Alembic migrations are checked against this module (autogenerate must find no
+difference), and the statement contract test prepares every SQL statement against a
+database migrated to head, so this file, the migrations and the SQL cannot drift apart.
+
+Design notes (why the columns are what they are):
+
+* A *chain* is its first job: ``jobs.id == jobs.chain_id`` marks the chain's root row.
+  Chain-level state (``chain_status``, ``chain_completed_at``, ``dedup_key``) lives only
+  on that row, so a one-job chain — the common case — costs one row and one write per
+  state change, and chains can still be listed and filtered through a partial index.
+* ``lease_token`` fences every write made while a job runs: it is replaced on each
+  acquisition, so a worker that lost its lease (paused, partitioned, reaped) matches no
+  row. ``attempt`` counts attempts and is not reused for fencing because a graceful
+  release hands the attempt back.
+* All timestamps are written with the database clock (``now()``), the one clock pgwork
+  trusts for schedules and leases.
+* ``jobs`` is the high-churn table: a lower fillfactor leaves room for HOT updates and
+  autovacuum runs after 1% of rows change instead of the default 20%.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from pgwork.errors import InvalidSchemaNameError
+
+DEFAULT_SCHEMA = "pgwork"
+VERSION_TABLE = "alembic_version"
+
+JOB_STATUSES = ("blocked", "pending", "running", "completed", "failed", "cancelled")
+CHAIN_STATUSES = ("active", "completed", "failed", "cancelled")
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+
+
+def validate_schema_name(schema: str) -> str:
+    """Return ``schema`` if it is a safe, unquoted-style PostgreSQL identifier.
+
+    Schema names are still always quoted when composed into SQL; the check keeps names
+    predictable (no case folding surprises, no channel-name overflow).
+    """
+    if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema) or schema.startswith("pg_"):
+        raise InvalidSchemaNameError(str(schema))
+    return schema
+
+
+@lru_cache(maxsize=32)
+def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
+    """Return the MetaData of every pgwork table in ``schema``."""
+    schema = validate_schema_name(schema)
+    md = sa.MetaData(schema=schema)
+    job_status = pg.ENUM(*JOB_STATUSES, name="job_status", schema=schema, metadata=md)
+    chain_status = pg.ENUM(*CHAIN_STATUSES, name="chain_status", schema=schema, metadata=md)
+    now = sa.text("now()")
+
+    sa.Table(
+        "jobs",
+        md,
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("type_name", sa.Text, nullable=False),
+        sa.Column("chain_id", pg.UUID(as_uuid=True), nullable=False),
+        sa.Column("chain_type_name", sa.Text, nullable=False),
+        sa.Column("chain_index", sa.Integer, nullable=False, server_default=sa.text("0")),
+        sa.Column("input", pg.JSONB, nullable=True),
+        sa.Column("output", pg.JSONB, nullable=True),
+        sa.Column("status", job_status, nullable=False),
+        sa.Column("queue", sa.Text, nullable=False, server_default=sa.text("'default'")),
+        sa.Column("priority", sa.SmallInteger, nullable=False, server_default=sa.text("0")),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("scheduled_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("completed_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("attempt", sa.Integer, nullable=False, server_default=sa.text("0")),
+        sa.Column("max_attempts", sa.Integer, nullable=False),
+        sa.Column("last_attempt_error", pg.JSONB, nullable=True),
+        sa.Column("last_attempt_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("leased_by", sa.Text, nullable=True),
+        sa.Column("leased_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lease_token", pg.UUID(as_uuid=True), nullable=True),
+        # Chain-level state; meaningful on the root row only (id = chain_id).
+        sa.Column("chain_status", chain_status, nullable=True),
+        sa.Column("chain_completed_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("dedup_key", sa.Text, nullable=True),
+        # W3C trace context of the request that enqueued the job (observability).
+        sa.Column("trace_context", pg.JSONB, nullable=True),
+        sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
+        sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
+        sa.CheckConstraint(
+            "(id = chain_id) = (chain_status IS NOT NULL)", name="jobs_chain_status_on_root"
+        ),
+        # Acquire: ready jobs of one queue in (priority, scheduled_at) order.
+        sa.Index(
+            "jobs_acquire_idx",
+            "queue",
+            "priority",
+            "scheduled_at",
+            postgresql_where=sa.text("status = 'pending'"),
+        ),
+        # Reap: running jobs by lease expiry.
+        sa.Index(
+            "jobs_lease_expiry_idx",
+            "leased_until",
+            postgresql_where=sa.text("status = 'running'"),
+        ),
+        # A chain's jobs in order.
+        sa.Index("jobs_chain_idx", "chain_id", "chain_index", unique=True),
+        # Chains (root rows) by type and status, newest first for listings and retention.
+        sa.Index(
+            "jobs_chains_idx",
+            "chain_type_name",
+            "chain_status",
+            "created_at",
+            postgresql_where=sa.text("id = chain_id"),
+        ),
+        # Deduplication lookups.
+        sa.Index(
+            "jobs_dedup_idx",
+            "chain_type_name",
+            "dedup_key",
+            postgresql_where=sa.text("dedup_key IS NOT NULL"),
+        ),
+        # Failed / blocked jobs are few and listed often.
+        sa.Index(
+            "jobs_attention_idx",
+            "status",
+            "type_name",
+            "created_at",
+            postgresql_where=sa.text("status IN ('failed', 'blocked')"),
+        ),
+        postgresql_with={
+            "fillfactor": "70",
+            "autovacuum_vacuum_scale_factor": "0.01",
+            "autovacuum_analyze_scale_factor": "0.02",
+            "autovacuum_vacuum_cost_delay": "1",
+        },
+    )
+
+    sa.Table(
+        "job_blockers",
+        md,
+        sa.Column(
+            "job_id",
+            pg.UUID(as_uuid=True),
+            sa.ForeignKey(f"{schema}.jobs.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("blocker_chain_id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("position", sa.SmallInteger, nullable=False),
+        sa.Index("job_blockers_blocker_idx", "blocker_chain_id"),
+    )
+
+    sa.Table(
+        "workers",
+        md,
+        sa.Column("id", sa.Text, primary_key=True),
+        sa.Column("host", sa.Text, nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("queues", pg.ARRAY(sa.Text), nullable=False),
+        sa.Column("job_types", pg.ARRAY(sa.Text), nullable=False),
+        sa.Column("max_slots", sa.Integer, nullable=False),
+        sa.Column("active_slots", sa.Integer, nullable=False, server_default=sa.text("0")),
+        sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'idle'")),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("metadata", pg.JSONB, nullable=True),
+        sa.CheckConstraint(
+            "status IN ('idle', 'busy', 'stopping', 'stopped')", name="workers_status_known"
+        ),
+        sa.Index("workers_heartbeat_idx", "heartbeat_at"),
+    )
+
+    sa.Table(
+        "queues",
+        md,
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.text("false")),
+        sa.Column("paused_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+    )
+    return md
+
+
+def table(schema: str, name: str) -> sa.Table:
+    """Return one table of the schema's MetaData."""
+    return build_metadata(schema).tables[f"{schema}.{name}"]
