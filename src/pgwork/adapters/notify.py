@@ -1,0 +1,54 @@
+"""The wake-up contract: hints that work may be ready, or that an attempt must stop.
+
+Notifications are hints, never the source of truth: they carry no payloads, a worker
+still polls, and losing one costs latency, not correctness. An adapter must deliver a
+notice published inside a transaction only after that transaction commits (and never
+after a rollback) when it can; an adapter that cannot see commits says so in its docs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+from uuid import UUID
+
+__all__ = ["Listener", "Notice", "NotifyAdapter"]
+
+NoticeKind = Literal["ready", "abort", "chain_done", "reconnected"]
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One hint.
+
+    ``ready``: jobs may be ready in ``queue``. ``abort``: the attempt on ``job_id`` must
+    stop (``reason`` is an AbortReason value). ``chain_done``: ``chain_id`` ended.
+    ``reconnected``: the listener lost notices while reconnecting; fetch now.
+    """
+
+    kind: NoticeKind
+    queue: str | None = None
+    job_id: UUID | None = None
+    chain_id: UUID | None = None
+    reason: str | None = None
+
+
+class Listener(Protocol):
+    """A live subscription. ``wait`` returns the notices that arrived, or [] on timeout."""
+
+    async def wait(self, timeout: float) -> list[Notice]: ...
+
+
+@runtime_checkable
+class NotifyAdapter(Protocol):
+    async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
+        """Publish ``notices``; with ``tx``, delivered when that transaction commits."""
+        ...
+
+    def listen(self) -> AbstractAsyncContextManager[Listener]:
+        """Subscribe for as long as the context is open."""
+        ...
+
+    async def close(self) -> None: ...

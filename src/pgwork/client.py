@@ -1,0 +1,274 @@
+"""The client: enqueue chains inside the caller's transaction, and read them back.
+
+Everything that can be checked without the database (job type, entry flag, input
+model, JSON-ability, size) is checked before the first statement, so bad input raises
+a ``PgworkError`` and leaves the caller's transaction untouched and usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from pgwork._ids import new_id
+from pgwork.adapters.in_process import InProcessNotifyAdapter
+from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter
+from pgwork.errors import (
+    ChainNotFoundError,
+    ConfigurationError,
+    JobNotFoundError,
+)
+from pgwork.job_types import JobType, JobTypeRegistry
+from pgwork.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from pgwork.records import Chain, Job, JobStatus
+
+__all__ = ["ChainStart", "Client", "StartedChain", "create_client"]
+
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+Schedule = datetime | timedelta | None
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class ChainStart(Generic[I]):
+    """One chain to start with ``Client.start_chains``; the same options as start_chain."""
+
+    job_type: JobType[I, Any]
+    input: I
+    schedule: Schedule
+    dedup: str | DedupSpec | None
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+
+    def __init__(
+        self,
+        job_type: JobType[I, Any],
+        input: I,
+        *,
+        schedule: Schedule = None,
+        dedup: str | DedupSpec | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "job_type", job_type)
+        object.__setattr__(self, "input", input)
+        object.__setattr__(self, "schedule", schedule)
+        object.__setattr__(self, "dedup", dedup)
+        object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "max_attempts", max_attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class StartedChain(Generic[I, O]):
+    """What ``start_chain`` did: the chain's id (= its first job's id), and whether an
+    existing chain was returned instead of a new one (deduplication)."""
+
+    id: UUID
+    job_id: UUID
+    job_type: JobType[I, O]
+    deduplicated: bool
+    status: JobStatus
+
+
+class Client:
+    """Enqueue and query jobs. Create with ``create_client``."""
+
+    def __init__(
+        self,
+        *,
+        state_adapter: StateAdapter,
+        notify_adapter: NotifyAdapter,
+        registry: JobTypeRegistry,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        registry.validate()
+        if max_payload_bytes <= 0:
+            raise ConfigurationError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
+        self.state = state_adapter
+        self.notify = notify_adapter
+        self.registry = registry
+        self.max_payload_bytes = max_payload_bytes
+
+    # --- enqueue -----------------------------------------------------------------------
+
+    async def start_chain(
+        self,
+        tx: object,
+        job_type: JobType[I, O],
+        input: I,
+        *,
+        schedule: Schedule = None,
+        dedup: str | DedupSpec | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> StartedChain[I, O]:
+        """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
+
+        ``tx``: a psycopg ``AsyncConnection`` or a SQLAlchemy ``AsyncConnection`` /
+        ``AsyncSession`` (psycopg driver). Nothing is committed here: the job exists
+        once, and only if, the caller commits. ``schedule``: a timezone-aware datetime
+        or a delay. ``dedup``: a key (or ``DedupSpec``) — if a matching chain exists it
+        is returned with ``deduplicated=True`` and nothing is inserted.
+        """
+        started = await self.start_chains(
+            tx,
+            [
+                ChainStart(
+                    job_type,
+                    input,
+                    schedule=schedule,
+                    dedup=dedup,
+                    queue=queue,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                )
+            ],
+        )
+        return started[0]
+
+    async def start_chains(
+        self, tx: object, items: Sequence[ChainStart[Any]]
+    ) -> list[StartedChain[Any, Any]]:
+        """Start many chains in the caller's transaction with one insert per batch."""
+        if not items:
+            return []
+        new_jobs = [self._new_chain(item) for item in items]
+        handle = await self.state.adopt(tx)
+        inserted = await self.state.insert_jobs(handle, jobs=new_jobs)
+        ready_queues = {
+            job.queue
+            for job, result in zip(new_jobs, inserted, strict=True)
+            if not result.deduplicated and job.run_at is None and job.run_after is None
+        }
+        if ready_queues:
+            await self.notify.publish(
+                handle, notices=[Notice(kind="ready", queue=q) for q in sorted(ready_queues)]
+            )
+        return [
+            StartedChain(
+                id=result.chain_id,
+                job_id=result.job_id,
+                job_type=item.job_type,
+                deduplicated=result.deduplicated,
+                status=result.status,
+            )
+            for item, result in zip(items, inserted, strict=True)
+        ]
+
+    def _new_chain(self, item: ChainStart[Any]) -> NewJob:
+        job_type = self.registry.entry(item.job_type)
+        input_json = job_type.input_codec.encode(item.input, max_bytes=self.max_payload_bytes)
+        job_id = new_id()
+        run_at, run_after = split_schedule(item.schedule)
+        max_attempts = item.max_attempts if item.max_attempts is not None else job_type.max_attempts
+        if max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
+        return NewJob(
+            id=job_id,
+            type_name=job_type.name,
+            chain_id=job_id,
+            chain_type_name=job_type.name,
+            chain_index=0,
+            input_json=input_json,
+            queue=item.queue or job_type.queue,
+            priority=item.priority if item.priority is not None else job_type.priority,
+            max_attempts=max_attempts,
+            run_at=run_at,
+            run_after=run_after,
+            dedup=DedupSpec(item.dedup) if isinstance(item.dedup, str) else item.dedup,
+        )
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def get_job(self, job_id: UUID, *, tx: object | None = None) -> Job[Any]:
+        """Return one job with its input decoded to the model of its type (when the type
+        is registered; raw JSON otherwise). Raises JobNotFoundError."""
+        handle = await self.state.adopt(tx) if tx is not None else None
+        jobs = await self.state.get_jobs(handle, job_ids=[job_id])
+        if not jobs:
+            raise JobNotFoundError([job_id])
+        return self._decoded(jobs[0])
+
+    async def get_chain(self, chain_id: UUID, *, tx: object | None = None) -> Chain:
+        """Return a chain: status, input, final output (once completed), newest job."""
+        handle = await self.state.adopt(tx) if tx is not None else None
+        chains = await self.state.get_chains(handle, chain_ids=[chain_id])
+        if not chains:
+            raise ChainNotFoundError([chain_id])
+        chain = chains[0]
+        current = self._decoded(chain.current_job)
+        return replace(
+            chain,
+            input=self._decode_input(chain.type_name, chain.input),
+            output=current.output if chain.output is not None else None,
+            current_job=current,
+        )
+
+    async def list_chain_jobs(self, chain_id: UUID, *, tx: object | None = None) -> list[Job[Any]]:
+        """A chain's jobs in order (first job first)."""
+        handle = await self.state.adopt(tx) if tx is not None else None
+        jobs = await self.state.list_chain_jobs(handle, chain_id=chain_id)
+        if not jobs:
+            raise ChainNotFoundError([chain_id])
+        return [self._decoded(job) for job in jobs]
+
+    def _decode_input(self, type_name: str, data: Any) -> Any:
+        if type_name not in self.registry:
+            return data
+        return self.registry.get(type_name).input_codec.decode(data)
+
+    def _decoded(self, job: Job[Any]) -> Job[Any]:
+        if job.type_name not in self.registry:
+            return job
+        job_type = self.registry.get(job.type_name)
+        output = job.output
+        if output is not None and job.status is JobStatus.COMPLETED:
+            output = job_type.output_codec.decode(output)
+        return replace(job, input=job_type.input_codec.decode(job.input), output=output)
+
+    async def close(self) -> None:
+        """Close both adapters (their pools and listener connections)."""
+        await self.notify.close()
+        await self.state.close()
+
+
+def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | None]:
+    """Turn ``schedule`` into (run_at, run_after); the database clock resolves both."""
+    if schedule is None:
+        return None, None
+    if isinstance(schedule, datetime):
+        if schedule.tzinfo is None or schedule.utcoffset() is None:
+            raise ConfigurationError(
+                f"schedule datetime {schedule.isoformat()} has no timezone; pass an aware "
+                "datetime (e.g. datetime.now(UTC) + ...) or a timedelta"
+            )
+        return schedule, None
+    if isinstance(schedule, timedelta):
+        return None, max(schedule, timedelta(0))
+    raise ConfigurationError(f"schedule must be a datetime or timedelta, got {schedule!r}")
+
+
+def create_client(
+    *,
+    state_adapter: StateAdapter,
+    notify_adapter: NotifyAdapter | None = None,
+    registry: JobTypeRegistry,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> Client:
+    """Build a Client. Without ``notify_adapter`` an in-process one is used (workers in
+    other processes then find new jobs by polling only)."""
+    return Client(
+        state_adapter=state_adapter,
+        notify_adapter=notify_adapter or InProcessNotifyAdapter(),
+        registry=registry,
+        max_payload_bytes=max_payload_bytes,
+    )

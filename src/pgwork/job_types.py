@@ -1,0 +1,248 @@
+"""Job type declarations and the registry that holds them.
+
+A ``JobType[I, O]`` carries its input model ``I`` and output model ``O`` as type
+parameters, so ``client.start_chain(tx, send_email, SendEmail(...))`` and a handler
+typed ``Attempt[SendEmail, Sent]`` are checked by mypy/pyright end to end. ``JobType``
+is invariant in ``I``: passing another model is a type error, not a silent upcast.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from pgwork.backoff import RetryPolicy
+from pgwork.errors import (
+    ConfigurationError,
+    ContinuationNotAllowedError,
+    DuplicateJobTypeError,
+    NotAnEntryTypeError,
+    UnknownJobTypeError,
+)
+from pgwork.payload import Codec
+
+__all__ = ["Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
+
+I = TypeVar("I")  # noqa: E741 - the conventional name for "input"
+O = TypeVar("O")  # noqa: E741
+I2 = TypeVar("I2")
+
+ProcessingMode = Literal["staged", "atomic"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
+_PRIORITY_RANGE = range(-32768, 32768)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class JobType(Generic[I, O]):
+    """One declared job type. Create with ``JobTypeRegistry.job_type``.
+
+    Compared and hashed by identity, so it can key the worker's ``processors`` mapping.
+    """
+
+    name: str
+    input_model: Any
+    output_model: Any
+    entry: bool
+    continue_with: frozenset[str]
+    lease: timedelta
+    retry: RetryPolicy
+    max_attempts: int
+    queue: str
+    priority: int
+    timeout: timedelta | None
+    mode: ProcessingMode
+    input_codec: Codec[I] = field(repr=False)
+    output_codec: Codec[O] = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"JobType({self.name!r})"
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Continue(Generic[I2]):
+    """The next job of a chain: ``Continue(next_type, NextInput(...))``.
+
+    Passed to ``attempt.complete(continue_with=...)``; the next job is inserted in the
+    same transaction that completes the current one.
+    """
+
+    job_type: JobType[I2, Any]
+    input: I2
+    schedule_after: timedelta | None
+
+    def __init__(
+        self, job_type: JobType[I2, Any], input: I2, *, after: timedelta | None = None
+    ) -> None:
+        object.__setattr__(self, "job_type", job_type)
+        object.__setattr__(self, "input", input)
+        object.__setattr__(self, "schedule_after", after)
+
+
+class JobTypeRegistry:
+    """All job types an application knows, by name.
+
+    Both the client (to validate and route what is enqueued) and the worker (to decode
+    what it acquires) resolve names through one registry.
+    """
+
+    def __init__(self) -> None:
+        self._types: dict[str, JobType[Any, Any]] = {}
+
+    @overload
+    def job_type(
+        self,
+        name: str,
+        *,
+        input: type[I],
+        output: type[O],
+        entry: bool = ...,
+        continue_with: Iterable[str | JobType[Any, Any]] = ...,
+        lease: timedelta = ...,
+        retry: RetryPolicy | None = ...,
+        max_attempts: int = ...,
+        queue: str = ...,
+        priority: int = ...,
+        timeout: timedelta | None = ...,
+        mode: ProcessingMode = ...,
+    ) -> JobType[I, O]: ...
+
+    @overload
+    def job_type(
+        self,
+        name: str,
+        *,
+        input: type[I],
+        output: None = ...,
+        entry: bool = ...,
+        continue_with: Iterable[str | JobType[Any, Any]] = ...,
+        lease: timedelta = ...,
+        retry: RetryPolicy | None = ...,
+        max_attempts: int = ...,
+        queue: str = ...,
+        priority: int = ...,
+        timeout: timedelta | None = ...,
+        mode: ProcessingMode = ...,
+    ) -> JobType[I, Any]: ...
+
+    def job_type(
+        self,
+        name: str,
+        *,
+        input: Any,
+        output: Any = None,
+        entry: bool = True,
+        continue_with: Iterable[str | JobType[Any, Any]] = (),
+        lease: timedelta = timedelta(seconds=60),
+        retry: RetryPolicy | None = None,
+        max_attempts: int = 5,
+        queue: str = "default",
+        priority: int = 0,
+        timeout: timedelta | None = None,
+        mode: ProcessingMode = "staged",
+    ) -> JobType[Any, Any]:
+        """Declare a job type.
+
+        ``entry``: may start a chain. ``continue_with``: names (or types) this type may
+        hand its chain to; names may refer to types declared later, which allows loops.
+        ``lease``: how long a staged attempt holds the job between renewals.
+        ``timeout``: per-attempt deadline (also bounds an atomic attempt's transaction).
+        ``priority``: lower runs first within a queue.
+        """
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigurationError(
+                f"invalid job type name {name!r}: use up to 200 letters, digits, '_', '.', ':' "
+                "or '-', starting with a letter or '_'"
+            )
+        if name in self._types:
+            raise DuplicateJobTypeError(name, self._types)
+        if max_attempts < 1:
+            raise ConfigurationError(f"max_attempts of {name!r} must be >= 1, got {max_attempts}")
+        if lease <= timedelta(0):
+            raise ConfigurationError(f"lease of {name!r} must be positive, got {lease}")
+        if timeout is not None and timeout <= timedelta(0):
+            raise ConfigurationError(f"timeout of {name!r} must be positive, got {timeout}")
+        if priority not in _PRIORITY_RANGE:
+            raise ConfigurationError(f"priority of {name!r} must fit a smallint, got {priority}")
+        if mode not in ("staged", "atomic"):
+            raise ConfigurationError(f"mode of {name!r} must be 'staged' or 'atomic', got {mode!r}")
+        if not queue or not isinstance(queue, str):
+            raise ConfigurationError(f"queue of {name!r} must be a non-empty string")
+        output_model = Any if output is None else output
+        job_type: JobType[Any, Any] = JobType(
+            name=name,
+            input_model=input,
+            output_model=output_model,
+            entry=entry,
+            continue_with=frozenset(c if isinstance(c, str) else c.name for c in continue_with),
+            lease=lease,
+            retry=retry or RetryPolicy(),
+            max_attempts=max_attempts,
+            queue=queue,
+            priority=priority,
+            timeout=timeout,
+            mode=mode,
+            input_codec=Codec(input, type_name=name, what="input"),
+            output_codec=Codec(output_model, type_name=name, what="output"),
+        )
+        self._types[name] = job_type
+        return job_type
+
+    def get(self, name: str) -> JobType[Any, Any]:
+        """Return the type named ``name`` or raise UnknownJobTypeError listing known names."""
+        try:
+            return self._types[name]
+        except KeyError:
+            raise UnknownJobTypeError(name, self._types) from None
+
+    def resolve(self, job_type: JobType[Any, Any] | str) -> JobType[Any, Any]:
+        """Accept a JobType or a name; a JobType must be this registry's own."""
+        if isinstance(job_type, str):
+            return self.get(job_type)
+        mine = self._types.get(job_type.name)
+        if mine is not job_type:
+            raise UnknownJobTypeError(job_type.name, self._types)
+        return job_type
+
+    def entry(self, job_type: JobType[Any, Any] | str) -> JobType[Any, Any]:
+        """Resolve a type that is about to start a chain."""
+        resolved = self.resolve(job_type)
+        if not resolved.entry:
+            raise NotAnEntryTypeError(resolved.name, (t.name for t in self if t.entry))
+        return resolved
+
+    def continuation(
+        self, from_type: JobType[Any, Any], to: JobType[Any, Any] | str, job_id: Any = None
+    ) -> JobType[Any, Any]:
+        """Resolve the next type of a chain, checking ``from_type`` may continue with it."""
+        target = self.resolve(to)
+        if target.name not in from_type.continue_with:
+            raise ContinuationNotAllowedError(
+                from_type.name, target.name, from_type.continue_with, job_id
+            )
+        return target
+
+    def validate(self) -> None:
+        """Check every ``continue_with`` name refers to a declared type."""
+        for job_type in self:
+            for target in job_type.continue_with:
+                if target not in self._types:
+                    raise UnknownJobTypeError(target, self._types)
+
+    @property
+    def names(self) -> Sequence[str]:
+        return tuple(self._types)
+
+    def __iter__(self) -> Iterator[JobType[Any, Any]]:
+        return iter(self._types.values())
+
+    def __len__(self) -> int:
+        return len(self._types)
+
+    def __contains__(self, item: object) -> bool:
+        if isinstance(item, JobType):
+            return self._types.get(item.name) is item
+        return item in self._types

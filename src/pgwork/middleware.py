@@ -1,0 +1,88 @@
+"""Attempt middlewares: ``async def mw(attempt, call_next)`` onions around a handler.
+
+The first middleware declared is the outermost: it sees the attempt first and the
+result (or exception) last. ``compose`` is the one place that defines that order.
+The shipped ``log_context`` middleware puts the attempt's identity into context
+variables that ``LogContextFilter`` copies onto every stdlib ``logging`` record
+emitted while the handler runs, so handler logs need no extra arguments.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgwork.worker._attempt import Attempt
+
+__all__ = [
+    "CallNext",
+    "LogContextFilter",
+    "Middleware",
+    "compose",
+    "current_log_context",
+    "log_context",
+]
+
+CallNext = Callable[["Attempt[Any, Any]"], Awaitable[Any]]
+Middleware = Callable[["Attempt[Any, Any]", CallNext], Awaitable[Any]]
+
+
+def compose(middlewares: Sequence[Middleware], handler: CallNext) -> CallNext:
+    """Wrap ``handler`` so ``middlewares[0]`` runs outermost."""
+    call: CallNext = handler
+    for middleware in reversed(middlewares):
+        call = _bind(middleware, call)
+    return call
+
+
+def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:
+    async def call(attempt: Attempt[Any, Any]) -> Any:
+        return await middleware(attempt, call_next)
+
+    return call
+
+
+_LOG_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "pgwork_log_context", default=None
+)
+
+
+def current_log_context() -> dict[str, Any]:
+    """The attempt fields bound by ``log_context`` in this task (empty outside one)."""
+    return dict(_LOG_CONTEXT.get() or {})
+
+
+async def log_context(attempt: Attempt[Any, Any], call_next: CallNext) -> Any:
+    """Bind job id, type, chain, attempt number and worker id for the handler's logs."""
+    token = _LOG_CONTEXT.set(
+        {
+            "job_id": str(attempt.job.id),
+            "job_type": attempt.job.type_name,
+            "chain_id": str(attempt.job.chain_id),
+            "attempt": attempt.job.attempt,
+            "worker_id": attempt.worker_id,
+        }
+    )
+    try:
+        return await call_next(attempt)
+    finally:
+        _LOG_CONTEXT.reset(token)
+
+
+class LogContextFilter(logging.Filter):
+    """Copy the bound attempt fields onto each record (``record.job_id`` etc.).
+
+    Outside an attempt the fields are set to ``"-"`` so format strings that name them
+    never fail.
+    """
+
+    FIELDS = ("job_id", "job_type", "chain_id", "attempt", "worker_id")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        bound = _LOG_CONTEXT.get() or {}
+        for name in self.FIELDS:
+            setattr(record, name, bound.get(name, "-"))
+        return True

@@ -1,0 +1,174 @@
+"""Turning job inputs and outputs into stored JSON and back.
+
+Every model kind (pydantic model, dataclass, TypedDict, plain types) goes through one
+pydantic ``TypeAdapter``: validated on the way in, decoded on the way out. Errors are
+raised before any SQL runs and name the offending path (``$.items[2].name``) so the
+caller's transaction stays usable and the fix is obvious.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar, cast
+
+import pydantic
+import pydantic_core
+
+from pgwork.errors import (
+    PayloadNotSerializableError,
+    PayloadTooLargeError,
+    PayloadValidationError,
+)
+
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Codec"]
+
+T = TypeVar("T")
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
+_SCALARS = (
+    str,
+    int,
+    float,
+    bool,
+    type(None),
+    # Types pydantic itself turns into JSON strings.
+    dt.datetime,
+    dt.date,
+    dt.time,
+    dt.timedelta,
+    uuid.UUID,
+    decimal.Decimal,
+    enum.Enum,
+)
+
+
+class Codec(Generic[T]):
+    """Validates, encodes and decodes one model type for one job type.
+
+    ``what`` is "input" or "output", used in error messages.
+    """
+
+    __slots__ = ("_adapter", "_is_instance", "model", "type_name", "what")
+
+    def __init__(self, model: type[T] | Any, *, type_name: str, what: str) -> None:
+        self.model = model
+        self.type_name = type_name
+        self.what = what
+        self._adapter: pydantic.TypeAdapter[T] = pydantic.TypeAdapter(model)
+        # Instances of BaseModel were validated when built; skip re-validating them.
+        self._is_instance = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
+
+    def validate(self, value: Any) -> T:
+        """Return ``value`` as the model type, raising PayloadValidationError if it isn't."""
+        if self._is_instance and isinstance(value, self.model):
+            return cast(T, value)
+        try:
+            return self._adapter.validate_python(value)
+        except pydantic.ValidationError as exc:
+            raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from exc
+
+    def encode(self, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+        """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
+        validated = self.validate(value)
+        try:
+            plain = self._adapter.dump_python(validated, mode="json")
+        except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
+            path, reason = _find_unserializable(validated, "$")
+            raise PayloadNotSerializableError(
+                self.type_name, self.what, path, reason or str(exc)
+            ) from exc
+        _check_storable(plain, "$", self.type_name, self.what)
+        text = json.dumps(plain, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
+        if size > max_bytes:
+            raise PayloadTooLargeError(self.type_name, self.what, size, max_bytes)
+        return text
+
+    def decode(self, data: Any) -> T:
+        """Turn stored JSON (already parsed) back into the model type."""
+        try:
+            return self._adapter.validate_python(data)
+        except pydantic.ValidationError as exc:
+            raise PayloadValidationError(
+                self.type_name, f"stored {self.what}", _describe(exc)
+            ) from exc
+
+
+def _describe(exc: pydantic.ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"(+{more} more)")
+    return "; ".join(parts)
+
+
+def _check_storable(value: Any, path: str, type_name: str, what: str) -> None:
+    """Reject what JSON or PostgreSQL's jsonb cannot hold: NaN/Infinity and NUL chars."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise PayloadNotSerializableError(
+                type_name, what, path, "contains a NUL character (\\u0000), which jsonb rejects"
+            )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadNotSerializableError(
+                type_name, what, path, f"{value} is not a valid JSON number"
+            )
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadNotSerializableError(
+                    type_name, what, path, f"key {key!r} is not a string"
+                )
+            if "\x00" in key:
+                raise PayloadNotSerializableError(
+                    type_name, what, path, "a key contains a NUL character (\\u0000)"
+                )
+            _check_storable(item, f"{path}.{key}", type_name, what)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_storable(item, f"{path}[{i}]", type_name, what)
+
+
+def _find_unserializable(value: Any, path: str) -> tuple[str, str | None]:
+    """Locate the first value pydantic cannot turn into JSON, for the error message."""
+    if isinstance(value, _SCALARS):
+        return path, None
+    if isinstance(value, pydantic.BaseModel):
+        for name in type(value).model_fields:
+            found = _find_unserializable(getattr(value, name), f"{path}.{name}")
+            if found[1]:
+                return found
+        return path, None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            found = _find_unserializable(getattr(value, f.name), f"{path}.{f.name}")
+            if found[1]:
+                return found
+        return path, None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str | int | float | bool):
+                return path, f"key {key!r} is not a string"
+            found = _find_unserializable(item, f"{path}.{key}")
+            if found[1]:
+                return found
+        return path, None
+    if isinstance(value, list | tuple | set | frozenset):
+        for i, item in enumerate(value):
+            found = _find_unserializable(item, f"{path}[{i}]")
+            if found[1]:
+                return found
+        return path, None
+    return path, f"{type(value).__qualname__} is not JSON-serialisable"

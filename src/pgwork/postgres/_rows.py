@@ -1,0 +1,75 @@
+"""Turning result rows into pgwork records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pgwork.adapters.state import AcquiredJob
+from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
+
+JOB_WIDTH = 21  # columns in _statements._JOB_COLUMNS
+
+
+def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
+    r = row[offset : offset + JOB_WIDTH]
+    return Job(
+        id=r[0],
+        type_name=r[1],
+        chain_id=r[2],
+        chain_type_name=r[3],
+        chain_index=r[4],
+        input=r[5],
+        output=r[6],
+        status=JobStatus(r[7]),
+        queue=r[8],
+        priority=r[9],
+        created_at=r[10],
+        scheduled_at=r[11],
+        started_at=r[12],
+        completed_at=r[13],
+        attempt=r[14],
+        max_attempts=r[15],
+        last_attempt_error=AttemptError.from_json(r[16]),
+        last_attempt_at=r[17],
+        leased_by=r[18],
+        leased_until=r[19],
+        dedup_key=r[20],
+    )
+
+
+def chain_from_row(row: Sequence[Any]) -> Chain:
+    root = job_from_row(row, 2)
+    current = job_from_row(row, 2 + JOB_WIDTH)
+    status = ChainStatus(row[0])
+    return Chain(
+        id=root.id,
+        type_name=root.chain_type_name,
+        status=status,
+        input=root.input,
+        output=current.output if status is ChainStatus.COMPLETED else None,
+        created_at=root.created_at,
+        completed_at=row[1],
+        current_job=current,
+        dedup_key=root.dedup_key,
+    )
+
+
+def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
+    return AcquiredJob(
+        id=row[0],
+        type_name=row[1],
+        chain_id=row[2],
+        chain_type_name=row[3],
+        chain_index=row[4],
+        input=row[5],
+        queue=row[6],
+        priority=row[7],
+        attempt=row[8],
+        max_attempts=row[9],
+        lease_token=row[10],
+        leased_until=row[11],
+        created_at=row[12],
+        scheduled_at=row[13],
+        last_attempt_error=AttemptError.from_json(row[14]),
+    )

@@ -1,0 +1,370 @@
+"""Every SQL statement of the PostgreSQL state adapter, by name.
+
+Statements are templates: ``{jobs}``, ``{queues}``, ``{job_status}`` and
+``{chain_status}`` are replaced once per adapter with the quoted schema-qualified
+identifiers (see ``render``); everything a caller supplies is a bound parameter. Batch
+statements take arrays and ``unnest`` them, so the parameter count is fixed whatever the
+batch size. The statement contract test prepares each of these against a migrated
+database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from psycopg import sql
+
+from pgwork.postgres.schema import validate_schema_name
+
+# Columns of a full job row, in the order ``_rows.job_from_row`` reads them.
+_JOB_COLUMNS = """
+    {alias}.id, {alias}.type_name, {alias}.chain_id, {alias}.chain_type_name,
+    {alias}.chain_index, {alias}.input, {alias}.output, {alias}.status::text,
+    {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
+    {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
+    {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
+    {alias}.leased_until, {alias}.dedup_key
+"""
+
+
+def _columns(alias: str) -> str:
+    return _JOB_COLUMNS.replace("{alias}", alias)
+
+
+INSERT_JOBS = """
+INSERT INTO {jobs} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context
+)
+SELECT
+    n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
+    'pending'::{job_status}, n.queue, n.priority, n.max_attempts,
+    GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
+    CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
+    n.dedup_key, n.trace_context::jsonb
+FROM unnest(
+    %(ids)s::uuid[], %(type_names)s::text[], %(chain_ids)s::uuid[],
+    %(chain_type_names)s::text[], %(chain_indexes)s::int[], %(inputs)s::text[],
+    %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
+    %(run_ats)s::timestamptz[], %(run_afters)s::float8[], %(dedup_keys)s::text[],
+    %(trace_contexts)s::text[]
+) AS n(
+    id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
+    max_attempts, run_at, run_after, dedup_key, trace_context
+)
+"""
+
+# Serialises concurrent enqueues of the same (chain type, dedup key) until commit.
+# Locks are taken in a stable order so two batches cannot deadlock each other.
+LOCK_DEDUP_KEYS = """
+SELECT pg_advisory_xact_lock(k)
+FROM (SELECT DISTINCT hashtextextended(x, 0) AS k FROM unnest(%(keys)s::text[]) AS x) AS s
+ORDER BY k
+"""
+
+# Must run as its own statement after LOCK_DEDUP_KEYS: under READ COMMITTED it then
+# sees chains committed by whoever held the lock before us.
+FIND_DEDUP_MATCHES = """
+SELECT d.ord, j.id, j.status::text
+FROM unnest(
+    %(chain_type_names)s::text[], %(keys)s::text[], %(scopes)s::text[],
+    %(windows)s::float8[]
+) WITH ORDINALITY AS d(chain_type_name, key, scope, window_s, ord)
+CROSS JOIN LATERAL (
+    SELECT r.id, r.status
+    FROM {jobs} AS r
+    WHERE r.id = r.chain_id
+      AND r.chain_type_name = d.chain_type_name
+      AND r.dedup_key = d.key
+      AND (
+          d.scope = 'ever'
+          OR (d.scope = 'incomplete' AND r.chain_status = 'active')
+          OR (d.scope = 'window' AND r.created_at > now() - d.window_s * interval '1 second')
+      )
+    ORDER BY r.created_at DESC
+    LIMIT 1
+) AS j
+"""
+
+# Queues are drained in the order given (strictly), each on its own index range, so a
+# deep low-priority queue never slows acquiring from a high-priority one. Rows locked
+# beyond the outer LIMIT are released at commit, a few milliseconds later.
+ACQUIRE = """
+WITH candidates AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending'
+          AND j.queue = q.name
+          AND j.scheduled_at <= now()
+          AND j.type_name = ANY(%(type_names)s::text[])
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.name = q.name AND p.paused)
+    ORDER BY q.rank, c.priority, c.scheduled_at
+    LIMIT %(limit)s
+),
+leases AS (
+    SELECT * FROM unnest(%(type_names)s::text[], %(lease_seconds)s::float8[])
+        AS l(type_name, seconds)
+)
+UPDATE {jobs} AS j
+SET status = 'running',
+    attempt = j.attempt + 1,
+    leased_by = %(worker_id)s,
+    lease_token = gen_random_uuid(),
+    leased_until = now() + l.seconds * interval '1 second',
+    started_at = COALESCE(j.started_at, now())
+FROM candidates AS c, leases AS l
+WHERE j.id = c.id AND l.type_name = j.type_name
+RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input,
+    j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
+    j.created_at, j.scheduled_at, j.last_attempt_error
+"""
+
+# Locks the row for an atomic attempt; the lock is held until the attempt's
+# transaction ends. The session-local idle timeout ends a transaction whose handler
+# stopped talking to the database, releasing the lock even if the worker is stuck.
+BEGIN_ATOMIC = """
+SELECT j.id
+FROM {jobs} AS j,
+     (SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)) AS cfg(v)
+WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'running'
+FOR UPDATE OF j
+"""
+
+RENEW = """
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
+        AS r(id, token, seconds)
+),
+renewed AS (
+    UPDATE {jobs} AS j
+    SET leased_until = now() + r.seconds * interval '1 second'
+    FROM r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
+    RETURNING j.id, j.leased_until
+)
+SELECT r.id, u.leased_until, j.status::text
+FROM r
+LEFT JOIN renewed AS u ON u.id = r.id
+LEFT JOIN {jobs} AS j ON j.id = r.id
+"""
+
+# Completes jobs. A worker's completion is fenced by its lease token; a completion
+# without token (workerless) applies to any job not yet final. A chain ends when its
+# job completes without continuation: the root row records that.
+COMPLETE = """
+WITH c AS (
+    SELECT * FROM unnest(
+        %(ids)s::uuid[], %(tokens)s::uuid[], %(outputs)s::text[], %(ends_chain)s::bool[]
+    ) AS c(id, token, output, ends_chain)
+),
+done AS (
+    UPDATE {jobs} AS j
+    SET status = 'completed',
+        output = c.output::jsonb,
+        completed_at = now(),
+        leased_by = NULL,
+        leased_until = NULL,
+        lease_token = NULL,
+        chain_status = CASE WHEN j.id = j.chain_id AND c.ends_chain
+                            THEN 'completed'::{chain_status} ELSE j.chain_status END,
+        chain_completed_at = CASE WHEN j.id = j.chain_id AND c.ends_chain
+                                  THEN now() ELSE j.chain_completed_at END
+    FROM c
+    WHERE j.id = c.id
+      AND CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
+               ELSE j.lease_token = c.token AND j.status = 'running' END
+    RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain
+),
+roots AS (
+    UPDATE {jobs} AS r
+    SET chain_status = 'completed', chain_completed_at = now()
+    FROM done
+    WHERE r.id = done.chain_id AND r.id <> done.id AND done.ends_chain
+    RETURNING r.id
+)
+SELECT id, chain_id, chain_index, ends_chain FROM done
+"""
+
+# Ends attempts with an error: back to pending after a delay, or failed for good
+# (which fails the chain).
+FAIL = """
+WITH f AS (
+    SELECT * FROM unnest(
+        %(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[], %(retry_seconds)s::float8[]
+    ) AS f(id, token, error, retry_seconds)
+),
+failed AS (
+    UPDATE {jobs} AS j
+    SET status = CASE WHEN f.retry_seconds IS NULL
+                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
+        scheduled_at = CASE WHEN f.retry_seconds IS NULL THEN j.scheduled_at
+                            ELSE now() + f.retry_seconds * interval '1 second' END,
+        completed_at = CASE WHEN f.retry_seconds IS NULL THEN now() END,
+        last_attempt_error = f.error::jsonb,
+        last_attempt_at = now(),
+        leased_by = NULL,
+        leased_until = NULL,
+        lease_token = NULL,
+        chain_status = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
+                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
+        chain_completed_at = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
+                                  THEN now() ELSE j.chain_completed_at END
+    FROM f
+    WHERE j.id = f.id AND j.lease_token = f.token AND j.status = 'running'
+    RETURNING j.id, j.chain_id, f.retry_seconds IS NULL AS terminal
+),
+roots AS (
+    UPDATE {jobs} AS r
+    SET chain_status = 'failed', chain_completed_at = now()
+    FROM failed
+    WHERE r.id = failed.chain_id AND r.id <> failed.id AND failed.terminal
+    RETURNING r.id
+)
+SELECT id FROM failed
+"""
+
+RESCHEDULE = """
+UPDATE {jobs} AS j
+SET status = 'pending',
+    scheduled_at = GREATEST(now(), %(run_at)s::timestamptz,
+                            now() + %(run_after)s::float8 * interval '1 second'),
+    attempt = CASE WHEN %(count_attempt)s::bool THEN j.attempt ELSE j.attempt - 1 END,
+    leased_by = NULL,
+    leased_until = NULL,
+    lease_token = NULL
+WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'running'
+RETURNING j.id
+"""
+
+# Graceful stop: the job goes back where it was in its queue and the attempt it
+# never really ran is handed back.
+RELEASE = """
+UPDATE {jobs} AS j
+SET status = 'pending',
+    attempt = GREATEST(j.attempt - 1, 0),
+    leased_by = NULL,
+    leased_until = NULL,
+    lease_token = NULL
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS r(id, token)
+WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
+RETURNING j.id
+"""
+
+# Takes back jobs whose lease expired. Rows locked by a live atomic attempt are
+# skipped (SKIP LOCKED), so only holders that are really gone lose their jobs. The
+# lost attempt counts: at max_attempts the job fails instead of going back.
+REAP = """
+WITH expired AS (
+    SELECT j.id, j.leased_by
+    FROM {jobs} AS j
+    WHERE j.status = 'running'
+      AND j.leased_until < now()
+      AND j.type_name = ANY(%(type_names)s::text[])
+      AND j.leased_by IS DISTINCT FROM %(worker_id)s
+    ORDER BY j.leased_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE {jobs} AS j
+    SET status = CASE WHEN j.attempt >= j.max_attempts
+                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
+        completed_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+        last_attempt_error = jsonb_build_object(
+            'type', 'LeaseExpired',
+            'message', 'lease held by ' || COALESCE(e.leased_by, '?') || ' expired at '
+                || j.leased_until::text || '; the worker stopped renewing it',
+            'traceback', NULL),
+        last_attempt_at = now(),
+        leased_by = NULL,
+        leased_until = NULL,
+        lease_token = NULL,
+        chain_status = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
+                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
+        chain_completed_at = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
+                                  THEN now() ELSE j.chain_completed_at END
+    FROM expired AS e
+    WHERE j.id = e.id
+    RETURNING j.id, j.chain_id, j.type_name, e.leased_by, j.attempt, j.status::text
+),
+roots AS (
+    UPDATE {jobs} AS r
+    SET chain_status = 'failed', chain_completed_at = now()
+    FROM reaped
+    WHERE r.id = reaped.chain_id AND r.id <> reaped.id AND reaped.status = 'failed'
+    RETURNING r.id
+)
+SELECT id, type_name, leased_by, attempt, status FROM reaped
+"""
+
+GET_JOBS = f"""
+SELECT {_columns("j")}
+FROM {{jobs}} AS j
+WHERE j.id = ANY(%(ids)s::uuid[])
+"""
+
+LIST_CHAIN_JOBS = f"""
+SELECT {_columns("j")}
+FROM {{jobs}} AS j
+WHERE j.chain_id = %(chain_id)s
+ORDER BY j.chain_index
+"""
+
+GET_CHAINS = f"""
+SELECT r.chain_status::text, r.chain_completed_at, {_columns("r")}, {_columns("cur")}
+FROM {{jobs}} AS r
+CROSS JOIN LATERAL (
+    SELECT * FROM {{jobs}} AS c
+    WHERE c.chain_id = r.id
+    ORDER BY c.chain_index DESC
+    LIMIT 1
+) AS cur
+WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """The statements above with the schema's identifiers filled in, as bytes.
+
+    Bytes (not ``sql.Composed``) so psycopg sees the same query text each time and its
+    automatic prepared statements kick in.
+    """
+
+    insert_jobs: bytes
+    lock_dedup_keys: bytes
+    find_dedup_matches: bytes
+    acquire: bytes
+    begin_atomic: bytes
+    renew: bytes
+    complete: bytes
+    fail: bytes
+    reschedule: bytes
+    release: bytes
+    reap: bytes
+    get_jobs: bytes
+    list_chain_jobs: bytes
+    get_chains: bytes
+
+
+def render(schema: str) -> Statements:
+    """Fill every template with ``schema``'s quoted identifiers."""
+    schema = validate_schema_name(schema)
+    names = {
+        "jobs": sql.Identifier(schema, "jobs"),
+        "queues": sql.Identifier(schema, "queues"),
+        "job_status": sql.Identifier(schema, "job_status"),
+        "chain_status": sql.Identifier(schema, "chain_status"),
+    }
+    rendered = {}
+    for f in fields(Statements):
+        template = globals()[f.name.upper()]
+        rendered[f.name] = sql.SQL(template).format(**names).as_bytes(None)
+    return Statements(**rendered)

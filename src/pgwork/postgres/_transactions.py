@@ -1,0 +1,64 @@
+"""Finding the psycopg connection under whatever transaction a caller hands us.
+
+Enqueueing must happen on the caller's own connection, inside the caller's own
+transaction, so that rolling it back leaves no job behind. A SQLAlchemy session or
+connection is unwrapped to the very psycopg connection it is using; a second
+connection is never opened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgwork.errors import UnsupportedConnectionError
+
+__all__ = ["PgTransaction", "unwrap"]
+
+
+class PgTransaction:
+    """The PostgreSQL adapters' transaction handle: an open psycopg connection."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        return f"PgTransaction({self.connection!r})"
+
+
+async def unwrap(tx: object) -> psycopg.AsyncConnection[Any]:
+    """Return the psycopg ``AsyncConnection`` that ``tx`` runs on."""
+    if isinstance(tx, PgTransaction):
+        return tx.connection
+    if isinstance(tx, psycopg.AsyncConnection):
+        return _usable(tx)
+    if isinstance(tx, psycopg.Connection):
+        raise UnsupportedConnectionError(tx, "a synchronous connection; use AsyncConnection")
+    sa_conn = await _sqlalchemy_connection(tx)
+    if sa_conn is None:
+        raise UnsupportedConnectionError(tx)
+    raw = await sa_conn.get_raw_connection()
+    driver = raw.driver_connection
+    if not isinstance(driver, psycopg.AsyncConnection):
+        raise UnsupportedConnectionError(tx, f"its driver is {sa_conn.dialect.driver!r}")
+    return _usable(driver)
+
+
+async def _sqlalchemy_connection(tx: object) -> Any:
+    # SQLAlchemy's asyncio extension is imported lazily: psycopg-only users pay nothing.
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    if isinstance(tx, AsyncSession):
+        return await tx.connection()
+    if isinstance(tx, AsyncConnection):
+        return tx
+    return None
+
+
+def _usable(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+    if conn.closed:
+        raise UnsupportedConnectionError(conn, "the connection is closed")
+    return conn

@@ -1,0 +1,410 @@
+"""The PostgreSQL state adapter: pgwork's job operations on psycopg.
+
+One pool of autocommit connections serves the worker's own operations, so a
+single-statement operation (acquire, renew, reap) is one round trip with no BEGIN or
+COMMIT. Operations that take ``tx`` run on the caller's connection inside the caller's
+transaction and never commit it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, Self
+from uuid import UUID
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgwork.adapters.state import (
+    AcquiredJob,
+    Completion,
+    CompletionResult,
+    Failure,
+    InsertedJob,
+    Lease,
+    NewJob,
+    ReapedJob,
+    RenewResult,
+    TransactionHandle,
+)
+from pgwork.postgres._connect import connect
+from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_row
+from pgwork.postgres._statements import render
+from pgwork.postgres._transactions import PgTransaction, unwrap
+from pgwork.postgres.migrate import verify_schema
+from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
+from pgwork.records import Chain, Job, JobStatus
+
+__all__ = ["PostgresStateAdapter"]
+
+# Rows per INSERT statement: the statement has a fixed number of (array) parameters,
+# so this only bounds the size of one message, not PostgreSQL's parameter limit.
+INSERT_CHUNK = 5000
+
+
+class PostgresStateAdapter:
+    """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
+
+    Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server
+    is reachable and the schema is migrated before anything else runs; or wrap a pool
+    you manage yourself (its connections must be in autocommit mode).
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        owns_pool: bool = False,
+    ) -> None:
+        self.schema = validate_schema_name(schema)
+        self.pool = pool
+        self._owns_pool = owns_pool
+        self._sql = render(self.schema)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 10,
+        verify: bool = True,
+    ) -> Self:
+        """Open a pool on ``dsn``; raises DatabaseUnreachableError / SchemaMissingError /
+        SchemaOutdatedError with the next step in the message."""
+        schema = validate_schema_name(schema)
+        probe = await connect(dsn)
+        try:
+            if verify:
+                await verify_schema(probe, schema)
+        finally:
+            await probe.close()
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"pgwork-{schema}",
+        )
+        await pool.open(wait=True, timeout=30)
+        return cls(pool, schema=schema, owns_pool=True)
+
+    async def verify(self) -> None:
+        async with self.pool.connection() as conn:
+            await verify_schema(conn, self.schema)
+
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self.pool.close()
+
+    # --- transactions ------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[TransactionHandle]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield PgTransaction(conn)
+
+    async def adopt(self, tx: object) -> TransactionHandle:
+        return PgTransaction(await unwrap(tx))
+
+    @asynccontextmanager
+    async def _connection(
+        self, tx: TransactionHandle | None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if tx is None:
+            async with self.pool.connection() as conn:
+                yield conn
+        else:
+            yield await unwrap(tx)
+
+    async def _fetch(
+        self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        with translate_errors(self.schema):
+            async with conn.cursor() as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+    # --- enqueue -----------------------------------------------------------------------
+
+    async def insert_jobs(
+        self, tx: TransactionHandle, *, jobs: Sequence[NewJob]
+    ) -> list[InsertedJob]:
+        conn = await unwrap(tx)
+        results: list[InsertedJob | None] = [None] * len(jobs)
+        if any(job.dedup for job in jobs):
+            await self._deduplicate(conn, jobs, results)
+        fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+        for start in range(0, len(fresh), INSERT_CHUNK):
+            await self._fetch(
+                conn, self._sql.insert_jobs, _insert_params(fresh[start : start + INSERT_CHUNK])
+            )
+        return [
+            result or InsertedJob(job.id, job.chain_id, JobStatus.PENDING, deduplicated=False)
+            for job, result in zip(jobs, results, strict=True)
+        ]
+
+    async def _deduplicate(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        jobs: Sequence[NewJob],
+        results: list[InsertedJob | None],
+    ) -> None:
+        """Fill ``results`` for jobs that match an earlier chain (in the database or
+        earlier in this batch). Holds a transaction-scoped lock per key until commit, so
+        a concurrent enqueue of the same key waits and then sees this one."""
+        indexed = [(i, job) for i, job in enumerate(jobs) if job.dedup]
+        keys = [
+            f"{self.schema}\x1f{job.chain_type_name}\x1f{job.dedup.key}"
+            for _, job in indexed
+            if job.dedup
+        ]
+        await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        rows = await self._fetch(
+            conn,
+            self._sql.find_dedup_matches,
+            {
+                "chain_type_names": [job.chain_type_name for _, job in indexed],
+                "keys": [job.dedup.key for _, job in indexed if job.dedup],
+                "scopes": [job.dedup.scope for _, job in indexed if job.dedup],
+                "windows": [
+                    job.dedup.window.total_seconds() if job.dedup and job.dedup.window else None
+                    for _, job in indexed
+                ],
+            },
+        )
+        matches = {int(ordinal) - 1: (chain_id, status) for ordinal, chain_id, status in rows}
+        first_in_batch: dict[tuple[str, str], InsertedJob] = {}
+        for position, (i, job) in enumerate(indexed):
+            assert job.dedup is not None
+            key = (job.chain_type_name, job.dedup.key)
+            if position in matches:
+                chain_id, status = matches[position]
+                results[i] = InsertedJob(chain_id, chain_id, JobStatus(status), deduplicated=True)
+            elif key in first_in_batch:
+                earlier = first_in_batch[key]
+                results[i] = InsertedJob(earlier.job_id, earlier.chain_id, earlier.status, True)
+            else:
+                first_in_batch[key] = InsertedJob(job.id, job.chain_id, JobStatus.PENDING, False)
+
+    # --- worker operations -------------------------------------------------------------
+
+    async def acquire(
+        self,
+        *,
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> list[AcquiredJob]:
+        if limit <= 0 or not leases:
+            return []
+        params = {
+            "worker_id": worker_id,
+            "type_names": list(leases),
+            "lease_seconds": [d.total_seconds() for d in leases.values()],
+            "queues": list(queues) if queues is not None else [],
+            "limit": limit,
+        }
+        async with self.pool.connection() as conn:
+            rows = await self._fetch(conn, self._sql.acquire, params)
+        return [acquired_from_row(row) for row in rows]
+
+    async def begin_atomic(
+        self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
+    ) -> bool:
+        conn = await unwrap(tx)
+        seconds = deadline.total_seconds()
+        rows = await self._fetch(
+            conn,
+            self._sql.begin_atomic,
+            {
+                "job_id": lease.job_id,
+                "lease_token": lease.lease_token,
+                # A little slack over the handler deadline: the worker's own timeout
+                # fires first; this only ends transactions of a stuck process.
+                "idle_ms": str(int(seconds * 1000) + 5000),
+            },
+        )
+        return bool(rows)
+
+    async def renew(
+        self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
+    ) -> list[RenewResult]:
+        if not leases:
+            return []
+        params = {
+            "ids": [lease.job_id for lease in leases],
+            "tokens": [lease.lease_token for lease in leases],
+            "seconds": [duration[lease.job_id].total_seconds() for lease in leases],
+        }
+        async with self.pool.connection() as conn:
+            rows = await self._fetch(conn, self._sql.renew, params)
+        return [
+            RenewResult(
+                job_id=job_id,
+                renewed=until is not None,
+                leased_until=until,
+                status=JobStatus(status) if status else None,
+            )
+            for job_id, until, status in rows
+        ]
+
+    async def complete(
+        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+    ) -> list[CompletionResult]:
+        if not completions:
+            return []
+        if tx is None and any(c.continuation for c in completions):
+            async with self.transaction() as own:
+                return await self.complete(own, completions=completions)
+        params = {
+            "ids": [c.job_id for c in completions],
+            "tokens": [c.lease_token for c in completions],
+            "outputs": [c.output_json for c in completions],
+            "ends_chain": [c.continuation is None for c in completions],
+        }
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.complete, params)
+        accepted = {row[0]: bool(row[3]) for row in rows}
+        continuations = [
+            c.continuation for c in completions if c.continuation and c.job_id in accepted
+        ]
+        if continuations:
+            assert tx is not None
+            await self.insert_jobs(tx, jobs=continuations)
+        return [
+            CompletionResult(
+                job_id=c.job_id,
+                accepted=c.job_id in accepted,
+                chain_completed=accepted.get(c.job_id, False),
+                continuation_id=(
+                    c.continuation.id if c.continuation and c.job_id in accepted else None
+                ),
+            )
+            for c in completions
+        ]
+
+    async def fail(
+        self, tx: TransactionHandle | None, *, failures: Sequence[Failure]
+    ) -> list[bool]:
+        if not failures:
+            return []
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(
+                conn,
+                self._sql.fail,
+                {
+                    "ids": [f.job_id for f in failures],
+                    "tokens": [f.lease_token for f in failures],
+                    "errors": [json.dumps(f.error.to_json()) for f in failures],
+                    "retry_seconds": [
+                        f.retry_after.total_seconds() if f.retry_after is not None else None
+                        for f in failures
+                    ],
+                },
+            )
+        done = {row[0] for row in rows}
+        return [f.job_id in done for f in failures]
+
+    async def reschedule(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        lease: Lease,
+        run_at: datetime | None,
+        run_after: timedelta | None,
+        count_attempt: bool,
+    ) -> bool:
+        params = {
+            "job_id": lease.job_id,
+            "lease_token": lease.lease_token,
+            "run_at": run_at,
+            "run_after": run_after.total_seconds() if run_after is not None else None,
+            "count_attempt": count_attempt,
+        }
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.reschedule, params)
+        return bool(rows)
+
+    async def release(self, *, leases: Sequence[Lease]) -> int:
+        if not leases:
+            return 0
+        async with self.pool.connection() as conn:
+            rows = await self._fetch(
+                conn,
+                self._sql.release,
+                {
+                    "ids": [lease.job_id for lease in leases],
+                    "tokens": [lease.lease_token for lease in leases],
+                },
+            )
+        return len(rows)
+
+    async def reap(
+        self, *, type_names: Sequence[str], exclude_worker: str, limit: int = 1
+    ) -> list[ReapedJob]:
+        if not type_names:
+            return []
+        async with self.pool.connection() as conn:
+            rows = await self._fetch(
+                conn,
+                self._sql.reap,
+                {"type_names": list(type_names), "worker_id": exclude_worker, "limit": limit},
+            )
+        return [
+            ReapedJob(
+                job_id=r[0], type_name=r[1], leased_by=r[2], attempt=r[3], status=JobStatus(r[4])
+            )
+            for r in rows
+        ]
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def get_jobs(
+        self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
+    ) -> list[Job[Any]]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.get_jobs, {"ids": list(job_ids)})
+        return [job_from_row(row) for row in rows]
+
+    async def get_chains(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> list[Chain]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.get_chains, {"ids": list(chain_ids)})
+        return [chain_from_row(row) for row in rows]
+
+    async def list_chain_jobs(
+        self, tx: TransactionHandle | None, *, chain_id: UUID
+    ) -> list[Job[Any]]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.list_chain_jobs, {"chain_id": chain_id})
+        return [job_from_row(row) for row in rows]
+
+
+def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
+    return {
+        "ids": [j.id for j in jobs],
+        "type_names": [j.type_name for j in jobs],
+        "chain_ids": [j.chain_id for j in jobs],
+        "chain_type_names": [j.chain_type_name for j in jobs],
+        "chain_indexes": [j.chain_index for j in jobs],
+        "inputs": [j.input_json for j in jobs],
+        "queues": [j.queue for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "run_afters": [j.run_after.total_seconds() if j.run_after else None for j in jobs],
+        "dedup_keys": [j.dedup.key if j.dedup else None for j in jobs],
+        "trace_contexts": [
+            json.dumps(dict(j.trace_context)) if j.trace_context else None for j in jobs
+        ],
+    }

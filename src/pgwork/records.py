@@ -1,0 +1,144 @@
+"""What pgwork hands back to callers: frozen, I/O-free records.
+
+Records are plain data so they can cross task and process boundaries, be logged, and be
+compared in tests. Inputs and outputs are kept as decoded JSON here; the client and the
+worker turn them into the job type's models where the type is known.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+__all__ = [
+    "AbortReason",
+    "AttemptError",
+    "Chain",
+    "ChainStatus",
+    "Job",
+    "JobStatus",
+    "Page",
+]
+
+T = TypeVar("T")
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life.
+
+    ``blocked`` waits for blocker chains; ``pending`` waits for a worker (or for its
+    ``scheduled_at``); ``running`` is leased by a worker; the last three are final.
+    """
+
+    BLOCKED = "blocked"
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class ChainStatus(enum.StrEnum):
+    """A chain is ``active`` until its last job completes, fails or is cancelled."""
+
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AbortReason(enum.StrEnum):
+    """Why a running attempt was told to stop before its handler returned."""
+
+    OWNERSHIP_LOST = "ownership_lost"
+    CANCELLED = "cancelled"
+    COMPLETED_ELSEWHERE = "completed_elsewhere"
+    TIMEOUT = "timeout"
+    WORKER_STOPPING = "worker_stopping"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptError:
+    """The error an attempt ended with, as stored on the job (truncated)."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "traceback": self.traceback}
+
+    @classmethod
+    def from_json(cls, data: Any) -> AttemptError | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(
+            type=str(data.get("type", "")),
+            message=str(data.get("message", "")),
+            traceback=data.get("traceback"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Job(Generic[T]):
+    """One job row. ``input`` is the decoded input (a model instance when typed)."""
+
+    id: UUID
+    type_name: str
+    chain_id: UUID
+    chain_type_name: str
+    chain_index: int
+    input: T
+    output: Any
+    status: JobStatus
+    queue: str
+    priority: int
+    created_at: datetime
+    scheduled_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    attempt: int
+    max_attempts: int
+    last_attempt_error: AttemptError | None
+    last_attempt_at: datetime | None
+    leased_by: str | None
+    leased_until: datetime | None
+    dedup_key: str | None = None
+
+    @property
+    def is_chain_root(self) -> bool:
+        return self.id == self.chain_id
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """A chain: its root job plus where it stands now.
+
+    ``output`` is the output of the job that ended the chain (``None`` until then).
+    ``current_job`` is the chain's newest job.
+    """
+
+    id: UUID
+    type_name: str
+    status: ChainStatus
+    input: Any
+    output: Any
+    created_at: datetime
+    completed_at: datetime | None
+    current_job: Job[Any]
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a keyset-paginated listing; pass ``next_cursor`` to get the next."""
+
+    items: tuple[T, ...]
+    next_cursor: str | None = field(default=None)

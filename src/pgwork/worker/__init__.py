@@ -1,0 +1,54 @@
+"""The in-process worker: ``create_in_process_worker`` and the ``Attempt`` handlers see."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from pgwork.client import Client
+from pgwork.job_types import JobType
+from pgwork.middleware import Middleware
+from pgwork.worker._attempt import Attempt
+from pgwork.worker._loop import Handler, InProcessWorker
+
+__all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker"]
+
+
+def _seconds(value: float | timedelta, name: str) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def create_in_process_worker(
+    *,
+    client: Client,
+    processors: Mapping[JobType[Any, Any] | str, Handler],
+    max_slots: int = 10,
+    worker_id: str | None = None,
+    poll_interval: float | timedelta = 2.0,
+    queues: Sequence[str] | None = None,
+    middlewares: Sequence[Middleware] = (),
+    grace_period: float | timedelta = 10.0,
+    rng: random.Random | None = None,
+) -> InProcessWorker:
+    """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
+    ``max_slots`` concurrent attempts.
+
+    ``queues``: queues to take jobs from, drained strictly in the given order (default:
+    the queues of the processed types). ``poll_interval``: the longest the worker waits
+    without a notification. ``grace_period``: how long ``stop()`` lets in-flight
+    attempts finish before aborting them and handing their jobs back. ``middlewares``
+    wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
+    """
+    return InProcessWorker(
+        client=client,
+        processors=processors,
+        max_slots=max_slots,
+        worker_id=worker_id,
+        poll_interval=_seconds(poll_interval, "poll_interval"),
+        queues=queues,
+        middlewares=middlewares,
+        grace_period=_seconds(grace_period, "grace_period"),
+        rng=rng,
+    )

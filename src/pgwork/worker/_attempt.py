@@ -1,0 +1,172 @@
+"""One attempt at one job, as its handler sees it.
+
+The handler decides the outcome — ``complete`` (optionally continuing the chain) or
+``reschedule`` — or returns a value (completes with it) or raises (retried with
+backoff). The outcome is validated and encoded here, inside the handler's call, so a
+wrong output or a continuation the registry forbids raises *in the handler*, where the
+stack trace points at the bug. The worker writes the outcome after the handler returns
+(in atomic mode: in the attempt's own transaction).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from pgwork._ids import new_id
+from pgwork.adapters.state import AcquiredJob, NewJob
+from pgwork.client import split_schedule
+from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError
+from pgwork.job_types import Continue, JobType, JobTypeRegistry
+from pgwork.records import AbortReason, AttemptError, Job
+
+__all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
+
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+TRACEBACK_LIMIT = 8000
+MESSAGE_LIMIT = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    output_json: str
+    continuation: NewJob | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rescheduled:
+    run_at: datetime | None
+    run_after: timedelta | None
+
+
+Outcome = Completed | Rescheduled
+
+
+class Attempt(Generic[I, O]):
+    """Handed to ``async def handler(attempt)``.
+
+    ``job`` is the typed job (``job.input`` is an ``I``). ``cancel_scope`` is the anyio
+    scope the handler runs in; when the worker aborts the attempt (lease lost, job
+    cancelled, timeout, worker stopping) it sets ``abort_reason`` and cancels it.
+    ``connection`` is the open database connection of an *atomic* attempt: rows the
+    handler writes through it commit together with the job's completion (``None`` in
+    staged mode).
+    """
+
+    def __init__(
+        self,
+        *,
+        job: Job[I],
+        job_type: JobType[I, O],
+        acquired: AcquiredJob,
+        worker_id: str,
+        registry: JobTypeRegistry,
+        max_payload_bytes: int,
+        transaction: object | None,
+    ) -> None:
+        self.job = job
+        self.job_type = job_type
+        self.worker_id = worker_id
+        self.cancel_scope = anyio.CancelScope()
+        self.abort_reason: AbortReason | None = None
+        self.transaction = transaction
+        self.connection: Any = getattr(transaction, "connection", None)
+        self._acquired = acquired
+        self._registry = registry
+        self._max_payload_bytes = max_payload_bytes
+        self.outcome: Outcome | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self.abort_reason is not None
+
+    def abort(self, reason: AbortReason) -> None:
+        """Stop the handler (first reason wins). Called by the worker."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.cancel_scope.cancel()
+
+    async def complete(
+        self, output: O | None = None, *, continue_with: Continue[Any] | None = None
+    ) -> None:
+        """Complete the job with ``output``; with ``continue_with``, the chain goes on
+        with that job, inserted in the transaction that completes this one."""
+        self._ensure_open("complete")
+        if output is None and continue_with is not None:
+            # A job that hands its chain on need not produce an output of its own.
+            output_json = "null"
+        else:
+            output_json = self.job_type.output_codec.encode(
+                output, max_bytes=self._max_payload_bytes
+            )
+        continuation = self._continuation(continue_with) if continue_with is not None else None
+        self.outcome = Completed(output_json, continuation)
+
+    async def reschedule(
+        self, *, at: datetime | None = None, after: timedelta | None = None
+    ) -> None:
+        """Put the job back to run later without counting this attempt (e.g. polling
+        something that is not ready yet). Give ``at`` (aware datetime) or ``after``."""
+        self._ensure_open("reschedule")
+        if (at is None) == (after is None):
+            raise ConfigurationError("reschedule() takes exactly one of at= or after=")
+        run_at, run_after = split_schedule(at if at is not None else after)
+        self.outcome = Rescheduled(run_at, run_after)
+
+    def _ensure_open(self, action: str) -> None:
+        if self.outcome is not None:
+            kind = "complete" if isinstance(self.outcome, Completed) else "reschedule"
+            raise AttemptAlreadyFinishedError(self.job.id, kind)
+
+    def _continuation(self, spec: Continue[Any]) -> NewJob:
+        if not isinstance(spec, Continue):
+            raise ConfigurationError(
+                f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
+            )
+        target = self._registry.continuation(self.job_type, spec.job_type, self.job.id)
+        input_json = target.input_codec.encode(spec.input, max_bytes=self._max_payload_bytes)
+        run_at, run_after = split_schedule(spec.schedule_after)
+        return NewJob(
+            id=new_id(),
+            type_name=target.name,
+            chain_id=self.job.chain_id,
+            chain_type_name=self.job.chain_type_name,
+            chain_index=self.job.chain_index + 1,
+            input_json=input_json,
+            queue=target.queue,
+            priority=target.priority,
+            max_attempts=target.max_attempts,
+            run_at=run_at,
+            run_after=run_after,
+        )
+
+    async def _finish_with(self, result: Any) -> None:
+        """Turn a handler's return value into the outcome when it set none itself."""
+        if self.outcome is not None:
+            return
+        if isinstance(result, Continue):
+            await self.complete(None, continue_with=result)
+        else:
+            await self.complete(result)
+
+    def __repr__(self) -> str:
+        return f"Attempt({self.job.type_name} {self.job.id} #{self.job.attempt})"
+
+
+def error_record(exc: BaseException) -> AttemptError:
+    """The stored form of an exception: type, message and a truncated traceback."""
+    tb = "".join(traceback.format_exception(exc))
+    if len(tb) > TRACEBACK_LIMIT:
+        tb = "…" + tb[-TRACEBACK_LIMIT:]
+    message = str(exc)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT] + "…"
+    return AttemptError(
+        type=f"{type(exc).__module__}.{type(exc).__qualname__}", message=message, traceback=tb
+    )

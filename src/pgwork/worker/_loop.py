@@ -1,0 +1,531 @@
+"""The in-process worker: one main loop feeding a fixed number of slots.
+
+Each turn of the loop (1) reaps at most one expired lease of a type this worker
+handles, (2) fills every free slot with ONE acquire statement, and (3) waits for the
+first of: a notification, the poll interval, a slot finishing. Slots run in an anyio
+task group; a side task renews staged leases, another listens for notifications.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from pgwork.adapters.notify import Listener, Notice
+from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
+from pgwork.backoff import backoff_delay
+from pgwork.client import Client
+from pgwork.errors import ConfigurationError, LeaseLostError, PgworkError, WorkerStateError
+from pgwork.job_types import JobType
+from pgwork.middleware import CallNext, Middleware, compose
+from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
+from pgwork.worker._lease import renew_forever
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["Handler", "InProcessWorker"]
+
+Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
+
+# Failed loop turns (database unreachable) back off up to this many seconds.
+LOOP_BACKOFF_MAX = 5.0
+
+
+class _Rollback(Exception):
+    """Leaves an atomic attempt's transaction without committing the handler's writes."""
+
+
+class _Slot:
+    """One running attempt's bookkeeping; also the renewer's LeaseHolder."""
+
+    __slots__ = ("acquired", "attempt", "job_type", "lease_deadline", "pending_abort")
+
+    def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
+        self.acquired = acquired
+        self.job_type = job_type
+        self.attempt: Attempt[Any, Any] | None = None
+        self.pending_abort: AbortReason | None = None
+        self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
+
+    @property
+    def lease(self) -> Lease:
+        return self.acquired.lease
+
+    @property
+    def lease_duration(self) -> timedelta:
+        return self.job_type.lease
+
+    @property
+    def staged(self) -> bool:
+        return self.job_type.mode == "staged"
+
+    def renewed(self, deadline: float) -> None:
+        self.lease_deadline = deadline
+
+    def abort(self, reason: AbortReason) -> None:
+        if self.attempt is not None:
+            self.attempt.abort(reason)
+        elif self.pending_abort is None:
+            self.pending_abort = reason
+
+
+class InProcessWorker:
+    """Runs handlers for the job types in ``processors``. Create with
+    ``create_in_process_worker``; run with ``async with worker:``, ``stop = await
+    worker.start()`` or ``await worker.run()`` (until ``stop()``)."""
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        processors: Mapping[JobType[Any, Any] | str, Handler],
+        max_slots: int,
+        worker_id: str | None,
+        poll_interval: float,
+        queues: Sequence[str] | None,
+        middlewares: Sequence[Middleware],
+        grace_period: float,
+        rng: random.Random | None,
+    ) -> None:
+        if max_slots < 1:
+            raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
+        if poll_interval <= 0:
+            raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
+        if grace_period < 0:
+            raise ConfigurationError(f"grace_period must not be negative, got {grace_period}")
+        if not processors:
+            raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
+        self.client = client
+        self.state = client.state
+        self.notify = client.notify
+        self.worker_id = worker_id or default_worker_id()
+        self.max_slots = max_slots
+        self.poll_interval = poll_interval
+        self.grace_period = grace_period
+        self.middlewares = tuple(middlewares)
+        self._rng = rng or random.Random()
+        self._types: dict[str, JobType[Any, Any]] = {}
+        self._handlers: dict[str, CallNext] = {}
+        for key, handler in processors.items():
+            job_type = client.registry.resolve(key)
+            self._types[job_type.name] = job_type
+            self._handlers[job_type.name] = compose(self.middlewares, handler)
+        self.queues: tuple[str, ...] = (
+            tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in self._types.values()))
+        )
+        self._leases = {name: t.lease for name, t in self._types.items()}
+        self._slots: dict[Any, _Slot] = {}
+        self._wake = anyio.Event()
+        self._stop_requested = anyio.Event()
+        self._running = anyio.Event()
+        self._stopped = anyio.Event()
+        self._phase = "new"
+        self._startup_error: BaseException | None = None
+        self._task: Any = None
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def active_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def job_types(self) -> tuple[str, ...]:
+        return tuple(self._types)
+
+    async def run(self) -> None:
+        """Work until ``stop()``; returns after in-flight attempts are settled."""
+        if self._phase != "new":
+            raise WorkerStateError(f"worker {self.worker_id} was already started ({self._phase})")
+        self._phase = "running"
+        try:
+            async with self.notify.listen() as listener, anyio.create_task_group() as side:
+                side.start_soon(self._listen, listener)
+                side.start_soon(renew_forever, self.state, self._staged_holders)
+                self._running.set()
+                log.info(
+                    "pgwork worker %s started: types=%s queues=%s slots=%d",
+                    self.worker_id,
+                    ",".join(self._types),
+                    ",".join(self.queues),
+                    self.max_slots,
+                )
+                try:
+                    await self._main_loop()
+                finally:
+                    side.cancel_scope.cancel()
+        except BaseException as exc:
+            self._startup_error = exc
+            raise
+        finally:
+            self._phase = "stopped"
+            self._running.set()
+            self._stopped.set()
+            log.info("pgwork worker %s stopped", self.worker_id)
+
+    async def start(self) -> Callable[[], Awaitable[None]]:
+        """Run the worker in the background (asyncio) and return its ``stop``.
+
+        Returns once the worker is listening, so a job enqueued afterwards wakes it;
+        raises what stopped it from starting (e.g. the database is unreachable).
+        """
+        import asyncio
+
+        if self._phase != "new" or self._task is not None:
+            raise WorkerStateError(f"worker {self.worker_id} was already started")
+        self._task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"pgwork-worker-{self.worker_id}"
+        )
+        await self._running.wait()
+        if self._task.done() and self._task.exception() is not None:
+            raise self._task.exception()
+        return self.stop
+
+    async def stop(self) -> None:
+        """Stop taking jobs, let in-flight attempts finish within the grace period, then
+        abort the rest and hand their jobs back without burning an attempt. Safe to call
+        twice and before start; returns when the worker has stopped."""
+        self._stop_requested.set()
+        self._wake.set()
+        if self._phase == "new":
+            self._phase = "stopped"
+            self._stopped.set()
+            return
+        await self._stopped.wait()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await task
+            except Exception as exc:
+                log.error("pgwork worker %s ended with an error: %r", self.worker_id, exc)
+
+    async def __aenter__(self) -> InProcessWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # --- main loop ---------------------------------------------------------------------
+
+    async def _main_loop(self) -> None:
+        failures = 0
+        async with anyio.create_task_group() as slots:
+            while not self._stop_requested.is_set():
+                self._wake = anyio.Event()
+                try:
+                    await self._reap()
+                    await self._fill(slots)
+                    failures = 0
+                except PgworkError:
+                    raise  # configuration/schema problems do not heal by retrying
+                except Exception as exc:
+                    failures += 1
+                    delay = min(LOOP_BACKOFF_MAX, 0.05 * 2**failures) * self._rng.uniform(0.8, 1.2)
+                    log.warning(
+                        "pgwork worker %s turn failed (%r); retrying in %.2fs",
+                        self.worker_id,
+                        exc,
+                        delay,
+                    )
+                    with anyio.move_on_after(delay):
+                        await self._stop_requested.wait()
+                    continue
+                with anyio.move_on_after(self.poll_interval):
+                    await self._wake.wait()
+            await self._drain()
+
+    async def _reap(self) -> None:
+        reaped = await self.state.reap(
+            type_names=list(self._types), exclude_worker=self.worker_id, limit=1
+        )
+        for job in reaped:
+            log.warning(
+                "pgwork reaped job %s (%s) from %s after its lease expired; now %s",
+                job.job_id,
+                job.type_name,
+                job.leased_by,
+                job.status.value,
+            )
+
+    async def _fill(self, slots: anyio.abc.TaskGroup) -> None:
+        free = self.max_slots - len(self._slots)
+        if free <= 0:
+            return
+        acquired = await self.state.acquire(
+            worker_id=self.worker_id, leases=self._leases, queues=self.queues, limit=free
+        )
+        for job in acquired:
+            slot = _Slot(job, self._types[job.type_name])
+            self._slots[job.id] = slot
+            slots.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
+
+    async def _drain(self) -> None:
+        """Graceful stop: wait up to the grace period, then abort what still runs."""
+        with anyio.move_on_after(self.grace_period):
+            while self._slots:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+        for slot in list(self._slots.values()):
+            slot.abort(AbortReason.WORKER_STOPPING)
+
+    def _staged_holders(self) -> list[_Slot]:
+        return [s for s in self._slots.values() if s.staged and s.attempt is not None]
+
+    async def _listen(self, listener: Listener) -> None:
+        failures = 0
+        while True:
+            try:
+                notices = await listener.wait(self.poll_interval)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.warning("pgwork listener failed (%r)", exc)
+                await anyio.sleep(min(LOOP_BACKOFF_MAX, 0.1 * 2**failures))
+                continue
+            for notice in notices:
+                self._on_notice(notice)
+
+    def _on_notice(self, notice: Notice) -> None:
+        if (
+            notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues)
+        ) or notice.kind == "reconnected":
+            self._wake.set()
+        elif notice.kind == "abort" and notice.job_id in self._slots:
+            reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
+            self._slots[notice.job_id].abort(reason)
+
+    # --- one slot ----------------------------------------------------------------------
+
+    async def _run_slot(self, slot: _Slot) -> None:
+        try:
+            if slot.job_type.mode == "atomic":
+                await self._run_atomic(slot)
+            else:
+                await self._run_staged(slot)
+        except Exception:
+            log.exception(
+                "pgwork worker %s: unexpected error settling job %s",
+                self.worker_id,
+                slot.acquired.id,
+            )
+        finally:
+            self._slots.pop(slot.acquired.id, None)
+            self._wake.set()
+
+    def _attempt(
+        self, slot: _Slot, transaction: object | None
+    ) -> tuple[Attempt[Any, Any] | None, BaseException | None]:
+        """Build the handler's Attempt, or return why the stored input cannot be decoded
+        (that fails the job at once: retrying cannot fix it)."""
+        acquired = slot.acquired
+        try:
+            job_input = slot.job_type.input_codec.decode(acquired.input)
+        except PgworkError as exc:
+            return None, exc
+        job: Job[Any] = Job(
+            id=acquired.id,
+            type_name=acquired.type_name,
+            chain_id=acquired.chain_id,
+            chain_type_name=acquired.chain_type_name,
+            chain_index=acquired.chain_index,
+            input=job_input,
+            output=None,
+            status=JobStatus.RUNNING,
+            queue=acquired.queue,
+            priority=acquired.priority,
+            created_at=acquired.created_at,
+            scheduled_at=acquired.scheduled_at,
+            started_at=None,
+            completed_at=None,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            last_attempt_error=acquired.last_attempt_error,
+            last_attempt_at=None,
+            leased_by=self.worker_id,
+            leased_until=acquired.leased_until,
+        )
+        attempt = Attempt(
+            job=job,
+            job_type=slot.job_type,
+            acquired=acquired,
+            worker_id=self.worker_id,
+            registry=self.client.registry,
+            max_payload_bytes=self.client.max_payload_bytes,
+            transaction=transaction,
+        )
+        slot.attempt = attempt
+        if slot.pending_abort is not None:
+            attempt.abort(slot.pending_abort)
+        return attempt, None
+
+    async def _call_handler(
+        self, slot: _Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+    ) -> BaseException | None:
+        """Run the handler through the middlewares; return the exception it ended with
+        (a deadline overrun is a ``TimeoutError``). An abort returns None with
+        ``attempt.abort_reason`` set."""
+        handler = self._handlers[slot.job_type.name]
+        with attempt.cancel_scope:
+            try:
+                if timeout is not None:
+                    with anyio.fail_after(timeout.total_seconds()):
+                        result = await handler(attempt)
+                else:
+                    result = await handler(attempt)
+                await attempt._finish_with(result)
+            except Exception as exc:
+                return exc
+        return None
+
+    async def _run_staged(self, slot: _Slot) -> None:
+        attempt, decode_error = self._attempt(slot, None)
+        if attempt is None:
+            with anyio.CancelScope(shield=True):
+                await self._settle_failure(slot, decode_error, terminal=True)
+            return
+        error = await self._call_handler(slot, attempt, slot.job_type.timeout)
+        with anyio.CancelScope(shield=True):
+            await self._settle(slot, attempt, error)
+
+    async def _run_atomic(self, slot: _Slot) -> None:
+        """Run the handler inside one transaction that holds the job's row lock; the
+        handler's writes commit with the completion or not at all."""
+        # Atomic attempts pin a row lock, so they always have a deadline.
+        deadline = slot.job_type.timeout or slot.job_type.lease
+        attempt: Attempt[Any, Any] | None = None
+        failure: BaseException | None = None
+        try:
+            async with self.state.transaction() as tx:
+                if not await self.state.begin_atomic(tx, lease=slot.lease, deadline=deadline):
+                    log.warning(
+                        "pgwork job %s was taken from this worker before it started",
+                        slot.acquired.id,
+                    )
+                    return
+                attempt, failure = self._attempt(slot, tx)
+                if attempt is None:
+                    raise _Rollback
+                failure = await self._call_handler(slot, attempt, deadline)
+                if failure is not None or attempt.aborted:
+                    raise _Rollback
+                with anyio.CancelScope(shield=True):
+                    await self._write_outcome(slot, attempt, tx)
+            return
+        except _Rollback:
+            pass
+        # The handler's writes were rolled back; record what happened on its own.
+        with anyio.CancelScope(shield=True):
+            if attempt is None:
+                await self._settle_failure(slot, failure, terminal=True)
+            else:
+                await self._settle(slot, attempt, failure)
+
+    # --- settling an attempt -----------------------------------------------------------
+
+    async def _settle(
+        self, slot: _Slot, attempt: Attempt[Any, Any], error: BaseException | None
+    ) -> None:
+        reason = attempt.abort_reason
+        if reason is AbortReason.WORKER_STOPPING:
+            released = await self.state.release(leases=[slot.lease])
+            log.info(
+                "pgwork released job %s on stop (%s)",
+                slot.acquired.id,
+                "back in queue" if released else "already taken",
+            )
+            return
+        if reason is not None:
+            log.warning("pgwork attempt on job %s aborted: %s", slot.acquired.id, reason.value)
+            return
+        if error is not None:
+            await self._settle_failure(slot, error, terminal=False)
+            return
+        await self._write_outcome(slot, attempt, None)
+
+    async def _write_outcome(self, slot: _Slot, attempt: Attempt[Any, Any], tx: Any | None) -> None:
+        outcome = attempt.outcome
+        lease = slot.lease
+        if isinstance(outcome, Rescheduled):
+            ok = await self.state.reschedule(
+                tx,
+                lease=lease,
+                run_at=outcome.run_at,
+                run_after=outcome.run_after,
+                count_attempt=False,
+            )
+        elif isinstance(outcome, Completed):
+            completion = Completion(
+                job_id=lease.job_id,
+                lease_token=lease.lease_token,
+                output_json=outcome.output_json,
+                continuation=outcome.continuation,
+            )
+            ok = await self._complete(completion, tx)
+        else:  # pragma: no cover - _finish_with always sets an outcome
+            raise AssertionError("attempt finished without an outcome")
+        if not ok:
+            log.warning("%s", LeaseLostError(lease.job_id, slot.acquired.attempt, "completion"))
+
+    async def _complete(self, completion: Completion, tx: Any | None) -> bool:
+        cont = completion.continuation
+        if cont is None:
+            results = await self.state.complete(tx, completions=[completion])
+            return results[0].accepted
+        if tx is not None:
+            results = await self.state.complete(tx, completions=[completion])
+            if results[0].accepted and cont.run_after is None and cont.run_at is None:
+                await self.notify.publish(tx, notices=[Notice(kind="ready", queue=cont.queue)])
+            return results[0].accepted
+        async with self.state.transaction() as own:
+            return await self._complete(completion, own)
+
+    async def _settle_failure(
+        self, slot: _Slot, error: BaseException | None, *, terminal: bool
+    ) -> None:
+        error = error or RuntimeError("attempt failed without an exception")
+        acquired = slot.acquired
+        terminal = terminal or acquired.attempt >= acquired.max_attempts
+        retry_after = (
+            None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
+        )
+        record = error_record(error)
+        accepted = await self.state.fail(
+            None,
+            failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
+        )
+        if not accepted[0]:
+            log.warning("%s", LeaseLostError(acquired.id, acquired.attempt, "failure"))
+        elif terminal:
+            log.error(
+                "pgwork job %s (%s) failed for good after attempt %d/%d: %s: %s",
+                acquired.id,
+                acquired.type_name,
+                acquired.attempt,
+                acquired.max_attempts,
+                record.type,
+                record.message,
+            )
+        else:
+            log.info(
+                "pgwork job %s (%s) attempt %d failed (%s); retrying in %.1fs",
+                acquired.id,
+                acquired.type_name,
+                acquired.attempt,
+                record.type,
+                retry_after.total_seconds() if retry_after else 0.0,
+            )
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{random.randbytes(2).hex()}"
