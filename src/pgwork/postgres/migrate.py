@@ -1,0 +1,226 @@
+"""Apply and inspect pgwork's Alembic migrations from Python.
+
+The CLI (``pgwork migrate`` / ``pgwork check``), the test fixtures and users' own
+deployment code call these functions; nothing in pgwork runs DDL any other way. The
+engine only calls :func:`verify_schema`, which reads one row and changes nothing.
+
+pgwork keeps its Alembic version table inside its own schema, so its history never mixes
+with an application's own Alembic history in the same database.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from psycopg import sql
+from sqlalchemy.pool import NullPool
+
+from pgwork.errors import (
+    ConfigurationError,
+    DatabaseError,
+    SchemaMissingError,
+    SchemaOutdatedError,
+)
+from pgwork.postgres._connect import connect_sync, unreachable
+from pgwork.postgres.schema import DEFAULT_SCHEMA, VERSION_TABLE, validate_schema_name
+
+__all__ = [
+    "SchemaChange",
+    "SchemaStatus",
+    "check",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "open_connection",
+    "script_location",
+    "upgrade",
+    "verify_schema",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    """Where a database's pgwork schema stands relative to this pgwork's migrations."""
+
+    schema: str
+    current: str | None
+    head: str
+
+    @property
+    def is_current(self) -> bool:
+        return self.current == self.head
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChange:
+    """What one ``upgrade`` / ``downgrade`` call did, read under the migration lock."""
+
+    schema: str
+    before: str | None
+    after: str | None
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def _revision(heads: tuple[str, ...]) -> str | None:
+    return ",".join(sorted(heads)) or None
+
+
+def script_location() -> Path:
+    """Return the Alembic script directory (``env.py``, ``versions/``).
+
+    An installed wheel carries it as ``pgwork/_migrations``; in a source checkout or an
+    editable install it is the repository's top-level ``migrations/``.
+    """
+    packaged = importlib.resources.files("pgwork") / "_migrations"
+    if isinstance(packaged, Path) and (packaged / "env.py").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise ConfigurationError(
+        f"pgwork's migrations are missing (looked in {packaged} and {checkout}); reinstall pgwork"
+    )
+
+
+def _config(schema: str, connection: sa.Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    config.set_main_option("path_separator", "os")
+    config.attributes["schema"] = schema
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@lru_cache(maxsize=1)
+def head_revision() -> str:
+    """Return the newest revision this pgwork ships (its history has a single head)."""
+    script = ScriptDirectory.from_config(_config(DEFAULT_SCHEMA))
+    head = script.get_current_head()
+    if head is None:
+        raise ConfigurationError("pgwork's migrations have no revisions; reinstall pgwork")
+    return head
+
+
+@contextmanager
+def open_connection(dsn: str) -> Iterator[sa.Connection]:
+    """Yield a SQLAlchemy connection (``postgresql+psycopg`` dialect) on ``dsn``.
+
+    The DSN is handed to psycopg unchanged, so URI and ``key=value`` forms both work;
+    connection failures raise ``DatabaseUnreachableError``.
+    """
+    engine = sa.create_engine(
+        "postgresql+psycopg://", creator=lambda: connect_sync(dsn), poolclass=NullPool
+    )
+    try:
+        try:
+            connection = engine.connect()
+        except sa.exc.DBAPIError as exc:  # raised by the dialect's first-connect queries
+            raise unreachable(dsn, exc.orig or exc) from exc
+        with connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _run(dsn: str, schema: str, action: str, revision: str, fn: Any) -> SchemaChange:
+    schema = validate_schema_name(schema)
+    with open_connection(dsn) as connection:
+        config = _config(schema, connection)
+        try:
+            fn(config, revision)
+        except CommandError as exc:
+            raise ConfigurationError(
+                f"cannot {action} pgwork schema {schema!r} to {revision!r}: {exc}"
+            ) from exc
+        except sa.exc.DBAPIError as exc:
+            raise DatabaseError(
+                f"{action} of pgwork schema {schema!r} to {revision!r} failed and was rolled "
+                f"back: {_first_line(exc)}"
+            ) from exc
+    before, after = config.attributes["revisions"]
+    return SchemaChange(schema=schema, before=_revision(before), after=_revision(after))
+
+
+def upgrade(dsn: str, *, schema: str = DEFAULT_SCHEMA, revision: str = "head") -> SchemaChange:
+    """Migrate ``schema`` up to ``revision``, creating it in an empty database.
+
+    Runs in one transaction under an advisory lock keyed on the schema name, so any
+    number of processes may call it at once: one migrates, the others then find the
+    schema at head and do nothing (their ``SchemaChange.changed`` is False).
+    """
+    return _run(dsn, schema, "upgrade", revision, command.upgrade)
+
+
+def downgrade(dsn: str, *, schema: str, revision: str = "base") -> SchemaChange:
+    """Migrate ``schema`` down to ``revision``; ``"base"`` drops every pgwork object.
+
+    ``schema`` has no default on purpose: name what you are about to drop.
+    """
+    return _run(dsn, schema, "downgrade", revision, command.downgrade)
+
+
+def current_revision(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> str | None:
+    """Return the revision recorded in ``schema``'s version table (None if never migrated)."""
+    schema = validate_schema_name(schema)
+    with open_connection(dsn) as connection:
+        context = MigrationContext.configure(
+            connection,
+            opts={"version_table": VERSION_TABLE, "version_table_schema": schema},
+        )
+        heads = context.get_current_heads()
+    return _revision(heads)
+
+
+def check(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> SchemaStatus:
+    """Compare ``schema`` in the database with this pgwork's head revision. Read-only."""
+    return SchemaStatus(
+        schema=validate_schema_name(schema),
+        current=current_revision(dsn, schema=schema),
+        head=head_revision(),
+    )
+
+
+async def verify_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    """Raise unless ``schema`` is migrated to exactly this pgwork's head revision.
+
+    Cheap enough to call whenever a worker or client starts: a catalog lookup and a
+    one-row read. A connection that was idle outside a transaction is left that way.
+    """
+    schema = validate_schema_name(schema)
+    expected = head_revision()
+    table = sql.Identifier(schema, VERSION_TABLE)
+    was_idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    try:
+        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table.as_string(conn)])
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise SchemaMissingError(schema)
+        cur = await conn.execute(sql.SQL("SELECT version_num FROM {}").format(table))
+        found = sorted(r[0] for r in await cur.fetchall())
+    finally:
+        if was_idle and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await conn.rollback()
+    if found != [expected]:
+        raise SchemaOutdatedError(schema, ",".join(found) or None, expected)
