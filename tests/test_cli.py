@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from pgwork.cli import EXIT_ERROR, EXIT_NOT_AT_HEAD, main
@@ -47,6 +48,20 @@ def test_check_on_empty_database_exits_one(runner: CliRunner, empty_database_dsn
     assert result.exit_code == EXIT_NOT_AT_HEAD
     assert "(none)" in result.stdout
     assert "pgwork migrate" in result.stdout
+
+
+def test_check_names_a_revision_from_a_newer_pgwork(
+    runner: CliRunner, pgwork_dsn: str, pgwork_schema: str
+) -> None:
+    with migrate.open_connection(pgwork_dsn) as conn, conn.begin():
+        conn.execute(
+            sa.text(f"UPDATE \"{pgwork_schema}\".alembic_version SET version_num = '9999'")
+        )
+
+    result = runner.invoke(main, ["check", "--dsn", pgwork_dsn, "--schema", pgwork_schema])
+
+    assert result.exit_code == EXIT_NOT_AT_HEAD
+    assert "newer pgwork" in result.stdout
 
 
 def test_check_json_prints_status(runner: CliRunner, pgwork_dsn: str, pgwork_schema: str) -> None:

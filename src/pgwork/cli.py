@@ -77,7 +77,7 @@ def main() -> None:
 # --- schema -------------------------------------------------------------------------
 
 
-@main.command()
+@main.command(short_help="Create or upgrade pgwork's schema.")
 @dsn_option
 @schema_option
 @click.option(
@@ -99,7 +99,7 @@ def migrate(dsn: str | None, schema: str, revision: str) -> None:
         _stdout().print(f"[green]{where} is already at {change.after}[/]")
 
 
-@main.command()
+@main.command(short_help="Exit 0 if the schema is at head, 1 if not.")
 @dsn_option
 @schema_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
@@ -119,6 +119,11 @@ def check(dsn: str | None, schema: str, as_json: bool) -> None:
         )
     elif status.is_current:
         _stdout().print(f"[green]schema {status.schema!r} is at head ({status.head})[/]")
+    elif status.current is not None and status.current not in migrations.known_revisions():
+        _stdout().print(
+            f"[yellow]schema {status.schema!r} is at {status.current}, which this pgwork "
+            f"(head {status.head}) does not know: it was migrated by a newer pgwork[/]"
+        )
     else:
         _stdout().print(
             f"[yellow]schema {status.schema!r} is at {status.current or '(none)'}, "

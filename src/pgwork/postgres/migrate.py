@@ -44,6 +44,7 @@ __all__ = [
     "current_revision",
     "downgrade",
     "head_revision",
+    "known_revisions",
     "open_connection",
     "script_location",
     "upgrade",
@@ -109,10 +110,19 @@ def _config(schema: str, connection: sa.Connection | None = None) -> Config:
 
 
 @lru_cache(maxsize=1)
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config(DEFAULT_SCHEMA))
+
+
+def known_revisions() -> frozenset[str]:
+    """Every revision this pgwork ships; a database at another one is from a newer pgwork."""
+    return frozenset(script.revision for script in _scripts().walk_revisions())
+
+
+@lru_cache(maxsize=1)
 def head_revision() -> str:
     """Return the newest revision this pgwork ships (its history has a single head)."""
-    script = ScriptDirectory.from_config(_config(DEFAULT_SCHEMA))
-    head = script.get_current_head()
+    head = _scripts().get_current_head()
     if head is None:
         raise ConfigurationError("pgwork's migrations have no revisions; reinstall pgwork")
     return head
