@@ -1,0 +1,195 @@
+"""The pgwork side of the benchmark: job types, clients, bulk loading, and clocks.
+
+Handlers are no-ops that only count and timestamp themselves, so what is measured is
+pgwork's own cost per job: acquiring, bookkeeping, completing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import psycopg
+from psycopg import sql
+from pydantic import BaseModel
+
+from pgwork import (
+    Client,
+    Continue,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+)
+
+__all__ = [
+    "SCHEMA",
+    "Counter",
+    "Item",
+    "bulk_load",
+    "open_client",
+    "outstanding",
+    "registry",
+    "wait_drained",
+]
+
+SCHEMA = "pgwork"
+
+
+class Item(BaseModel):
+    n: int
+
+
+def registry() -> JobTypeRegistry:
+    """The benchmark's job types: a staged and an atomic no-op, and a 3-step chain."""
+    reg = JobTypeRegistry()
+    reg.job_type("noop", input=Item)
+    reg.job_type("noop_atomic", input=Item, mode="atomic")
+    reg.job_type("step1", input=Item, continue_with=["step2"])
+    reg.job_type("step2", input=Item, entry=False, continue_with=["step3"])
+    reg.job_type("step3", input=Item, entry=False)
+    return reg
+
+
+@asynccontextmanager
+async def open_client(dsn: str, *, pool_size: int = 10) -> AsyncIterator[Client]:
+    state = await PostgresStateAdapter.connect(dsn, schema=SCHEMA, max_size=pool_size)
+    client = create_client(
+        state_adapter=state,
+        notify_adapter=PostgresNotifyAdapter(dsn, schema=SCHEMA),
+        registry=registry(),
+    )
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@dataclass
+class Counter:
+    """Handler calls, with the wall-clock time (``time.time``) of the first and last.
+
+    ``done`` is set when ``count`` reaches ``target``.
+    """
+
+    target: int
+    count: int = 0
+    first: float | None = None
+    last: float = 0.0
+    done: anyio.Event = field(default_factory=anyio.Event)
+    starts: dict[int, float] = field(default_factory=dict)
+    record_starts: bool = False
+
+    def touch(self) -> float:
+        """Note that a handler started (without counting it); return the time."""
+        now = time.time()
+        if self.first is None:
+            self.first = now
+        return now
+
+    def hit(self, n: int | None = None) -> None:
+        now = self.touch()
+        self.last = now
+        self.count += 1
+        if self.record_starts and n is not None:
+            self.starts[n] = now
+        if self.count >= self.target:
+            self.done.set()
+
+    def handler(self) -> Callable[[Any], Any]:
+        async def noop(attempt: Any) -> None:
+            self.hit(attempt.job.input.n)
+
+        return noop
+
+    def chain_handlers(self, reg: JobTypeRegistry) -> dict[str, Callable[[Any], Any]]:
+        """Handlers for step1 -> step2 -> step3; only step3 (a finished chain) counts."""
+        step2_type, step3_type = reg.get("step2"), reg.get("step3")
+
+        async def step1(attempt: Any) -> Continue[Item]:
+            self.touch()
+            return Continue(step2_type, Item(n=attempt.job.input.n))
+
+        async def step2(attempt: Any) -> Continue[Item]:
+            return Continue(step3_type, Item(n=attempt.job.input.n))
+
+        async def step3(attempt: Any) -> None:
+            self.hit(attempt.job.input.n)
+
+        return {"step1": step1, "step2": step2, "step3": step3}
+
+
+# Server-side generation is the fastest way to a big backlog: no client encoding, one
+# statement per chunk. Rows are what start_chains would write for a fresh chain: its own
+# root, pending, ids time-ordered like pgwork's UUIDv7 (so the primary key stays append-
+# mostly), built from clock_timestamp() in SQL that works on PostgreSQL 13+.
+_BULK_INSERT = """
+WITH s AS (
+    SELECT g,
+           encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+               placing substring(int8send(floor(extract(epoch FROM clock_timestamp())
+                   * 1000)::bigint) FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS u
+    FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+)
+INSERT INTO {jobs} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, scheduled_at, chain_status
+)
+SELECT u, %(type_name)s, u, %(type_name)s, 0, jsonb_build_object('n', g), 'pending',
+       'default', 0, 5, now(), 'active'
+FROM s
+"""
+
+BULK_CHUNK = 100_000
+
+
+async def bulk_load(
+    dsn: str,
+    count: int,
+    *,
+    type_name: str = "noop",
+    first: int = 0,
+    on_chunk: Callable[[int], None] | None = None,
+) -> None:
+    """Insert ``count`` pending jobs of ``type_name`` straight into pgwork's jobs table."""
+    query = sql.SQL(_BULK_INSERT).format(jobs=sql.Identifier(SCHEMA, "jobs"))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        done = 0
+        while done < count:
+            size = min(BULK_CHUNK, count - done)
+            await conn.execute(
+                query,
+                {"first": first + done, "last": first + done + size - 1, "type_name": type_name},
+            )
+            done += size
+            if on_chunk is not None:
+                on_chunk(size)
+        await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(SCHEMA, "jobs")))
+
+
+_OUTSTANDING = sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'running')").format(
+    sql.Identifier(SCHEMA, "jobs")
+)
+
+
+async def outstanding(conn: psycopg.AsyncConnection[Any]) -> int:
+    """Jobs not yet finished. Both states are covered by partial indexes, so this stays
+    cheap while a worker drains the table."""
+    cur = await conn.execute(_OUTSTANDING)
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def wait_drained(dsn: str, *, interval: float = 0.01, timeout: float = 600.0) -> float:
+    """Wait until no job is pending or running; return the ``time.time()`` it was seen."""
+    deadline = time.monotonic() + timeout
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while await outstanding(conn) > 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs still outstanding after {timeout:.0f}s")
+            await anyio.sleep(interval)
+    return time.time()

@@ -1,0 +1,319 @@
+"""pgwork's workloads. Each returns the measurements it made.
+
+Clocks: throughput runs from the first handler start to the moment the database shows
+no job pending or running (so acknowledgements still in flight are counted); latency
+is ``time.time()`` after the enqueuing commit returned to handler start, both taken in
+one process. Loading the jobs to drain is never timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+import psycopg
+
+from bench._env import PgworkDatabases
+from bench._pgwork_app import Counter, Item, bulk_load, open_client, wait_drained
+from bench._plan import (
+    ROW_CHAINS,
+    ROW_DRAIN,
+    ROW_DRAIN_2PROC,
+    ROW_DRAIN_ATOMIC,
+    Sizes,
+    percentile,
+    row_backlog,
+    row_enqueue,
+    row_latency,
+    row_rss,
+)
+from bench._progress import Bar, Bars
+from bench._report import Measurement
+from bench._worker_process import WorkerProcess
+from pgwork import ChainStart, Notice, PostgresNotifyAdapter, create_in_process_worker
+
+__all__ = ["PGWORK_WORKLOADS", "Context"]
+
+LIB = "pgwork"
+WAIT_LIMIT = 900.0
+
+
+@dataclass
+class Context:
+    dbs: PgworkDatabases
+    bars: Bars
+    sizes: Sizes
+
+
+async def _follow(counter: Counter, bar: Bar, count: Callable[[], int] | None = None) -> None:
+    """Move ``bar`` along with ``counter`` until it reaches its target."""
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not counter.done.is_set():
+        with anyio.move_on_after(0.1):
+            await counter.done.wait()
+        bar.set(count() if count else counter.count)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{counter.count}/{counter.target} jobs after {WAIT_LIMIT:.0f}s")
+
+
+def _rate(jobs: int, started: float | None, finished: float) -> float:
+    if started is None or finished <= started:
+        return float("nan")
+    return jobs / (finished - started)
+
+
+# --- 1. enqueue ----------------------------------------------------------------------
+
+
+async def enqueue(ctx: Context) -> list[Measurement]:
+    out = []
+    n = ctx.sizes.enqueue
+    for batch in (None, 100, 1000):
+        row = row_enqueue(batch)
+        bar = ctx.bars.bar(f"pgwork: {row}", n)
+        with ctx.dbs.fresh() as dsn:
+            async with (
+                open_client(dsn, pool_size=2) as client,
+                await psycopg.AsyncConnection.connect(dsn) as conn,
+            ):
+                noop = client.registry.get("noop")
+                started = time.perf_counter()
+                if batch is None:
+                    for i in range(n):
+                        await client.start_chain(conn, noop, Item(n=i))
+                        await conn.commit()
+                        if i % 200 == 0:
+                            bar.set(i)
+                else:
+                    for first in range(0, n, batch):
+                        items = [ChainStart(noop, Item(n=i)) for i in range(first, first + batch)]
+                        await client.start_chains(conn, items[: n - first])
+                        await conn.commit()
+                        bar.set(min(n, first + batch))
+                rate = n / (time.perf_counter() - started)
+        bar.finish(f"{rate:,.0f} jobs/s")
+        out.append(Measurement(row, LIB, rate, "jobs/s"))
+    return out
+
+
+# --- 2. drain ------------------------------------------------------------------------
+
+
+async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measurement:
+    n = ctx.sizes.drain
+    bar = ctx.bars.bar(f"pgwork: {row}", n)
+    with ctx.dbs.fresh() as dsn:
+        await bulk_load(dsn, n, type_name=type_name)
+        async with open_client(dsn) as client:
+            counter = Counter(n)
+            worker = create_in_process_worker(
+                client=client,
+                processors={type_name: counter.handler()},
+                max_slots=ctx.sizes.slots,
+            )
+            stop = await worker.start()
+            try:
+                await _follow(counter, bar)
+                finished = await wait_drained(dsn)
+            finally:
+                await stop()
+    rate = _rate(n, counter.first, finished)
+    bar.finish(f"{rate:,.0f} jobs/s")
+    return Measurement(row, LIB, rate, "jobs/s")
+
+
+async def _drain_processes(ctx: Context, processes: int) -> Measurement:
+    n = ctx.sizes.drain
+    bar = ctx.bars.bar(f"pgwork: {ROW_DRAIN_2PROC}", n)
+    with ctx.dbs.fresh() as dsn:
+        await bulk_load(dsn, n)
+        children = [await WorkerProcess.start(dsn, slots=ctx.sizes.slots) for _ in range(processes)]
+        try:
+            for child in children:
+                await child.go()
+            deadline = time.monotonic() + WAIT_LIMIT
+            while sum(c.count for c in children) < n:
+                bar.set(sum(c.count for c in children))
+                if time.monotonic() > deadline:
+                    raise TimeoutError("worker processes did not drain the queue")
+                await anyio.sleep(0.05)
+            finished = await wait_drained(dsn)
+        finally:
+            for child in children:
+                await child.stop()
+    firsts = [c.first for c in children if c.first is not None]
+    rate = _rate(n, min(firsts) if firsts else None, finished)
+    bar.finish(f"{rate:,.0f} jobs/s")
+    return Measurement(ROW_DRAIN_2PROC, LIB, rate, "jobs/s")
+
+
+async def drain(ctx: Context) -> list[Measurement]:
+    return [
+        await _drain_in_process(ctx, "noop", ROW_DRAIN),
+        await _drain_in_process(ctx, "noop_atomic", ROW_DRAIN_ATOMIC),
+        await _drain_processes(ctx, 2),
+    ]
+
+
+# --- 3. idle pickup latency ----------------------------------------------------------
+
+
+async def latency(ctx: Context) -> list[Measurement]:
+    n = ctx.sizes.latency
+    bar = ctx.bars.bar("pgwork: idle pickup latency", n)
+    commits: dict[int, float] = {}
+    with ctx.dbs.fresh() as dsn:
+        async with open_client(dsn) as client:
+            counter = Counter(n, record_starts=True)
+            worker = create_in_process_worker(
+                client=client, processors={"noop": counter.handler()}, max_slots=ctx.sizes.slots
+            )
+            stop = await worker.start()
+            try:
+                await anyio.sleep(0.5)  # let the worker go idle
+                noop = client.registry.get("noop")
+                async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                    next_at = time.monotonic()
+                    for i in range(n):
+                        await client.start_chain(conn, noop, Item(n=i))
+                        await conn.commit()
+                        commits[i] = time.time()
+                        bar.set(counter.count)
+                        next_at += ctx.sizes.latency_interval
+                        await anyio.sleep(max(0.0, next_at - time.monotonic()))
+                await _follow(counter, bar)
+            finally:
+                await stop()
+    samples = [(counter.starts[i] - commits[i]) * 1000 for i in range(n)]
+    p50 = percentile(samples, 50)
+    bar.finish(f"p50 {p50:.1f} ms")
+    return [
+        Measurement(row_latency(p), LIB, percentile(samples, p), "ms", higher_is_better=False)
+        for p in (50, 95, 99)
+    ]
+
+
+# --- 4. drain rate vs backlog --------------------------------------------------------
+
+
+async def backlog(ctx: Context) -> list[Measurement]:
+    out = []
+    measured = ctx.sizes.backlog_measured
+    for depth in (ctx.sizes.backlog_big, ctx.sizes.backlog_small):
+        row = row_backlog(depth)
+        with ctx.dbs.fresh() as dsn:
+            load = ctx.bars.bar(f"pgwork: loading a {depth:,}-job backlog", depth)
+            await bulk_load(dsn, depth, on_chunk=load.advance)
+            load.finish()
+            bar = ctx.bars.bar(f"pgwork: {row}", min(measured, depth))
+            async with open_client(dsn) as client:
+                counter = Counter(min(measured, depth))
+                worker = create_in_process_worker(
+                    client=client,
+                    processors={"noop": counter.handler()},
+                    max_slots=ctx.sizes.slots,
+                )
+                stop = await worker.start()
+                try:
+                    await _follow(counter, bar)
+                finally:
+                    await stop()
+        # Handler starts only: the backlog never empties, so there is no "drained" moment.
+        rate = _rate(counter.count - 1, counter.first, counter.last)
+        bar.finish(f"{rate:,.0f} jobs/s")
+        out.append(
+            Measurement(row, LIB, rate, "jobs/s", note=f"rate over the first {measured:,} jobs")
+        )
+    return out
+
+
+# --- 5. worker memory ----------------------------------------------------------------
+
+
+async def _wake(dsn: str) -> None:
+    notify = PostgresNotifyAdapter(dsn)
+    try:
+        await notify.publish(None, notices=[Notice(kind="ready", queue="default")])
+    finally:
+        await notify.close()
+
+
+async def rss(ctx: Context) -> list[Measurement]:
+    checkpoints = ctx.sizes.rss_checkpoints
+    bar = ctx.bars.bar("pgwork: worker RSS", checkpoints[-1])
+    out = []
+    with ctx.dbs.fresh() as dsn:
+        child = await WorkerProcess.start(dsn, slots=ctx.sizes.slots)
+        try:
+            await child.go()
+            await anyio.sleep(1.0)
+            out.append(Measurement(row_rss("at start"), LIB, child.rss_mib(), "MiB", False))
+            loaded = 0
+            for index, checkpoint in enumerate(checkpoints):
+                while loaded < checkpoint:
+                    chunk = min(100_000, checkpoint - loaded)
+                    await bulk_load(dsn, chunk, first=loaded)
+                    await _wake(dsn)
+                    loaded += chunk
+                    bar.set(child.count)
+                await _until(lambda c=checkpoint: child.count >= c, bar, lambda: child.count)
+                await wait_drained(dsn)
+                label = ctx.sizes.rss_label(index)
+                out.append(Measurement(row_rss(label), LIB, child.rss_mib(), "MiB", False))
+        finally:
+            await child.stop()
+    bar.finish(f"{out[-1].value:.0f} MiB")
+    return out
+
+
+async def _until(done: Callable[[], bool], bar: Bar, count: Callable[[], int]) -> None:
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not done():
+        bar.set(count())
+        if time.monotonic() > deadline:
+            raise TimeoutError("the worker process did not finish its jobs")
+        await anyio.sleep(0.1)
+    bar.set(count())
+
+
+# --- 6. chains -----------------------------------------------------------------------
+
+
+async def chains(ctx: Context) -> list[Measurement]:
+    n = ctx.sizes.chains
+    bar = ctx.bars.bar(f"pgwork: {ROW_CHAINS}", n)
+    with ctx.dbs.fresh() as dsn:
+        async with open_client(dsn) as client:
+            step1 = client.registry.get("step1")
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                for first in range(0, n, 1000):
+                    numbers = range(first, min(n, first + 1000))
+                    await client.start_chains(conn, [ChainStart(step1, Item(n=i)) for i in numbers])
+                    await conn.commit()
+            counter = Counter(n)
+            worker = create_in_process_worker(
+                client=client,
+                processors=counter.chain_handlers(client.registry),
+                max_slots=ctx.sizes.slots,
+            )
+            stop = await worker.start()
+            try:
+                await _follow(counter, bar)
+                finished = await wait_drained(dsn)
+            finally:
+                await stop()
+    rate = _rate(n, counter.first, finished)
+    bar.finish(f"{rate:,.0f} chains/s ({3 * rate:,.0f} jobs/s)")
+    return [Measurement(ROW_CHAINS, LIB, rate, "chains/s")]
+
+
+PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] = {
+    "enqueue": enqueue,
+    "drain": drain,
+    "latency": latency,
+    "backlog": backlog,
+    "rss": rss,
+    "chains": chains,
+}

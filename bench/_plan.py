@@ -1,0 +1,106 @@
+"""What a run measures: workload names, sizes (scaled by ``--size``) and row labels.
+
+Row labels are shared by pgwork and the peers, so their numbers land in one table row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["WORKLOADS", "Sizes", "row_enqueue"]
+
+# Name on the command line -> what it measures (for --help).
+WORKLOADS = {
+    "enqueue": "enqueue 20k jobs: one chain per transaction, batches of 100 and 1,000",
+    "drain": "drain 20k queued jobs: 10 slots staged, 10 slots atomic, 2 worker processes",
+    "latency": "idle pickup latency: 200 jobs 20 ms apart, commit to handler start",
+    "backlog": "drain rate at a 1M-job backlog vs a 10k backlog",
+    "rss": "worker RSS at start, after 100k and after 1M jobs",
+    "chains": "3-step chains (Continue) per second",
+}
+
+ROW_DRAIN = "drain, 1 worker x 10 slots"
+ROW_DRAIN_ATOMIC = "drain, 1 worker x 10 slots, atomic mode"
+ROW_DRAIN_2PROC = "drain, 2 worker processes x 10 slots"
+ROW_CHAINS = "3-step chains, 1 worker x 10 slots"
+
+
+def row_enqueue(batch: int | None) -> str:
+    if batch is None:
+        return "enqueue, 1 job per transaction"
+    return f"enqueue, batches of {batch:,}"
+
+
+def row_latency(pct: int) -> str:
+    return f"idle pickup latency p{pct}"
+
+
+def row_backlog(backlog: int) -> str:
+    return f"drain at a {_count(backlog)}-job backlog"
+
+
+def row_rss(label: str) -> str:
+    return f"worker RSS {label}"
+
+
+def _count(n: int) -> str:
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n >= 1000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return f"{n:,}"
+
+
+def _scaled(base: int, size: float, floor: int) -> int:
+    return max(floor, round(base * size))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Job counts of each workload; ``scaled(1.0)`` is the issue's full size."""
+
+    enqueue: int
+    drain: int
+    latency: int
+    latency_interval: float
+    backlog_big: int
+    backlog_small: int
+    backlog_measured: int
+    rss_checkpoints: tuple[int, int]
+    chains: int
+    slots: int = 10
+
+    @classmethod
+    def scaled(cls, size: float) -> Sizes:
+        return cls(
+            enqueue=_scaled(20_000, size, 50),
+            drain=_scaled(20_000, size, 50),
+            latency=_scaled(200, size, 20),
+            latency_interval=0.02,
+            backlog_big=_scaled(1_000_000, size, 1_000),
+            backlog_small=_scaled(10_000, size, 50),
+            backlog_measured=_scaled(10_000, size, 50),
+            rss_checkpoints=(_scaled(100_000, size, 100), _scaled(1_000_000, size, 1_000)),
+            chains=_scaled(5_000, size, 20),
+        )
+
+    def describe(self) -> str:
+        first, second = self.rss_checkpoints
+        return (
+            f"enqueue {self.enqueue:,}, drain {self.drain:,}, latency {self.latency} x "
+            f"{self.latency_interval * 1000:.0f} ms, backlogs {self.backlog_big:,} / "
+            f"{self.backlog_small:,} (measuring {self.backlog_measured:,}), RSS at "
+            f"{first:,} / {second:,}, chains {self.chains:,}, {self.slots} slots"
+        )
+
+    def rss_label(self, index: int) -> str:
+        return f"after {_count(self.rss_checkpoints[index])} jobs"
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile of ``values`` (NaN when empty)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), -(-len(ordered) * pct // 100)))
+    return ordered[int(rank) - 1]

@@ -1,0 +1,119 @@
+"""``python -m bench``: run the workloads, show progress, print a markdown table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import traceback
+from pathlib import Path
+
+from bench._env import PgworkDatabases, describe_environment, server
+from bench._pgwork_workloads import PGWORK_WORKLOADS, Context
+from bench._plan import WORKLOADS, Sizes
+from bench._progress import Bars
+from bench._report import Measurement, render_markdown
+
+__all__ = ["main"]
+
+PEER_WORKLOADS = ("enqueue", "drain", "latency")
+
+
+def _parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:<8} {what}" for name, what in WORKLOADS.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Measure pgwork (and optionally its peers) on one PostgreSQL server.",
+        epilog=f"workloads:\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--dsn",
+        help="admin DSN of a server to use (it must allow CREATE DATABASE); "
+        "default: a private embedded PostgreSQL, deleted afterwards",
+    )
+    parser.add_argument(
+        "--size",
+        type=float,
+        default=1.0,
+        help="scale every workload's job count (1.0 = full size: 20k-job drains, a 1M "
+        "backlog; 0.01 for a smoke run)",
+    )
+    parser.add_argument(
+        "--only",
+        type=lambda s: [w.strip() for w in s.split(",") if w.strip()],
+        default=list(WORKLOADS),
+        help=f"comma-separated workloads to run (default: all of {','.join(WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run enqueue/drain/latency on procrastinate, PgQueuer and oban-py, "
+        "installed into a separate virtualenv (see --peers-venv)",
+    )
+    parser.add_argument(
+        "--peers-venv",
+        type=Path,
+        default=None,
+        help="virtualenv for the peers (default: $XDG_CACHE_HOME/pgwork-bench/peers-venv)",
+    )
+    parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--fail-fast", action="store_true", help="stop at the first workload that fails"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    unknown = [w for w in args.only if w not in WORKLOADS]
+    if unknown:
+        _parser().error(f"unknown workload(s) {', '.join(unknown)}; choose from {list(WORKLOADS)}")
+    if args.size <= 0:
+        _parser().error("--size must be positive")
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    sizes = Sizes.scaled(args.size)
+    measurements: list[Measurement] = []
+    failures: list[str] = []
+    with server(args.dsn) as (admin_dsn, kind):
+        options = {
+            "size": f"{args.size:g}",
+            "workloads": ",".join(args.only),
+            "jobs": sizes.describe(),
+            "handlers": "no-op",
+        }
+        env = describe_environment(admin_dsn, kind, options)
+        dbs = PgworkDatabases(admin_dsn)
+        try:
+            with Bars(quiet=args.quiet) as bars:
+                ctx = Context(dbs=dbs, bars=bars, sizes=sizes)
+                for name in args.only:
+                    try:
+                        measurements += await PGWORK_WORKLOADS[name](ctx)
+                    except Exception as exc:
+                        if args.fail_fast:
+                            raise
+                        bars.log(f"[red]pgwork {name} failed: {exc!r}")
+                        failures.append(f"pgwork {name}: {exc!r}")
+                        if os.environ.get("PGWORK_BENCH_DEBUG"):
+                            traceback.print_exc()
+                if args.peers:
+                    from bench.peers import run_peers
+
+                    peer_workloads = [w for w in args.only if w in PEER_WORKLOADS]
+                    found, failed = await run_peers(
+                        admin_dsn, bars, sizes, peer_workloads, venv=args.peers_venv
+                    )
+                    measurements += found
+                    failures += failed
+        finally:
+            dbs.close()
+    table = render_markdown(env, measurements, failures=failures)
+    print(table)
+    if args.out:
+        args.out.write_text(table)
+    return 1 if failures else 0
