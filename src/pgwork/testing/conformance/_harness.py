@@ -1,0 +1,234 @@
+"""The state suite's fixtures and its driver: everything goes through the protocol.
+
+``StateHarness`` builds ``NewJob`` values and wraps the few multi-step moves the tests
+repeat (seed and commit, acquire exactly one, read one job back, wait for a lease to
+expire). It never reaches under the adapter: a store that passes with this harness
+passes for the client and the worker too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+from pgwork.adapters.state import (
+    AcquiredJob,
+    DedupSpec,
+    InsertedJob,
+    NewJob,
+    ReapedJob,
+    StateAdapter,
+)
+from pgwork.records import Chain, Job
+
+__all__ = ["LockWaiters", "StateHarness", "StateSuiteBase"]
+
+ALPHA = "conformance.alpha"
+BETA = "conformance.beta"
+CHAIN_TYPE = "conformance.chain"
+
+LockWaiters = Callable[[], Awaitable[int]]
+"""Optional probe: how many of the store's sessions are blocked waiting for a lock."""
+
+
+class StateHarness:
+    """Drive one ``StateAdapter`` through its protocol, with the suite's defaults."""
+
+    def __init__(self, adapter: StateAdapter, *, lease: timedelta, poll: float) -> None:
+        self.adapter = adapter
+        self.lease = lease
+        self.poll = poll
+
+    # --- building jobs -----------------------------------------------------------------
+
+    def new_job(
+        self,
+        type_name: str = ALPHA,
+        *,
+        input: Any = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 3,
+        chain_type_name: str = CHAIN_TYPE,
+        run_at: datetime | None = None,
+        run_after: timedelta | None = None,
+        dedup: DedupSpec | None = None,
+    ) -> NewJob:
+        """A new chain's first job (``id == chain_id``, ``chain_index == 0``)."""
+        job_id = uuid.uuid4()
+        return NewJob(
+            id=job_id,
+            type_name=type_name,
+            chain_id=job_id,
+            chain_type_name=chain_type_name,
+            chain_index=0,
+            input_json=_json({"n": 1} if input is None else input),
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            run_at=run_at,
+            run_after=run_after,
+            dedup=dedup,
+        )
+
+    def continuation(
+        self,
+        of: AcquiredJob | Job[Any],
+        type_name: str = BETA,
+        *,
+        input: Any = None,
+        max_attempts: int = 3,
+    ) -> NewJob:
+        """The next job of ``of``'s chain (``chain_index + 1``), in the same queue."""
+        return NewJob(
+            id=uuid.uuid4(),
+            type_name=type_name,
+            chain_id=of.chain_id,
+            chain_type_name=of.chain_type_name,
+            chain_index=of.chain_index + 1,
+            input_json=_json({"step": of.chain_index + 1} if input is None else input),
+            queue=of.queue,
+            priority=of.priority,
+            max_attempts=max_attempts,
+        )
+
+    @staticmethod
+    def again(job: NewJob) -> NewJob:
+        """``job`` with a fresh id: the same request, enqueued a second time."""
+        job_id = uuid.uuid4()
+        return replace(job, id=job_id, chain_id=job_id)
+
+    # --- steps -------------------------------------------------------------------------
+
+    async def seed(self, *jobs: NewJob) -> list[InsertedJob]:
+        """Insert ``jobs`` in one transaction of the adapter's own, and commit."""
+        async with self.adapter.transaction() as tx:
+            return await self.adapter.insert_jobs(tx, jobs=list(jobs))
+
+    async def acquire(
+        self,
+        *type_names: str,
+        worker: str = "worker-a",
+        lease: timedelta | None = None,
+        queues: Sequence[str] | None = ("default",),
+        limit: int = 10,
+    ) -> list[AcquiredJob]:
+        names = type_names or (ALPHA, BETA)
+        return await self.adapter.acquire(
+            worker_id=worker,
+            leases={name: lease or self.lease for name in names},
+            queues=queues,
+            limit=limit,
+        )
+
+    async def acquire_one(self, *type_names: str, **kwargs: Any) -> AcquiredJob:
+        """Acquire with ``limit=1`` and insist that a job came back."""
+        acquired = await self.acquire(*type_names, limit=1, **kwargs)
+        assert len(acquired) == 1, f"expected one acquirable job, got {acquired}"
+        return acquired[0]
+
+    async def acquire_when_due(
+        self, *type_names: str, timeout: float = 10.0, **kwargs: Any
+    ) -> AcquiredJob:
+        """Poll acquire until a job is handed out (a scheduled job becoming due)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            acquired = await self.acquire(*type_names, limit=1, **kwargs)
+            if acquired:
+                return acquired[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no job became acquirable within {timeout}s")
+            await anyio.sleep(self.poll)
+
+    async def job(self, job_id: uuid.UUID) -> Job[Any]:
+        found = await self.adapter.get_jobs(None, job_ids=[job_id])
+        assert len(found) == 1, f"expected job {job_id} to exist, got {found}"
+        return found[0]
+
+    async def exists(self, job_id: uuid.UUID) -> bool:
+        return bool(await self.adapter.get_jobs(None, job_ids=[job_id]))
+
+    async def chain(self, chain_id: uuid.UUID) -> Chain:
+        found = await self.adapter.get_chains(None, chain_ids=[chain_id])
+        assert len(found) == 1, f"expected chain {chain_id} to exist, got {found}"
+        return found[0]
+
+    async def reap_when_expired(
+        self,
+        *,
+        type_names: Sequence[str] = (ALPHA, BETA),
+        exclude_worker: str = "reaper",
+        limit: int = 10,
+        timeout: float = 10.0,
+    ) -> list[ReapedJob]:
+        """Poll reap until it takes something back: a bounded wait for a real lease to
+        run out on the store's own clock (never on ours)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reaped = await self.adapter.reap(
+                type_names=list(type_names), exclude_worker=exclude_worker, limit=limit
+            )
+            if reaped:
+                return reaped
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no lease expired within {timeout}s")
+            await anyio.sleep(self.poll)
+
+
+class StateSuiteBase:
+    """Fixtures and knobs shared by every part of ``StateAdapterConformance``.
+
+    Subclass ``StateAdapterConformance`` (not this) and define the ``state_adapter``
+    fixture: an adapter on a fresh, empty store, closed after the test.
+    """
+
+    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
+
+    # --- timing knobs: real, short leases stand in for time passing --------------------
+    lease: ClassVar[timedelta] = timedelta(seconds=30)
+    """Lease used where a lease must not run out during the test."""
+    short_lease: ClassVar[timedelta] = timedelta(seconds=0.3)
+    """Lease the suite lets expire, then waits out on the store's clock (bounded)."""
+    expiry_timeout: ClassVar[float] = 10.0
+    """Longest wait for a short lease or a short delay to run out."""
+    poll: ClassVar[float] = 0.05
+    """Pause between two looks at the store while waiting for its clock."""
+    blocking_grace: ClassVar[float] = 0.5
+    """Without a ``lock_waiters`` probe: how long a blocked writer is watched not to
+    finish before the suite lets the writer it waits for commit."""
+    test_timeout: ClassVar[float] = 45.0
+    """Every concurrent scenario runs under this deadline."""
+
+    @pytest.fixture
+    def state_adapter(self) -> StateAdapter:
+        """Override: yield a ``StateAdapter`` on a fresh, empty store."""
+        pytest.fail(
+            f"{type(self).__name__} must define a `state_adapter` fixture yielding a "
+            "StateAdapter on a fresh, empty store"
+        )
+
+    @pytest.fixture
+    def lock_waiters(self) -> LockWaiters | None:
+        """Override (optional): a probe counting sessions blocked on a lock in the store.
+
+        With it, the concurrent-enqueue test proves the second writer waits by seeing it
+        wait; without it, by watching it not finish for ``blocking_grace`` seconds.
+        """
+        return None
+
+    @pytest.fixture
+    def store(self, state_adapter: StateAdapter) -> StateHarness:
+        assert isinstance(state_adapter, StateAdapter), "state_adapter is no StateAdapter"
+        return StateHarness(state_adapter, lease=self.lease, poll=self.poll)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)

@@ -1,0 +1,30 @@
+"""``StateAdapterConformance``: every part of the state suite in one class."""
+
+from __future__ import annotations
+
+from pgwork.testing.conformance._state_acquire import AcquireConformance
+from pgwork.testing.conformance._state_complete import CompleteConformance, FailConformance
+from pgwork.testing.conformance._state_dedup import DedupConformance
+from pgwork.testing.conformance._state_enqueue import EnqueueConformance
+from pgwork.testing.conformance._state_lease import LeaseConformance
+from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
+
+__all__ = ["StateAdapterConformance"]
+
+
+class StateAdapterConformance(
+    EnqueueConformance,
+    AcquireConformance,
+    LeaseConformance,
+    CompleteConformance,
+    FailConformance,
+    ReapConformance,
+    AtomicConformance,
+    DedupConformance,
+):
+    """Subclass with a ``state_adapter`` fixture to run the whole state suite.
+
+    The fixture yields an adapter on a fresh, empty store and closes it afterwards.
+    Optional: a ``lock_waiters`` fixture (see ``StateSuiteBase.lock_waiters``) and the
+    timing knobs ``short_lease``, ``expiry_timeout``, ``blocking_grace``.
+    """

@@ -1,0 +1,155 @@
+"""Enqueue: inserting jobs, reading them back, scheduling, and transactions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pgwork.adapters.state import Completion, StateAdapter
+from pgwork.records import ChainStatus, JobStatus
+from pgwork.testing.conformance._harness import (
+    ALPHA,
+    BETA,
+    CHAIN_TYPE,
+    StateHarness,
+    StateSuiteBase,
+)
+from pgwork.testing.conformance._rollback import rolled_back
+
+# A second is far more than two statements of one test ever drift apart on the store's
+# clock, and far less than any schedule the tests set.
+CLOCK_SLACK = timedelta(seconds=1)
+
+
+class EnqueueConformance(StateSuiteBase):
+    async def test_inserted_job_reads_back_with_every_field(self, store: StateHarness) -> None:
+        payload = {"text": "héllo ✓", "items": [1, 2.5, None, True], "nested": {"k": "v"}}
+        new = store.new_job(input=payload, queue="mail", priority=-7, max_attempts=5)
+        [inserted] = await store.seed(new)
+        assert inserted.job_id == new.id
+        assert inserted.chain_id == new.chain_id
+        assert inserted.status is JobStatus.PENDING
+        assert not inserted.deduplicated
+
+        job = await store.job(new.id)
+        assert (job.id, job.type_name, job.chain_id, job.chain_type_name) == (
+            new.id,
+            ALPHA,
+            new.id,
+            CHAIN_TYPE,
+        )
+        assert job.chain_index == 0
+        assert job.is_chain_root
+        assert job.input == payload
+        assert job.output is None
+        assert job.status is JobStatus.PENDING
+        assert (job.queue, job.priority, job.attempt, job.max_attempts) == ("mail", -7, 0, 5)
+        assert job.started_at is None
+        assert job.completed_at is None
+        assert job.leased_by is None
+        assert job.leased_until is None
+        assert job.last_attempt_error is None
+        assert job.last_attempt_at is None
+        assert job.created_at.tzinfo is not None
+        assert job.scheduled_at - job.created_at < CLOCK_SLACK
+
+    async def test_get_jobs_returns_only_jobs_that_exist(self, store: StateHarness) -> None:
+        first, second = store.new_job(), store.new_job()
+        await store.seed(first, second)
+        missing = store.new_job().id
+        found = await store.adapter.get_jobs(None, job_ids=[second.id, missing, first.id])
+        assert {job.id for job in found} == {first.id, second.id}
+        assert await store.adapter.get_jobs(None, job_ids=[]) == []
+
+    async def test_new_chain_reads_back_active_with_its_first_job(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job(input={"order": 42})
+        await store.seed(new)
+        chain = await store.chain(new.chain_id)
+        assert chain.id == new.id
+        assert chain.type_name == CHAIN_TYPE
+        assert chain.status is ChainStatus.ACTIVE
+        assert chain.input == {"order": 42}
+        assert chain.output is None
+        assert chain.completed_at is None
+        assert chain.current_job.id == new.id
+        assert await store.adapter.get_chains(None, chain_ids=[store.new_job().id]) == []
+
+    async def test_list_chain_jobs_returns_the_chain_in_index_order(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        await store.seed(new)
+        held = await store.acquire_one()
+        follow = store.continuation(held)
+        await store.adapter.complete(
+            None,
+            completions=[Completion(held.id, held.lease_token, '{"ok": true}', follow)],
+        )
+        jobs = await store.adapter.list_chain_jobs(None, chain_id=new.chain_id)
+        assert [(j.id, j.chain_index, j.type_name) for j in jobs] == [
+            (new.id, 0, ALPHA),
+            (follow.id, 1, BETA),
+        ]
+        assert [j.status for j in jobs] == [JobStatus.COMPLETED, JobStatus.PENDING]
+        assert await store.adapter.list_chain_jobs(None, chain_id=store.new_job().id) == []
+
+    async def test_rolled_back_transaction_leaves_no_job(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        async with rolled_back(state_adapter.transaction()) as tx:
+            await state_adapter.insert_jobs(tx, jobs=[new])
+            assert [j.id for j in await state_adapter.get_jobs(tx, job_ids=[new.id])] == [new.id]
+        assert not await store.exists(new.id)
+        assert await state_adapter.get_chains(None, chain_ids=[new.chain_id]) == []
+        assert await store.acquire() == []
+
+    async def test_uncommitted_job_is_invisible_outside_its_transaction(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        async with state_adapter.transaction() as tx:
+            await state_adapter.insert_jobs(tx, jobs=[new])
+            assert not await store.exists(new.id)
+            assert await store.acquire() == []
+        assert await store.exists(new.id)
+
+    async def test_job_scheduled_at_a_future_time_waits_for_it(self, store: StateHarness) -> None:
+        run_at = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+        new = store.new_job(run_at=run_at)
+        await store.seed(new)
+        assert (await store.job(new.id)).scheduled_at == run_at
+        assert await store.acquire() == []
+
+    async def test_job_with_run_after_becomes_acquirable_once_due(
+        self, store: StateHarness
+    ) -> None:
+        delay = timedelta(seconds=0.4)
+        new = store.new_job(run_after=delay)
+        await store.seed(new)
+        assert await store.acquire() == [], "acquired a job before its run_after elapsed"
+        job = await store.job(new.id)
+        assert abs(job.scheduled_at - (job.created_at + delay)) < CLOCK_SLACK / 4
+        acquired = await store.acquire_when_due(timeout=self.expiry_timeout)
+        assert acquired.id == new.id
+        assert acquired.scheduled_at == job.scheduled_at
+
+    async def test_past_run_at_is_clamped_to_now(self, store: StateHarness) -> None:
+        new = store.new_job(run_at=datetime.now(UTC) - timedelta(hours=1))
+        await store.seed(new)
+        job = await store.job(new.id)
+        assert job.scheduled_at >= job.created_at
+        assert job.scheduled_at - job.created_at < CLOCK_SLACK
+        assert (await store.acquire_one()).id == new.id
+
+    async def test_later_of_run_at_and_run_after_wins(self, store: StateHarness) -> None:
+        soon = datetime.now(UTC) + timedelta(hours=1)
+        by_time = store.new_job(run_at=soon + timedelta(hours=1), run_after=timedelta(hours=1))
+        by_delay = store.new_job(run_at=soon, run_after=timedelta(hours=3))
+        await store.seed(by_time, by_delay)
+        assert (await store.job(by_time.id)).scheduled_at == by_time.run_at
+        delayed = await store.job(by_delay.id)
+        expected = delayed.created_at + timedelta(hours=3)
+        assert abs(delayed.scheduled_at - expected) < CLOCK_SLACK
+        assert await store.acquire() == []

@@ -1,0 +1,140 @@
+"""Holding a lease: renewing it, handing the job back, rescheduling it."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from pgwork.adapters.state import Completion, Lease
+from pgwork.records import JobStatus
+from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase
+
+CLOCK_SLACK = timedelta(seconds=1)
+
+
+class LeaseConformance(StateSuiteBase):
+    async def test_renew_extends_a_lease_held_with_its_token(self, store: StateHarness) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one(lease=timedelta(seconds=30))
+        [result] = await store.adapter.renew(
+            leases=[held.lease], duration={held.id: timedelta(seconds=600)}
+        )
+        assert result.job_id == held.id
+        assert result.renewed
+        assert result.leased_until is not None
+        assert abs(result.leased_until - held.leased_until - timedelta(seconds=570)) < CLOCK_SLACK
+        job = await store.job(held.id)
+        assert job.leased_until == result.leased_until
+        assert job.status is JobStatus.RUNNING
+
+    async def test_renew_with_a_wrong_token_changes_nothing_and_reports_status(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        held = await store.acquire_one()
+        done = await store.acquire_one()
+        await store.adapter.complete(None, completions=[Completion(done.id, done.lease_token, "1")])
+        missing = uuid.uuid4()
+        forged = Lease(held.id, uuid.uuid4())
+        results = await store.adapter.renew(
+            leases=[forged, done.lease, Lease(missing, uuid.uuid4())],
+            duration={held.id: self.lease, done.id: self.lease, missing: self.lease},
+        )
+        by_id = {r.job_id: r for r in results}
+        assert set(by_id) == {held.id, done.id, missing}
+        assert not by_id[held.id].renewed
+        assert by_id[held.id].status is JobStatus.RUNNING
+        assert not by_id[done.id].renewed
+        assert by_id[done.id].status is JobStatus.COMPLETED
+        assert not by_id[missing].renewed
+        assert by_id[missing].status is None
+        assert all(r.leased_until is None for r in results)
+        assert (await store.job(held.id)).leased_until == held.leased_until
+
+    async def test_renew_of_nothing_returns_nothing(self, store: StateHarness) -> None:
+        assert await store.adapter.renew(leases=[], duration={}) == []
+
+    async def test_release_hands_the_attempt_back_and_job_is_acquirable_at_once(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        await store.seed(new)
+        held = await store.acquire_one(worker="worker-a")
+        assert await store.adapter.release(leases=[held.lease]) == 1
+        job = await store.job(new.id)
+        assert job.status is JobStatus.PENDING
+        assert job.attempt == 0
+        assert job.leased_by is None
+        assert job.leased_until is None
+        again = await store.acquire_one(worker="worker-b")
+        assert again.id == new.id
+        assert again.attempt == 1
+        assert again.lease_token != held.lease_token
+
+    async def test_release_with_a_wrong_token_changes_nothing(self, store: StateHarness) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        assert await store.adapter.release(leases=[Lease(held.id, uuid.uuid4())]) == 0
+        assert await store.adapter.release(leases=[]) == 0
+        job = await store.job(held.id)
+        assert job.status is JobStatus.RUNNING
+        assert job.attempt == 1
+
+    async def test_reschedule_without_counting_hands_the_attempt_back(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        assert await store.adapter.reschedule(
+            None, lease=held.lease, run_at=None, run_after=timedelta(hours=1), count_attempt=False
+        )
+        job = await store.job(held.id)
+        assert job.status is JobStatus.PENDING
+        assert job.attempt == 0
+        assert job.leased_by is None
+        assert job.leased_until is None
+        assert job.scheduled_at > held.scheduled_at + timedelta(minutes=59)
+        assert await store.acquire() == []
+
+    async def test_reschedule_counting_the_attempt_keeps_it_and_honours_run_at(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        run_at = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
+        assert await store.adapter.reschedule(
+            None, lease=held.lease, run_at=run_at, run_after=None, count_attempt=True
+        )
+        job = await store.job(held.id)
+        assert job.status is JobStatus.PENDING
+        assert job.attempt == 1
+        assert job.scheduled_at == run_at
+
+    async def test_rescheduled_job_runs_again_once_due(self, store: StateHarness) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        assert await store.adapter.reschedule(
+            None,
+            lease=held.lease,
+            run_at=None,
+            run_after=timedelta(seconds=0.3),
+            count_attempt=True,
+        )
+        again = await store.acquire_when_due(timeout=self.expiry_timeout)
+        assert again.id == held.id
+        assert again.attempt == 2
+
+    async def test_reschedule_with_a_wrong_token_changes_nothing(self, store: StateHarness) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        assert not await store.adapter.reschedule(
+            None,
+            lease=Lease(held.id, uuid.uuid4()),
+            run_at=None,
+            run_after=timedelta(hours=1),
+            count_attempt=False,
+        )
+        job = await store.job(held.id)
+        assert job.status is JobStatus.RUNNING
+        assert job.attempt == 1
+        assert job.leased_until == held.leased_until

@@ -1,0 +1,209 @@
+"""Lost leases: reaping expired ones, fencing stale holders, atomic attempts.
+
+Leases here really expire: the suite acquires with ``short_lease`` and polls ``reap``
+until the store's own clock says so (bounded by ``expiry_timeout``). To know a lease
+has expired without reading any clock, a test takes a *sentinel* job with the same
+short lease right after the job under test: once the sentinel is reaped, the earlier
+lease has run out too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import anyio
+
+from pgwork.adapters.state import Completion, Failure, Lease, StateAdapter
+from pgwork.records import AttemptError, ChainStatus, JobStatus
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._rollback import rolled_back
+
+BOOM = AttemptError(type="RuntimeError", message="late")
+
+
+class ReapConformance(StateSuiteBase):
+    async def test_reap_takes_only_expired_leases(self, store: StateHarness) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        short = await store.acquire_one(lease=self.short_lease)
+        long = await store.acquire_one(lease=self.lease)
+        reaped = await store.reap_when_expired(timeout=self.expiry_timeout)
+        assert [r.job_id for r in reaped] == [short.id]
+        job = await store.job(long.id)
+        assert job.status is JobStatus.RUNNING
+        assert job.leased_until == long.leased_until
+
+    async def test_reap_never_takes_the_excluded_workers_own_jobs(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        own = await store.acquire_one(worker="worker-a", lease=self.short_lease)
+        sentinel = await store.acquire_one(worker="worker-b", lease=self.short_lease)
+        reaped = await store.reap_when_expired(
+            exclude_worker="worker-a", timeout=self.expiry_timeout
+        )
+        assert [r.job_id for r in reaped] == [sentinel.id]
+        assert (await store.job(own.id)).status is JobStatus.RUNNING
+        # Its lease has run out all the same: anyone else may take it back.
+        others = await store.adapter.reap(type_names=[ALPHA], exclude_worker="worker-b", limit=10)
+        assert [r.job_id for r in others] == [own.id]
+
+    async def test_reap_counts_the_attempt_and_returns_the_job_to_its_queue(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job(max_attempts=3)
+        await store.seed(new)
+        lost = await store.acquire_one(worker="worker-a", lease=self.short_lease)
+        [reaped] = await store.reap_when_expired(timeout=self.expiry_timeout)
+        assert (reaped.job_id, reaped.type_name, reaped.leased_by) == (new.id, ALPHA, "worker-a")
+        assert reaped.attempt == 1
+        assert reaped.status is JobStatus.PENDING
+        job = await store.job(new.id)
+        assert job.status is JobStatus.PENDING
+        assert job.attempt == 1
+        assert job.leased_by is None
+        assert job.leased_until is None
+        assert job.last_attempt_error is not None
+        assert job.last_attempt_at is not None
+        assert (await store.chain(new.chain_id)).status is ChainStatus.ACTIVE
+        again = await store.acquire_one(worker="worker-b")
+        assert again.id == new.id
+        assert again.attempt == 2
+        assert again.lease_token != lost.lease_token
+        assert again.last_attempt_error == job.last_attempt_error
+
+    async def test_reap_at_max_attempts_fails_the_job_and_its_chain(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job(max_attempts=1)
+        await store.seed(new)
+        await store.acquire_one(lease=self.short_lease)
+        [reaped] = await store.reap_when_expired(timeout=self.expiry_timeout)
+        assert reaped.status is JobStatus.FAILED
+        assert reaped.attempt == 1
+        job = await store.job(new.id)
+        assert job.status is JobStatus.FAILED
+        assert job.completed_at is not None
+        assert job.last_attempt_error is not None
+        chain = await store.chain(new.chain_id)
+        assert chain.status is ChainStatus.FAILED
+        assert chain.completed_at is not None
+        assert await store.acquire() == []
+
+    async def test_reaping_a_later_job_at_max_attempts_fails_the_chain(
+        self, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        await store.seed(new)
+        first = await store.acquire_one()
+        follow = store.continuation(first, max_attempts=1)
+        await store.adapter.complete(
+            None, completions=[Completion(first.id, first.lease_token, "1", follow)]
+        )
+        await store.acquire_one(BETA, lease=self.short_lease)
+        [reaped] = await store.reap_when_expired(timeout=self.expiry_timeout)
+        assert reaped.job_id == follow.id
+        assert reaped.status is JobStatus.FAILED
+        assert (await store.chain(new.chain_id)).status is ChainStatus.FAILED
+
+    async def test_reap_takes_at_most_limit_jobs(self, store: StateHarness) -> None:
+        await store.seed(*(store.new_job() for _ in range(3)))
+        assert len(await store.acquire(lease=self.short_lease, limit=3)) == 3
+        first = await store.reap_when_expired(limit=2, timeout=self.expiry_timeout)
+        assert len(first) == 2
+        rest = await store.adapter.reap(type_names=[ALPHA], exclude_worker="reaper", limit=2)
+        assert len(rest) == 1
+        assert {r.job_id for r in first}.isdisjoint({r.job_id for r in rest})
+
+    async def test_reap_ignores_types_not_named(self, store: StateHarness) -> None:
+        await store.seed(store.new_job(ALPHA), store.new_job(BETA))
+        taken = await store.acquire(ALPHA, BETA, lease=self.short_lease, limit=2)
+        assert len(taken) == 2
+        reaped = await store.reap_when_expired(type_names=[ALPHA], timeout=self.expiry_timeout)
+        assert [r.type_name for r in reaped] == [ALPHA]
+        beta = next(j for j in taken if j.type_name == BETA)
+        assert (await store.job(beta.id)).status is JobStatus.RUNNING
+        assert await store.adapter.reap(type_names=[], exclude_worker="reaper", limit=10) == []
+
+    async def test_stale_holder_can_neither_renew_nor_complete_nor_fail(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        stale = await store.acquire_one(worker="worker-a", lease=self.short_lease)
+        await store.reap_when_expired(exclude_worker="worker-b", timeout=self.expiry_timeout)
+        fresh = await store.acquire_one(worker="worker-b")
+        assert fresh.id == stale.id
+        assert fresh.attempt == 2
+        assert fresh.lease_token != stale.lease_token
+
+        [renewed] = await state_adapter.renew(leases=[stale.lease], duration={stale.id: self.lease})
+        assert not renewed.renewed
+        assert renewed.status is JobStatus.RUNNING
+        [completed] = await state_adapter.complete(
+            None, completions=[Completion(stale.id, stale.lease_token, '"stale"')]
+        )
+        assert not completed.accepted
+        assert await state_adapter.fail(
+            None, failures=[Failure(stale.id, stale.lease_token, BOOM, None)]
+        ) == [False]
+        assert not await state_adapter.reschedule(
+            None, lease=stale.lease, run_at=None, run_after=None, count_attempt=False
+        )
+        assert await state_adapter.release(leases=[stale.lease]) == 0
+        async with state_adapter.transaction() as tx:
+            assert not await state_adapter.begin_atomic(
+                tx, lease=stale.lease, deadline=timedelta(seconds=30)
+            )
+
+        job = await store.job(fresh.id)
+        assert job.status is JobStatus.RUNNING
+        assert job.leased_by == "worker-b"
+        assert job.attempt == 2
+        assert job.leased_until == fresh.leased_until
+        assert job.output is None
+        assert job.last_attempt_error != BOOM
+        [done] = await state_adapter.complete(
+            None, completions=[Completion(fresh.id, fresh.lease_token, '"fresh"')]
+        )
+        assert done.accepted
+        assert (await store.job(fresh.id)).output == "fresh"
+
+
+class AtomicConformance(StateSuiteBase):
+    async def test_begin_atomic_accepts_only_the_current_lease(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        deadline = timedelta(seconds=30)
+        async with state_adapter.transaction() as tx:
+            forged = Lease(held.id, uuid.uuid4())
+            assert not await state_adapter.begin_atomic(tx, lease=forged, deadline=deadline)
+        async with state_adapter.transaction() as tx:
+            assert await state_adapter.begin_atomic(tx, lease=held.lease, deadline=deadline)
+            [result] = await state_adapter.complete(
+                tx, completions=[Completion(held.id, held.lease_token, '"atomic"')]
+            )
+            assert result.accepted
+        async with state_adapter.transaction() as tx:
+            assert not await state_adapter.begin_atomic(tx, lease=held.lease, deadline=deadline)
+        assert (await store.job(held.id)).output == "atomic"
+
+    async def test_atomic_attempt_holds_its_job_so_a_concurrent_reap_skips_it(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        atomic = await store.acquire_one(worker="worker-a", lease=self.short_lease)
+        sentinel = await store.acquire_one(worker="worker-a", lease=self.short_lease)
+        # The attempt's transaction ends without completing, as if its handler raised.
+        with anyio.fail_after(self.test_timeout):
+            async with rolled_back(state_adapter.transaction()) as tx:
+                assert await state_adapter.begin_atomic(
+                    tx, lease=atomic.lease, deadline=timedelta(seconds=30)
+                )
+                reaped = await store.reap_when_expired(timeout=self.expiry_timeout)
+                assert [r.job_id for r in reaped] == [sentinel.id]
+                assert (await store.job(atomic.id)).status is JobStatus.RUNNING
+        # With the transaction gone, its expired lease is fair game again.
+        reaped = await store.adapter.reap(type_names=[ALPHA], exclude_worker="reaper", limit=10)
+        assert [r.job_id for r in reaped] == [atomic.id]
