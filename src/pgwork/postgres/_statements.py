@@ -86,28 +86,9 @@ CROSS JOIN LATERAL (
 ) AS j
 """
 
-# Queues are drained in the order given (strictly), each on its own index range, so a
-# deep low-priority queue never slows acquiring from a high-priority one. Rows locked
-# beyond the outer LIMIT are released at commit, a few milliseconds later.
-ACQUIRE = """
-WITH candidates AS (
-    SELECT c.id
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank)
-    CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.scheduled_at
-        FROM {jobs} AS j
-        WHERE j.status = 'pending'
-          AND j.queue = q.name
-          AND j.scheduled_at <= now()
-          AND j.type_name = ANY(%(type_names)s::text[])
-        ORDER BY j.priority, j.scheduled_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.name = q.name AND p.paused)
-    ORDER BY q.rank, c.priority, c.scheduled_at
-    LIMIT %(limit)s
-),
+# The second half of both acquire statements: lease the chosen candidates, each for
+# its own type's duration.
+_LEASE_CANDIDATES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)s::text[], %(lease_seconds)s::float8[])
         AS l(type_name, seconds)
@@ -125,6 +106,45 @@ RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.inp
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
     j.created_at, j.scheduled_at, j.last_attempt_error
 """
+
+# Queues are drained in the order given (strictly), each on its own index range, so a
+# deep low-priority queue never slows acquiring from a high-priority one. Rows locked
+# beyond the outer LIMIT are released at commit, a few milliseconds later.
+ACQUIRE = f"""
+WITH candidates AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.scheduled_at
+        FROM {{jobs}} AS j
+        WHERE j.status = 'pending'
+          AND j.queue = q.name
+          AND j.scheduled_at <= now()
+          AND j.type_name = ANY(%(type_names)s::text[])
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = q.name AND p.paused)
+    ORDER BY q.rank, c.priority, c.scheduled_at
+    LIMIT %(limit)s
+),
+{_LEASE_CANDIDATES}"""
+
+# ``queues=None``: any queue not paused, best priority then oldest first across all.
+ACQUIRE_ANY_QUEUE = f"""
+WITH candidates AS (
+    SELECT j.id
+    FROM {{jobs}} AS j
+    WHERE j.status = 'pending'
+      AND j.scheduled_at <= now()
+      AND j.type_name = ANY(%(type_names)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = j.queue AND p.paused)
+    ORDER BY j.priority, j.scheduled_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+{_LEASE_CANDIDATES}"""
 
 # Locks the row for an atomic attempt; the lock is held until the attempt's
 # transaction ends. The session-local idle timeout ends a transaction whose handler
@@ -342,6 +362,7 @@ class Statements:
     lock_dedup_keys: bytes
     find_dedup_matches: bytes
     acquire: bytes
+    acquire_any_queue: bytes
     begin_atomic: bytes
     renew: bytes
     complete: bytes

@@ -210,11 +210,14 @@ class PostgresStateAdapter:
             "worker_id": worker_id,
             "type_names": list(leases),
             "lease_seconds": [d.total_seconds() for d in leases.values()],
-            "queues": list(queues) if queues is not None else [],
             "limit": limit,
         }
+        if queues is None:
+            query = self._sql.acquire_any_queue
+        else:
+            query, params["queues"] = self._sql.acquire, list(queues)
         async with self.pool.connection() as conn:
-            rows = await self._fetch(conn, self._sql.acquire, params)
+            rows = await self._fetch(conn, query, params)
         return [acquired_from_row(row) for row in rows]
 
     async def begin_atomic(
