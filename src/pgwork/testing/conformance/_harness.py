@@ -138,12 +138,21 @@ class StateHarness:
     async def acquire_when_due(
         self, *type_names: str, timeout: float = 10.0, **kwargs: Any
     ) -> AcquiredJob:
-        """Poll acquire until a job is handed out (a scheduled job becoming due)."""
+        """Poll acquire until a job is handed out (a scheduled job becoming due), and
+        check on the store's own clock that it was not handed out early: a lease
+        granted at ``t`` ends at ``t + lease``."""
+        lease: timedelta = kwargs.get("lease") or self.lease
         deadline = time.monotonic() + timeout
         while True:
             acquired = await self.acquire(*type_names, limit=1, **kwargs)
             if acquired:
-                return acquired[0]
+                job = acquired[0]
+                granted_at = job.leased_until - lease
+                assert granted_at >= job.scheduled_at, (
+                    f"job {job.id} was handed out at {granted_at}, "
+                    f"before it was due at {job.scheduled_at}"
+                )
+                return job
             if time.monotonic() > deadline:
                 raise AssertionError(f"no job became acquirable within {timeout}s")
             await anyio.sleep(self.poll)
