@@ -60,6 +60,8 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             )
             taken = await store.acquire(queues=["paused", "open"])
             assert [j.id for j in taken] == [open_.id]
+            await store.adapter.release(leases=[j.lease for j in taken])
+            assert [j.id for j in await store.acquire(queues=None)] == [open_.id]
             await c.execute(psycopg.sql.SQL("UPDATE {} SET paused = false").format(queues))
         assert (await store.acquire_one(queues=["paused"])).id == paused.id
 
