@@ -117,6 +117,7 @@ class CompleteConformance(StateSuiteBase):
         assert chain.output is None
         assert chain.completed_at is None
         assert chain.current_job.id == follow.id
+        assert await state_adapter.get_chains(None, chain_ids=[follow.id]) == []
 
         last = await store.acquire_one(BETA)
         assert last.id == follow.id

@@ -146,6 +146,25 @@ class DedupConformance(StateSuiteBase):
         assert results["second"].job_id == first.id
         assert not await store.exists(second.id)
 
+    async def test_concurrent_enqueues_of_other_keys_do_not_wait(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        held = store.new_job(dedup=DedupSpec("held"))
+        others = [store.new_job(dedup=DedupSpec("other")), store.new_job()]
+        went_through = anyio.Event()
+
+        async def enqueue_others() -> None:
+            await store.seed(*others)
+            went_through.set()
+
+        with anyio.fail_after(self.test_timeout):
+            async with anyio.create_task_group() as tg, state_adapter.transaction() as tx:
+                await state_adapter.insert_jobs(tx, jobs=[held])
+                tg.start_soon(enqueue_others)
+                # Finishing while the first transaction is still open is the proof.
+                await went_through.wait()
+        assert all([await store.exists(job.id) for job in (held, *others)])
+
     async def _until_blocked(self, done: anyio.Event, lock_waiters: LockWaiters | None) -> None:
         """Return once the second writer is seen waiting (probe) or, without a probe,
         once it has failed to finish for ``blocking_grace`` seconds."""
