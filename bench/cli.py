@@ -105,11 +105,14 @@ async def _run(args: argparse.Namespace) -> int:
                     from bench.peers import run_peers
 
                     peer_workloads = [w for w in args.only if w in PEER_WORKLOADS]
-                    found, failed = await run_peers(
+                    peers = await run_peers(
                         admin_dsn, bars, sizes, peer_workloads, venv=args.peers_venv
                     )
-                    measurements += found
-                    failures += failed
+                    measurements += peers.measurements
+                    failures += peers.failures
+                    env.options["peers"] = ", ".join(
+                        f"{name} {version}" for name, version in sorted(peers.versions.items())
+                    )
         finally:
             dbs.close()
     table = render_markdown(env, measurements, failures=failures)

@@ -1,0 +1,229 @@
+"""Peers: the same workloads on oban-py, PgQueuer and procrastinate, side by side.
+
+The peers live in a virtualenv of their own, outside the repository (default
+``$XDG_CACHE_HOME/pgwork-bench/peers-venv``) and never among pgwork's dependencies. Each
+runs as a subprocess (``run_<peer>.py``, which imports no pgwork) on a fresh database
+of the same server, in the same run, so ratios compare like with like.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._env import fresh_database
+from bench._plan import ROW_DRAIN, Sizes, percentile, row_enqueue, row_latency
+from bench._progress import Bars
+from bench._report import Measurement
+
+__all__ = ["PEERS", "PeerRun", "default_venv", "ensure_venv", "run_peers"]
+
+HERE = Path(__file__).resolve().parent
+
+# Peer (its runner is run_<peer>.py) -> its distribution. oban-py needs Python 3.12+.
+PEERS = {"oban": "oban", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
+COMMON = ["psycopg[binary]>=3.2", "psycopg-pool>=3.2"]
+RUN_LIMIT = 1200.0
+
+
+def default_venv() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pgwork-bench" / "peers-venv"
+
+
+def _version_ok(python: str) -> bool:
+    try:
+        done = subprocess.run(
+            [python, "-c", "import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def _python_for_peers() -> tuple[str, bool]:
+    """A Python for the peers' venv, and whether it is new enough for oban-py (3.12+)."""
+    candidates = [sys.executable, "python3.13", "python3.12"]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if pyenv.is_dir():
+        candidates += [str(p / "bin" / "python3") for p in sorted(pyenv.glob("3.1[2-9]*"))]
+    for candidate in candidates:
+        found = shutil.which(candidate) or (candidate if Path(candidate).is_file() else None)
+        if found and _version_ok(found):
+            return found, True
+    return sys.executable, False
+
+
+def ensure_venv(venv: Path, log: Callable[[str], None]) -> tuple[str, dict[str, str]]:
+    """Create or reuse the peers' venv; return its python and the installed versions."""
+    python = venv / "bin" / "python"
+    stamp = venv / ".pgwork-bench-peers"
+    wanted = json.dumps({"peers": PEERS, "common": COMMON})
+    if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
+        base, modern = _python_for_peers()
+        requirements = [*COMMON, "procrastinate", "pgqueuer"]
+        if modern:
+            requirements.append("oban")
+        else:
+            log("[yellow]no Python 3.12+ found: oban-py (which needs it) will be skipped")
+        log(f"installing peers into {venv} (once): {', '.join(requirements)}")
+        if venv.exists():
+            shutil.rmtree(venv)
+        subprocess.run([base, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", *requirements],
+            check=True,
+        )
+        stamp.write_text(wanted)
+    listing = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m, json, sys\n"
+            "out = {}\n"
+            "for name in sys.argv[1:]:\n"
+            "    try: out[name] = m.version(name)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(out))",
+            *PEERS.values(),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return str(python), json.loads(listing.stdout)
+
+
+async def _run_script(
+    python: str, peer: str, dsn: str, arguments: list[str], progress: Callable[[int], None]
+) -> tuple[dict[str, Any], str]:
+    """Run ``run_<peer>.py`` on ``dsn``; return its result and note."""
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        str(HERE / f"run_{peer}.py"),
+        "--dsn",
+        dsn,
+        *arguments,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=str(HERE),
+    )
+    result: dict[str, Any] | None = None
+    note = ""
+
+    async def read() -> None:
+        nonlocal result, note
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if "progress" in event:
+                progress(int(event["progress"]))
+            elif "result" in event:
+                result = event["result"]
+            elif "note" in event:
+                note = str(event["note"])
+
+    assert proc.stderr is not None
+    try:
+        _, stderr = await asyncio.wait_for(
+            asyncio.gather(read(), proc.stderr.read()), timeout=RUN_LIMIT
+        )
+        await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    if proc.returncode != 0 or result is None:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
+        raise RuntimeError(f"run_{peer}.py exited {proc.returncode}: {' | '.join(tail)}")
+    return result, note
+
+
+async def _peer_workloads(
+    python: str, peer: str, admin_dsn: str, bars: Bars, sizes: Sizes, workloads: list[str]
+) -> list[Measurement]:
+    out: list[Measurement] = []
+    slots = ["--concurrency", str(sizes.slots)]
+    if "enqueue" in workloads:
+        n = sizes.enqueue
+        for batch in (None, 100, 1000):
+            row = row_enqueue(batch)
+            bar = bars.bar(f"{peer}: {row}", n)
+            with fresh_database(admin_dsn) as dsn:
+                args = ["--workload", "enqueue", "--jobs", str(n), "--batch", str(batch or 0)]
+                result, note = await _run_script(python, peer, dsn, args, bar.set)
+            rate = n / result["seconds"]
+            bar.finish(f"{rate:,.0f} jobs/s")
+            out.append(Measurement(row, peer, rate, "jobs/s"))
+    if "drain" in workloads:
+        n = sizes.drain
+        bar = bars.bar(f"{peer}: {ROW_DRAIN}", n)
+        with fresh_database(admin_dsn) as dsn:
+            args = ["--workload", "drain", "--jobs", str(n), *slots]
+            result, note = await _run_script(python, peer, dsn, args, bar.set)
+        rate = n / (result["finished"] - result["first"])
+        bar.finish(f"{rate:,.0f} jobs/s")
+        out.append(Measurement(ROW_DRAIN, peer, rate, "jobs/s", note=note))
+    if "latency" in workloads:
+        n = sizes.latency
+        bar = bars.bar(f"{peer}: idle pickup latency", n)
+        with fresh_database(admin_dsn) as dsn:
+            args = ["--workload", "latency", "--jobs", str(n), *slots]
+            args += ["--interval", str(sizes.latency_interval)]
+            result, note = await _run_script(python, peer, dsn, args, bar.set)
+        samples = [float(x) for x in result["latencies_ms"]]
+        bar.finish(f"p50 {percentile(samples, 50):.1f} ms")
+        out += [
+            Measurement(row_latency(p), peer, percentile(samples, p), "ms", False)
+            for p in (50, 95, 99)
+        ]
+    return out
+
+
+@dataclass
+class PeerRun:
+    measurements: list[Measurement] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+async def run_peers(
+    admin_dsn: str, bars: Bars, sizes: Sizes, workloads: list[str], *, venv: Path | None
+) -> PeerRun:
+    """Run ``workloads`` on every peer; return measurements, failures and versions."""
+    run = PeerRun()
+    if not workloads:
+        return run
+    try:
+        python, versions = await asyncio.to_thread(ensure_venv, venv or default_venv(), bars.log)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        run.failures.append(f"peers: could not prepare their virtualenv: {exc!r}")
+        return run
+    run.versions = versions
+    measurements, failures = run.measurements, run.failures
+    for peer, distribution in PEERS.items():
+        version = versions.get(distribution)
+        if version is None:
+            failures.append(f"{peer}: not installed in the peers' virtualenv")
+            continue
+        bars.log(f"{peer} {version}")
+        try:
+            measurements += await _peer_workloads(python, peer, admin_dsn, bars, sizes, workloads)
+        except Exception as exc:
+            bars.log(f"[red]{peer} failed: {exc!r}")
+            failures.append(f"{peer} {version}: {exc!r}")
+    return run

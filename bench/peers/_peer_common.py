@@ -1,0 +1,130 @@
+"""What every peer runner shares. Runs inside the peers' virtualenv: stdlib and psycopg
+only, never pgwork.
+
+A runner is called as ``python run_<peer>.py --dsn DSN --workload W --jobs N ...`` on a
+fresh empty database, installs its library's schema, and prints JSON lines:
+``{"progress": n}`` while it works and ``{"result": {...}}`` at the end.
+
+The clocks are pgwork's (see bench/_pgwork_workloads.py): enqueue is timed around the
+enqueuing loop; a drain runs from the first handler start until the database shows no
+unfinished job; latency is ``time.time()`` after the enqueuing commit to handler start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+WAIT_LIMIT = 900.0
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--workload", choices=("enqueue", "drain", "latency"), required=True)
+    parser.add_argument("--jobs", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=0, help="0: one job per transaction")
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--interval", type=float, default=0.02)
+    return parser.parse_args(argv)
+
+
+@dataclass
+class Counter:
+    """Handler starts; ``starts[n]`` is when job ``n``'s handler began."""
+
+    target: int
+    count: int = 0
+    first: float | None = None
+    starts: dict[int, float] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def hit(self, n: int) -> None:
+        now = time.time()
+        if self.first is None:
+            self.first = now
+        self.starts[n] = now
+        self.count += 1
+        if self.count >= self.target:
+            self.done.set()
+
+
+async def follow(counter: Counter, worker: asyncio.Task[Any] | None = None) -> None:
+    """Report progress until every job's handler has started; raise if ``worker`` (the
+    task running the library's worker, if it has one) ends first."""
+    deadline = time.monotonic() + WAIT_LIMIT
+    while not counter.done.is_set():
+        if worker is not None and worker.done():
+            worker.result()
+            raise RuntimeError("the worker stopped before the jobs were done")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(counter.done.wait(), timeout=0.1)
+        emit(progress=counter.count)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{counter.count}/{counter.target} jobs after {WAIT_LIMIT:.0f}s")
+
+
+async def wait_empty(dsn: str, query: str, interval: float = 0.01) -> float:
+    """Poll ``query`` (a count of unfinished jobs) until it is 0; return ``time.time()``."""
+    deadline = time.monotonic() + WAIT_LIMIT
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = await (await conn.execute(query)).fetchone()
+            if row is not None and row[0] == 0:
+                return time.time()
+            if time.monotonic() > deadline:
+                raise TimeoutError("jobs still unfinished")
+            await asyncio.sleep(interval)
+
+
+async def timed_enqueue(
+    jobs: int, batch: int, enqueue: Callable[[list[int]], Awaitable[None]]
+) -> None:
+    """Call ``enqueue`` with batches of job numbers (one number when batch is 0); emit the
+    elapsed seconds."""
+    size = batch or 1
+    started = time.perf_counter()
+    for first in range(0, jobs, size):
+        await enqueue(list(range(first, min(jobs, first + size))))
+        if first % 500 < size:
+            emit(progress=first + size)
+    emit(result={"seconds": time.perf_counter() - started})
+
+
+async def paced_enqueue(
+    jobs: int,
+    interval: float,
+    enqueue_one: Callable[[int], Awaitable[None]],
+    counter: Counter,
+    worker: asyncio.Task[Any] | None = None,
+) -> None:
+    """Enqueue one job (own transaction) every ``interval`` seconds to an idle worker, then
+    emit each job's commit-to-handler-start latency in milliseconds."""
+    commits: dict[int, float] = {}
+    next_at = time.monotonic()
+    for i in range(jobs):
+        await enqueue_one(i)
+        commits[i] = time.time()
+        emit(progress=counter.count)
+        next_at += interval
+        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    await follow(counter, worker)
+    emit(result={"latencies_ms": [(counter.starts[i] - commits[i]) * 1000 for i in range(jobs)]})
+
+
+def drained(counter: Counter, finished: float) -> None:
+    emit(result={"first": counter.first, "finished": finished})
