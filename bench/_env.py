@@ -177,9 +177,16 @@ def _pgwork_version() -> str:
             check=True,
             timeout=5,
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return version
-    return f"{version} (commit {commit})"
+    return f"{version} (commit {commit}{', with uncommitted changes in src/' if dirty else ''})"
 
 
 def describe_environment(admin_dsn: str, server_kind: str, options: dict[str, str]) -> Environment:
