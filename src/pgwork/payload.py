@@ -22,6 +22,7 @@ import pydantic
 import pydantic_core
 
 from pgwork.errors import (
+    ConfigurationError,
     PayloadNotSerializableError,
     PayloadTooLargeError,
     PayloadValidationError,
@@ -62,7 +63,12 @@ class Codec(Generic[T]):
         self.model = model
         self.type_name = type_name
         self.what = what
-        self._adapter: pydantic.TypeAdapter[T] = pydantic.TypeAdapter(model)
+        try:
+            self._adapter: pydantic.TypeAdapter[T] = pydantic.TypeAdapter(model)
+        except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as exc:
+            raise ConfigurationError(
+                f"the {what} model {model!r} of job type {type_name!r} cannot be used: {exc}"
+            ) from exc
         # Instances of BaseModel were validated when built; skip re-validating them.
         self._is_instance = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
 
@@ -78,13 +84,14 @@ class Codec(Generic[T]):
     def encode(self, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
         """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
         validated = self.validate(value)
+        # Before dumping: pydantic would quietly turn NaN/Infinity into null.
+        path, reason = _find_unserializable(validated, "$")
+        if reason:
+            raise PayloadNotSerializableError(self.type_name, self.what, path, reason)
         try:
             plain = self._adapter.dump_python(validated, mode="json")
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
-            path, reason = _find_unserializable(validated, "$")
-            raise PayloadNotSerializableError(
-                self.type_name, self.what, path, reason or str(exc)
-            ) from exc
+            raise PayloadNotSerializableError(self.type_name, self.what, "$", str(exc)) from exc
         _check_storable(plain, "$", self.type_name, self.what)
         text = json.dumps(plain, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         size = len(text.encode())
@@ -142,7 +149,10 @@ def _check_storable(value: Any, path: str, type_name: str, what: str) -> None:
 
 
 def _find_unserializable(value: Any, path: str) -> tuple[str, str | None]:
-    """Locate the first value pydantic cannot turn into JSON, for the error message."""
+    """Locate the first value that cannot become faithful JSON: an object pydantic cannot
+    serialise, or a float that is NaN or infinite."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, f"{value} is not a valid JSON number"
     if isinstance(value, _SCALARS):
         return path, None
     if isinstance(value, pydantic.BaseModel):

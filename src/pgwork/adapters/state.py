@@ -126,6 +126,7 @@ class RenewResult:
     """Outcome of renewing one lease: ``renewed``, or the job's status now (if any)."""
 
     job_id: UUID
+    lease_token: UUID
     renewed: bool
     leased_until: datetime | None
     status: JobStatus | None
@@ -221,7 +222,10 @@ class StateAdapter(Protocol):
 
     async def renew(
         self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
-    ) -> list[RenewResult]: ...
+    ) -> list[RenewResult]:
+        """Extend each lease whose token still holds the running job by ``duration``
+        (keyed by job id); one result per lease, identified by (job_id, lease_token)."""
+        ...
 
     async def complete(
         self, tx: TransactionHandle | None, *, completions: Sequence[Completion]

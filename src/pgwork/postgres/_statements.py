@@ -167,11 +167,11 @@ renewed AS (
     SET leased_until = now() + r.seconds * interval '1 second'
     FROM r
     WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
-    RETURNING j.id, j.leased_until
+    RETURNING j.id, j.lease_token, j.leased_until
 )
-SELECT r.id, u.leased_until, j.status::text
+SELECT r.id, r.token, u.leased_until, j.status::text
 FROM r
-LEFT JOIN renewed AS u ON u.id = r.id
+LEFT JOIN renewed AS u ON u.id = r.id AND u.lease_token = r.token
 LEFT JOIN {jobs} AS j ON j.id = r.id
 """
 

@@ -253,11 +253,12 @@ class PostgresStateAdapter:
         return [
             RenewResult(
                 job_id=job_id,
+                lease_token=token,
                 renewed=until is not None,
                 leased_until=until,
                 status=JobStatus(status) if status else None,
             )
-            for job_id, until, status in rows
+            for job_id, token, until, status in rows
         ]
 
     async def complete(

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Protocol
-from uuid import UUID
 
 import anyio
 
@@ -72,7 +71,7 @@ async def renew_forever(state: StateAdapter, holders: Callable[[], Iterable[Leas
 
 
 async def renew_once(state: StateAdapter, holders: list[LeaseHolder]) -> None:
-    by_id: dict[UUID, LeaseHolder] = {h.lease.job_id: h for h in holders}
+    by_lease: dict[Lease, LeaseHolder] = {h.lease: h for h in holders}
     started = time.monotonic()
     try:
         results = await state.renew(
@@ -92,7 +91,7 @@ async def renew_once(state: StateAdapter, holders: list[LeaseHolder]) -> None:
                 holder.abort(AbortReason.OWNERSHIP_LOST)
         return
     for result in results:
-        found = by_id.get(result.job_id)
+        found = by_lease.get(Lease(result.job_id, result.lease_token))
         if found is None:
             continue
         holder = found

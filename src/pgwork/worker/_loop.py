@@ -267,7 +267,9 @@ class InProcessWorker:
         )
         for job in acquired:
             slot = _Slot(job, self._types[job.type_name])
-            self._slots[job.id] = slot
+            # Keyed by lease token: the same job can come back to this worker (reaped,
+            # then re-acquired) while a stale attempt on it is still being aborted.
+            self._slots[job.lease_token] = slot
             slots.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
 
     async def _drain(self) -> None:
@@ -301,9 +303,11 @@ class InProcessWorker:
             notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues)
         ) or notice.kind == "reconnected":
             self._wake.set()
-        elif notice.kind == "abort" and notice.job_id in self._slots:
+        elif notice.kind == "abort":
             reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
-            self._slots[notice.job_id].abort(reason)
+            for slot in list(self._slots.values()):
+                if slot.acquired.id == notice.job_id:
+                    slot.abort(reason)
 
     # --- one slot ----------------------------------------------------------------------
 
@@ -320,7 +324,7 @@ class InProcessWorker:
                 slot.acquired.id,
             )
         finally:
-            self._slots.pop(slot.acquired.id, None)
+            self._slots.pop(slot.acquired.lease_token, None)
             self._wake.set()
 
     def _attempt(

@@ -1,0 +1,85 @@
+"""Fixtures for engine tests: a client on a fresh migrated database, workers, probes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from pgwork import (
+    Client,
+    InProcessWorker,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+    create_in_process_worker,
+)
+
+ClientFactory = Callable[[JobTypeRegistry], Awaitable[Client]]
+
+
+@pytest.fixture
+async def make_client(pgwork_dsn: str) -> AsyncIterator[ClientFactory]:
+    """Build clients (PostgreSQL state + LISTEN/NOTIFY) on this test's database."""
+    clients: list[Client] = []
+
+    async def factory(registry: JobTypeRegistry) -> Client:
+        state = await PostgresStateAdapter.connect(pgwork_dsn, max_size=20)
+        client = create_client(
+            state_adapter=state,
+            notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
+            registry=registry,
+        )
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
+    """Start workers that are stopped when the test ends, whatever happened."""
+    started: list[InProcessWorker] = []
+
+    async def start(**kwargs: Any) -> InProcessWorker:
+        kwargs.setdefault("poll_interval", 0.5)
+        worker = create_in_process_worker(**kwargs)
+        await worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        await worker.stop()
+
+
+@pytest.fixture
+async def conn(pgwork_dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A caller's own connection (not autocommit): what an application passes as tx."""
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as connection:
+        yield connection
+
+
+async def eventually(
+    predicate: Callable[[], Awaitable[bool]], *, timeout: float = 20.0, what: str = "condition"
+) -> None:
+    """Re-check ``predicate`` (a database read) until it holds; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await anyio.sleep(0.02)
+
+
+async def scalar(dsn: str, query: str, *params: Any) -> Any:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute(query, params or None)
+        row = await cur.fetchone()
+        return row[0] if row else None

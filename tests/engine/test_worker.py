@@ -1,0 +1,546 @@
+"""The in-process worker: slots, outcomes, retries, middlewares, leases and stopping."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import (
+    AbortReason,
+    Attempt,
+    ChainStart,
+    ContinuationNotAllowedError,
+    Continue,
+    JobStatus,
+    JobTypeRegistry,
+    LogContextFilter,
+    RetryPolicy,
+    WorkerStateError,
+    create_in_process_worker,
+    log_context,
+)
+
+from .conftest import ClientFactory, eventually, scalar
+
+pytestmark = pytest.mark.anyio
+
+
+class Num(BaseModel):
+    n: int
+
+
+class Total(BaseModel):
+    total: int
+
+
+async def _status(client: Any, job_id: Any) -> JobStatus:
+    return (await client.get_job(job_id)).status
+
+
+async def test_returned_value_completes_the_job_and_its_chain(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    square = reg.job_type("square", input=Num, output=Total)
+
+    async def handle(attempt: Attempt[Num, Total]) -> Total:
+        return Total(total=attempt.job.input.n**2)
+
+    client = await make_client(reg)
+    await workers(client=client, processors={square: handle})
+    started = await client.start_chain(conn, square, Num(n=7))
+    await conn.commit()
+
+    async def done() -> bool:
+        return (await client.get_chain(started.id)).status == "completed"
+
+    await eventually(done, what="chain completed")
+    chain = await client.get_chain(started.id)
+    assert chain.output == Total(total=49)
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.COMPLETED
+    assert job.attempt == 1
+    assert job.output == Total(total=49)
+
+
+async def test_continue_with_runs_the_next_job_in_the_same_chain(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    add = reg.job_type("add", input=Num, output=Total, continue_with=["double"])
+    double = reg.job_type("double", input=Total, output=Total, entry=False)
+
+    async def handle_add(attempt: Attempt[Num, Total]) -> None:
+        await attempt.complete(continue_with=Continue(double, Total(total=attempt.job.input.n + 1)))
+
+    async def handle_double(attempt: Attempt[Total, Total]) -> Total:
+        return Total(total=attempt.job.input.total * 2)
+
+    client = await make_client(reg)
+    await workers(client=client, processors={add: handle_add, double: handle_double})
+    started = await client.start_chain(conn, add, Num(n=4))
+    await conn.commit()
+
+    async def done() -> bool:
+        return (await client.get_chain(started.id)).status == "completed"
+
+    await eventually(done, what="two-step chain completed")
+    jobs = await client.list_chain_jobs(started.id)
+    assert [(j.type_name, j.chain_index, j.status) for j in jobs] == [
+        ("add", 0, JobStatus.COMPLETED),
+        ("double", 1, JobStatus.COMPLETED),
+    ]
+    assert (await client.get_chain(started.id)).output == Total(total=10)
+
+
+async def test_two_workers_with_ten_slots_run_each_of_2000_jobs_exactly_once(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    await conn.execute("CREATE TABLE ledger (job_id uuid, worker text)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    work = reg.job_type("work", input=Num)
+    client = await make_client(reg)
+
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as ledger:
+        lock = anyio.Lock()
+
+        async def handle(attempt: Attempt[Num, Any]) -> None:
+            async with lock:  # one ledger connection shared by both workers' slots
+                await ledger.execute(
+                    "INSERT INTO ledger VALUES (%s, %s)", (attempt.job.id, attempt.worker_id)
+                )
+
+        await client.start_chains(conn, [ChainStart(work, Num(n=i)) for i in range(2000)])
+        await conn.commit()
+        await workers(client=client, processors={work: handle}, max_slots=10, worker_id="w1")
+        await workers(client=client, processors={work: handle}, max_slots=10, worker_id="w2")
+
+        async def drained() -> bool:
+            return await scalar(pgwork_dsn, "SELECT count(*) FROM ledger") >= 2000
+
+        await eventually(drained, timeout=60, what="2000 executions")
+        await eventually(
+            lambda: _count(pgwork_dsn, "status = 'completed'", 2000), what="all completed"
+        )
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM ledger") == 2000
+    assert await scalar(pgwork_dsn, "SELECT count(DISTINCT job_id) FROM ledger") == 2000
+    assert await scalar(pgwork_dsn, "SELECT count(DISTINCT worker) FROM ledger") == 2
+
+
+async def _count(dsn: str, where: str, expected: int) -> bool:
+    return await scalar(dsn, f"SELECT count(*) FROM pgwork.jobs WHERE {where}") == expected
+
+
+async def test_failures_retry_on_the_backoff_formula_then_fail_for_good(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    policy = RetryPolicy(
+        initial=timedelta(milliseconds=200), multiplier=2.0, maximum=timedelta(milliseconds=500)
+    )
+    flaky = reg.job_type("flaky", input=Num, retry=policy, max_attempts=4)
+    client = await make_client(reg)
+    observed: list[tuple[int, float]] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        job = await client.get_job(attempt.job.id)
+        if job.last_attempt_at is not None:
+            # Written by one statement with one now(): the gap is exactly the delay.
+            observed.append((job.attempt, (job.scheduled_at - job.last_attempt_at).total_seconds()))
+        raise ValueError(f"boom on attempt {attempt.job.attempt}")
+
+    await workers(client=client, processors={flaky: handle}, poll_interval=0.05)
+    started = await client.start_chain(conn, flaky, Num(n=1))
+    await conn.commit()
+
+    async def failed() -> bool:
+        return await _status(client, started.job_id) is JobStatus.FAILED
+
+    await eventually(failed, what="terminal failure")
+    # delay after attempt k = min(0.2 * 2**(k-1), 0.5)
+    assert observed == [(2, 0.2), (3, 0.4), (4, 0.5)]
+    job = await client.get_job(started.job_id)
+    assert job.attempt == 4
+    assert job.completed_at is not None
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type == "builtins.ValueError"
+    assert job.last_attempt_error.message == "boom on attempt 4"
+    assert "Traceback" in (job.last_attempt_error.traceback or "")
+    assert (await client.get_chain(started.id)).status == "failed"
+
+
+async def test_a_continuation_the_registry_forbids_fails_the_attempt(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    first = reg.job_type("first", input=Num, max_attempts=1)
+    other = reg.job_type("other", input=Num)
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> Any:
+        return Continue(other, Num(n=1))
+
+    await workers(client=client, processors={first: handle})
+    started = await client.start_chain(conn, first, Num(n=1))
+    await conn.commit()
+    await eventually(
+        lambda: _is(client, started.job_id, JobStatus.FAILED), what="failed continuation"
+    )
+    job = await client.get_job(started.job_id)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type.endswith(ContinuationNotAllowedError.__name__)
+    assert "'first'" in job.last_attempt_error.message
+    assert "'other'" in job.last_attempt_error.message
+    assert len(await client.list_chain_jobs(started.id)) == 1
+
+
+async def _is(client: Any, job_id: Any, status: JobStatus) -> bool:
+    return await _status(client, job_id) is status
+
+
+async def test_an_output_that_fails_its_model_fails_the_attempt(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    typed = reg.job_type("typed", input=Num, output=Total, max_attempts=1)
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Total]) -> Any:
+        return {"total": "not a number"}
+
+    await workers(client=client, processors={typed: handle})
+    started = await client.start_chain(conn, typed, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.FAILED), what="failure")
+    job = await client.get_job(started.job_id)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type.endswith("PayloadValidationError")
+
+
+async def test_reschedule_from_a_handler_runs_it_again_later_without_counting(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    poll = reg.job_type("poll", input=Num, output=Total)
+    client = await make_client(reg)
+    seen: list[int] = []
+
+    async def handle(attempt: Attempt[Num, Total]) -> Total | None:
+        seen.append(attempt.job.attempt)
+        if len(seen) < 3:
+            await attempt.reschedule(after=timedelta(milliseconds=50))
+            return None
+        return Total(total=len(seen))
+
+    await workers(client=client, processors={poll: handle}, poll_interval=0.05)
+    started = await client.start_chain(conn, poll, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.COMPLETED), what="completion")
+    assert seen == [1, 1, 1]
+    assert (await client.get_job(started.job_id)).output == Total(total=3)
+
+
+async def test_middlewares_wrap_each_attempt_first_declared_outermost(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    job = reg.job_type("job", input=Num)
+    client = await make_client(reg)
+    events: list[str] = []
+    finished = anyio.Event()
+
+    def recorder(name: str) -> Any:
+        async def middleware(attempt: Attempt[Any, Any], call_next: Any) -> Any:
+            events.append(f"{name}:before")
+            try:
+                return await call_next(attempt)
+            finally:
+                events.append(f"{name}:after")
+                if name == "outer":
+                    finished.set()
+
+        return middleware
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        events.append("handler")
+
+    await workers(
+        client=client, processors={job: handle}, middlewares=[recorder("outer"), recorder("inner")]
+    )
+    await client.start_chain(conn, job, Num(n=1))
+    await conn.commit()
+    with anyio.fail_after(10):
+        await finished.wait()
+    assert events == ["outer:before", "inner:before", "handler", "inner:after", "outer:after"]
+
+
+async def test_log_context_middleware_puts_the_attempt_on_log_records(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    job = reg.job_type("logged", input=Num)
+    client = await make_client(reg)
+    records: list[logging.LogRecord] = []
+    logged = anyio.Event()
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    app_log = logging.getLogger("tests.app")
+    collector = Collect()
+    collector.addFilter(LogContextFilter())
+    app_log.addHandler(collector)
+    app_log.setLevel(logging.INFO)
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        app_log.info("working on it")
+        logged.set()
+
+    try:
+        await workers(
+            client=client, processors={job: handle}, middlewares=[log_context], worker_id="w-log"
+        )
+        started = await client.start_chain(conn, job, Num(n=1))
+        await conn.commit()
+        with anyio.fail_after(10):
+            await logged.wait()
+        app_log.info("outside any attempt")
+    finally:
+        app_log.removeHandler(collector)
+    inside, outside = records
+    assert inside.job_id == str(started.job_id)  # type: ignore[attr-defined]
+    assert inside.job_type == "logged"  # type: ignore[attr-defined]
+    assert inside.attempt == 1
+    assert inside.worker_id == "w-log"
+    assert outside.job_id == "-"  # type: ignore[attr-defined]
+
+
+async def test_stop_hands_in_flight_jobs_back_without_burning_an_attempt(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    stuck = reg.job_type("stuck", input=Num)
+    client = await make_client(reg)
+    running = anyio.Event()
+    reasons: list[AbortReason | None] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            reasons.append(attempt.abort_reason)
+
+    worker = create_in_process_worker(
+        client=client, processors={stuck: handle}, grace_period=0.2, poll_interval=0.1
+    )
+    stop = await worker.start()
+    started = await client.start_chain(conn, stuck, Num(n=1))
+    await conn.commit()
+    with anyio.fail_after(10):
+        await running.wait()
+    await stop()
+    await stop()  # a second stop is safe and returns at once
+    assert reasons == [AbortReason.WORKER_STOPPING]
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.PENDING
+    assert job.attempt == 0
+    assert job.leased_by is None
+
+
+async def test_stop_lets_in_flight_attempts_finish_within_the_grace_period(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    slow = reg.job_type("slow", input=Num)
+    client = await make_client(reg)
+    running = anyio.Event()
+    release = anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> str:
+        running.set()
+        await release.wait()
+        return "finished"
+
+    worker = create_in_process_worker(client=client, processors={slow: handle}, grace_period=30)
+    async with worker:
+        started = await client.start_chain(conn, slow, Num(n=1))
+        await conn.commit()
+        with anyio.fail_after(10):
+            await running.wait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.stop)
+            await anyio.lowlevel.checkpoint()  # let stop() begin while the attempt still runs
+            release.set()
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.COMPLETED
+    assert job.output == "finished"
+
+
+async def test_a_worker_cannot_be_started_twice(make_client: ClientFactory) -> None:
+    reg = JobTypeRegistry()
+    job = reg.job_type("job", input=Num)
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        return None
+
+    worker = create_in_process_worker(client=client, processors={job: handle})
+    stop = await worker.start()
+    try:
+        with pytest.raises(WorkerStateError):
+            await worker.start()
+    finally:
+        await stop()
+    with pytest.raises(WorkerStateError):
+        await worker.run()
+
+
+async def test_lost_lease_aborts_the_handler(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    long = reg.job_type("long", input=Num, lease=timedelta(milliseconds=600))
+    client = await make_client(reg)
+    running = anyio.Event()
+    aborted = anyio.Event()
+    reasons: list[AbortReason | None] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            reasons.append(attempt.abort_reason)
+            aborted.set()
+
+    await workers(client=client, processors={long: handle})
+    started = await client.start_chain(conn, long, Num(n=1))
+    await conn.commit()
+    with anyio.fail_after(10):
+        await running.wait()
+    # Another holder takes the job over (as a reaper and a second worker would).
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as other:
+        await other.execute(
+            "UPDATE pgwork.jobs SET lease_token = gen_random_uuid(), leased_by = 'thief', "
+            "leased_until = now() + interval '1 hour' WHERE id = %s",
+            (started.job_id,),
+        )
+    with anyio.fail_after(10):
+        await aborted.wait()
+    assert reasons == [AbortReason.OWNERSHIP_LOST]
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.RUNNING
+    assert job.leased_by == "thief"
+
+
+async def test_expired_lease_is_reaped_and_the_job_runs_again(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("job", input=Num, output=Total)
+    client = await make_client(reg)
+    started = await client.start_chain(conn, job_type, Num(n=5))
+    await conn.commit()
+    # A worker that died holding the job: running, attempt 1, lease long expired.
+    await conn.execute(
+        "UPDATE pgwork.jobs SET status = 'running', attempt = 1, leased_by = 'dead', "
+        "lease_token = gen_random_uuid(), leased_until = now() - interval '1 minute' "
+        "WHERE id = %s",
+        (started.job_id,),
+    )
+    await conn.commit()
+
+    async def handle(attempt: Attempt[Num, Total]) -> Total:
+        return Total(total=attempt.job.attempt)
+
+    await workers(client=client, processors={job_type: handle})
+    await eventually(lambda: _is(client, started.job_id, JobStatus.COMPLETED), what="rerun")
+    job = await client.get_job(started.job_id)
+    assert job.attempt == 2
+    assert job.output == Total(total=2)
+
+
+async def test_atomic_attempt_commits_the_handlers_writes_with_its_completion(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    await conn.execute("CREATE TABLE effects (n int)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+    attempts: list[int] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        attempts.append(attempt.job.attempt)
+        await attempt.connection.execute("INSERT INTO effects VALUES (%s)", (attempt.job.attempt,))
+        if attempt.job.attempt == 1:
+            raise RuntimeError("crash after writing")
+
+    await workers(client=client, processors={pay: handle}, poll_interval=0.05)
+    started = await client.start_chain(conn, pay, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.COMPLETED), what="completion")
+    assert attempts == [1, 2]
+    # The first attempt's write was rolled back with it; the second committed.
+    assert await scalar(pgwork_dsn, "SELECT array_agg(n) FROM effects") == [2]
+
+
+async def test_atomic_attempt_past_its_deadline_is_rolled_back_and_retried(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    hang = reg.job_type(
+        "hang", input=Num, mode="atomic", timeout=timedelta(milliseconds=300), max_attempts=1
+    )
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        await attempt.connection.execute("SELECT 1")
+        await anyio.sleep_forever()
+
+    await workers(client=client, processors={hang: handle})
+    started = await client.start_chain(conn, hang, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.FAILED), what="timeout")
+    job = await client.get_job(started.job_id)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type.endswith("TimeoutError")
+
+
+async def test_a_job_type_no_processor_handles_is_never_acquired(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    known = reg.job_type("known", input=Num)
+    orphan = reg.job_type("orphan", input=Num)
+    client = await make_client(reg)
+    handled = anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        handled.set()
+
+    await workers(client=client, processors={known: handle})
+    lonely = await client.start_chain(conn, orphan, Num(n=1))
+    await client.start_chain(conn, known, Num(n=1))
+    await conn.commit()
+    with anyio.fail_after(10):
+        await handled.wait()
+    job = await client.get_job(lonely.job_id)
+    assert job.status is JobStatus.PENDING
+    assert job.attempt == 0
