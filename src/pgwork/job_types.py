@@ -24,7 +24,7 @@ from pgwork.errors import (
 )
 from pgwork.payload import Codec
 
-__all__ = ["Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
+__all__ = ["Continuation", "Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for "input"
 O = TypeVar("O")  # noqa: E741
@@ -62,24 +62,41 @@ class JobType(Generic[I, O]):
         return f"JobType({self.name!r})"
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class Continue(Generic[I2]):
-    """The next job of a chain: ``Continue(next_type, NextInput(...))``.
+class Continuation:
+    """What ``attempt.complete(continue_with=...)`` accepts: build it with ``Continue``.
 
-    Passed to ``attempt.complete(continue_with=...)``; the next job is inserted in the
-    same transaction that completes the current one.
+    A plain (non-generic) base on purpose: typed as ``Continue[Any]`` the parameter would
+    let mypy solve ``Continue(next_type, input)`` against ``Any`` and accept any input.
     """
+
+    __slots__ = ("input", "job_type", "schedule_after")
+
+    job_type: JobType[Any, Any]
+    input: Any
+    schedule_after: timedelta | None
+
+
+class Continue(Continuation, Generic[I2]):
+    """The next job of a chain: ``Continue(next_type, NextInput(...), after=None)``.
+
+    Passed to ``attempt.complete(continue_with=...)`` (or returned by a handler); the
+    next job is inserted in the same transaction that completes the current one.
+    """
+
+    __slots__ = ()
 
     job_type: JobType[I2, Any]
     input: I2
-    schedule_after: timedelta | None
 
     def __init__(
         self, job_type: JobType[I2, Any], input: I2, *, after: timedelta | None = None
     ) -> None:
-        object.__setattr__(self, "job_type", job_type)
-        object.__setattr__(self, "input", input)
-        object.__setattr__(self, "schedule_after", after)
+        self.job_type = job_type
+        self.input = input
+        self.schedule_after = after
+
+    def __repr__(self) -> str:
+        return f"Continue({self.job_type.name!r}, {self.input!r})"
 
 
 class JobTypeRegistry:

@@ -21,7 +21,7 @@ from pgwork._ids import new_id
 from pgwork.adapters.state import AcquiredJob, NewJob
 from pgwork.client import split_schedule
 from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError
-from pgwork.job_types import Continue, JobType, JobTypeRegistry
+from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, Job
 
 __all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
@@ -93,7 +93,7 @@ class Attempt(Generic[I, O]):
         self.cancel_scope.cancel()
 
     async def complete(
-        self, output: O | None = None, *, continue_with: Continue[Any] | None = None
+        self, output: O | None = None, *, continue_with: Continuation | None = None
     ) -> None:
         """Complete the job with ``output``; with ``continue_with``, the chain goes on
         with that job, inserted in the transaction that completes this one."""
@@ -124,8 +124,8 @@ class Attempt(Generic[I, O]):
             kind = "complete" if isinstance(self.outcome, Completed) else "reschedule"
             raise AttemptAlreadyFinishedError(self.job.id, kind)
 
-    def _continuation(self, spec: Continue[Any]) -> NewJob:
-        if not isinstance(spec, Continue):
+    def _continuation(self, spec: Continuation) -> NewJob:
+        if not isinstance(spec, Continuation):
             raise ConfigurationError(
                 f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
             )
@@ -150,7 +150,7 @@ class Attempt(Generic[I, O]):
         """Turn a handler's return value into the outcome when it set none itself."""
         if self.outcome is not None:
             return
-        if isinstance(result, Continue):
+        if isinstance(result, Continuation):
             await self.complete(None, continue_with=result)
         else:
             await self.complete(result)

@@ -1,0 +1,82 @@
+"""The public surface is pinned: adding or removing a name is a deliberate change."""
+
+from __future__ import annotations
+
+import pgwork
+
+EXPECTED = {
+    "AbortReason",
+    "Attempt",
+    "AttemptAlreadyFinishedError",
+    "AttemptError",
+    "Chain",
+    "ChainNotFoundError",
+    "ChainStart",
+    "ChainStatus",
+    "Client",
+    "ConfigurationError",
+    "Continue",
+    "ContinuationNotAllowedError",
+    "DatabaseError",
+    "DatabaseUnreachableError",
+    "DedupSpec",
+    "DuplicateJobTypeError",
+    "Handler",
+    "InProcessNotifyAdapter",
+    "InProcessWorker",
+    "InvalidSchemaNameError",
+    "Job",
+    "JobError",
+    "JobNotFoundError",
+    "JobStatus",
+    "JobType",
+    "JobTypeError",
+    "JobTypeRegistry",
+    "LeaseLostError",
+    "Listener",
+    "LogContextFilter",
+    "Middleware",
+    "NotAnEntryTypeError",
+    "Notice",
+    "NotifyAdapter",
+    "Page",
+    "PayloadError",
+    "PayloadNotSerializableError",
+    "PayloadTooLargeError",
+    "PayloadValidationError",
+    "PgworkError",
+    "PostgresNotifyAdapter",
+    "PostgresStateAdapter",
+    "ProcessingMode",
+    "RetryPolicy",
+    "SchemaMissingError",
+    "SchemaOutdatedError",
+    "StartedChain",
+    "StateAdapter",
+    "UnknownJobTypeError",
+    "UnsupportedConnectionError",
+    "WorkerError",
+    "WorkerStateError",
+    "__version__",
+    "backoff_delay",
+    "compose",
+    "create_client",
+    "create_in_process_worker",
+    "log_context",
+}
+
+
+def test_all_is_exactly_the_documented_surface() -> None:
+    assert set(pgwork.__all__) == EXPECTED
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in pgwork.__all__:
+        assert getattr(pgwork, name) is not None
+
+
+def test_every_error_is_a_pgwork_error() -> None:
+    errors = [getattr(pgwork, n) for n in pgwork.__all__ if n.endswith("Error")]
+    for error in errors:
+        if isinstance(error, type) and error is not pgwork.AttemptError:
+            assert issubclass(error, pgwork.PgworkError), error

@@ -1,0 +1,85 @@
+"""The public API is typed end to end: mypy catches misuse in users' code.
+
+One snippet holds correct usage and two mistakes, each marked ``# E: <message part>``;
+mypy must report exactly those lines, so correct usage is proven clean too.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SNIPPET = """\
+from pydantic import BaseModel
+import psycopg
+from pgwork import Attempt, ChainStart, Client, Continue, JobTypeRegistry
+
+class Email(BaseModel):
+    to: str
+
+class Sent(BaseModel):
+    message_id: str
+
+registry = JobTypeRegistry()
+send_email = registry.job_type("send_email", input=Email, output=Sent, continue_with=["audit"])
+audit = registry.job_type("audit", input=Sent, entry=False)
+
+async def handle(attempt: Attempt[Email, Sent]) -> Sent:
+    return Sent(message_id=attempt.job.input.to)
+
+async def handle_and_continue(attempt: Attempt[Email, Sent]) -> None:
+    await attempt.complete(Sent(message_id="1"), continue_with=Continue(audit, Sent(message_id="1")))
+
+async def enqueue(client: Client, conn: psycopg.AsyncConnection[object]) -> None:
+    started = await client.start_chain(conn, send_email, Email(to="a@b.c"))
+    print(started.id, started.deduplicated)
+    await client.start_chains(conn, [ChainStart(send_email, Email(to="x@y.z"))])
+
+async def reads_a_missing_field(attempt: Attempt[Email, Sent]) -> Sent:
+    return Sent(message_id=attempt.job.input.subject)  # E: has no attribute "subject"
+
+async def enqueues_the_wrong_model(client: Client, conn: psycopg.AsyncConnection[object]) -> None:
+    await client.start_chain(conn, send_email, Sent(message_id="x"))  # E: start_chain
+
+async def continues_with_the_wrong_model(attempt: Attempt[Email, Sent]) -> None:
+    await attempt.complete(continue_with=Continue(audit, Email(to="x")))  # E: Continue
+"""
+
+
+@pytest.mark.timeout(180)
+def test_mypy_reports_exactly_the_marked_mistakes(tmp_path: Path) -> None:
+    source = tmp_path / "snippet.py"
+    source.write_text(SNIPPET)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--no-error-summary",
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=150,
+    )
+    expected = {
+        number: line.split("# E: ")[1]
+        for number, line in enumerate(SNIPPET.splitlines(), start=1)
+        if "# E: " in line
+    }
+    reported: dict[int, str] = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r".*snippet\.py:(\d+): error: (.*)", line)
+        if match:
+            reported.setdefault(int(match[1]), "")
+            reported[int(match[1])] += match[2]
+    assert sorted(reported) == sorted(expected), result.stdout
+    for number, fragment in expected.items():
+        assert fragment in reported[number], (number, reported[number])
