@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from pgwork._client_queries import QueryMixin
 from pgwork._ids import new_id
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import Notice, NotifyAdapter
@@ -78,7 +79,7 @@ class StartedChain(Generic[I, O]):
     status: JobStatus
 
 
-class Client:
+class Client(QueryMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(

@@ -32,6 +32,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.postgres._connect import connect
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_row
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap
@@ -46,7 +47,7 @@ __all__ = ["PostgresStateAdapter"]
 INSERT_CHUNK = 5000
 
 
-class PostgresStateAdapter:
+class PostgresStateAdapter(QueryOps):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 
     Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server
