@@ -24,13 +24,15 @@ from pgwork.errors import (
 )
 from pgwork.payload import Codec
 
-__all__ = ["Continuation", "Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
+__all__ = ["BlockerFailurePolicy", "Continuation", "Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for "input"
 O = TypeVar("O")  # noqa: E741
 I2 = TypeVar("I2")
 
 ProcessingMode = Literal["staged", "atomic"]
+# What happens to a job blocked on a chain that fails or is cancelled.
+BlockerFailurePolicy = Literal["fail", "cancel", "unblock"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
 _PRIORITY_RANGE = range(-32768, 32768)
@@ -55,6 +57,8 @@ class JobType(Generic[I, O]):
     priority: int
     timeout: timedelta | None
     mode: ProcessingMode
+    retention: timedelta | None
+    blocker_failure: BlockerFailurePolicy
     input_codec: Codec[I] = field(repr=False)
     output_codec: Codec[O] = field(repr=False)
 
@@ -125,6 +129,8 @@ class JobTypeRegistry:
         priority: int = ...,
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
+        retention: timedelta | None = ...,
+        blocker_failure: BlockerFailurePolicy = ...,
     ) -> JobType[I, O]: ...
 
     @overload
@@ -143,6 +149,8 @@ class JobTypeRegistry:
         priority: int = ...,
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
+        retention: timedelta | None = ...,
+        blocker_failure: BlockerFailurePolicy = ...,
     ) -> JobType[I, Any]: ...
 
     def job_type(
@@ -160,6 +168,8 @@ class JobTypeRegistry:
         priority: int = 0,
         timeout: timedelta | None = None,
         mode: ProcessingMode = "staged",
+        retention: timedelta | None = None,
+        blocker_failure: BlockerFailurePolicy = "fail",
     ) -> JobType[Any, Any]:
         """Declare a job type.
 
@@ -168,6 +178,10 @@ class JobTypeRegistry:
         ``lease``: how long a staged attempt holds the job between renewals.
         ``timeout``: per-attempt deadline (also bounds an atomic attempt's transaction).
         ``priority``: lower runs first within a queue.
+        ``retention``: delete this type's chains that long after they completed or failed
+        (a worker maintenance step; ``None`` keeps them).
+        ``blocker_failure``: when a chain this job is blocked on fails or is cancelled,
+        ``"fail"`` or ``"cancel"`` this job (and its chain), or ``"unblock"`` it anyway.
         """
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -186,6 +200,13 @@ class JobTypeRegistry:
             raise ConfigurationError(f"priority of {name!r} must fit a smallint, got {priority}")
         if mode not in ("staged", "atomic"):
             raise ConfigurationError(f"mode of {name!r} must be 'staged' or 'atomic', got {mode!r}")
+        if retention is not None and retention <= timedelta(0):
+            raise ConfigurationError(f"retention of {name!r} must be positive, got {retention}")
+        if blocker_failure not in ("fail", "cancel", "unblock"):
+            raise ConfigurationError(
+                f"blocker_failure of {name!r} must be 'fail', 'cancel' or 'unblock', "
+                f"got {blocker_failure!r}"
+            )
         if not queue or not isinstance(queue, str):
             raise ConfigurationError(f"queue of {name!r} must be a non-empty string")
         output_model = Any if output is None else output
@@ -202,6 +223,8 @@ class JobTypeRegistry:
             priority=priority,
             timeout=timeout,
             mode=mode,
+            retention=retention,
+            blocker_failure=blocker_failure,
             input_codec=Codec(input, type_name=name, what="input"),
             output_codec=Codec(output_model, type_name=name, what="output"),
         )
