@@ -24,7 +24,14 @@ from pgwork.errors import (
 )
 from pgwork.payload import Codec
 
-__all__ = ["BlockerFailurePolicy", "Continuation", "Continue", "JobType", "JobTypeRegistry", "ProcessingMode"]
+__all__ = [
+    "BlockerFailurePolicy",
+    "Continuation",
+    "Continue",
+    "JobType",
+    "JobTypeRegistry",
+    "ProcessingMode",
+]
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for "input"
 O = TypeVar("O")  # noqa: E741
