@@ -1,0 +1,231 @@
+"""Worker processes for the fault scenarios, and a supervisor that restarts them.
+
+Each process runs ``tests.faults._worker``; a reader thread collects its output lines
+(with the monotonic time they arrived) so a test can wait for an event such as
+``started <job>`` or ``log INFO pgwork.notify pgwork listener reconnected``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["WORKER_APP", "Fleet", "Line", "WorkerProcess", "worker_dsn"]
+
+REPO = Path(__file__).resolve().parents[2]
+# Every connection a worker process opens carries this name, so a scenario can find
+# (and terminate) exactly the workers' backends and nothing of its own.
+WORKER_APP = "pgwork-fault-worker"
+
+
+def worker_dsn(dsn: str) -> str:
+    return f"{dsn}{'&' if '?' in dsn else '?'}application_name={WORKER_APP}"
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    at: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    types: str = "work,effect"
+    slots: int = 8
+    lease: float = 2.0
+    poll: float = 0.5
+    grace: float = 0.2
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class WorkerProcess:
+    """One ``python -m tests.faults._worker`` process and everything it printed."""
+
+    def __init__(self, dsn: str, worker_id: str, options: Options) -> None:
+        self.worker_id = worker_id
+        self.lines: list[Line] = []
+        self.expected_exit = False
+        self._changed = threading.Condition()
+        args = [
+            sys.executable, "-m", "tests.faults._worker", worker_dsn(dsn),
+            "--worker-id", worker_id, "--types", options.types,
+            "--slots", str(options.slots), "--lease", str(options.lease),
+            "--poll", str(options.poll), "--grace", str(options.grace),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, **options.env},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._changed:
+                self.lines.append(Line(time.monotonic(), raw.rstrip("\n")))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_for(self, pattern: str, *, timeout: float = 20.0, since: int = 0) -> tuple[int, Line]:
+        """Wait for a line (from index ``since``) matching regex ``pattern``."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for index in range(since, len(self.lines)):
+                    if regex.search(self.lines[index].text):
+                        return index, self.lines[index]
+                since = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (not self.alive and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"{self.worker_id}: no line matching {pattern!r} within {timeout}s; "
+                        f"last lines:\n" + "\n".join(line.text for line in self.lines[-30:])
+                    )
+                self._changed.wait(min(left, 0.2))
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        self.wait_for(rf"pgwork worker {re.escape(self.worker_id)} started", timeout=timeout)
+
+    def matching(self, pattern: str) -> list[Line]:
+        regex = re.compile(pattern)
+        with self._changed:
+            return [line for line in self.lines if regex.search(line.text)]
+
+    def send(self, sig: signal.Signals) -> None:
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.expected_exit = True
+        self.proc.send_signal(sig)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """SIGCONT + SIGTERM, then SIGKILL if it does not stop in time."""
+        if self.alive:
+            self.expected_exit = True
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self._reader.join(timeout)
+
+
+@dataclass(slots=True)
+class Exit:
+    worker_id: str
+    returncode: int
+    expected: bool
+    tail: list[str]
+
+
+class Fleet:
+    """``size`` worker processes; with ``supervise`` a dead one is replaced (new id)."""
+
+    def __init__(
+        self, dsn: str, size: int, options: Options, *, supervise: bool = True, prefix: str = "w"
+    ) -> None:
+        self.dsn = dsn
+        self.options = options
+        self.supervise = supervise
+        self.prefix = prefix
+        self.workers: list[WorkerProcess] = []
+        self.retired: list[WorkerProcess] = []
+        self.exits: list[Exit] = []
+        self.restarts = 0
+        self._generation = [0] * size
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+        for index in range(size):
+            self.workers.append(self._spawn(index))
+
+    def _spawn(self, index: int) -> WorkerProcess:
+        worker_id = f"{self.prefix}{index}.{self._generation[index]}"
+        self._generation[index] += 1
+        return WorkerProcess(self.dsn, worker_id, self.options)
+
+    def start(self, timeout: float = 30.0) -> Fleet:
+        for worker in self.workers:
+            worker.wait_ready(timeout)
+        self._supervisor.start()
+        return self
+
+    def _supervise(self) -> None:
+        while not self._closing.wait(0.05):
+            with self._lock:
+                for index, worker in enumerate(self.workers):
+                    if worker.alive:
+                        continue
+                    worker.close()
+                    self.exits.append(
+                        Exit(
+                            worker.worker_id,
+                            worker.proc.returncode,
+                            worker.expected_exit,
+                            [line.text for line in worker.lines[-20:]],
+                        )
+                    )
+                    self.retired.append(worker)
+                    if self.supervise and not self._closing.is_set():
+                        self.workers[index] = self._spawn(index)
+                        self.restarts += 1
+
+    def unexpected_exits(self) -> list[Exit]:
+        with self._lock:
+            return [e for e in self.exits if not e.expected]
+
+    def kill(self, index: int, sig: signal.Signals = signal.SIGKILL) -> WorkerProcess:
+        with self._lock:
+            victim = self.workers[index]
+            victim.send(sig)
+        return victim
+
+    def each(self) -> list[WorkerProcess]:
+        with self._lock:
+            return list(self.workers)
+
+    def all_lines(self, pattern: str) -> list[Line]:
+        with self._lock:
+            everyone = self.retired + self.workers
+        return [line for worker in everyone for line in worker.matching(pattern)]
+
+    def wait_all_ready(self, timeout: float = 30.0) -> None:
+        for worker in self.each():
+            worker.wait_ready(timeout)
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._supervisor.is_alive():
+            self._supervisor.join(5)
+        with self._lock:
+            for worker in self.workers:
+                worker.close()
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

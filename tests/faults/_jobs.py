@@ -1,0 +1,82 @@
+"""The job types the fault scenarios run, shared by the tests and the worker driver.
+
+Every handler first writes a *ledger* row on a connection of its own, in autocommit:
+the ledger survives whatever happens to the attempt afterwards, so it counts
+executions. ``effect`` (atomic mode) also writes an *effect* row through
+``attempt.connection``: that row commits with the job's completion or not at all, so
+two effect rows for one job are a duplicate effect, the thing atomic mode promises
+never to produce.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import BaseModel
+
+from pgwork import JobTypeRegistry, RetryPolicy
+
+__all__ = ["FAULT_TABLES", "RETRY", "Spec", "registry"]
+
+# Kept in the template database, so every test's clone starts with empty tables.
+FAULT_TABLES = """
+CREATE TABLE faults_ledger (
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    attempt int NOT NULL,
+    worker text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ON faults_ledger (job_id);
+-- No unique constraint on purpose: a duplicate effect must be visible, not refused.
+CREATE TABLE faults_effects (
+    job_id uuid NOT NULL,
+    worker text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ON faults_effects (job_id);
+"""
+
+# Fast retries: a fault that fails an attempt should cost milliseconds, not minutes.
+RETRY = RetryPolicy(initial=timedelta(seconds=0.05), multiplier=2.0, maximum=timedelta(seconds=0.5))
+# The schedule "boom" is checked against: 0.3 s, then 0.6 s.
+BOOM_RETRY = RetryPolicy(initial=timedelta(seconds=0.3), multiplier=2.0)
+
+
+class Spec(BaseModel):
+    """What one job does: sleep ``ms`` (``first_ms`` on its first attempt instead)."""
+
+    n: int = 0
+    ms: int = 0
+    first_ms: int | None = None
+
+
+def registry(lease: float = 2.0) -> JobTypeRegistry:
+    """All fault job types; ``lease`` (seconds) is the staged lease and the atomic one."""
+    reg = JobTypeRegistry()
+    reg.job_type("work", input=Spec, lease=timedelta(seconds=lease), retry=RETRY, max_attempts=25)
+    # Atomic attempts hold the row lock, so their lease need not outlast the handler;
+    # the timeout bounds the transaction instead.
+    reg.job_type(
+        "effect",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        timeout=timedelta(seconds=2 * lease),
+        mode="atomic",
+        retry=RETRY,
+        max_attempts=25,
+    )
+    reg.job_type(
+        "hang",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        timeout=timedelta(seconds=1),
+        retry=RETRY,
+        max_attempts=2,
+    )
+    reg.job_type("block", input=Spec, lease=timedelta(seconds=lease), retry=RETRY, max_attempts=5)
+    reg.job_type(
+        "boom", input=Spec, lease=timedelta(seconds=lease), retry=BOOM_RETRY, max_attempts=3
+    )
+    reg.job_type("suicide", input=Spec, lease=timedelta(seconds=lease), max_attempts=3)
+    return reg

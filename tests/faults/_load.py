@@ -1,0 +1,131 @@
+"""Enqueueing a scenario's jobs, and running a fleet under a repeated fault."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from uuid import UUID
+
+import psycopg
+from tests.faults._fleet import Fleet, Options
+from tests.faults._jobs import Spec, registry
+from tests.faults._oracle import Figures, measure, wait_settled
+
+from pgwork import ChainStart, PostgresNotifyAdapter, PostgresStateAdapter, create_client
+
+__all__ = ["Load", "enqueue", "mixed_jobs", "run_under_faults"]
+
+
+def enqueue(dsn: str, jobs: Sequence[tuple[str, Spec]], *, chunk: int = 1000) -> list[UUID]:
+    """Start one chain per (type name, spec) through pgwork's client; return job ids."""
+
+    async def go() -> list[UUID]:
+        reg = registry()
+        state = await PostgresStateAdapter.connect(dsn, min_size=1, max_size=2)
+        client = create_client(
+            state_adapter=state, notify_adapter=PostgresNotifyAdapter(dsn), registry=reg
+        )
+        ids: list[UUID] = []
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                for start in range(0, len(jobs), chunk):
+                    items = [
+                        ChainStart(reg.get(name), spec)
+                        for name, spec in jobs[start : start + chunk]
+                    ]
+                    started = await client.start_chains(conn, items)
+                    await conn.commit()
+                    ids.extend(s.job_id for s in started)
+        finally:
+            await client.close()
+        return ids
+
+    return asyncio.run(go())
+
+
+def mixed_jobs(count: int, *, lease: float, rng: random.Random) -> list[tuple[str, Spec]]:
+    """Half staged, half atomic; one atomic job in ten outlives its lease (it is held
+    by its row lock, not by renewals)."""
+    jobs: list[tuple[str, Spec]] = []
+    for n in range(count):
+        roll = rng.random()
+        if roll < 0.5:
+            jobs.append(("work", Spec(n=n, ms=rng.randint(50, 300))))
+        elif roll < 0.9:
+            jobs.append(("effect", Spec(n=n, ms=rng.randint(50, 300))))
+        else:
+            jobs.append(("effect", Spec(n=n, ms=int(lease * 1500))))
+    return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Size and pace of one load scenario."""
+
+    jobs: int
+    workers: int = 3
+    slots: int = 8
+    lease: float = 1.0
+    poll: float = 0.5
+    faults: int = 4
+    fault_every: float = 1.5
+    drain_timeout: float = 60.0
+
+
+Inject = Callable[[Fleet, Figures], None]
+
+
+def _remaining(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pgwork.jobs WHERE status NOT IN ('completed', 'failed')"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def run_under_faults(
+    dsn: str,
+    scenario: str,
+    load: Load,
+    inject: Inject,
+    *,
+    env: dict[str, str] | None = None,
+    seed: int = 5,
+) -> tuple[Figures, Fleet]:
+    """Enqueue ``load.jobs`` mixed jobs, start the fleet, call ``inject`` every
+    ``fault_every`` seconds (at most ``faults`` times, while work remains), then wait
+    for every job to end and measure."""
+    figures = Figures(scenario)
+    enqueue(dsn, mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed)))
+    options = Options(
+        types="work,effect", slots=load.slots, lease=load.lease, poll=load.poll, env=env or {}
+    )
+    started = time.monotonic()
+    fleet = Fleet(dsn, load.workers, options)
+    try:
+        fleet.start()
+        next_fault = time.monotonic() + load.fault_every
+        while figures.faults < load.faults and _remaining(dsn) > 0:
+            time.sleep(max(0.0, next_fault - time.monotonic()))
+            inject(fleet, figures)
+            next_fault = time.monotonic() + load.fault_every
+        wait_settled(dsn, load.drain_timeout)
+        figures.elapsed_s = time.monotonic() - started
+        figures.notes["restarts"] = fleet.restarts
+        figures.notes["unexpected_exits"] = [
+            (e.worker_id, e.returncode, e.tail[-3:]) for e in fleet.unexpected_exits()
+        ]
+    finally:
+        fleet.close()
+    return measure(dsn, figures), fleet
+
+
+def in_flight_bound_holds(figures: Figures) -> bool:
+    return figures.duplicate_executions <= figures.in_flight_at_faults
+
+
+def describe(figures: Figures) -> str:
+    return figures.as_json()

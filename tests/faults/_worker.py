@@ -1,0 +1,215 @@
+"""A worker process for the fault scenarios: ``python -m tests.faults._worker DSN ...``.
+
+Runs the handlers of ``tests.faults._jobs`` in one in-process worker and prints one
+line per event, flushed, so the test can follow it from outside:
+
+``started <job_id> <attempt>``   a handler began (after its ledger row was written)
+``aborted <job_id> <reason>``    a handler was cancelled (lease lost, stop, timeout)
+``log <LEVEL> <logger> <text>``  a pgwork log record (INFO and up)
+``exited <error>``               the worker stopped on its own (it should not)
+``stopped``                      the worker stopped after SIGTERM
+
+Signal handling lives here, not in the library: SIGTERM calls ``worker.stop()``, whose
+grace period (``--grace``) is kept short so in-flight jobs are released at once.
+
+``PGWORK_FAULTS_BROKEN`` (read only by this driver) swaps some of the adapter's SQL for
+deliberately broken statements before the adapter is built, so the tests can show each
+oracle catches the failure it is meant to catch:
+
+``unfenced``    complete/renew/fail ignore the lease token; an atomic attempt takes no
+                row lock and checks no token
+``no-reap``     expired leases are never taken back
+``eager-reap``  leases are taken back long before they expire
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from tests.faults._jobs import Spec, registry
+
+from pgwork import (
+    Attempt,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+    create_in_process_worker,
+)
+from pgwork.postgres import _statements
+
+BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
+
+# (statement, text that must be there, what replaces it): a missing text fails loudly,
+# so a change to the real SQL cannot silently turn a broken build into a correct one.
+_BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
+    "unfenced": [
+        ("COMPLETE", "ELSE j.lease_token = c.token AND j.status", "ELSE j.status"),
+        ("RENEW", "j.id = r.id AND j.lease_token = r.token AND", "j.id = r.id AND"),
+        ("RENEW", "ON u.id = r.id AND u.lease_token = r.token", "ON u.id = r.id"),
+        ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),
+        (
+            "BEGIN_ATOMIC",
+            "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+        ),
+    ],
+    "no-reap": [("REAP", "AND j.leased_until < now()", "AND j.leased_until < now() AND false")],
+    "eager-reap": [
+        ("REAP", "AND j.leased_until < now()", "AND j.leased_until < now() + interval '1 hour'")
+    ],
+}
+
+
+def break_statements(spec: str) -> None:
+    """Patch the statement templates named by ``spec`` (comma-separated breakages)."""
+    for name in filter(None, (part.strip() for part in spec.split(","))):
+        for constant, old, new in _BREAKAGES[name]:
+            template = getattr(_statements, constant)
+            if old not in template:
+                raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
+            setattr(_statements, constant, template.replace(old, new))
+
+
+class _Echo(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().replace("\n", " | ")
+        print(f"log {record.levelname} {record.name} {text}", flush=True)
+
+
+Handler = Callable[[Attempt[Spec, Any]], Awaitable[Any]]
+
+
+def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
+    async def record(attempt: Attempt[Spec, Any]) -> Spec:
+        async with ledger.connection() as conn:
+            await conn.execute(
+                "INSERT INTO faults_ledger (job_id, attempt, worker) VALUES (%s, %s, %s)",
+                (attempt.job.id, attempt.job.attempt, attempt.worker_id),
+            )
+        print(f"started {attempt.job.id} {attempt.job.attempt}", flush=True)
+        return attempt.job.input
+
+    def duration(attempt: Attempt[Spec, Any]) -> float:
+        spec = attempt.job.input
+        ms = spec.first_ms if attempt.job.attempt == 1 and spec.first_ms is not None else spec.ms
+        return ms / 1000
+
+    async def watched(attempt: Attempt[Spec, Any], body: Awaitable[Any]) -> Any:
+        try:
+            return await body
+        except BaseException as exc:
+            reason = attempt.abort_reason.value if attempt.abort_reason else type(exc).__name__
+            print(f"aborted {attempt.job.id} {reason}", flush=True)
+            raise
+
+    async def work(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        await watched(attempt, asyncio.sleep(duration(attempt)))
+        return attempt.worker_id
+
+    async def effect(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        await attempt.connection.execute(
+            "INSERT INTO faults_effects (job_id, worker) VALUES (%s, %s)",
+            (attempt.job.id, attempt.worker_id),
+        )
+        await watched(attempt, asyncio.sleep(duration(attempt)))
+        return attempt.worker_id
+
+    async def hang(attempt: Attempt[Spec, Any]) -> None:
+        await record(attempt)
+        await watched(attempt, asyncio.Event().wait())
+
+    async def block(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        time.sleep(duration(attempt))  # noqa: ASYNC251 - blocks the event loop on purpose
+        return attempt.worker_id
+
+    async def boom(attempt: Attempt[Spec, Any]) -> None:
+        await record(attempt)
+        raise RuntimeError(f"boom on attempt {attempt.job.attempt}")
+
+    async def suicide(attempt: Attempt[Spec, Any]) -> None:
+        await record(attempt)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return {
+        "work": work,
+        "effect": effect,
+        "hang": hang,
+        "block": block,
+        "boom": boom,
+        "suicide": suicide,
+    }
+
+
+async def main(args: argparse.Namespace) -> int:
+    break_statements(os.environ.get(BROKEN_ENV, ""))
+    reg = registry(args.lease)
+    ledger: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        args.dsn,
+        min_size=1,
+        max_size=args.slots,
+        kwargs={"autocommit": True},
+        check=AsyncConnectionPool.check_connection,
+        open=False,
+    )
+    await ledger.open()
+    state = await PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4)
+    client = create_client(
+        state_adapter=state, notify_adapter=PostgresNotifyAdapter(args.dsn), registry=reg
+    )
+    all_handlers = handlers(ledger)
+    worker = create_in_process_worker(
+        client=client,
+        processors={name: all_handlers[name] for name in args.types.split(",")},
+        max_slots=args.slots,
+        worker_id=args.worker_id,
+        poll_interval=args.poll,
+        grace_period=args.grace,
+    )
+    terminate = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate.set)
+    run = asyncio.create_task(worker.run())
+    waiter = asyncio.create_task(terminate.wait())
+    await asyncio.wait({run, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if terminate.is_set():
+        await worker.stop()
+        print("stopped", flush=True)
+    else:
+        waiter.cancel()
+        error = run.exception() if not run.cancelled() else None
+        print(f"exited {error!r}", flush=True)
+        code = 3
+    await client.close()
+    await ledger.close()
+    return code
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults._worker")
+    parser.add_argument("dsn")
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--types", default="work,effect")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--lease", type=float, default=2.0)
+    parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--grace", type=float, default=0.2)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    logging.getLogger("pgwork").setLevel(logging.INFO)
+    logging.getLogger("pgwork").addHandler(_Echo())
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
+    sys.exit(asyncio.run(main(parse(sys.argv[1:]))))

