@@ -89,6 +89,8 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("dedup_key", sa.Text, nullable=True),
         # W3C trace context of the request that enqueued the job (observability).
         sa.Column("trace_context", pg.JSONB, nullable=True),
+        # Root rows: someone awaits this chain, so its end is announced (migration 0002).
+        sa.Column("chain_awaited", sa.Boolean, nullable=False, server_default=sa.text("false")),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -152,6 +154,10 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         ),
         sa.Column("blocker_chain_id", pg.UUID(as_uuid=True), primary_key=True),
         sa.Column("position", sa.SmallInteger, nullable=False),
+        sa.Column("on_failure", sa.Text, nullable=False, server_default=sa.text("'fail'")),
+        sa.CheckConstraint(
+            "on_failure IN ('fail', 'cancel', 'unblock')", name="job_blockers_on_failure_known"
+        ),
         sa.Index("job_blockers_blocker_idx", "blocker_chain_id"),
     )
 
