@@ -7,7 +7,7 @@ a ``PgworkError`` and leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -24,6 +24,8 @@ from pgwork.errors import (
     JobNotFoundError,
 )
 from pgwork.job_types import JobType, JobTypeRegistry
+from pgwork.observability import JOB_ENQUEUED, Observer, default_observers
+from pgwork.observability._events import Emitter
 from pgwork.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from pgwork.records import Chain, Job, JobStatus
 
@@ -89,6 +91,7 @@ class Client(QueryMixin):
         notify_adapter: NotifyAdapter,
         registry: JobTypeRegistry,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        observers: Sequence[Observer] | None = None,
     ) -> None:
         registry.validate()
         if max_payload_bytes <= 0:
@@ -97,6 +100,8 @@ class Client(QueryMixin):
         self.notify = notify_adapter
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
+        self.observers = tuple(default_observers() if observers is None else observers)
+        self._events = Emitter(self.observers)
 
     # --- enqueue -----------------------------------------------------------------------
 
@@ -142,18 +147,30 @@ class Client(QueryMixin):
         """Start many chains in the caller's transaction with one insert per batch."""
         if not items:
             return []
-        new_jobs = [self._new_chain(item) for item in items]
-        handle = await self.state.adopt(tx)
-        inserted = await self.state.insert_jobs(handle, jobs=new_jobs)
-        ready_queues = {
-            job.queue
-            for job, result in zip(new_jobs, inserted, strict=True)
-            if not result.deduplicated and job.run_at is None and job.run_after is None
-        }
-        if ready_queues:
-            await self.notify.publish(
-                handle, notices=[Notice(kind="ready", queue=q) for q in sorted(ready_queues)]
-            )
+        names = [getattr(item.job_type, "name", str(item.job_type)) for item in items]
+        with self._events.trace_enqueue(names) as trace:
+            new_jobs = [self._new_chain(item, trace) for item in items]
+            handle = await self.state.adopt(tx)
+            inserted = await self.state.insert_jobs(handle, jobs=new_jobs)
+            ready_queues = {
+                job.queue
+                for job, result in zip(new_jobs, inserted, strict=True)
+                if not result.deduplicated and job.run_at is None and job.run_after is None
+            }
+            if ready_queues:
+                await self.notify.publish(
+                    handle, notices=[Notice(kind="ready", queue=q) for q in sorted(ready_queues)]
+                )
+            for job, result in zip(new_jobs, inserted, strict=True):
+                self._events.emit(
+                    JOB_ENQUEUED,
+                    job_id=result.job_id,
+                    chain_id=result.chain_id,
+                    job_type=job.type_name,
+                    queue=job.queue,
+                    deduplicated=result.deduplicated,
+                    scheduled=job.run_at is not None or job.run_after is not None,
+                )
         return [
             StartedChain(
                 id=result.chain_id,
@@ -165,7 +182,7 @@ class Client(QueryMixin):
             for item, result in zip(items, inserted, strict=True)
         ]
 
-    def _new_chain(self, item: ChainStart[Any]) -> NewJob:
+    def _new_chain(self, item: ChainStart[Any], trace: Mapping[str, str] | None) -> NewJob:
         job_type = self.registry.entry(item.job_type)
         input_json = job_type.input_codec.encode(item.input, max_bytes=self.max_payload_bytes)
         job_id = new_id()
@@ -186,6 +203,7 @@ class Client(QueryMixin):
             run_at=run_at,
             run_after=run_after,
             dedup=DedupSpec(item.dedup) if isinstance(item.dedup, str) else item.dedup,
+            trace_context=trace,
         )
 
     # --- reads -------------------------------------------------------------------------
@@ -264,12 +282,16 @@ def create_client(
     notify_adapter: NotifyAdapter | None = None,
     registry: JobTypeRegistry,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    observers: Sequence[Observer] | None = None,
 ) -> Client:
     """Build a Client. Without ``notify_adapter`` an in-process one is used (workers in
-    other processes then find new jobs by polling only)."""
+    other processes then find new jobs by polling only). ``observers`` receive the
+    events of ``pgwork.observability`` (default: a ``LoggingObserver``; ``[]``: none);
+    workers built on this client share them unless given their own."""
     return Client(
         state_adapter=state_adapter,
         notify_adapter=notify_adapter or InProcessNotifyAdapter(),
         registry=registry,
         max_payload_bytes=max_payload_bytes,
+        observers=observers,
     )

@@ -1,0 +1,189 @@
+"""Instrumenting any state adapter at the seam: start/stop/error and a duration per call.
+
+``InstrumentedStateAdapter`` is itself a ``StateAdapter``: it forwards every operation
+unchanged to the adapter it wraps, so it passes the same conformance suite, and emits
+``adapter.call.start`` before and ``adapter.call.stop`` (or ``adapter.call.error``)
+after each one. ``transaction()`` is measured from entering to leaving the block.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from pgwork.adapters.state import (
+    AcquiredJob,
+    Completion,
+    CompletionResult,
+    Failure,
+    InsertedJob,
+    Lease,
+    NewJob,
+    ReapedJob,
+    RenewResult,
+    StateAdapter,
+    TransactionHandle,
+)
+from pgwork.observability._events import (
+    ADAPTER_CALL_ERROR,
+    ADAPTER_CALL_START,
+    ADAPTER_CALL_STOP,
+    Emitter,
+    Observer,
+)
+from pgwork.records import Chain, Job
+
+__all__ = ["InstrumentedStateAdapter"]
+
+T = TypeVar("T")
+
+
+class InstrumentedStateAdapter:
+    """Wrap ``inner`` so every call is reported to ``observers``.
+
+    Pass it as ``state_adapter`` to ``create_client``; ``inner`` keeps its pool and is
+    closed through the wrapper.
+    """
+
+    def __init__(self, inner: StateAdapter, *, observers: Iterable[Observer]) -> None:
+        self.inner = inner
+        self._events = Emitter(observers)
+
+    async def _call(self, operation: str, call: Awaitable[T]) -> T:
+        self._events.emit(ADAPTER_CALL_START, operation=operation)
+        started = time.monotonic()
+        try:
+            result = await call
+        except BaseException as exc:
+            self._events.emit(
+                ADAPTER_CALL_ERROR,
+                operation=operation,
+                duration_s=time.monotonic() - started,
+                error_type=type(exc).__name__,
+                error_message=str(exc),
+            )
+            raise
+        self._events.emit(
+            ADAPTER_CALL_STOP, operation=operation, duration_s=time.monotonic() - started
+        )
+        return result
+
+    async def verify(self) -> None:
+        await self._call("verify", self.inner.verify())
+
+    async def close(self) -> None:
+        await self._call("close", self.inner.close())
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[TransactionHandle]:
+        self._events.emit(ADAPTER_CALL_START, operation="transaction")
+        started = time.monotonic()
+        try:
+            async with self.inner.transaction() as tx:
+                yield tx
+        except BaseException as exc:
+            self._events.emit(
+                ADAPTER_CALL_ERROR,
+                operation="transaction",
+                duration_s=time.monotonic() - started,
+                error_type=type(exc).__name__,
+                error_message=str(exc),
+            )
+            raise
+        self._events.emit(
+            ADAPTER_CALL_STOP, operation="transaction", duration_s=time.monotonic() - started
+        )
+
+    async def adopt(self, tx: object) -> TransactionHandle:
+        return await self._call("adopt", self.inner.adopt(tx))
+
+    async def insert_jobs(
+        self, tx: TransactionHandle, *, jobs: Sequence[NewJob]
+    ) -> list[InsertedJob]:
+        return await self._call("insert_jobs", self.inner.insert_jobs(tx, jobs=jobs))
+
+    async def acquire(
+        self,
+        *,
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> list[AcquiredJob]:
+        return await self._call(
+            "acquire",
+            self.inner.acquire(worker_id=worker_id, leases=leases, queues=queues, limit=limit),
+        )
+
+    async def begin_atomic(
+        self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
+    ) -> bool:
+        return await self._call(
+            "begin_atomic", self.inner.begin_atomic(tx, lease=lease, deadline=deadline)
+        )
+
+    async def renew(
+        self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
+    ) -> list[RenewResult]:
+        return await self._call("renew", self.inner.renew(leases=leases, duration=duration))
+
+    async def complete(
+        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+    ) -> list[CompletionResult]:
+        return await self._call("complete", self.inner.complete(tx, completions=completions))
+
+    async def fail(
+        self, tx: TransactionHandle | None, *, failures: Sequence[Failure]
+    ) -> list[bool]:
+        return await self._call("fail", self.inner.fail(tx, failures=failures))
+
+    async def reschedule(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        lease: Lease,
+        run_at: datetime | None,
+        run_after: timedelta | None,
+        count_attempt: bool,
+    ) -> bool:
+        return await self._call(
+            "reschedule",
+            self.inner.reschedule(
+                tx, lease=lease, run_at=run_at, run_after=run_after, count_attempt=count_attempt
+            ),
+        )
+
+    async def release(self, *, leases: Sequence[Lease]) -> int:
+        return await self._call("release", self.inner.release(leases=leases))
+
+    async def reap(
+        self, *, type_names: Sequence[str], exclude_worker: str, limit: int = 1
+    ) -> list[ReapedJob]:
+        return await self._call(
+            "reap",
+            self.inner.reap(type_names=type_names, exclude_worker=exclude_worker, limit=limit),
+        )
+
+    async def get_jobs(
+        self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
+    ) -> list[Job[Any]]:
+        return await self._call("get_jobs", self.inner.get_jobs(tx, job_ids=job_ids))
+
+    async def get_chains(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> list[Chain]:
+        return await self._call("get_chains", self.inner.get_chains(tx, chain_ids=chain_ids))
+
+    async def list_chain_jobs(
+        self, tx: TransactionHandle | None, *, chain_id: UUID
+    ) -> list[Job[Any]]:
+        return await self._call(
+            "list_chain_jobs", self.inner.list_chain_jobs(tx, chain_id=chain_id)
+        )
+
+    def __repr__(self) -> str:
+        return f"InstrumentedStateAdapter({self.inner!r})"

@@ -1,0 +1,211 @@
+"""The catalogue of events pgwork emits, and how they reach observers.
+
+Every name below is emitted from exactly one layer (client, worker, or the instrumented
+state adapter) with the fields its docstring lists. Fields common to attempt events:
+``job_id``, ``chain_id``, ``job_type``, ``queue``, ``attempt``, ``max_attempts``,
+``worker_id``, ``lease_token``; settlement events add ``duration_s`` (seconds since the
+attempt started, on the worker's monotonic clock). Names are stable: renaming one is a
+breaking change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "ADAPTER_CALL_ERROR",
+    "ADAPTER_CALL_START",
+    "ADAPTER_CALL_STOP",
+    "ATTEMPT_ABORTED",
+    "ATTEMPT_COMPLETED",
+    "ATTEMPT_FAILED",
+    "ATTEMPT_RETRIED",
+    "ATTEMPT_STARTED",
+    "EVENT_NAMES",
+    "JOB_ENQUEUED",
+    "JOB_REAPED",
+    "LEASE_LOST",
+    "LISTENER_RECONNECTED",
+    "WORKER_STARTED",
+    "WORKER_STOPPED",
+    "Emitter",
+    "EnqueueTracer",
+    "Event",
+    "Observer",
+]
+
+log = logging.getLogger("pgwork.observability")
+
+# --- the catalogue -------------------------------------------------------------------
+
+JOB_ENQUEUED = "job.enqueued"
+"""A chain was started by ``start_chain(s)`` (client). One event per chain, emitted
+after the insert and before the caller commits: the job exists only once the caller's
+transaction commits. Fields: ``job_id``, ``chain_id``, ``job_type``, ``queue``,
+``deduplicated`` (an existing chain was returned), ``scheduled`` (not runnable now)."""
+
+ATTEMPT_STARTED = "attempt.started"
+"""A worker is about to run a handler (worker). Fields: the attempt fields, ``mode``
+(``staged``/``atomic``), ``queued_s`` (from the job's ``scheduled_at`` to its acquisition,
+both on the database clock) and ``trace_context`` (the carrier stored at enqueue, or
+None)."""
+
+ATTEMPT_COMPLETED = "attempt.completed"
+"""The attempt's outcome was written (worker; in atomic mode after the commit).
+Fields: the attempt fields, ``duration_s``, ``outcome`` (``completed``, ``continued``
+or ``rescheduled``) and ``continued_with`` (the next job type, or None)."""
+
+ATTEMPT_FAILED = "attempt.failed"
+"""The job failed for good: its last attempt raised, or its input could not be decoded
+(worker). Fields: the attempt fields, ``duration_s``, ``error_type``,
+``error_message``, and ``settled`` (False when the failure could not be recorded: the
+lease then expires and the job is reaped)."""
+
+ATTEMPT_RETRIED = "attempt.retried"
+"""The attempt raised and the job will run again (worker). Fields: the attempt fields,
+``duration_s``, ``error_type``, ``error_message``, ``retry_in_s``."""
+
+ATTEMPT_ABORTED = "attempt.aborted"
+"""The handler was stopped before it returned (worker). Fields: the attempt fields,
+``duration_s``, ``reason`` (an ``AbortReason`` value) and ``released`` (True when the
+job went back to the queue without burning the attempt, on a worker stop)."""
+
+JOB_REAPED = "job.reaped"
+"""A worker took back a job whose lease had expired on another worker (worker).
+Fields: ``job_id``, ``job_type``, ``attempt``, ``status`` (now ``pending`` or
+``failed``), ``previous_worker``, ``worker_id``."""
+
+LEASE_LOST = "lease.lost"
+"""This worker no longer holds a job it was running: a fenced write was refused or the
+attempt was aborted for lost ownership (worker). Nothing was written. Fields: the
+attempt fields, ``action`` (``completion``, ``failure`` or ``renewal``)."""
+
+WORKER_STARTED = "worker.started"
+"""A worker is listening and about to take jobs (worker). Fields: ``worker_id``,
+``job_types``, ``queues``, ``max_slots``."""
+
+WORKER_STOPPED = "worker.stopped"
+"""A worker's main loop ended and its in-flight attempts are settled (worker).
+Fields: ``worker_id``, ``error`` (what stopped it, or None after ``stop()``)."""
+
+LISTENER_RECONNECTED = "listener.reconnected"
+"""The notification listener reconnected after losing its connection; the worker
+fetches at once instead of trusting the gap (worker). Fields: ``worker_id``."""
+
+ADAPTER_CALL_START = "adapter.call.start"
+"""An instrumented state adapter operation began (``InstrumentedStateAdapter``).
+Fields: ``operation`` (the method name)."""
+
+ADAPTER_CALL_STOP = "adapter.call.stop"
+"""An instrumented state adapter operation returned. Fields: ``operation``,
+``duration_s``."""
+
+ADAPTER_CALL_ERROR = "adapter.call.error"
+"""An instrumented state adapter operation raised. Fields: ``operation``,
+``duration_s``, ``error_type``, ``error_message``."""
+
+EVENT_NAMES: frozenset[str] = frozenset(
+    {
+        JOB_ENQUEUED,
+        ATTEMPT_STARTED,
+        ATTEMPT_COMPLETED,
+        ATTEMPT_FAILED,
+        ATTEMPT_RETRIED,
+        ATTEMPT_ABORTED,
+        JOB_REAPED,
+        LEASE_LOST,
+        WORKER_STARTED,
+        WORKER_STOPPED,
+        LISTENER_RECONNECTED,
+        ADAPTER_CALL_START,
+        ADAPTER_CALL_STOP,
+        ADAPTER_CALL_ERROR,
+    }
+)
+"""Every name in the catalogue."""
+
+# --- events and observers ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened: a catalogue ``name``, the wall-clock ``time`` (UTC) it
+    was emitted, and its ``fields`` (read-only)."""
+
+    name: str
+    time: datetime
+    fields: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Receives every event. ``on_event`` runs synchronously in the emitting task, so it
+    must be quick and must not block; an exception it raises is logged and ignored."""
+
+    def on_event(self, event: Event) -> None: ...
+
+
+@runtime_checkable
+class EnqueueTracer(Protocol):
+    """An observer that also traces enqueues (the OpenTelemetry observer does).
+
+    The client enters ``trace_enqueue`` around each ``start_chain(s)`` call; the mapping
+    it yields (a propagation carrier, or None) is stored in every new job's row and
+    handed back in ``attempt.started`` as ``trace_context``.
+    """
+
+    def trace_enqueue(
+        self, job_types: Sequence[str]
+    ) -> AbstractContextManager[Mapping[str, str] | None]: ...
+
+
+class Emitter:
+    """Fans events out to observers. Internal: the client and the worker each hold one."""
+
+    __slots__ = ("_observers", "_tracers")
+
+    def __init__(self, observers: Iterable[Observer]) -> None:
+        self._observers = tuple(observers)
+        self._tracers = tuple(o for o in self._observers if isinstance(o, EnqueueTracer))
+
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        return self._observers
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def emit(self, name: str, /, **fields: Any) -> None:
+        if not self._observers:
+            return
+        event = Event(name, datetime.now(UTC), MappingProxyType(fields))
+        for observer in self._observers:
+            try:
+                observer.on_event(event)
+            except Exception:
+                log.exception("pgwork observer %r failed on %s", observer, name)
+
+    @contextmanager
+    def trace_enqueue(self, job_types: Sequence[str]) -> Iterator[Mapping[str, str] | None]:
+        """Enter every tracer's enqueue span; yield their carriers merged (or None)."""
+        if not self._tracers:
+            yield None
+            return
+        with ExitStack() as stack:
+            carrier: dict[str, str] = {}
+            for tracer in self._tracers:
+                try:
+                    entered = stack.enter_context(tracer.trace_enqueue(job_types))
+                    carrier.update(entered or {})
+                except Exception:
+                    log.exception("pgwork tracer %r failed to open an enqueue span", tracer)
+            yield carrier or None

@@ -1,0 +1,219 @@
+"""OpenTelemetry traces and metrics from pgwork's events (``pip install 'pgwork[otel]'``).
+
+Traces: ``start_chain(s)`` runs inside a PRODUCER span ``pgwork enqueue <type>`` whose
+context is stored in each new job's row; each attempt is a CONSUMER span ``pgwork process
+<type>`` whose parent is that stored context, so a request, its enqueue and every attempt
+of every job of the chain land in one trace. The attempt span is the current span while
+the handler runs, so spans the handler opens (HTTP calls, queries) nest under it.
+
+Metrics: ``pgwork.jobs.enqueued`` and ``pgwork.jobs.processed`` (counters, by job type,
+queue and outcome), ``pgwork.attempt.duration`` (histogram, seconds),
+``pgwork.worker.active_slots`` (up-down counter) and, when given a ``queue_depth``
+callable, ``pgwork.queue.depth`` (observable gauge of pending jobs per queue).
+
+OpenTelemetry is imported when the observer is created, never by ``import pgwork``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from pgwork.observability._events import (
+    ATTEMPT_ABORTED,
+    ATTEMPT_COMPLETED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    ATTEMPT_STARTED,
+    JOB_ENQUEUED,
+    LEASE_LOST,
+    WORKER_STOPPED,
+    Event,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+    from opentelemetry.trace import Span, TracerProvider
+
+__all__ = ["OpenTelemetryObserver"]
+
+log = logging.getLogger("pgwork.observability")
+
+SYSTEM = "pgwork"
+
+_SETTLED = {
+    ATTEMPT_COMPLETED: "completed",
+    ATTEMPT_FAILED: "failed",
+    ATTEMPT_RETRIED: "retried",
+    ATTEMPT_ABORTED: "aborted",
+    LEASE_LOST: "lease_lost",
+}
+
+
+class _Running:
+    __slots__ = ("span", "token", "worker_id")
+
+    def __init__(self, span: Span, token: object, worker_id: str) -> None:
+        self.span = span
+        self.token = token
+        self.worker_id = worker_id
+
+
+class OpenTelemetryObserver:
+    """Turn pgwork's events into OpenTelemetry spans and metrics.
+
+    ``tracer_provider`` / ``meter_provider``: default to the global ones.
+    ``queue_depth``: a callable returning ``{queue: pending jobs}`` (e.g.
+    ``functools.partial(pgwork.postgres.stats.queue_depths, dsn)``), called from the
+    metric reader's thread at each collection.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        queue_depth: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        from opentelemetry import metrics, trace
+
+        self._tracer = trace.get_tracer("pgwork", tracer_provider=tracer_provider)
+        meter = metrics.get_meter("pgwork", meter_provider=meter_provider)
+        self._enqueued = meter.create_counter(
+            "pgwork.jobs.enqueued", unit="{job}", description="Chains started by clients."
+        )
+        self._processed = meter.create_counter(
+            "pgwork.jobs.processed",
+            unit="{attempt}",
+            description="Attempts settled by workers, by outcome.",
+        )
+        self._duration = meter.create_histogram(
+            "pgwork.attempt.duration", unit="s", description="Attempt duration, handler to write."
+        )
+        self._active = meter.create_up_down_counter(
+            "pgwork.worker.active_slots", unit="{slot}", description="Attempts running now."
+        )
+        self._queue_depth = queue_depth
+        if queue_depth is not None:
+            meter.create_observable_gauge(
+                "pgwork.queue.depth",
+                callbacks=[self._observe_queue_depth],
+                unit="{job}",
+                description="Pending jobs per queue.",
+            )
+        self._running: dict[tuple[Any, Any], _Running] = {}
+
+    # --- enqueue -----------------------------------------------------------------------
+
+    @contextmanager
+    def trace_enqueue(self, job_types: Sequence[str]) -> Iterator[Mapping[str, str] | None]:
+        from opentelemetry import propagate, trace
+
+        names = sorted(set(job_types))
+        span_name = f"pgwork enqueue {names[0]}" if len(names) == 1 else "pgwork enqueue"
+        attributes: dict[str, Any] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "send",
+            "messaging.batch.message_count": len(job_types),
+            "pgwork.job_types": names,
+        }
+        with self._tracer.start_as_current_span(
+            span_name, kind=trace.SpanKind.PRODUCER, attributes=attributes
+        ):
+            carrier: dict[str, str] = {}
+            propagate.inject(carrier)
+            yield carrier or None
+
+    # --- events ------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if event.name == ATTEMPT_STARTED:
+            self._start_attempt(event)
+        elif event.name in _SETTLED:
+            self._end_attempt(event)
+        elif event.name == JOB_ENQUEUED and not event.fields.get("deduplicated"):
+            self._enqueued.add(1, {"job_type": event["job_type"], "queue": event["queue"]})
+        elif event.name == WORKER_STOPPED:
+            self._abandon(event["worker_id"])
+
+    def _start_attempt(self, event: Event) -> None:
+        from opentelemetry import context, propagate, trace
+
+        fields = event.fields
+        parent = propagate.extract(dict(fields.get("trace_context") or {}), context.Context())
+        span = self._tracer.start_span(
+            f"pgwork process {fields['job_type']}",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.destination.name": fields["queue"],
+                "messaging.message.id": str(fields["job_id"]),
+                "pgwork.job_type": fields["job_type"],
+                "pgwork.chain_id": str(fields["chain_id"]),
+                "pgwork.attempt": fields["attempt"],
+                "pgwork.worker_id": fields["worker_id"],
+                "pgwork.mode": fields.get("mode") or "",
+            },
+        )
+        # Current for the rest of the slot's task: the handler's own spans nest under it.
+        token = context.attach(trace.set_span_in_context(span))
+        key = (fields["job_id"], fields["lease_token"])
+        self._running[key] = _Running(span, token, fields["worker_id"])
+        self._active.add(1, {"job_type": fields["job_type"], "queue": fields["queue"]})
+
+    def _end_attempt(self, event: Event) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        fields = event.fields
+        running = self._running.pop((fields.get("job_id"), fields.get("lease_token")), None)
+        if running is None and event.name == LEASE_LOST:
+            return  # the attempt's own settlement event was reported already
+        outcome = _SETTLED[event.name]
+        if event.name == ATTEMPT_COMPLETED:
+            outcome = fields.get("outcome") or outcome
+        labels = {"job_type": fields["job_type"], "queue": fields["queue"], "outcome": outcome}
+        self._processed.add(1, labels)
+        if fields.get("duration_s") is not None:
+            self._duration.record(fields["duration_s"], labels)
+        if running is None:
+            return
+        self._active.add(-1, {"job_type": fields["job_type"], "queue": fields["queue"]})
+        span = running.span
+        span.set_attribute("pgwork.outcome", outcome)
+        if event.name in (ATTEMPT_FAILED, ATTEMPT_RETRIED):
+            span.set_attribute("error.type", str(fields.get("error_type")))
+            span.set_status(Status(StatusCode.ERROR, str(fields.get("error_message"))))
+        elif event.name == LEASE_LOST:
+            span.set_status(Status(StatusCode.ERROR, "lease lost"))
+        elif event.name == ATTEMPT_ABORTED:
+            span.set_attribute("pgwork.abort_reason", str(fields.get("reason")))
+        span.end()
+        # OpenTelemetry logs (does not raise) if settled from another context.
+        context.detach(running.token)  # type: ignore[arg-type]
+
+    def _abandon(self, worker_id: str) -> None:
+        """End spans of a stopped worker whose attempts never reported a settlement."""
+        for key, running in list(self._running.items()):
+            if running.worker_id == worker_id:
+                del self._running[key]
+                running.span.set_attribute("pgwork.outcome", "abandoned")
+                running.span.end()
+
+    def _observe_queue_depth(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        assert self._queue_depth is not None
+        try:
+            depths = self._queue_depth()
+        except Exception as exc:
+            log.warning("pgwork queue depth could not be read: %s", exc)
+            return []
+        return [Observation(count, {"queue": queue}) for queue, count in depths.items()]
+
+    def __repr__(self) -> str:
+        return "OpenTelemetryObserver()"
