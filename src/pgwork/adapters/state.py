@@ -115,6 +115,8 @@ class AcquiredJob:
     created_at: datetime
     scheduled_at: datetime
     last_attempt_error: AttemptError | None
+    # The propagation carrier stored at enqueue (``NewJob.trace_context``), for tracing.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def lease(self) -> Lease:

@@ -72,4 +72,5 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
         created_at=row[12],
         scheduled_at=row[13],
         last_attempt_error=AttemptError.from_json(row[14]),
+        trace_context=row[15],
     )

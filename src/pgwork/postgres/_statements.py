@@ -38,7 +38,7 @@ INSERT INTO {jobs} (
 )
 SELECT
     n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
-    'pending'::{job_status}, n.queue, n.priority, n.max_attempts,
+    n.status::{job_status}, n.queue, n.priority, n.max_attempts,
     GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
     CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
     n.dedup_key, n.trace_context::jsonb
@@ -47,10 +47,10 @@ FROM unnest(
     %(chain_type_names)s::text[], %(chain_indexes)s::int[], %(inputs)s::text[],
     %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
     %(run_ats)s::timestamptz[], %(run_afters)s::float8[], %(dedup_keys)s::text[],
-    %(trace_contexts)s::text[]
+    %(trace_contexts)s::text[], %(statuses)s::text[]
 ) AS n(
     id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
-    max_attempts, run_at, run_after, dedup_key, trace_context
+    max_attempts, run_at, run_after, dedup_key, trace_context, status
 )
 """
 
@@ -104,7 +104,7 @@ FROM candidates AS c, leases AS l
 WHERE j.id = c.id AND l.type_name = j.type_name
 RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input,
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
-    j.created_at, j.scheduled_at, j.last_attempt_error
+    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context
 """
 
 # Queues are drained in the order given (strictly), each on its own index range, so a
@@ -200,16 +200,23 @@ done AS (
     WHERE j.id = c.id
       AND CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
                ELSE j.lease_token = c.token AND j.status = 'running' END
-    RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain
+    RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain, j.chain_awaited AS awaited
 ),
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'completed', chain_completed_at = now()
     FROM done
     WHERE r.id = done.chain_id AND r.id <> done.id AND done.ends_chain
-    RETURNING r.id
+    RETURNING r.id, r.chain_awaited AS awaited
 )
-SELECT id, chain_id, chain_index, ends_chain FROM done
+SELECT d.id, d.chain_id, d.chain_index, d.ends_chain,
+    d.ends_chain AND EXISTS (
+        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = d.chain_id
+    ) AS has_dependants,
+    d.ends_chain AND CASE WHEN d.id = d.chain_id THEN d.awaited
+                          ELSE COALESCE(rt.awaited, false) END AS awaited
+FROM done AS d
+LEFT JOIN roots AS rt ON rt.id = d.chain_id
 """
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
@@ -247,7 +254,11 @@ roots AS (
     WHERE r.id = failed.chain_id AND r.id <> failed.id AND failed.terminal
     RETURNING r.id
 )
-SELECT id FROM failed
+SELECT f.id, f.chain_id,
+    f.terminal AND EXISTS (
+        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = f.chain_id
+    ) AS has_dependants
+FROM failed AS f
 """
 
 RESCHEDULE = """
@@ -321,7 +332,11 @@ roots AS (
     WHERE r.id = reaped.chain_id AND r.id <> reaped.id AND reaped.status = 'failed'
     RETURNING r.id
 )
-SELECT id, type_name, leased_by, attempt, status FROM reaped
+SELECT p.id, p.type_name, p.leased_by, p.attempt, p.status, p.chain_id,
+    p.status = 'failed' AND EXISTS (
+        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = p.chain_id
+    ) AS has_dependants
+FROM reaped AS p
 """
 
 GET_JOBS = f"""
@@ -381,6 +396,7 @@ def render(schema: str) -> Statements:
     names = {
         "jobs": sql.Identifier(schema, "jobs"),
         "queues": sql.Identifier(schema, "queues"),
+        "job_blockers": sql.Identifier(schema, "job_blockers"),
         "job_status": sql.Identifier(schema, "job_status"),
         "chain_status": sql.Identifier(schema, "chain_status"),
     }

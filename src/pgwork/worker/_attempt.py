@@ -144,6 +144,8 @@ class Attempt(Generic[I, O]):
             max_attempts=target.max_attempts,
             run_at=run_at,
             run_after=run_after,
+            # The chain stays in the trace its first job was enqueued in.
+            trace_context=self._acquired.trace_context,
         )
 
     async def _finish_with(self, result: Any) -> None:
