@@ -10,6 +10,7 @@ from typing import Any
 from pgwork.client import Client
 from pgwork.job_types import JobType
 from pgwork.middleware import Middleware
+from pgwork.observability import Observer
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._loop import Handler, InProcessWorker
 
@@ -31,6 +32,7 @@ def create_in_process_worker(
     middlewares: Sequence[Middleware] = (),
     grace_period: float | timedelta = 10.0,
     rng: random.Random | None = None,
+    observers: Sequence[Observer] | None = None,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -40,6 +42,7 @@ def create_in_process_worker(
     without a notification. ``grace_period``: how long ``stop()`` lets in-flight
     attempts finish before aborting them and handing their jobs back. ``middlewares``
     wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
+    ``observers``: receive the worker's events (default: the client's observers).
     """
     return InProcessWorker(
         client=client,
@@ -51,4 +54,5 @@ def create_in_process_worker(
         middlewares=middlewares,
         grace_period=_seconds(grace_period, "grace_period"),
         rng=rng,
+        observers=observers,
     )

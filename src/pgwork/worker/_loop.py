@@ -24,9 +24,23 @@ from pgwork.adapters.notify import Listener, Notice
 from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
-from pgwork.errors import ConfigurationError, LeaseLostError, PgworkError, WorkerStateError
+from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext, Middleware, compose
+from pgwork.observability import (
+    ATTEMPT_ABORTED,
+    ATTEMPT_COMPLETED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    ATTEMPT_STARTED,
+    JOB_REAPED,
+    LEASE_LOST,
+    LISTENER_RECONNECTED,
+    WORKER_STARTED,
+    WORKER_STOPPED,
+    Observer,
+)
+from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._lease import renew_forever
@@ -48,7 +62,7 @@ class _Rollback(Exception):
 class _Slot:
     """One running attempt's bookkeeping; also the renewer's LeaseHolder."""
 
-    __slots__ = ("acquired", "attempt", "job_type", "lease_deadline", "pending_abort")
+    __slots__ = ("acquired", "attempt", "job_type", "lease_deadline", "pending_abort", "started")
 
     def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
         self.acquired = acquired
@@ -56,6 +70,7 @@ class _Slot:
         self.attempt: Attempt[Any, Any] | None = None
         self.pending_abort: AbortReason | None = None
         self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
+        self.started = time.monotonic()
 
     @property
     def lease(self) -> Lease:
@@ -96,6 +111,7 @@ class InProcessWorker:
         middlewares: Sequence[Middleware],
         grace_period: float,
         rng: random.Random | None,
+        observers: Sequence[Observer] | None = None,
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -114,6 +130,8 @@ class InProcessWorker:
         self.grace_period = grace_period
         self.middlewares = tuple(middlewares)
         self._rng = rng or random.Random()
+        self._events = Emitter(client.observers if observers is None else observers)
+        self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
         self._handlers: dict[str, CallNext] = {}
         for key, handler in processors.items():
@@ -153,12 +171,12 @@ class InProcessWorker:
                 side.start_soon(self._listen, listener)
                 side.start_soon(renew_forever, self.state, self._staged_holders)
                 self._running.set()
-                log.info(
-                    "pgwork worker %s started: types=%s queues=%s slots=%d",
-                    self.worker_id,
-                    ",".join(self._types),
-                    ",".join(self.queues),
-                    self.max_slots,
+                self._events.emit(
+                    WORKER_STARTED,
+                    worker_id=self.worker_id,
+                    job_types=tuple(self._types),
+                    queues=self.queues,
+                    max_slots=self.max_slots,
                 )
                 try:
                     await self._main_loop()
@@ -171,7 +189,12 @@ class InProcessWorker:
             self._phase = "stopped"
             self._running.set()
             self._stopped.set()
-            log.info("pgwork worker %s stopped", self.worker_id)
+            error = self._startup_error
+            self._events.emit(
+                WORKER_STOPPED,
+                worker_id=self.worker_id,
+                error=repr(error) if isinstance(error, Exception) else None,
+            )
 
     async def start(self) -> Callable[[], Awaitable[None]]:
         """Run the worker in the background (asyncio) and return its ``stop``.
@@ -191,10 +214,20 @@ class InProcessWorker:
             raise self._task.exception()
         return self.stop
 
-    async def stop(self) -> None:
+    async def stop(self, *, grace_period: float | timedelta | None = None) -> None:
         """Stop taking jobs, let in-flight attempts finish within the grace period, then
         abort the rest and hand their jobs back without burning an attempt. Safe to call
-        twice and before start; returns when the worker has stopped."""
+        twice and before start; returns when the worker has stopped.
+
+        ``grace_period`` shortens the worker's own for this stop, also for a stop already
+        in progress: ``stop(grace_period=0)`` aborts in-flight attempts at once (what a
+        second Ctrl-C does in ``pgwork worker``)."""
+        if grace_period is not None:
+            self._hurry(
+                grace_period.total_seconds()
+                if isinstance(grace_period, timedelta)
+                else float(grace_period)
+            )
         self._stop_requested.set()
         self._wake.set()
         if self._phase == "new":
@@ -208,6 +241,12 @@ class InProcessWorker:
                 await task
             except Exception as exc:
                 log.error("pgwork worker %s ended with an error: %r", self.worker_id, exc)
+
+    def _hurry(self, grace_period: float) -> None:
+        self.grace_period = min(self.grace_period, max(grace_period, 0.0))
+        if self._drain_scope is not None:
+            deadline = anyio.current_time() + self.grace_period
+            self._drain_scope.deadline = min(self._drain_scope.deadline, deadline)
 
     async def __aenter__(self) -> InProcessWorker:
         await self.start()
@@ -250,12 +289,14 @@ class InProcessWorker:
             type_names=list(self._types), exclude_worker=self.worker_id, limit=1
         )
         for job in reaped:
-            log.warning(
-                "pgwork reaped job %s (%s) from %s after its lease expired; now %s",
-                job.job_id,
-                job.type_name,
-                job.leased_by,
-                job.status.value,
+            self._events.emit(
+                JOB_REAPED,
+                job_id=job.job_id,
+                job_type=job.type_name,
+                attempt=job.attempt,
+                status=job.status.value,
+                previous_worker=job.leased_by,
+                worker_id=self.worker_id,
             )
 
     async def _fill(self, slots: anyio.abc.TaskGroup) -> None:
@@ -274,7 +315,7 @@ class InProcessWorker:
 
     async def _drain(self) -> None:
         """Graceful stop: wait up to the grace period, then abort what still runs."""
-        with anyio.move_on_after(self.grace_period):
+        with anyio.move_on_after(self.grace_period) as self._drain_scope:
             while self._slots:
                 self._wake = anyio.Event()
                 await self._wake.wait()
@@ -303,6 +344,8 @@ class InProcessWorker:
             notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues)
         ) or notice.kind == "reconnected":
             self._wake.set()
+            if notice.kind == "reconnected":
+                self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
         elif notice.kind == "abort":
             reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
             for slot in list(self._slots.values()):
@@ -317,11 +360,19 @@ class InProcessWorker:
                 await self._run_atomic(slot)
             else:
                 await self._run_staged(slot)
-        except Exception:
+        except Exception as exc:
             log.exception(
                 "pgwork worker %s: unexpected error settling job %s",
                 self.worker_id,
                 slot.acquired.id,
+            )
+            record = error_record(exc)
+            self._emit(
+                ATTEMPT_FAILED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                settled=False,
             )
         finally:
             self._slots.pop(slot.acquired.lease_token, None)
@@ -380,6 +431,18 @@ class InProcessWorker:
         (a deadline overrun is a ``TimeoutError``). An abort returns None with
         ``attempt.abort_reason`` set."""
         handler = self._handlers[slot.job_type.name]
+        slot.started = time.monotonic()
+        acquired = slot.acquired
+        self._emit(
+            ATTEMPT_STARTED,
+            slot,
+            duration=False,
+            mode=slot.job_type.mode,
+            queued_s=(
+                acquired.leased_until - slot.job_type.lease - acquired.scheduled_at
+            ).total_seconds(),
+            trace_context=acquired.trace_context,
+        )
         with attempt.cancel_scope:
             try:
                 if timeout is not None:
@@ -424,7 +487,8 @@ class InProcessWorker:
                 if failure is not None or attempt.aborted:
                     raise _Rollback
                 with anyio.CancelScope(shield=True):
-                    await self._write_outcome(slot, attempt, tx)
+                    written = await self._write_outcome(slot, attempt, tx)
+            self._report_outcome(slot, attempt, written)  # after the commit
             return
         except _Rollback:
             pass
@@ -443,21 +507,54 @@ class InProcessWorker:
         reason = attempt.abort_reason
         if reason is AbortReason.WORKER_STOPPING:
             released = await self.state.release(leases=[slot.lease])
-            log.info(
-                "pgwork released job %s on stop (%s)",
-                slot.acquired.id,
-                "back in queue" if released else "already taken",
-            )
+            self._emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
             return
         if reason is not None:
-            log.warning("pgwork attempt on job %s aborted: %s", slot.acquired.id, reason.value)
+            self._emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
+            if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
+                self._emit(LEASE_LOST, slot, duration=False, action="renewal")
             return
         if error is not None:
             await self._settle_failure(slot, error, terminal=False)
             return
-        await self._write_outcome(slot, attempt, None)
+        self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
 
-    async def _write_outcome(self, slot: _Slot, attempt: Attempt[Any, Any], tx: Any | None) -> None:
+    def _emit(self, name: str, slot: _Slot, *, duration: bool = True, **fields: Any) -> None:
+        """Emit an attempt event with the attempt's identity (and duration) filled in."""
+        if not self._events:
+            return
+        acquired = slot.acquired
+        self._events.emit(
+            name,
+            job_id=acquired.id,
+            chain_id=acquired.chain_id,
+            job_type=acquired.type_name,
+            queue=acquired.queue,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            worker_id=self.worker_id,
+            lease_token=acquired.lease_token,
+            **({"duration_s": time.monotonic() - slot.started} if duration else {}),
+            **fields,
+        )
+
+    def _report_outcome(self, slot: _Slot, attempt: Attempt[Any, Any], written: bool) -> None:
+        outcome = attempt.outcome
+        if not written:
+            self._emit(LEASE_LOST, slot, duration=False, action="completion")
+        elif isinstance(outcome, Completed) and outcome.continuation is not None:
+            self._emit(
+                ATTEMPT_COMPLETED,
+                slot,
+                outcome="continued",
+                continued_with=outcome.continuation.type_name,
+            )
+        else:
+            kind = "rescheduled" if isinstance(outcome, Rescheduled) else "completed"
+            self._emit(ATTEMPT_COMPLETED, slot, outcome=kind, continued_with=None)
+
+    async def _write_outcome(self, slot: _Slot, attempt: Attempt[Any, Any], tx: Any | None) -> bool:
+        """Write the handler's outcome; False when the lease no longer held."""
         outcome = attempt.outcome
         lease = slot.lease
         if isinstance(outcome, Rescheduled):
@@ -478,8 +575,7 @@ class InProcessWorker:
             ok = await self._complete(completion, tx)
         else:  # pragma: no cover - _finish_with always sets an outcome
             raise AssertionError("attempt finished without an outcome")
-        if not ok:
-            log.warning("%s", LeaseLostError(lease.job_id, slot.acquired.attempt, "completion"))
+        return ok
 
     async def _complete(self, completion: Completion, tx: Any | None) -> bool:
         cont = completion.continuation
@@ -509,25 +605,22 @@ class InProcessWorker:
             failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
         )
         if not accepted[0]:
-            log.warning("%s", LeaseLostError(acquired.id, acquired.attempt, "failure"))
+            self._emit(LEASE_LOST, slot, action="failure")
         elif terminal:
-            log.error(
-                "pgwork job %s (%s) failed for good after attempt %d/%d: %s: %s",
-                acquired.id,
-                acquired.type_name,
-                acquired.attempt,
-                acquired.max_attempts,
-                record.type,
-                record.message,
+            self._emit(
+                ATTEMPT_FAILED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                settled=True,
             )
         else:
-            log.info(
-                "pgwork job %s (%s) attempt %d failed (%s); retrying in %.1fs",
-                acquired.id,
-                acquired.type_name,
-                acquired.attempt,
-                record.type,
-                retry_after.total_seconds() if retry_after else 0.0,
+            self._emit(
+                ATTEMPT_RETRIED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                retry_in_s=retry_after.total_seconds() if retry_after else 0.0,
             )
 
 
