@@ -20,10 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
-from pgwork.records import AttemptError, Chain, Job, JobStatus
+from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
 
 __all__ = [
     "AcquiredJob",
+    "BlockerOutput",
+    "CancelledChain",
+    "ChainRef",
     "Completion",
     "CompletionResult",
     "DedupSpec",
@@ -33,6 +36,7 @@ __all__ = [
     "NewJob",
     "ReapedJob",
     "RenewResult",
+    "Resolution",
     "StateAdapter",
     "TransactionHandle",
 ]
@@ -72,6 +76,9 @@ class NewJob:
     run_after: timedelta | None = None
     dedup: DedupSpec | None = None
     trace_context: Mapping[str, str] | None = None
+    # Chains this job waits for (chain roots only), and what their failure does to it.
+    blockers: tuple[UUID, ...] = ()
+    blocker_failure: Literal["fail", "cancel", "unblock"] = "fail"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +157,59 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class CompletionResult:
+    """What one completion did. ``ready_queues``: queues where jobs became ready
+    (continuation, unblocked dependants); ``chain_awaited``: the chain ended and
+    someone awaits it — both for the caller to announce after commit."""
+
     job_id: UUID
     accepted: bool
     chain_completed: bool = False
     continuation_id: UUID | None = None
+    ready_queues: tuple[str, ...] = ()
+    chain_awaited: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """The effect of settling blocked dependants of chains that ended."""
+
+    ready_queues: tuple[str, ...] = ()
+    ended_chain_ids: tuple[UUID, ...] = ()
+    awaited_chain_ids: tuple[UUID, ...] = ()
+
+    def merge(self, other: Resolution) -> Resolution:
+        return Resolution(
+            ready_queues=tuple(sorted(set(self.ready_queues) | set(other.ready_queues))),
+            ended_chain_ids=self.ended_chain_ids + other.ended_chain_ids,
+            awaited_chain_ids=self.awaited_chain_ids + other.awaited_chain_ids,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockerOutput:
+    """One blocker chain of a job: its status and (once completed) its final output."""
+
+    chain_id: UUID
+    status: ChainStatus | None
+    type_name: str | None
+    output: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRef:
+    """An id a caller gave (a chain's or a job's), resolved to its chain."""
+
+    id: UUID
+    chain_id: UUID | None
+    chain_status: ChainStatus | None
+    job_status: JobStatus | None
+    leased_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelledChain:
+    chain_id: UUID
+    job_ids: tuple[UUID, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,3 +329,45 @@ class StateAdapter(Protocol):
     async def list_chain_jobs(
         self, tx: TransactionHandle | None, *, chain_id: UUID
     ) -> list[Job[Any]]: ...
+
+    # --- chain orchestration -------------------------------------------------------------
+
+    async def resolve_dependants(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> Resolution:
+        """Settle jobs blocked on ``chain_ids`` (ended chains) per their edges' policy."""
+        ...
+
+    async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
+        """Settle blocked jobs whose blockers all ended but that were never resolved."""
+        ...
+
+    async def blocker_outputs(
+        self, tx: TransactionHandle | None, *, job_id: UUID
+    ) -> list[BlockerOutput]: ...
+
+    async def chains_of(
+        self, tx: TransactionHandle | None, *, ids: Sequence[UUID]
+    ) -> list[ChainRef]: ...
+
+    async def cancel_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
+    ) -> tuple[list[CancelledChain], Resolution]:
+        """Cancel active chains (every job not yet final); returns those cancelled."""
+        ...
+
+    async def retry_failed(
+        self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
+    ) -> list[tuple[UUID, str]]:
+        """Failed jobs back to pending with fresh attempts; returns (job id, queue)."""
+        ...
+
+    async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
+        """Make scheduled jobs due now; returns the queues touched."""
+        ...
+
+    async def set_queue_paused(
+        self, tx: TransactionHandle | None, *, queue: str, paused: bool
+    ) -> None: ...
+
+    async def mark_chain_awaited(self, *, chain_id: UUID) -> None: ...

@@ -30,6 +30,8 @@ from pgwork.adapters.state import (
     RenewResult,
     TransactionHandle,
 )
+from pgwork.postgres._chain_statements import render_chain_statements
+from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._queries import QueryOps
@@ -47,7 +49,7 @@ __all__ = ["PostgresStateAdapter"]
 INSERT_CHUNK = 5000
 
 
-class PostgresStateAdapter(QueryOps):
+class PostgresStateAdapter(QueryOps, ChainOps):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 
     Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server
@@ -66,6 +68,7 @@ class PostgresStateAdapter(QueryOps):
         self.pool = pool
         self._owns_pool = owns_pool
         self._sql = render(self.schema)
+        self._csql = render_chain_statements(self.schema)
 
     @classmethod
     async def connect(
@@ -143,12 +146,26 @@ class PostgresStateAdapter(QueryOps):
         if any(job.dedup for job in jobs):
             await self._deduplicate(conn, jobs, results)
         fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+        blocked = [job for job in fresh if job.blockers]
+        if blocked:
+            await self._check_blockers(conn, blocked)
         for start in range(0, len(fresh), INSERT_CHUNK):
             await self._fetch(
                 conn, self._sql.insert_jobs, _insert_params(fresh[start : start + INSERT_CHUNK])
             )
+        settled: dict[UUID, JobStatus] = {}
+        if blocked:
+            await self._insert_blocker_edges(conn, blocked)
+            for job in await self.get_jobs(tx, job_ids=[job.id for job in blocked]):
+                settled[job.id] = job.status
         return [
-            result or InsertedJob(job.id, job.chain_id, JobStatus.PENDING, deduplicated=False)
+            result
+            or InsertedJob(
+                job.id,
+                job.chain_id,
+                settled.get(job.id, JobStatus.PENDING),
+                deduplicated=False,
+            )
             for job, result in zip(jobs, results, strict=True)
         ]
 
@@ -278,24 +295,35 @@ class PostgresStateAdapter(QueryOps):
         }
         async with self._connection(tx) as conn:
             rows = await self._fetch(conn, self._sql.complete, params)
-        accepted = {row[0]: bool(row[3]) for row in rows}
+        # id -> (chain_id, ends_chain, has_dependants, awaited)
+        accepted = {row[0]: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
         continuations = [
             c.continuation for c in completions if c.continuation and c.job_id in accepted
         ]
         if continuations:
             assert tx is not None
             await self.insert_jobs(tx, jobs=continuations)
-        return [
-            CompletionResult(
-                job_id=c.job_id,
-                accepted=c.job_id in accepted,
-                chain_completed=accepted.get(c.job_id, False),
-                continuation_id=(
-                    c.continuation.id if c.continuation and c.job_id in accepted else None
-                ),
+        ended_with_dependants = [v[0] for v in accepted.values() if v[1] and v[2]]
+        resolution = await self.resolve_dependants(tx, chain_ids=ended_with_dependants)
+        results = []
+        for c in completions:
+            chain_id, ends, _, awaited = accepted.get(c.job_id, (None, False, False, False))
+            ready: set[str] = set()
+            if c.continuation and c.job_id in accepted and not _scheduled(c.continuation):
+                ready.add(c.continuation.queue)
+            results.append(
+                CompletionResult(
+                    job_id=c.job_id,
+                    accepted=c.job_id in accepted,
+                    chain_completed=ends,
+                    continuation_id=(
+                        c.continuation.id if c.continuation and c.job_id in accepted else None
+                    ),
+                    ready_queues=tuple(sorted(ready | set(resolution.ready_queues))),
+                    chain_awaited=awaited or chain_id in resolution.awaited_chain_ids,
+                )
             )
-            for c in completions
-        ]
+        return results
 
     async def fail(
         self, tx: TransactionHandle | None, *, failures: Sequence[Failure]
@@ -317,6 +345,7 @@ class PostgresStateAdapter(QueryOps):
                 },
             )
         done = {row[0] for row in rows}
+        await self.resolve_dependants(tx, chain_ids=[row[1] for row in rows if row[2]])
         return [f.job_id in done for f in failures]
 
     async def reschedule(
@@ -364,6 +393,7 @@ class PostgresStateAdapter(QueryOps):
                 self._sql.reap,
                 {"type_names": list(type_names), "worker_id": exclude_worker, "limit": limit},
             )
+        await self.resolve_dependants(None, chain_ids=[r[5] for r in rows if r[6]])
         return [
             ReapedJob(
                 job_id=r[0], type_name=r[1], leased_by=r[2], attempt=r[3], status=JobStatus(r[4])
@@ -409,7 +439,12 @@ def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
         "run_ats": [j.run_at for j in jobs],
         "run_afters": [j.run_after.total_seconds() if j.run_after else None for j in jobs],
         "dedup_keys": [j.dedup.key if j.dedup else None for j in jobs],
+        "statuses": ["blocked" if j.blockers else "pending" for j in jobs],
         "trace_contexts": [
             json.dumps(dict(j.trace_context)) if j.trace_context else None for j in jobs
         ],
     }
+
+
+def _scheduled(job: NewJob) -> bool:
+    return job.run_at is not None or job.run_after is not None

@@ -1,0 +1,210 @@
+"""PostgreSQL side of chain orchestration: blockers, cancel, retry, trigger, pause.
+
+Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``_fetch``, ``_connection`` and
+``_csql`` (the rendered chain statements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+
+from pgwork.adapters.state import (
+    BlockerOutput,
+    CancelledChain,
+    ChainRef,
+    NewJob,
+    Resolution,
+    TransactionHandle,
+)
+from pgwork.errors import ChainNotFoundError
+from pgwork.records import ChainStatus, JobStatus
+
+if TYPE_CHECKING:
+    from pgwork.postgres._chain_statements import ChainStatements
+
+__all__ = ["ChainOps"]
+
+# Dependants of dependants are resolved level by level; a cycle is impossible (a job
+# can only be blocked on chains that existed before it), this bounds a runaway anyway.
+MAX_RESOLVE_DEPTH = 64
+
+
+class ChainOps:
+    """Blockers, cancel, retry, trigger, pause and await support."""
+
+    if TYPE_CHECKING:
+        _csql: ChainStatements
+
+        async def _fetch(
+            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+        def _connection(
+            self, tx: TransactionHandle | None
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
+
+    # --- blockers ----------------------------------------------------------------------
+
+    async def _check_blockers(
+        self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
+    ) -> None:
+        """Lock the blocker chains' roots (see LOCK_BLOCKER_CHAINS) and refuse unknown ones."""
+        wanted = sorted({b for job in jobs for b in job.blockers})
+        rows = await self._fetch(conn, self._csql.lock_blocker_chains, {"ids": wanted})
+        found = {row[0] for row in rows}
+        missing = [chain_id for chain_id in wanted if chain_id not in found]
+        if missing:
+            raise ChainNotFoundError(missing)
+
+    async def _insert_blocker_edges(
+        self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
+    ) -> Resolution:
+        """Record the edges of freshly inserted blocked jobs, then settle any whose
+        blockers already ended."""
+        edges = [
+            (job.id, chain_id, position, job.blocker_failure)
+            for job in jobs
+            for position, chain_id in enumerate(job.blockers)
+        ]
+        await self._fetch(
+            conn,
+            self._csql.insert_blockers,
+            {
+                "job_ids": [e[0] for e in edges],
+                "chain_ids": [e[1] for e in edges],
+                "positions": [e[2] for e in edges],
+                "policies": [e[3] for e in edges],
+            },
+        )
+        first = await self._resolve(conn, [job.id for job in jobs])
+        more = await self._resolve_dependants_of(conn, list(first.ended_chain_ids))
+        return first.merge(more)
+
+    async def _resolve(
+        self, conn: psycopg.AsyncConnection[Any], job_ids: Sequence[UUID]
+    ) -> Resolution:
+        rows = await self._fetch(conn, self._csql.resolve_blocked, {"job_ids": list(job_ids)})
+        return Resolution(
+            ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
+            ended_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING),
+            awaited_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING and r[4]),
+        )
+
+    async def _resolve_dependants_of(
+        self, conn: psycopg.AsyncConnection[Any], chain_ids: Sequence[UUID]
+    ) -> Resolution:
+        """Settle jobs blocked on ``chain_ids`` (which just ended), level by level.
+
+        Must run inside a transaction: the lock and the decision are two statements.
+        """
+        total = Resolution()
+        pending = list(chain_ids)
+        for _ in range(MAX_RESOLVE_DEPTH):
+            if not pending:
+                break
+            locked = await self._fetch(
+                conn, self._csql.lock_blocked_dependants, {"chain_ids": pending}
+            )
+            if not locked:
+                break
+            step = await self._resolve(conn, [row[0] for row in locked])
+            total = total.merge(step)
+            pending = list(step.ended_chain_ids)
+        return total
+
+    async def resolve_dependants(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> Resolution:
+        if not chain_ids:
+            return Resolution()
+        if tx is None:
+            async with self.transaction() as own:
+                return await self.resolve_dependants(own, chain_ids=chain_ids)
+        async with self._connection(tx) as conn:
+            return await self._resolve_dependants_of(conn, chain_ids)
+
+    async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
+        """Settle blocked jobs whose blockers all ended but were never resolved (a
+        process died between ending a blocker and resolving its dependants)."""
+        async with self.transaction() as tx, self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._csql.find_resolvable_blocked, {"limit": limit})
+            if not rows:
+                return Resolution()
+            first = await self._resolve(conn, [row[0] for row in rows])
+            return first.merge(await self._resolve_dependants_of(conn, first.ended_chain_ids))
+
+    async def blocker_outputs(
+        self, tx: TransactionHandle | None, *, job_id: UUID
+    ) -> list[BlockerOutput]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._csql.blocker_outputs, {"job_id": job_id})
+        return [
+            BlockerOutput(
+                chain_id=row[0],
+                status=ChainStatus(row[1]) if row[1] else None,
+                type_name=row[2],
+                output=row[3],
+            )
+            for row in rows
+        ]
+
+    # --- control -----------------------------------------------------------------------
+
+    async def chains_of(
+        self, tx: TransactionHandle | None, *, ids: Sequence[UUID]
+    ) -> list[ChainRef]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._csql.chains_of, {"ids": list(ids)})
+        return [
+            ChainRef(
+                id=row[0],
+                chain_id=row[1],
+                chain_status=ChainStatus(row[2]) if row[2] else None,
+                job_status=JobStatus(row[3]) if row[3] else None,
+                leased_by=row[4],
+            )
+            for row in rows
+        ]
+
+    async def cancel_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
+    ) -> tuple[list[CancelledChain], Resolution]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(
+                conn, self._csql.cancel_chains, {"chain_ids": sorted(set(chain_ids))}
+            )
+            cancelled = [CancelledChain(chain_id=row[0], job_ids=tuple(row[1])) for row in rows]
+            resolution = await self._resolve_dependants_of(conn, [c.chain_id for c in cancelled])
+        return cancelled, resolution
+
+    async def retry_failed(
+        self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
+    ) -> list[tuple[UUID, str]]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(
+                conn, self._csql.retry_failed, {"ids": list(job_ids), "front": front}
+            )
+            await self._fetch(conn, self._csql.reopen_chains, {"chain_ids": [r[1] for r in rows]})
+        return [(row[0], row[2]) for row in rows]
+
+    async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._csql.trigger, {"ids": list(job_ids)})
+        return sorted({row[1] for row in rows})
+
+    async def set_queue_paused(
+        self, tx: TransactionHandle | None, *, queue: str, paused: bool
+    ) -> None:
+        async with self._connection(tx) as conn:
+            await self._fetch(conn, self._csql.set_queue_paused, {"name": queue, "paused": paused})
+
+    async def mark_chain_awaited(self, *, chain_id: UUID) -> None:
+        async with self._connection(None) as conn:
+            await self._fetch(conn, self._csql.mark_awaited, {"chain_id": chain_id})
