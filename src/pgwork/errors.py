@@ -4,7 +4,9 @@ The tree::
 
     PgworkError
     ├── ConfigurationError            a setting that cannot work (bad schema name, bad option)
-    │   └── InvalidSchemaNameError
+    │   ├── InvalidSchemaNameError
+    │   ├── InvalidCronError          a cron expression that does not parse
+    │   └── InvalidDedupWindowError   a dedup window that is not positive
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
@@ -23,7 +25,12 @@ The tree::
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
     │   ├── LeaseLostError            a fenced write was refused: another holder owns the job now
-    │   └── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
+    │   ├── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
+    │   ├── JobAlreadyFinishedError   completing/cancelling a job that already ended
+    │   ├── ChainAlreadyFinishedError cancelling a chain that already ended
+    │   ├── JobNotRetryableError      retry() of a job that has not failed
+    │   └── ChainFailedError          await_chain on a chain that failed or was cancelled
+    ├── AwaitTimeoutError             await_chain gave up waiting (also a TimeoutError)
     └── WorkerError
         └── WorkerStateError          start twice, start after stop, ...
 
@@ -38,15 +45,22 @@ from uuid import UUID
 
 __all__ = [
     "AttemptAlreadyFinishedError",
+    "AwaitTimeoutError",
+    "ChainAlreadyFinishedError",
+    "ChainFailedError",
     "ChainNotFoundError",
     "ConfigurationError",
     "ContinuationNotAllowedError",
     "DatabaseError",
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
+    "InvalidCronError",
+    "InvalidDedupWindowError",
     "InvalidSchemaNameError",
+    "JobAlreadyFinishedError",
     "JobError",
     "JobNotFoundError",
+    "JobNotRetryableError",
     "JobTypeError",
     "LeaseLostError",
     "NotAnEntryTypeError",
@@ -88,6 +102,26 @@ class InvalidSchemaNameError(ConfigurationError):
         super().__init__(
             f"invalid pgwork schema name {schema!r}: use 1-48 characters, a lowercase letter "
             "or underscore first, then lowercase letters, digits or underscores"
+        )
+
+
+class InvalidCronError(ConfigurationError):
+    def __init__(self, name: str, expression: str, reason: str) -> None:
+        self.name = name
+        self.expression = expression
+        super().__init__(
+            f"schedule {name!r}: invalid cron expression {expression!r} ({reason}); use five "
+            "fields: minute hour day-of-month month day-of-week, e.g. '*/5 * * * *'"
+        )
+
+
+class InvalidDedupWindowError(ConfigurationError):
+    def __init__(self, key: str, window: object) -> None:
+        self.key = key
+        self.window = window
+        super().__init__(
+            f"dedup key {key!r}: scope 'window' needs a positive window (a timedelta), got "
+            f"{window!r}"
         )
 
 
@@ -269,6 +303,50 @@ class AttemptAlreadyFinishedError(JobError):
         super().__init__(
             f"attempt on job {job_id} already ended with {outcome}; call complete() or "
             "reschedule() at most once per attempt"
+        )
+
+
+class JobAlreadyFinishedError(JobError):
+    def __init__(self, job_ids: Sequence[UUID], statuses: Sequence[str]) -> None:
+        self.job_ids = tuple(job_ids)
+        self.statuses = tuple(statuses)
+        shown = ", ".join(f"{i} ({s})" for i, s in zip(self.job_ids, self.statuses, strict=True))
+        super().__init__(f"job already ended: {shown}; nothing was changed")
+
+
+class ChainAlreadyFinishedError(JobError):
+    def __init__(self, chain_ids: Sequence[UUID], statuses: Sequence[str]) -> None:
+        self.chain_ids = tuple(chain_ids)
+        self.statuses = tuple(statuses)
+        shown = ", ".join(f"{i} ({s})" for i, s in zip(self.chain_ids, self.statuses, strict=True))
+        super().__init__(f"chain already ended: {shown}; it cannot be cancelled")
+
+
+class JobNotRetryableError(JobError):
+    def __init__(self, job_ids: Sequence[UUID], statuses: Sequence[str]) -> None:
+        self.job_ids = tuple(job_ids)
+        self.statuses = tuple(statuses)
+        shown = ", ".join(f"{i} ({s})" for i, s in zip(self.job_ids, self.statuses, strict=True))
+        super().__init__(f"only failed jobs can be retried: {shown}")
+
+
+class ChainFailedError(JobError):
+    def __init__(self, chain_id: UUID, status: str, error: str | None) -> None:
+        self.chain_id = chain_id
+        self.status = status
+        self.error = error
+        detail = f": {error}" if error else ""
+        super().__init__(f"chain {chain_id} ended {status}{detail}")
+
+
+class AwaitTimeoutError(PgworkError, TimeoutError):
+    def __init__(self, chain_id: UUID, timeout: float, status: str) -> None:
+        self.chain_id = chain_id
+        self.timeout = timeout
+        self.status = status
+        super().__init__(
+            f"chain {chain_id} did not end within {timeout}s (still {status}); is a worker "
+            "running for its job types?"
         )
 
 
