@@ -24,16 +24,24 @@ from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
 
 __all__ = [
     "AcquiredJob",
+    "BlockedJob",
     "BlockerOutput",
+    "BlockerStatus",
     "CancelledChain",
+    "ChainDeletion",
+    "ChainDependant",
+    "ChainFilter",
     "ChainRef",
     "Completion",
     "CompletionResult",
     "DedupSpec",
     "Failure",
     "InsertedJob",
+    "JobFilter",
     "Lease",
     "NewJob",
+    "PageKey",
+    "QueueCount",
     "ReapedJob",
     "RenewResult",
     "Resolution",
@@ -233,6 +241,104 @@ class ReapedJob:
     status: JobStatus
 
 
+# --- queries, deletion and retention --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs ``list_jobs`` returns; ``None`` leaves a field unfiltered.
+
+    ``created_after`` / ``created_before`` are exclusive bounds.
+    """
+
+    type_name: str | None = None
+    queue: str | None = None
+    status: JobStatus | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    chain_id: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChainFilter:
+    """Which chains ``list_chains`` returns; ``type_name`` is the chain's (first job's)
+    type."""
+
+    type_name: str | None = None
+    status: ChainStatus | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PageKey:
+    """A position in a newest-first listing: rows strictly older than this come next."""
+
+    created_at: datetime
+    id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class BlockerStatus:
+    """One chain a blocked job waits for; ``status`` is ``None`` once it was deleted."""
+
+    chain_id: UUID
+    status: ChainStatus | None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedJob:
+    """A job in status ``blocked`` and the chains it waits for, in declaration order."""
+
+    job: Job[Any]
+    blockers: tuple[BlockerStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCount:
+    """Unfinished work of one queue, as a dashboard or ``pgwork queues`` shows it.
+
+    ``ready``: pending and due; ``scheduled``: pending, due later; ``oldest_ready_age``:
+    how long the oldest ready job has been due (database clock). Finished jobs are not
+    counted: that would read the whole table.
+    """
+
+    queue: str
+    paused: bool
+    ready: int
+    scheduled: int
+    running: int
+    blocked: int
+    failed: int
+    oldest_ready_at: datetime | None
+    oldest_ready_age: timedelta | None
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting in the queue (ready or scheduled)."""
+        return self.ready + self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDependant:
+    """A job of another chain that depends on ``blocker_chain_id``."""
+
+    blocker_chain_id: UUID
+    job_id: UUID
+    chain_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDeletion:
+    """What ``delete_chains`` did. When ``missing`` is not empty, or ``dependants`` is
+    and the deletion did not cascade, nothing was deleted."""
+
+    deleted_chains: int
+    deleted_jobs: int
+    missing: tuple[UUID, ...] = ()
+    dependants: tuple[ChainDependant, ...] = ()
+
+
 class TransactionHandle(Protocol):
     """An open transaction an adapter can run statements in (adapter-specific)."""
 
@@ -371,3 +477,53 @@ class StateAdapter(Protocol):
     ) -> None: ...
 
     async def mark_chain_awaited(self, *, chain_id: UUID) -> None: ...
+
+    # --- queries, deletion and retention -----------------------------------------------
+
+    async def list_jobs(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: JobFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Job[Any]]:
+        """Jobs matching ``where``, newest first by (created_at, id), strictly after
+        ``after`` in that order; at most ``limit``."""
+        ...
+
+    async def list_chains(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: ChainFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Chain]:
+        """Chains matching ``where``, in ``list_jobs`` order of their first job."""
+        ...
+
+    async def list_blocked_jobs(
+        self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
+    ) -> list[BlockedJob]:
+        """Blocked jobs with their blockers' status, in ``list_jobs`` order."""
+        ...
+
+    async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
+        """One row per queue that has unfinished jobs or a ``queues`` entry, by name."""
+        ...
+
+    async def delete_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID], cascade: bool
+    ) -> ChainDeletion:
+        """Delete whole chains in ``tx``. A job of another chain that may still run
+        (blocked, pending, running, or failed and retryable) and waits for one of them
+        is a dependant: without ``cascade`` its presence deletes nothing; with it, its
+        chain goes too, transitively. Unknown ids delete nothing."""
+        ...
+
+    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
+        """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
+        that ended longer ago than its value, and commit; chains with dependants stay.
+        One caller at a time: a concurrent caller returns 0 at once."""
+        ...
