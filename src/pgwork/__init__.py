@@ -5,17 +5,19 @@ This module only re-exports the public API; see the README for a tour.
 
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
-from pgwork.adapters.state import DedupSpec, StateAdapter
+from pgwork.adapters.state import BlockedJob, BlockerStatus, DedupSpec, QueueCount, StateAdapter
 from pgwork.backoff import RetryPolicy, backoff_delay
 from pgwork.client import ChainStart, Client, StartedChain, create_client
 from pgwork.errors import (
     AttemptAlreadyFinishedError,
+    ChainHasDependantsError,
     ChainNotFoundError,
     ConfigurationError,
     ContinuationNotAllowedError,
     DatabaseError,
     DatabaseUnreachableError,
     DuplicateJobTypeError,
+    InvalidCursorError,
     InvalidSchemaNameError,
     JobError,
     JobNotFoundError,
@@ -48,7 +50,10 @@ __all__ = [
     "Attempt",
     "AttemptAlreadyFinishedError",
     "AttemptError",
+    "BlockedJob",
+    "BlockerStatus",
     "Chain",
+    "ChainHasDependantsError",
     "ChainNotFoundError",
     "ChainStart",
     "ChainStatus",
@@ -63,6 +68,7 @@ __all__ = [
     "Handler",
     "InProcessNotifyAdapter",
     "InProcessWorker",
+    "InvalidCursorError",
     "InvalidSchemaNameError",
     "Job",
     "JobError",
@@ -87,6 +93,7 @@ __all__ = [
     "PostgresNotifyAdapter",
     "PostgresStateAdapter",
     "ProcessingMode",
+    "QueueCount",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

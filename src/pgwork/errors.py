@@ -6,7 +6,8 @@ The tree::
     ├── ConfigurationError            a setting that cannot work (bad schema name, bad option)
     │   ├── InvalidSchemaNameError
     │   ├── InvalidCronError          a cron expression that does not parse
-    │   └── InvalidDedupWindowError   a dedup window that is not positive
+    │   ├── InvalidDedupWindowError   a dedup window that is not positive
+    │   └── InvalidCursorError        a listing cursor that is not one pgwork handed out
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
@@ -24,6 +25,7 @@ The tree::
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
+    │   ├── ChainHasDependantsError   delete_chains while other chains still wait on them
     │   ├── LeaseLostError            a fenced write was refused: another holder owns the job now
     │   ├── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
     │   ├── JobAlreadyFinishedError   completing/cancelling a job that already ended
@@ -48,6 +50,7 @@ __all__ = [
     "AwaitTimeoutError",
     "ChainAlreadyFinishedError",
     "ChainFailedError",
+    "ChainHasDependantsError",
     "ChainNotFoundError",
     "ConfigurationError",
     "ContinuationNotAllowedError",
@@ -55,6 +58,7 @@ __all__ = [
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
     "InvalidCronError",
+    "InvalidCursorError",
     "InvalidDedupWindowError",
     "InvalidSchemaNameError",
     "JobAlreadyFinishedError",
@@ -122,6 +126,16 @@ class InvalidDedupWindowError(ConfigurationError):
         super().__init__(
             f"dedup key {key!r}: scope 'window' needs a positive window (a timedelta), got "
             f"{window!r}"
+        )
+
+
+class InvalidCursorError(ConfigurationError):
+    def __init__(self, cursor: str, reason: str) -> None:
+        self.cursor = cursor
+        self.reason = reason
+        super().__init__(
+            f"invalid cursor {cursor!r}: {reason}. Pass the next_cursor of a page returned "
+            "by the same listing, unchanged, or None for the first page."
         )
 
 
@@ -282,6 +296,25 @@ class ChainNotFoundError(JobError, LookupError):
         self.chain_ids = tuple(chain_ids)
         shown = ", ".join(str(i) for i in self.chain_ids)
         super().__init__(f"no chain with id {shown}")
+
+
+class ChainHasDependantsError(JobError):
+    def __init__(
+        self,
+        chain_ids: Sequence[UUID],
+        dependant_job_ids: Sequence[UUID],
+        dependant_chain_ids: Sequence[UUID],
+    ) -> None:
+        self.chain_ids = tuple(chain_ids)
+        self.dependant_job_ids = tuple(dependant_job_ids)
+        self.dependant_chain_ids = tuple(dependant_chain_ids)
+        chains = ", ".join(str(i) for i in self.chain_ids)
+        jobs = ", ".join(str(i) for i in self.dependant_job_ids)
+        super().__init__(
+            f"cannot delete chain {chains}: jobs of other chains ({jobs}) wait for it or may "
+            "still read its output; nothing was deleted. Delete or finish those chains first, "
+            "or pass cascade=True to delete them too."
+        )
 
 
 class LeaseLostError(JobError):
