@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from pgwork._client_control import ControlMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._ids import new_id
 from pgwork.adapters.in_process import InProcessNotifyAdapter
@@ -48,6 +49,7 @@ class ChainStart(Generic[I]):
     queue: str | None
     priority: int | None
     max_attempts: int | None
+    blockers: tuple[UUID, ...]
 
     def __init__(
         self,
@@ -59,8 +61,12 @@ class ChainStart(Generic[I]):
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
+        blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
     ) -> None:
         object.__setattr__(self, "job_type", job_type)
+        object.__setattr__(
+            self, "blockers", tuple(b.id if isinstance(b, StartedChain) else b for b in blockers)
+        )
         object.__setattr__(self, "input", input)
         object.__setattr__(self, "schedule", schedule)
         object.__setattr__(self, "dedup", dedup)
@@ -81,7 +87,7 @@ class StartedChain(Generic[I, O]):
     status: JobStatus
 
 
-class Client(QueryMixin):
+class Client(QueryMixin, ControlMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(
@@ -116,6 +122,7 @@ class Client(QueryMixin):
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
+        blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
@@ -123,7 +130,9 @@ class Client(QueryMixin):
         ``AsyncSession`` (psycopg driver). Nothing is committed here: the job exists
         once, and only if, the caller commits. ``schedule``: a timezone-aware datetime
         or a delay. ``dedup``: a key (or ``DedupSpec``) — if a matching chain exists it
-        is returned with ``deduplicated=True`` and nothing is inserted.
+        is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
+        chains that must complete first; the job waits ``blocked`` until they do (and its
+        type's ``blocker_failure`` decides what a failed or cancelled blocker does).
         """
         started = await self.start_chains(
             tx,
@@ -136,6 +145,7 @@ class Client(QueryMixin):
                     queue=queue,
                     priority=priority,
                     max_attempts=max_attempts,
+                    blockers=blockers,
                 )
             ],
         )
@@ -155,7 +165,10 @@ class Client(QueryMixin):
             ready_queues = {
                 job.queue
                 for job, result in zip(new_jobs, inserted, strict=True)
-                if not result.deduplicated and job.run_at is None and job.run_after is None
+                if not result.deduplicated
+                and result.status is JobStatus.PENDING
+                and job.run_at is None
+                and job.run_after is None
             }
             if ready_queues:
                 await self.notify.publish(

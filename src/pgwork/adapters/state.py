@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
+from pgwork.errors import ConfigurationError, InvalidDedupWindowError
 from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
 
 __all__ = [
@@ -61,6 +62,18 @@ class DedupSpec:
     key: str
     scope: Literal["incomplete", "ever", "window"] = "incomplete"
     window: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("incomplete", "ever", "window"):
+            raise ConfigurationError(
+                f"dedup scope must be 'incomplete', 'ever' or 'window', got {self.scope!r}"
+            )
+        if self.scope == "window" and (
+            not isinstance(self.window, timedelta) or self.window <= timedelta(0)
+        ):
+            raise InvalidDedupWindowError(self.key, self.window)
+        if not isinstance(self.key, str) or not self.key:
+            raise ConfigurationError(f"dedup key must be a non-empty string, got {self.key!r}")
 
 
 @dataclass(frozen=True, slots=True)

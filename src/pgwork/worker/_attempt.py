@@ -17,12 +17,12 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from pgwork._ids import new_id
-from pgwork.adapters.state import AcquiredJob, NewJob
+from pgwork._client_control import continuation_job
+from pgwork.adapters.state import AcquiredJob, NewJob, StateAdapter
 from pgwork.client import split_schedule
 from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
-from pgwork.records import AbortReason, AttemptError, Job
+from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
 
 __all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
 
@@ -68,7 +68,8 @@ class Attempt(Generic[I, O]):
         worker_id: str,
         registry: JobTypeRegistry,
         max_payload_bytes: int,
-        transaction: object | None,
+        transaction: Any | None,
+        state: StateAdapter,
     ) -> None:
         self.job = job
         self.job_type = job_type
@@ -79,6 +80,7 @@ class Attempt(Generic[I, O]):
         self.connection: Any = getattr(transaction, "connection", None)
         self._acquired = acquired
         self._registry = registry
+        self._state = state
         self._max_payload_bytes = max_payload_bytes
         self.outcome: Outcome | None = None
 
@@ -125,28 +127,24 @@ class Attempt(Generic[I, O]):
             raise AttemptAlreadyFinishedError(self.job.id, kind)
 
     def _continuation(self, spec: Continuation) -> NewJob:
-        if not isinstance(spec, Continuation):
-            raise ConfigurationError(
-                f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
-            )
-        target = self._registry.continuation(self.job_type, spec.job_type, self.job.id)
-        input_json = target.input_codec.encode(spec.input, max_bytes=self._max_payload_bytes)
-        run_at, run_after = split_schedule(spec.schedule_after)
-        return NewJob(
-            id=new_id(),
-            type_name=target.name,
-            chain_id=self.job.chain_id,
-            chain_type_name=self.job.chain_type_name,
-            chain_index=self.job.chain_index + 1,
-            input_json=input_json,
-            queue=target.queue,
-            priority=target.priority,
-            max_attempts=target.max_attempts,
-            run_at=run_at,
-            run_after=run_after,
-            # The chain stays in the trace its first job was enqueued in.
-            trace_context=self._acquired.trace_context,
+        return continuation_job(
+            self._registry, self.job_type, self.job, spec, max_bytes=self._max_payload_bytes
         )
+
+    async def blocker_outputs(self) -> list[Any]:
+        """Outputs of the chains this job was blocked on, in the order they were given,
+        each decoded with the output model of the job that ended that chain (``None``
+        for a blocker that failed or was cancelled and let this job run anyway)."""
+        outputs: list[Any] = []
+        for blocker in await self._state.blocker_outputs(self.transaction, job_id=self.job.id):
+            if blocker.status is not ChainStatus.COMPLETED or blocker.type_name is None:
+                outputs.append(None)
+            elif blocker.type_name in self._registry:
+                codec = self._registry.get(blocker.type_name).output_codec
+                outputs.append(codec.decode(blocker.output))
+            else:
+                outputs.append(blocker.output)
+        return outputs
 
     async def _finish_with(self, result: Any) -> None:
         """Turn a handler's return value into the outcome when it set none itself."""

@@ -418,6 +418,7 @@ class InProcessWorker:
             registry=self.client.registry,
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
+            state=self.state,
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:
@@ -572,23 +573,25 @@ class InProcessWorker:
                 output_json=outcome.output_json,
                 continuation=outcome.continuation,
             )
-            ok = await self._complete(completion, tx)
+            ok = await self._complete(completion, slot.acquired.chain_id, tx)
         else:  # pragma: no cover - _finish_with always sets an outcome
             raise AssertionError("attempt finished without an outcome")
         return ok
 
-    async def _complete(self, completion: Completion, tx: Any | None) -> bool:
-        cont = completion.continuation
-        if cont is None:
-            results = await self.state.complete(tx, completions=[completion])
-            return results[0].accepted
-        if tx is not None:
-            results = await self.state.complete(tx, completions=[completion])
-            if results[0].accepted and cont.run_after is None and cont.run_at is None:
-                await self.notify.publish(tx, notices=[Notice(kind="ready", queue=cont.queue)])
-            return results[0].accepted
-        async with self.state.transaction() as own:
-            return await self._complete(completion, own)
+    async def _complete(self, completion: Completion, chain_id: Any, tx: Any | None) -> bool:
+        """Write a completion and announce what it made ready (continuation, unblocked
+        dependants) and, for an awaited chain, its end — in ``tx`` when there is one
+        (delivered on commit), else right after the autocommitted write."""
+        if tx is None and completion.continuation is not None:
+            async with self.state.transaction() as own:
+                return await self._complete(completion, chain_id, own)
+        result = (await self.state.complete(tx, completions=[completion]))[0]
+        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        if result.chain_awaited:
+            notices.append(Notice(kind="chain_done", chain_id=chain_id))
+        if notices:
+            await self.notify.publish(tx, notices=notices)
+        return result.accepted
 
     async def _settle_failure(
         self, slot: _Slot, error: BaseException | None, *, terminal: bool

@@ -1,0 +1,217 @@
+"""Client API that steers chains: await, cancel, retry, complete from outside a worker,
+trigger scheduled jobs, pause queues.
+
+Mixed into ``Client``. Every operation that takes ``tx`` runs in the caller's
+transaction; the notices it publishes (wake-ups, abort requests to the worker holding a
+job, chain ends) go out only if that transaction commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import anyio
+
+from pgwork._ids import new_id
+from pgwork.adapters.notify import Notice
+from pgwork.adapters.state import Completion, NewJob
+from pgwork.errors import (
+    AwaitTimeoutError,
+    ChainAlreadyFinishedError,
+    ChainFailedError,
+    ConfigurationError,
+    JobAlreadyFinishedError,
+    JobNotFoundError,
+    JobNotRetryableError,
+)
+from pgwork.job_types import Continuation, JobType, JobTypeRegistry
+from pgwork.records import AbortReason, Chain, ChainStatus, Job, JobStatus
+
+if TYPE_CHECKING:
+    from pgwork.adapters.notify import NotifyAdapter
+    from pgwork.adapters.state import StateAdapter
+
+__all__ = ["ControlMixin", "continuation_job"]
+
+
+def continuation_job(
+    registry: JobTypeRegistry,
+    from_type: JobType[Any, Any],
+    job: Job[Any],
+    spec: Continuation,
+    *,
+    max_bytes: int,
+) -> NewJob:
+    """The next job of ``job``'s chain, checked against the registry's ``continue_with``."""
+    if not isinstance(spec, Continuation):
+        raise ConfigurationError(
+            f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
+        )
+    target = registry.continuation(from_type, spec.job_type, job.id)
+    run_after = spec.schedule_after
+    return NewJob(
+        id=new_id(),
+        type_name=target.name,
+        chain_id=job.chain_id,
+        chain_type_name=job.chain_type_name,
+        chain_index=job.chain_index + 1,
+        input_json=target.input_codec.encode(spec.input, max_bytes=max_bytes),
+        queue=target.queue,
+        priority=target.priority,
+        max_attempts=target.max_attempts,
+        run_after=run_after,
+    )
+
+
+class ControlMixin:
+    """Await, cancel, retry, workerless completion, trigger, pause/resume."""
+
+    if TYPE_CHECKING:
+        state: StateAdapter
+        notify: NotifyAdapter
+        registry: JobTypeRegistry
+        max_payload_bytes: int
+
+        async def get_chain(self, chain_id: UUID, *, tx: object | None = None) -> Chain: ...
+
+        async def get_job(self, job_id: UUID, *, tx: object | None = None) -> Job[Any]: ...
+
+    async def await_chain(
+        self, chain_id: UUID, *, timeout: float = 60.0, poll_interval: float = 1.0
+    ) -> Any:
+        """Wait until the chain ends and return its final output (decoded).
+
+        Wakes on the chain-end notification and polls (backing off to ``poll_interval``)
+        in case a notice is missed. Raises ChainFailedError if the chain failed or was
+        cancelled, AwaitTimeoutError after ``timeout`` seconds, ChainNotFoundError.
+        """
+        chain = await self.get_chain(chain_id)
+        delay = 0.02
+        async with self.notify.listen() as listener:
+            # Flag first, then re-read: an end committed in between is seen by the read.
+            await self.state.mark_chain_awaited(chain_id=chain_id)
+            with anyio.move_on_after(timeout):
+                while True:
+                    chain = await self.get_chain(chain_id)
+                    if chain.status is ChainStatus.COMPLETED:
+                        return chain.output
+                    if chain.status is not ChainStatus.ACTIVE:
+                        error = chain.current_job.last_attempt_error
+                        raise ChainFailedError(
+                            chain_id, chain.status.value, error.message if error else None
+                        )
+                    await listener.wait(delay)
+                    delay = min(delay * 2, poll_interval)
+        raise AwaitTimeoutError(chain_id, timeout, chain.status.value)
+
+    async def cancel(self, tx: object, ids: Sequence[UUID]) -> list[UUID]:
+        """Cancel the chains of ``ids`` (chain ids or ids of any of their jobs) in the
+        caller's transaction. Pending jobs never run; a running job's worker is told to
+        abort its attempt (reason ``cancelled``). Returns the cancelled chain ids."""
+        handle = await self.state.adopt(tx)
+        refs = await self.state.chains_of(handle, ids=list(ids))
+        missing = [r.id for r in refs if r.chain_id is None]
+        if missing:
+            raise JobNotFoundError(missing)
+        ended = [r for r in refs if r.chain_status is not ChainStatus.ACTIVE]
+        if ended:
+            raise ChainAlreadyFinishedError(
+                [r.id for r in ended],
+                [r.chain_status.value if r.chain_status else "?" for r in ended],
+            )
+        wanted = sorted({r.chain_id for r in refs if r.chain_id is not None})
+        cancelled, resolution = await self.state.cancel_chains(handle, chain_ids=wanted)
+        done = {c.chain_id for c in cancelled}
+        lost = [c for c in wanted if c not in done]
+        if lost:  # ended between our read and the cancel: the caller should roll back
+            raise ChainAlreadyFinishedError(lost, ["ended concurrently"] * len(lost))
+        notices = [
+            Notice(kind="abort", job_id=job_id, reason=AbortReason.CANCELLED.value)
+            for chain in cancelled
+            for job_id in chain.job_ids
+        ]
+        notices += [Notice(kind="chain_done", chain_id=c) for c in sorted(done)]
+        notices += [Notice(kind="ready", queue=q) for q in resolution.ready_queues]
+        await self.notify.publish(handle, notices=notices)
+        return sorted(done)
+
+    async def retry(self, tx: object, job_ids: Sequence[UUID], *, front: bool = True) -> list[UUID]:
+        """Put failed jobs back to work with a fresh set of attempts, in the caller's
+        transaction; ``front=True`` runs them ahead of what already waits in their queue."""
+        handle = await self.state.adopt(tx)
+        jobs = {job.id: job for job in await self.state.get_jobs(handle, job_ids=list(job_ids))}
+        missing = [i for i in job_ids if i not in jobs]
+        if missing:
+            raise JobNotFoundError(missing)
+        not_failed = [j for j in jobs.values() if j.status is not JobStatus.FAILED]
+        if not_failed:
+            raise JobNotRetryableError([j.id for j in not_failed], [j.status for j in not_failed])
+        retried = await self.state.retry_failed(handle, job_ids=list(job_ids), front=front)
+        queues = sorted({queue for _, queue in retried})
+        await self.notify.publish(handle, notices=[Notice(kind="ready", queue=q) for q in queues])
+        return [job_id for job_id, _ in retried]
+
+    async def complete_job(
+        self,
+        tx: object,
+        job_id: UUID,
+        output: Any = None,
+        *,
+        continue_with: Continuation | None = None,
+    ) -> None:
+        """Complete (or continue) a job from outside any worker — e.g. a webhook — in the
+        caller's transaction. A worker holding the job is told to abandon its attempt."""
+        handle = await self.state.adopt(tx)
+        jobs = await self.state.get_jobs(handle, job_ids=[job_id])
+        if not jobs:
+            raise JobNotFoundError([job_id])
+        job = jobs[0]
+        if job.status.is_final:
+            raise JobAlreadyFinishedError([job_id], [job.status.value])
+        job_type = self.registry.get(job.type_name)
+        if output is None and continue_with is not None:
+            output_json = "null"
+        else:
+            output_json = job_type.output_codec.encode(output, max_bytes=self.max_payload_bytes)
+        continuation = (
+            continuation_job(
+                self.registry, job_type, job, continue_with, max_bytes=self.max_payload_bytes
+            )
+            if continue_with is not None
+            else None
+        )
+        results = await self.state.complete(
+            handle,
+            completions=[Completion(job_id, None, output_json, continuation)],
+        )
+        result = results[0]
+        if not result.accepted:  # ended between our read and the write
+            current = await self.get_job(job_id, tx=handle)
+            raise JobAlreadyFinishedError([job_id], [current.status.value])
+        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        if job.status is JobStatus.RUNNING:
+            notices.append(
+                Notice(kind="abort", job_id=job_id, reason=AbortReason.COMPLETED_ELSEWHERE.value)
+            )
+        if result.chain_completed:
+            notices.append(Notice(kind="chain_done", chain_id=job.chain_id))
+        await self.notify.publish(handle, notices=notices)
+
+    async def trigger(self, tx: object, job_ids: Sequence[UUID]) -> None:
+        """Make scheduled jobs due now (in the caller's transaction)."""
+        handle = await self.state.adopt(tx)
+        queues = await self.state.trigger(handle, job_ids=list(job_ids))
+        await self.notify.publish(handle, notices=[Notice(kind="ready", queue=q) for q in queues])
+
+    async def pause_queue(self, queue: str, *, tx: object | None = None) -> None:
+        """Stop workers taking jobs from ``queue`` (running attempts go on). Survives
+        restarts: the pause is a row in the database."""
+        handle = await self.state.adopt(tx) if tx is not None else None
+        await self.state.set_queue_paused(handle, queue=queue, paused=True)
+
+    async def resume_queue(self, queue: str, *, tx: object | None = None) -> None:
+        handle = await self.state.adopt(tx) if tx is not None else None
+        await self.state.set_queue_paused(handle, queue=queue, paused=False)
+        await self.notify.publish(handle, notices=[Notice(kind="ready", queue=queue)])
