@@ -491,6 +491,10 @@ class StateAdapter(Protocol):
 
     async def mark_chain_awaited(self, *, chain_id: UUID) -> None: ...
 
+    async def now(self) -> datetime:
+        """The store's clock: the one clock for schedules and leases."""
+        ...
+
     # --- queries, deletion and retention -----------------------------------------------
 
     async def list_jobs(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -204,6 +205,12 @@ class ChainOps:
     ) -> None:
         async with self._connection(tx) as conn:
             await self._fetch(conn, self._csql.set_queue_paused, {"name": queue, "paused": paused})
+
+    async def now(self) -> datetime:
+        async with self._connection(None) as conn:
+            rows = await self._fetch(conn, b"SELECT now()", {})
+        value: datetime = rows[0][0]
+        return value
 
     async def mark_chain_awaited(self, *, chain_id: UUID) -> None:
         async with self._connection(None) as conn:

@@ -11,6 +11,7 @@ from pgwork.client import Client
 from pgwork.job_types import JobType
 from pgwork.middleware import Middleware
 from pgwork.observability import Observer
+from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._loop import Handler, InProcessWorker
 
@@ -33,6 +34,7 @@ def create_in_process_worker(
     grace_period: float | timedelta = 10.0,
     rng: random.Random | None = None,
     observers: Sequence[Observer] | None = None,
+    schedules: Sequence[CronSchedule[Any]] = (),
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -42,7 +44,9 @@ def create_in_process_worker(
     without a notification. ``grace_period``: how long ``stop()`` lets in-flight
     attempts finish before aborting them and handing their jobs back. ``middlewares``
     wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
-    ``observers``: receive the worker's events (default: the client's observers).
+    ``schedules``: recurring ``CronSchedule``s this worker fires (every worker may carry
+    the same ones: each tick is enqueued once). ``observers``: receive the worker's
+    events (default: the client's observers).
     """
     return InProcessWorker(
         client=client,
@@ -55,4 +59,5 @@ def create_in_process_worker(
         grace_period=_seconds(grace_period, "grace_period"),
         rng=rng,
         observers=observers,
+        schedules=schedules,
     )

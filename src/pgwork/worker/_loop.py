@@ -42,8 +42,10 @@ from pgwork.observability import (
 )
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._lease import renew_forever
+from pgwork.worker._maintenance import Maintenance
 
 log = logging.getLogger("pgwork.worker")
 
@@ -112,6 +114,7 @@ class InProcessWorker:
         grace_period: float,
         rng: random.Random | None,
         observers: Sequence[Observer] | None = None,
+        schedules: Sequence[CronSchedule[Any]] = (),
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -130,6 +133,12 @@ class InProcessWorker:
         self.grace_period = grace_period
         self.middlewares = tuple(middlewares)
         self._rng = rng or random.Random()
+        for schedule in schedules:
+            client.registry.entry(schedule.job_type)
+        names = [schedule.name for schedule in schedules]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"schedule names must be unique, got {names}")
+        self._maintenance = Maintenance(client, schedules)
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
@@ -170,6 +179,7 @@ class InProcessWorker:
             async with self.notify.listen() as listener, anyio.create_task_group() as side:
                 side.start_soon(self._listen, listener)
                 side.start_soon(renew_forever, self.state, self._staged_holders)
+                side.start_soon(self._maintenance.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,

@@ -1,0 +1,106 @@
+"""The worker's periodic housekeeping: recurring schedules, stuck blockers, retention.
+
+Runs beside the main loop. Each step is safe to run in every worker at once: schedule
+ticks are deduplicated in the database, the blocker sweep locks what it settles
+(SKIP LOCKED), and retention takes a try-lock so only one worker deletes at a time.
+A failing step is logged and retried on the next round; it never stops the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import anyio
+
+from pgwork.adapters.notify import Notice
+from pgwork.client import Client
+from pgwork.schedules import CronSchedule
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["Maintenance"]
+
+
+class Maintenance:
+    def __init__(
+        self,
+        client: Client,
+        schedules: Sequence[CronSchedule[Any]],
+        *,
+        tick: float = 1.0,
+        sweep_every: float = 30.0,
+        retention_every: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.schedules = tuple(schedules)
+        self.tick = tick
+        self.sweep_every = sweep_every
+        self.retention_every = retention_every
+        self._fired: dict[str, datetime] = {}
+        self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
+
+    async def run_forever(self) -> None:
+        next_sweep = time.monotonic() + self.sweep_every
+        next_retention = time.monotonic() + self.retention_every
+        while True:
+            if self.schedules:
+                await self._guarded("schedules", self.fire_due)
+            now = time.monotonic()
+            if now >= next_sweep:
+                next_sweep = now + self.sweep_every
+                await self._guarded("blocker sweep", self.sweep)
+            if self._retention and now >= next_retention:
+                next_retention = now + self.retention_every
+                await self._guarded("retention", self.purge)
+            await anyio.sleep(self.tick)
+
+    async def _guarded(self, what: str, step: Any) -> None:
+        try:
+            await step()
+        except Exception as exc:
+            log.warning("pgwork maintenance step %s failed: %r", what, exc)
+
+    async def fire_due(self) -> int:
+        """Enqueue each schedule's current tick unless this worker already did."""
+        now = await self.client.state.now()
+        fired = 0
+        for schedule in self.schedules:
+            tick = schedule.due_tick(now)
+            if tick is None or self._fired.get(schedule.name) == tick:
+                continue
+            async with self.client.state.transaction() as tx:
+                started = await self.client.start_chain(
+                    tx,
+                    schedule.job_type,
+                    schedule.input,
+                    dedup=schedule.dedup(tick),
+                    queue=schedule.queue,
+                )
+            self._fired[schedule.name] = tick
+            if not started.deduplicated:
+                fired += 1
+                log.info(
+                    "pgwork schedule %s fired for %s: chain %s",
+                    schedule.name,
+                    tick.isoformat(),
+                    started.id,
+                )
+        return fired
+
+    async def sweep(self) -> None:
+        resolution = await self.client.state.sweep_blocked(limit=500)
+        if resolution.ready_queues:
+            await self.client.notify.publish(
+                None, notices=[Notice(kind="ready", queue=q) for q in resolution.ready_queues]
+            )
+
+    async def purge(self) -> None:
+        deleted = await self.client.state.delete_expired_chains(
+            retention=self._retention, limit=1000
+        )
+        if deleted:
+            log.info("pgwork retention deleted %d expired chain(s)", deleted)
