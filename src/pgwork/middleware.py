@@ -75,8 +75,8 @@ async def log_context(attempt: Attempt[Any, Any], call_next: CallNext) -> Any:
 class LogContextFilter(logging.Filter):
     """Copy the bound attempt fields onto each record (``record.job_id`` etc.).
 
-    Outside an attempt the fields are set to ``"-"`` so format strings that name them
-    never fail.
+    Outside an attempt a field the record does not carry already (pgwork's event records
+    carry their own) is set to ``"-"``, so format strings that name them never fail.
     """
 
     FIELDS = ("job_id", "job_type", "chain_id", "attempt", "worker_id")
@@ -84,5 +84,8 @@ class LogContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         bound = _LOG_CONTEXT.get() or {}
         for name in self.FIELDS:
-            setattr(record, name, bound.get(name, "-"))
+            if name in bound:
+                setattr(record, name, bound[name])
+            elif not hasattr(record, name):
+                setattr(record, name, "-")
         return True
