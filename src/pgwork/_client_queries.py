@@ -1,22 +1,276 @@
 """Read-side client API: listings with keyset pagination, counts, deletion, retention.
 
-Mixed into ``Client``; relies on ``self.state`` (a StateAdapter) and ``self._decoded``.
+Mixed into ``Client``; relies on ``self.state`` (a StateAdapter), ``self.registry`` and
+the client's decoding helpers.
+
+Listings are newest first by ``(created_at, id)``. A page's ``next_cursor`` encodes its
+last row's position, and the next page starts strictly after it, so pages never repeat
+or skip a row that existed when the first page was read, however many jobs are
+enqueued meanwhile (new jobs are newer than any cursor, and sort before it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+from uuid import UUID
+
+from pgwork.adapters.state import (
+    BlockedJob,
+    ChainFilter,
+    JobFilter,
+    PageKey,
+    QueueCount,
+)
+from pgwork.errors import (
+    ChainHasDependantsError,
+    ChainNotFoundError,
+    ConfigurationError,
+    InvalidCursorError,
+)
+from pgwork.records import Chain, ChainStatus, Job, JobStatus, Page
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import StateAdapter
+    from pgwork.adapters.state import StateAdapter, TransactionHandle
     from pgwork.job_types import JobTypeRegistry
 
-__all__ = ["QueryMixin"]
+__all__ = ["MAX_PAGE_SIZE", "QueryMixin", "decode_cursor", "encode_cursor"]
+
+MAX_PAGE_SIZE = 1000
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# One letter per listing, so a cursor is refused by a listing it does not belong to.
+_LISTINGS = {"j": "list_jobs", "c": "list_chains", "b": "list_blocked_jobs"}
 
 
 class QueryMixin:
-    """Listings, counts and deletion, filled in by the query feature."""
+    """Listings, counts, deletion and retention of ``Client``."""
 
     if TYPE_CHECKING:
         state: StateAdapter
         registry: JobTypeRegistry
+
+        def _decoded(self, job: Job[Any]) -> Job[Any]: ...
+
+        def _decode_input(self, type_name: str, data: Any) -> Any: ...
+
+    # --- listings ----------------------------------------------------------------------
+
+    async def list_jobs(
+        self,
+        *,
+        type_name: str | None = None,
+        queue: str | None = None,
+        status: JobStatus | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        chain_id: UUID | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        tx: object | None = None,
+    ) -> Page[Job[Any]]:
+        """One page of jobs, newest first, inputs and outputs decoded to their models.
+
+        Every filter is optional; ``created_after`` / ``created_before`` are exclusive
+        and must be timezone-aware. Pass ``next_cursor`` back as ``cursor`` (with the
+        same filters) for the next page; it is ``None`` on the last page. Raises
+        InvalidCursorError for a cursor this listing did not hand out.
+        """
+        where = JobFilter(
+            type_name=type_name,
+            queue=queue,
+            status=_job_status(status),
+            created_after=_aware("created_after", created_after),
+            created_before=_aware("created_before", created_before),
+            chain_id=chain_id,
+        )
+        size, after = _fetch_size(limit), decode_cursor(cursor, "j")
+        handle = await self._read_handle(tx)
+        jobs = await self.state.list_jobs(handle, where=where, after=after, limit=size)
+        return _page([self._decoded(job) for job in jobs], limit, "j", _job_key)
+
+    async def list_chains(
+        self,
+        *,
+        type_name: str | None = None,
+        status: ChainStatus | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        tx: object | None = None,
+    ) -> Page[Chain]:
+        """One page of chains (by their first job's type and creation), newest first,
+        decoded like ``get_chain``. Same paging and filter rules as ``list_jobs``."""
+        where = ChainFilter(
+            type_name=type_name,
+            status=_chain_status(status),
+            created_after=_aware("created_after", created_after),
+            created_before=_aware("created_before", created_before),
+        )
+        size, after = _fetch_size(limit), decode_cursor(cursor, "c")
+        handle = await self._read_handle(tx)
+        chains = await self.state.list_chains(handle, where=where, after=after, limit=size)
+        return _page([self._decoded_chain(chain) for chain in chains], limit, "c", _chain_key)
+
+    async def list_blocked_jobs(
+        self, *, limit: int = 50, cursor: str | None = None, tx: object | None = None
+    ) -> Page[BlockedJob]:
+        """One page of blocked jobs, newest first, each with the chains it waits for and
+        their status: what an operator looks at when work seems stuck."""
+        size, after = _fetch_size(limit), decode_cursor(cursor, "b")
+        handle = await self._read_handle(tx)
+        blocked = await self.state.list_blocked_jobs(handle, after=after, limit=size)
+        items = [replace(item, job=self._decoded(item.job)) for item in blocked]
+        return _page(items, limit, "b", lambda item: _job_key(item.job))
+
+    async def count_jobs(self, *, tx: object | None = None) -> list[QueueCount]:
+        """Unfinished work per queue (ready, scheduled, running, blocked, failed), the
+        oldest ready job's age and whether the queue is paused, ordered by queue name.
+
+        Reads every unfinished job's index entry, never a finished one's.
+        """
+        return await self.state.count_jobs(await self._read_handle(tx))
+
+    # --- deletion ----------------------------------------------------------------------
+
+    async def delete_chains(
+        self, tx: object, chain_ids: Sequence[UUID], *, cascade: bool = False
+    ) -> int:
+        """Delete whole chains (every job, active or not) in the caller's transaction
+        ``tx``; returns how many chains were deleted, dependants included.
+
+        A job of another chain that waits for one of these chains, or may still run
+        and read its output (blocked, pending, running, or failed and retryable), makes
+        this raise ChainHasDependantsError and delete nothing, unless ``cascade=True``:
+        then those jobs' chains are deleted too, and their dependants', and so on.
+        Unknown ids raise ChainNotFoundError and delete nothing. A worker running a
+        deleted job finds out when it next renews or completes (its lease is lost).
+        """
+        handle = await self.state.adopt(tx)
+        result = await self.state.delete_chains(handle, chain_ids=list(chain_ids), cascade=cascade)
+        if result.missing:
+            raise ChainNotFoundError(result.missing)
+        if result.dependants and not cascade:
+            deps = result.dependants
+            raise ChainHasDependantsError(
+                chain_ids=list(dict.fromkeys(d.blocker_chain_id for d in deps)),
+                dependant_job_ids=list(dict.fromkeys(d.job_id for d in deps)),
+                dependant_chain_ids=list(dict.fromkeys(d.chain_id for d in deps)),
+            )
+        return result.deleted_chains
+
+    async def purge_expired(self, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` chains that ended (completed, failed or cancelled)
+        longer ago than their type's ``retention``; returns how many.
+
+        Types without retention keep their chains. A chain another chain's job still
+        depends on is kept until that job has finished. Safe to call from every worker:
+        one call runs at a time per schema, the others return 0 at once.
+        """
+        if limit < 1:
+            raise ConfigurationError(f"limit must be >= 1, got {limit}")
+        retention = {t.name: t.retention for t in self.registry if t.retention is not None}
+        if not retention:
+            return 0
+        return await self.state.delete_expired_chains(retention=retention, limit=limit)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    async def _read_handle(self, tx: object | None) -> TransactionHandle | None:
+        return await self.state.adopt(tx) if tx is not None else None
+
+    def _decoded_chain(self, chain: Chain) -> Chain:
+        current = self._decoded(chain.current_job)
+        return replace(
+            chain,
+            input=self._decode_input(chain.type_name, chain.input),
+            output=current.output if chain.output is not None else None,
+            current_job=current,
+        )
+
+
+def encode_cursor(listing: str, key: PageKey) -> str:
+    """An opaque, URL-safe cursor for the position ``key`` in ``listing``."""
+    micros = (key.created_at - _EPOCH) // _MICROSECOND
+    raw = f"{listing}.{micros}.{key.id.hex}"
+    return base64.urlsafe_b64encode(raw.encode("ascii")).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str | None, listing: str) -> PageKey | None:
+    """The position ``cursor`` stands for; InvalidCursorError if ``listing`` did not
+    hand it out."""
+    if cursor is None:
+        return None
+    if not isinstance(cursor, str):
+        raise InvalidCursorError(repr(cursor), "a cursor is a string")
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        raw = base64.b64decode(padded, altchars=b"-_", validate=True).decode("ascii")
+        kind, micros, hex_id = raw.split(".")
+        key = PageKey(_EPOCH + int(micros) * _MICROSECOND, UUID(hex=hex_id))
+    except (ValueError, binascii.Error, OverflowError):
+        raise InvalidCursorError(cursor, "it was not made by pgwork") from None
+    if kind != listing:
+        made_by = _LISTINGS.get(kind, "something else")
+        raise InvalidCursorError(
+            cursor, f"it belongs to {made_by}, not {_LISTINGS.get(listing, listing)}"
+        )
+    return key
+
+
+def _page(items: list[T], limit: int, listing: str, key: Callable[[T], PageKey]) -> Page[T]:
+    """Items were fetched with one extra row: its presence says another page exists."""
+    if len(items) <= limit:
+        return Page(items=tuple(items))
+    shown = items[:limit]
+    return Page(items=tuple(shown), next_cursor=encode_cursor(listing, key(shown[-1])))
+
+
+def _fetch_size(limit: int) -> int:
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ConfigurationError(f"limit must be between 1 and {MAX_PAGE_SIZE}, got {limit!r}")
+    return limit + 1
+
+
+def _job_key(job: Job[Any]) -> PageKey:
+    return PageKey(job.created_at, job.id)
+
+
+def _chain_key(chain: Chain) -> PageKey:
+    return PageKey(chain.created_at, chain.id)
+
+
+def _aware(name: str, value: datetime | None) -> datetime | None:
+    if value is not None and (value.tzinfo is None or value.utcoffset() is None):
+        raise ConfigurationError(
+            f"{name} {value.isoformat()} has no timezone; pass an aware datetime"
+        )
+    return value
+
+
+def _job_status(status: JobStatus | str | None) -> JobStatus | None:
+    if status is None:
+        return None
+    try:
+        return JobStatus(status)
+    except ValueError:
+        known = ", ".join(s.value for s in JobStatus)
+        raise ConfigurationError(f"unknown job status {status!r}; one of {known}") from None
+
+
+def _chain_status(status: ChainStatus | str | None) -> ChainStatus | None:
+    if status is None:
+        return None
+    try:
+        return ChainStatus(status)
+    except ValueError:
+        known = ", ".join(s.value for s in ChainStatus)
+        raise ConfigurationError(f"unknown chain status {status!r}; one of {known}") from None

@@ -1,13 +1,213 @@
 """PostgreSQL side of the read API: listings, counts, deletion and retention.
 
-Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``schema``, ``_fetch`` and
-``_connection``.
+Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``schema``, ``_fetch``,
+``_connection`` and ``transaction``. Listings run unprepared (``_read``): each is planned
+with its actual filter values, so the planner can use the partial index they match.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+
+from pgwork.adapters.state import (
+    BlockedJob,
+    BlockerStatus,
+    ChainDeletion,
+    ChainDependant,
+    ChainFilter,
+    JobFilter,
+    PageKey,
+    QueueCount,
+    TransactionHandle,
+)
+from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._query_statements import (
+    QueryStatements,
+    render_query_statements,
+    retention_lock_key,
+)
+from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
+from pgwork.postgres._transactions import unwrap
+from pgwork.records import Chain, ChainStatus, Job
 
 __all__ = ["QueryOps"]
 
 
 class QueryOps:
     """Listing / counting / deleting operations of the PostgreSQL state adapter."""
+
+    if TYPE_CHECKING:
+        schema: str
+
+        async def _fetch(
+            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+        def _connection(
+            self, tx: TransactionHandle | None
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
+
+    @cached_property
+    def _qsql(self) -> QueryStatements:
+        return render_query_statements(self.schema)
+
+    async def _read(
+        self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        async with self._connection(tx) as conn:
+            with translate_errors(self.schema):
+                async with conn.cursor() as cur:
+                    await cur.execute(query, params, prepare=False)
+                    return await cur.fetchall()
+
+    # --- listings ----------------------------------------------------------------------
+
+    async def list_jobs(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: JobFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Job[Any]]:
+        params = {
+            "type_name": where.type_name,
+            "queue": where.queue,
+            "status": where.status.value if where.status is not None else None,
+            "chain_id": where.chain_id,
+            "created_after": where.created_after,
+            "created_before": where.created_before,
+            **_page_params(after, limit),
+        }
+        rows = await self._read(tx, self._qsql.list_jobs, params)
+        return [job_from_row(row) for row in rows]
+
+    async def list_chains(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: ChainFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Chain]:
+        statuses = [where.status] if where.status is not None else list(ChainStatus)
+        params = {
+            "type_name": where.type_name,
+            "statuses": [status.value for status in statuses],
+            "created_after": where.created_after,
+            "created_before": where.created_before,
+            **_page_params(after, limit),
+        }
+        rows = await self._read(tx, self._qsql.list_chains, params)
+        return [chain_from_row(row) for row in rows]
+
+    async def list_blocked_jobs(
+        self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
+    ) -> list[BlockedJob]:
+        rows = await self._read(tx, self._qsql.list_blocked_jobs, _page_params(after, limit))
+        return [
+            BlockedJob(
+                job=job_from_row(row),
+                blockers=tuple(
+                    BlockerStatus(chain_id, ChainStatus(status) if status else None)
+                    for chain_id, status in zip(
+                        row[JOB_WIDTH] or (), row[JOB_WIDTH + 1] or (), strict=True
+                    )
+                ),
+            )
+            for row in rows
+        ]
+
+    async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
+        rows = await self._read(tx, self._qsql.count_jobs, {})
+        return [
+            QueueCount(
+                queue=r[0],
+                paused=r[1],
+                ready=r[2],
+                scheduled=r[3],
+                running=r[4],
+                blocked=r[5],
+                failed=r[6],
+                oldest_ready_at=r[7],
+                oldest_ready_age=r[8],
+            )
+            for r in rows
+        ]
+
+    # --- deletion ----------------------------------------------------------------------
+
+    async def delete_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID], cascade: bool
+    ) -> ChainDeletion:
+        conn = await unwrap(tx)
+        wanted = list(dict.fromkeys(chain_ids))
+        if not wanted:
+            return ChainDeletion(deleted_chains=0, deleted_jobs=0)
+        locked = {
+            row[0] for row in await self._fetch(conn, self._qsql.lock_chains, {"ids": wanted})
+        }
+        missing = tuple(chain_id for chain_id in wanted if chain_id not in locked)
+        if missing:
+            return ChainDeletion(deleted_chains=0, deleted_jobs=0, missing=missing)
+        doomed = set(locked)
+        frontier = sorted(locked)
+        found: list[ChainDependant] = []
+        # Level by level: each new level is locked before its own dependants are looked
+        # for, for the same reason as the first (see LOCK_CHAINS).
+        while frontier:
+            rows = await self._fetch(
+                conn, self._qsql.find_dependants, {"ids": frontier, "excluded": sorted(doomed)}
+            )
+            level = [ChainDependant(*row) for row in rows]
+            if level and not cascade:
+                return ChainDeletion(deleted_chains=0, deleted_jobs=0, dependants=tuple(level))
+            found.extend(level)
+            frontier = sorted({d.chain_id for d in level} - doomed)
+            if frontier:
+                await self._fetch(conn, self._qsql.lock_chains, {"ids": frontier})
+                doomed.update(frontier)
+        rows = await self._fetch(conn, self._qsql.delete_chains, {"ids": sorted(doomed)})
+        chains, jobs = rows[0]
+        return ChainDeletion(
+            deleted_chains=int(chains), deleted_jobs=int(jobs), dependants=tuple(found)
+        )
+
+    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
+        if limit <= 0 or not retention:
+            return 0
+        policy = {
+            "type_names": list(retention),
+            "seconds": [period.total_seconds() for period in retention.values()],
+            "limit": limit,
+        }
+        async with self.transaction() as tx:
+            conn = await unwrap(tx)
+            key = {"key": retention_lock_key(self.schema)}
+            locked = await self._fetch(conn, self._qsql.try_retention_lock, key)
+            if not locked[0][0]:
+                return 0
+            ids = [
+                row[0] for row in await self._fetch(conn, self._qsql.lock_expired_chains, policy)
+            ]
+            if not ids:
+                return 0
+            rows = await self._fetch(conn, self._qsql.delete_expired_chains, {"ids": ids})
+            return int(rows[0][0])
+
+
+def _page_params(after: PageKey | None, limit: int) -> dict[str, Any]:
+    return {
+        "after_at": after.created_at if after is not None else None,
+        "after_id": after.id if after is not None else None,
+        "limit": limit,
+    }

@@ -1,0 +1,293 @@
+"""SQL of the read side: listings, counts, deletion and retention.
+
+Same conventions as ``_statements``: named templates, schema identifiers filled in once
+(``render_query_statements``), every caller value a bound parameter. Optional filters
+are written ``(%(x)s IS NULL OR ...)``; the adapter sends these statements unprepared,
+so each is planned with its actual parameters and a NULL filter folds away, leaving the
+planner free to pick the partial index the remaining filters match.
+
+Listings are newest first by ``(created_at, id)``; a page continues strictly after the
+previous page's last row (``after_at``, ``after_id``). The redundant
+``created_at <= after_at`` lets an index on ``created_at`` start at the cursor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+from psycopg import sql
+
+from pgwork.postgres._statements import _columns
+from pgwork.postgres.schema import validate_schema_name
+
+# A job that may still run (a failed one can be retried) and then reads its blockers'
+# outputs: while one exists, the chains it waits for are kept.
+_MAY_STILL_RUN = "('blocked', 'pending', 'running', 'failed')"
+
+LIST_JOBS = f"""
+SELECT {_columns("j")}
+FROM {{jobs}} AS j
+WHERE (%(type_name)s::text IS NULL OR j.type_name = %(type_name)s::text)
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND (%(status)s::{{job_status}} IS NULL OR j.status = %(status)s::{{job_status}})
+  AND (%(chain_id)s::uuid IS NULL OR j.chain_id = %(chain_id)s::uuid)
+  AND (%(created_after)s::timestamptz IS NULL OR j.created_at > %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL
+       OR j.created_at < %(created_before)s::timestamptz)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (j.created_at <= %(after_at)s::timestamptz
+           AND (j.created_at, j.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT %(limit)s
+"""
+
+# Chains come from jobs_chains_idx (chain_type_name, chain_status, created_at) over root
+# rows. Without a type filter the chain types present are found by skipping through
+# that index (one probe per type); then each (type, status) range is read newest first,
+# at most ``limit`` rows each, and the ranges merged. A page costs probes proportional
+# to types x statuses x limit, whatever the table size.
+LIST_CHAINS = f"""
+WITH RECURSIVE present_types AS (
+    (SELECT r.chain_type_name AS name
+     FROM {{jobs}} AS r
+     WHERE r.id = r.chain_id AND %(type_name)s::text IS NULL
+     ORDER BY r.chain_type_name
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.chain_type_name
+            FROM {{jobs}} AS r
+            WHERE r.id = r.chain_id AND r.chain_type_name > t.name
+            ORDER BY r.chain_type_name
+            LIMIT 1)
+    FROM present_types AS t
+    WHERE t.name IS NOT NULL
+),
+type_names AS (
+    SELECT name FROM present_types WHERE name IS NOT NULL
+    UNION ALL
+    SELECT %(type_name)s::text WHERE %(type_name)s::text IS NOT NULL
+),
+page AS (
+    SELECT c.*
+    FROM type_names AS t
+    CROSS JOIN unnest(%(statuses)s::{{chain_status}}[]) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT r.*
+        FROM {{jobs}} AS r
+        WHERE r.id = r.chain_id
+          AND r.chain_type_name = t.name
+          AND r.chain_status = s.status
+          AND (%(created_after)s::timestamptz IS NULL
+               OR r.created_at > %(created_after)s::timestamptz)
+          AND (%(created_before)s::timestamptz IS NULL
+               OR r.created_at < %(created_before)s::timestamptz)
+          AND (%(after_at)s::timestamptz IS NULL
+               OR (r.created_at <= %(after_at)s::timestamptz
+                   AND (r.created_at, r.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))
+        ORDER BY r.created_at DESC, r.id DESC
+        LIMIT %(limit)s
+    ) AS c
+    ORDER BY c.created_at DESC, c.id DESC
+    LIMIT %(limit)s
+)
+SELECT p.chain_status::text, p.chain_completed_at, {_columns("p")}, {_columns("cur")}
+FROM page AS p
+CROSS JOIN LATERAL (
+    SELECT * FROM {{jobs}} AS c
+    WHERE c.chain_id = p.id
+    ORDER BY c.chain_index DESC
+    LIMIT 1
+) AS cur
+ORDER BY p.created_at DESC, p.id DESC
+"""
+
+# Blocked jobs are few (jobs_attention_idx); each comes with its blockers in declaration
+# order and their chain status (NULL: the blocker chain was deleted).
+LIST_BLOCKED_JOBS = f"""
+SELECT {_columns("j")}, blk.chain_ids, blk.statuses
+FROM (
+    SELECT b.*
+    FROM {{jobs}} AS b
+    WHERE b.status = 'blocked'
+      AND (%(after_at)s::timestamptz IS NULL
+           OR (b.created_at <= %(after_at)s::timestamptz
+               AND (b.created_at, b.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))
+    ORDER BY b.created_at DESC, b.id DESC
+    LIMIT %(limit)s
+) AS j
+CROSS JOIN LATERAL (
+    SELECT array_agg(e.blocker_chain_id ORDER BY e.position) AS chain_ids,
+           array_agg(r.chain_status::text ORDER BY e.position) AS statuses
+    FROM {{job_blockers}} AS e
+    LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
+    WHERE e.job_id = j.id
+) AS blk
+ORDER BY j.created_at DESC, j.id DESC
+"""
+
+# Unfinished work per queue, each status read through its partial index (pending from
+# jobs_acquire_idx alone); queues known only from the queues table show up with zeros.
+COUNT_JOBS = """
+WITH pending AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.scheduled_at <= now()) AS ready,
+           count(*) FILTER (WHERE j.scheduled_at > now()) AS scheduled,
+           min(j.scheduled_at) FILTER (WHERE j.scheduled_at <= now()) AS oldest_ready_at
+    FROM {jobs} AS j
+    WHERE j.status = 'pending'
+    GROUP BY j.queue
+),
+running AS (
+    SELECT j.queue, count(*) AS running
+    FROM {jobs} AS j
+    WHERE j.status = 'running'
+    GROUP BY j.queue
+),
+attention AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.status = 'blocked') AS blocked,
+           count(*) FILTER (WHERE j.status = 'failed') AS failed
+    FROM {jobs} AS j
+    WHERE j.status IN ('failed', 'blocked')
+    GROUP BY j.queue
+),
+names AS (
+    SELECT queue AS name FROM pending
+    UNION SELECT queue FROM running
+    UNION SELECT queue FROM attention
+    UNION SELECT name FROM {queues}
+)
+SELECT n.name, COALESCE(q.paused, false), COALESCE(p.ready, 0), COALESCE(p.scheduled, 0),
+       COALESCE(r.running, 0), COALESCE(a.blocked, 0), COALESCE(a.failed, 0),
+       p.oldest_ready_at, now() - p.oldest_ready_at
+FROM names AS n
+LEFT JOIN pending AS p ON p.queue = n.name
+LEFT JOIN running AS r ON r.queue = n.name
+LEFT JOIN attention AS a ON a.queue = n.name
+LEFT JOIN {queues} AS q ON q.name = n.name
+ORDER BY n.name
+"""
+
+# Deleting chains starts by locking their roots: enqueueing a job blocked on a chain
+# takes a share lock on that root (LOCK_BLOCKER_CHAINS), so from here on no new
+# dependant can appear, and the next statement sees every one that committed.
+LOCK_CHAINS = """
+SELECT r.id
+FROM {jobs} AS r
+WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+ORDER BY r.id
+FOR UPDATE
+"""
+
+FIND_DEPENDANTS = f"""
+SELECT e.blocker_chain_id, d.id, d.chain_id
+FROM {{job_blockers}} AS e
+JOIN {{jobs}} AS d ON d.id = e.job_id
+WHERE e.blocker_chain_id = ANY(%(ids)s::uuid[])
+  AND d.status IN {_MAY_STILL_RUN}
+  AND d.chain_id <> ALL(%(excluded)s::uuid[])
+ORDER BY e.blocker_chain_id, d.id
+"""
+
+# Every job of the chains; their own blocker edges go with them (ON DELETE CASCADE).
+DELETE_CHAINS = """
+WITH gone AS (
+    DELETE FROM {jobs} AS j
+    WHERE j.chain_id = ANY(%(ids)s::uuid[])
+    RETURNING j.id, j.chain_id
+)
+SELECT count(*) FILTER (WHERE id = chain_id), count(*) FROM gone
+"""
+
+# One retention sweep per schema at a time; whoever does not get the lock skips.
+TRY_RETENTION_LOCK = """
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s::text, 0))
+"""
+
+# Ended chains past their type's retention, oldest first within each type. A chain
+# ends after it starts, so ``created_at`` before the cutoff bounds the range read from
+# jobs_chains_idx. Locked with SKIP LOCKED: a chain someone is changing waits for the
+# next sweep. Chains with dependants are kept (they would take the limit every time).
+LOCK_EXPIRED_CHAINS = f"""
+SELECT e.id
+FROM unnest(%(type_names)s::text[], %(seconds)s::float8[]) AS p(type_name, seconds)
+CROSS JOIN LATERAL (
+    SELECT r.id
+    FROM {{jobs}} AS r
+    WHERE r.id = r.chain_id
+      AND r.chain_type_name = p.type_name
+      AND r.chain_status IN ('completed', 'failed', 'cancelled')
+      AND r.created_at < now() - p.seconds * interval '1 second'
+      AND r.chain_completed_at < now() - p.seconds * interval '1 second'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM {{job_blockers}} AS e
+          JOIN {{jobs}} AS d ON d.id = e.job_id
+          WHERE e.blocker_chain_id = r.id
+            AND d.chain_id <> r.id
+            AND d.status IN {_MAY_STILL_RUN}
+      )
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+) AS e
+LIMIT %(limit)s
+"""
+
+# Runs after LOCK_EXPIRED_CHAINS, under a fresh snapshot: a dependant enqueued between
+# that statement's snapshot and its lock is seen here, and its blocker kept.
+DELETE_EXPIRED_CHAINS = f"""
+WITH gone AS (
+    DELETE FROM {{jobs}} AS j
+    WHERE j.chain_id = ANY(%(ids)s::uuid[])
+      AND NOT EXISTS (
+          SELECT 1
+          FROM {{job_blockers}} AS e
+          JOIN {{jobs}} AS d ON d.id = e.job_id
+          WHERE e.blocker_chain_id = j.chain_id
+            AND d.chain_id <> j.chain_id
+            AND d.status IN {_MAY_STILL_RUN}
+      )
+    RETURNING j.id, j.chain_id
+)
+SELECT count(*) FILTER (WHERE id = chain_id) FROM gone
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryStatements:
+    """The statements above, rendered for one schema (bytes, like ``Statements``)."""
+
+    list_jobs: bytes
+    list_chains: bytes
+    list_blocked_jobs: bytes
+    count_jobs: bytes
+    lock_chains: bytes
+    find_dependants: bytes
+    delete_chains: bytes
+    try_retention_lock: bytes
+    lock_expired_chains: bytes
+    delete_expired_chains: bytes
+
+
+@lru_cache(maxsize=32)
+def render_query_statements(schema: str) -> QueryStatements:
+    """Fill every template with ``schema``'s quoted identifiers."""
+    schema = validate_schema_name(schema)
+    names = {
+        "jobs": sql.Identifier(schema, "jobs"),
+        "job_blockers": sql.Identifier(schema, "job_blockers"),
+        "queues": sql.Identifier(schema, "queues"),
+        "job_status": sql.Identifier(schema, "job_status"),
+        "chain_status": sql.Identifier(schema, "chain_status"),
+    }
+    rendered = {
+        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
+        for f in fields(QueryStatements)
+    }
+    return QueryStatements(**rendered)
+
+
+def retention_lock_key(schema: str) -> str:
+    """The text TRY_RETENTION_LOCK hashes: one sweep lock per schema."""
+    return f"pgwork.retention:{validate_schema_name(schema)}"
