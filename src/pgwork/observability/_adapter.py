@@ -17,14 +17,24 @@ from uuid import UUID
 
 from pgwork.adapters.state import (
     AcquiredJob,
+    BlockedJob,
+    BlockerOutput,
+    CancelledChain,
+    ChainDeletion,
+    ChainFilter,
+    ChainRef,
     Completion,
     CompletionResult,
     Failure,
     InsertedJob,
+    JobFilter,
     Lease,
     NewJob,
+    PageKey,
+    QueueCount,
     ReapedJob,
     RenewResult,
+    Resolution,
     StateAdapter,
     TransactionHandle,
 )
@@ -185,5 +195,109 @@ class InstrumentedStateAdapter:
             "list_chain_jobs", self.inner.list_chain_jobs(tx, chain_id=chain_id)
         )
 
+    # --- chain orchestration -------------------------------------------------------------
+
+    async def resolve_dependants(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> Resolution:
+        return await self._call(
+            "resolve_dependants", self.inner.resolve_dependants(tx, chain_ids=chain_ids)
+        )
+
+    async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
+        return await self._call("sweep_blocked", self.inner.sweep_blocked(limit=limit))
+
+    async def blocker_outputs(
+        self, tx: TransactionHandle | None, *, job_id: UUID
+    ) -> list[BlockerOutput]:
+        return await self._call("blocker_outputs", self.inner.blocker_outputs(tx, job_id=job_id))
+
+    async def chains_of(
+        self, tx: TransactionHandle | None, *, ids: Sequence[UUID]
+    ) -> list[ChainRef]:
+        return await self._call("chains_of", self.inner.chains_of(tx, ids=ids))
+
+    async def cancel_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
+    ) -> tuple[list[CancelledChain], Resolution]:
+        return await self._call("cancel_chains", self.inner.cancel_chains(tx, chain_ids=chain_ids))
+
+    async def retry_failed(
+        self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
+    ) -> list[tuple[UUID, str]]:
+        return await self._call(
+            "retry_failed", self.inner.retry_failed(tx, job_ids=job_ids, front=front)
+        )
+
+    async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
+        return await self._call("trigger", self.inner.trigger(tx, job_ids=job_ids))
+
+    async def set_queue_paused(
+        self, tx: TransactionHandle | None, *, queue: str, paused: bool
+    ) -> None:
+        await self._call(
+            "set_queue_paused", self.inner.set_queue_paused(tx, queue=queue, paused=paused)
+        )
+
+    async def mark_chain_awaited(self, *, chain_id: UUID) -> None:
+        await self._call("mark_chain_awaited", self.inner.mark_chain_awaited(chain_id=chain_id))
+
+    async def now(self) -> datetime:
+        return await self._call("now", self.inner.now())
+
+    # --- queries, deletion and retention -----------------------------------------------
+
+    async def list_jobs(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: JobFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Job[Any]]:
+        return await self._call(
+            "list_jobs", self.inner.list_jobs(tx, where=where, after=after, limit=limit)
+        )
+
+    async def list_chains(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: ChainFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Chain]:
+        return await self._call(
+            "list_chains", self.inner.list_chains(tx, where=where, after=after, limit=limit)
+        )
+
+    async def list_blocked_jobs(
+        self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
+    ) -> list[BlockedJob]:
+        return await self._call(
+            "list_blocked_jobs", self.inner.list_blocked_jobs(tx, after=after, limit=limit)
+        )
+
+    async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
+        return await self._call("count_jobs", self.inner.count_jobs(tx))
+
+    async def delete_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID], cascade: bool
+    ) -> ChainDeletion:
+        return await self._call(
+            "delete_chains", self.inner.delete_chains(tx, chain_ids=chain_ids, cascade=cascade)
+        )
+
+    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
+        return await self._call(
+            "delete_expired_chains",
+            self.inner.delete_expired_chains(retention=retention, limit=limit),
+        )
+
     def __repr__(self) -> str:
         return f"InstrumentedStateAdapter({self.inner!r})"
+
+
+def _conforms(adapter: InstrumentedStateAdapter) -> StateAdapter:
+    """mypy checks here that the wrapper still satisfies the whole protocol."""
+    return adapter

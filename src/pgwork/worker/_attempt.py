@@ -11,7 +11,7 @@ stack trace points at the bug. The worker writes the outcome after the handler r
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -127,9 +127,11 @@ class Attempt(Generic[I, O]):
             raise AttemptAlreadyFinishedError(self.job.id, kind)
 
     def _continuation(self, spec: Continuation) -> NewJob:
-        return continuation_job(
+        job = continuation_job(
             self._registry, self.job_type, self.job, spec, max_bytes=self._max_payload_bytes
         )
+        # The chain stays in the trace its first job was enqueued in.
+        return replace(job, trace_context=self._acquired.trace_context)
 
     async def blocker_outputs(self) -> list[Any]:
         """Outputs of the chains this job was blocked on, in the order they were given,
