@@ -24,11 +24,12 @@ __all__ = ["PrivateCluster"]
 
 SYSTEM_USER = "embedded_postgres"
 
-# Throwaway data: losing it on an OS crash is fine; an immediate-mode restart (a
-# PostgreSQL crash) still recovers from the WAL, which fsync=off does not affect.
+# Throwaway data: losing it on an OS crash is fine (fsync=off), but a PostgreSQL crash
+# (immediate-mode restart) must keep every commit it acknowledged, so commits still
+# write their WAL before returning (synchronous_commit=on): the scenarios count on it.
 SETTINGS = {
     "fsync": "off",
-    "synchronous_commit": "off",
+    "synchronous_commit": "on",
     "full_page_writes": "off",
     "max_connections": "300",
     "shared_buffers": "64MB",

@@ -2,7 +2,7 @@
 
 Each process runs ``tests.faults._worker``; a reader thread collects its output lines
 (with the monotonic time they arrived) so a test can wait for an event such as
-``started <job>`` or ``log INFO pgwork.notify pgwork listener reconnected``.
+``started <job>`` or ``event listener.reconnected``.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class WorkerProcess:
                 self._changed.wait(min(left, 0.2))
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        self.wait_for(rf"pgwork worker {re.escape(self.worker_id)} started", timeout=timeout)
+        self.wait_for(r"^event worker\.started ", timeout=timeout)
 
     def matching(self, pattern: str) -> list[Line]:
         regex = re.compile(pattern)

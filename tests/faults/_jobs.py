@@ -61,7 +61,7 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
         "effect",
         input=Spec,
         lease=timedelta(seconds=lease),
-        timeout=timedelta(seconds=2 * lease),
+        timeout=timedelta(seconds=3 * lease),
         mode="atomic",
         retry=RETRY,
         max_attempts=25,

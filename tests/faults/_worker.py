@@ -5,7 +5,8 @@ line per event, flushed, so the test can follow it from outside:
 
 ``started <job_id> <attempt>``   a handler began (after its ledger row was written)
 ``aborted <job_id> <reason>``    a handler was cancelled (lease lost, stop, timeout)
-``log <LEVEL> <logger> <text>``  a pgwork log record (INFO and up)
+``event <name> <json fields>``   a pgwork event (``worker.started``, ``lease.lost``, ...)
+``log <LEVEL> <logger> <text>``  a pgwork log record (WARNING and up)
 ``exited <error>``               the worker stopped on its own (it should not)
 ``stopped``                      the worker stopped after SIGTERM
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -77,6 +79,14 @@ def break_statements(spec: str) -> None:
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
             setattr(_statements, constant, template.replace(old, new))
+
+
+class _Events:
+    """Observer printing every worker event except the per-adapter-call ones."""
+
+    def on_event(self, event: Any) -> None:
+        if not event.name.startswith("adapter."):
+            print(f"event {event.name} {json.dumps(dict(event.fields), default=str)}", flush=True)
 
 
 class _Echo(logging.Handler):
@@ -176,6 +186,7 @@ async def main(args: argparse.Namespace) -> int:
         worker_id=args.worker_id,
         poll_interval=args.poll,
         grace_period=args.grace,
+        observers=[_Events()],
     )
     terminate = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate.set)
@@ -209,7 +220,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    logging.getLogger("pgwork").setLevel(logging.INFO)
+    logging.getLogger("pgwork").setLevel(logging.WARNING)
     logging.getLogger("pgwork").addHandler(_Echo())
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     sys.exit(asyncio.run(main(parse(sys.argv[1:]))))

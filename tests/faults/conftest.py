@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import psycopg
 import pytest
 from tests.faults._cluster import PrivateCluster
 from tests.faults._jobs import FAULT_TABLES
+from tests.faults._load import Load
 from tests.faults._oracle import Figures
 
 from pgwork.testing import create_migrated_database, drop_database, temporary_database
@@ -51,6 +53,18 @@ class Tier:
     faults: int
     fault_every: float
     lease: float
+
+    def load(self, **overrides: Any) -> Load:
+        """The load scenarios' size and pace at this tier."""
+        base = Load(
+            jobs=self.load_jobs,
+            workers=self.workers,
+            slots=self.slots,
+            lease=self.lease,
+            faults=self.faults,
+            fault_every=self.fault_every,
+        )
+        return replace(base, **overrides)
 
 
 QUICK = Tier("quick", load_jobs=400, workers=3, slots=8, faults=4, fault_every=1.5, lease=1.0)

@@ -1,0 +1,123 @@
+"""The faults a load scenario injects, each recording what it disturbed.
+
+Every injector counts the fault, the leases held at that moment (the bound on
+duplicate executions it may cause) and how long until all those leases moved on.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import psycopg
+from tests.faults._cluster import PrivateCluster
+from tests.faults._fleet import WORKER_APP, Fleet
+from tests.faults._load import Inject, Load
+from tests.faults._oracle import Figures, RecoveryProbe, held_leases
+
+__all__ = [
+    "kill_random_worker",
+    "outage",
+    "recovery_bound",
+    "restart_server",
+    "terminate_backends",
+]
+
+
+def recovery_bound(load: Load) -> float:
+    """Lease, plus the reaper's turns (one expired lease per turn, a turn at least
+    every poll interval, spread over the surviving workers), plus 1 s of slack."""
+    turns = load.slots / max(1, load.workers - 1) + 1
+    return load.lease + turns * load.poll + 1.0
+
+
+Held = list[tuple[object, object]]
+
+
+def _union(before: Held, after: Held) -> Held:
+    """Leases held just before a fault and just after it: a job acquired while the
+    fault was being injected was in flight too (the bound may count a job acquired
+    right after the fault as well; it is an upper bound)."""
+    return list(dict.fromkeys([*before, *after]))
+
+
+def _probe(dsn: str, figures: Figures, held: Held, since: float, timeout: float) -> None:
+    figures.faults += 1
+    figures.in_flight_at_faults += len(held)
+    recovery = RecoveryProbe(dsn, held, since).wait(timeout=timeout)
+    figures.recovery_s.append(recovery if recovery is not None else float("inf"))
+
+
+def kill_random_worker(dsn: str, load: Load, seed: int = 7) -> Inject:
+    """SIGKILL one worker mid-job (the supervisor starts a replacement)."""
+    rng = random.Random(seed)
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        victim = fleet.kill(rng.randrange(len(fleet.workers)), signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.proc.wait(10)
+        # Read after the kill: a dead process cannot change what it holds.
+        held = held_leases(dsn, worker=victim.worker_id)
+        _probe(dsn, figures, held, killed_at, recovery_bound(load) + 3)
+
+    return inject
+
+
+def terminate_backends(dsn: str, load: Load) -> Inject:
+    """pg_terminate_backend on every connection of every worker process."""
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        held = held_leases(dsn)
+        at = time.monotonic()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (WORKER_APP,),
+            ).fetchone()
+        figures.notes["backends_terminated"] = figures.notes.get("backends_terminated", 0) + (
+            row[0] if row else 0
+        )
+        _probe(dsn, figures, _union(held, held_leases(dsn)), at, recovery_bound(load) + 5)
+
+    return inject
+
+
+Mode = Literal["fast", "immediate"]
+
+
+def restart_server(dsn: str, load: Load, cluster: PrivateCluster, mode: Mode) -> Inject:
+    """``pg_ctl restart -m mode`` the private cluster under load."""
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        held = held_leases(dsn)
+        at = time.monotonic()
+        cluster.restart(mode)
+        figures.notes.setdefault("restart_s", []).append(round(time.monotonic() - at, 3))
+        _probe(dsn, figures, _union(held, held_leases(dsn)), at, recovery_bound(load) + 10)
+
+    return inject
+
+
+def outage(
+    dsn: str, load: Load, cluster: PrivateCluster, seconds: float,
+    during: Callable[[Fleet, Figures], None] | None = None,
+) -> Inject:  # fmt: skip
+    """Stop the server for ``seconds`` (longer than the lease), then start it again.
+    Recovery is counted from the moment the server is back."""
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        held = held_leases(dsn)
+        cluster.stop("fast")
+        down_at = time.monotonic()
+        if during is not None:
+            during(fleet, figures)
+        time.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
+        cluster.start()
+        back_at = time.monotonic()
+        _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, recovery_bound(load) + 15)
+
+    return inject

@@ -1,0 +1,52 @@
+"""Each oracle fails against a deliberately broken build, so no scenario passes
+vacuously. The breakage lives only in the worker driver (``PGWORK_FAULTS_BROKEN``
+swaps the adapter's SQL in that process); the library is untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from tests.faults._inject import kill_random_worker, recovery_bound
+from tests.faults._load import Load, run_under_faults
+from tests.faults._oracle import Figures
+from tests.faults._worker import BROKEN_ENV
+
+pytestmark = pytest.mark.timeout(120)
+
+SMALL = Load(jobs=120, workers=2, slots=6, lease=1.0, faults=2, fault_every=1.0, drain_timeout=8)
+
+
+def run_broken(dsn: str, breakage: str) -> Figures:
+    figures, _ = run_under_faults(
+        dsn,
+        f"SIGKILL, broken build: {breakage}",
+        SMALL,
+        kill_random_worker(dsn, SMALL),
+        env={BROKEN_ENV: breakage},
+    )
+    return figures
+
+
+def test_unfenced_build_commits_duplicate_effects(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    """Without the lease-token check and row lock, an atomic job that outlives its
+    lease is reaped and run again while the first run still commits."""
+    figures = report(run_broken(fault_dsn, "unfenced"))
+    assert figures.duplicate_effects > 0
+
+
+def test_build_that_never_reaps_loses_jobs(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    figures = report(run_broken(fault_dsn, "no-reap"))
+    assert figures.lost > 0
+    assert figures.recovery_max_s is None or figures.recovery_max_s > recovery_bound(SMALL)
+
+
+def test_build_that_reaps_live_leases_duplicates_executions(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    figures = report(run_broken(fault_dsn, "eager-reap"))
+    assert figures.duplicate_executions > figures.in_flight_at_faults

@@ -1,0 +1,42 @@
+"""PostgreSQL restarted (fast and immediate mode) under load: the workers ride it out,
+nothing is lost, no atomic effect is doubled."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from tests.faults._cluster import PrivateCluster
+from tests.faults._inject import Mode, recovery_bound, restart_server
+from tests.faults._load import run_under_faults
+from tests.faults._oracle import Figures
+from tests.faults.conftest import Tier
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_server_restart_loses_no_job(
+    fault_dsn: str,
+    cluster: PrivateCluster,
+    tier: Tier,
+    mode: Mode,
+    report: Callable[[Figures], Figures],
+) -> None:
+    load = tier.load(faults=max(2, tier.faults // 2), fault_every=tier.fault_every * 2)
+    figures, fleet = run_under_faults(
+        fault_dsn,
+        f"PostgreSQL restart -m {mode}",
+        load,
+        restart_server(fault_dsn, load, cluster, mode),
+    )
+    report(figures)
+    assert figures.faults >= 1
+    assert figures.lost == 0
+    assert figures.completed == figures.jobs
+    assert figures.duplicate_effects == 0
+    assert figures.duplicate_executions <= figures.in_flight_at_faults
+    assert figures.recovery_max_s is not None
+    assert figures.recovery_max_s <= recovery_bound(load) + max(figures.notes["restart_s"])
+    assert not fleet.unexpected_exits()
+    assert fleet.restarts == 0
