@@ -18,13 +18,11 @@ import psycopg
 from bench._env import PgworkDatabases
 from bench._pgwork_app import Counter, Item, bulk_load, open_client, wait_drained
 from bench._plan import (
-    ROW_CHAINS,
-    ROW_DRAIN,
-    ROW_DRAIN_2PROC,
-    ROW_DRAIN_ATOMIC,
     Sizes,
     percentile,
     row_backlog,
+    row_chains,
+    row_drain,
     row_enqueue,
     row_latency,
     row_rss,
@@ -126,7 +124,8 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
 
 async def _drain_processes(ctx: Context, processes: int) -> Measurement:
     n = ctx.sizes.drain
-    bar = ctx.bars.bar(f"pgwork: {ROW_DRAIN_2PROC}", n)
+    row = row_drain(ctx.sizes.slots, "2 processes")
+    bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
         await bulk_load(dsn, n)
         children = [await WorkerProcess.start(dsn, slots=ctx.sizes.slots) for _ in range(processes)]
@@ -146,13 +145,13 @@ async def _drain_processes(ctx: Context, processes: int) -> Measurement:
     firsts = [c.first for c in children if c.first is not None]
     rate = _rate(n, min(firsts) if firsts else None, finished)
     bar.finish(f"{rate:,.0f} jobs/s")
-    return Measurement(ROW_DRAIN_2PROC, LIB, rate, "jobs/s")
+    return Measurement(row, LIB, rate, "jobs/s")
 
 
 async def drain(ctx: Context) -> list[Measurement]:
     return [
-        await _drain_in_process(ctx, "noop", ROW_DRAIN),
-        await _drain_in_process(ctx, "noop_atomic", ROW_DRAIN_ATOMIC),
+        await _drain_in_process(ctx, "noop", row_drain(ctx.sizes.slots)),
+        await _drain_in_process(ctx, "noop_atomic", row_drain(ctx.sizes.slots, "atomic")),
         await _drain_processes(ctx, 2),
     ]
 
@@ -283,7 +282,8 @@ async def _until(done: Callable[[], bool], bar: Bar, count: Callable[[], int]) -
 
 async def chains(ctx: Context) -> list[Measurement]:
     n = ctx.sizes.chains
-    bar = ctx.bars.bar(f"pgwork: {ROW_CHAINS}", n)
+    row = row_chains(ctx.sizes.slots)
+    bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
         async with open_client(dsn) as client:
             step1 = client.registry.get("step1")
@@ -306,7 +306,7 @@ async def chains(ctx: Context) -> list[Measurement]:
                 await stop()
     rate = _rate(n, counter.first, finished)
     bar.finish(f"{rate:,.0f} chains/s ({3 * rate:,.0f} jobs/s)")
-    return [Measurement(ROW_CHAINS, LIB, rate, "chains/s")]
+    return [Measurement(row, LIB, rate, "chains/s")]
 
 
 PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WORKLOADS", "Sizes", "row_enqueue"]
+__all__ = ["WORKLOADS", "Sizes", "percentile", "row_chains", "row_drain", "row_enqueue"]
 
 # Name on the command line -> what it measures (for --help).
 WORKLOADS = {
@@ -19,10 +19,16 @@ WORKLOADS = {
     "chains": "3-step chains (Continue) per second",
 }
 
-ROW_DRAIN = "drain, 1 worker x 10 slots"
-ROW_DRAIN_ATOMIC = "drain, 1 worker x 10 slots, atomic mode"
-ROW_DRAIN_2PROC = "drain, 2 worker processes x 10 slots"
-ROW_CHAINS = "3-step chains, 1 worker x 10 slots"
+
+def row_drain(slots: int, variant: str = "") -> str:
+    """``variant``: "" (staged, one process), "atomic" or "2 processes"."""
+    if variant == "2 processes":
+        return f"drain, 2 worker processes x {slots} slots"
+    return f"drain, 1 worker x {slots} slots" + (f", {variant} mode" if variant else "")
+
+
+def row_chains(slots: int) -> str:
+    return f"3-step chains, 1 worker x {slots} slots"
 
 
 def row_enqueue(batch: int | None) -> str:
@@ -71,7 +77,7 @@ class Sizes:
     slots: int = 10
 
     @classmethod
-    def scaled(cls, size: float) -> Sizes:
+    def scaled(cls, size: float, *, slots: int = 10) -> Sizes:
         return cls(
             enqueue=_scaled(20_000, size, 50),
             drain=_scaled(20_000, size, 50),
@@ -82,6 +88,7 @@ class Sizes:
             backlog_measured=_scaled(10_000, size, 50),
             rss_checkpoints=(_scaled(100_000, size, 100), _scaled(1_000_000, size, 1_000)),
             chains=_scaled(5_000, size, 20),
+            slots=slots,
         )
 
     def describe(self) -> str:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import subprocess
 import traceback
 from pathlib import Path
+
+from rich.logging import RichHandler
 
 from bench._env import PgworkDatabases, describe_environment, server
 from bench._pgwork_workloads import PGWORK_WORKLOADS, Context
 from bench._plan import WORKLOADS, Sizes
 from bench._progress import Bars
 from bench._report import Measurement, render_markdown
+from bench.peers import Peers, prepare_peers, run_peer
 
 __all__ = ["main"]
 
@@ -57,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="virtualenv for the peers (default: $XDG_CACHE_HOME/pgwork-bench/peers-venv)",
     )
+    parser.add_argument(
+        "--slots", type=int, default=10, help="worker slots / peer concurrency (default 10)"
+    )
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    sizes = Sizes.scaled(args.size)
+    sizes = Sizes.scaled(args.size, slots=args.slots)
     measurements: list[Measurement] = []
     failures: list[str] = []
     with server(args.dsn) as (admin_dsn, kind):
@@ -85,38 +93,57 @@ async def _run(args: argparse.Namespace) -> int:
             "workloads": ",".join(args.only),
             "jobs": sizes.describe(),
             "handlers": "no-op",
+            "load average (1 min) at the start": f"{os.getloadavg()[0]:.2f}",
         }
         env = describe_environment(admin_dsn, kind, options)
         dbs = PgworkDatabases(admin_dsn)
         try:
             with Bars(quiet=args.quiet) as bars:
+                _log_through(bars)
+                peers = await _prepare_peers(args, bars, failures)
+                if peers is not None:
+                    env.options["peers"] = peers.describe()
                 ctx = Context(dbs=dbs, bars=bars, sizes=sizes)
+                # Workload by workload, pgwork then each peer, so a disturbance on the
+                # machine hits neighbours in the table alike.
                 for name in args.only:
-                    try:
-                        measurements += await PGWORK_WORKLOADS[name](ctx)
-                    except Exception as exc:
-                        if args.fail_fast:
-                            raise
-                        bars.log(f"[red]pgwork {name} failed: {exc!r}")
-                        failures.append(f"pgwork {name}: {exc!r}")
-                        if os.environ.get("PGWORK_BENCH_DEBUG"):
-                            traceback.print_exc()
-                if args.peers:
-                    from bench.peers import run_peers
-
-                    peer_workloads = [w for w in args.only if w in PEER_WORKLOADS]
-                    peers = await run_peers(
-                        admin_dsn, bars, sizes, peer_workloads, venv=args.peers_venv
-                    )
-                    measurements += peers.measurements
-                    failures += peers.failures
-                    env.options["peers"] = ", ".join(
-                        f"{name} {version}" for name, version in sorted(peers.versions.items())
-                    )
+                    runs = [("pgwork", PGWORK_WORKLOADS[name](ctx))]
+                    if peers is not None and name in PEER_WORKLOADS:
+                        runs += [
+                            (peer, run_peer(peers, peer, name, admin_dsn, bars, sizes))
+                            for peer in peers.available()
+                        ]
+                    for library, run in runs:
+                        try:
+                            measurements += await run
+                        except Exception as exc:
+                            if args.fail_fast:
+                                raise
+                            bars.log(f"[red]{library} {name} failed: {exc!r}")
+                            failures.append(f"{library} {name}: {exc!r}")
+                            if os.environ.get("PGWORK_BENCH_DEBUG"):
+                                traceback.print_exc()
         finally:
             dbs.close()
+    env.options["load average (1 min) at the end"] = f"{os.getloadavg()[0]:.2f}"
     table = render_markdown(env, measurements, failures=failures)
     print(table)
     if args.out:
         args.out.write_text(table)
     return 1 if failures else 0
+
+
+async def _prepare_peers(args: argparse.Namespace, bars: Bars, failures: list[str]) -> Peers | None:
+    if not args.peers or not any(w in PEER_WORKLOADS for w in args.only):
+        return None
+    try:
+        return await prepare_peers(args.peers_venv, bars.log)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        failures.append(f"peers: could not prepare their virtualenv: {exc!r}")
+        return None
+
+
+def _log_through(bars: Bars) -> None:
+    """Show pgwork's warnings above the progress bars instead of through them."""
+    handler = RichHandler(console=bars.console, show_path=False)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)

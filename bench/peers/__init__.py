@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from bench._env import fresh_database
-from bench._plan import ROW_DRAIN, Sizes, percentile, row_enqueue, row_latency
+from bench._plan import Sizes, percentile, row_drain, row_enqueue, row_latency
 from bench._progress import Bars
 from bench._report import Measurement
 
-__all__ = ["PEERS", "PeerRun", "default_venv", "ensure_venv", "run_peers"]
+__all__ = ["PEERS", "Peers", "default_venv", "ensure_venv", "prepare_peers", "run_peer"]
 
 HERE = Path(__file__).resolve().parent
 
@@ -171,13 +171,14 @@ async def _peer_workloads(
             out.append(Measurement(row, peer, rate, "jobs/s"))
     if "drain" in workloads:
         n = sizes.drain
-        bar = bars.bar(f"{peer}: {ROW_DRAIN}", n)
+        row = row_drain(sizes.slots)
+        bar = bars.bar(f"{peer}: {row}", n)
         with fresh_database(admin_dsn) as dsn:
             args = ["--workload", "drain", "--jobs", str(n), *slots]
             result, note = await _run_script(python, peer, dsn, args, bar.set)
         rate = n / (result["finished"] - result["first"])
         bar.finish(f"{rate:,.0f} jobs/s")
-        out.append(Measurement(ROW_DRAIN, peer, rate, "jobs/s", note=note))
+        out.append(Measurement(row, peer, rate, "jobs/s", note=note))
     if "latency" in workloads:
         n = sizes.latency
         bar = bars.bar(f"{peer}: idle pickup latency", n)
@@ -195,35 +196,30 @@ async def _peer_workloads(
 
 
 @dataclass
-class PeerRun:
-    measurements: list[Measurement] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
+class Peers:
+    """The peers' virtualenv, ready: its python and the installed version of each peer."""
+
+    python: str
     versions: dict[str, str] = field(default_factory=dict)
 
+    def available(self) -> list[str]:
+        return [peer for peer, dist in PEERS.items() if dist in self.versions]
 
-async def run_peers(
-    admin_dsn: str, bars: Bars, sizes: Sizes, workloads: list[str], *, venv: Path | None
-) -> PeerRun:
-    """Run ``workloads`` on every peer; return measurements, failures and versions."""
-    run = PeerRun()
-    if not workloads:
-        return run
-    try:
-        python, versions = await asyncio.to_thread(ensure_venv, venv or default_venv(), bars.log)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        run.failures.append(f"peers: could not prepare their virtualenv: {exc!r}")
-        return run
-    run.versions = versions
-    measurements, failures = run.measurements, run.failures
-    for peer, distribution in PEERS.items():
-        version = versions.get(distribution)
-        if version is None:
-            failures.append(f"{peer}: not installed in the peers' virtualenv")
-            continue
-        bars.log(f"{peer} {version}")
-        try:
-            measurements += await _peer_workloads(python, peer, admin_dsn, bars, sizes, workloads)
-        except Exception as exc:
-            bars.log(f"[red]{peer} failed: {exc!r}")
-            failures.append(f"{peer} {version}: {exc!r}")
-    return run
+    def describe(self) -> str:
+        return ", ".join(f"{p} {self.versions[d]}" for p, d in PEERS.items() if d in self.versions)
+
+
+async def prepare_peers(venv: Path | None, log: Callable[[str], None]) -> Peers:
+    """Create or reuse the peers' virtualenv (raises OSError / CalledProcessError)."""
+    python, versions = await asyncio.to_thread(ensure_venv, venv or default_venv(), log)
+    missing = [peer for peer, dist in PEERS.items() if dist not in versions]
+    if missing:
+        log(f"[yellow]not installed in the peers' virtualenv: {', '.join(missing)}")
+    return Peers(python, versions)
+
+
+async def run_peer(
+    peers: Peers, peer: str, workload: str, admin_dsn: str, bars: Bars, sizes: Sizes
+) -> list[Measurement]:
+    """Run one workload on one peer."""
+    return await _peer_workloads(peers.python, peer, admin_dsn, bars, sizes, [workload])

@@ -25,7 +25,10 @@ async def main() -> None:
     args = parse_args()
     logging.getLogger("procrastinate").setLevel(logging.WARNING)
     counter = Counter(target=args.jobs)
-    app = App(connector=PsycopgConnector(conninfo=args.dsn))
+    # psycopg_pool's default of 4 connections would starve 10 concurrent sub-workers plus
+    # the listener; give it what the other libraries get.
+    pool_size = args.concurrency + 2
+    app = App(connector=PsycopgConnector(conninfo=args.dsn, min_size=2, max_size=pool_size))
 
     @app.task(name="noop")
     async def noop(n: int) -> None:
@@ -64,7 +67,7 @@ async def main() -> None:
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(running, timeout=30)
-    emit(note=f"concurrency={args.concurrency}")
+    emit(note=f"concurrency={args.concurrency}, pool of {pool_size}")
 
 
 if __name__ == "__main__":
