@@ -16,6 +16,7 @@ from pgwork.testing.conformance._harness import (
     StateHarness,
     StateSuiteBase,
 )
+from pgwork.testing.conformance._rollback import rolled_back
 
 CLOCK_SLACK = timedelta(seconds=1)
 
@@ -100,6 +101,19 @@ class AcquireConformance(StateSuiteBase):
         await store.seed(store.new_job(queue="elsewhere"))
         assert await store.acquire(queues=["default"]) == []
         assert await store.acquire(queues=[]) == []
+
+    async def test_acquire_skips_paused_queues_until_resumed(self, store: StateHarness) -> None:
+        paused, open_ = store.new_job(queue="paused"), store.new_job(queue="open")
+        await store.seed(paused, open_)
+        async with rolled_back(store.adapter.transaction()) as tx:
+            await store.adapter.set_queue_paused(tx, queue="open", paused=True)
+        await store.adapter.set_queue_paused(None, queue="paused", paused=True)
+        taken = await store.acquire(queues=["paused", "open"])
+        assert [j.id for j in taken] == [open_.id]
+        assert await store.adapter.release(leases=[j.lease for j in taken]) == 1
+        assert [j.id for j in await store.acquire(queues=None)] == [open_.id]
+        await store.adapter.set_queue_paused(None, queue="paused", paused=False)
+        assert (await store.acquire_one(queues=["paused"])).id == paused.id
 
     async def test_acquire_returns_at_most_limit_jobs(self, store: StateHarness) -> None:
         await store.seed(*(store.new_job() for _ in range(5)))

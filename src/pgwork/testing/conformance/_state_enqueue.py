@@ -52,6 +52,14 @@ class EnqueueConformance(StateSuiteBase):
         assert job.created_at.tzinfo is not None
         assert job.scheduled_at - job.created_at < CLOCK_SLACK
 
+    async def test_jobs_are_stamped_with_the_stores_own_clock(self, store: StateHarness) -> None:
+        before = await store.adapter.now()
+        new = store.new_job()
+        await store.seed(new)
+        after = await store.adapter.now()
+        assert before.tzinfo is not None
+        assert before <= (await store.job(new.id)).created_at <= after
+
     async def test_get_jobs_returns_only_jobs_that_exist(self, store: StateHarness) -> None:
         first, second = store.new_job(), store.new_job()
         await store.seed(first, second)
