@@ -1,6 +1,6 @@
-"""The shipped conformance suites against the PostgreSQL adapters, plus the behaviour
-only SQL can set up (paused queues) or that is PostgreSQL's own (adopting a caller's
-connection)."""
+"""The shipped conformance suites against the PostgreSQL adapters, plus what is
+PostgreSQL's own: adopting a caller's connection, and a lock-wait probe that lets the
+suite see a blocked writer instead of timing it."""
 
 from __future__ import annotations
 
@@ -45,25 +45,6 @@ class TestPostgresStateAdapter(StateAdapterConformance):
                 return int(row[0]) if row else 0
 
         return count
-
-    async def test_acquire_skips_paused_queues(
-        self, store: StateHarness, pgwork_dsn: str, pgwork_schema: str
-    ) -> None:
-        paused, open_ = store.new_job(queue="paused"), store.new_job(queue="open")
-        await store.seed(paused, open_)
-        queues = psycopg.sql.Identifier(pgwork_schema, "queues")
-        async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
-            await c.execute(
-                psycopg.sql.SQL("INSERT INTO {} (name, paused) VALUES ('paused', true)").format(
-                    queues
-                )
-            )
-            taken = await store.acquire(queues=["paused", "open"])
-            assert [j.id for j in taken] == [open_.id]
-            await store.adapter.release(leases=[j.lease for j in taken])
-            assert [j.id for j in await store.acquire(queues=None)] == [open_.id]
-            await c.execute(psycopg.sql.SQL("UPDATE {} SET paused = false").format(queues))
-        assert (await store.acquire_one(queues=["paused"])).id == paused.id
 
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str
