@@ -8,7 +8,11 @@ Create Date: 2026-11-22
 the blocker chain fails or is cancelled, so the database can resolve dependants in
 the transaction that ends the blocker without asking the application. ``jobs.
 chain_awaited`` (root rows) is set by ``await_chain`` so only awaited chains cost a
-notification when they end.
+notification when they end. ``jobs.chain_has_dependants`` (root rows) is written by
+the transaction that enqueues a job blocked on the chain: writing the row (not only
+locking it) makes a concurrent completion of the chain, which waits for that row, read
+the flag from the newest row version and resolve the new dependant — a plain EXISTS in
+the completing statement would look at its older snapshot and miss it.
 """
 
 from __future__ import annotations
@@ -39,9 +43,17 @@ def upgrade(*, schema: str) -> None:
         sa.Column("chain_awaited", sa.Boolean(), nullable=False, server_default=sa.text("false")),
         schema=schema,
     )
+    op.add_column(
+        "jobs",
+        sa.Column(
+            "chain_has_dependants", sa.Boolean(), nullable=False, server_default=sa.text("false")
+        ),
+        schema=schema,
+    )
 
 
 def downgrade(*, schema: str) -> None:
+    op.drop_column("jobs", "chain_has_dependants", schema=schema)
     op.drop_column("jobs", "chain_awaited", schema=schema)
     op.drop_constraint("job_blockers_on_failure_known", "job_blockers", schema=schema)
     op.drop_column("job_blockers", "on_failure", schema=schema)

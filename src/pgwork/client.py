@@ -217,6 +217,8 @@ class Client(QueryMixin, ControlMixin):
             run_after=run_after,
             dedup=DedupSpec(item.dedup) if isinstance(item.dedup, str) else item.dedup,
             trace_context=trace,
+            blockers=item.blockers,
+            blocker_failure=job_type.blocker_failure,
         )
 
     # --- reads -------------------------------------------------------------------------

@@ -17,15 +17,22 @@ from psycopg import sql
 
 from pgwork.postgres.schema import validate_schema_name
 
-# Blocker chains, locked against a concurrent end while dependants are enqueued: a
-# chain that ends takes the row lock on its root, so either it waits for our insert to
-# commit (and then resolves our job), or we wait for it (and see it ended).
+# Mark the blocker chains' roots as having dependants, in the enqueueing transaction.
+# Writing the row makes a concurrent end of that chain wait for us and then read the
+# flag from our committed version (see migration 0002); roots are taken in id order so
+# two enqueues cannot deadlock.
 LOCK_BLOCKER_CHAINS = """
-SELECT r.id, r.chain_status::text
-FROM {jobs} AS r
-WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
-ORDER BY r.id
-FOR SHARE
+WITH target AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+    ORDER BY r.id
+    FOR UPDATE
+)
+UPDATE {jobs} AS r
+SET chain_has_dependants = true
+FROM target AS t
+WHERE r.id = t.id
+RETURNING r.id, r.chain_status::text
 """
 
 INSERT_BLOCKERS = """

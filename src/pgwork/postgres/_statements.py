@@ -200,19 +200,19 @@ done AS (
     WHERE j.id = c.id
       AND CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
                ELSE j.lease_token = c.token AND j.status = 'running' END
-    RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain, j.chain_awaited AS awaited
+    RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain, j.chain_awaited AS awaited,
+        j.chain_has_dependants AS has_dependants
 ),
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'completed', chain_completed_at = now()
     FROM done
     WHERE r.id = done.chain_id AND r.id <> done.id AND done.ends_chain
-    RETURNING r.id, r.chain_awaited AS awaited
+    RETURNING r.id, r.chain_awaited AS awaited, r.chain_has_dependants AS has_dependants
 )
 SELECT d.id, d.chain_id, d.chain_index, d.ends_chain,
-    d.ends_chain AND EXISTS (
-        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = d.chain_id
-    ) AS has_dependants,
+    d.ends_chain AND CASE WHEN d.id = d.chain_id THEN d.has_dependants
+                          ELSE COALESCE(rt.has_dependants, false) END AS has_dependants,
     d.ends_chain AND CASE WHEN d.id = d.chain_id THEN d.awaited
                           ELSE COALESCE(rt.awaited, false) END AS awaited
 FROM done AS d
@@ -245,20 +245,21 @@ failed AS (
                                   THEN now() ELSE j.chain_completed_at END
     FROM f
     WHERE j.id = f.id AND j.lease_token = f.token AND j.status = 'running'
-    RETURNING j.id, j.chain_id, f.retry_seconds IS NULL AS terminal
+    RETURNING j.id, j.chain_id, f.retry_seconds IS NULL AS terminal,
+        j.chain_has_dependants AS has_dependants
 ),
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM failed
     WHERE r.id = failed.chain_id AND r.id <> failed.id AND failed.terminal
-    RETURNING r.id
+    RETURNING r.id, r.chain_has_dependants AS has_dependants
 )
 SELECT f.id, f.chain_id,
-    f.terminal AND EXISTS (
-        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = f.chain_id
-    ) AS has_dependants
+    f.terminal AND CASE WHEN f.id = f.chain_id THEN f.has_dependants
+                        ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM failed AS f
+LEFT JOIN roots AS rt ON rt.id = f.chain_id
 """
 
 RESCHEDULE = """
@@ -323,20 +324,21 @@ reaped AS (
                                   THEN now() ELSE j.chain_completed_at END
     FROM expired AS e
     WHERE j.id = e.id
-    RETURNING j.id, j.chain_id, j.type_name, e.leased_by, j.attempt, j.status::text
+    RETURNING j.id, j.chain_id, j.type_name, e.leased_by, j.attempt, j.status::text,
+        j.chain_has_dependants AS has_dependants
 ),
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM reaped
     WHERE r.id = reaped.chain_id AND r.id <> reaped.id AND reaped.status = 'failed'
-    RETURNING r.id
+    RETURNING r.id, r.chain_has_dependants AS has_dependants
 )
 SELECT p.id, p.type_name, p.leased_by, p.attempt, p.status, p.chain_id,
-    p.status = 'failed' AND EXISTS (
-        SELECT 1 FROM {job_blockers} AS b WHERE b.blocker_chain_id = p.chain_id
-    ) AS has_dependants
+    p.status = 'failed' AND CASE WHEN p.id = p.chain_id THEN p.has_dependants
+                                 ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM reaped AS p
+LEFT JOIN roots AS rt ON rt.id = p.chain_id
 """
 
 GET_JOBS = f"""

@@ -91,6 +91,10 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("trace_context", pg.JSONB, nullable=True),
         # Root rows: someone awaits this chain, so its end is announced (migration 0002).
         sa.Column("chain_awaited", sa.Boolean, nullable=False, server_default=sa.text("false")),
+        # Root rows: some job is blocked on this chain (migration 0002, see there why).
+        sa.Column(
+            "chain_has_dependants", sa.Boolean, nullable=False, server_default=sa.text("false")
+        ),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
