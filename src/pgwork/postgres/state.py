@@ -101,18 +101,35 @@ class PostgresStateAdapter(QueryOps, ChainOps):
         return cls(pool, schema=schema, owns_pool=True)
 
     async def verify(self) -> None:
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             await verify_schema(conn, self.schema)
 
     async def close(self) -> None:
         if self._owns_pool:
             await self.pool.close()
 
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection from the pool. When it turns out broken (server restarted,
+        backend terminated), every idle connection is checked at once: after a restart
+        they are all dead, and the pool hands out each of them once more otherwise,
+        each failing one worker turn while the worker's backoff keeps growing."""
+        broken = False
+        try:
+            async with self.pool.connection() as conn:
+                try:
+                    yield conn
+                finally:
+                    broken = conn.broken
+        finally:
+            if broken:
+                await self.pool.check()
+
     # --- transactions ------------------------------------------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self._pooled() as conn, conn.transaction():
             yield PgTransaction(conn)
 
     async def adopt(self, tx: object) -> TransactionHandle:
@@ -123,7 +140,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
         self, tx: TransactionHandle | None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         if tx is None:
-            async with self.pool.connection() as conn:
+            async with self._pooled() as conn:
                 yield conn
         else:
             yield await unwrap(tx)
@@ -234,7 +251,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
             query = self._sql.acquire_any_queue
         else:
             query, params["queues"] = self._sql.acquire, list(queues)
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             rows = await self._fetch(conn, query, params)
         return [acquired_from_row(row) for row in rows]
 
@@ -266,7 +283,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
             "tokens": [lease.lease_token for lease in leases],
             "seconds": [duration[lease.job_id].total_seconds() for lease in leases],
         }
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             rows = await self._fetch(conn, self._sql.renew, params)
         return [
             RenewResult(
@@ -371,7 +388,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
     async def release(self, *, leases: Sequence[Lease]) -> int:
         if not leases:
             return 0
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             rows = await self._fetch(
                 conn,
                 self._sql.release,
@@ -387,7 +404,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
     ) -> list[ReapedJob]:
         if not type_names:
             return []
-        async with self.pool.connection() as conn:
+        async with self._pooled() as conn:
             rows = await self._fetch(
                 conn,
                 self._sql.reap,
