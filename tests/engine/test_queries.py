@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -20,7 +21,11 @@ from pgwork import (
     Job,
     JobStatus,
     JobTypeRegistry,
+    PostgresStateAdapter,
 )
+from pgwork._client_queries import encode_cursor
+from pgwork.adapters.state import PageKey
+from pgwork.postgres._query_statements import render_query_statements
 
 from .conftest import ClientFactory
 
@@ -423,3 +428,229 @@ async def test_count_jobs_gives_each_queues_unfinished_work_and_pause_state(
         None,
         None,
     )
+
+
+# --- plans -----------------------------------------------------------------------------
+
+# ~5k rows as the engine writes them: mostly finished one-job chains, some continuations,
+# a few hundred pending / running / blocked / failed, in two queues and four types.
+LOAD = """
+INSERT INTO pgwork.jobs (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, created_at, scheduled_at, chain_status, completed_at,
+    chain_completed_at, leased_until
+)
+SELECT u, t, u, t, 0, jsonb_build_object('n', g), s::pgwork.job_status, q, 0, 5,
+       now() - (5000 - g) * interval '1 minute', now() - (5000 - g) * interval '1 minute',
+       CASE WHEN s IN ('pending', 'running', 'blocked') THEN 'active' ELSE s END
+           ::pgwork.chain_status,
+       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN now() END,
+       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN now() END,
+       CASE WHEN s = 'running' THEN now() + interval '1 minute' END
+FROM (
+    SELECT g, gen_random_uuid() AS u,
+           (ARRAY['email', 'resize', 'report', 'sync'])[1 + g % 4] AS t,
+           CASE WHEN g % 10 = 0 THEN 'mail' ELSE 'default' END AS q,
+           CASE WHEN g % 50 = 1 THEN 'failed' WHEN g % 50 = 2 THEN 'blocked'
+                WHEN g % 50 = 3 THEN 'running' WHEN g % 20 = 5 THEN 'pending'
+                WHEN g % 97 = 7 THEN 'cancelled' ELSE 'completed' END AS s
+    FROM generate_series(0, 4499) AS g
+) AS rows;
+INSERT INTO pgwork.jobs (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    max_attempts, created_at, scheduled_at, completed_at
+)
+SELECT gen_random_uuid(), r.type_name || '.next', r.id, r.type_name, 1, '{}', 'completed',
+       r.queue, 5, r.created_at + interval '1 second', r.created_at, now()
+FROM pgwork.jobs AS r
+WHERE r.status = 'completed' AND r.chain_index = 0
+LIMIT 500;
+INSERT INTO pgwork.job_blockers (job_id, blocker_chain_id, position)
+SELECT d.id, b.id, 0
+FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM pgwork.jobs
+      WHERE status = 'blocked') AS d
+JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM pgwork.jobs
+      WHERE status = 'completed' AND chain_index = 0) AS b ON b.n = d.n;
+ANALYZE pgwork.jobs;
+ANALYZE pgwork.job_blockers;
+"""
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
+
+
+@pytest.fixture
+async def loaded_client(make_client: ClientFactory, pgwork_dsn: str) -> Client:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+        await c.execute(LOAD)
+    return await make_client(registry())
+
+
+async def _plan_of(
+    client: Client, dsn: str, monkeypatch: pytest.MonkeyPatch, call: Any
+) -> list[dict[str, Any]]:
+    """Plan of the statement the adapter sends for ``call``, with the same parameters."""
+    sent: list[tuple[bytes, Any]] = []
+
+    async def capture(self: Any, tx: Any, query: bytes, params: Any) -> list[Any]:
+        sent.append((query, params))
+        return []
+
+    monkeypatch.setattr(PostgresStateAdapter, "_read", capture)
+    await call(client)
+    monkeypatch.undo()
+    ((query, params),) = sent
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute(b"EXPLAIN (FORMAT JSON) " + query, params, prepare=False)
+        row = await cur.fetchone()
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return _nodes(document[0]["Plan"])
+
+
+def _scans_of_jobs(nodes: list[dict[str, Any]]) -> list[str]:
+    return [n["Node Type"] for n in nodes if n.get("Relation Name") == "jobs"]
+
+
+def _indexes(nodes: list[dict[str, Any]]) -> set[str]:
+    return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+LIST_JOBS_WITH_AN_INDEX = {
+    "chain": ({"chain_id": UUID(int=7)}, "jobs_chain_idx"),
+    "failed-of-type": ({"status": JobStatus.FAILED, "type_name": "email"}, "jobs_attention_idx"),
+    "failed": ({"status": JobStatus.FAILED}, "jobs_attention_idx"),
+    "blocked": ({"status": JobStatus.BLOCKED}, "jobs_attention_idx"),
+    "running": ({"status": JobStatus.RUNNING}, "jobs_lease_expiry_idx"),
+    "pending-in-queue": ({"status": JobStatus.PENDING, "queue": "mail"}, "jobs_acquire_idx"),
+}
+
+
+@pytest.mark.parametrize(
+    ("filters", "index"), LIST_JOBS_WITH_AN_INDEX.values(), ids=LIST_JOBS_WITH_AN_INDEX.keys()
+)
+@pytest.mark.parametrize("paged", [False, True], ids=["first-page", "next-page"])
+async def test_list_jobs_reads_through_an_index(
+    loaded_client: Client,
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    filters: dict[str, Any],
+    index: str,
+    paged: bool,
+) -> None:
+    cursor = encode_cursor("j", PageKey(datetime.now(UTC), UUID(int=0))) if paged else None
+
+    nodes = await _plan_of(
+        loaded_client,
+        pgwork_dsn,
+        monkeypatch,
+        lambda c: c.list_jobs(cursor=cursor, **filters),
+    )
+
+    assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
+    assert index in _indexes(nodes), nodes
+
+
+# These walk jobs newest first with no partial index to narrow them: they need an index
+# on jobs (created_at, id), which the schema does not have yet.
+LIST_JOBS_WITHOUT_AN_INDEX = {
+    "unfiltered": {},
+    "of-type": {"type_name": "email"},
+    "in-queue": {"queue": "mail"},
+    "completed": {"status": JobStatus.COMPLETED},
+}
+
+
+@pytest.mark.xfail(strict=True, reason="needs an index on jobs (created_at, id)")
+@pytest.mark.parametrize(
+    "filters", LIST_JOBS_WITHOUT_AN_INDEX.values(), ids=LIST_JOBS_WITHOUT_AN_INDEX.keys()
+)
+async def test_list_jobs_newest_first_reads_through_an_index(
+    loaded_client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch, filters: Any
+) -> None:
+    nodes = await _plan_of(loaded_client, pgwork_dsn, monkeypatch, lambda c: c.list_jobs(**filters))
+
+    assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
+
+
+LIST_CHAINS_FILTERS = {
+    "unfiltered": {},
+    "of-type": {"type_name": "email"},
+    "with-status": {"status": ChainStatus.FAILED},
+    "of-type-with-status": {"type_name": "sync", "status": ChainStatus.COMPLETED},
+    "created-after": {"created_after": datetime.now(UTC) - timedelta(days=1)},
+}
+
+
+@pytest.mark.parametrize("filters", LIST_CHAINS_FILTERS.values(), ids=LIST_CHAINS_FILTERS.keys())
+@pytest.mark.parametrize("paged", [False, True], ids=["first-page", "next-page"])
+async def test_list_chains_reads_through_the_chains_index(
+    loaded_client: Client,
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    filters: dict[str, Any],
+    paged: bool,
+) -> None:
+    cursor = encode_cursor("c", PageKey(datetime.now(UTC), UUID(int=0))) if paged else None
+
+    nodes = await _plan_of(
+        loaded_client,
+        pgwork_dsn,
+        monkeypatch,
+        lambda c: c.list_chains(cursor=cursor, **filters),
+    )
+
+    assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
+    assert "jobs_chains_idx" in _indexes(nodes), nodes
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda c: c.list_blocked_jobs(), lambda c: c.count_jobs()],
+    ids=["list_blocked_jobs", "count_jobs"],
+)
+async def test_blocked_listing_and_counts_read_only_unfinished_jobs_index_entries(
+    loaded_client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch, call: Any
+) -> None:
+    nodes = await _plan_of(loaded_client, pgwork_dsn, monkeypatch, call)
+
+    scans = _scans_of_jobs(nodes)
+    assert scans
+    assert "Seq Scan" not in scans, nodes
+
+
+SOME_IDS = [UUID(int=1), UUID(int=2)]
+DELETION_STATEMENTS = {
+    "lock_chains": ({"ids": SOME_IDS}, "jobs_pkey"),
+    "find_dependants": ({"ids": SOME_IDS, "excluded": SOME_IDS}, "jobs_pkey"),
+    "delete_chains": ({"ids": SOME_IDS}, "jobs_chain_idx"),
+    "lock_expired_chains": (
+        {"type_names": ["email", "sync"], "seconds": [3600.0, 60.0], "limit": 1000},
+        "jobs_chains_idx",
+    ),
+    "delete_expired_chains": ({"ids": SOME_IDS}, "jobs_chain_idx"),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "index"),
+    [(name, *rest) for name, rest in DELETION_STATEMENTS.items()],
+    ids=DELETION_STATEMENTS.keys(),
+)
+async def test_deletion_and_retention_statements_read_through_an_index(
+    loaded_client: Client, pgwork_dsn: str, name: str, params: dict[str, Any], index: str
+) -> None:
+    statement = getattr(render_query_statements("pgwork"), name)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+        cur = await c.execute(b"EXPLAIN (FORMAT JSON) " + statement, params, prepare=False)
+        row = await cur.fetchone()
+    assert row is not None
+    document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    nodes = _nodes(document[0]["Plan"])
+
+    assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
+    assert index in _indexes(nodes), nodes
