@@ -229,3 +229,14 @@ class Fleet:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def start_worker(dsn: str, worker_id: str, **options: object) -> WorkerProcess:
+    """One worker process, returned once it is running (listening and polling)."""
+    worker = WorkerProcess(dsn, worker_id, Options(**options))  # type: ignore[arg-type]
+    try:
+        worker.wait_ready()
+    except BaseException:
+        worker.close()
+        raise
+    return worker

@@ -44,11 +44,13 @@ BOOM_RETRY = RetryPolicy(initial=timedelta(seconds=0.3), multiplier=2.0)
 
 
 class Spec(BaseModel):
-    """What one job does: sleep ``ms`` (``first_ms`` on its first attempt instead)."""
+    """What one job does: sleep ``ms``, or ``first_ms`` on its first attempt (only on
+    worker ``slow_on`` when that is set)."""
 
     n: int = 0
     ms: int = 0
     first_ms: int | None = None
+    slow_on: str | None = None
 
 
 def registry(lease: float = 2.0) -> JobTypeRegistry:

@@ -110,7 +110,10 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
 
     def duration(attempt: Attempt[Spec, Any]) -> float:
         spec = attempt.job.input
-        ms = spec.first_ms if attempt.job.attempt == 1 and spec.first_ms is not None else spec.ms
+        slow = spec.first_ms is not None and attempt.job.attempt == 1
+        if spec.slow_on is not None:
+            slow = slow and spec.slow_on == attempt.worker_id
+        ms = spec.first_ms if slow and spec.first_ms is not None else spec.ms
         return ms / 1000
 
     async def watched(attempt: Attempt[Spec, Any], body: Awaitable[Any]) -> Any:

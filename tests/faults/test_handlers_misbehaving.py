@@ -1,0 +1,113 @@
+"""Handlers that hang, block the event loop, or always raise."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import pytest
+from tests.faults._db import fetch, scalar
+from tests.faults._fleet import start_worker
+from tests.faults._jobs import BOOM_RETRY, Spec
+from tests.faults._load import enqueue
+from tests.faults._oracle import Figures, measure, wait_settled
+
+from pgwork import backoff_delay
+
+pytestmark = pytest.mark.timeout(90)
+
+LEASE = 1.0
+POLL = 0.2
+
+
+def _job(dsn: str, job_id: object) -> tuple[str, int, str | None, str | None]:
+    (row,) = fetch(
+        dsn,
+        "SELECT status::text, attempt, last_attempt_error->>'type', output #>> '{}'"
+        " FROM pgwork.jobs WHERE id = %s",
+        job_id,
+    )
+    return row  # type: ignore[return-value]
+
+
+def _ledger_times(dsn: str, job_id: object) -> list[float]:
+    rows = fetch(
+        dsn,
+        "SELECT extract(epoch FROM at)::float8 FROM faults_ledger WHERE job_id = %s ORDER BY id",
+        job_id,
+    )
+    return [r[0] for r in rows]
+
+
+def test_hanging_handler_times_out_and_fails_at_max_attempts(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    worker = start_worker(fault_dsn, "w", types="hang", slots=2, lease=LEASE, poll=POLL)
+    started = time.monotonic()
+    try:
+        (job,) = enqueue(fault_dsn, [("hang", Spec())])
+        assert wait_settled(fault_dsn, 20)
+        cancelled = worker.matching(rf"^aborted {job} ")
+    finally:
+        worker.close()
+    figures = measure(fault_dsn, Figures("handler hangs (timeout 1 s)"))
+    figures.elapsed_s = time.monotonic() - started
+    report(figures)
+    assert _job(fault_dsn, job)[:3] == ("failed", 2, "builtins.TimeoutError")
+    assert figures.executions == 2
+    assert len(cancelled) == 2
+
+
+def test_handler_blocking_the_event_loop_loses_its_job_to_another_worker(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    options = {"types": "block", "slots": 2, "lease": LEASE, "poll": POLL}
+    blocker = start_worker(fault_dsn, "blocker", **options)
+    other = None
+    started = time.monotonic()
+    try:
+        (job,) = enqueue(fault_dsn, [("block", Spec(first_ms=int(LEASE * 4000)))])
+        blocker.wait_for(rf"^started {job} 1$")
+        other = start_worker(fault_dsn, "other", **options)
+        assert wait_settled(fault_dsn, 20)
+        # When the loop unblocks, the first attempt's completion is refused.
+        blocker.wait_for(rf'^event lease\.lost .*"{job}".*"action": "completion"')
+    finally:
+        blocker.close()
+        if other is not None:
+            other.close()
+    figures = measure(fault_dsn, Figures("handler blocks the event loop (time.sleep 4 leases)"))
+    figures.elapsed_s = time.monotonic() - started
+    report(figures)
+    status, attempt, _, output = _job(fault_dsn, job)
+    assert (status, attempt, output) == ("completed", 2, "other")
+    assert figures.executions == 2
+    assert figures.lost == 0
+
+
+def test_handler_that_always_raises_fails_at_max_attempts_on_the_backoff_schedule(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    worker = start_worker(fault_dsn, "w", types="boom", slots=2, lease=LEASE, poll=POLL)
+    started = time.monotonic()
+    try:
+        (job,) = enqueue(fault_dsn, [("boom", Spec())])
+        assert wait_settled(fault_dsn, 20)
+    finally:
+        worker.close()
+    figures = measure(fault_dsn, Figures("handler always raises (max_attempts 3)"))
+    figures.elapsed_s = time.monotonic() - started
+    times = _ledger_times(fault_dsn, job)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    expected = [backoff_delay(n, BOOM_RETRY).total_seconds() for n in (1, 2)]
+    figures.notes = {"gaps_s": [round(g, 3) for g in gaps], "backoff_s": expected}
+    report(figures)
+    assert _job(fault_dsn, job)[:3] == ("failed", 3, "builtins.RuntimeError")
+    assert "boom on attempt 3" in scalar(
+        fault_dsn, "SELECT last_attempt_error->>'message' FROM pgwork.jobs WHERE id = %s", job
+    )
+    assert len(times) == 3
+    for gap, delay in zip(gaps, expected, strict=True):
+        # Never early; late by at most a poll interval and some scheduling slack.
+        assert delay <= gap <= delay + POLL + 0.5, (gaps, expected)
