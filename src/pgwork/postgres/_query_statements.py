@@ -170,8 +170,8 @@ ORDER BY n.name
 """
 
 # Deleting chains starts by locking their roots: enqueueing a job blocked on a chain
-# takes a share lock on that root (LOCK_BLOCKER_CHAINS), so from here on no new
-# dependant can appear, and the next statement sees every one that committed.
+# locks that root row too (see _chain_statements), so from here on no new dependant
+# can appear, and the next statement sees every one that committed.
 LOCK_CHAINS = """
 SELECT r.id
 FROM {jobs} AS r
