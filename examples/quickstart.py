@@ -95,11 +95,8 @@ async def main(dsn: str) -> None:
 
         run = create_in_process_worker(client=client, processors={send_welcome: send_welcome_email})
         async with run:  # starts the worker; leaving the block stops it gracefully
-            chain = await client.get_chain(started.id)
-            while chain.status == "active":
-                await anyio.sleep(0.05)
-                chain = await client.get_chain(started.id)
-        print(f"chain {chain.status}: {chain.output!r}")
+            output = await client.await_chain(started.id, timeout=30)
+        print(f"chain completed: {output!r}")
     finally:
         await client.close()
 

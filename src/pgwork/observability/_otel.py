@@ -42,6 +42,23 @@ __all__ = ["OpenTelemetryObserver"]
 log = logging.getLogger("pgwork.observability")
 
 SYSTEM = "pgwork"
+# Seconds: jobs take milliseconds to minutes (the SDK default buckets suit milliseconds).
+DURATION_BUCKETS = [
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+]
 
 _SETTLED = {
     ATTEMPT_COMPLETED: "completed",
@@ -90,7 +107,10 @@ class OpenTelemetryObserver:
             description="Attempts settled by workers, by outcome.",
         )
         self._duration = meter.create_histogram(
-            "pgwork.attempt.duration", unit="s", description="Attempt duration, handler to write."
+            "pgwork.attempt.duration",
+            unit="s",
+            description="Attempt duration, handler to write.",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self._active = meter.create_up_down_counter(
             "pgwork.worker.active_slots", unit="{slot}", description="Attempts running now."
