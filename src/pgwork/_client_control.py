@@ -16,7 +16,7 @@ import anyio
 
 from pgwork._ids import new_id
 from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import Completion, NewJob
+from pgwork.adapters.state import Completion, NewJob, WorkerRecord
 from pgwork.errors import (
     AwaitTimeoutError,
     ChainAlreadyFinishedError,
@@ -204,6 +204,11 @@ class ControlMixin:
         handle = await self.state.adopt(tx)
         queues = await self.state.trigger(handle, job_ids=list(job_ids))
         await self.notify.publish(handle, notices=[Notice(kind="ready", queue=q) for q in queues])
+
+    async def list_workers(self, *, dead_after: float = 30.0) -> list[WorkerRecord]:
+        """Registered workers, newest first; ``alive`` is False for a worker silent for
+        longer than ``dead_after`` seconds or stopped."""
+        return await self.state.list_workers(alive_within_s=dead_after)
 
     async def pause_queue(self, queue: str, *, tx: object | None = None) -> None:
         """Stop workers taking jobs from ``queue`` (running attempts go on). Survives

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
@@ -48,6 +48,8 @@ __all__ = [
     "Resolution",
     "StateAdapter",
     "TransactionHandle",
+    "WorkerInfo",
+    "WorkerRecord",
 ]
 
 
@@ -225,6 +227,37 @@ class ChainRef:
     chain_status: ChainStatus | None
     job_status: JobStatus | None
     leased_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """What a worker registers about itself."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    job_types: tuple[str, ...]
+    max_slots: int
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker as the registry sees it; ``alive``: heartbeat within the limit."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    job_types: tuple[str, ...]
+    max_slots: int
+    active_slots: int
+    status: str
+    started_at: datetime
+    heartbeat_at: datetime
+    metadata: Mapping[str, Any]
+    alive: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,9 +465,15 @@ class StateAdapter(Protocol):
         ...
 
     async def reap(
-        self, *, type_names: Sequence[str], exclude_worker: str, limit: int = 1
+        self,
+        *,
+        type_names: Sequence[str],
+        exclude_worker: str,
+        limit: int = 1,
+        dead_workers: Sequence[str] = (),
     ) -> list[ReapedJob]:
-        """Take back jobs whose lease expired (not ``exclude_worker``'s own)."""
+        """Take back up to ``limit`` jobs whose lease expired (types in ``type_names``,
+        not ``exclude_worker``'s own), and every running job of ``dead_workers``."""
         ...
 
     async def get_jobs(
@@ -544,3 +583,19 @@ class StateAdapter(Protocol):
         that ended longer ago than its value, and commit; chains with dependants stay.
         One caller at a time: a concurrent caller returns 0 at once."""
         ...
+
+    # --- worker registry -----------------------------------------------------------------
+
+    async def register_worker(self, *, worker: WorkerInfo) -> None:
+        """Record (or re-record) a worker as alive and idle."""
+        ...
+
+    async def heartbeat(self, *, worker_id: str, active_slots: int, status: str) -> bool:
+        """Refresh the worker's heartbeat; False if it was declared dead meanwhile."""
+        ...
+
+    async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:
+        """Mark workers silent for longer than ``older_than_s`` stopped; return their ids."""
+        ...
+
+    async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]: ...

@@ -37,6 +37,8 @@ from pgwork.adapters.state import (
     Resolution,
     StateAdapter,
     TransactionHandle,
+    WorkerInfo,
+    WorkerRecord,
 )
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
@@ -171,11 +173,21 @@ class InstrumentedStateAdapter:
         return await self._call("release", self.inner.release(leases=leases))
 
     async def reap(
-        self, *, type_names: Sequence[str], exclude_worker: str, limit: int = 1
+        self,
+        *,
+        type_names: Sequence[str],
+        exclude_worker: str,
+        limit: int = 1,
+        dead_workers: Sequence[str] = (),
     ) -> list[ReapedJob]:
         return await self._call(
             "reap",
-            self.inner.reap(type_names=type_names, exclude_worker=exclude_worker, limit=limit),
+            self.inner.reap(
+                type_names=type_names,
+                exclude_worker=exclude_worker,
+                limit=limit,
+                dead_workers=dead_workers,
+            ),
         )
 
     async def get_jobs(
@@ -292,6 +304,28 @@ class InstrumentedStateAdapter:
         return await self._call(
             "delete_expired_chains",
             self.inner.delete_expired_chains(retention=retention, limit=limit),
+        )
+
+    # --- worker registry -----------------------------------------------------------------
+
+    async def register_worker(self, *, worker: WorkerInfo) -> None:
+        await self._call("register_worker", self.inner.register_worker(worker=worker))
+
+    async def heartbeat(self, *, worker_id: str, active_slots: int, status: str) -> bool:
+        return await self._call(
+            "heartbeat",
+            self.inner.heartbeat(worker_id=worker_id, active_slots=active_slots, status=status),
+        )
+
+    async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:
+        return await self._call(
+            "find_dead_workers",
+            self.inner.find_dead_workers(older_than_s=older_than_s, exclude=exclude),
+        )
+
+    async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]:
+        return await self._call(
+            "list_workers", self.inner.list_workers(alive_within_s=alive_within_s)
         )
 
     def __repr__(self) -> str:

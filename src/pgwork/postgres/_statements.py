@@ -297,9 +297,13 @@ WITH expired AS (
     SELECT j.id, j.leased_by
     FROM {jobs} AS j
     WHERE j.status = 'running'
-      AND j.leased_until < now()
-      AND j.type_name = ANY(%(type_names)s::text[])
-      AND j.leased_by IS DISTINCT FROM %(worker_id)s
+      AND (
+          (j.leased_until < now()
+           AND j.type_name = ANY(%(type_names)s::text[])
+           AND j.leased_by IS DISTINCT FROM %(worker_id)s)
+          -- Workers found dead by their heartbeat: take all their jobs back at once.
+          OR j.leased_by = ANY(%(dead_workers)s::text[])
+      )
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -311,8 +315,10 @@ reaped AS (
         completed_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
         last_attempt_error = jsonb_build_object(
             'type', 'LeaseExpired',
-            'message', 'lease held by ' || COALESCE(e.leased_by, '?') || ' expired at '
-                || j.leased_until::text || '; the worker stopped renewing it',
+            'message', CASE WHEN e.leased_by = ANY(%(dead_workers)s::text[])
+                THEN 'worker ' || e.leased_by || ' stopped sending heartbeats'
+                ELSE 'lease held by ' || COALESCE(e.leased_by, '?') || ' expired at '
+                    || j.leased_until::text || '; the worker stopped renewing it' END,
             'traceback', NULL),
         last_attempt_at = now(),
         leased_by = NULL,

@@ -35,6 +35,7 @@ from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._queries import QueryOps
+from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_row
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap
@@ -49,7 +50,7 @@ __all__ = ["PostgresStateAdapter"]
 INSERT_CHUNK = 5000
 
 
-class PostgresStateAdapter(QueryOps, ChainOps):
+class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 
     Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server
@@ -69,6 +70,7 @@ class PostgresStateAdapter(QueryOps, ChainOps):
         self._owns_pool = owns_pool
         self._sql = render(self.schema)
         self._csql = render_chain_statements(self.schema)
+        self._rsql = render_registry_statements(self.schema)
 
     @classmethod
     async def connect(
@@ -400,16 +402,23 @@ class PostgresStateAdapter(QueryOps, ChainOps):
         return len(rows)
 
     async def reap(
-        self, *, type_names: Sequence[str], exclude_worker: str, limit: int = 1
+        self,
+        *,
+        type_names: Sequence[str],
+        exclude_worker: str,
+        limit: int = 1,
+        dead_workers: Sequence[str] = (),
     ) -> list[ReapedJob]:
-        if not type_names:
+        if not type_names and not dead_workers:
             return []
+        params = {
+            "type_names": list(type_names),
+            "worker_id": exclude_worker,
+            "limit": limit,
+            "dead_workers": list(dead_workers),
+        }
         async with self._pooled() as conn:
-            rows = await self._fetch(
-                conn,
-                self._sql.reap,
-                {"type_names": list(type_names), "worker_id": exclude_worker, "limit": limit},
-            )
+            rows = await self._fetch(conn, self._sql.reap, params)
         await self.resolve_dependants(None, chain_ids=[r[5] for r in rows if r[6]])
         return [
             ReapedJob(

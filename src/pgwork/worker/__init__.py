@@ -35,6 +35,8 @@ def create_in_process_worker(
     rng: random.Random | None = None,
     observers: Sequence[Observer] | None = None,
     schedules: Sequence[CronSchedule[Any]] = (),
+    heartbeat_interval: float = 5.0,
+    dead_worker_after: float = 30.0,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -44,8 +46,11 @@ def create_in_process_worker(
     without a notification. ``grace_period``: how long ``stop()`` lets in-flight
     attempts finish before aborting them and handing their jobs back. ``middlewares``
     wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
-    ``schedules``: recurring ``CronSchedule``s this worker fires (every worker may carry
-    the same ones: each tick is enqueued once). ``observers``: receive the worker's
+    ``heartbeat_interval`` / ``dead_worker_after`` (seconds): how often the worker
+    records that it is alive, and after how long without a heartbeat another worker
+    takes back all of a worker's running jobs. ``schedules``: recurring
+    ``CronSchedule``s this worker fires (every worker may carry the same ones: each
+    tick is enqueued once). ``observers``: receive the worker's
     events (default: the client's observers).
     """
     return InProcessWorker(
@@ -60,4 +65,6 @@ def create_in_process_worker(
         rng=rng,
         observers=observers,
         schedules=schedules,
+        heartbeat_interval=heartbeat_interval,
+        dead_worker_after=dead_worker_after,
     )

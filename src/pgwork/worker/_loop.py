@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
+from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease, WorkerInfo
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
@@ -44,6 +44,7 @@ from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
+from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
 
@@ -115,6 +116,8 @@ class InProcessWorker:
         rng: random.Random | None,
         observers: Sequence[Observer] | None = None,
         schedules: Sequence[CronSchedule[Any]] = (),
+        heartbeat_interval: float = 5.0,
+        dead_worker_after: float = 30.0,
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -159,8 +162,32 @@ class InProcessWorker:
         self._phase = "new"
         self._startup_error: BaseException | None = None
         self._task: Any = None
+        self._heartbeat = Heartbeat(
+            client.state,
+            WorkerInfo(
+                id=self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.queues,
+                job_types=tuple(self._types),
+                max_slots=max_slots,
+            ),
+            interval=heartbeat_interval,
+            dead_after=dead_worker_after,
+            status=self._status,
+            on_reclaimed=self._wake_up,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------
+
+    def _status(self) -> tuple[str, int]:
+        """What the heartbeat reports: status and active slots."""
+        if self._stop_requested.is_set():
+            return "stopping", len(self._slots)
+        return ("busy" if self._slots else "idle"), len(self._slots)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     @property
     def active_slots(self) -> int:
@@ -176,10 +203,12 @@ class InProcessWorker:
             raise WorkerStateError(f"worker {self.worker_id} was already started ({self._phase})")
         self._phase = "running"
         try:
+            await self._heartbeat.register()
             async with self.notify.listen() as listener, anyio.create_task_group() as side:
                 side.start_soon(self._listen, listener)
                 side.start_soon(renew_forever, self.state, self._staged_holders)
                 side.start_soon(self._maintenance.run_forever)
+                side.start_soon(self._heartbeat.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -192,6 +221,8 @@ class InProcessWorker:
                     await self._main_loop()
                 finally:
                     side.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        await self._heartbeat.stopped()
         except BaseException as exc:
             self._startup_error = exc
             raise
@@ -311,7 +342,7 @@ class InProcessWorker:
 
     async def _fill(self, slots: anyio.abc.TaskGroup) -> None:
         free = self.max_slots - len(self._slots)
-        if free <= 0:
+        if free <= 0 or not self._heartbeat.healthy:
             return
         acquired = await self.state.acquire(
             worker_id=self.worker_id, leases=self._leases, queues=self.queues, limit=free

@@ -1,0 +1,112 @@
+"""The worker's heartbeat: say we are alive, notice who is not.
+
+Every ``interval`` the worker refreshes its registry row (status, active slots). Then
+it looks for workers silent for longer than ``dead_after`` and takes back all their
+running jobs at once — without waiting for each lease to expire — at their old place
+in the queue. A worker that cannot write its own heartbeat for half of ``dead_after``
+stops taking new jobs (others may soon declare it dead); it resumes once a heartbeat
+gets through, re-registering if it had been declared dead meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+
+from pgwork.adapters.state import StateAdapter, WorkerInfo
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["Heartbeat"]
+
+# Jobs taken back from dead workers per statement.
+RECLAIM_BATCH = 10_000
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        state: StateAdapter,
+        info: WorkerInfo,
+        *,
+        interval: float,
+        dead_after: float,
+        status: Callable[[], tuple[str, int]],
+        on_reclaimed: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.info = info
+        self.interval = interval
+        self.dead_after = dead_after
+        self._status = status
+        self._on_reclaimed = on_reclaimed
+        self._last_ok = time.monotonic()
+        self._registered = False
+
+    @property
+    def healthy(self) -> bool:
+        """False once heartbeats have failed for half the dead-worker limit."""
+        return time.monotonic() - self._last_ok < self.dead_after / 2
+
+    async def register(self) -> None:
+        await self.state.register_worker(worker=self.info)
+        self._registered = True
+        self._last_ok = time.monotonic()
+
+    async def run_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.interval)
+            try:
+                await self.beat()
+            except Exception as exc:
+                log.warning(
+                    "pgwork worker %s could not write its heartbeat (%r)%s",
+                    self.info.id,
+                    exc,
+                    "" if self.healthy else "; not taking new jobs until it can",
+                )
+
+    async def beat(self) -> None:
+        if not self._registered:
+            await self.register()
+        status, active = self._status()
+        if not await self.state.heartbeat(
+            worker_id=self.info.id, active_slots=active, status=status
+        ):
+            log.warning(
+                "pgwork worker %s was declared dead by another worker (heartbeat too old); "
+                "registering again",
+                self.info.id,
+            )
+            await self.register()
+        self._last_ok = time.monotonic()
+        await self.reclaim()
+
+    async def reclaim(self) -> int:
+        dead = await self.state.find_dead_workers(
+            older_than_s=self.dead_after, exclude=self.info.id
+        )
+        if not dead:
+            return 0
+        reaped = await self.state.reap(
+            type_names=(), exclude_worker=self.info.id, limit=RECLAIM_BATCH, dead_workers=dead
+        )
+        log.warning(
+            "pgwork worker %s found dead worker(s) %s and took back %d running job(s)",
+            self.info.id,
+            ", ".join(dead),
+            len(reaped),
+        )
+        if reaped:
+            self._on_reclaimed()
+        return len(reaped)
+
+    async def stopped(self) -> None:
+        """Record a graceful stop so nobody mistakes this worker for a dead one."""
+        try:
+            await self.state.heartbeat(worker_id=self.info.id, active_slots=0, status="stopped")
+        except Exception as exc:
+            log.warning("pgwork worker %s could not record its stop: %r", self.info.id, exc)
