@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Callable
 from typing import Literal
 
 import psycopg
@@ -102,22 +101,48 @@ def restart_server(dsn: str, load: Load, cluster: PrivateCluster, mode: Mode) ->
     return inject
 
 
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(times.user + times.system)
+
+
 def outage(
-    dsn: str, load: Load, cluster: PrivateCluster, seconds: float,
-    during: Callable[[Fleet, Figures], None] | None = None,
-) -> Inject:  # fmt: skip
+    dsn: str, load: Load, cluster: PrivateCluster, seconds: float, *, probe_timeout: float = 30
+) -> Inject:
     """Stop the server for ``seconds`` (longer than the lease), then start it again.
+
+    Records, per outage, the busiest worker's CPU use while the server was down and its
+    number of failed turns and listener reconnect attempts (a busy loop shows in both).
     Recovery is counted from the moment the server is back."""
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         held = held_leases(dsn)
+        workers = fleet.each()
         cluster.stop("fast")
-        down_at = time.monotonic()
-        if during is not None:
-            during(fleet, figures)
-        time.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
+        cpu = {w.worker_id: _cpu_seconds(w.pid) for w in workers}
+        seen = {w.worker_id: len(w.lines) for w in workers}
+        time.sleep(seconds)
+        busiest = max((_cpu_seconds(w.pid) - cpu[w.worker_id]) / seconds for w in workers)
+        retries = max(
+            sum(
+                1
+                for line in w.lines[seen[w.worker_id] :]
+                if "turn failed" in line.text or "reconnect failed" in line.text
+            )
+            for w in workers
+        )
         cluster.start()
         back_at = time.monotonic()
-        _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, recovery_bound(load) + 15)
+        notes = figures.notes
+        notes.setdefault("outage_s", []).append(seconds)
+        notes.setdefault("worker_cpu_while_down", []).append(round(busiest, 3))
+        notes.setdefault("retries_while_down", []).append(retries)
+        held = _union(held, held_leases(dsn))
+        _probe(dsn, figures, held, back_at, recovery_bound(load) + probe_timeout)
 
     return inject

@@ -1,0 +1,82 @@
+"""The database is down for longer than the lease, then back: workers neither exit
+nor spin while it is down, and every job still runs to completion afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from tests.faults._cluster import PrivateCluster
+from tests.faults._db import fetch
+from tests.faults._inject import outage, recovery_bound
+from tests.faults._load import Load, run_under_faults
+from tests.faults._oracle import Figures
+from tests.faults.conftest import Tier
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _outage_seconds(load: Load) -> float:
+    return 3 * load.lease
+
+
+def _check(figures: Figures, load: Load) -> None:
+    assert figures.faults >= 1
+    assert figures.lost == 0
+    assert figures.completed == figures.jobs
+    assert figures.duplicate_effects == 0
+    assert figures.duplicate_executions <= figures.in_flight_at_faults
+    # No busy loop: a worker's backoff keeps it near idle while the server is down.
+    assert max(figures.notes["worker_cpu_while_down"]) < 0.25
+    assert max(figures.notes["retries_while_down"]) < 40
+    assert figures.recovery_max_s is not None
+    # The pool reconnects with its own backoff (1 s, 2 s, 4 s, ...) during the outage.
+    assert figures.recovery_max_s <= recovery_bound(load) + _outage_seconds(load), (
+        figures.recovery_s
+    )
+
+
+def test_outage_longer_than_the_lease_loses_no_job(
+    fault_dsn: str, cluster: PrivateCluster, tier: Tier, report: Callable[[Figures], Figures]
+) -> None:
+    load = tier.load(faults=1 if tier.name == "quick" else 3, fault_every=2 * tier.fault_every)
+    figures, fleet = run_under_faults(
+        fault_dsn,
+        f"database down {_outage_seconds(load):.0f} s (> lease), {load.workers} workers",
+        load,
+        outage(fault_dsn, load, cluster, _outage_seconds(load)),
+    )
+    report(figures)
+    _check(figures, load)
+    assert not fleet.unexpected_exits()
+    assert fleet.restarts == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "engine bug: an attempt aborted because its lease expired while the database was "
+        "unreachable (or whose completion failed on a dead connection) writes nothing, so "
+        "its job stays 'running' under this worker's id; REAP skips the reaping worker's "
+        "own leases (exclude_worker), so a lone worker never takes it back: the job is "
+        "stranded until a worker with another id runs"
+    ),
+)
+def test_outage_longer_than_the_lease_single_worker(
+    fault_dsn: str, cluster: PrivateCluster, tier: Tier, report: Callable[[Figures], Figures]
+) -> None:
+    load = tier.load(jobs=100, workers=1, slots=4, faults=1, drain_timeout=3 * tier.lease + 5)
+    figures, fleet = run_under_faults(
+        fault_dsn,
+        f"database down {_outage_seconds(load):.0f} s (> lease), 1 worker",
+        load,
+        outage(fault_dsn, load, cluster, _outage_seconds(load), probe_timeout=5),
+    )
+    stranded = fetch(
+        fault_dsn,
+        "SELECT id, leased_by, leased_until < now() FROM pgwork.jobs WHERE status = 'running'",
+    )
+    figures.notes["stranded"] = [(str(i), w, expired) for i, w, expired in stranded]
+    report(figures)
+    assert not fleet.unexpected_exits()
+    _check(figures, load)
