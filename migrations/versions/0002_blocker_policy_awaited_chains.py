@@ -52,7 +52,12 @@ def upgrade(*, schema: str) -> None:
     )
 
 
+    # Listing jobs newest first (keyset pagination) without reading the whole table.
+    op.create_index("jobs_created_idx", "jobs", ["created_at", "id"], schema=schema)
+
+
 def downgrade(*, schema: str) -> None:
+    op.drop_index("jobs_created_idx", table_name="jobs", schema=schema)
     op.drop_column("jobs", "chain_has_dependants", schema=schema)
     op.drop_column("jobs", "chain_awaited", schema=schema)
     op.drop_constraint("job_blockers_on_failure_known", "job_blockers", schema=schema)

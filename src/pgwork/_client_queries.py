@@ -188,6 +188,7 @@ class QueryMixin:
         return await self.state.adopt(tx) if tx is not None else None
 
     def _decoded_chain(self, chain: Chain) -> Chain:
+        """``chain`` with input, output and newest job decoded by the registry."""
         current = self._decoded(chain.current_job)
         return replace(
             chain,

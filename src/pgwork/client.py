@@ -238,14 +238,7 @@ class Client(QueryMixin, ControlMixin):
         chains = await self.state.get_chains(handle, chain_ids=[chain_id])
         if not chains:
             raise ChainNotFoundError([chain_id])
-        chain = chains[0]
-        current = self._decoded(chain.current_job)
-        return replace(
-            chain,
-            input=self._decode_input(chain.type_name, chain.input),
-            output=current.output if chain.output is not None else None,
-            current_job=current,
-        )
+        return self._decoded_chain(chains[0])
 
     async def list_chain_jobs(self, chain_id: UUID, *, tx: object | None = None) -> list[Job[Any]]:
         """A chain's jobs in order (first job first)."""

@@ -565,7 +565,6 @@ LIST_JOBS_WITHOUT_AN_INDEX = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="needs an index on jobs (created_at, id)")
 @pytest.mark.parametrize(
     "filters", LIST_JOBS_WITHOUT_AN_INDEX.values(), ids=LIST_JOBS_WITHOUT_AN_INDEX.keys()
 )

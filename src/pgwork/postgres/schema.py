@@ -131,6 +131,8 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "dedup_key",
             postgresql_where=sa.text("dedup_key IS NOT NULL"),
         ),
+        # Job listings, newest first (keyset pagination on (created_at, id)).
+        sa.Index("jobs_created_idx", "created_at", "id"),
         # Failed / blocked jobs are few and listed often.
         sa.Index(
             "jobs_attention_idx",
