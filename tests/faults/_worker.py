@@ -64,9 +64,16 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),
     ],
-    "no-reap": [("REAP", "AND j.leased_until < now()", "AND j.leased_until < now() AND false")],
+    "no-reap": [
+        ("REAP", "(j.leased_until < now()", "(j.leased_until < now() AND false"),
+        (
+            "REAP",
+            "OR j.leased_by = ANY(%(dead_workers)s::text[])",
+            "OR (false AND j.leased_by = ANY(%(dead_workers)s::text[]))",
+        ),
+    ],
     "eager-reap": [
-        ("REAP", "AND j.leased_until < now()", "AND j.leased_until < now() + interval '1 hour'")
+        ("REAP", "(j.leased_until < now()", "(j.leased_until < now() + interval '1 hour'")
     ],
 }
 
