@@ -12,7 +12,6 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
-import json
 import math
 import uuid
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Codec"]
 T = TypeVar("T")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
 
 _SCALARS = (
     str,
@@ -84,20 +84,24 @@ class Codec(Generic[T]):
     def encode(self, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
         """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
         validated = self.validate(value)
-        # Before dumping: pydantic would quietly turn NaN/Infinity into null.
-        path, reason = _find_unserializable(validated, "$")
-        if reason:
-            raise PayloadNotSerializableError(self.type_name, self.what, path, reason)
         try:
-            plain = self._adapter.dump_python(validated, mode="json")
+            data = self._adapter.dump_json(validated)
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
-            raise PayloadNotSerializableError(self.type_name, self.what, "$", str(exc)) from exc
-        _check_storable(plain, "$", self.type_name, self.what)
-        text = json.dumps(plain, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        size = len(text.encode())
-        if size > max_bytes:
-            raise PayloadTooLargeError(self.type_name, self.what, size, max_bytes)
-        return text
+            path, reason = _find_unstorable(validated, "$")
+            raise PayloadNotSerializableError(
+                self.type_name, self.what, path, reason or str(exc)
+            ) from exc
+        # The fast path is one serialisation in Rust. Only when the output could hide a
+        # problem — pydantic writes NaN/Infinity as null (or as bare NaN for plain
+        # dicts), and a NUL character as \u0000, which jsonb rejects — is the value
+        # walked in Python to find (and name) the culprit.
+        if b"null" in data or b"NaN" in data or b"Infinity" in data or b"\\u0000" in data:
+            path, reason = _find_unstorable(validated, "$")
+            if reason:
+                raise PayloadNotSerializableError(self.type_name, self.what, path, reason)
+        if len(data) > max_bytes:
+            raise PayloadTooLargeError(self.type_name, self.what, len(data), max_bytes)
+        return data.decode()
 
     def decode(self, data: Any) -> T:
         """Turn stored JSON (already parsed) back into the model type."""
@@ -120,50 +124,24 @@ def _describe(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _check_storable(value: Any, path: str, type_name: str, what: str) -> None:
-    """Reject what JSON or PostgreSQL's jsonb cannot hold: NaN/Infinity and NUL chars."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise PayloadNotSerializableError(
-                type_name, what, path, "contains a NUL character (\\u0000), which jsonb rejects"
-            )
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise PayloadNotSerializableError(
-                type_name, what, path, f"{value} is not a valid JSON number"
-            )
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise PayloadNotSerializableError(
-                    type_name, what, path, f"key {key!r} is not a string"
-                )
-            if "\x00" in key:
-                raise PayloadNotSerializableError(
-                    type_name, what, path, "a key contains a NUL character (\\u0000)"
-                )
-            _check_storable(item, f"{path}.{key}", type_name, what)
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_storable(item, f"{path}[{i}]", type_name, what)
-
-
-def _find_unserializable(value: Any, path: str) -> tuple[str, str | None]:
-    """Locate the first value that cannot become faithful JSON: an object pydantic cannot
-    serialise, or a float that is NaN or infinite."""
+def _find_unstorable(value: Any, path: str) -> tuple[str, str | None]:
+    """Locate the first value that cannot be stored faithfully as jsonb: an object
+    pydantic cannot serialise, a NaN or infinite float, a NUL character."""
     if isinstance(value, float) and not math.isfinite(value):
         return path, f"{value} is not a valid JSON number"
+    if isinstance(value, str) and "\x00" in value:
+        return path, "contains a NUL character (\\u0000), which jsonb rejects"
     if isinstance(value, _SCALARS):
         return path, None
     if isinstance(value, pydantic.BaseModel):
         for name in type(value).model_fields:
-            found = _find_unserializable(getattr(value, name), f"{path}.{name}")
+            found = _find_unstorable(getattr(value, name), f"{path}.{name}")
             if found[1]:
                 return found
         return path, None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            found = _find_unserializable(getattr(value, f.name), f"{path}.{f.name}")
+            found = _find_unstorable(getattr(value, f.name), f"{path}.{f.name}")
             if found[1]:
                 return found
         return path, None
@@ -171,13 +149,15 @@ def _find_unserializable(value: Any, path: str) -> tuple[str, str | None]:
         for key, item in value.items():
             if not isinstance(key, str | int | float | bool):
                 return path, f"key {key!r} is not a string"
-            found = _find_unserializable(item, f"{path}.{key}")
+            if isinstance(key, str) and "\x00" in key:
+                return path, "a key contains a NUL character (\\u0000)"
+            found = _find_unstorable(item, f"{path}.{key}")
             if found[1]:
                 return found
         return path, None
     if isinstance(value, list | tuple | set | frozenset):
         for i, item in enumerate(value):
-            found = _find_unserializable(item, f"{path}[{i}]")
+            found = _find_unstorable(item, f"{path}[{i}]")
             if found[1]:
                 return found
         return path, None

@@ -44,6 +44,7 @@ from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
+from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
@@ -53,6 +54,9 @@ log = logging.getLogger("pgwork.worker")
 __all__ = ["Handler", "InProcessWorker"]
 
 Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
+
+# While no expired lease is found, the loop looks for one at most this often (seconds).
+REAP_INTERVAL = 0.5
 
 # Failed loop turns (database unreachable) back off up to this many seconds.
 LOOP_BACKOFF_MAX = 5.0
@@ -142,6 +146,8 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
+        self._batcher = CompletionBatcher(client.state)
+        self._last_reap = -REAP_INTERVAL
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
@@ -209,6 +215,7 @@ class InProcessWorker:
                 side.start_soon(renew_forever, self.state, self._staged_holders)
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
+                side.start_soon(self._batcher.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -326,9 +333,15 @@ class InProcessWorker:
             await self._drain()
 
     async def _reap(self) -> None:
+        # At most one per turn, and only every REAP_INTERVAL while nothing is found:
+        # under load turns come every few milliseconds and expired leases are rare.
+        now = time.monotonic()
+        if now - self._last_reap < REAP_INTERVAL:
+            return
         reaped = await self.state.reap(
             type_names=list(self._types), exclude_worker=self.worker_id, limit=1
         )
+        self._last_reap = -REAP_INTERVAL if reaped else now
         for job in reaped:
             self._events.emit(
                 JOB_REAPED,
@@ -626,7 +639,10 @@ class InProcessWorker:
         if tx is None and completion.continuation is not None:
             async with self.state.transaction() as own:
                 return await self._complete(completion, chain_id, own)
-        result = (await self.state.complete(tx, completions=[completion]))[0]
+        if tx is None:
+            result = await self._batcher.complete(completion)
+        else:
+            result = (await self.state.complete(tx, completions=[completion]))[0]
         notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
         if result.chain_awaited:
             notices.append(Notice(kind="chain_done", chain_id=chain_id))
