@@ -14,6 +14,7 @@ it keeps failing, every waiting slot gets the error and its job is left to be re
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -36,10 +37,21 @@ class _Pending:
 
 
 class CompletionBatcher:
-    def __init__(self, state: StateAdapter, *, max_size: int = 200, max_delay: float = 0.002):
+    """``in_flight()`` is the number of attempts that may still join a batch: once all
+    of them are waiting here, waiting longer only adds latency, so the batch goes."""
+
+    def __init__(
+        self,
+        state: StateAdapter,
+        *,
+        in_flight: Callable[[], int],
+        max_size: int = 200,
+        max_delay: float = 0.002,
+    ):
         self.state = state
         self.max_size = max_size
         self.max_delay = max_delay
+        self._in_flight = in_flight
         self._waiting: list[_Pending] = []
         self._arrived = anyio.Event()
         self._full = anyio.Event()
@@ -49,7 +61,7 @@ class CompletionBatcher:
         pending = _Pending(completion)
         self._waiting.append(pending)
         self._arrived.set()
-        if len(self._waiting) >= self.max_size:
+        if len(self._waiting) >= min(self.max_size, self._in_flight()):
             self._full.set()
         await pending.done.wait()
         if pending.error is not None:

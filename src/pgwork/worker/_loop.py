@@ -146,7 +146,7 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
-        self._batcher = CompletionBatcher(client.state)
+        self._batcher = CompletionBatcher(client.state, in_flight=lambda: len(self._slots))
         self._last_reap = -REAP_INTERVAL
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
