@@ -46,6 +46,7 @@ def _union(before: Held, after: Held) -> Held:
 def _probe(dsn: str, figures: Figures, held: Held, since: float, timeout: float) -> None:
     figures.faults += 1
     figures.in_flight_at_faults += len(held)
+    figures.held_jobs.update(job for job, _ in held)
     recovery = RecoveryProbe(dsn, held, since).wait(timeout=timeout)
     figures.recovery_s.append(recovery if recovery is not None else float("inf"))
 

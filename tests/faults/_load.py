@@ -94,12 +94,15 @@ def run_under_faults(
     *,
     env: dict[str, str] | None = None,
     seed: int = 5,
+    jobs: Sequence[tuple[str, Spec]] | None = None,
 ) -> tuple[Figures, Fleet]:
-    """Enqueue ``load.jobs`` mixed jobs, start the fleet, call ``inject`` every
-    ``fault_every`` seconds (at most ``faults`` times, while work remains), then wait
-    for every job to end and measure."""
+    """Enqueue ``jobs`` (default: ``load.jobs`` mixed jobs), start the fleet, call
+    ``inject`` every ``fault_every`` seconds (at most ``faults`` times, while work
+    remains), then wait for every job to end and measure."""
     figures = Figures(scenario)
-    enqueue(dsn, mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed)))
+    if jobs is None:
+        jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
+    enqueue(dsn, jobs)
     options = Options(
         types="work,effect", slots=load.slots, lease=load.lease, poll=load.poll, env=env or {}
     )
@@ -121,11 +124,3 @@ def run_under_faults(
     finally:
         fleet.close()
     return measure(dsn, figures), fleet
-
-
-def in_flight_bound_holds(figures: Figures) -> bool:
-    return figures.duplicate_executions <= figures.in_flight_at_faults
-
-
-def describe(figures: Figures) -> str:
-    return figures.as_json()

@@ -39,6 +39,8 @@ class Figures:
     recovery_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
+    # Jobs whose lease was held at some fault: the only ones allowed to run twice.
+    held_jobs: set[Any] = field(default_factory=set, repr=False)
 
     @property
     def recovery_max_s(self) -> float | None:
@@ -46,6 +48,7 @@ class Figures:
 
     def as_json(self) -> str:
         data = asdict(self)
+        del data["held_jobs"]
         data["recovery_max_s"] = self.recovery_max_s
         data["recovery_s"] = [round(r, 3) for r in self.recovery_s]
         return json.dumps(data)
@@ -67,6 +70,15 @@ FROM (SELECT count(*) AS n FROM faults_ledger GROUP BY job_id) AS per_job
 _DUPLICATE_EFFECTS = """
 SELECT coalesce(sum(n - 1), 0)
 FROM (SELECT count(*) AS n FROM faults_effects GROUP BY job_id) AS per_job
+"""
+
+# Runs beyond the first, with who ran them and how the job's last attempt ended.
+_DUPLICATED = """
+SELECT l.job_id, array_agg(l.worker ORDER BY l.id), array_agg(l.attempt ORDER BY l.id),
+       j.last_attempt_error->>'type'
+FROM faults_ledger AS l JOIN pgwork.jobs AS j ON j.id = l.job_id
+GROUP BY l.job_id, j.last_attempt_error
+HAVING count(*) > 1
 """
 
 # Completed without a trace of having run: the job "succeeded" but its work is lost.
@@ -92,10 +104,20 @@ def measure(dsn: str, figures: Figures) -> Figures:
         executions, duplicates = _one(conn, _EXECUTIONS)
         (duplicate_effects,) = _one(conn, _DUPLICATE_EFFECTS)
         (hollow,) = _one(conn, _HOLLOW)
+        duplicated = conn.execute(_DUPLICATED).fetchall()
     figures.jobs, figures.completed, figures.failed = jobs, completed, failed
     figures.lost = unfinished + hollow
     figures.executions, figures.duplicate_executions = int(executions), int(duplicates)
     figures.duplicate_effects = int(duplicate_effects)
+    # Evidence for the report when the in-flight bound is broken: which jobs ran twice
+    # without having been held at any fault.
+    unexplained = [
+        (str(job), workers, attempts, error)
+        for job, workers, attempts, error in duplicated
+        if job not in figures.held_jobs
+    ]
+    if figures.faults and unexplained:
+        figures.notes["unexplained_duplicates"] = unexplained
     return figures
 
 

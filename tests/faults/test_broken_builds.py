@@ -5,25 +5,28 @@ swaps the adapter's SQL in that process); the library is untouched."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from tests.faults._inject import kill_random_worker, recovery_bound
+from tests.faults._jobs import Spec
 from tests.faults._load import Load, run_under_faults
 from tests.faults._oracle import Figures
 from tests.faults._worker import BROKEN_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
-SMALL = Load(jobs=120, workers=2, slots=6, lease=1.0, faults=2, fault_every=1.0, drain_timeout=8)
+SMALL = Load(jobs=80, workers=2, slots=6, lease=1.0, faults=1, fault_every=1.0, drain_timeout=6)
 
 
-def run_broken(dsn: str, breakage: str) -> Figures:
+def run_broken(dsn: str, breakage: str, **kwargs: Any) -> Figures:
     figures, _ = run_under_faults(
         dsn,
         f"SIGKILL, broken build: {breakage}",
         SMALL,
         kill_random_worker(dsn, SMALL),
         env={BROKEN_ENV: breakage},
+        **kwargs,
     )
     return figures
 
@@ -32,8 +35,11 @@ def test_unfenced_build_commits_duplicate_effects(
     fault_dsn: str, report: Callable[[Figures], Figures]
 ) -> None:
     """Without the lease-token check and row lock, an atomic job that outlives its
-    lease is reaped and run again while the first run still commits."""
-    figures = report(run_broken(fault_dsn, "unfenced"))
+    lease (legal: the row lock, not renewals, holds an atomic job) is reaped and run
+    again while the first run still commits. The correct build runs the same jobs in
+    the SIGKILL scenario's mix without a duplicate."""
+    slow_atomic = [("effect", Spec(n=n, ms=int(SMALL.lease * 2000))) for n in range(24)]
+    figures = report(run_broken(fault_dsn, "unfenced", jobs=slow_atomic))
     assert figures.duplicate_effects > 0
 
 

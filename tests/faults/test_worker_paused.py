@@ -27,8 +27,11 @@ def test_paused_worker_is_cancelled_and_its_late_writes_refused(
     fault_dsn: str, report: Callable[[Figures], Figures]
 ) -> None:
     options = {"types": "work,effect", "slots": 2, "lease": LEASE, "poll": POLL}
+    # The rescuer starts first and is kept stopped, so it takes nothing before the
+    # victim pauses and its start-up time is not counted as recovery.
+    rescuer = start_worker(fault_dsn, "rescuer", **options)
+    rescuer.send(signal.SIGSTOP)
     victim = start_worker(fault_dsn, "paused", **options)
-    rescuer = None
     try:
         staged, atomic = enqueue(
             fault_dsn,
@@ -37,9 +40,9 @@ def test_paused_worker_is_cancelled_and_its_late_writes_refused(
         victim.wait_for(rf"^started {staged} 1$")
         victim.wait_for(rf"^started {atomic} 1$")
         victim.send(signal.SIGSTOP)
+        rescuer.send(signal.SIGCONT)
         stopped_at = time.monotonic()
-        held = {job: token for job, token in held_leases(fault_dsn, worker="paused")}
-        rescuer = start_worker(fault_dsn, "rescuer", **options)
+        held = dict(held_leases(fault_dsn, worker="paused"))
         staged_s = RecoveryProbe(fault_dsn, [(staged, held[staged])], stopped_at).wait(20)
         atomic_s = RecoveryProbe(fault_dsn, [(atomic, held[atomic])], stopped_at).wait(30)
         assert wait_settled(fault_dsn, 20)
@@ -52,8 +55,7 @@ def test_paused_worker_is_cancelled_and_its_late_writes_refused(
         victim.wait_for(rf"^(aborted {atomic} |event (attempt\.\w+|lease\.lost) .*{atomic})")
     finally:
         victim.close()
-        if rescuer is not None:
-            rescuer.close()
+        rescuer.close()
     figures = measure(fault_dsn, Figures("SIGSTOP a worker past its lease, then SIGCONT"))
     figures.faults, figures.in_flight_at_faults = 1, 2
     figures.recovery_s = [s if s is not None else float("inf") for s in (staged_s, atomic_s)]
