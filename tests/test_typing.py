@@ -32,7 +32,8 @@ async def handle(attempt: Attempt[Email, Sent]) -> Sent:
     return Sent(message_id=attempt.job.input.to)
 
 async def handle_and_continue(attempt: Attempt[Email, Sent]) -> None:
-    await attempt.complete(Sent(message_id="1"), continue_with=Continue(audit, Sent(message_id="1")))
+    receipt = Sent(message_id="1")
+    await attempt.complete(receipt, continue_with=Continue(audit, receipt))
 
 async def enqueue(client: Client, conn: psycopg.AsyncConnection[object]) -> None:
     started = await client.start_chain(conn, send_email, Email(to="a@b.c"))

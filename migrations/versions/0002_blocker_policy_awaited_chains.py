@@ -51,7 +51,6 @@ def upgrade(*, schema: str) -> None:
         schema=schema,
     )
 
-
     # Listing jobs newest first (keyset pagination) without reading the whole table.
     op.create_index("jobs_created_idx", "jobs", ["created_at", "id"], schema=schema)
 
