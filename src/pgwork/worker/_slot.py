@@ -1,0 +1,364 @@
+"""One slot's work: run an acquired job's handler and settle the attempt.
+
+Staged attempts run outside any transaction and write their outcome afterwards (plain
+completions through the batcher); atomic attempts run inside one transaction holding the
+job's row lock, so the handler's writes commit with the completion or not at all.
+Every write is fenced by the attempt's lease token.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+from pgwork.adapters.notify import Notice
+from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
+from pgwork.backoff import backoff_delay
+from pgwork.client import Client
+from pgwork.errors import PgworkError
+from pgwork.job_types import JobType
+from pgwork.middleware import CallNext
+from pgwork.observability import (
+    ATTEMPT_ABORTED,
+    ATTEMPT_COMPLETED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    ATTEMPT_STARTED,
+    LEASE_LOST,
+)
+from pgwork.observability._events import Emitter
+from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
+from pgwork.worker._batch import CompletionBatcher
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["Slot", "SlotRunner"]
+
+
+class _Rollback(Exception):
+    """Leaves an atomic attempt's transaction without committing the handler's writes."""
+
+
+class Slot:
+    """One running attempt's bookkeeping; also the renewer's LeaseHolder."""
+
+    __slots__ = ("acquired", "attempt", "job_type", "lease_deadline", "pending_abort", "started")
+
+    def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
+        self.acquired = acquired
+        self.job_type = job_type
+        self.attempt: Attempt[Any, Any] | None = None
+        self.pending_abort: AbortReason | None = None
+        self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
+        self.started = time.monotonic()
+
+    @property
+    def lease(self) -> Lease:
+        return self.acquired.lease
+
+    @property
+    def lease_duration(self) -> timedelta:
+        return self.job_type.lease
+
+    @property
+    def staged(self) -> bool:
+        return self.job_type.mode == "staged"
+
+    def renewed(self, deadline: float) -> None:
+        self.lease_deadline = deadline
+
+    def abort(self, reason: AbortReason) -> None:
+        if self.attempt is not None:
+            self.attempt.abort(reason)
+        elif self.pending_abort is None:
+            self.pending_abort = reason
+
+
+class SlotRunner:
+    """Runs one acquired job through its handler and writes what came of it.
+
+    Shared by all slots of one worker; holds no per-attempt state (that is ``Slot``).
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        worker_id: str,
+        handlers: Mapping[str, CallNext],
+        batcher: CompletionBatcher,
+        events: Emitter,
+        rng: random.Random,
+    ) -> None:
+        self.client = client
+        self.state = client.state
+        self.notify = client.notify
+        self.worker_id = worker_id
+        self._handlers = handlers
+        self._batcher = batcher
+        self._events = events
+        self._rng = rng
+
+    async def run(self, slot: Slot) -> None:
+        if slot.job_type.mode == "atomic":
+            await self._run_atomic(slot)
+        else:
+            await self._run_staged(slot)
+
+    def _attempt(
+        self, slot: Slot, transaction: object | None
+    ) -> tuple[Attempt[Any, Any] | None, BaseException | None]:
+        """Build the handler's Attempt, or return why the stored input cannot be decoded
+        (that fails the job at once: retrying cannot fix it)."""
+        acquired = slot.acquired
+        try:
+            job_input = slot.job_type.input_codec.decode(acquired.input)
+        except PgworkError as exc:
+            return None, exc
+        job: Job[Any] = Job(
+            id=acquired.id,
+            type_name=acquired.type_name,
+            chain_id=acquired.chain_id,
+            chain_type_name=acquired.chain_type_name,
+            chain_index=acquired.chain_index,
+            input=job_input,
+            output=None,
+            status=JobStatus.RUNNING,
+            queue=acquired.queue,
+            priority=acquired.priority,
+            created_at=acquired.created_at,
+            scheduled_at=acquired.scheduled_at,
+            started_at=None,
+            completed_at=None,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            last_attempt_error=acquired.last_attempt_error,
+            last_attempt_at=None,
+            leased_by=self.worker_id,
+            leased_until=acquired.leased_until,
+        )
+        attempt = Attempt(
+            job=job,
+            job_type=slot.job_type,
+            acquired=acquired,
+            worker_id=self.worker_id,
+            registry=self.client.registry,
+            max_payload_bytes=self.client.max_payload_bytes,
+            transaction=transaction,
+            state=self.state,
+        )
+        slot.attempt = attempt
+        if slot.pending_abort is not None:
+            attempt.abort(slot.pending_abort)
+        return attempt, None
+
+    async def _call_handler(
+        self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+    ) -> BaseException | None:
+        """Run the handler through the middlewares; return the exception it ended with
+        (a deadline overrun is a ``TimeoutError``). An abort returns None with
+        ``attempt.abort_reason`` set."""
+        handler = self._handlers[slot.job_type.name]
+        slot.started = time.monotonic()
+        acquired = slot.acquired
+        self.emit(
+            ATTEMPT_STARTED,
+            slot,
+            duration=False,
+            mode=slot.job_type.mode,
+            queued_s=(
+                acquired.leased_until - slot.job_type.lease - acquired.scheduled_at
+            ).total_seconds(),
+            trace_context=acquired.trace_context,
+        )
+        with attempt.cancel_scope:
+            try:
+                if timeout is not None:
+                    with anyio.fail_after(timeout.total_seconds()):
+                        result = await handler(attempt)
+                else:
+                    result = await handler(attempt)
+                await attempt._finish_with(result)
+            except Exception as exc:
+                return exc
+        return None
+
+    async def _run_staged(self, slot: Slot) -> None:
+        attempt, decode_error = self._attempt(slot, None)
+        if attempt is None:
+            with anyio.CancelScope(shield=True):
+                await self._settle_failure(slot, decode_error, terminal=True)
+            return
+        error = await self._call_handler(slot, attempt, slot.job_type.timeout)
+        with anyio.CancelScope(shield=True):
+            await self._settle(slot, attempt, error)
+
+    async def _run_atomic(self, slot: Slot) -> None:
+        """Run the handler inside one transaction that holds the job's row lock; the
+        handler's writes commit with the completion or not at all."""
+        # Atomic attempts pin a row lock, so they always have a deadline.
+        deadline = slot.job_type.timeout or slot.job_type.lease
+        attempt: Attempt[Any, Any] | None = None
+        failure: BaseException | None = None
+        try:
+            async with self.state.transaction() as tx:
+                if not await self.state.begin_atomic(tx, lease=slot.lease, deadline=deadline):
+                    log.warning(
+                        "pgwork job %s was taken from this worker before it started",
+                        slot.acquired.id,
+                    )
+                    return
+                attempt, failure = self._attempt(slot, tx)
+                if attempt is None:
+                    raise _Rollback
+                failure = await self._call_handler(slot, attempt, deadline)
+                if failure is not None or attempt.aborted:
+                    raise _Rollback
+                with anyio.CancelScope(shield=True):
+                    written = await self._write_outcome(slot, attempt, tx)
+            self._report_outcome(slot, attempt, written)  # after the commit
+            return
+        except _Rollback:
+            pass
+        # The handler's writes were rolled back; record what happened on its own.
+        with anyio.CancelScope(shield=True):
+            if attempt is None:
+                await self._settle_failure(slot, failure, terminal=True)
+            else:
+                await self._settle(slot, attempt, failure)
+
+    # --- settling an attempt -----------------------------------------------------------
+
+    async def _settle(
+        self, slot: Slot, attempt: Attempt[Any, Any], error: BaseException | None
+    ) -> None:
+        reason = attempt.abort_reason
+        if reason is AbortReason.WORKER_STOPPING:
+            released = await self.state.release(leases=[slot.lease])
+            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
+            return
+        if reason is not None:
+            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
+            if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
+                self.emit(LEASE_LOST, slot, duration=False, action="renewal")
+            return
+        if error is not None:
+            await self._settle_failure(slot, error, terminal=False)
+            return
+        self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+
+    def emit(self, name: str, slot: Slot, *, duration: bool = True, **fields: Any) -> None:
+        """Emit an attempt event with the attempt's identity (and duration) filled in."""
+        if not self._events:
+            return
+        acquired = slot.acquired
+        self._events.emit(
+            name,
+            job_id=acquired.id,
+            chain_id=acquired.chain_id,
+            job_type=acquired.type_name,
+            queue=acquired.queue,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            worker_id=self.worker_id,
+            lease_token=acquired.lease_token,
+            **({"duration_s": time.monotonic() - slot.started} if duration else {}),
+            **fields,
+        )
+
+    def _report_outcome(self, slot: Slot, attempt: Attempt[Any, Any], written: bool) -> None:
+        outcome = attempt.outcome
+        if not written:
+            self.emit(LEASE_LOST, slot, duration=False, action="completion")
+        elif isinstance(outcome, Completed) and outcome.continuation is not None:
+            self.emit(
+                ATTEMPT_COMPLETED,
+                slot,
+                outcome="continued",
+                continued_with=outcome.continuation.type_name,
+            )
+        else:
+            kind = "rescheduled" if isinstance(outcome, Rescheduled) else "completed"
+            self.emit(ATTEMPT_COMPLETED, slot, outcome=kind, continued_with=None)
+
+    async def _write_outcome(self, slot: Slot, attempt: Attempt[Any, Any], tx: Any | None) -> bool:
+        """Write the handler's outcome; False when the lease no longer held."""
+        outcome = attempt.outcome
+        lease = slot.lease
+        if isinstance(outcome, Rescheduled):
+            ok = await self.state.reschedule(
+                tx,
+                lease=lease,
+                run_at=outcome.run_at,
+                run_after=outcome.run_after,
+                count_attempt=False,
+            )
+        elif isinstance(outcome, Completed):
+            completion = Completion(
+                job_id=lease.job_id,
+                lease_token=lease.lease_token,
+                output_json=outcome.output_json,
+                continuation=outcome.continuation,
+            )
+            ok = await self._complete(completion, slot.acquired.chain_id, tx)
+        else:  # pragma: no cover - _finish_with always sets an outcome
+            raise AssertionError("attempt finished without an outcome")
+        return ok
+
+    async def _complete(self, completion: Completion, chain_id: Any, tx: Any | None) -> bool:
+        """Write a completion and announce what it made ready (continuation, unblocked
+        dependants) and, for an awaited chain, its end — in ``tx`` when there is one
+        (delivered on commit), else right after the autocommitted write."""
+        if tx is None and completion.continuation is not None:
+            async with self.state.transaction() as own:
+                return await self._complete(completion, chain_id, own)
+        if tx is None:
+            result = await self._batcher.complete(completion)
+        else:
+            result = (await self.state.complete(tx, completions=[completion]))[0]
+        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        if result.chain_awaited:
+            notices.append(Notice(kind="chain_done", chain_id=chain_id))
+        if notices:
+            await self.notify.publish(tx, notices=notices)
+        return result.accepted
+
+    async def _settle_failure(
+        self, slot: Slot, error: BaseException | None, *, terminal: bool
+    ) -> None:
+        error = error or RuntimeError("attempt failed without an exception")
+        acquired = slot.acquired
+        terminal = terminal or acquired.attempt >= acquired.max_attempts
+        retry_after = (
+            None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
+        )
+        record = error_record(error)
+        accepted = await self.state.fail(
+            None,
+            failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
+        )
+        if not accepted[0]:
+            self.emit(LEASE_LOST, slot, action="failure")
+        elif terminal:
+            self.emit(
+                ATTEMPT_FAILED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                settled=True,
+            )
+        else:
+            self.emit(
+                ATTEMPT_RETRIED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                retry_in_s=retry_after.total_seconds() if retry_after else 0.0,
+            )
