@@ -14,20 +14,23 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import anyio
 import pytest
 
 from pgwork.adapters.state import (
     AcquiredJob,
+    Completion,
+    CompletionResult,
     DedupSpec,
+    Failure,
     InsertedJob,
     NewJob,
     ReapedJob,
     StateAdapter,
 )
-from pgwork.records import Chain, Job
+from pgwork.records import AttemptError, Chain, Job
 
 __all__ = ["LockWaiters", "StateHarness", "StateSuiteBase"]
 
@@ -61,8 +64,11 @@ class StateHarness:
         run_at: datetime | None = None,
         run_after: timedelta | None = None,
         dedup: DedupSpec | None = None,
+        blockers: Sequence[uuid.UUID] = (),
+        blocker_failure: Literal["fail", "cancel", "unblock"] = "fail",
     ) -> NewJob:
-        """A new chain's first job (``id == chain_id``, ``chain_index == 0``)."""
+        """A new chain's first job (``id == chain_id``, ``chain_index == 0``), blocked
+        on the chains ``blockers`` when given."""
         job_id = uuid.uuid4()
         return NewJob(
             id=job_id,
@@ -77,6 +83,8 @@ class StateHarness:
             run_at=run_at,
             run_after=run_after,
             dedup=dedup,
+            blockers=tuple(blockers),
+            blocker_failure=blocker_failure,
         )
 
     def continuation(
@@ -157,6 +165,27 @@ class StateHarness:
                 raise AssertionError(f"no job became acquirable within {timeout}s")
             await anyio.sleep(self.poll)
 
+    async def finish(
+        self, job_id: uuid.UUID, output: Any = None, *, continuation: NewJob | None = None
+    ) -> CompletionResult:
+        """Complete a pending (or running) job from outside any worker, and commit."""
+        [result] = await self.adapter.complete(
+            None, completions=[Completion(job_id, None, _json(output), continuation)]
+        )
+        assert result.accepted, f"completing {job_id} by hand was not accepted"
+        return result
+
+    async def fail_for_good(self, job: NewJob, *, message: str = "for good") -> None:
+        """Run ``job`` (the only ready job of its type in its queue) and fail it with no
+        retry left: the job and its chain end ``failed``."""
+        held = await self.acquire_one(job.type_name, queues=[job.queue])
+        assert held.id == job.id, f"expected to hold {job.id}, got {held.id}"
+        error = AttemptError(type="RuntimeError", message=message)
+        done = await self.adapter.fail(
+            None, failures=[Failure(held.id, held.lease_token, error, None)]
+        )
+        assert done == [True]
+
     async def job(self, job_id: uuid.UUID) -> Job[Any]:
         found = await self.adapter.get_jobs(None, job_ids=[job_id])
         assert len(found) == 1, f"expected job {job_id} to exist, got {found}"
@@ -169,6 +198,15 @@ class StateHarness:
         found = await self.adapter.get_chains(None, chain_ids=[chain_id])
         assert len(found) == 1, f"expected chain {chain_id} to exist, got {found}"
         return found[0]
+
+    async def wait_for_store_clock(self, past: datetime, *, timeout: float = 10.0) -> None:
+        """Poll the store's clock until it reads later than ``past``: a bounded wait for
+        time to pass where the store measures it (retention, silent workers)."""
+        deadline = time.monotonic() + timeout
+        while await self.adapter.now() <= past:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the store's clock did not pass {past} within {timeout}s")
+            await anyio.sleep(self.poll)
 
     async def reap_when_expired(
         self,

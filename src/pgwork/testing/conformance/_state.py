@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pgwork.testing.conformance._state_acquire import AcquireConformance
+from pgwork.testing.conformance._state_blockers import BlockerConformance
 from pgwork.testing.conformance._state_complete import CompleteConformance, FailConformance
+from pgwork.testing.conformance._state_control import ControlConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
@@ -21,6 +23,8 @@ class StateAdapterConformance(
     ReapConformance,
     AtomicConformance,
     DedupConformance,
+    BlockerConformance,
+    ControlConformance,
 ):
     """Subclass with a ``state_adapter`` fixture to run the whole state suite.
 
