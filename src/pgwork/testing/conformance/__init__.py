@@ -41,8 +41,10 @@ pytest.register_assert_rewrite(
             "_state_complete",
             "_state_control",
             "_state_dedup",
+            "_state_deletion",
             "_state_enqueue",
             "_state_lease",
+            "_state_queries",
             "_state_reap",
         )
     )

@@ -7,8 +7,10 @@ from pgwork.testing.conformance._state_blockers import BlockerConformance
 from pgwork.testing.conformance._state_complete import CompleteConformance, FailConformance
 from pgwork.testing.conformance._state_control import ControlConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
+from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
+from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
 
 __all__ = ["StateAdapterConformance"]
@@ -25,10 +27,14 @@ class StateAdapterConformance(
     DedupConformance,
     BlockerConformance,
     ControlConformance,
+    QueryConformance,
+    DeletionConformance,
+    RetentionConformance,
 ):
     """Subclass with a ``state_adapter`` fixture to run the whole state suite.
 
     The fixture yields an adapter on a fresh, empty store and closes it afterwards.
     Optional: a ``lock_waiters`` fixture (see ``StateSuiteBase.lock_waiters``) and the
-    timing knobs ``short_lease``, ``expiry_timeout``, ``blocking_grace``.
+    timing knobs ``short_lease``, ``expiry_timeout``, ``blocking_grace``
+    and ``short_retention``.
     """
