@@ -1,0 +1,368 @@
+"""What the operator commands of ``pgwork`` print: records as JSON and as rich tables.
+
+Pure: no I/O and no clock. The caller passes ``now`` from the database, so an age
+("created 5s ago", a worker's last heartbeat) is measured on the clock that wrote the
+timestamp, whatever the operator's machine thinks the time is.
+
+The JSON shapes are a contract with scripts: keys are the records' field names, a key
+is never renamed or dropped (new ones may appear), timestamps are ISO 8601 with their
+offset, durations are seconds, ids are strings. Inputs and outputs are the stored JSON,
+as the CLI has no job-type registry to decode them with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from rich.cells import cell_len
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from pgwork.adapters.state import QueueCount, WorkerRecord
+from pgwork.records import Chain, Job, JobStatus, Page
+
+__all__ = [
+    "age",
+    "chain_json",
+    "chain_view",
+    "dumps",
+    "job_json",
+    "job_page_json",
+    "job_page_view",
+    "job_view",
+    "queues_json",
+    "queues_view",
+    "workers_json",
+    "workers_view",
+]
+
+COLUMN_GAP = 2  # rich's default padding between the columns of a borderless table
+MIN_SQUEEZED = 20
+
+STATUS_STYLE = {
+    "blocked": "magenta",
+    "pending": "",
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "active": "cyan",
+}
+
+
+# --- JSON ----------------------------------------------------------------------------
+
+
+def dumps(data: Any) -> str:
+    """One JSON document; anything the records hold that JSON lacks becomes a string."""
+    return json.dumps(data, default=str, ensure_ascii=False)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _seconds(value: timedelta | None) -> float | None:
+    return value.total_seconds() if value is not None else None
+
+
+def job_json(job: Job[Any]) -> dict[str, Any]:
+    error = job.last_attempt_error
+    return {
+        "id": str(job.id),
+        "type_name": job.type_name,
+        "status": job.status.value,
+        "queue": job.queue,
+        "priority": job.priority,
+        "chain_id": str(job.chain_id),
+        "chain_type_name": job.chain_type_name,
+        "chain_index": job.chain_index,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "input": job.input,
+        "output": job.output,
+        "last_attempt_error": error.to_json() if error is not None else None,
+        "created_at": _iso(job.created_at),
+        "scheduled_at": _iso(job.scheduled_at),
+        "started_at": _iso(job.started_at),
+        "completed_at": _iso(job.completed_at),
+        "last_attempt_at": _iso(job.last_attempt_at),
+        "leased_by": job.leased_by,
+        "leased_until": _iso(job.leased_until),
+        "dedup_key": job.dedup_key,
+    }
+
+
+def job_page_json(page: Page[Job[Any]]) -> dict[str, Any]:
+    return {"jobs": [job_json(job) for job in page.items], "next_cursor": page.next_cursor}
+
+
+def chain_json(chain: Chain, jobs: Sequence[Job[Any]]) -> dict[str, Any]:
+    return {
+        "id": str(chain.id),
+        "type_name": chain.type_name,
+        "status": chain.status.value,
+        "input": chain.input,
+        "output": chain.output,
+        "created_at": _iso(chain.created_at),
+        "completed_at": _iso(chain.completed_at),
+        "dedup_key": chain.dedup_key,
+        "jobs": [job_json(job) for job in jobs],
+    }
+
+
+def queues_json(counts: Sequence[QueueCount]) -> dict[str, Any]:
+    return {
+        "queues": [
+            {
+                "queue": count.queue,
+                "paused": count.paused,
+                "depth": count.depth,
+                "ready": count.ready,
+                "scheduled": count.scheduled,
+                "running": count.running,
+                "blocked": count.blocked,
+                "failed": count.failed,
+                "oldest_ready_at": _iso(count.oldest_ready_at),
+                "oldest_ready_age_seconds": _seconds(count.oldest_ready_age),
+            }
+            for count in counts
+        ]
+    }
+
+
+def workers_json(workers: Sequence[WorkerRecord], now: datetime) -> dict[str, Any]:
+    return {
+        "workers": [
+            {
+                "id": worker.id,
+                "host": worker.host,
+                "pid": worker.pid,
+                "status": worker.status,
+                "alive": worker.alive,
+                "active_slots": worker.active_slots,
+                "max_slots": worker.max_slots,
+                "queues": list(worker.queues),
+                "job_types": list(worker.job_types),
+                "started_at": _iso(worker.started_at),
+                "heartbeat_at": _iso(worker.heartbeat_at),
+                "heartbeat_age_seconds": _seconds(now - worker.heartbeat_at),
+                "metadata": dict(worker.metadata),
+            }
+            for worker in workers
+        ]
+    }
+
+
+# --- rich ----------------------------------------------------------------------------
+
+
+def age(value: timedelta | None) -> str:
+    """A short human duration: 0s, 42s, 3m 12s, 2h 05m, 4d 03h."""
+    if value is None:
+        return "-"
+    total = max(int(value.total_seconds()), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"
+
+
+def _ago(value: datetime | None, now: datetime) -> str:
+    return f"{age(now - value)} ago" if value is not None else "-"
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def _error_line(job: Job[Any]) -> Text:
+    error = job.last_attempt_error
+    if error is None:
+        return Text("")
+    line = f"{error.type}: {' '.join(error.message.split())}"
+    return Text(line, style="red", no_wrap=True, overflow="ellipsis")
+
+
+def _table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Text]],
+    *,
+    width: int,
+    right: Sequence[str] = (),
+    squeeze_last: bool = False,
+) -> Table:
+    """A borderless table. With ``squeeze_last`` the last column (an error message) is
+    cut to fit, and left out when fewer than MIN_SQUEEZED cells of it would fit beside
+    the others: rich would otherwise shrink every column to a few letters, and a pipe
+    is only 80 columns wide. ``jobs show`` and --json always carry the whole message."""
+    keep = len(columns)
+    if squeeze_last:
+        fixed = [
+            max([cell_len(name)] + [row[i].cell_len for row in rows])
+            for i, name in enumerate(columns[:-1])
+        ]
+        if width - sum(fixed) - COLUMN_GAP * len(fixed) < MIN_SQUEEZED:
+            keep -= 1
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for i, name in enumerate(columns[:keep]):
+        # Only a column rich may wrap is narrowed before all the others; its cells are
+        # Text(no_wrap=True, overflow="ellipsis"), so narrowing cuts them to one line.
+        wrap = squeeze_last and i == len(columns) - 1
+        table.add_column(name, no_wrap=not wrap, justify="right" if name in right else "left")
+    for row in rows:
+        table.add_row(*row[:keep])
+    return table
+
+
+def job_page_view(page: Page[Job[Any]], now: datetime, *, width: int) -> RenderableType:
+    if not page.items:
+        return Text("no jobs match", style="dim")
+    rows = [
+        [
+            Text(str(job.id)),
+            _status(job.status.value),
+            Text(job.type_name),
+            Text(job.queue),
+            Text(f"{job.attempt}/{job.max_attempts}"),
+            Text(age(now - job.created_at)),
+            _error_line(job),
+        ]
+        for job in page.items
+    ]
+    columns = ("ID", "STATUS", "TYPE", "QUEUE", "TRIES", "AGE", "LAST ERROR")
+    table = _table(columns, rows, width=width, right=("TRIES",), squeeze_last=True)
+    if page.next_cursor is None:
+        return table
+    more = Text.assemble(("next page: ", "dim"), f"--cursor {page.next_cursor}")
+    return Group(table, more)
+
+
+def _fields(rows: Sequence[tuple[str, str | Text]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for name, value in rows:
+        grid.add_row(name, value if isinstance(value, Text) else Text(value))
+    return grid
+
+
+def _json_text(value: Any) -> Text:
+    return Text(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+
+
+def _when(value: datetime | None, now: datetime) -> str:
+    return f"{value.isoformat()} ({_ago(value, now)})" if value is not None else "-"
+
+
+def job_view(job: Job[Any], now: datetime) -> RenderableType:
+    scheduled = job.scheduled_at
+    due = "in " + age(scheduled - now) if scheduled > now else _ago(scheduled, now)
+    lease = "-"
+    if job.leased_by is not None:
+        lease = f"{job.leased_by} until {_iso(job.leased_until)}"
+    rows: list[tuple[str, str | Text]] = [
+        ("id", str(job.id)),
+        ("type", job.type_name),
+        ("status", _status(job.status.value)),
+        ("queue", f"{job.queue} (priority {job.priority})"),
+        ("chain", f"{job.chain_id} ({job.chain_type_name}, step {job.chain_index})"),
+        ("attempt", f"{job.attempt} of {job.max_attempts}"),
+        ("created", _when(job.created_at, now)),
+        ("scheduled", f"{scheduled.isoformat()} ({due})"),
+        ("started", _when(job.started_at, now)),
+        ("completed", _when(job.completed_at, now)),
+        ("last attempt", _when(job.last_attempt_at, now)),
+        ("lease", lease),
+        ("dedup key", job.dedup_key or "-"),
+        ("input", _json_text(job.input)),
+    ]
+    if job.status is JobStatus.COMPLETED or job.output is not None:
+        rows.append(("output", _json_text(job.output)))
+    error = job.last_attempt_error
+    if error is None:
+        return _fields(rows)
+    rows.append(("last error", Text(f"{error.type}: {error.message}", style="red")))
+    if not error.traceback:
+        return _fields(rows)
+    return Group(_fields(rows), Text("traceback:", style="bold"), Text(error.traceback.rstrip()))
+
+
+def chain_view(
+    chain: Chain, jobs: Sequence[Job[Any]], now: datetime, *, width: int
+) -> RenderableType:
+    rows: list[tuple[str, str | Text]] = [
+        ("chain", str(chain.id)),
+        ("type", chain.type_name),
+        ("status", _status(chain.status.value)),
+        ("created", _when(chain.created_at, now)),
+        ("completed", _when(chain.completed_at, now)),
+        ("dedup key", chain.dedup_key or "-"),
+        ("input", _json_text(chain.input)),
+        ("output", _json_text(chain.output) if chain.output is not None else "-"),
+    ]
+    steps = [
+        [
+            Text(str(job.chain_index)),
+            Text(str(job.id)),
+            _status(job.status.value),
+            Text(job.type_name),
+            Text(f"{job.attempt}/{job.max_attempts}"),
+            _error_line(job),
+        ]
+        for job in jobs
+    ]
+    columns = ("STEP", "ID", "STATUS", "TYPE", "TRIES", "LAST ERROR")
+    table = _table(columns, steps, width=width, right=("STEP", "TRIES"), squeeze_last=True)
+    return Group(_fields(rows), Text(""), table)
+
+
+def queues_view(counts: Sequence[QueueCount], *, width: int) -> RenderableType:
+    if not counts:
+        return Text("no queues yet: nothing was enqueued or paused", style="dim")
+    rows = [
+        [
+            Text(count.queue),
+            Text(str(count.depth)),
+            Text(str(count.ready)),
+            Text(str(count.scheduled)),
+            Text(str(count.running)),
+            Text(str(count.blocked)),
+            Text(str(count.failed), style="red" if count.failed else ""),
+            Text(age(count.oldest_ready_age)),
+            Text("yes", style="yellow") if count.paused else Text("no", style="dim"),
+        ]
+        for count in counts
+    ]
+    numbers = ("DEPTH", "READY", "SCHEDULED", "RUNNING", "BLOCKED", "FAILED", "OLDEST READY")
+    return _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+
+
+def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) -> RenderableType:
+    if not workers:
+        return Text("no workers registered", style="dim")
+    rows = [
+        [
+            Text(worker.id),
+            Text(worker.host),
+            Text(str(worker.pid)),
+            Text(worker.status),
+            Text(f"{worker.active_slots}/{worker.max_slots}"),
+            Text(",".join(worker.queues) or "-"),
+            Text(_ago(worker.heartbeat_at, now)),
+            Text("yes", style="green") if worker.alive else Text("no", style="red"),
+        ]
+        for worker in workers
+    ]
+    columns = ("ID", "HOST", "PID", "STATUS", "SLOTS", "QUEUES", "HEARTBEAT", "ALIVE")
+    return _table(columns, rows, width=width, right=("PID", "SLOTS"))

@@ -1,0 +1,236 @@
+"""``pgwork queues`` (counts, pause, resume) and ``pgwork workers`` on real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import anyio
+import pytest
+from click.testing import CliRunner, Result
+
+from _cli_seed import seed
+from pgwork import PostgresStateAdapter
+from pgwork.adapters.state import WorkerInfo
+from pgwork.cli import main
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+    return CliRunner()
+
+
+def run(runner: CliRunner, dsn: str, *args: str) -> Result:
+    return runner.invoke(main, [*args, "--dsn", dsn], env={"COLUMNS": "160"})
+
+
+def run_json(runner: CliRunner, dsn: str, *args: str) -> Any:
+    result = run(runner, dsn, *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def queues_by_name(runner: CliRunner, dsn: str) -> dict[str, dict[str, Any]]:
+    return {q["queue"]: q for q in run_json(runner, dsn, "queues")["queues"]}
+
+
+def rows(result: Result) -> dict[str, list[str]]:
+    """Table rows by their first cell."""
+    return {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+
+
+# --- queues ----------------------------------------------------------------------------
+
+
+def test_queues_counts_unfinished_work_per_queue(runner: CliRunner, pgwork_dsn: str) -> None:
+    seed(pgwork_dsn)
+
+    result = run(runner, pgwork_dsn, "queues")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].split() == [
+        "QUEUE",
+        "DEPTH",
+        "READY",
+        "SCHEDULED",
+        "RUNNING",
+        "BLOCKED",
+        "FAILED",
+        "OLDEST",
+        "READY",
+        "PAUSED",
+    ]
+    table = rows(result)
+    assert table["default"] == ["default", "0", "0", "0", "0", "0", "1", "-", "no"]
+    assert table["mail"][:7] == ["mail", "4", "3", "1", "0", "1", "0"]
+    assert table["mail"][-1] == "no"
+
+
+def test_queues_json_has_stable_keys(runner: CliRunner, pgwork_dsn: str) -> None:
+    seed(pgwork_dsn)
+
+    queues = queues_by_name(runner, pgwork_dsn)
+
+    mail = queues["mail"]
+    assert set(mail) == {
+        "queue",
+        "paused",
+        "depth",
+        "ready",
+        "scheduled",
+        "running",
+        "blocked",
+        "failed",
+        "oldest_ready_at",
+        "oldest_ready_age_seconds",
+    }
+    assert (mail["depth"], mail["ready"], mail["scheduled"], mail["blocked"]) == (4, 3, 1, 1)
+    assert datetime.fromisoformat(mail["oldest_ready_at"]).tzinfo is not None
+    assert mail["oldest_ready_age_seconds"] >= 0
+    assert queues["default"]["oldest_ready_at"] is None
+    assert queues["default"]["failed"] == 1
+
+
+def test_queues_pause_and_resume(runner: CliRunner, pgwork_dsn: str) -> None:
+    paused = run(runner, pgwork_dsn, "queues", "pause", "reports")
+    listed = queues_by_name(runner, pgwork_dsn)
+    table = rows(run(runner, pgwork_dsn, "queues"))
+    resumed = run(runner, pgwork_dsn, "queues", "resume", "reports")
+
+    assert paused.exit_code == 0, paused.output
+    assert "paused queue 'reports'" in paused.stdout
+    assert listed["reports"]["paused"] is True
+    assert table["reports"][-1] == "yes"
+    assert resumed.exit_code == 0, resumed.output
+    assert "resumed queue 'reports'" in resumed.stdout
+    assert queues_by_name(runner, pgwork_dsn)["reports"]["paused"] is False
+
+
+def test_queues_options_may_come_before_the_subcommand(
+    runner: CliRunner, pgwork_dsn: str, pgwork_schema: str
+) -> None:
+    result = runner.invoke(
+        main, ["queues", "--dsn", pgwork_dsn, "--schema", pgwork_schema, "pause", "mail"]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert queues_by_name(runner, pgwork_dsn)["mail"]["paused"] is True
+
+
+def test_queues_on_a_fresh_database_says_there_are_none(runner: CliRunner, pgwork_dsn: str) -> None:
+    result = run(runner, pgwork_dsn, "queues")
+
+    assert result.exit_code == 0
+    assert "no queues yet" in result.stdout
+    assert run_json(runner, pgwork_dsn, "queues") == {"queues": []}
+
+
+# --- workers ---------------------------------------------------------------------------
+
+
+async def _register(dsn: str, *workers: WorkerInfo) -> None:
+    state = await PostgresStateAdapter.connect(dsn)
+    try:
+        for worker in workers:
+            await state.register_worker(worker=worker)
+    finally:
+        await state.close()
+
+
+def test_workers_lists_registered_workers(runner: CliRunner, pgwork_dsn: str) -> None:
+    anyio.run(
+        _register,
+        pgwork_dsn,
+        WorkerInfo(
+            id="web-1", host="web", pid=101, queues=("high", "default"), job_types=(), max_slots=4
+        ),
+    )
+
+    result = run(runner, pgwork_dsn, "workers")
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].split() == [
+        "ID",
+        "HOST",
+        "PID",
+        "STATUS",
+        "SLOTS",
+        "QUEUES",
+        "HEARTBEAT",
+        "ALIVE",
+    ]
+    row = rows(result)["web-1"]
+    assert row[:6] == ["web-1", "web", "101", "idle", "0/4", "high,default"]
+    assert row[-2:] == ["ago", "yes"]
+
+
+def test_workers_json_and_dead_after(runner: CliRunner, pgwork_dsn: str) -> None:
+    info = WorkerInfo(
+        id="w-2",
+        host="box",
+        pid=7,
+        queues=("default",),
+        job_types=("send_mail",),
+        max_slots=2,
+        metadata={"version": "1.2"},
+    )
+    anyio.run(_register, pgwork_dsn, info)
+
+    (alive,) = run_json(runner, pgwork_dsn, "workers")["workers"]
+    (dead,) = run_json(runner, pgwork_dsn, "workers", "--dead-after", "0.000001")["workers"]
+
+    assert set(alive) == {
+        "id",
+        "host",
+        "pid",
+        "status",
+        "alive",
+        "active_slots",
+        "max_slots",
+        "queues",
+        "job_types",
+        "started_at",
+        "heartbeat_at",
+        "heartbeat_age_seconds",
+        "metadata",
+    }
+    assert (alive["id"], alive["pid"], alive["queues"], alive["job_types"]) == (
+        "w-2",
+        7,
+        ["default"],
+        ["send_mail"],
+    )
+    assert alive["metadata"] == {"version": "1.2"}
+    assert alive["alive"] is True
+    assert dead["alive"] is False
+    assert datetime.fromisoformat(alive["heartbeat_at"]).tzinfo is not None
+    assert alive["heartbeat_age_seconds"] >= 0
+
+
+def test_workers_after_a_worker_stopped(runner: CliRunner, pgwork_dsn: str) -> None:
+    seed(pgwork_dsn)  # its worker ran, then stopped
+
+    (worker,) = run_json(runner, pgwork_dsn, "workers")["workers"]
+
+    assert (worker["status"], worker["alive"]) == ("stopped", False)
+    assert set(worker["job_types"]) == {"fetch", "parse", "explode"}
+
+
+def test_workers_with_none_registered(runner: CliRunner, pgwork_dsn: str) -> None:
+    result = run(runner, pgwork_dsn, "workers")
+
+    assert result.exit_code == 0
+    assert "no workers registered" in result.stdout
+    assert run_json(runner, pgwork_dsn, "workers") == {"workers": []}
+
+
+def test_workers_refuses_a_dead_after_that_is_not_positive(
+    runner: CliRunner, pgwork_dsn: str
+) -> None:
+    result = run(runner, pgwork_dsn, "workers", "--dead-after", "0")
+
+    assert result.exit_code == 2
+    assert "--dead-after" in result.stderr
