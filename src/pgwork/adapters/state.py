@@ -471,9 +471,11 @@ class StateAdapter(Protocol):
         exclude_worker: str,
         limit: int = 1,
         dead_workers: Sequence[str] = (),
+        held: Sequence[UUID] | None = None,
     ) -> list[ReapedJob]:
         """Take back up to ``limit`` jobs whose lease expired (types in ``type_names``,
-        not ``exclude_worker``'s own), and every running job of ``dead_workers``."""
+        not ``exclude_worker``'s own — or, when ``held`` lists the lease tokens it still
+        holds, none of those), and every running job of ``dead_workers``."""
         ...
 
     async def get_jobs(

@@ -179,6 +179,7 @@ class InstrumentedStateAdapter:
         exclude_worker: str,
         limit: int = 1,
         dead_workers: Sequence[str] = (),
+        held: Sequence[UUID] | None = None,
     ) -> list[ReapedJob]:
         return await self._call(
             "reap",
@@ -187,6 +188,7 @@ class InstrumentedStateAdapter:
                 exclude_worker=exclude_worker,
                 limit=limit,
                 dead_workers=dead_workers,
+                held=held,
             ),
         )
 

@@ -300,7 +300,11 @@ WITH expired AS (
       AND (
           (j.leased_until < now()
            AND j.type_name = ANY(%(type_names)s::text[])
-           AND j.leased_by IS DISTINCT FROM %(worker_id)s)
+           -- Not the reaping worker's own jobs — unless it says which leases it still
+           -- holds: then a job it abandoned (its attempt aborted while the database
+           -- was unreachable) is taken back like anyone else's.
+           AND (j.leased_by IS DISTINCT FROM %(worker_id)s
+                OR NOT (j.lease_token = ANY(COALESCE(%(held)s::uuid[], ARRAY[j.lease_token])))))
           -- Workers found dead by their heartbeat: take all their jobs back at once.
           OR j.leased_by = ANY(%(dead_workers)s::text[])
       )

@@ -408,6 +408,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         exclude_worker: str,
         limit: int = 1,
         dead_workers: Sequence[str] = (),
+        held: Sequence[UUID] | None = None,
     ) -> list[ReapedJob]:
         if not type_names and not dead_workers:
             return []
@@ -416,6 +417,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             "worker_id": exclude_worker,
             "limit": limit,
             "dead_workers": list(dead_workers),
+            "held": list(held) if held is not None else None,
         }
         async with self._pooled() as conn:
             rows = await self._fetch(conn, self._sql.reap, params)

@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.adapters.state import WorkerInfo
+from pgwork.adapters.state import Lease, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
@@ -104,6 +104,7 @@ class InProcessWorker:
         self._maintenance = Maintenance(client, schedules)
         self._batcher = CompletionBatcher(client.state, in_flight=lambda: len(self._slots))
         self._last_reap = -REAP_INTERVAL
+        self._unsettled: list[Lease] = []
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
@@ -275,6 +276,7 @@ class InProcessWorker:
             while not self._stop_requested.is_set():
                 self._wake = anyio.Event()
                 try:
+                    await self._release_unsettled()
                     await self._reap()
                     await self._fill(slots)
                     failures = 0
@@ -289,12 +291,34 @@ class InProcessWorker:
                         exc,
                         delay,
                     )
+                    # Cut short by stop() or by the listener coming back (the database
+                    # is reachable again), so recovery does not wait out the backoff.
                     with anyio.move_on_after(delay):
-                        await self._stop_requested.wait()
+                        await self._wake.wait()
                     continue
                 with anyio.move_on_after(self.poll_interval):
                     await self._wake.wait()
             await self._drain()
+
+    async def _release_unsettled(self) -> None:
+        """Give back jobs whose attempt ended while their outcome could not be written.
+
+        The release is fenced by the lease token: a job someone else took meanwhile is
+        left alone. It goes back to its old place in the queue and will run again."""
+        if not self._unsettled:
+            return
+        leases, self._unsettled = self._unsettled, []
+        try:
+            released = await self.state.release(leases=leases)
+        except Exception:
+            self._unsettled.extend(leases)
+            raise
+        log.warning(
+            "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
+            self.worker_id,
+            released,
+            len(leases),
+        )
 
     async def _reap(self) -> None:
         # At most one per turn, and only every REAP_INTERVAL while nothing is found:
@@ -303,7 +327,10 @@ class InProcessWorker:
         if now - self._last_reap < REAP_INTERVAL:
             return
         reaped = await self.state.reap(
-            type_names=list(self._types), exclude_worker=self.worker_id, limit=1
+            type_names=list(self._types),
+            exclude_worker=self.worker_id,
+            limit=1,
+            held=list(self._slots),
         )
         self._last_reap = -REAP_INTERVAL if reaped else now
         for job in reaped:
@@ -389,6 +416,9 @@ class InProcessWorker:
                 error_message=record.message,
                 settled=False,
             )
+            # Nothing could be written (the database went away): hand the job back as
+            # soon as it is reachable again, instead of leaving it to a reaper.
+            self._unsettled.append(slot.lease)
         finally:
             self._slots.pop(slot.acquired.lease_token, None)
             self._wake.set()
