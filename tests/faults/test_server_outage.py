@@ -73,7 +73,9 @@ def test_outage_longer_than_the_lease_single_worker(
     )
     stranded = fetch(
         fault_dsn,
-        "SELECT id, leased_by, leased_until < now(), status, scheduled_at - now(), attempt, last_attempt_error->>'type' FROM pgwork.jobs WHERE status NOT IN ('completed', 'failed')",
+        "SELECT id, leased_by, leased_until < now(), status, scheduled_at - now(), attempt, "
+        "last_attempt_error->>'type' FROM pgwork.jobs "
+        "WHERE status NOT IN ('completed', 'failed')",
     )
     figures.notes["stranded"] = [tuple(map(str, row)) for row in stranded]
     report(figures)
