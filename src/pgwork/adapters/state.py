@@ -475,7 +475,8 @@ class StateAdapter(Protocol):
     ) -> list[ReapedJob]:
         """Take back up to ``limit`` jobs whose lease expired (types in ``type_names``,
         not ``exclude_worker``'s own — or, when ``held`` lists the lease tokens it still
-        holds, none of those), and every running job of ``dead_workers``."""
+        holds, none of those), and every running job of ``dead_workers`` — all of them,
+        expired or not, whatever ``limit``."""
         ...
 
     async def get_jobs(

@@ -297,20 +297,31 @@ WITH expired AS (
     SELECT j.id, j.leased_by
     FROM {jobs} AS j
     WHERE j.status = 'running'
-      AND (
-          (j.leased_until < now()
-           AND j.type_name = ANY(%(type_names)s::text[])
-           -- Not the reaping worker's own jobs — unless it says which leases it still
-           -- holds: then a job it abandoned (its attempt aborted while the database
-           -- was unreachable) is taken back like anyone else's.
-           AND (j.leased_by IS DISTINCT FROM %(worker_id)s
-                OR NOT (j.lease_token = ANY(COALESCE(%(held)s::uuid[], ARRAY[j.lease_token])))))
-          -- Workers found dead by their heartbeat: take all their jobs back at once.
-          OR j.leased_by = ANY(%(dead_workers)s::text[])
-      )
+      AND j.leased_until < now()
+      AND j.type_name = ANY(%(type_names)s::text[])
+      -- Not the reaping worker's own jobs — unless it says which leases it still
+      -- holds: then a job it abandoned (its attempt aborted while the database
+      -- was unreachable) is taken back like anyone else's.
+      AND (j.leased_by IS DISTINCT FROM %(worker_id)s
+           OR NOT (j.lease_token = ANY(COALESCE(%(held)s::uuid[], ARRAY[j.lease_token]))))
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+-- Workers found dead by their heartbeat: all their jobs at once, leases expired or
+-- not and whatever the limit (which bounds expired leases only).
+abandoned AS (
+    SELECT j.id, j.leased_by
+    FROM {jobs} AS j
+    WHERE cardinality(%(dead_workers)s::text[]) > 0
+      AND j.status = 'running'
+      AND j.leased_by = ANY(%(dead_workers)s::text[])
+    FOR UPDATE SKIP LOCKED
+),
+taken AS (
+    SELECT id, leased_by FROM expired
+    UNION
+    SELECT id, leased_by FROM abandoned
 ),
 reaped AS (
     UPDATE {jobs} AS j
@@ -332,7 +343,7 @@ reaped AS (
                             THEN 'failed'::{chain_status} ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
                                   THEN now() ELSE j.chain_completed_at END
-    FROM expired AS e
+    FROM taken AS e
     WHERE j.id = e.id
     RETURNING j.id, j.chain_id, j.type_name, e.leased_by, j.attempt, j.status::text,
         j.chain_has_dependants AS has_dependants
