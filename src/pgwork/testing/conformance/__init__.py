@@ -46,6 +46,7 @@ pytest.register_assert_rewrite(
             "_state_lease",
             "_state_queries",
             "_state_reap",
+            "_state_registry",
         )
     )
 )

@@ -12,6 +12,7 @@ from pgwork.testing.conformance._state_enqueue import EnqueueConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
+from pgwork.testing.conformance._state_registry import RegistryConformance
 
 __all__ = ["StateAdapterConformance"]
 
@@ -30,11 +31,12 @@ class StateAdapterConformance(
     QueryConformance,
     DeletionConformance,
     RetentionConformance,
+    RegistryConformance,
 ):
     """Subclass with a ``state_adapter`` fixture to run the whole state suite.
 
     The fixture yields an adapter on a fresh, empty store and closes it afterwards.
     Optional: a ``lock_waiters`` fixture (see ``StateSuiteBase.lock_waiters``) and the
-    timing knobs ``short_lease``, ``expiry_timeout``, ``blocking_grace``
-    and ``short_retention``.
+    timing knobs ``short_lease``, ``expiry_timeout``, ``blocking_grace``,
+    ``short_retention`` and ``short_silence``.
     """
