@@ -48,6 +48,27 @@ class ReapConformance(StateSuiteBase):
         others = await store.adapter.reap(type_names=[ALPHA], exclude_worker="worker-b", limit=10)
         assert [r.job_id for r in others] == [own.id]
 
+    async def test_reap_takes_the_reapers_own_expired_leases_it_says_it_no_longer_holds(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job(), store.new_job())
+        kept, abandoned = await store.acquire(worker="worker-a", lease=self.short_lease, limit=2)
+        sentinel = await store.acquire_one(worker="worker-b", lease=self.short_lease)
+        reaped = await store.reap_when_expired(
+            exclude_worker="worker-a", timeout=self.expiry_timeout
+        )
+        assert [r.job_id for r in reaped] == [sentinel.id]
+
+        own = await store.adapter.reap(
+            type_names=[ALPHA], exclude_worker="worker-a", limit=10, held=[kept.lease_token]
+        )
+        assert [(r.job_id, r.leased_by) for r in own] == [(abandoned.id, "worker-a")]
+        assert (await store.job(kept.id)).status is JobStatus.RUNNING
+        rest = await store.adapter.reap(
+            type_names=[ALPHA], exclude_worker="worker-a", limit=10, held=[]
+        )
+        assert [r.job_id for r in rest] == [kept.id]
+
     async def test_reap_counts_the_attempt_and_returns_the_job_to_its_queue(
         self, store: StateHarness
     ) -> None:
