@@ -19,7 +19,7 @@ oracle catches the failure it is meant to catch:
 
 ``unfenced``    complete/renew/fail ignore the lease token; an atomic attempt takes no
                 row lock and checks no token
-``no-reap``     expired leases are never taken back
+``no-reap``     expired leases (and dead workers' jobs) are never taken back
 ``eager-reap``  leases are taken back long before they expire
 """
 
@@ -64,28 +64,29 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),
     ],
-    "no-reap": [
-        ("REAP", "(j.leased_until < now()", "(j.leased_until < now() AND false"),
-        (
-            "REAP",
-            "OR j.leased_by = ANY(%(dead_workers)s::text[])",
-            "OR (false AND j.leased_by = ANY(%(dead_workers)s::text[]))",
-        ),
-    ],
     "eager-reap": [
-        ("REAP", "(j.leased_until < now()", "(j.leased_until < now() + interval '1 hour'")
+        ("REAP", "j.leased_until < now()", "j.leased_until < now() + interval '1 hour'")
     ],
 }
 
 
+async def _never_reap(self: PostgresStateAdapter, **_: Any) -> list[Any]:
+    return []
+
+
 def break_statements(spec: str) -> None:
-    """Patch the statement templates named by ``spec`` (comma-separated breakages)."""
+    """Patch the statement templates named by ``spec`` (comma-separated breakages);
+    ``no-reap`` replaces the adapter's ``reap`` (expired leases and dead workers')."""
     for name in filter(None, (part.strip() for part in spec.split(","))):
+        if name == "no-reap":
+            PostgresStateAdapter.reap = _never_reap  # type: ignore[method-assign]
+            continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
-            setattr(_statements, constant, template.replace(old, new))
+            # The first occurrence only: the statement's first use is the one meant.
+            setattr(_statements, constant, template.replace(old, new, 1))
 
 
 class _Events:
