@@ -182,13 +182,18 @@ LEFT JOIN {jobs} AS r ON r.id = j.chain_id
 """
 
 # Put failed jobs back to work with a fresh set of attempts; ``front`` moves them
-# ahead of everything already waiting in their queue (at their priority).
+# just ahead of the oldest job already waiting in their queue (at their priority), so
+# queue-age figures stay meaningful.
 RETRY_FAILED = """
 UPDATE {jobs} AS j
 SET status = 'pending',
     attempt = 0,
     completed_at = NULL,
-    scheduled_at = CASE WHEN %(front)s::bool THEN 'epoch'::timestamptz ELSE now() END,
+    scheduled_at = CASE WHEN %(front)s::bool THEN LEAST(now(), (
+                       SELECT min(p.scheduled_at) FROM {jobs} AS p
+                       WHERE p.status = 'pending' AND p.queue = j.queue
+                   )) - interval '1 millisecond'
+                   ELSE now() END,
     chain_status = CASE WHEN j.id = j.chain_id THEN 'active'::{chain_status}
                         ELSE j.chain_status END,
     chain_completed_at = CASE WHEN j.id = j.chain_id THEN NULL ELSE j.chain_completed_at END
