@@ -368,7 +368,9 @@ class InProcessWorker:
             slot.abort(AbortReason.WORKER_STOPPING)
 
     def _staged_holders(self) -> list[Slot]:
-        return [s for s in self._slots.values() if s.staged and s.attempt is not None]
+        return [
+            s for s in self._slots.values() if s.staged and s.attempt is not None and not s.settling
+        ]
 
     async def _listen(self, listener: Listener) -> None:
         failures = 0

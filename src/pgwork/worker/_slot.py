@@ -49,13 +49,24 @@ class _Rollback(Exception):
 class Slot:
     """One running attempt's bookkeeping; also the renewer's LeaseHolder."""
 
-    __slots__ = ("acquired", "attempt", "job_type", "lease_deadline", "pending_abort", "started")
+    __slots__ = (
+        "acquired",
+        "attempt",
+        "job_type",
+        "lease_deadline",
+        "pending_abort",
+        "settling",
+        "started",
+    )
 
     def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
         self.acquired = acquired
         self.job_type = job_type
         self.attempt: Attempt[Any, Any] | None = None
         self.pending_abort: AbortReason | None = None
+        # The handler returned and its outcome is being written: renewing the lease now
+        # could only race the write (and misread the completed job as a lost lease).
+        self.settling = False
         self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
         self.started = time.monotonic()
 
@@ -197,6 +208,7 @@ class SlotRunner:
                 await self._settle_failure(slot, decode_error, terminal=True)
             return
         error = await self._call_handler(slot, attempt, slot.job_type.timeout)
+        slot.settling = True
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
 
