@@ -51,9 +51,12 @@ def _probe(dsn: str, figures: Figures, held: Held, since: float, timeout: float)
     figures.recovery_s.append(recovery if recovery is not None else float("inf"))
 
 
-def kill_random_worker(dsn: str, load: Load, seed: int = 7) -> Inject:
+def kill_random_worker(
+    dsn: str, load: Load, seed: int = 7, probe_timeout: float | None = None
+) -> Inject:
     """SIGKILL one worker mid-job (the supervisor starts a replacement)."""
     rng = random.Random(seed)
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 3
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         victim = fleet.kill(rng.randrange(len(fleet.workers)), signal.SIGKILL)
@@ -61,7 +64,7 @@ def kill_random_worker(dsn: str, load: Load, seed: int = 7) -> Inject:
         victim.proc.wait(10)
         # Read after the kill: a dead process cannot change what it holds.
         held = held_leases(dsn, worker=victim.worker_id)
-        _probe(dsn, figures, held, killed_at, recovery_bound(load) + 3)
+        _probe(dsn, figures, held, killed_at, timeout)
 
     return inject
 

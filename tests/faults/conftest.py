@@ -69,7 +69,7 @@ class Tier:
         return replace(base, **overrides)
 
 
-QUICK = Tier("quick", load_jobs=300, workers=3, slots=8, faults=3, fault_every=1.5, lease=1.0)
+QUICK = Tier("quick", load_jobs=200, workers=3, slots=8, faults=3, fault_every=1.5, lease=1.0)
 FULL = Tier("full", load_jobs=5000, workers=4, slots=10, faults=20, fault_every=2.0, lease=2.0)
 
 

@@ -5,6 +5,7 @@ swaps the adapter's SQL in that process); the library is untouched."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,15 +17,16 @@ from tests.faults._worker import BROKEN_ENV
 
 pytestmark = pytest.mark.timeout(120)
 
-SMALL = Load(jobs=80, workers=2, slots=6, lease=1.0, faults=1, fault_every=1.0, drain_timeout=6)
+SMALL = Load(jobs=60, workers=2, slots=6, lease=1.0, faults=1, fault_every=1.0, drain_timeout=3)
 
 
-def run_broken(dsn: str, breakage: str, **kwargs: Any) -> Figures:
+def run_broken(dsn: str, breakage: str, load: Load = SMALL, **kwargs: Any) -> Figures:
     figures, _ = run_under_faults(
         dsn,
         f"SIGKILL, broken build: {breakage}",
-        SMALL,
-        kill_random_worker(dsn, SMALL),
+        load,
+        # Just past the bound: a broken build need not be waited for any longer.
+        kill_random_worker(dsn, load, probe_timeout=recovery_bound(load) + 0.5),
         env={BROKEN_ENV: breakage},
         **kwargs,
     )
@@ -39,7 +41,8 @@ def test_unfenced_build_commits_duplicate_effects(
     again while the first run still commits. The correct build runs the same jobs in
     the SIGKILL scenario's mix without a duplicate."""
     slow_atomic = [("effect", Spec(n=n, ms=int(SMALL.lease * 2000))) for n in range(24)]
-    figures = report(run_broken(fault_dsn, "unfenced", jobs=slow_atomic))
+    load = replace(SMALL, drain_timeout=20)
+    figures = report(run_broken(fault_dsn, "unfenced", load, jobs=slow_atomic))
     assert figures.duplicate_effects > 0
 
 

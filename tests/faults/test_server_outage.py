@@ -59,7 +59,7 @@ def test_outage_longer_than_the_lease_single_worker(
     because their lease ran out while the database was unreachable, and outcomes it
     could not write. (Found stranded for good by this test before the worker reaped its
     own abandoned leases.)"""
-    load = tier.load(jobs=60, workers=1, slots=4, faults=1, drain_timeout=30)
+    load = tier.load(jobs=30, workers=1, slots=4, faults=1, fault_every=1.0, drain_timeout=30)
     figures, fleet = run_under_faults(
         fault_dsn,
         f"database down {_outage_seconds(load):.0f} s (> lease), 1 worker",
