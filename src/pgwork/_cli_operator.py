@@ -1,0 +1,299 @@
+"""The operator commands of ``pgwork``: jobs, chains, queues and workers.
+
+Each is a click command or group defined here and attached to ``pgwork.cli.main`` by
+``cli.py`` (``main.add_command``); this module never imports ``pgwork.cli``. They need no
+job-type registry: the client's empty registry leaves inputs and outputs as the stored
+JSON, so an operator can look at any deployment's jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import anyio
+import click
+from rich.console import RenderableType
+
+from pgwork import _cli_views as views
+from pgwork._cli_common import dsn_option, require_dsn, schema_option, stdout
+from pgwork.adapters.state import WorkerRecord
+from pgwork.client import Client, create_client
+from pgwork.errors import ConfigurationError
+from pgwork.job_types import JobTypeRegistry
+from pgwork.postgres._connect import connect
+from pgwork.postgres.notify import PostgresNotifyAdapter
+from pgwork.postgres.state import PostgresStateAdapter
+from pgwork.records import Chain, Job, JobStatus, Page
+
+__all__ = ["chains", "jobs", "queues", "workers"]
+
+T = TypeVar("T")
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document (stable keys) for scripts."
+)
+
+
+def _operate(dsn: str | None, schema: str, operation: Callable[[Client], Awaitable[T]]) -> T:
+    """Run ``operation`` on a client of ``schema`` at ``dsn``, closing it afterwards."""
+    given = require_dsn(dsn)
+
+    async def run() -> T:
+        state = await PostgresStateAdapter.connect(given, schema=schema, max_size=2)
+        client = create_client(
+            state_adapter=state,
+            notify_adapter=PostgresNotifyAdapter(given, schema=schema),
+            registry=JobTypeRegistry(),
+            observers=[],
+        )
+        try:
+            return await operation(client)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.close()
+
+    return anyio.run(run)
+
+
+async def _committed(dsn: str, work: Callable[[object], Awaitable[T]]) -> T:
+    """Run ``work`` in a transaction of its own and commit it; on any error the
+    connection is closed uncommitted, so nothing of it (notices included) happens."""
+    conn = await connect(dsn)
+    try:
+        result = await work(conn)
+        await conn.commit()
+        return result
+    finally:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+
+
+def _parse_ids(values: tuple[str, ...], what: str) -> list[UUID]:
+    ids: list[UUID] = []
+    for value in values:
+        try:
+            ids.append(UUID(value))
+        except ValueError:
+            raise ConfigurationError(
+                f"{value!r} is not a {what} id: ids are UUIDs, as `pgwork jobs list` prints them"
+            ) from None
+    return list(dict.fromkeys(ids))
+
+
+def _job_status(value: str | None) -> JobStatus | None:
+    if value is None:
+        return None
+    try:
+        return JobStatus(value.lower())
+    except ValueError:
+        known = ", ".join(JobStatus)
+        raise ConfigurationError(f"unknown job status {value!r}; use one of {known}") from None
+
+
+def _show(as_json: bool, data: Any, view: Callable[[int], RenderableType]) -> None:
+    """Print ``data`` as JSON, or ``view(width)`` (a table fitted to the terminal)."""
+    if as_json:
+        click.echo(views.dumps(data))
+    else:
+        out = stdout()
+        out.print(view(out.width))
+
+
+@click.group(short_help="List, show, retry and cancel jobs.")
+def jobs() -> None:
+    """List, show, retry and cancel jobs (no job-type registry needed)."""
+
+
+@jobs.command("list", short_help="Jobs, newest first, a page at a time.")
+@dsn_option
+@schema_option
+@click.option("--type", "type_name", help="Only jobs of this type.")
+@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--status", help=f"Only jobs in this status: {', '.join(JobStatus)}.")
+@click.option("--chain", "chain_id", help="Only the jobs of this chain.")
+@click.option("--limit", type=int, default=50, show_default=True, help="Jobs per page (1-1000).")
+@click.option("--cursor", help="Where the previous page ended (its printed next cursor).")
+@json_option
+def list_jobs(
+    dsn: str | None,
+    schema: str,
+    type_name: str | None,
+    queue: str | None,
+    status: str | None,
+    chain_id: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """Jobs, newest first, one page at a time; prints the cursor of the next page."""
+    chain = _parse_ids((chain_id,), "chain")[0] if chain_id is not None else None
+    wanted = _job_status(status)
+
+    async def read(client: Client) -> tuple[Page[Job[Any]], datetime]:
+        page = await client.list_jobs(
+            type_name=type_name,
+            queue=queue,
+            status=wanted,
+            chain_id=chain,
+            limit=limit,
+            cursor=cursor,
+        )
+        return page, await client.state.now()
+
+    page, now = _operate(dsn, schema, read)
+    _show(as_json, views.job_page_json(page), lambda w: views.job_page_view(page, now, width=w))
+
+
+@jobs.command("show", short_help="Every field of one job.")
+@click.argument("job_id", metavar="ID")
+@dsn_option
+@schema_option
+@json_option
+def show_job(dsn: str | None, schema: str, job_id: str, as_json: bool) -> None:
+    """Every field of one job, with its last error and traceback."""
+    wanted = _parse_ids((job_id,), "job")[0]
+
+    async def read(client: Client) -> tuple[Job[Any], datetime]:
+        return await client.get_job(wanted), await client.state.now()
+
+    job, now = _operate(dsn, schema, read)
+    _show(as_json, views.job_json(job), lambda _: views.job_view(job, now))
+
+
+@jobs.command("retry", short_help="Put failed jobs back to work.")
+@click.argument("job_ids", nargs=-1, required=True, metavar="ID...")
+@dsn_option
+@schema_option
+@click.option(
+    "--front/--no-front",
+    default=True,
+    show_default=True,
+    help="Run them ahead of what already waits in their queues.",
+)
+def retry_jobs(dsn: str | None, schema: str, job_ids: tuple[str, ...], front: bool) -> None:
+    """Put failed jobs back to work with a fresh set of attempts (all or none)."""
+    given, wanted = require_dsn(dsn), _parse_ids(job_ids, "job")
+
+    async def retry(client: Client) -> list[UUID]:
+        return await _committed(given, lambda tx: client.retry(tx, wanted, front=front))
+
+    for job_id in _operate(given, schema, retry):
+        click.echo(f"retried {job_id}")
+
+
+@jobs.command("cancel", short_help="Cancel the chains of jobs.")
+@click.argument("ids", nargs=-1, required=True, metavar="ID...")
+@dsn_option
+@schema_option
+def cancel_jobs(dsn: str | None, schema: str, ids: tuple[str, ...]) -> None:
+    """Cancel the chains of these jobs (or chains), all or none.
+
+    Their pending jobs never run; a running job's worker is told to abort its attempt.
+    """
+    given, wanted = require_dsn(dsn), _parse_ids(ids, "job or chain")
+
+    async def cancel(client: Client) -> list[UUID]:
+        return await _committed(given, lambda tx: client.cancel(tx, wanted))
+
+    for chain_id in _operate(given, schema, cancel):
+        click.echo(f"cancelled chain {chain_id}")
+
+
+@click.group(short_help="Show a chain and its jobs.")
+def chains() -> None:
+    """Look at chains (no job-type registry needed)."""
+
+
+@chains.command("show")
+@click.argument("chain_id", metavar="ID")
+@dsn_option
+@schema_option
+@json_option
+def show_chain(dsn: str | None, schema: str, chain_id: str, as_json: bool) -> None:
+    """A chain's status and output, and its jobs in order."""
+    wanted = _parse_ids((chain_id,), "chain")[0]
+
+    async def read(client: Client) -> tuple[Chain, list[Job[Any]], datetime]:
+        chain = await client.get_chain(wanted)
+        return chain, await client.list_chain_jobs(wanted), await client.state.now()
+
+    chain, chain_jobs, now = _operate(dsn, schema, read)
+    _show(
+        as_json,
+        views.chain_json(chain, chain_jobs),
+        lambda w: views.chain_view(chain, chain_jobs, now, width=w),
+    )
+
+
+@click.group(invoke_without_command=True, short_help="Queue depths; pause and resume queues.")
+@dsn_option
+@schema_option
+@json_option
+@click.pass_context
+def queues(ctx: click.Context, dsn: str | None, schema: str, as_json: bool) -> None:
+    """Without a command: per queue, the jobs ready, scheduled, running, blocked and
+    failed, how long the oldest ready job has waited, and whether the queue is paused."""
+    if ctx.invoked_subcommand is not None:
+        return
+    counts = _operate(dsn, schema, lambda client: client.count_jobs())
+    _show(as_json, views.queues_json(counts), lambda w: views.queues_view(counts, width=w))
+
+
+def _group_connection(ctx: click.Context, dsn: str | None, schema: str) -> tuple[str | None, str]:
+    """--dsn / --schema given before the subcommand (`pgwork queues --dsn X pause q`)."""
+    given = ctx.parent.params if ctx.parent is not None else {}
+    if ctx.get_parameter_source("schema") is click.core.ParameterSource.DEFAULT:
+        schema = given.get("schema") or schema
+    return dsn or given.get("dsn"), schema
+
+
+@queues.command("pause")
+@click.argument("name")
+@dsn_option
+@schema_option
+@click.pass_context
+def pause_queue(ctx: click.Context, name: str, dsn: str | None, schema: str) -> None:
+    """Stop workers taking jobs from queue NAME; running attempts go on. The pause is
+    stored, so it outlasts worker restarts."""
+    dsn, schema = _group_connection(ctx, dsn, schema)
+    _operate(dsn, schema, lambda client: client.pause_queue(name))
+    click.echo(f"paused queue {name!r}: workers take no new jobs from it")
+
+
+@queues.command("resume")
+@click.argument("name")
+@dsn_option
+@schema_option
+@click.pass_context
+def resume_queue(ctx: click.Context, name: str, dsn: str | None, schema: str) -> None:
+    """Let workers take jobs from queue NAME again (and wake them up)."""
+    dsn, schema = _group_connection(ctx, dsn, schema)
+    _operate(dsn, schema, lambda client: client.resume_queue(name))
+    click.echo(f"resumed queue {name!r}")
+
+
+@click.command(short_help="Registered workers and whether they are alive.")
+@dsn_option
+@schema_option
+@click.option(
+    "--dead-after",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds without a heartbeat after which a worker counts as dead.",
+)
+@json_option
+def workers(dsn: str | None, schema: str, dead_after: float, as_json: bool) -> None:
+    """Registered workers, newest first: host, pid, status, busy slots, queues, and the
+    age of the last heartbeat (measured on the database's clock)."""
+
+    async def read(client: Client) -> tuple[list[WorkerRecord], datetime]:
+        return await client.list_workers(dead_after=dead_after), await client.state.now()
+
+    found, now = _operate(dsn, schema, read)
+    _show(
+        as_json, views.workers_json(found, now), lambda w: views.workers_view(found, now, width=w)
+    )
