@@ -253,7 +253,18 @@ def test_jobs_retry_puts_a_failed_job_back_in_its_queue(
     job = run_json(runner, pgwork_dsn, "jobs", "show", str(seeded.failed_job))
     assert (job["status"], job["attempt"]) == ("pending", 0)
     scheduled = datetime.fromisoformat(job["scheduled_at"])
-    assert (scheduled < datetime.fromisoformat(job["created_at"])) is front
+    others = [
+        datetime.fromisoformat(j["scheduled_at"])
+        for j in run_json(
+            runner, pgwork_dsn, "jobs", "list", "--queue", job["queue"], "--status", "pending"
+        )["jobs"]
+        if j["id"] != job["id"]
+    ]
+    if front:  # ahead of every job already waiting in its queue
+        assert all(scheduled < other for other in others)
+    else:  # due from the retry on, behind what was already waiting
+        assert scheduled > datetime.fromisoformat(job["created_at"])
+        assert all(scheduled > other for other in others)
 
 
 def test_jobs_retry_of_a_job_that_has_not_failed_changes_nothing(
