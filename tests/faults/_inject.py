@@ -64,6 +64,7 @@ def kill_random_worker(
         victim.proc.wait(10)
         # Read after the kill: a dead process cannot change what it holds.
         held = held_leases(dsn, worker=victim.worker_id)
+        figures.notes.setdefault("victims", []).append(victim.worker_id)
         _probe(dsn, figures, held, killed_at, timeout)
 
     return inject
