@@ -301,22 +301,28 @@ class InProcessWorker:
             await self._drain()
 
     async def _release_unsettled(self) -> None:
-        """Give back jobs whose attempt ended while their outcome could not be written.
+        """Give back jobs whose attempt ended while its outcome could not be written.
 
-        The release is fenced by the lease token: a job someone else took meanwhile is
-        left alone. It goes back to its old place in the queue and will run again."""
+        Each goes back to the queue at once, fenced by its lease token (a job someone
+        else took meanwhile is left alone), and the attempt still counts: the handler
+        did run, and a job whose outcome can never be written must not retry forever.
+        """
         if not self._unsettled:
             return
         leases, self._unsettled = self._unsettled, []
-        try:
-            released = await self.state.release(leases=leases)
-        except Exception:
-            self._unsettled.extend(leases)
-            raise
+        handed_back = 0
+        for position, lease in enumerate(leases):
+            try:
+                handed_back += await self.state.reschedule(
+                    None, lease=lease, run_at=None, run_after=None, count_attempt=True
+                )
+            except Exception:
+                self._unsettled.extend(leases[position:])
+                raise
         log.warning(
             "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
             self.worker_id,
-            released,
+            handed_back,
             len(leases),
         )
 

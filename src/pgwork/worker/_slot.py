@@ -42,6 +42,10 @@ log = logging.getLogger("pgwork.worker")
 __all__ = ["Slot", "SlotRunner"]
 
 
+class _Refused(Exception):
+    """Leaves an atomic attempt's transaction whose completion was refused."""
+
+
 class _Rollback(Exception):
     """Leaves an atomic attempt's transaction without committing the handler's writes."""
 
@@ -235,7 +239,14 @@ class SlotRunner:
                     raise _Rollback
                 with anyio.CancelScope(shield=True):
                     written = await self._write_outcome(slot, attempt, tx)
+                if not written:
+                    # The lease no longer holds: the handler's writes must not commit.
+                    raise _Refused
             self._report_outcome(slot, attempt, written)  # after the commit
+            return
+        except _Refused:
+            assert attempt is not None
+            self._report_outcome(slot, attempt, False)
             return
         except _Rollback:
             pass
