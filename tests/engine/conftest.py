@@ -83,3 +83,24 @@ async def scalar(dsn: str, query: str, *params: Any) -> Any:
         cur = await c.execute(query, params or None)
         row = await cur.fetchone()
         return row[0] if row else None
+
+
+class HangUntilAborted:
+    """A handler that runs until the worker aborts it, recording why.
+
+    ``running`` is set once the handler started, ``aborted`` once it was stopped;
+    ``reasons`` holds each attempt's ``abort_reason``.
+    """
+
+    def __init__(self) -> None:
+        self.running = anyio.Event()
+        self.aborted = anyio.Event()
+        self.reasons: list[Any] = []
+
+    async def __call__(self, attempt: Any) -> Any:
+        self.running.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            self.reasons.append(attempt.abort_reason)
+            self.aborted.set()

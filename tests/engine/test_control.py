@@ -30,7 +30,7 @@ from pgwork.errors import (
 from pgwork.schedules import CronSchedule
 from pgwork.worker._maintenance import Maintenance
 
-from .conftest import ClientFactory, eventually, scalar
+from .conftest import ClientFactory, HangUntilAborted, eventually, scalar
 
 pytestmark = pytest.mark.anyio
 
@@ -272,18 +272,8 @@ async def test_cancel_while_running_aborts_the_attempt_with_reason_cancelled(
 ) -> None:
     client = await make_client(registry())
     task = client.registry.get("task")
-    running = anyio.Event()
-    aborted = anyio.Event()
-    reasons: list[AbortReason | None] = []
-
-    async def handle(attempt: Attempt[Item, Item]) -> Item:
-        running.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            reasons.append(attempt.abort_reason)
-            aborted.set()
-        raise AssertionError("unreachable")
+    handle = HangUntilAborted()
+    running, aborted, reasons = handle.running, handle.aborted, handle.reasons
 
     await workers(client=client, processors={task: handle})
     started = await client.start_chain(conn, task, Item(name="long"))
@@ -376,18 +366,8 @@ async def test_completing_from_outside_a_worker_tells_the_holder_to_abandon(
 ) -> None:
     client = await make_client(registry())
     task = client.registry.get("task")
-    running = anyio.Event()
-    reasons: list[AbortReason | None] = []
-    aborted = anyio.Event()
-
-    async def handle(attempt: Attempt[Item, Item]) -> Item:
-        running.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            reasons.append(attempt.abort_reason)
-            aborted.set()
-        raise AssertionError("unreachable")
+    handle = HangUntilAborted()
+    running, aborted, reasons = handle.running, handle.aborted, handle.reasons
 
     await workers(client=client, processors={task: handle})
     started = await client.start_chain(conn, task, Item(name="webhook"))

@@ -27,7 +27,7 @@ from pgwork import (
     log_context,
 )
 
-from .conftest import ClientFactory, eventually, scalar
+from .conftest import ClientFactory, HangUntilAborted, eventually, scalar
 
 pytestmark = pytest.mark.anyio
 
@@ -330,15 +330,8 @@ async def test_stop_hands_in_flight_jobs_back_without_burning_an_attempt(
     reg = JobTypeRegistry()
     stuck = reg.job_type("stuck", input=Num)
     client = await make_client(reg)
-    running = anyio.Event()
-    reasons: list[AbortReason | None] = []
-
-    async def handle(attempt: Attempt[Num, Any]) -> None:
-        running.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            reasons.append(attempt.abort_reason)
+    handle = HangUntilAborted()
+    running, reasons = handle.running, handle.reasons
 
     worker = create_in_process_worker(
         client=client, processors={stuck: handle}, grace_period=0.2, poll_interval=0.1
@@ -411,17 +404,8 @@ async def test_lost_lease_aborts_the_handler(
     reg = JobTypeRegistry()
     long = reg.job_type("long", input=Num, lease=timedelta(milliseconds=600))
     client = await make_client(reg)
-    running = anyio.Event()
-    aborted = anyio.Event()
-    reasons: list[AbortReason | None] = []
-
-    async def handle(attempt: Attempt[Num, Any]) -> None:
-        running.set()
-        try:
-            await anyio.sleep_forever()
-        finally:
-            reasons.append(attempt.abort_reason)
-            aborted.set()
+    handle = HangUntilAborted()
+    running, aborted, reasons = handle.running, handle.aborted, handle.reasons
 
     await workers(client=client, processors={long: handle})
     started = await client.start_chain(conn, long, Num(n=1))
