@@ -430,6 +430,22 @@ class StateAdapter(Protocol):
         """Lock the job row in ``tx`` for an atomic attempt; False if no longer held."""
         ...
 
+    async def complete_and_acquire(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        """``complete(None, completions=...)`` then ``acquire(...)``, committed together:
+        both happen or, when this raises, neither. A worker's finished batch and its
+        next batch of work travel in one round trip, with one commit. Completions with
+        a continuation are refused (``ValueError``): they need a transaction of their
+        own."""
+        ...
+
     async def renew(
         self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
     ) -> list[RenewResult]:

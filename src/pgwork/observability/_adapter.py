@@ -131,6 +131,26 @@ class InstrumentedStateAdapter:
             self.inner.acquire(worker_id=worker_id, leases=leases, queues=queues, limit=limit),
         )
 
+    async def complete_and_acquire(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        return await self._call(
+            "complete_and_acquire",
+            self.inner.complete_and_acquire(
+                completions=completions,
+                worker_id=worker_id,
+                leases=leases,
+                queues=queues,
+                limit=limit,
+            ),
+        )
+
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:

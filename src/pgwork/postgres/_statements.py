@@ -86,13 +86,15 @@ CROSS JOIN LATERAL (
 ) AS j
 """
 
-# The second half of both acquire statements: lease the chosen candidates, each for
+# The second half of every acquire statement: lease the chosen candidates, each for
 # its own type's duration.
-_LEASE_CANDIDATES = """
+_LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)s::text[], %(lease_seconds)s::float8[])
         AS l(type_name, seconds)
-)
+)"""
+
+_LEASE_CANDIDATES = """
 UPDATE {jobs} AS j
 SET status = 'running',
     attempt = j.attempt + 1,
@@ -110,13 +112,13 @@ RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.inp
 # Queues are drained in the order given (strictly), each on its own index range, so a
 # deep low-priority queue never slows acquiring from a high-priority one. Rows locked
 # beyond the outer LIMIT are released at commit, a few milliseconds later.
-ACQUIRE = f"""
-WITH candidates AS (
+_CANDIDATES_BY_QUEUE = """
+candidates AS (
     SELECT c.id
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.scheduled_at
-        FROM {{jobs}} AS j
+        FROM {jobs} AS j
         WHERE j.status = 'pending'
           AND j.queue = q.name
           AND j.scheduled_at <= now()
@@ -125,26 +127,28 @@ WITH candidates AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = q.name AND p.paused)
+    WHERE NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.name = q.name AND p.paused)
     ORDER BY q.rank, c.priority, c.scheduled_at
     LIMIT %(limit)s
-),
-{_LEASE_CANDIDATES}"""
+)"""
+
+ACQUIRE = f"WITH {_CANDIDATES_BY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
 
 # ``queues=None``: any queue not paused, best priority then oldest first across all.
-ACQUIRE_ANY_QUEUE = f"""
-WITH candidates AS (
+_CANDIDATES_ANY_QUEUE = """
+candidates AS (
     SELECT j.id
-    FROM {{jobs}} AS j
+    FROM {jobs} AS j
     WHERE j.status = 'pending'
       AND j.scheduled_at <= now()
       AND j.type_name = ANY(%(type_names)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = j.queue AND p.paused)
+      AND NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.name = j.queue AND p.paused)
     ORDER BY j.priority, j.scheduled_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-),
-{_LEASE_CANDIDATES}"""
+)"""
+
+ACQUIRE_ANY_QUEUE = f"WITH {_CANDIDATES_ANY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
 
 # Locks the row for an atomic attempt; the lock is held until the attempt's
 # transaction ends. The session-local idle timeout ends a transaction whose handler
@@ -178,8 +182,8 @@ LEFT JOIN {jobs} AS j ON j.id = r.id
 # Completes jobs. A worker's completion is fenced by its lease token; a completion
 # without token (workerless) applies to any job not yet final. A chain ends when its
 # job completes without continuation: the root row records that.
-COMPLETE = """
-WITH c AS (
+_COMPLETE_CTES = """
+c AS (
     SELECT * FROM unnest(
         %(ids)s::uuid[], %(tokens)s::uuid[], %(outputs)s::text[], %(ends_chain)s::bool[]
     ) AS c(id, token, output, ends_chain)
@@ -209,7 +213,9 @@ roots AS (
     FROM done
     WHERE r.id = done.chain_id AND r.id <> done.id AND done.ends_chain
     RETURNING r.id, r.chain_awaited AS awaited, r.chain_has_dependants AS has_dependants
-)
+)"""
+
+_COMPLETE_RESULT = """
 SELECT d.id, d.chain_id, d.chain_index, d.ends_chain,
     d.ends_chain AND CASE WHEN d.id = d.chain_id THEN d.has_dependants
                           ELSE COALESCE(rt.has_dependants, false) END AS has_dependants,
@@ -218,6 +224,35 @@ SELECT d.id, d.chain_id, d.chain_index, d.ends_chain,
 FROM done AS d
 LEFT JOIN roots AS rt ON rt.id = d.chain_id
 """
+
+COMPLETE = f"WITH {_COMPLETE_CTES}{_COMPLETE_RESULT}"
+
+# A worker's turn in one statement: complete the finished batch and lease the next
+# one. The two touch disjoint rows (running vs pending), so one snapshot serves both.
+# The first row (``head``) carries the completions' results as parallel arrays, one
+# entry per accepted completion; every other row is an acquired job.
+_HEAD = """
+SELECT true AS head, array_agg(x.id) AS ids, array_agg(x.chain_id) AS chain_ids,
+    array_agg(x.has_dependants) AS has_dependants, array_agg(x.awaited) AS awaited
+FROM completed AS x
+"""
+
+_ACQUIRED_ROWS = """
+SELECT false, NULL::uuid[], NULL::uuid[], NULL::bool[], NULL::bool[], a.*
+FROM acquired AS a
+"""
+
+
+def _complete_and_acquire(candidates: str) -> str:
+    return (
+        f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
+        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * 16)}"
+        f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
+    )
+
+
+COMPLETE_AND_ACQUIRE = _complete_and_acquire(_CANDIDATES_BY_QUEUE)
+COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(_CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
 # (which fails the chain).
@@ -401,6 +436,8 @@ class Statements:
     find_dedup_matches: bytes
     acquire: bytes
     acquire_any_queue: bytes
+    complete_and_acquire: bytes
+    complete_and_acquire_any_queue: bytes
     begin_atomic: bytes
     renew: bytes
     complete: bytes

@@ -243,19 +243,64 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> list[AcquiredJob]:
         if limit <= 0 or not leases:
             return []
-        params = {
+        query, params = self._acquire_statement(worker_id, leases, queues, limit)
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, query, params)
+        return [acquired_from_row(row) for row in rows]
+
+    def _acquire_statement(
+        self,
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[bytes, dict[str, Any]]:
+        params: dict[str, Any] = {
             "worker_id": worker_id,
             "type_names": list(leases),
             "lease_seconds": [d.total_seconds() for d in leases.values()],
             "limit": limit,
         }
         if queues is None:
-            query = self._sql.acquire_any_queue
-        else:
-            query, params["queues"] = self._sql.acquire, list(queues)
+            return self._sql.acquire_any_queue, params
+        params["queues"] = list(queues)
+        return self._sql.acquire, params
+
+    async def complete_and_acquire(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        if any(c.continuation for c in completions):
+            raise ValueError("complete_and_acquire takes completions without continuation")
+        if not completions:
+            return [], await self.acquire(
+                worker_id=worker_id, leases=leases, queues=queues, limit=limit
+            )
+        if limit <= 0 or not leases:
+            return await self.complete(None, completions=completions), []
+        query, params = self._acquire_statement(worker_id, leases, queues, limit)
+        query = (
+            self._sql.complete_and_acquire_any_queue
+            if queues is None
+            else (self._sql.complete_and_acquire)
+        )
+        params.update(_completion_params(completions))
         async with self._pooled() as conn:
             rows = await self._fetch(conn, query, params)
-        return [acquired_from_row(row) for row in rows]
+        head = next(row for row in rows if row[0])
+        completed_rows = [
+            (job_id, chain_id, None, True, has_dependants, awaited)
+            for job_id, chain_id, has_dependants, awaited in zip(
+                head[1] or (), head[2] or (), head[3] or (), head[4] or (), strict=True
+            )
+        ]
+        results = await self._completion_results(None, completions, completed_rows)
+        return results, [acquired_from_row(row[5:]) for row in rows if not row[0]]
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
@@ -306,14 +351,18 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         if tx is None and any(c.continuation for c in completions):
             async with self.transaction() as own:
                 return await self.complete(own, completions=completions)
-        params = {
-            "ids": [c.job_id for c in completions],
-            "tokens": [c.lease_token for c in completions],
-            "outputs": [c.output_json for c in completions],
-            "ends_chain": [c.continuation is None for c in completions],
-        }
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.complete, params)
+            rows = await self._fetch(conn, self._sql.complete, _completion_params(completions))
+        return await self._completion_results(tx, completions, rows)
+
+    async def _completion_results(
+        self,
+        tx: TransactionHandle | None,
+        completions: Sequence[Completion],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> list[CompletionResult]:
+        """Insert the accepted completions' continuations, settle dependants of chains
+        that ended, and say what each completion did."""
         # id -> (chain_id, ends_chain, has_dependants, awaited)
         accepted = {row[0]: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
         continuations = [
@@ -451,6 +500,15 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         async with self._connection(tx) as conn:
             rows = await self._fetch(conn, self._sql.list_chain_jobs, {"chain_id": chain_id})
         return [job_from_row(row) for row in rows]
+
+
+def _completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]:
+    return {
+        "ids": [c.job_id for c in completions],
+        "tokens": [c.lease_token for c in completions],
+        "outputs": [c.output_json for c in completions],
+        "ends_chain": [c.continuation is None for c in completions],
+    }
 
 
 def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:

@@ -1,11 +1,12 @@
 """Grouping staged completions that finish close together into one statement.
 
-A slot hands its completion to the batcher and waits; the batcher writes everything
-that arrived within ``max_delay`` (or as soon as ``max_size`` are waiting) with one
-``complete`` call, then releases each waiting slot with its own result. A slot is
-released only after the write committed, so nothing is acknowledged before it is
-durable. Completions with a continuation, or inside an atomic attempt's transaction,
-do not come here: they need their own transaction.
+A slot hands its completion here and waits. Usually the worker's main loop takes the
+waiting completions and writes them together with its next acquire (one round trip,
+one commit); when the loop is not acquiring (no free slot, or it is backing off), the
+batcher writes them itself, within ``max_delay`` or as soon as ``max_size`` wait. A
+slot is released only after the write committed, so nothing is acknowledged before it
+is durable. Completions with a continuation, or inside an atomic attempt's
+transaction, do not come here: they need their own transaction.
 
 A failed write is retried with a short backoff (the jobs are still leased to us); if
 it keeps failing, every waiting slot gets the error and its job is left to be reaped.
@@ -14,8 +15,8 @@ it keeps failing, every waiting slot gets the error and its job is left to be re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import anyio
 
@@ -23,22 +24,27 @@ from pgwork.adapters.state import Completion, CompletionResult, StateAdapter
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["CompletionBatcher"]
+__all__ = ["CompletionBatcher", "Pending"]
 
 RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
+    """One completion waiting to be written. ``written`` is shared by every completion
+    that joined the same batch: one event per batch, not per job."""
+
     completion: Completion
-    done: anyio.Event = field(default_factory=anyio.Event)
+    written: anyio.Event
     result: CompletionResult | None = None
     error: BaseException | None = None
 
 
 class CompletionBatcher:
-    """``in_flight()`` is the number of attempts that may still join a batch: once all
-    of them are waiting here, waiting longer only adds latency, so the batch goes."""
+    """``in_flight()`` is the number of handlers still running whose completion may
+    yet join a batch: once it is zero, waiting longer only adds latency, so the batch
+    goes. Call ``nudge()`` when a handler ends without joining (it failed, say), so a
+    waiting batch need not sit out ``max_delay`` for it."""
 
     def __init__(
         self,
@@ -52,22 +58,80 @@ class CompletionBatcher:
         self.max_size = max_size
         self.max_delay = max_delay
         self._in_flight = in_flight
-        self._waiting: list[_Pending] = []
+        self._waiting: list[Pending] = []
+        self._written = anyio.Event()
         self._arrived = anyio.Event()
         self._full = anyio.Event()
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     async def complete(self, completion: Completion) -> CompletionResult:
         """Queue ``completion`` and return its result once it is committed."""
-        pending = _Pending(completion)
+        pending = Pending(completion, self._written)
         self._waiting.append(pending)
         self._arrived.set()
-        if len(self._waiting) >= min(self.max_size, self._in_flight()):
-            self._full.set()
-        await pending.done.wait()
+        self.nudge()
+        # A completion can move to another batch's event (``take``, ``give_back``): it
+        # wakes when its old event is set, finds no result, and waits on the new one.
+        while pending.result is None and pending.error is None:
+            await pending.written.wait()
         if pending.error is not None:
             raise pending.error
         assert pending.result is not None
         return pending.result
+
+    def nudge(self) -> None:
+        """Send the waiting batch now if nothing else can join it soon."""
+        if self._waiting and (len(self._waiting) >= self.max_size or self._in_flight() == 0):
+            self._full.set()
+
+    def take(self, limit: int | None = None) -> list[Pending]:
+        """Hand the waiting completions (up to ``limit``) to a caller that writes them
+        and then calls ``deliver`` or ``fail``. Every completion taken shares one event."""
+        limit = self.max_size if limit is None else limit
+        if not self._waiting:
+            return []
+        batch, self._waiting = self._waiting[:limit], self._waiting[limit:]
+        if self._waiting:
+            # The rest move to a fresh event; they wake once more when this batch is
+            # delivered, see no result of their own, and wait on the fresh one.
+            fresh = anyio.Event()
+            for pending in self._waiting:
+                pending.written = fresh
+            self._written = fresh
+        else:
+            self._written = anyio.Event()
+            self._arrived = anyio.Event()
+            self._full = anyio.Event()
+        return batch
+
+    @staticmethod
+    def deliver(batch: Sequence[Pending], results: Sequence[CompletionResult]) -> None:
+        for pending, result in zip(batch, results, strict=True):
+            pending.result = result
+        if batch:
+            batch[0].written.set()
+
+    @staticmethod
+    def fail(batch: Sequence[Pending], error: BaseException) -> None:
+        for pending in batch:
+            pending.error = error
+        if batch:
+            batch[0].written.set()
+
+    def give_back(self, batch: Sequence[Pending]) -> None:
+        """Return a taken batch whose write failed: the batcher retries it."""
+        if not batch:
+            return
+        moved_from = batch[0].written
+        for pending in batch:
+            pending.written = self._written
+        moved_from.set()
+        self._waiting[:0] = batch
+        self._arrived.set()
+        self._full.set()
 
     async def run_forever(self) -> None:
         """Flush batches until cancelled; a batch being written is shielded so slots
@@ -76,13 +140,11 @@ class CompletionBatcher:
             await self._arrived.wait()
             with anyio.move_on_after(self.max_delay):
                 await self._full.wait()
-            batch, self._waiting = self._waiting, []
-            self._arrived = anyio.Event()
-            self._full = anyio.Event()
+            batch = self.take()
             with anyio.CancelScope(shield=True):
                 await self._flush(batch)
 
-    async def _flush(self, batch: list[_Pending]) -> None:
+    async def _flush(self, batch: list[Pending]) -> None:
         if not batch:
             return
         error: BaseException | None = None
@@ -101,10 +163,7 @@ class CompletionBatcher:
                 )
                 await anyio.sleep(delay)
                 continue
-            for pending, result in zip(batch, results, strict=True):
-                pending.result = result
-                pending.done.set()
+            self.deliver(batch, results)
             return
-        for pending in batch:
-            pending.error = error
-            pending.done.set()
+        assert error is not None
+        self.fail(batch, error)

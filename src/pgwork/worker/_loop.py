@@ -102,7 +102,11 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
-        self._batcher = CompletionBatcher(client.state, in_flight=lambda: len(self._slots))
+        # Staged slots count as free once their handler returns; at most this many
+        # attempts may be unsettled (handler running or outcome not yet durable), so
+        # writing one batch of outcomes overlaps acquiring and running the next.
+        self._max_unsettled = 2 * max_slots
+        self._batcher = CompletionBatcher(client.state, in_flight=self._staged_running)
         self._last_reap = -REAP_INTERVAL
         self._unsettled: list[Lease] = []
         self._events = Emitter(client.observers if observers is None else observers)
@@ -118,6 +122,9 @@ class InProcessWorker:
         )
         self._leases = {name: t.lease for name, t in self._types.items()}
         self._slots: dict[Any, Slot] = {}
+        # Slots taken: attempts whose handler has not returned (an atomic attempt holds
+        # its slot, and its transaction, until it is settled).
+        self._handlers_running = 0
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
@@ -147,6 +154,7 @@ class InProcessWorker:
             batcher=self._batcher,
             events=self._events,
             rng=self._rng,
+            on_returned=self._handler_returned,
         )
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -158,6 +166,14 @@ class InProcessWorker:
         return ("busy" if self._slots else "idle"), len(self._slots)
 
     def _wake_up(self) -> None:
+        self._wake.set()
+
+    def _staged_running(self) -> int:
+        return self._handlers_running
+
+    def _handler_returned(self, slot: Slot) -> None:
+        self._handlers_running -= 1
+        self._batcher.nudge()
         self._wake.set()
 
     @property
@@ -351,17 +367,29 @@ class InProcessWorker:
             )
 
     async def _fill(self, slots: anyio.abc.TaskGroup) -> None:
-        free = self.max_slots - len(self._slots)
+        free = min(self.max_slots - self._handlers_running, self._max_unsettled - len(self._slots))
         if free <= 0 or not self._heartbeat.healthy:
             return
-        acquired = await self.state.acquire(
-            worker_id=self.worker_id, leases=self._leases, queues=self.queues, limit=free
-        )
+        # Outcomes waiting to be written go with the acquire: one round trip, one commit.
+        batch = self._batcher.take()
+        try:
+            results, acquired = await self.state.complete_and_acquire(
+                completions=[pending.completion for pending in batch],
+                worker_id=self.worker_id,
+                leases=self._leases,
+                queues=self.queues,
+                limit=free,
+            )
+        except BaseException:
+            self._batcher.give_back(batch)  # the batcher retries them on its own
+            raise
+        self._batcher.deliver(batch, results)
         for job in acquired:
             slot = Slot(job, self._types[job.type_name])
             # Keyed by lease token: the same job can come back to this worker (reaped,
             # then re-acquired) while a stale attempt on it is still being aborted.
             self._slots[job.lease_token] = slot
+            self._handlers_running += 1
             slots.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
 
     async def _drain(self) -> None:
@@ -428,6 +456,8 @@ class InProcessWorker:
             # soon as it is reachable again, instead of leaving it to a reaper.
             self._unsettled.append(slot.lease)
         finally:
+            if not slot.settling:
+                self._handlers_running -= 1
             self._slots.pop(slot.acquired.lease_token, None)
             self._wake.set()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -111,6 +111,7 @@ class SlotRunner:
         batcher: CompletionBatcher,
         events: Emitter,
         rng: random.Random,
+        on_returned: Callable[[Slot], None] = lambda slot: None,
     ) -> None:
         self.client = client
         self.state = client.state
@@ -120,6 +121,7 @@ class SlotRunner:
         self._batcher = batcher
         self._events = events
         self._rng = rng
+        self._on_returned = on_returned
 
     async def run(self, slot: Slot) -> None:
         if slot.job_type.mode == "atomic":
@@ -213,6 +215,9 @@ class SlotRunner:
             return
         error = await self._call_handler(slot, attempt, slot.job_type.timeout)
         slot.settling = True
+        # The handler is done: its slot may take the next job while this outcome is
+        # written (the worker bounds how many outcomes may be unwritten at once).
+        self._on_returned(slot)
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
 

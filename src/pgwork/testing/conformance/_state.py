@@ -13,6 +13,7 @@ from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
 from pgwork.testing.conformance._state_registry import RegistryConformance
+from pgwork.testing.conformance._state_turn import TurnConformance
 
 __all__ = ["StateAdapterConformance"]
 
@@ -22,6 +23,7 @@ class StateAdapterConformance(
     AcquireConformance,
     LeaseConformance,
     CompleteConformance,
+    TurnConformance,
     FailConformance,
     ReapConformance,
     AtomicConformance,
