@@ -70,7 +70,9 @@ class HandlerTask(Generic[T]):
         None, with ``abandoned`` set, when it did not end within ``abandon_after`` of its
         timeout or abort."""
         started = time.monotonic()
-        task = asyncio.get_running_loop().create_task(_call(body), name=f"pgwork-{self._label}")
+        task = asyncio.get_running_loop().create_task(
+            _call(body), name=f"pgwork-handler {self._label}"
+        )
         task.add_done_callback(self._on_done)
         try:
             with anyio.move_on_after(timeout):
