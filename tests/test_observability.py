@@ -94,6 +94,7 @@ def test_every_event_name_is_a_documented_constant_in_the_catalogue() -> None:
         "attempt.failed",
         "attempt.retried",
         "attempt.aborted",
+        "attempt.abandoned",
         "job.reaped",
         "lease.lost",
         "worker.started",

@@ -25,6 +25,7 @@ EXPECTED = {
     "DedupSpec",
     "DuplicateJobTypeError",
     "Handler",
+    "HandlerAbandonedError",
     "InProcessNotifyAdapter",
     "InProcessWorker",
     "InvalidCursorError",

@@ -34,7 +34,9 @@ The tree::
     │   └── ChainFailedError          await_chain on a chain that failed or was cancelled
     ├── AwaitTimeoutError             await_chain gave up waiting (also a TimeoutError)
     └── WorkerError
-        └── WorkerStateError          start twice, start after stop, ...
+        ├── WorkerStateError          start twice, start after stop, ...
+        └── HandlerAbandonedError     a handler ignored cancellation and was abandoned
+                                      (a TimeoutError; stored on the job, never raised)
 
 Messages say what went wrong and what to do next. The module imports nothing from
 pgwork so any layer can raise these.
@@ -57,6 +59,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
+    "HandlerAbandonedError",
     "InvalidCronError",
     "InvalidCursorError",
     "InvalidDedupWindowError",
@@ -392,3 +395,23 @@ class WorkerError(PgworkError):
 
 class WorkerStateError(WorkerError):
     pass
+
+
+class HandlerAbandonedError(WorkerError, TimeoutError):
+    """Recorded as the error of an attempt whose handler did not end after it was told
+    to stop: the worker freed the slot and failed the attempt without waiting for it."""
+
+    def __init__(
+        self, job_id: UUID, type_name: str, attempt: int, cause: str, waited: float
+    ) -> None:
+        self.job_id = job_id
+        self.type_name = type_name
+        self.attempt = attempt
+        self.cause = cause
+        self.waited = waited
+        super().__init__(
+            f"handler of job {job_id} ({type_name!r}, attempt {attempt}) ignored cancellation "
+            f"({cause}) and had not ended {waited:.1f}s later; the worker abandoned it and "
+            "freed its slot. Let CancelledError propagate (do not swallow it or shield long "
+            "awaits), or raise the type's abandon_after if cleanup needs longer"
+        )

@@ -64,6 +64,7 @@ class JobType(Generic[I, O]):
     priority: int
     timeout: timedelta | None
     mode: ProcessingMode
+    abandon_after: timedelta | None
     retention: timedelta | None
     blocker_failure: BlockerFailurePolicy
     input_codec: Codec[I] = field(repr=False)
@@ -136,6 +137,7 @@ class JobTypeRegistry:
         priority: int = ...,
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
+        abandon_after: timedelta | None = ...,
         retention: timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
     ) -> JobType[I, O]: ...
@@ -156,6 +158,7 @@ class JobTypeRegistry:
         priority: int = ...,
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
+        abandon_after: timedelta | None = ...,
         retention: timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
     ) -> JobType[I, Any]: ...
@@ -175,6 +178,7 @@ class JobTypeRegistry:
         priority: int = 0,
         timeout: timedelta | None = None,
         mode: ProcessingMode = "staged",
+        abandon_after: timedelta | None = None,
         retention: timedelta | None = None,
         blocker_failure: BlockerFailurePolicy = "fail",
     ) -> JobType[Any, Any]:
@@ -184,6 +188,9 @@ class JobTypeRegistry:
         hand its chain to; names may refer to types declared later, which allows loops.
         ``lease``: how long a staged attempt holds the job between renewals.
         ``timeout``: per-attempt deadline (also bounds an atomic attempt's transaction).
+        ``abandon_after``: how long a handler that was cancelled (timeout, lost lease,
+        worker stopping) may take to end before the worker abandons it: frees its slot,
+        stops renewing its lease and fails the attempt (default: the worker's).
         ``priority``: lower runs first within a queue.
         ``retention``: delete this type's chains that long after they completed or failed
         (a worker maintenance step; ``None`` keeps them).
@@ -203,6 +210,10 @@ class JobTypeRegistry:
             raise ConfigurationError(f"lease of {name!r} must be positive, got {lease}")
         if timeout is not None and timeout <= timedelta(0):
             raise ConfigurationError(f"timeout of {name!r} must be positive, got {timeout}")
+        if abandon_after is not None and abandon_after < timedelta(0):
+            raise ConfigurationError(
+                f"abandon_after of {name!r} must not be negative, got {abandon_after}"
+            )
         if priority not in _PRIORITY_RANGE:
             raise ConfigurationError(f"priority of {name!r} must fit a smallint, got {priority}")
         if mode not in ("staged", "atomic"):
@@ -230,6 +241,7 @@ class JobTypeRegistry:
             priority=priority,
             timeout=timeout,
             mode=mode,
+            abandon_after=abandon_after,
             retention=retention,
             blocker_failure=blocker_failure,
             input_codec=Codec(input, type_name=name, what="input"),

@@ -54,18 +54,26 @@ def _probe(dsn: str, figures: Figures, held: Held, since: float, timeout: float)
 def kill_random_worker(
     dsn: str, load: Load, seed: int = 7, probe_timeout: float | None = None
 ) -> Inject:
-    """SIGKILL one worker mid-job (the supervisor starts a replacement)."""
+    """SIGKILL one worker mid-job (the supervisor starts a replacement). The victim is
+    frozen (SIGSTOP) for the moment it takes to read the leases it holds."""
     rng = random.Random(seed)
     timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 3
 
     def inject(fleet: Fleet, figures: Figures) -> None:
-        victim = fleet.kill(rng.randrange(len(fleet.workers)), signal.SIGKILL)
-        killed_at = time.monotonic()
+        victim = fleet.kill(rng.randrange(len(fleet.workers)), signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        # Read while the victim is frozen: it changes nothing, and its open transactions
+        # keep their row locks. Read only after the kill, an atomic job whose lease had
+        # already expired (legal: its row lock holds it) could be reaped in the moment
+        # between the kill releasing that lock and the read, and go uncounted.
+        frozen = held_leases(dsn, worker=victim.worker_id)
+        victim.send(signal.SIGKILL)
         victim.proc.wait(10)
-        # Read after the kill: a dead process cannot change what it holds.
-        held = held_leases(dsn, worker=victim.worker_id)
+        # And after the kill: a statement the victim sent before it froze (an acquire)
+        # may have committed since; its fresh lease cannot have been reaped yet.
+        held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
         figures.notes.setdefault("victims", []).append(victim.worker_id)
-        _probe(dsn, figures, held, killed_at, timeout)
+        _probe(dsn, figures, held, stopped_at, timeout)
 
     return inject
 

@@ -73,6 +73,8 @@ class Load:
     faults: int = 4
     fault_every: float = 1.5
     drain_timeout: float = 60.0
+    # How long the workers' final stop lets attempts still in flight finish.
+    grace: float = 0.2
 
 
 Inject = Callable[[Fleet, Figures], None]
@@ -104,7 +106,12 @@ def run_under_faults(
         jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
     enqueue(dsn, jobs)
     options = Options(
-        types="work,effect", slots=load.slots, lease=load.lease, poll=load.poll, env=env or {}
+        types="work,effect",
+        slots=load.slots,
+        lease=load.lease,
+        poll=load.poll,
+        grace=load.grace,
+        env=env or {},
     )
     started = time.monotonic()
     fleet = Fleet(dsn, load.workers, options)

@@ -17,8 +17,9 @@ grace period (``--grace``) is kept short so in-flight jobs are released at once.
 deliberately broken statements before the adapter is built, so the tests can show each
 oracle catches the failure it is meant to catch:
 
-``unfenced``    complete/renew/fail ignore the lease token; an atomic attempt takes no
-                row lock and checks no token
+``unfenced``    complete/renew/fail ignore the lease token (a completion matches its
+                job by id alone, whatever its status); an atomic attempt takes no row
+                lock and checks no token
 ``no-reap``     expired leases (and dead workers' jobs) are never taken back
 ``eager-reap``  leases are taken back long before they expire
 """
@@ -54,7 +55,14 @@ BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
 # so a change to the real SQL cannot silently turn a broken build into a correct one.
 _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
     "unfenced": [
-        ("COMPLETE", "ELSE j.lease_token = c.token AND j.status", "ELSE j.status"),
+        # Not even a job's final state fences a completion: in atomic mode a refused
+        # completion rolls the handler's writes back, so a build that only dropped the
+        # token check would still commit one effect per job.
+        (
+            "COMPLETE",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
         ("RENEW", "j.id = r.id AND j.lease_token = r.token AND", "j.id = r.id AND"),
         ("RENEW", "ON u.id = r.id AND u.lease_token = r.token", "ON u.id = r.id"),
         ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),

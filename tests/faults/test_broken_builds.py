@@ -5,7 +5,6 @@ swaps the adapter's SQL in that process); the library is untouched."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from tests.faults._jobs import Spec
 from tests.faults._load import Load, run_under_faults
 from tests.faults._oracle import Figures
 from tests.faults._worker import BROKEN_ENV
-from tests.faults.conftest import Tier
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,23 +32,55 @@ def run_broken(dsn: str, breakage: str, load: Load = SMALL, **kwargs: Any) -> Fi
     return figures
 
 
+# Atomic jobs whose first run outlives its lease (legal: the row lock, not renewals,
+# holds an atomic job), on two workers polling often enough to reap each other's expired
+# leases well before those runs end (2.5 leases, under the type's timeout of 3). A run
+# after the first is quick and ends first; the workers' final stop lets the first runs
+# finish (grace), so each job's every run gets its chance to commit.
+OUTLIVE = Load(
+    jobs=4, workers=2, slots=4, lease=1.0, poll=0.2, faults=0, drain_timeout=15, grace=5.0
+)
+OUTLIVING_JOBS = [
+    ("effect", Spec(n=n, ms=50, first_ms=int(OUTLIVE.lease * 2500))) for n in range(4)
+]
+
+
+def _no_fault(fleet: object, figures: Figures) -> None:  # pragma: no cover - faults=0
+    raise AssertionError("this scenario injects no fault")
+
+
+def run_outliving(dsn: str, breakage: str) -> Figures:
+    figures, _ = run_under_faults(
+        dsn,
+        f"atomic jobs outlive their lease, build: {breakage or 'correct'}",
+        OUTLIVE,
+        _no_fault,
+        env={BROKEN_ENV: breakage},
+        jobs=OUTLIVING_JOBS,
+    )
+    return figures
+
+
 def test_unfenced_build_commits_duplicate_effects(
-    fault_dsn: str, report: Callable[[Figures], Figures], tier: Tier
+    fault_dsn: str, report: Callable[[Figures], Figures]
 ) -> None:
-    """Without the lease-token check and row lock, an atomic job that outlives its
-    lease (legal: the row lock, not renewals, holds an atomic job) is reaped and run
-    again while the first run still commits. The correct build runs the same jobs in
-    the SIGKILL scenario's mix without a duplicate."""
-    if tier.name == "quick":
-        pytest.skip(
-            "open (issue 5): at the quick tier's sizes the unfenced build no longer shows a "
-            "duplicate effect reliably since the engine's latest reap changes; the full tier "
-            "(--faults-full) still runs this oracle check"
-        )
-    slow_atomic = [("effect", Spec(n=n, ms=int(SMALL.lease * 2000))) for n in range(24)]
-    load = replace(SMALL, drain_timeout=20)
-    figures = report(run_broken(fault_dsn, "unfenced", load, jobs=slow_atomic))
+    """Without the row lock, the lease-token check and the refusal of a completion for
+    a job that is no longer running, an atomic job that outlives its lease is reaped by
+    the other worker and run again while its first run still goes on, and both runs
+    commit their effect."""
+    figures = report(run_outliving(fault_dsn, "unfenced"))
     assert figures.duplicate_effects > 0
+
+
+def test_correct_build_runs_the_same_jobs_without_a_duplicate(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    """The control for the test above: the row lock keeps the other worker from reaping
+    the expired leases, so each job runs once and commits one effect."""
+    figures = report(run_outliving(fault_dsn, ""))
+    assert (figures.completed, figures.lost) == (len(OUTLIVING_JOBS), 0)
+    assert figures.duplicate_effects == 0
+    assert figures.duplicate_executions == 0
 
 
 def test_build_that_never_reaps_loses_jobs(

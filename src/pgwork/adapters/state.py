@@ -388,6 +388,12 @@ class ChainDeletion:
 class TransactionHandle(Protocol):
     """An open transaction an adapter can run statements in (adapter-specific)."""
 
+    async def discard(self) -> None:
+        """End the transaction by dropping its connection, at once, without waiting for
+        a statement in progress; the connection is never reused. For a transaction a
+        handler the worker abandoned may still be using."""
+        ...
+
 
 @runtime_checkable
 class StateAdapter(Protocol):

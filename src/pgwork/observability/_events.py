@@ -22,6 +22,7 @@ __all__ = [
     "ADAPTER_CALL_ERROR",
     "ADAPTER_CALL_START",
     "ADAPTER_CALL_STOP",
+    "ATTEMPT_ABANDONED",
     "ATTEMPT_ABORTED",
     "ATTEMPT_COMPLETED",
     "ATTEMPT_FAILED",
@@ -76,6 +77,15 @@ ATTEMPT_ABORTED = "attempt.aborted"
 ``duration_s``, ``reason`` (an ``AbortReason`` value) and ``released`` (True when the
 job went back to the queue without burning the attempt, on a worker stop)."""
 
+ATTEMPT_ABANDONED = "attempt.abandoned"
+"""A handler did not end within ``abandon_after`` of being told to stop (its timeout
+fired, or it was aborted) and the worker stopped waiting for it (worker): its slot is
+freed and its lease no longer renewed; after a timeout or a stop the attempt is
+failed with ``HandlerAbandonedError`` (retried or failed for good as usual). The
+coroutine may still run; what it does later is discarded. Fields: the attempt fields,
+``duration_s``, ``cause`` (``timeout after ...`` or an ``AbortReason`` value) and
+``waited_s`` (from the timeout or abort until it was abandoned)."""
+
 JOB_REAPED = "job.reaped"
 """A worker took back a job whose lease had expired on another worker (worker).
 Fields: ``job_id``, ``job_type``, ``attempt``, ``status`` (now ``pending`` or
@@ -118,6 +128,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         ATTEMPT_FAILED,
         ATTEMPT_RETRIED,
         ATTEMPT_ABORTED,
+        ATTEMPT_ABANDONED,
         JOB_REAPED,
         LEASE_LOST,
         WORKER_STARTED,

@@ -28,6 +28,11 @@ class PgTransaction:
     def __repr__(self) -> str:
         return f"PgTransaction({self.connection!r})"
 
+    async def discard(self) -> None:
+        # close() takes no lock (a rollback would wait for the statement in progress);
+        # the server rolls back, and the pool replaces a closed connection.
+        await self.connection.close()
+
 
 async def unwrap(tx: object) -> psycopg.AsyncConnection[Any]:
     """Return the psycopg ``AsyncConnection`` that ``tx`` runs on."""

@@ -37,6 +37,7 @@ def create_in_process_worker(
     schedules: Sequence[CronSchedule[Any]] = (),
     heartbeat_interval: float = 5.0,
     dead_worker_after: float = 30.0,
+    abandon_after: float | timedelta = 5.0,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -44,7 +45,10 @@ def create_in_process_worker(
     ``queues``: queues to take jobs from, drained strictly in the given order (default:
     the queues of the processed types). ``poll_interval``: the longest the worker waits
     without a notification. ``grace_period``: how long ``stop()`` lets in-flight
-    attempts finish before aborting them and handing their jobs back. ``middlewares``
+    attempts finish before aborting them and handing their jobs back. ``abandon_after``:
+    how long a handler that was cancelled (timeout, lost lease, stop) may take to end
+    before the worker abandons it: frees its slot, stops renewing its lease and fails
+    the attempt (a job type's own ``abandon_after`` wins). ``middlewares``
     wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
     ``heartbeat_interval`` / ``dead_worker_after`` (seconds): how often the worker
     records that it is alive, and after how long without a heartbeat another worker
@@ -67,4 +71,5 @@ def create_in_process_worker(
         schedules=schedules,
         heartbeat_interval=heartbeat_interval,
         dead_worker_after=dead_worker_after,
+        abandon_after=_seconds(abandon_after, "abandon_after"),
     )

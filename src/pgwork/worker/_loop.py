@@ -78,6 +78,7 @@ class InProcessWorker:
         schedules: Sequence[CronSchedule[Any]] = (),
         heartbeat_interval: float = 5.0,
         dead_worker_after: float = 30.0,
+        abandon_after: float = 5.0,
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -85,6 +86,8 @@ class InProcessWorker:
             raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
         if grace_period < 0:
             raise ConfigurationError(f"grace_period must not be negative, got {grace_period}")
+        if abandon_after < 0:
+            raise ConfigurationError(f"abandon_after must not be negative, got {abandon_after}")
         if not processors:
             raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
         self.client = client
@@ -154,6 +157,7 @@ class InProcessWorker:
             batcher=self._batcher,
             events=self._events,
             rng=self._rng,
+            abandon_after=abandon_after,
             on_returned=self._handler_returned,
         )
 
@@ -179,6 +183,11 @@ class InProcessWorker:
     @property
     def active_slots(self) -> int:
         return len(self._slots)
+
+    @property
+    def abandoned_handlers(self) -> int:
+        """Handlers this worker gave up on (they ignored cancellation) that still run."""
+        return len(self._runner.abandoned)
 
     @property
     def job_types(self) -> tuple[str, ...]:

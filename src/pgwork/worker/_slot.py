@@ -8,6 +8,7 @@ Every write is fenced by the attempt's lease token.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -21,10 +22,11 @@ from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
-from pgwork.errors import PgworkError
+from pgwork.errors import HandlerAbandonedError, PgworkError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext
 from pgwork.observability import (
+    ATTEMPT_ABANDONED,
     ATTEMPT_ABORTED,
     ATTEMPT_COMPLETED,
     ATTEMPT_FAILED,
@@ -36,6 +38,7 @@ from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._watchdog import HandlerTask
 
 log = logging.getLogger("pgwork.worker")
 
@@ -61,6 +64,7 @@ class Slot:
         "pending_abort",
         "settling",
         "started",
+        "watch",
     )
 
     def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
@@ -73,6 +77,7 @@ class Slot:
         self.settling = False
         self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
         self.started = time.monotonic()
+        self.watch: HandlerTask[Any] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -94,6 +99,8 @@ class Slot:
             self.attempt.abort(reason)
         elif self.pending_abort is None:
             self.pending_abort = reason
+        if self.watch is not None:
+            self.watch.stop_requested()
 
 
 class SlotRunner:
@@ -111,6 +118,7 @@ class SlotRunner:
         batcher: CompletionBatcher,
         events: Emitter,
         rng: random.Random,
+        abandon_after: float,
         on_returned: Callable[[Slot], None] = lambda slot: None,
     ) -> None:
         self.client = client
@@ -121,6 +129,9 @@ class SlotRunner:
         self._batcher = batcher
         self._events = events
         self._rng = rng
+        self._abandon_after = abandon_after
+        # Handlers given up on that have not ended yet (see _watchdog).
+        self.abandoned: set[asyncio.Task[Any]] = set()
         self._on_returned = on_returned
 
     async def run(self, slot: Slot) -> None:
@@ -180,7 +191,8 @@ class SlotRunner:
         self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
     ) -> BaseException | None:
         """Run the handler through the middlewares; return the exception it ended with
-        (a deadline overrun is a ``TimeoutError``). An abort returns None with
+        (a deadline overrun is a ``TimeoutError``; a handler that did not end after its
+        timeout or abort, a ``HandlerAbandonedError``). An abort returns None with
         ``attempt.abort_reason`` set."""
         handler = self._handlers[slot.job_type.name]
         slot.started = time.monotonic()
@@ -195,17 +207,42 @@ class SlotRunner:
             ).total_seconds(),
             trace_context=acquired.trace_context,
         )
-        with attempt.cancel_scope:
-            try:
-                if timeout is not None:
-                    with anyio.fail_after(timeout.total_seconds()):
+
+        async def call() -> BaseException | None:
+            with attempt.cancel_scope:
+                try:
+                    if timeout is not None:
+                        with anyio.fail_after(timeout.total_seconds()):
+                            result = await handler(attempt)
+                    else:
                         result = await handler(attempt)
-                else:
-                    result = await handler(attempt)
-                await attempt._finish_with(result)
-            except Exception as exc:
-                return exc
-        return None
+                    await attempt._finish_with(result)
+                except Exception as exc:
+                    return exc
+            return None
+
+        # In a task of its own, so that a handler ignoring cancellation can be abandoned.
+        abandon_after = slot.job_type.abandon_after
+        watch = slot.watch = HandlerTask[BaseException | None](
+            abandon_after=(
+                self._abandon_after if abandon_after is None else abandon_after.total_seconds()
+            ),
+            abandoned=self.abandoned,
+            label=f"of job {acquired.id}",
+        )
+        if attempt.aborted:
+            watch.stop_requested()
+        error = await watch.run(call, timeout=timeout.total_seconds() if timeout else None)
+        if not watch.abandoned:
+            return error
+        reason = attempt.abort_reason
+        return HandlerAbandonedError(
+            acquired.id,
+            acquired.type_name,
+            acquired.attempt,
+            reason.value if reason is not None else f"timeout after {timeout}",
+            time.monotonic() - (watch.stopped_at or slot.started),
+        )
 
     async def _run_staged(self, slot: Slot) -> None:
         attempt, decode_error = self._attempt(slot, None)
@@ -240,6 +277,10 @@ class SlotRunner:
                 if attempt is None:
                     raise _Rollback
                 failure = await self._call_handler(slot, attempt, deadline)
+                if isinstance(failure, HandlerAbandonedError):
+                    # The abandoned handler may still use the connection: it must not
+                    # go back to the pool, nor its row lock outlive the attempt.
+                    await tx.discard()
                 if failure is not None or attempt.aborted:
                     raise _Rollback
                 with anyio.CancelScope(shield=True):
@@ -268,6 +309,12 @@ class SlotRunner:
         self, slot: Slot, attempt: Attempt[Any, Any], error: BaseException | None
     ) -> None:
         reason = attempt.abort_reason
+        if isinstance(error, HandlerAbandonedError):
+            self._report_abandoned(slot, error)
+            if reason in (None, AbortReason.WORKER_STOPPING):
+                # The handler may still be doing its work: the attempt counts.
+                await self._settle_failure(slot, error, terminal=False)
+                return
         if reason is AbortReason.WORKER_STOPPING:
             released = await self.state.release(leases=[slot.lease])
             self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
@@ -281,6 +328,9 @@ class SlotRunner:
             await self._settle_failure(slot, error, terminal=False)
             return
         self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+
+    def _report_abandoned(self, slot: Slot, error: HandlerAbandonedError) -> None:
+        self.emit(ATTEMPT_ABANDONED, slot, cause=error.cause, waited_s=error.waited)
 
     def emit(self, name: str, slot: Slot, *, duration: bool = True, **fields: Any) -> None:
         """Emit an attempt event with the attempt's identity (and duration) filled in."""
