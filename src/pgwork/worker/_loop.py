@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.adapters.state import Lease, WorkerInfo
+from pgwork.adapters.state import AcquiredJob, Lease, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
@@ -39,6 +39,7 @@ from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt, error_record
 from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._fetch import Fetcher
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
@@ -135,6 +136,16 @@ class InProcessWorker:
         self._phase = "new"
         self._startup_error: BaseException | None = None
         self._task: Any = None
+        self._slot_group: anyio.abc.TaskGroup | None = None
+        self._fetcher = Fetcher(
+            state=client.state,
+            batcher=self._batcher,
+            worker_id=self.worker_id,
+            leases=self._leases,
+            queues=self.queues,
+            arrived=self._start_slots,
+            done=self._wake_up,
+        )
         self._heartbeat = Heartbeat(
             client.state,
             WorkerInfo(
@@ -298,17 +309,20 @@ class InProcessWorker:
     async def _main_loop(self) -> None:
         failures = 0
         async with anyio.create_task_group() as slots:
+            self._slot_group = slots
             while not self._stop_requested.is_set():
                 self._wake = anyio.Event()
                 try:
                     await self._release_unsettled()
                     await self._reap()
-                    await self._fill(slots)
+                    self._fill(slots)
                     failures = 0
                 except PgworkError:
                     raise  # configuration/schema problems do not heal by retrying
                 except Exception as exc:
-                    failures += 1
+                    # A failed acquire surfaces a turn later, so its own count of
+                    # failures in a row says how long the database has been away.
+                    failures = max(failures + 1, self._fetcher.failures)
                     delay = min(LOOP_BACKOFF_MAX, 0.05 * 2**failures) * self._rng.uniform(0.8, 1.2)
                     log.warning(
                         "pgwork worker %s turn failed (%r); retrying in %.2fs",
@@ -375,35 +389,32 @@ class InProcessWorker:
                 worker_id=self.worker_id,
             )
 
-    async def _fill(self, slots: anyio.abc.TaskGroup) -> None:
+    def _fill(self, slots: anyio.abc.TaskGroup) -> None:
+        if self._fetcher.error is not None:
+            error, self._fetcher.error = self._fetcher.error, None
+            raise error
         free = min(self.max_slots - self._handlers_running, self._max_unsettled - len(self._slots))
-        if free <= 0 or not self._heartbeat.healthy:
+        if free > 0 and self._heartbeat.healthy:
+            self._fetcher.fill(slots, free)
+
+    async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
+        if self._stop_requested.is_set():
+            # Arrived after stop(): hand them straight back, no attempt burned.
+            await self.state.release(leases=[job.lease for job in acquired])
             return
-        # Outcomes waiting to be written go with the acquire: one round trip, one commit.
-        batch = self._batcher.take()
-        try:
-            results, acquired = await self.state.complete_and_acquire(
-                completions=[pending.completion for pending in batch],
-                worker_id=self.worker_id,
-                leases=self._leases,
-                queues=self.queues,
-                limit=free,
-            )
-        except BaseException:
-            self._batcher.give_back(batch)  # the batcher retries them on its own
-            raise
-        self._batcher.deliver(batch, results)
         for job in acquired:
             slot = Slot(job, self._types[job.type_name])
             # Keyed by lease token: the same job can come back to this worker (reaped,
             # then re-acquired) while a stale attempt on it is still being aborted.
             self._slots[job.lease_token] = slot
             self._handlers_running += 1
-            slots.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
+            assert self._slot_group is not None
+            self._slot_group.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
 
     async def _drain(self) -> None:
         """Graceful stop: wait up to the grace period, then abort what still runs."""
         with anyio.move_on_after(self.grace_period) as self._drain_scope:
+            await self._fetcher.idle()
             while self._slots:
                 self._wake = anyio.Event()
                 await self._wake.wait()
