@@ -11,7 +11,7 @@ breaking change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -160,7 +160,11 @@ class Event:
 @runtime_checkable
 class Observer(Protocol):
     """Receives every event. ``on_event`` runs synchronously in the emitting task, so it
-    must be quick and must not block; an exception it raises is logged and ignored."""
+    must be quick and must not block; an exception it raises is logged and ignored.
+
+    An observer may also define ``wants(name) -> bool``: when every observer says no
+    to an event, it is not even built (a worker emits several per job, and building
+    one costs more than running a no-op job's handler)."""
 
     def on_event(self, event: Event) -> None: ...
 
@@ -182,11 +186,22 @@ class EnqueueTracer(Protocol):
 class Emitter:
     """Fans events out to observers. Internal: the client and the worker each hold one."""
 
-    __slots__ = ("_observers", "_tracers")
+    __slots__ = ("_filters", "_observers", "_tracers")
 
     def __init__(self, observers: Iterable[Observer]) -> None:
         self._observers = tuple(observers)
         self._tracers = tuple(o for o in self._observers if isinstance(o, EnqueueTracer))
+        # None: some observer takes every event.
+        filters = [getattr(o, "wants", None) for o in self._observers]
+        self._filters: tuple[Callable[[str], bool], ...] | None = (
+            None if any(f is None for f in filters) else tuple(f for f in filters if f)
+        )
+
+    def wants(self, name: str) -> bool:
+        """Whether any observer would receive an event called ``name`` now."""
+        if self._filters is None:
+            return True
+        return any(wanted(name) for wanted in self._filters)
 
     @property
     def observers(self) -> tuple[Observer, ...]:
@@ -196,7 +211,7 @@ class Emitter:
         return bool(self._observers)
 
     def emit(self, name: str, /, **fields: Any) -> None:
-        if not self._observers:
+        if not self._observers or not self.wants(name):
             return
         event = Event(name, datetime.now(UTC), MappingProxyType(fields))
         for observer in self._observers:

@@ -78,6 +78,12 @@ class LoggingObserver:
         self.logger = logging.getLogger(logger) if isinstance(logger, str) else logger
         self.levels = {**DEFAULT_LEVELS, **(levels or {})}
 
+    def wants(self, name: str) -> bool:
+        level = self.levels.get(name, logging.DEBUG)
+        if name == ATTEMPT_ABORTED:
+            level = min(level, logging.INFO)
+        return self.logger.isEnabledFor(level)
+
     def on_event(self, event: Event) -> None:
         level = self.levels.get(event.name, logging.DEBUG)
         if event.name == ATTEMPT_ABORTED and event.fields.get("released"):

@@ -334,7 +334,7 @@ class SlotRunner:
 
     def emit(self, name: str, slot: Slot, *, duration: bool = True, **fields: Any) -> None:
         """Emit an attempt event with the attempt's identity (and duration) filled in."""
-        if not self._events:
+        if not self._events.wants(name):
             return
         acquired = slot.acquired
         self._events.emit(

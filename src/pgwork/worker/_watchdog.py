@@ -55,7 +55,7 @@ class HandlerTask(Generic[T]):
         self._abandoned = abandoned
         self._label = label
         self._wake = anyio.Event()
-        self._ended = anyio.Event()
+        self._ended: anyio.Event | None = None  # made only for a handler that lingers
         self.stopped_at: float | None = None
         self.abandoned = False
 
@@ -75,19 +75,22 @@ class HandlerTask(Generic[T]):
         )
         task.add_done_callback(self._on_done)
         try:
-            with anyio.move_on_after(timeout):
+            if timeout is None:
                 await self._wake.wait()  # it ended, or it was aborted
+            else:
+                with anyio.move_on_after(timeout):
+                    await self._wake.wait()
             if not task.done():
                 if self.stopped_at is None:
                     self.stopped_at = started + (timeout or 0.0)
                 with anyio.move_on_after(self._abandon_after):
-                    await self._ended.wait()
+                    await self._wait_ended(task)
         except BaseException:
             # The slot itself is being cancelled: pass it on, and give the handler as
             # long to end as an aborted one gets, but no longer.
             task.cancel()
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._abandon_after):
-                await self._ended.wait()
+                await self._wait_ended(task)
             if not task.done():
                 self._abandon(task)
             raise
@@ -96,8 +99,15 @@ class HandlerTask(Generic[T]):
             return None
         return task.result()
 
+    async def _wait_ended(self, task: asyncio.Task[Any]) -> None:
+        if self._ended is None:
+            self._ended = anyio.Event()
+        if not task.done():
+            await self._ended.wait()
+
     def _on_done(self, _: asyncio.Task[Any]) -> None:
-        self._ended.set()
+        if self._ended is not None:
+            self._ended.set()
         self._wake.set()
 
     def _abandon(self, task: asyncio.Task[Any]) -> None:
