@@ -23,8 +23,8 @@ import asyncio
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,10 +61,13 @@ class Trace:
         return words[0].decode().upper() if words else "?"
 
     def record(self, query: Any, started: float, ended: float) -> None:
+        self.record_named(self.name_of(query), started, ended)
+
+    def record_named(self, name: str, started: float, ended: float) -> None:
         if not self.on:
             return
         group = _task_group()
-        self.calls[(group, self.name_of(query))].append(ended - started)
+        self.calls[(group, name)].append(ended - started)
         self.intervals[group].append((started, ended))
 
 
@@ -86,11 +89,21 @@ def _task_group() -> str:
 
 @contextmanager
 def traced(trace: Trace) -> Iterator[None]:
-    """Time every cursor statement and every connection command (BEGIN, COMMIT, ...)."""
+    """Time every round trip: cursor statements, connection commands (BEGIN, COMMIT,
+    ...), COPY (two: its start and its end) and pipelines (one per sync, named after
+    the statements it carried)."""
     cursor_execute = psycopg.AsyncCursor.execute
+    cursor_copy = psycopg.AsyncCursor.copy
     exec_command = _connection_base.BaseConnection._exec_command
+    pipeline_exit = psycopg.AsyncPipeline.__aexit__
+    queued: list[str] = []
 
     async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._conn._pipeline is not None:
+            try:  # after the call: the implicit BEGIN it queues goes first
+                return await cursor_execute(self, query, *args, **kwargs)
+            finally:
+                queued.append(trace.name_of(query))
         started = time.perf_counter()
         try:
             return await cursor_execute(self, query, *args, **kwargs)
@@ -98,17 +111,45 @@ def traced(trace: Trace) -> Iterator[None]:
             trace.record(query, started, time.perf_counter())
 
     def command(self: Any, cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            queued.append(trace.name_of(cmd))
+            return (yield from exec_command(self, cmd, *args, **kwargs))
         started = time.perf_counter()
         result = yield from exec_command(self, cmd, *args, **kwargs)
         trace.record(cmd, started, time.perf_counter())
         return result
 
+    async def pipeline_end(self: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await pipeline_exit(self, *args)
+        finally:
+            name = "pipeline(" + "+".join(queued) + ")"
+            queued.clear()
+            trace.record_named(name, started, time.perf_counter())
+
+    @asynccontextmanager
+    async def copy(self: Any, statement: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        name = trace.name_of(statement)
+        started = time.perf_counter()
+        async with cursor_copy(self, statement, *args, **kwargs) as cp:
+            trace.record_named(f"{name} (start)", started, time.perf_counter())
+            try:
+                yield cp
+            finally:
+                finishing = time.perf_counter()
+        trace.record_named(f"{name} (end)", finishing, time.perf_counter())
+
     psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
+    psycopg.AsyncCursor.copy = copy  # type: ignore[method-assign]
+    psycopg.AsyncPipeline.__aexit__ = pipeline_end  # type: ignore[method-assign]
     _connection_base.BaseConnection._exec_command = command  # type: ignore[method-assign]
     try:
         yield
     finally:
         psycopg.AsyncCursor.execute = cursor_execute  # type: ignore[method-assign]
+        psycopg.AsyncCursor.copy = cursor_copy  # type: ignore[method-assign]
+        psycopg.AsyncPipeline.__aexit__ = pipeline_exit  # type: ignore[method-assign]
         _connection_base.BaseConnection._exec_command = exec_command  # type: ignore[method-assign]
 
 
