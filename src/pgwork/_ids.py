@@ -41,6 +41,7 @@ def new_id() -> uuid.UUID:
 
 _new = object.__new__
 _set = object.__setattr__
+_UNKNOWN = uuid.SafeUUID.unknown
 
 
 def _fast_uuid(value: int) -> uuid.UUID:
@@ -50,7 +51,7 @@ def _fast_uuid(value: int) -> uuid.UUID:
     # public constructor is used if they disagree (a future UUID layout).
     made = _new(uuid.UUID)
     _set(made, "int", value)
-    _set(made, "is_safe", uuid.SafeUUID.unknown)
+    _set(made, "is_safe", _UNKNOWN)
     return made
 
 

@@ -161,7 +161,10 @@ class Client(QueryMixin, ControlMixin):
         """Start many chains in the caller's transaction with one insert per batch."""
         if not items:
             return []
-        names = [getattr(item.job_type, "name", str(item.job_type)) for item in items]
+        names = [
+            item.job_type.name if isinstance(item.job_type, JobType) else str(item.job_type)
+            for item in items
+        ]
         with self._events.trace_enqueue(names) as trace:
             new_jobs = self._new_chains(items, trace)
             handle = await self.state.adopt(tx)

@@ -115,39 +115,52 @@ async def test_copy_and_statement_paths_write_identical_rows(
     # Everything COPY's text format must escape, in every column a caller controls.
     awkward = 'tab\there, new\nline, back\\slash, "quote", NUL-free ünïcødé ✓ \u2028 \\N'
 
-    def job() -> NewJob:
-        job_id = uuid.uuid4()
+    def job(*, root: bool = True) -> NewJob:
+        job_id = uuid.uuid4()  # also in the dedup key: no job deduplicates another
         return NewJob(
             id=job_id,
             type_name="work",
-            chain_id=job_id,
+            chain_id=job_id if root else uuid.uuid4(),
             chain_type_name="work",
-            chain_index=0,
+            chain_index=0 if root else 1,
             input_json=json.dumps({"data": {"text": awkward, "n": [1, 2.5, None, True]}}),
             queue=f"q {awkward}",
             priority=-3,
             max_attempts=7,
-            dedup=DedupSpec(f"key {awkward}"),
+            dedup=DedupSpec(f"key {awkward} {job_id}"),
             trace_context={"traceparent": awkward},
         )
 
-    copied = [job() for _ in range(BIG)]
-    single = job()
+    # Chain roots, and later jobs of chains (continuations are inserted in batches too).
+    copied = [job(root=i % 2 == 0) for i in range(2 * BIG)]
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=copied)
     async with state.transaction() as tx:
-        await state.insert_jobs(tx, jobs=[single])
+        await state.insert_jobs(tx, jobs=[job()])
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(root=False)])
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
         cur = await c.execute(
-            "SELECT DISTINCT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at',"
-            " scheduled_at = created_at FROM pgwork.jobs AS j"
+            "SELECT DISTINCT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at'"
+            " - 'dedup_key', scheduled_at = created_at, id = chain_id FROM pgwork.jobs AS j"
+            " ORDER BY 3"
         )
         rows = await cur.fetchall()
-    assert len(rows) == 1, rows
-    row, due_at_creation = rows[0]
+        cur = await c.execute(
+            "SELECT count(*) FROM pgwork.jobs WHERE dedup_key = %s || ' ' || id",
+            (f"key {awkward}",),
+        )
+        assert await cur.fetchone() == (2 * BIG + 2,)
+    assert len(rows) == 2, rows
+    (later, later_due, _), (row, due_at_creation, _) = rows
     assert due_at_creation
+    assert later_due
+    assert (later["chain_index"], later["chain_status"]) == (1, None)
+    assert {k: v for k, v in later.items() if k not in ("chain_index", "chain_status")} == {
+        k: v for k, v in row.items() if k not in ("chain_index", "chain_status")
+    }
     assert row["input"] == {"data": {"text": awkward, "n": [1, 2.5, None, True]}}
-    assert (row["queue"], row["dedup_key"]) == (f"q {awkward}", f"key {awkward}")
+    assert row["queue"] == f"q {awkward}"
     assert row["trace_context"] == {"traceparent": awkward}
     assert (row["status"], row["chain_status"], row["priority"]) == ("pending", "active", -3)
 

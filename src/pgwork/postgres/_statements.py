@@ -62,6 +62,11 @@ WITH inserted AS (
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
 """
 
+# INSERT_JOBS's announcement alone, for batches written with COPY.
+NOTIFY_READY = """
+SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
+"""
+
 # The same rows as INSERT_JOBS for jobs that are neither scheduled nor blocked, whose
 # created_at and scheduled_at both take their default, now().
 COPY_JOBS = """
@@ -415,6 +420,7 @@ class Statements:
 
     insert_jobs: bytes
     copy_jobs: bytes
+    notify_ready: bytes
     lock_dedup_keys: bytes
     find_dedup_matches: bytes
     acquire: bytes
