@@ -38,7 +38,7 @@ INSERT_CHUNK = 5000
 
 # Below this many rows COPY's extra round trips (start, finish, a separate pg_notify)
 # cost more than they save.
-COPY_MIN_ROWS = 200
+COPY_MIN_ROWS = 64
 
 _PIPELINE = psycopg.AsyncPipeline.is_supported()
 
