@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import _connection_base
+from psycopg import _connection_base, _pipeline_base
 
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import SCHEMA, Counter, Item, bulk_load, open_client, wait_drained
@@ -95,12 +95,13 @@ def traced(trace: Trace) -> Iterator[None]:
     cursor_execute = psycopg.AsyncCursor.execute
     cursor_copy = psycopg.AsyncCursor.copy
     exec_command = _connection_base.BaseConnection._exec_command
-    pipeline_exit = psycopg.AsyncPipeline.__aexit__
+    pipeline_sync = _pipeline_base.BasePipeline._sync_gen
+    pipeline_exit = _pipeline_base.BasePipeline._exit_gen
     queued: list[str] = []
 
     async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         if self._conn._pipeline is not None:
-            try:  # after the call: the implicit BEGIN it queues goes first
+            try:  # named after the call: an implicit BEGIN it sends goes first
                 return await cursor_execute(self, query, *args, **kwargs)
             finally:
                 queued.append(trace.name_of(query))
@@ -119,14 +120,19 @@ def traced(trace: Trace) -> Iterator[None]:
         trace.record(cmd, started, time.perf_counter())
         return result
 
-    async def pipeline_end(self: Any, *args: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await pipeline_exit(self, *args)
-        finally:
+    def synced(gen: Any) -> Any:
+        # Each pipeline sync is one round trip, carrying what was queued since the
+        # last. psycopg syncs right after an implicit BEGIN, and on leaving the block.
+        def run(self: Any) -> Any:
             name = "pipeline(" + "+".join(queued) + ")"
             queued.clear()
-            trace.record_named(name, started, time.perf_counter())
+            started = time.perf_counter()
+            try:
+                return (yield from gen(self))
+            finally:
+                trace.record_named(name, started, time.perf_counter())
+
+        return run
 
     @asynccontextmanager
     async def copy(self: Any, statement: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -142,14 +148,16 @@ def traced(trace: Trace) -> Iterator[None]:
 
     psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
     psycopg.AsyncCursor.copy = copy  # type: ignore[method-assign]
-    psycopg.AsyncPipeline.__aexit__ = pipeline_end  # type: ignore[method-assign]
+    _pipeline_base.BasePipeline._sync_gen = synced(pipeline_sync)  # type: ignore[method-assign]
+    _pipeline_base.BasePipeline._exit_gen = synced(pipeline_exit)  # type: ignore[method-assign]
     _connection_base.BaseConnection._exec_command = command  # type: ignore[method-assign]
     try:
         yield
     finally:
         psycopg.AsyncCursor.execute = cursor_execute  # type: ignore[method-assign]
         psycopg.AsyncCursor.copy = cursor_copy  # type: ignore[method-assign]
-        psycopg.AsyncPipeline.__aexit__ = pipeline_exit  # type: ignore[method-assign]
+        _pipeline_base.BasePipeline._sync_gen = pipeline_sync  # type: ignore[method-assign]
+        _pipeline_base.BasePipeline._exit_gen = pipeline_exit  # type: ignore[method-assign]
         _connection_base.BaseConnection._exec_command = exec_command  # type: ignore[method-assign]
 
 

@@ -1,10 +1,9 @@
 """Enqueue's two write paths (one statement, COPY) and its folded wake-up notice.
 
 A batch of at least ``COPY_MIN_ROWS`` plain jobs is written with COPY, anything else
-with one INSERT that also runs ``pg_notify``; on a connection with no transaction yet
-the INSERT shares a round trip with psycopg's implicit BEGIN (pipeline mode). These
-tests hold every path to the same rows and the same notices: on commit only, once per
-queue, never for scheduled jobs or rolled-back work.
+with one INSERT that also runs ``pg_notify``. These tests hold both paths to the same
+rows and the same notices: on commit only, once per queue, never for scheduled jobs or
+rolled-back work.
 """
 
 from __future__ import annotations
@@ -79,6 +78,20 @@ async def test_a_copied_batch_wakes_each_of_its_queues_once_on_commit(
     assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 2 * BIG
 
 
+async def test_a_copied_batch_with_a_scheduled_job_announces_every_ready_queue(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client = await make_client(registry())
+    items = batch(client, BIG, queue="left") + batch(client, BIG, queue="right")
+    items += batch(client, 1, queue="later", schedule=timedelta(hours=1))
+    async with client.notify.listen() as listener:
+        await client.start_chains(conn, items)
+        await conn.commit()
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert sorted(n.queue or "" for n in notices) == ["left", "right"]
+
+
 async def test_rolled_back_batches_leave_no_rows_and_wake_nobody(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
@@ -135,10 +148,13 @@ async def test_copy_and_statement_paths_write_identical_rows(
     copied = [job(root=i % 2 == 0) for i in range(2 * BIG)]
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=copied)
+    # One job (scalar statement), and a few (array statement).
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job()])
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job(root=False)])
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(), job(root=False)])
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
         cur = await c.execute(
             "SELECT DISTINCT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at'"
@@ -150,7 +166,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
             "SELECT count(*) FROM pgwork.jobs WHERE dedup_key = %s || ' ' || id",
             (f"key {awkward}",),
         )
-        assert await cur.fetchone() == (2 * BIG + 2,)
+        assert await cur.fetchone() == (2 * BIG + 4,)
     assert len(rows) == 2, rows
     (later, later_due, _), (row, due_at_creation, _) = rows
     assert due_at_creation
@@ -219,7 +235,7 @@ async def test_a_failing_insert_on_a_fresh_connection_raises_at_once(
     )
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[new])
-    # The pipelined BEGIN + INSERT reports the duplicate from insert_jobs, not later.
+    # The duplicate is reported by insert_jobs itself, not later at commit.
     with pytest.raises(psycopg.errors.UniqueViolation):
         await state.insert_jobs(await state.adopt(conn), jobs=[new])
     await conn.rollback()

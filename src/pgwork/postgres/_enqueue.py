@@ -1,18 +1,19 @@
 """Writing new job rows: one multi-row statement, or COPY for large plain batches.
 
-Two paths give identical rows (a test holds them to it):
+Three paths give identical rows (a test holds them to it):
 
 - ``INSERT_JOBS`` takes one array per column in binary format (psycopg dumps a binary
   array of a thousand values several times faster than a text one, and the parameter
   count stays fixed). The same statement announces the ready queues with
   ``pg_notify``, so enqueue and wake-up cost one round trip, delivered only on commit.
+  ``INSERT_JOB`` is the same for a single job, with scalar parameters.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
   formatted, so the server inserts while Python works.
 
-On a connection that has not begun its transaction yet, the single statement goes in
-psycopg's pipeline mode: the implicit ``BEGIN`` rides in the same round trip.
+A single ``start_chain`` + commit is three round trips: psycopg's implicit ``BEGIN``,
+the insert (with its notice), the caller's ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import pq
 
 from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import NewJob
@@ -37,10 +37,8 @@ __all__ = ["COPY_MIN_ROWS", "INSERT_CHUNK", "insert_params", "ready_queues", "wr
 INSERT_CHUNK = 5000
 
 # Below this many rows COPY's extra round trips (start, finish, a separate pg_notify)
-# cost more than they save.
+# cost more than they save (A/B runs: COPY already wins at 100 rows).
 COPY_MIN_ROWS = 64
-
-_PIPELINE = psycopg.AsyncPipeline.is_supported()
 
 
 def scheduled(job: NewJob) -> bool:
@@ -155,15 +153,17 @@ async def write_jobs(
     with translate_errors(schema):
         if plain:
             if channel is not None and ready and not rest:
-                # Its own statement, but one that shares the round trip of the
-                # implicit BEGIN, which COPY would otherwise pay alone.
                 params = {"channel": channel, "ready": _encoded(ready)}
                 await _execute(conn, statements.notify_ready, params)
                 announced = True
             async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
                 for start in range(0, len(plain), _COPY_ROWS_PER_WRITE):
                     await copy.write(_copy_lines(plain[start : start + _COPY_ROWS_PER_WRITE]))
-        for start in range(0, len(rest), INSERT_CHUNK):
+        single = len(rest) == 1 and len(ready) <= 1
+        if single:
+            await _execute(conn, statements.insert_job, _one(rest[0], channel, ready))
+            announced = channel is not None
+        for start in range(0, 0 if single else len(rest), INSERT_CHUNK):
             params = insert_params(
                 rest[start : start + INSERT_CHUNK],
                 channel=channel if start == 0 else None,
@@ -174,6 +174,28 @@ async def write_jobs(
     return announced
 
 
+def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]:
+    """Parameters of ``INSERT_JOB``, which announces at most one queue."""
+    return {
+        "id": j.id,
+        "type_name": j.type_name,
+        "chain_id": j.chain_id,
+        "chain_type_name": j.chain_type_name,
+        "chain_index": j.chain_index,
+        "input": j.input_json,
+        "status": "blocked" if j.blockers else "pending",
+        "queue": j.queue,
+        "priority": j.priority,
+        "max_attempts": j.max_attempts,
+        "run_at": j.run_at,
+        "run_after": j.run_after.total_seconds() if j.run_after else None,
+        "dedup_key": j.dedup.key if j.dedup else None,
+        "trace_context": json.dumps(dict(j.trace_context)) if j.trace_context else None,
+        "channel": channel,
+        "ready": _encoded(ready)[0] if channel and ready else None,
+    }
+
+
 def _encoded(ready: Sequence[str]) -> list[str]:
     return [encode_notice(Notice(kind="ready", queue=q)) for q in ready]
 
@@ -181,12 +203,10 @@ def _encoded(ready: Sequence[str]) -> list[str]:
 async def _execute(
     conn: psycopg.AsyncConnection[Any], query: bytes, params: dict[str, Any]
 ) -> None:
-    """Run one statement whose rows nobody reads; in a pipeline when that saves the
-    round trip of psycopg's implicit ``BEGIN``."""
-    idle = conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
-    if _PIPELINE and idle and not conn.autocommit:
-        async with conn.pipeline(), conn.cursor() as cur:
-            await cur.execute(query, params)
-        return
+    """Run one statement whose rows nobody reads.
+
+    Not in pipeline mode: psycopg syncs right after the implicit ``BEGIN`` it queues,
+    so a pipeline saves no round trip here and costs CPU.
+    """
     async with conn.cursor() as cur:
         await cur.execute(query, params)

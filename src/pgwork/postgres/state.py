@@ -197,10 +197,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         return [
             result
             or InsertedJob(
-                job.id,
-                job.chain_id,
-                settled.get(job.id, pending) if settled else pending,
-                deduplicated=False,
+                job.id, job.chain_id, settled.get(job.id, pending) if settled else pending, False
             )
             for job, result in zip(jobs, results, strict=True)
         ]
