@@ -23,14 +23,14 @@ import asyncio
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import _connection_base
+from psycopg import _connection_base, _pipeline_base
 
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import SCHEMA, Counter, Item, bulk_load, open_client, wait_drained
@@ -61,10 +61,13 @@ class Trace:
         return words[0].decode().upper() if words else "?"
 
     def record(self, query: Any, started: float, ended: float) -> None:
+        self.record_named(self.name_of(query), started, ended)
+
+    def record_named(self, name: str, started: float, ended: float) -> None:
         if not self.on:
             return
         group = _task_group()
-        self.calls[(group, self.name_of(query))].append(ended - started)
+        self.calls[(group, name)].append(ended - started)
         self.intervals[group].append((started, ended))
 
 
@@ -86,11 +89,22 @@ def _task_group() -> str:
 
 @contextmanager
 def traced(trace: Trace) -> Iterator[None]:
-    """Time every cursor statement and every connection command (BEGIN, COMMIT, ...)."""
+    """Time every round trip: cursor statements, connection commands (BEGIN, COMMIT,
+    ...), COPY (two: its start and its end) and pipelines (one per sync, named after
+    the statements it carried)."""
     cursor_execute = psycopg.AsyncCursor.execute
+    cursor_copy = psycopg.AsyncCursor.copy
     exec_command = _connection_base.BaseConnection._exec_command
+    pipeline_sync = _pipeline_base.BasePipeline._sync_gen
+    pipeline_exit = _pipeline_base.BasePipeline._exit_gen
+    queued: list[str] = []
 
     async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._conn._pipeline is not None:
+            try:  # named after the call: an implicit BEGIN it sends goes first
+                return await cursor_execute(self, query, *args, **kwargs)
+            finally:
+                queued.append(trace.name_of(query))
         started = time.perf_counter()
         try:
             return await cursor_execute(self, query, *args, **kwargs)
@@ -98,17 +112,52 @@ def traced(trace: Trace) -> Iterator[None]:
             trace.record(query, started, time.perf_counter())
 
     def command(self: Any, cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            queued.append(trace.name_of(cmd))
+            return (yield from exec_command(self, cmd, *args, **kwargs))
         started = time.perf_counter()
         result = yield from exec_command(self, cmd, *args, **kwargs)
         trace.record(cmd, started, time.perf_counter())
         return result
 
+    def synced(gen: Any) -> Any:
+        # Each pipeline sync is one round trip, carrying what was queued since the
+        # last. psycopg syncs right after an implicit BEGIN, and on leaving the block.
+        def run(self: Any) -> Any:
+            name = "pipeline(" + "+".join(queued) + ")"
+            queued.clear()
+            started = time.perf_counter()
+            try:
+                return (yield from gen(self))
+            finally:
+                trace.record_named(name, started, time.perf_counter())
+
+        return run
+
+    @asynccontextmanager
+    async def copy(self: Any, statement: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        name = trace.name_of(statement)
+        started = time.perf_counter()
+        async with cursor_copy(self, statement, *args, **kwargs) as cp:
+            trace.record_named(f"{name} (start)", started, time.perf_counter())
+            try:
+                yield cp
+            finally:
+                finishing = time.perf_counter()
+        trace.record_named(f"{name} (end)", finishing, time.perf_counter())
+
     psycopg.AsyncCursor.execute = execute  # type: ignore[method-assign]
+    psycopg.AsyncCursor.copy = copy  # type: ignore[method-assign]
+    _pipeline_base.BasePipeline._sync_gen = synced(pipeline_sync)  # type: ignore[method-assign]
+    _pipeline_base.BasePipeline._exit_gen = synced(pipeline_exit)  # type: ignore[method-assign]
     _connection_base.BaseConnection._exec_command = command  # type: ignore[method-assign]
     try:
         yield
     finally:
         psycopg.AsyncCursor.execute = cursor_execute  # type: ignore[method-assign]
+        psycopg.AsyncCursor.copy = cursor_copy  # type: ignore[method-assign]
+        _pipeline_base.BasePipeline._sync_gen = pipeline_sync  # type: ignore[method-assign]
+        _pipeline_base.BasePipeline._exit_gen = pipeline_exit  # type: ignore[method-assign]
         _connection_base.BaseConnection._exec_command = exec_command  # type: ignore[method-assign]
 
 

@@ -57,7 +57,7 @@ class Codec(Generic[T]):
     ``what`` is "input" or "output", used in error messages.
     """
 
-    __slots__ = ("_adapter", "_is_instance", "model", "type_name", "what")
+    __slots__ = ("_adapter", "_is_instance", "_serializer", "model", "type_name", "what")
 
     def __init__(self, model: type[T] | Any, *, type_name: str, what: str) -> None:
         self.model = model
@@ -71,6 +71,8 @@ class Codec(Generic[T]):
             ) from exc
         # Instances of BaseModel were validated when built; skip re-validating them.
         self._is_instance = isinstance(model, type) and issubclass(model, pydantic.BaseModel)
+        # ``TypeAdapter.dump_json`` with its defaults, minus a Python layer per call.
+        self._serializer = self._adapter.serializer
 
     def validate(self, value: Any) -> T:
         """Return ``value`` as the model type, raising PayloadValidationError if it isn't."""
@@ -85,7 +87,7 @@ class Codec(Generic[T]):
         """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
         validated = self.validate(value)
         try:
-            data = self._adapter.dump_json(validated)
+            data = self._serializer.to_json(validated)
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
             path, reason = _find_unstorable(validated, "$")
             raise PayloadNotSerializableError(

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
+from pgwork.adapters.notify import NotifyAdapter
 from pgwork.errors import ConfigurationError, InvalidDedupWindowError
 from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
 
@@ -415,8 +416,22 @@ class StateAdapter(Protocol):
         ...
 
     async def insert_jobs(
-        self, tx: TransactionHandle, *, jobs: Sequence[NewJob]
-    ) -> list[InsertedJob]: ...
+        self,
+        tx: TransactionHandle,
+        *,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None = None,
+    ) -> list[InsertedJob]:
+        """Insert ``jobs`` in ``tx`` (deduplicating, blocking as each asks).
+
+        ``notify``: also announce, inside ``tx`` (so on commit only), one ``ready``
+        notice per queue that got a job ready to run now (not scheduled, blocked or
+        deduplicated). Given here rather than published by the caller afterwards so
+        that an adapter sharing a database with ``notify`` can fold the announcement
+        into its insert and save a round trip; any other calls ``notify.publish(tx,
+        ...)``. A failed insert announces nothing.
+        """
+        ...
 
     async def acquire(
         self,

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
     BlockedJob,
@@ -114,9 +115,13 @@ class InstrumentedStateAdapter:
         return await self._call("adopt", self.inner.adopt(tx))
 
     async def insert_jobs(
-        self, tx: TransactionHandle, *, jobs: Sequence[NewJob]
+        self,
+        tx: TransactionHandle,
+        *,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None = None,
     ) -> list[InsertedJob]:
-        return await self._call("insert_jobs", self.inner.insert_jobs(tx, jobs=jobs))
+        return await self._call("insert_jobs", self.inner.insert_jobs(tx, jobs=jobs, notify=notify))
 
     async def acquire(
         self,

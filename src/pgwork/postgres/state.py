@@ -19,6 +19,7 @@ from uuid import UUID
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
     Completion,
@@ -34,6 +35,7 @@ from pgwork.adapters.state import (
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
+from pgwork.postgres._enqueue import ready_queues, write_jobs
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
@@ -41,14 +43,11 @@ from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_ro
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap
 from pgwork.postgres.migrate import verify_schema
+from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.records import Chain, Job, JobStatus
 
 __all__ = ["PostgresStateAdapter"]
-
-# Rows per INSERT statement: the statement has a fixed number of (array) parameters,
-# so this only bounds the size of one message, not PostgreSQL's parameter limit.
-INSERT_CHUNK = 5000
 
 
 class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
@@ -159,7 +158,11 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     # --- enqueue -----------------------------------------------------------------------
 
     async def insert_jobs(
-        self, tx: TransactionHandle, *, jobs: Sequence[NewJob]
+        self,
+        tx: TransactionHandle,
+        *,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None = None,
     ) -> list[InsertedJob]:
         conn = await unwrap(tx)
         results: list[InsertedJob | None] = [None] * len(jobs)
@@ -169,22 +172,33 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         blocked = [job for job in fresh if job.blockers]
         if blocked:
             await self._check_blockers(conn, blocked)
-        for start in range(0, len(fresh), INSERT_CHUNK):
-            await self._fetch(
-                conn, self._sql.insert_jobs, _insert_params(fresh[start : start + INSERT_CHUNK])
-            )
+        ready = ready_queues(fresh) if notify is not None else []
+        # The notices ride in the insert itself when they go to the same database.
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        announced = await write_jobs(
+            conn, self._sql, self.schema, fresh, channel=channel, ready=ready
+        )
         settled: dict[UUID, JobStatus] = {}
+        late: set[str] = set()
         if blocked:
             await self._insert_blocker_edges(conn, blocked)
             for job in await self.get_jobs(tx, job_ids=[job.id for job in blocked]):
                 settled[job.id] = job.status
+            late = {
+                job.queue
+                for job in blocked
+                if settled.get(job.id) is JobStatus.PENDING and not _scheduled(job)
+            }
+        if notify is not None and (late or (ready and not announced)):
+            queues = late if announced else late.union(ready)
+            await notify.publish(
+                tx, notices=[Notice(kind="ready", queue=q) for q in sorted(queues)]
+            )
+        pending = JobStatus.PENDING  # an enum attribute lookup is slow, once per job
         return [
             result
             or InsertedJob(
-                job.id,
-                job.chain_id,
-                settled.get(job.id, JobStatus.PENDING),
-                deduplicated=False,
+                job.id, job.chain_id, settled.get(job.id, pending) if settled else pending, False
             )
             for job, result in zip(jobs, results, strict=True)
         ]
@@ -521,27 +535,6 @@ def _completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]
         "tokens": [c.lease_token for c in completions],
         "outputs": [c.output_json for c in completions],
         "ends_chain": [c.continuation is None for c in completions],
-    }
-
-
-def _insert_params(jobs: Sequence[NewJob]) -> dict[str, list[Any]]:
-    return {
-        "ids": [j.id for j in jobs],
-        "type_names": [j.type_name for j in jobs],
-        "chain_ids": [j.chain_id for j in jobs],
-        "chain_type_names": [j.chain_type_name for j in jobs],
-        "chain_indexes": [j.chain_index for j in jobs],
-        "inputs": [j.input_json for j in jobs],
-        "queues": [j.queue for j in jobs],
-        "priorities": [j.priority for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "run_ats": [j.run_at for j in jobs],
-        "run_afters": [j.run_after.total_seconds() if j.run_after else None for j in jobs],
-        "dedup_keys": [j.dedup.key if j.dedup else None for j in jobs],
-        "statuses": ["blocked" if j.blockers else "pending" for j in jobs],
-        "trace_contexts": [
-            json.dumps(dict(j.trace_context)) if j.trace_context else None for j in jobs
-        ],
     }
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-from pgwork.adapters.state import Completion, StateAdapter
+from pgwork.adapters.notify import Listener, Notice
+from pgwork.adapters.state import Completion, DedupSpec, StateAdapter
 from pgwork.records import ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import (
     ALPHA,
@@ -18,6 +21,30 @@ from pgwork.testing.conformance._rollback import rolled_back
 # A second is far more than two statements of one test ever drift apart on the store's
 # clock, and far less than any schedule the tests set.
 CLOCK_SLACK = timedelta(seconds=1)
+
+
+class RecordingNotify:
+    """A notify adapter that only records what it is asked to publish."""
+
+    def __init__(self) -> None:
+        self.published: list[Notice] = []
+
+    async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
+        assert tx is not None, "insert_jobs must announce inside its transaction"
+        self.published.extend(notices)
+
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[Listener]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    async def close(self) -> None:
+        pass
+
+    @property
+    def ready_queues(self) -> list[str]:
+        assert all(n.kind == "ready" for n in self.published)
+        return sorted(n.queue or "" for n in self.published)
 
 
 class EnqueueConformance(StateSuiteBase):
@@ -160,3 +187,58 @@ class EnqueueConformance(StateSuiteBase):
         expected = delayed.created_at + timedelta(hours=3)
         assert abs(delayed.scheduled_at - expected) < CLOCK_SLACK
         assert await store.acquire() == []
+
+    async def test_insert_announces_each_queue_with_a_job_ready_now_once(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        notify = RecordingNotify()
+        later = datetime.now(UTC) + timedelta(hours=1)
+        jobs = [
+            store.new_job(queue="mail"),
+            store.new_job(queue="mail"),
+            store.new_job(queue="sms"),
+            store.new_job(queue="delayed", run_after=timedelta(hours=1)),
+            store.new_job(queue="timed", run_at=later),
+        ]
+        async with state_adapter.transaction() as tx:
+            await state_adapter.insert_jobs(tx, jobs=jobs, notify=notify)
+        assert notify.ready_queues == ["mail", "sms"]
+
+    async def test_insert_without_notify_announces_nothing_and_needs_none(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        new = store.new_job()
+        async with state_adapter.transaction() as tx:
+            [inserted] = await state_adapter.insert_jobs(tx, jobs=[new])
+        assert inserted.status is JobStatus.PENDING
+        assert await store.exists(new.id)
+
+    async def test_deduplicated_and_blocked_jobs_announce_nothing(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        first = store.new_job(dedup=DedupSpec("k"))
+        await store.seed(first)
+        again = store.again(first)
+        waiting = store.new_job(queue="merge", blockers=[first.id])
+        notify = RecordingNotify()
+        async with state_adapter.transaction() as tx:
+            dup, blocked = await state_adapter.insert_jobs(tx, jobs=[again, waiting], notify=notify)
+        assert dup.deduplicated
+        assert blocked.status is JobStatus.BLOCKED
+        assert notify.published == []
+
+    async def test_job_whose_blockers_already_ended_is_announced(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        blocker = store.new_job()
+        await store.seed(blocker)
+        held = await store.acquire_one()
+        await state_adapter.complete(
+            None, completions=[Completion(held.id, held.lease_token, "{}")]
+        )
+        dependant = store.new_job(queue="merge", blockers=[blocker.id])
+        notify = RecordingNotify()
+        async with state_adapter.transaction() as tx:
+            [inserted] = await state_adapter.insert_jobs(tx, jobs=[dependant], notify=notify)
+        assert inserted.status is JobStatus.PENDING
+        assert notify.ready_queues == ["merge"]

@@ -1,0 +1,242 @@
+"""Enqueue's two write paths (one statement, COPY) and its folded wake-up notice.
+
+A batch of at least ``COPY_MIN_ROWS`` plain jobs is written with COPY, anything else
+with one INSERT that also runs ``pg_notify``. These tests hold both paths to the same
+rows and the same notices: on commit only, once per queue, never for scheduled jobs or
+rolled-back work.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import (
+    ChainStart,
+    DedupSpec,
+    JobTypeRegistry,
+    Notice,
+    PayloadNotSerializableError,
+    PayloadValidationError,
+    PostgresStateAdapter,
+)
+from pgwork.adapters.state import NewJob
+from pgwork.postgres._enqueue import COPY_MIN_ROWS
+
+from .conftest import ClientFactory, scalar
+
+pytestmark = pytest.mark.anyio
+
+BIG = max(COPY_MIN_ROWS, 250)
+
+
+class Payload(BaseModel):
+    data: dict[str, Any]
+
+
+def registry() -> JobTypeRegistry:
+    reg = JobTypeRegistry()
+    reg.job_type("work", input=Payload)
+    return reg
+
+
+def batch(client: Any, n: int, **options: Any) -> list[ChainStart[Any]]:
+    work = client.registry.get("work")
+    return [ChainStart(work, Payload(data={"i": i}), **options) for i in range(n)]
+
+
+async def test_ready_notice_of_a_single_enqueue_arrives_only_after_commit(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client = await make_client(registry())
+    async with client.notify.listen() as listener:
+        await client.start_chain(conn, "work", Payload(data={}))  # type: ignore[arg-type]
+        assert await listener.wait(0.3) == []
+        await conn.commit()
+        assert await listener.wait(5.0) == [Notice(kind="ready", queue="default")]
+
+
+async def test_a_copied_batch_wakes_each_of_its_queues_once_on_commit(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    items = batch(client, BIG, queue="left") + batch(client, BIG, queue="right")
+    async with client.notify.listen() as listener:
+        await client.start_chains(conn, items)
+        assert await listener.wait(0.3) == []
+        await conn.commit()
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert sorted(n.queue or "" for n in notices) == ["left", "right"]
+    assert {n.kind for n in notices} == {"ready"}
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 2 * BIG
+
+
+async def test_a_copied_batch_with_a_scheduled_job_announces_every_ready_queue(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client = await make_client(registry())
+    items = batch(client, BIG, queue="left") + batch(client, BIG, queue="right")
+    items += batch(client, 1, queue="later", schedule=timedelta(hours=1))
+    async with client.notify.listen() as listener:
+        await client.start_chains(conn, items)
+        await conn.commit()
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert sorted(n.queue or "" for n in notices) == ["left", "right"]
+
+
+async def test_rolled_back_batches_leave_no_rows_and_wake_nobody(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    async with client.notify.listen() as listener:
+        await client.start_chains(conn, batch(client, BIG))  # COPY
+        await client.start_chains(conn, batch(client, 3, queue="small"))  # INSERT
+        await conn.rollback()
+        assert await listener.wait(0.5) == []
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 0
+
+
+async def test_scheduled_jobs_wake_nobody_on_either_path(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    async with client.notify.listen() as listener:
+        await client.start_chains(conn, batch(client, BIG, schedule=timedelta(hours=1)))
+        await client.start_chains(conn, batch(client, 2, schedule=timedelta(hours=1)))
+        await conn.commit()
+        assert await listener.wait(0.5) == []
+    due = await scalar(
+        pgwork_dsn, "SELECT count(*) FROM pgwork.jobs WHERE scheduled_at <= created_at"
+    )
+    assert due == 0
+
+
+async def test_copy_and_statement_paths_write_identical_rows(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    state = client.state
+    assert isinstance(state, PostgresStateAdapter)
+    # Everything COPY's text format must escape, in every column a caller controls.
+    awkward = 'tab\there, new\nline, back\\slash, "quote", NUL-free ünïcødé ✓ \u2028 \\N'
+
+    def job(*, root: bool = True) -> NewJob:
+        job_id = uuid.uuid4()  # also in the dedup key: no job deduplicates another
+        return NewJob(
+            id=job_id,
+            type_name="work",
+            chain_id=job_id if root else uuid.uuid4(),
+            chain_type_name="work",
+            chain_index=0 if root else 1,
+            input_json=json.dumps({"data": {"text": awkward, "n": [1, 2.5, None, True]}}),
+            queue=f"q {awkward}",
+            priority=-3,
+            max_attempts=7,
+            dedup=DedupSpec(f"key {awkward} {job_id}"),
+            trace_context={"traceparent": awkward},
+        )
+
+    # Chain roots, and later jobs of chains (continuations are inserted in batches too).
+    copied = [job(root=i % 2 == 0) for i in range(2 * BIG)]
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=copied)
+    # One job (scalar statement), and a few (array statement).
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job()])
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(root=False)])
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(), job(root=False)])
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
+        cur = await c.execute(
+            "SELECT DISTINCT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at'"
+            " - 'dedup_key', scheduled_at = created_at, id = chain_id FROM pgwork.jobs AS j"
+            " ORDER BY 3"
+        )
+        rows = await cur.fetchall()
+        cur = await c.execute(
+            "SELECT count(*) FROM pgwork.jobs WHERE dedup_key = %s || ' ' || id",
+            (f"key {awkward}",),
+        )
+        assert await cur.fetchone() == (2 * BIG + 4,)
+    assert len(rows) == 2, rows
+    (later, later_due, _), (row, due_at_creation, _) = rows
+    assert due_at_creation
+    assert later_due
+    assert (later["chain_index"], later["chain_status"]) == (1, None)
+    assert {k: v for k, v in later.items() if k not in ("chain_index", "chain_status")} == {
+        k: v for k, v in row.items() if k not in ("chain_index", "chain_status")
+    }
+    assert row["input"] == {"data": {"text": awkward, "n": [1, 2.5, None, True]}}
+    assert row["queue"] == f"q {awkward}"
+    assert row["trace_context"] == {"traceparent": awkward}
+    assert (row["status"], row["chain_status"], row["priority"]) == ("pending", "active", -3)
+
+
+async def test_bad_payload_in_a_large_batch_inserts_nothing_and_keeps_the_transaction(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    items = batch(client, BIG)
+    work = client.registry.get("work")
+    items[BIG // 2] = ChainStart(work, Payload(data={"ok": 1, "bad": float("nan")}))
+    with pytest.raises(PayloadNotSerializableError, match=r"\$\.data\.bad"):
+        await client.start_chains(conn, items)
+    items[BIG // 2] = ChainStart(work, {"data": "not a dict"})
+    with pytest.raises(PayloadValidationError, match=r"\$\.data"):
+        await client.start_chains(conn, items)
+    # Nothing reached the server: the caller's transaction goes on.
+    await conn.execute("SELECT 1")
+    await client.start_chain(conn, work, Payload(data={"after": True}))
+    await conn.commit()
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 1
+
+
+async def test_autocommit_connections_enqueue_on_both_paths(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    async with (
+        await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as auto,
+        client.notify.listen() as listener,
+    ):
+        await client.start_chains(auto, batch(client, BIG))
+        await client.start_chain(auto, client.registry.get("work"), Payload(data={}))
+        notices = await listener.wait(5.0)
+    assert Notice(kind="ready", queue="default") in notices
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == BIG + 1
+
+
+async def test_a_failing_insert_on_a_fresh_connection_raises_at_once(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client = await make_client(registry())
+    state = client.state
+    assert isinstance(state, PostgresStateAdapter)
+    job_id = uuid.uuid4()
+    new = NewJob(
+        id=job_id,
+        type_name="work",
+        chain_id=job_id,
+        chain_type_name="work",
+        chain_index=0,
+        input_json="{}",
+        queue="default",
+        priority=0,
+        max_attempts=1,
+    )
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[new])
+    # The duplicate is reported by insert_jobs itself, not later at commit.
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        await state.insert_jobs(await state.adopt(conn), jobs=[new])
+    await conn.rollback()
+    assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
