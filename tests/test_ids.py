@@ -29,3 +29,10 @@ def test_batch_ids_carry_the_current_unix_millisecond_like_single_ids() -> None:
     for made in (batch_id, single):
         assert before <= made.int >> 80 <= after
     assert new_ids(0) == []
+
+
+def test_ids_made_one_after_another_always_grow_even_within_a_millisecond() -> None:
+    made = [new_id() for _ in range(2000)] + new_ids(500) + [new_id() for _ in range(10)]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+    assert {u.version for u in made} == {7}

@@ -27,16 +27,38 @@ def _reseed() -> None:
 os.register_at_fork(after_in_child=_reseed)
 
 
+_RAND_B = (1 << 62) - 1
+_HEAD_BITS = (0x7 << 76) | (0b10 << 62)  # version 7, RFC 9562 variant
+
+# The last id this process made: ids only ever grow (RFC 9562 "monotonic random"), so
+# two made in the same millisecond still sort in the order they were made, and a
+# listing ordered by (created_at, id) shows one transaction's chains in that order.
+_last = 0
+
+
+def _monotonic(value: int) -> int:
+    global _last
+    if value <= _last:
+        if _last & _RAND_B != _RAND_B:
+            value = _last + 1
+        else:  # rand_b used up within the millisecond: borrow the next one
+            millis = (_last >> 80) + 1
+            value = (millis << 80) | _HEAD_BITS | _rng.getrandbits(61)
+    _last = value
+    return value
+
+
 def new_id() -> uuid.UUID:
-    """Return a UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits."""
+    """Return a UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then random bits; each
+    greater than the last one this process made."""
     millis = time.time_ns() // 1_000_000
     rand = _rng.getrandbits(80)
     value = (millis & 0xFFFF_FFFF_FFFF) << 80
     value |= 0x7 << 76  # version
     value |= ((rand >> 64) & 0x0FFF) << 64  # rand_a (12 bits)
     value |= 0b10 << 62  # variant
-    value |= rand & 0x3FFF_FFFF_FFFF_FFFF  # rand_b (62 bits)
-    return uuid.UUID(int=value)
+    value |= rand & _RAND_B  # rand_b (62 bits)
+    return _make(_monotonic(value))
 
 
 _new = object.__new__
@@ -73,13 +95,15 @@ _make = _pick_constructor()
 
 
 def new_ids(count: int) -> list[uuid.UUID]:
-    """Return ``count`` UUIDv7s sharing one timestamp, each with its own random bits."""
+    """Return ``count`` UUIDv7s sharing one timestamp, each with its own random bits,
+    in increasing order (and greater than any id made before)."""
     millis = time.time_ns() // 1_000_000
     head = ((millis & 0xFFFF_FFFF_FFFF) << 80) | (0x7 << 76) | (0b10 << 62)
     bits = _rng.getrandbits
-    make = _make
-    ids = []
+    values = []
     for _ in range(count):
         rand = bits(74)  # rand_a (12 bits) and rand_b (62 bits)
-        ids.append(make(head | ((rand >> 62) << 64) | (rand & 0x3FFF_FFFF_FFFF_FFFF)))
-    return ids
+        values.append(head | ((rand >> 62) << 64) | (rand & _RAND_B))
+    values.sort()
+    make, monotonic = _make, _monotonic
+    return [make(monotonic(value)) for value in values]
