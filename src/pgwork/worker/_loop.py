@@ -44,6 +44,7 @@ from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
 from pgwork.worker._slot import Slot, SlotRunner
+from pgwork.worker._slot_tasks import SlotTasks
 
 log = logging.getLogger("pgwork.worker")
 
@@ -136,7 +137,7 @@ class InProcessWorker:
         self._phase = "new"
         self._startup_error: BaseException | None = None
         self._task: Any = None
-        self._slot_group: anyio.abc.TaskGroup | None = None
+        self._slot_tasks = SlotTasks()
         self._fetcher = Fetcher(
             state=client.state,
             batcher=self._batcher,
@@ -307,9 +308,15 @@ class InProcessWorker:
     # --- main loop ---------------------------------------------------------------------
 
     async def _main_loop(self) -> None:
+        try:
+            await self._turns()
+        finally:
+            if self._slot_tasks:  # cancelled from outside: take the slots down with us
+                await self._slot_tasks.cancel_and_wait()
+
+    async def _turns(self) -> None:
         failures = 0
         async with anyio.create_task_group() as slots:
-            self._slot_group = slots
             while not self._stop_requested.is_set():
                 self._wake = anyio.Event()
                 try:
@@ -338,6 +345,7 @@ class InProcessWorker:
                 with anyio.move_on_after(self.poll_interval):
                     await self._wake.wait()
             await self._drain()
+            await self._slot_tasks.wait()
 
     async def _release_unsettled(self) -> None:
         """Give back jobs whose attempt ended while its outcome could not be written.
@@ -408,8 +416,7 @@ class InProcessWorker:
             # then re-acquired) while a stale attempt on it is still being aborted.
             self._slots[job.lease_token] = slot
             self._handlers_running += 1
-            assert self._slot_group is not None
-            self._slot_group.start_soon(self._run_slot, slot, name=f"pgwork-slot-{job.id}")
+            self._slot_tasks.start(self._run_slot(slot), name=f"pgwork-slot-{job.id}")
 
     async def _drain(self) -> None:
         """Graceful stop: wait up to the grace period, then abort what still runs."""

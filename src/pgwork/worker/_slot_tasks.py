@@ -1,0 +1,57 @@
+"""The worker's slot tasks: one plain asyncio task per attempt, owned by the worker.
+
+Not anyio's task group, for speed: starting a task through ``TaskGroup.start_soon``
+costs about six times what ``loop.create_task`` does (measured here: ~97 µs against
+~16 µs, start to finish of an empty task), and a worker starts one per job, so with
+no-op handlers it was a fifth of the worker's CPU. Ownership stays structured: the
+worker waits for every slot task before it returns, and when the worker itself is
+cancelled it cancels them and waits for them to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import anyio
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["SlotTasks"]
+
+
+class SlotTasks:
+    """The set of running slot tasks (asyncio holds tasks only weakly)."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def start(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # _run_slot catches Exception; only BaseExceptions get here.
+            log.error("pgwork slot task %s ended with %r", task.get_name(), task.exception())
+
+    async def wait(self) -> None:
+        """Return once every slot task has ended."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    async def cancel_and_wait(self) -> None:
+        """Cancel every slot task and wait for them, shielded from our own cancel."""
+        for task in self._tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await self.wait()
