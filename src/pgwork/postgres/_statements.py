@@ -135,7 +135,7 @@ CROSS JOIN LATERAL (
 # its own type's duration.
 _LEASES = """
 leases AS (
-    SELECT * FROM unnest(%(type_names)s::text[], %(lease_seconds)s::float8[])
+    SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])
         AS l(type_name, seconds)
 )"""
 
@@ -160,14 +160,14 @@ RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.inp
 _CANDIDATES_BY_QUEUE = """
 candidates AS (
     SELECT c.id
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank)
+    FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, rank)
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.scheduled_at
         FROM {jobs} AS j
         WHERE j.status = 'pending'
           AND j.queue = q.name
           AND j.scheduled_at <= now()
-          AND j.type_name = ANY(%(type_names)s::text[])
+          AND j.type_name = ANY(%(type_names)b::text[])
         ORDER BY j.priority, j.scheduled_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -186,7 +186,7 @@ candidates AS (
     FROM {jobs} AS j
     WHERE j.status = 'pending'
       AND j.scheduled_at <= now()
-      AND j.type_name = ANY(%(type_names)s::text[])
+      AND j.type_name = ANY(%(type_names)b::text[])
       AND NOT EXISTS (SELECT 1 FROM {queues} AS p WHERE p.name = j.queue AND p.paused)
     ORDER BY j.priority, j.scheduled_at
     LIMIT %(limit)s
@@ -230,7 +230,7 @@ LEFT JOIN {jobs} AS j ON j.id = r.id
 _COMPLETE_CTES = """
 c AS (
     SELECT * FROM unnest(
-        %(ids)s::uuid[], %(tokens)s::uuid[], %(outputs)s::text[], %(ends_chain)s::bool[]
+        %(ids)b::uuid[], %(tokens)b::uuid[], %(outputs)b::text[], %(ends_chain)b::bool[]
     ) AS c(id, token, output, ends_chain)
 ),
 done AS (
