@@ -153,7 +153,9 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         with translate_errors(self.schema):
             async with conn.cursor() as cur:
                 await cur.execute(query, params)
-                return await cur.fetchall() if cur.description else []
+                # Not ``cur.description``: it builds a Column object per column.
+                result = cur.pgresult
+                return await cur.fetchall() if result is not None and result.nfields else []
 
     # --- enqueue -----------------------------------------------------------------------
 

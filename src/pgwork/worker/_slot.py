@@ -223,13 +223,15 @@ class SlotRunner:
 
         # In a task of its own, so that a handler ignoring cancellation can be abandoned.
         abandon_after = slot.job_type.abandon_after
-        watch = slot.watch = HandlerTask[BaseException | None](
+        # Not HandlerTask[...](...): subscripting a generic class at run time costs.
+        watch: HandlerTask[BaseException | None] = HandlerTask(
             abandon_after=(
                 self._abandon_after if abandon_after is None else abandon_after.total_seconds()
             ),
             abandoned=self.abandoned,
             label=f"of job {acquired.id}",
         )
+        slot.watch = watch
         if attempt.aborted:
             watch.stop_requested()
         error = await watch.run(call, timeout=timeout.total_seconds() if timeout else None)
