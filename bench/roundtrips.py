@@ -55,6 +55,10 @@ class Trace:
         raw = query if isinstance(query, bytes) else str(query).encode()
         if raw in self.names:
             return self.names[raw]
+        # Acquire statements carry their LIMIT in the text (one cached plan per limit).
+        unlimited = _LIMIT.sub(b"LIMIT %(limit)s", raw)
+        if unlimited in self.names:
+            return self.names[unlimited]
         if b"pg_notify" in raw:
             return "notify"
         words = raw.split()
@@ -71,6 +75,7 @@ class Trace:
         self.intervals[group].append((started, ended))
 
 
+_LIMIT = re.compile(rb"LIMIT \d+")
 _SLOT = re.compile(r"^pgwork-slot-.*")
 
 

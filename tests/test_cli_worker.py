@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
-from pgwork.cli import EXIT_ERROR, main
+from pgwork.cli import EXIT_ABANDONED, EXIT_ERROR, main
 
 ROOT = Path(__file__).resolve().parents[1]
 REFUSED = "postgresql://pgwork:hunter2-secret@127.0.0.1:1/pgwork"
@@ -36,26 +36,41 @@ class Num(BaseModel):
 registry = JobTypeRegistry()
 block = registry.job_type("block", input=Num)
 quick = registry.job_type("quick", input=Num)
+stubborn = registry.job_type("stubborn", input=Num)
 
 async def handle_block(attempt):
     await anyio.sleep_forever()
 
+async def handle_stubborn(attempt):
+    # Ignores cancellation for good: only the process ending stops it.
+    while True:
+        try:
+            await anyio.sleep(3600)
+        except BaseException:
+            pass
+
 async def handle_quick(attempt):
     return None
 
-async def worker(dsn, max_slots=2, queues=None, poll_interval=0.2):
+async def worker(dsn, max_slots=2, queues=None, poll_interval=0.2, abandon_after=5.0):
     state = await PostgresStateAdapter.connect(dsn)
     client = create_client(
         state_adapter=state, notify_adapter=PostgresNotifyAdapter(dsn), registry=registry
     )
     return create_in_process_worker(
         client=client,
-        processors={block: handle_block, quick: handle_quick},
+        processors={block: handle_block, quick: handle_quick, stubborn: handle_stubborn},
         max_slots=max_slots,
         queues=queues,
         poll_interval=poll_interval,
         grace_period=60,
+        abandon_after=abandon_after,
     )
+
+async def impatient(dsn, max_slots=2):
+    built = await worker(dsn, max_slots=max_slots, abandon_after=0.5)
+    built.grace_period = 0.5
+    return built
 
 def only_dsn(dsn):
     raise AssertionError("not reached in these tests")
@@ -271,3 +286,22 @@ def test_a_second_signal_aborts_in_flight_jobs_and_hands_them_back(
     assert "queues=low,default,high" in log
     assert "aborting in-flight jobs" in log
     assert "reason=worker_stopping released=True" in log
+
+
+def test_a_handler_that_ignores_cancellation_does_not_keep_the_process_alive(
+    targets: Path, pgwork_dsn: str
+) -> None:
+    worker = WorkerProcess(targets, pgwork_dsn, "cli_targets:impatient")
+    try:
+        worker.wait_for_output("worker.started")
+        job_id = _enqueue(pgwork_dsn, "stubborn")
+        _wait_for_status(pgwork_dsn, job_id, "running")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == EXIT_ABANDONED
+    finally:
+        worker.kill()
+
+    # Given back to the queue with the abandoned attempt counted against it.
+    assert _job(pgwork_dsn, job_id) == ("pending", 1)
+    log = worker.stderr_path.read_text()
+    assert "abandoned handler(s) still running" in log

@@ -37,6 +37,9 @@ __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NOT_AT_HEAD", "main"]
 
 EXIT_NOT_AT_HEAD = 1
 EXIT_ERROR = 2
+# The worker stopped, but handlers that ignored cancellation were still running: the
+# process ends without waiting for them (Python cannot stop them any other way).
+EXIT_ABANDONED = 3
 EXIT_INTERRUPTED = 130
 
 
@@ -188,6 +191,18 @@ def worker(
         finally:
             with anyio.CancelScope(shield=True):
                 await built.client.close()
+        if built.abandoned_handlers:
+            # asyncio.run would wait for them at shutdown, for ever: their jobs are
+            # settled already, so end the process here.
+            logging.getLogger("pgwork.worker").error(
+                "pgwork worker: %d abandoned handler(s) still running after the worker "
+                "stopped; exiting without them",
+                built.abandoned_handlers,
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_ABANDONED)
 
     anyio.run(serve)
 
