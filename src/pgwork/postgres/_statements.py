@@ -272,6 +272,17 @@ LEFT JOIN roots AS rt ON rt.id = d.chain_id
 
 COMPLETE = f"WITH {_COMPLETE_CTES}{_COMPLETE_RESULT}"
 
+# One completion (an atomic attempt's, a hand-on's): scalars instead of one-element
+# arrays. PostgreSQL estimates a one-element array's unnest at one row but a bound
+# array's at ten, so with arrays it kept re-planning this statement for every call.
+COMPLETE_ONE = COMPLETE.replace(
+    """SELECT * FROM unnest(
+        %(ids)b::uuid[], %(tokens)b::uuid[], %(outputs)b::text[], %(ends_chain)b::bool[]
+    ) AS c(id, token, output, ends_chain)""",
+    """SELECT %(id)s::uuid AS id, %(token)s::uuid AS token, %(output)s::text AS output,
+        %(ends_chain)s::bool AS ends_chain""",
+)
+
 # A worker's turn in one statement: complete the finished batch and lease the next
 # one. The two touch disjoint rows (running vs pending), so one snapshot serves both.
 # The first row (``head``) carries the completions' results as parallel arrays, one
@@ -489,6 +500,7 @@ class Statements:
     begin_atomic: bytes
     renew: bytes
     complete: bytes
+    complete_one: bytes
     fail: bytes
     reschedule: bytes
     release: bytes

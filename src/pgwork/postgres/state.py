@@ -369,7 +369,20 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             async with self.transaction() as own:
                 return await self.complete(own, completions=completions)
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.complete, _completion_params(completions))
+            if len(completions) == 1:
+                [one] = completions
+                rows = await self._fetch(
+                    conn,
+                    self._sql.complete_one,
+                    {
+                        "id": one.job_id,
+                        "token": one.lease_token,
+                        "output": one.output_json,
+                        "ends_chain": one.continuation is None,
+                    },
+                )
+            else:
+                rows = await self._fetch(conn, self._sql.complete, _completion_params(completions))
         return await self._completion_results(tx, completions, rows)
 
     async def _completion_results(
