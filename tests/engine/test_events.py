@@ -236,3 +236,43 @@ async def test_stop_with_zero_grace_aborts_running_attempts_and_releases_their_j
         return (await client.get_job(started.job_id)).attempt == 0
 
     await eventually(attempt_not_burned, what="released job keeps its attempt count")
+
+
+class Choosy(Recorder):
+    """Says which events it wants; the others must not even reach ``on_event``."""
+
+    def __init__(self, *wanted: str) -> None:
+        super().__init__()
+        self.wanted = set(wanted)
+
+    def wants(self, name: str) -> bool:
+        return name in self.wanted
+
+
+async def test_events_no_observer_wants_are_not_delivered_and_the_logger_level_decides(
+    pgwork_dsn: str, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    reg, ok, _ = _registry()
+    choosy = Choosy(ATTEMPT_COMPLETED, WORKER_STOPPED)
+    state = await PostgresStateAdapter.connect(pgwork_dsn)
+    client = create_client(state_adapter=state, registry=reg, observers=[choosy])
+
+    async def handle(attempt: Attempt[Num, Num]) -> Num:
+        return attempt.job.input
+
+    try:
+        await client.start_chain(conn, ok, Num(n=1))
+        await conn.commit()
+        async with create_in_process_worker(client=client, processors={ok: handle}):
+            await choosy.wait_for(ATTEMPT_COMPLETED)
+    finally:
+        await client.close()
+    assert [e.name for e in choosy.events] == [ATTEMPT_COMPLETED, WORKER_STOPPED]
+
+    observer = LoggingObserver()
+    caplog.set_level(logging.INFO, logger="pgwork.events")
+    assert not observer.wants(ATTEMPT_STARTED)  # DEBUG
+    assert observer.wants(ATTEMPT_FAILED)
+    assert observer.wants(ATTEMPT_ABORTED)  # a released abort logs at INFO
+    caplog.set_level(logging.DEBUG, logger="pgwork.events")
+    assert observer.wants(ATTEMPT_STARTED)

@@ -528,3 +528,61 @@ async def test_a_job_type_no_processor_handles_is_never_acquired(
     job = await client.get_job(lonely.job_id)
     assert job.status is JobStatus.PENDING
     assert job.attempt == 0
+
+
+async def test_a_worker_cancelled_from_outside_cancels_its_running_handlers(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    hang_type = reg.job_type("hang", input=Num)
+    hang = HangUntilAborted()
+    client = await make_client(reg)
+    worker = create_in_process_worker(
+        client=client, processors={hang_type: hang}, poll_interval=0.2
+    )
+    await client.start_chain(conn, hang_type, Num(n=1))
+    await conn.commit()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run)
+            await hang.running.wait()
+            group.cancel_scope.cancel()
+        # run() returned only after the handler it started had ended.
+        assert hang.aborted.is_set()
+
+
+async def test_a_staged_slot_takes_its_next_job_while_the_last_outcome_is_written(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """With one slot, a job's completion goes out with the acquire of the next one:
+    every job runs, in order, and no turn needs a statement of its own to complete."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    seen: list[int] = []
+
+    async def handle(attempt: Attempt[Num, None]) -> None:
+        seen.append(attempt.job.input.n)
+
+    client = await make_client(reg)
+    calls: list[tuple[int, int]] = []
+    real = client.state.complete_and_acquire
+
+    async def counting(**kwargs: Any) -> Any:
+        results, acquired = await real(**kwargs)
+        calls.append((len(kwargs["completions"]), len(acquired)))
+        return results, acquired
+
+    client.state.complete_and_acquire = counting  # type: ignore[method-assign]
+    await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(5)])
+    await conn.commit()
+    await workers(client=client, processors={step: handle}, max_slots=1)
+
+    async def all_done() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
+        return bool(await scalar(pgwork_dsn, done) == 5)
+
+    await eventually(all_done, what="five jobs completed")
+    assert seen == [0, 1, 2, 3, 4]
+    # Jobs 0..3 were each completed by the acquire that brought the next job.
+    assert [c for c in calls if c[0] and c[1]] == [(1, 1)] * 4

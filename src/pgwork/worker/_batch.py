@@ -1,9 +1,10 @@
 """Grouping staged completions that finish close together into one statement.
 
-A slot hands its completion here and waits. Usually the worker's main loop takes the
-waiting completions and writes them together with its next acquire (one round trip,
-one commit); when the loop is not acquiring (no free slot, or it is backing off), the
-batcher writes them itself, within ``max_delay`` or as soon as ``max_size`` wait. A
+A slot hands its completion here and waits. Usually the worker's next acquire takes
+the waiting completions and writes them in its own statement (one round trip, one
+commit; see ``_fetch``); when no acquire is going out (no free slot, or the worker is
+backing off), the batcher writes them itself, within ``max_delay`` or as soon as
+``max_size`` wait. A
 slot is released only after the write committed, so nothing is acknowledged before it
 is durable. Completions with a continuation, or inside an atomic attempt's
 transaction, do not come here: they need their own transaction.
@@ -15,7 +16,7 @@ it keeps failing, every waiting slot gets the error and its job is left to be re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -41,23 +42,22 @@ class Pending:
 
 
 class CompletionBatcher:
-    """``in_flight()`` is the number of handlers still running whose completion may
-    yet join a batch: once it is zero, waiting longer only adds latency, so the batch
-    goes. Call ``nudge()`` when a handler ends without joining (it failed, say), so a
-    waiting batch need not sit out ``max_delay`` for it."""
+    """Holds finished staged completions until an acquire or its own timer writes them.
+
+    It does not flush early when the last running handler returns: the acquire that
+    handler's free slot sets off takes the batch a moment later, and writing it twice
+    as fast would cost a statement of its own per turn."""
 
     def __init__(
         self,
         state: StateAdapter,
         *,
-        in_flight: Callable[[], int],
         max_size: int = 200,
         max_delay: float = 0.002,
     ):
         self.state = state
         self.max_size = max_size
         self.max_delay = max_delay
-        self._in_flight = in_flight
         self._waiting: list[Pending] = []
         self._written = anyio.Event()
         self._arrived = anyio.Event()
@@ -72,7 +72,8 @@ class CompletionBatcher:
         pending = Pending(completion, self._written)
         self._waiting.append(pending)
         self._arrived.set()
-        self.nudge()
+        if len(self._waiting) >= self.max_size:
+            self._full.set()
         # A completion can move to another batch's event (``take``, ``give_back``): it
         # wakes when its old event is set, finds no result, and waits on the new one.
         while pending.result is None and pending.error is None:
@@ -81,11 +82,6 @@ class CompletionBatcher:
             raise pending.error
         assert pending.result is not None
         return pending.result
-
-    def nudge(self) -> None:
-        """Send the waiting batch now if nothing else can join it soon."""
-        if self._waiting and (len(self._waiting) >= self.max_size or self._in_flight() == 0):
-            self._full.set()
 
     def take(self, limit: int | None = None) -> list[Pending]:
         """Hand the waiting completions (up to ``limit``) to a caller that writes them

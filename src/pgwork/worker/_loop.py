@@ -1,9 +1,13 @@
 """The in-process worker: one main loop feeding a fixed number of slots.
 
 Each turn of the loop (1) reaps at most one expired lease of a type this worker
-handles, (2) fills every free slot with ONE acquire statement, and (3) waits for the
-first of: a notification, the poll interval, a slot finishing. Slots run in an anyio
-task group; a side task renews staged leases, another listens for notifications.
+handles, (2) starts ONE acquire statement for every free slot (it runs beside the loop
+and carries the finished jobs' completions, see ``_fetch``), and (3) waits for the
+first of: a notification, the poll interval, a handler returning, an acquire coming
+back. A staged slot is free once its handler returns; at most ``2 * max_slots``
+attempts are unsettled. Each attempt runs in a task the worker owns (``_slot_tasks``);
+side tasks renew staged leases, listen for notifications, send heartbeats and run
+maintenance.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ class InProcessWorker:
         # attempts may be unsettled (handler running or outcome not yet durable), so
         # writing one batch of outcomes overlaps acquiring and running the next.
         self._max_unsettled = 2 * max_slots
-        self._batcher = CompletionBatcher(client.state, in_flight=self._staged_running)
+        self._batcher = CompletionBatcher(client.state)
         self._last_reap = -REAP_INTERVAL
         self._unsettled: list[Lease] = []
         self._events = Emitter(client.observers if observers is None else observers)
@@ -184,12 +188,8 @@ class InProcessWorker:
     def _wake_up(self) -> None:
         self._wake.set()
 
-    def _staged_running(self) -> int:
-        return self._handlers_running
-
     def _handler_returned(self, slot: Slot) -> None:
         self._handlers_running -= 1
-        self._batcher.nudge()
         self._wake.set()
 
     @property
