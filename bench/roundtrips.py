@@ -76,7 +76,7 @@ class Trace:
 
 
 _LIMIT = re.compile(rb"LIMIT \d+")
-_SLOT = re.compile(r"^pgwork-slot-.*")
+_SLOT = re.compile(r"^pgwork-(slot|handler)")
 
 
 def _task_group() -> str:

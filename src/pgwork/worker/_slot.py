@@ -197,16 +197,17 @@ class SlotRunner:
         handler = self._handlers[slot.job_type.name]
         slot.started = time.monotonic()
         acquired = slot.acquired
-        self.emit(
-            ATTEMPT_STARTED,
-            slot,
-            duration=False,
-            mode=slot.job_type.mode,
-            queued_s=(
-                acquired.leased_until - slot.job_type.lease - acquired.scheduled_at
-            ).total_seconds(),
-            trace_context=acquired.trace_context,
-        )
+        if self._events.wants(ATTEMPT_STARTED):
+            self.emit(
+                ATTEMPT_STARTED,
+                slot,
+                duration=False,
+                mode=slot.job_type.mode,
+                queued_s=(
+                    acquired.leased_until - slot.job_type.lease - acquired.scheduled_at
+                ).total_seconds(),
+                trace_context=acquired.trace_context,
+            )
 
         async def call() -> BaseException | None:
             with attempt.cancel_scope:
@@ -229,7 +230,7 @@ class SlotRunner:
                 self._abandon_after if abandon_after is None else abandon_after.total_seconds()
             ),
             abandoned=self.abandoned,
-            label=f"of job {acquired.id}",
+            job_id=acquired.id,
         )
         slot.watch = watch
         if attempt.aborted:

@@ -44,18 +44,22 @@ class HandlerTask(Generic[T]):
         "_abandon_after",
         "_abandoned",
         "_ended",
-        "_label",
+        "_job_id",
         "_wake",
         "abandoned",
         "stopped_at",
     )
 
-    def __init__(self, *, abandon_after: float, abandoned: set[asyncio.Task[Any]], label: str):
+    def __init__(
+        self, *, abandon_after: float, abandoned: set[asyncio.Task[Any]], job_id: object
+    ):
         self._abandon_after = abandon_after
         self._abandoned = abandoned
-        self._label = label
-        self._wake = anyio.Event()
-        self._ended: anyio.Event | None = None  # made only for a handler that lingers
+        self._job_id = job_id  # formatted only if the handler is abandoned
+        # asyncio's events, not anyio's: this module is asyncio-only anyway, and an anyio
+        # Event looks up the running backend each time one is made (once per job here).
+        self._wake = asyncio.Event()
+        self._ended: asyncio.Event | None = None  # made only for a handler that lingers
         self.stopped_at: float | None = None
         self.abandoned = False
 
@@ -71,7 +75,7 @@ class HandlerTask(Generic[T]):
         timeout or abort."""
         started = time.monotonic()
         task = asyncio.get_running_loop().create_task(
-            _call(body), name=f"pgwork-handler {self._label}"
+            _call(body), name="pgwork-handler"
         )
         task.add_done_callback(self._on_done)
         try:
@@ -101,7 +105,7 @@ class HandlerTask(Generic[T]):
 
     async def _wait_ended(self, task: asyncio.Task[Any]) -> None:
         if self._ended is None:
-            self._ended = anyio.Event()
+            self._ended = asyncio.Event()
         if not task.done():
             await self._ended.wait()
 
@@ -121,7 +125,7 @@ class HandlerTask(Generic[T]):
             log.warning(
                 "pgwork abandoned handler %s ended %.1fs after it was abandoned (%s); "
                 "its outcome was discarded",
-                self._label,
+                f"of job {self._job_id}",
                 time.monotonic() - abandoned_at,
                 outcome,
             )
