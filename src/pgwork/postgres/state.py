@@ -403,21 +403,24 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             await self.insert_jobs(tx, jobs=continuations)
         ended_with_dependants = [v[0] for v in accepted.values() if v[1] and v[2]]
         resolution = await self.resolve_dependants(tx, chain_ids=ended_with_dependants)
+        unblocked = tuple(sorted(set(resolution.ready_queues)))
         results = []
         for c in completions:
-            chain_id, ends, _, awaited = accepted.get(c.job_id, (None, False, False, False))
-            ready: set[str] = set()
-            if c.continuation and c.job_id in accepted and not _scheduled(c.continuation):
-                ready.add(c.continuation.queue)
+            found = accepted.get(c.job_id)
+            if found is None:
+                results.append(CompletionResult(job_id=c.job_id, accepted=False))
+                continue
+            chain_id, ends, _, awaited = found
+            ready_queues = unblocked
+            if c.continuation and not _scheduled(c.continuation):
+                ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
             results.append(
                 CompletionResult(
                     job_id=c.job_id,
-                    accepted=c.job_id in accepted,
+                    accepted=True,
                     chain_completed=ends,
-                    continuation_id=(
-                        c.continuation.id if c.continuation and c.job_id in accepted else None
-                    ),
-                    ready_queues=tuple(sorted(ready | set(resolution.ready_queues))),
+                    continuation_id=c.continuation.id if c.continuation else None,
+                    ready_queues=ready_queues,
                     chain_awaited=awaited or chain_id in resolution.awaited_chain_ids,
                 )
             )
