@@ -451,6 +451,14 @@ class StateAdapter(Protocol):
         """Lock the job row in ``tx`` for an atomic attempt; False if no longer held."""
         ...
 
+    def atomic_transaction(
+        self, *, lease: Lease, deadline: timedelta
+    ) -> AbstractAsyncContextManager[TransactionHandle | None]:
+        """``transaction()`` with ``begin_atomic`` already done, in as few round trips
+        as the store allows: yields the open transaction, or None (rolled back at
+        once) when ``lease`` no longer holds its job. Commits on clean exit."""
+        ...
+
     async def complete_and_acquire(
         self,
         *,

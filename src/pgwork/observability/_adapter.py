@@ -111,6 +111,30 @@ class InstrumentedStateAdapter:
             ADAPTER_CALL_STOP, operation="transaction", duration_s=time.monotonic() - started
         )
 
+    @asynccontextmanager
+    async def atomic_transaction(
+        self, *, lease: Lease, deadline: timedelta
+    ) -> AsyncIterator[TransactionHandle | None]:
+        self._events.emit(ADAPTER_CALL_START, operation="atomic_transaction")
+        started = time.monotonic()
+        try:
+            async with self.inner.atomic_transaction(lease=lease, deadline=deadline) as tx:
+                yield tx
+        except BaseException as exc:
+            self._events.emit(
+                ADAPTER_CALL_ERROR,
+                operation="atomic_transaction",
+                duration_s=time.monotonic() - started,
+                error_type=type(exc).__name__,
+                error_message=str(exc),
+            )
+            raise
+        self._events.emit(
+            ADAPTER_CALL_STOP,
+            operation="atomic_transaction",
+            duration_s=time.monotonic() - started,
+        )
+
     async def adopt(self, tx: object) -> TransactionHandle:
         return await self._call("adopt", self.inner.adopt(tx))
 

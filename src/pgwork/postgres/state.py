@@ -8,6 +8,7 @@ transaction and never commit it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -133,6 +134,38 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
         async with self._pooled() as conn, conn.transaction():
             yield PgTransaction(conn)
+
+    @asynccontextmanager
+    async def atomic_transaction(
+        self, *, lease: Lease, deadline: timedelta
+    ) -> AsyncIterator[TransactionHandle | None]:
+        # BEGIN and the row lock go out in one pipeline: one round trip where
+        # ``transaction()`` + ``begin_atomic`` take two. psycopg's own transaction
+        # block would sync after its BEGIN, so this one is begun and ended by hand.
+        async with self._pooled() as conn:
+            try:
+                with translate_errors(self.schema):
+                    async with conn.pipeline():
+                        await conn.execute(b"BEGIN")
+                        locking = conn.cursor()
+                        await locking.execute(
+                            self._sql.begin_atomic, _atomic_params(lease, deadline)
+                        )
+                    held = bool(await locking.fetchall())
+                if not held:
+                    await conn.execute(b"ROLLBACK")
+                    yield None
+                    return
+                yield PgTransaction(conn)
+            except BaseException:
+                if not conn.closed:  # closed: discarded by an abandoned attempt
+                    # A broken connection cannot roll back; the error worth raising is
+                    # the one that got us here.
+                    with contextlib.suppress(Exception):
+                        await conn.execute(b"ROLLBACK")
+                raise
+            if not conn.closed:
+                await conn.execute(b"COMMIT")
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return PgTransaction(await unwrap(tx))
@@ -323,18 +356,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:
         conn = await unwrap(tx)
-        seconds = deadline.total_seconds()
-        rows = await self._fetch(
-            conn,
-            self._sql.begin_atomic,
-            {
-                "job_id": lease.job_id,
-                "lease_token": lease.lease_token,
-                # A little slack over the handler deadline: the worker's own timeout
-                # fires first; this only ends transactions of a stuck process.
-                "idle_ms": str(int(seconds * 1000) + 5000),
-            },
-        )
+        rows = await self._fetch(conn, self._sql.begin_atomic, _atomic_params(lease, deadline))
         return bool(rows)
 
     async def renew(
@@ -545,6 +567,16 @@ def _with_limit(query: bytes, limit: int) -> bytes:
     A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
     """
     return query.replace(b"%(limit)s", str(int(limit)).encode())
+
+
+def _atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:
+    return {
+        "job_id": lease.job_id,
+        "lease_token": lease.lease_token,
+        # A little slack over the handler deadline: the worker's own timeout fires
+        # first; this only ends transactions of a stuck process.
+        "idle_ms": str(int(deadline.total_seconds() * 1000) + 5000),
+    }
 
 
 def _completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]:

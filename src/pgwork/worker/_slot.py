@@ -269,8 +269,8 @@ class SlotRunner:
         attempt: Attempt[Any, Any] | None = None
         failure: BaseException | None = None
         try:
-            async with self.state.transaction() as tx:
-                if not await self.state.begin_atomic(tx, lease=slot.lease, deadline=deadline):
+            async with self.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
+                if tx is None:
                     log.warning(
                         "pgwork job %s was taken from this worker before it started",
                         slot.acquired.id,

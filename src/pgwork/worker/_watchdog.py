@@ -50,9 +50,7 @@ class HandlerTask(Generic[T]):
         "stopped_at",
     )
 
-    def __init__(
-        self, *, abandon_after: float, abandoned: set[asyncio.Task[Any]], job_id: object
-    ):
+    def __init__(self, *, abandon_after: float, abandoned: set[asyncio.Task[Any]], job_id: object):
         self._abandon_after = abandon_after
         self._abandoned = abandoned
         self._job_id = job_id  # formatted only if the handler is abandoned
@@ -74,9 +72,7 @@ class HandlerTask(Generic[T]):
         None, with ``abandoned`` set, when it did not end within ``abandon_after`` of its
         timeout or abort."""
         started = time.monotonic()
-        task = asyncio.get_running_loop().create_task(
-            _call(body), name="pgwork-handler"
-        )
+        task = asyncio.get_running_loop().create_task(_call(body), name="pgwork-handler")
         task.add_done_callback(self._on_done)
         try:
             if timeout is None:

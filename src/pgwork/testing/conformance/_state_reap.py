@@ -13,6 +13,7 @@ import uuid
 from datetime import timedelta
 
 import anyio
+import pytest
 
 from pgwork.adapters.state import Completion, Failure, Lease, StateAdapter
 from pgwork.records import AttemptError, ChainStatus, JobStatus
@@ -209,6 +210,39 @@ class AtomicConformance(StateSuiteBase):
         async with state_adapter.transaction() as tx:
             assert not await state_adapter.begin_atomic(tx, lease=held.lease, deadline=deadline)
         assert (await store.job(held.id)).output == "atomic"
+
+    async def test_atomic_transaction_commits_what_the_lease_holder_wrote_and_only_that(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        first, second = await store.acquire(limit=2)
+        deadline = timedelta(seconds=30)
+        forged = Lease(first.id, uuid.uuid4())
+        async with state_adapter.atomic_transaction(lease=forged, deadline=deadline) as tx:
+            assert tx is None
+
+        async def fail_after_writing() -> None:
+            async with state_adapter.atomic_transaction(
+                lease=second.lease, deadline=deadline
+            ) as tx:
+                assert tx is not None
+                await state_adapter.complete(
+                    tx, completions=[Completion(second.id, second.lease_token, '"lost"')]
+                )
+                raise RuntimeError("handler failed")
+
+        with pytest.raises(RuntimeError, match="handler failed"):
+            await fail_after_writing()
+        assert (await store.job(second.id)).status is JobStatus.RUNNING
+        async with state_adapter.atomic_transaction(lease=first.lease, deadline=deadline) as tx:
+            assert tx is not None
+            [result] = await state_adapter.complete(
+                tx, completions=[Completion(first.id, first.lease_token, '"atomic"')]
+            )
+            assert result.accepted
+        assert (await store.job(first.id)).output == "atomic"
+        async with state_adapter.atomic_transaction(lease=first.lease, deadline=deadline) as tx:
+            assert tx is None  # completed: the lease is spent
 
     async def test_atomic_attempt_holds_its_job_so_a_concurrent_reap_skips_it(
         self, state_adapter: StateAdapter, store: StateHarness
