@@ -17,9 +17,9 @@ grace period (``--grace``) is kept short so in-flight jobs are released at once.
 deliberately broken statements before the adapter is built, so the tests can show each
 oracle catches the failure it is meant to catch:
 
-``unfenced``    complete/renew/fail ignore the lease token (a completion matches its
-                job by id alone, whatever its status); an atomic attempt takes no row
-                lock and checks no token
+``unfenced``    every complete statement, renew and fail ignore the lease token (a
+                completion matches its job by id alone, whatever its status); an
+                atomic attempt takes no row lock and checks no token
 ``no-reap``     expired leases (and dead workers' jobs) are never taken back
 ``eager-reap``  leases are taken back long before they expire
 """
@@ -60,6 +60,21 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         # token check would still commit one effect per job.
         (
             "COMPLETE",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
+        (
+            "COMPLETE_ONE",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
+        (
+            "COMPLETE_AND_ACQUIRE",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
+        (
+            "COMPLETE_AND_ACQUIRE_ANY_QUEUE",
             "ELSE j.lease_token = c.token AND j.status = 'running' END",
             "ELSE true END",
         ),
