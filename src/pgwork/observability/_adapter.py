@@ -9,8 +9,8 @@ after each one. ``transaction()`` is measured from entering to leaving the block
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
@@ -66,11 +66,13 @@ class InstrumentedStateAdapter:
         self.inner = inner
         self._events = Emitter(observers)
 
-    async def _call(self, operation: str, call: Awaitable[T]) -> T:
+    @contextmanager
+    def _timed(self, operation: str) -> Iterator[None]:
+        """Emit start, then stop or error (with the duration) around one operation."""
         self._events.emit(ADAPTER_CALL_START, operation=operation)
         started = time.monotonic()
         try:
-            result = await call
+            yield
         except BaseException as exc:
             self._events.emit(
                 ADAPTER_CALL_ERROR,
@@ -83,7 +85,10 @@ class InstrumentedStateAdapter:
         self._events.emit(
             ADAPTER_CALL_STOP, operation=operation, duration_s=time.monotonic() - started
         )
-        return result
+
+    async def _call(self, operation: str, call: Awaitable[T]) -> T:
+        with self._timed(operation):
+            return await call
 
     async def verify(self) -> None:
         await self._call("verify", self.inner.verify())
@@ -93,47 +98,17 @@ class InstrumentedStateAdapter:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
-        self._events.emit(ADAPTER_CALL_START, operation="transaction")
-        started = time.monotonic()
-        try:
+        with self._timed("transaction"):
             async with self.inner.transaction() as tx:
                 yield tx
-        except BaseException as exc:
-            self._events.emit(
-                ADAPTER_CALL_ERROR,
-                operation="transaction",
-                duration_s=time.monotonic() - started,
-                error_type=type(exc).__name__,
-                error_message=str(exc),
-            )
-            raise
-        self._events.emit(
-            ADAPTER_CALL_STOP, operation="transaction", duration_s=time.monotonic() - started
-        )
 
     @asynccontextmanager
     async def atomic_transaction(
         self, *, lease: Lease, deadline: timedelta
     ) -> AsyncIterator[TransactionHandle | None]:
-        self._events.emit(ADAPTER_CALL_START, operation="atomic_transaction")
-        started = time.monotonic()
-        try:
+        with self._timed("atomic_transaction"):
             async with self.inner.atomic_transaction(lease=lease, deadline=deadline) as tx:
                 yield tx
-        except BaseException as exc:
-            self._events.emit(
-                ADAPTER_CALL_ERROR,
-                operation="atomic_transaction",
-                duration_s=time.monotonic() - started,
-                error_type=type(exc).__name__,
-                error_message=str(exc),
-            )
-            raise
-        self._events.emit(
-            ADAPTER_CALL_STOP,
-            operation="atomic_transaction",
-            duration_s=time.monotonic() - started,
-        )
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return await self._call("adopt", self.inner.adopt(tx))
