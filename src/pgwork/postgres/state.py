@@ -8,7 +8,6 @@ transaction and never commit it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -139,33 +138,15 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     async def atomic_transaction(
         self, *, lease: Lease, deadline: timedelta
     ) -> AsyncIterator[TransactionHandle | None]:
-        # BEGIN and the row lock go out in one pipeline: one round trip where
-        # ``transaction()`` + ``begin_atomic`` take two. psycopg's own transaction
-        # block would sync after its BEGIN, so this one is begun and ended by hand.
-        async with self._pooled() as conn:
-            try:
-                with translate_errors(self.schema):
-                    async with conn.pipeline():
-                        await conn.execute(b"BEGIN")
-                        locking = conn.cursor()
-                        await locking.execute(
-                            self._sql.begin_atomic, _atomic_params(lease, deadline)
-                        )
-                    held = bool(await locking.fetchall())
-                if not held:
-                    await conn.execute(b"ROLLBACK")
-                    yield None
-                    return
-                yield PgTransaction(conn)
-            except BaseException:
-                if not conn.closed:  # closed: discarded by an abandoned attempt
-                    # A broken connection cannot roll back; the error worth raising is
-                    # the one that got us here.
-                    with contextlib.suppress(Exception):
-                        await conn.execute(b"ROLLBACK")
-                raise
-            if not conn.closed:
-                await conn.execute(b"COMMIT")
+        # Not pipelined with its BEGIN, though that would save a round trip: sent in
+        # one pipeline, the lock statement's local idle_in_transaction_session_timeout
+        # never ended the transaction of a stuck worker (the SIGSTOP fault scenario
+        # found the row locked for good), and that timeout is what frees the job.
+        async with self.transaction() as tx:
+            if not await self.begin_atomic(tx, lease=lease, deadline=deadline):
+                yield None
+                return
+            yield tx
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return PgTransaction(await unwrap(tx))
