@@ -274,7 +274,14 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> list[AcquiredJob]:
         if limit <= 0 or not leases:
             return []
-        query, params = self._acquire_statement(worker_id, leases, queues, limit)
+        query, params = self._acquire_statement(
+            worker_id,
+            leases,
+            queues,
+            limit,
+            by_queue=self._sql.acquire,
+            any_queue=self._sql.acquire_any_queue,
+        )
         async with self._pooled() as conn:
             rows = await self._fetch(conn, query, params)
         return [acquired_from_row(row) for row in rows]
@@ -285,16 +292,21 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         leases: Mapping[str, timedelta],
         queues: Sequence[str] | None,
         limit: int,
+        *,
+        by_queue: bytes,
+        any_queue: bytes,
     ) -> tuple[bytes, dict[str, Any]]:
+        """``by_queue`` (or ``any_queue`` when ``queues`` is None) with its limit written
+        in, and the acquire's parameters."""
         params: dict[str, Any] = {
             "worker_id": worker_id,
             "type_names": list(leases),
             "lease_seconds": [d.total_seconds() for d in leases.values()],
         }
         if queues is None:
-            return _with_limit(self._sql.acquire_any_queue, limit), params
+            return _with_limit(any_queue, limit), params
         params["queues"] = list(queues)
-        return _with_limit(self._sql.acquire, limit), params
+        return _with_limit(by_queue, limit), params
 
     async def complete_and_acquire(
         self,
@@ -313,12 +325,13 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             )
         if limit <= 0 or not leases:
             return await self.complete(None, completions=completions), []
-        _, params = self._acquire_statement(worker_id, leases, queues, limit)
-        query = _with_limit(
-            self._sql.complete_and_acquire_any_queue
-            if queues is None
-            else self._sql.complete_and_acquire,
+        query, params = self._acquire_statement(
+            worker_id,
+            leases,
+            queues,
             limit,
+            by_queue=self._sql.complete_and_acquire,
+            any_queue=self._sql.complete_and_acquire_any_queue,
         )
         params.update(_completion_params(completions))
         async with self._pooled() as conn:
