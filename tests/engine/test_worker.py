@@ -555,8 +555,9 @@ async def test_a_worker_cancelled_from_outside_cancels_its_running_handlers(
 async def test_a_staged_slot_takes_its_next_job_while_the_last_outcome_is_written(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    """With one slot, a job's completion goes out with the acquire of the next one:
-    every job runs, in order, and no turn needs a statement of its own to complete."""
+    """With one slot (and no prefetch), a job's completion goes out with the acquire of
+    the next one: every job runs, in order, and no turn needs a statement of its own to
+    complete."""
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
     seen: list[int] = []
@@ -576,7 +577,7 @@ async def test_a_staged_slot_takes_its_next_job_while_the_last_outcome_is_writte
     client.state.complete_and_acquire = counting  # type: ignore[method-assign]
     await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(5)])
     await conn.commit()
-    await workers(client=client, processors={step: handle}, max_slots=1)
+    await workers(client=client, processors={step: handle}, max_slots=1, prefetch=0)
 
     async def all_done() -> bool:
         done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"

@@ -38,6 +38,7 @@ def create_in_process_worker(
     heartbeat_interval: float = 5.0,
     dead_worker_after: float = 30.0,
     abandon_after: float | timedelta = 5.0,
+    prefetch: int | None = None,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -48,7 +49,10 @@ def create_in_process_worker(
     attempts finish before aborting them and handing their jobs back. ``abandon_after``:
     how long a handler that was cancelled (timeout, lost lease, stop) may take to end
     before the worker abandons it: frees its slot, stops renewing its lease and fails
-    the attempt (a job type's own ``abandon_after`` wins). ``middlewares``
+    the attempt (a job type's own ``abandon_after`` wins). ``prefetch``: how many jobs
+    beyond the free slots the worker may hold acquired, waiting for a slot, so that its
+    next acquire overlaps the running handlers (default None: up to ``max_slots`` while
+    handlers take under 20 ms on average, none otherwise; 0 turns it off). ``middlewares``
     wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
     ``heartbeat_interval`` / ``dead_worker_after`` (seconds): how often the worker
     records that it is alive, and after how long without a heartbeat another worker
@@ -72,4 +76,5 @@ def create_in_process_worker(
         heartbeat_interval=heartbeat_interval,
         dead_worker_after=dead_worker_after,
         abandon_after=_seconds(abandon_after, "abandon_after"),
+        prefetch=prefetch,
     )

@@ -3,8 +3,8 @@
 A slot hands its completion here and waits. Usually the worker's next acquire takes
 the waiting completions and writes them in its own statement (one round trip, one
 commit; see ``_fetch``); when no acquire is going out (no free slot, or the worker is
-backing off), the batcher writes them itself, within ``max_delay`` or as soon as
-``max_size`` wait. A
+backing off), the batcher writes them itself, within ``max_delay`` (plus the time an
+acquire in flight takes to come back) or as soon as ``max_size`` wait. A
 slot is released only after the write committed, so nothing is acknowledged before it
 is durable. Completions with a continuation, or inside an atomic attempt's
 transaction, do not come here: they need their own transaction.
@@ -16,7 +16,7 @@ it keeps failing, every waiting slot gets the error and its job is left to be re
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -62,6 +62,9 @@ class CompletionBatcher:
         self._written = anyio.Event()
         self._arrived = anyio.Event()
         self._full = anyio.Event()
+        # Set by the worker: returns once no acquire that could take the waiting
+        # completions along is in flight or about to go out.
+        self.hold: Callable[[], Awaitable[None]] | None = None
 
     @property
     def waiting(self) -> int:
@@ -136,6 +139,10 @@ class CompletionBatcher:
             await self._arrived.wait()
             with anyio.move_on_after(self.max_delay):
                 await self._full.wait()
+            if not self._full.is_set() and self.hold is not None:
+                # The acquire that follows the one in flight takes this batch along: a
+                # statement of our own would cost the server a commit per turn.
+                await self.hold()
             batch = self.take()
             with anyio.CancelScope(shield=True):
                 await self._flush(batch)

@@ -22,7 +22,7 @@ import anyio
 import anyio.abc
 
 from pgwork.adapters.state import AcquiredJob, StateAdapter
-from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._batch import CompletionBatcher, Pending
 
 __all__ = ["Fetcher"]
 
@@ -41,6 +41,7 @@ class Fetcher:
         leases: Mapping[str, timedelta],
         queues: Sequence[str] | None,
         arrived: Callable[[list[AcquiredJob]], Awaitable[None]],
+        back: Callable[[int], None],
         done: Callable[[], None],
     ) -> None:
         self.state = state
@@ -49,6 +50,7 @@ class Fetcher:
         self._leases = leases
         self._queues = queues
         self._arrived = arrived
+        self._back = back
         self._done = done
         self._in_flight = 0
         self._idle = anyio.Event()
@@ -56,24 +58,35 @@ class Fetcher:
         self.asked = 0
         self.error: BaseException | None = None
         self.failures = 0  # acquires that failed in a row
+        self.finished = 0  # acquires that came back (or failed) so far
 
-    def fill(self, slots: anyio.abc.TaskGroup, free: int) -> None:
-        """Start acquires for up to ``free`` jobs (minus those already asked for)."""
+    def fill(
+        self, slots: anyio.abc.TaskGroup, free: int, *, max_in_flight: int = MAX_IN_FLIGHT
+    ) -> None:
+        """Start an acquire for up to ``free`` jobs (minus those already asked for),
+        unless ``max_in_flight`` acquires are already out."""
         free -= self.asked
-        if free <= 0 or self._in_flight >= MAX_IN_FLIGHT:
+        if free <= 0 or self._in_flight >= max_in_flight:
             return
         self.asked += free
         self._in_flight += 1
         if self._idle.is_set():
             self._idle = anyio.Event()
-        slots.start_soon(self._acquire, free, name="pgwork-acquire")
+        # Taken now, not when the task first runs: the batcher, seeing an acquire go
+        # out, leaves the completions waiting at this moment to it.
+        batch = self._batcher.take()
+        slots.start_soon(self._acquire, free, batch, name="pgwork-acquire")
 
     async def idle(self) -> None:
         """Return once no acquire is in flight."""
         await self._idle.wait()
 
-    async def _acquire(self, limit: int) -> None:
-        batch = self._batcher.take()
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def _acquire(self, limit: int, batch: list[Pending]) -> None:
+        counted = False
         try:
             try:
                 results, acquired = await self.state.complete_and_acquire(
@@ -92,11 +105,21 @@ class Fetcher:
                 self._batcher.give_back(batch)
                 raise
             self.failures = 0
+            counted = True
+            self._came_back(limit)
+            # Before the jobs start: the next acquire (if any) goes out first, so the
+            # server works on it while their handlers run.
+            self._back(len(acquired))
             self._batcher.deliver(batch, results)
             await self._arrived(acquired)
         finally:
-            self.asked -= limit
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.set()
+            if not counted:
+                self._came_back(limit)
             self._done()
+
+    def _came_back(self, limit: int) -> None:
+        self.finished += 1
+        self.asked -= limit
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()

@@ -25,7 +25,8 @@ log = logging.getLogger("pgwork.worker")
 
 __all__ = ["LeaseHolder", "abort_reason_for", "renew_forever"]
 
-IDLE_TICK = 1.0
+# The renewer never sleeps longer than this, even when every lease is longer.
+MAX_TICK = 10.0
 
 
 class LeaseHolder(Protocol):
@@ -56,21 +57,33 @@ def abort_reason_for(status: JobStatus | None) -> AbortReason:
     return AbortReason.OWNERSHIP_LOST
 
 
-async def renew_forever(state: StateAdapter, holders: Callable[[], Iterable[LeaseHolder]]) -> None:
-    """Renew the leases of ``holders()`` until cancelled."""
+async def renew_forever(
+    state: StateAdapter,
+    holders: Callable[[], Iterable[LeaseHolder]],
+    *,
+    shortest_lease: timedelta,
+) -> None:
+    """Renew the leases of ``holders()`` until cancelled, every third of
+    ``shortest_lease`` (the shortest a holder can have): a lease taken just after a
+    renewal is renewed at most a third of its duration later, also when the worker
+    was idle before."""
+    tick = min(max(shortest_lease.total_seconds() / 3.0, 0.05), MAX_TICK)
     while True:
-        current = list(holders())
-        if not current:
-            await anyio.sleep(IDLE_TICK)
-            continue
-        shortest = min(h.lease_duration for h in current).total_seconds()
-        await anyio.sleep(max(shortest / 3.0, 0.05))
+        await anyio.sleep(tick)
         current = list(holders())
         if current:
-            await renew_once(state, current)
+            await renew_once(state, current, holding=holders)
 
 
-async def renew_once(state: StateAdapter, holders: list[LeaseHolder]) -> None:
+async def renew_once(
+    state: StateAdapter,
+    holders: list[LeaseHolder],
+    *,
+    holding: Callable[[], Iterable[LeaseHolder]] | None = None,
+) -> None:
+    """Renew ``holders``' leases once. ``holding`` tells who still holds a lease when
+    the answer comes: an attempt whose outcome was written meanwhile was not renewed
+    (the completion got the row first), and that is no lost lease."""
     by_lease: dict[Lease, LeaseHolder] = {h.lease: h for h in holders}
     started = time.monotonic()
     try:
@@ -90,6 +103,7 @@ async def renew_once(state: StateAdapter, holders: list[LeaseHolder]) -> None:
                 )
                 holder.abort(AbortReason.OWNERSHIP_LOST)
         return
+    still: set[int] | None = None
     for result in results:
         found = by_lease.get(Lease(result.job_id, result.lease_token))
         if found is None:
@@ -98,6 +112,11 @@ async def renew_once(state: StateAdapter, holders: list[LeaseHolder]) -> None:
         if result.renewed:
             holder.renewed(started + holder.lease_duration.total_seconds())
         else:
+            if holding is not None:
+                if still is None:
+                    still = {id(h) for h in holding()}
+                if id(holder) not in still:
+                    continue
             reason = abort_reason_for(result.status)
             log.warning(
                 "lease of job %s lost (job is %s now); aborting its attempt with reason %s",

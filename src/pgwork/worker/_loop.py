@@ -41,6 +41,7 @@ from pgwork.observability import (
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
+from pgwork.worker._admission import Admission
 from pgwork.worker._attempt import Attempt, error_record
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import Fetcher
@@ -85,6 +86,7 @@ class InProcessWorker:
         heartbeat_interval: float = 5.0,
         dead_worker_after: float = 30.0,
         abandon_after: float = 5.0,
+        prefetch: int | None = None,
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -94,6 +96,8 @@ class InProcessWorker:
             raise ConfigurationError(f"grace_period must not be negative, got {grace_period}")
         if abandon_after < 0:
             raise ConfigurationError(f"abandon_after must not be negative, got {abandon_after}")
+        if prefetch is not None and prefetch < 0:
+            raise ConfigurationError(f"prefetch must not be negative, got {prefetch}")
         if not processors:
             raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
         self.client = client
@@ -111,10 +115,14 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
+        self._admission: Admission[Slot] = Admission(
+            max_slots=max_slots, prefetch=prefetch, start=self._launch
+        )
         # Staged slots count as free once their handler returns; at most this many
-        # attempts may be unsettled (handler running or outcome not yet durable), so
-        # writing one batch of outcomes overlaps acquiring and running the next.
-        self._max_unsettled = 2 * max_slots
+        # jobs may be unsettled (prefetched, handler running or outcome not yet
+        # durable), so writing one batch of outcomes overlaps acquiring and running the
+        # next.
+        self._max_unsettled = 2 * (max_slots + self._admission.most_prefetched)
         self._batcher = CompletionBatcher(client.state)
         self._last_reap = -REAP_INTERVAL
         self._unsettled: list[Lease] = []
@@ -130,11 +138,15 @@ class InProcessWorker:
             tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in self._types.values()))
         )
         self._leases = {name: t.lease for name, t in self._types.items()}
+        self._queue_rank = {name: rank for rank, name in enumerate(self.queues)}
         self._slots: dict[Any, Slot] = {}
-        # Slots taken: attempts whose handler has not returned (an atomic attempt holds
-        # its slot, and its transaction, until it is settled).
-        self._handlers_running = 0
         self._wake = anyio.Event()
+        # Set (and replaced) each time the main loop decided whether to acquire, and
+        # how many acquires had come back then; cleared when the loop stops filling.
+        self._filled = anyio.Event()
+        self._decided_after = 0
+        self._filling = True
+        self._group: anyio.abc.TaskGroup | None = None
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
         self._stopped = anyio.Event()
@@ -149,6 +161,7 @@ class InProcessWorker:
             leases=self._leases,
             queues=self.queues,
             arrived=self._start_slots,
+            back=self._refill,
             done=self._wake_up,
         )
         self._heartbeat = Heartbeat(
@@ -166,6 +179,7 @@ class InProcessWorker:
             status=self._status,
             on_reclaimed=self._wake_up,
         )
+        self._batcher.hold = self._hold_completions
         self._runner = SlotRunner(
             client=client,
             worker_id=self.worker_id,
@@ -189,7 +203,7 @@ class InProcessWorker:
         self._wake.set()
 
     def _handler_returned(self, slot: Slot) -> None:
-        self._handlers_running -= 1
+        self._admission.freed(slot, time.monotonic())
         self._wake.set()
 
     @property
@@ -214,7 +228,7 @@ class InProcessWorker:
             await self._heartbeat.register()
             async with self.notify.listen() as listener, anyio.create_task_group() as side:
                 side.start_soon(self._listen, listener)
-                side.start_soon(renew_forever, self.state, self._staged_holders)
+                side.start_soon(self._renew_forever)
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
                 side.start_soon(self._batcher.run_forever)
@@ -311,18 +325,19 @@ class InProcessWorker:
         try:
             await self._turns()
         finally:
+            self._stop_filling()
             if self._slot_tasks:  # cancelled from outside: take the slots down with us
                 await self._slot_tasks.cancel_and_wait()
 
     async def _turns(self) -> None:
         failures = 0
-        async with anyio.create_task_group() as slots:
+        async with anyio.create_task_group() as self._group:
             while not self._stop_requested.is_set():
                 self._wake = anyio.Event()
                 try:
                     await self._release_unsettled()
                     await self._reap()
-                    self._fill(slots)
+                    self._fill()
                     failures = 0
                 except PgworkError:
                     raise  # configuration/schema problems do not heal by retrying
@@ -344,6 +359,7 @@ class InProcessWorker:
                     continue
                 with anyio.move_on_after(self.poll_interval):
                     await self._wake.wait()
+            self._stop_filling()
             await self._drain()
             await self._slot_tasks.wait()
 
@@ -397,42 +413,114 @@ class InProcessWorker:
                 worker_id=self.worker_id,
             )
 
-    def _fill(self, slots: anyio.abc.TaskGroup) -> None:
-        if self._fetcher.error is not None:
-            error, self._fetcher.error = self._fetcher.error, None
-            raise error
-        free = min(self.max_slots - self._handlers_running, self._max_unsettled - len(self._slots))
-        if free > 0 and self._heartbeat.healthy:
-            self._fetcher.fill(slots, free)
+    def _fill(self, incoming: int = 0) -> None:
+        """Send an acquire if there is room; ``incoming`` jobs just acquired are about
+        to take some of it."""
+        try:
+            if self._fetcher.error is not None:
+                error, self._fetcher.error = self._fetcher.error, None
+                raise error
+            admission = self._admission
+            free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
+            if free > 0 and self._heartbeat.healthy and self._group is not None:
+                # Prefetching, one acquire at a time keeps the server busy enough; two
+                # racing on the same rows cost it more than they gain.
+                self._fetcher.fill(
+                    self._group, free, max_in_flight=1 if admission.prefetching else 2
+                )
+        finally:
+            self._decided_after = self._fetcher.finished
+            self._filled.set()
+            self._filled = anyio.Event()
+
+    def _refill(self, incoming: int) -> None:
+        """An acquire came back with ``incoming`` jobs: while prefetching, send the next
+        one now rather than a loop turn later, after their handlers ran."""
+        if (
+            self._filling
+            and self._admission.prefetching
+            and self._fetcher.error is None  # the loop's own turn raises it
+            and not self._stop_requested.is_set()
+        ):
+            self._fill(incoming)
+
+    def _stop_filling(self) -> None:
+        self._filling = False
+        self._filled.set()
+
+    async def _hold_completions(self) -> None:
+        """Return once no acquire will take the waiting completions along: none is in
+        flight, and the loop has decided (not) to send one since the last came back."""
+        fetcher = self._fetcher
+        while self._filling:
+            if fetcher.in_flight:
+                await fetcher.idle()
+            elif self._decided_after >= fetcher.finished:
+                return
+            else:
+                await self._filled.wait()
 
     async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
         if self._stop_requested.is_set():
             # Arrived after stop(): hand them straight back, no attempt burned.
             await self.state.release(leases=[job.lease for job in acquired])
             return
+        if len(acquired) > 1:
+            # The statement returns its rows in no particular order; jobs that wait
+            # for a slot must start in the queue's order.
+            rank = self._queue_rank
+            acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
         for job in acquired:
             slot = Slot(job, self._types[job.type_name])
             # Keyed by lease token: the same job can come back to this worker (reaped,
             # then re-acquired) while a stale attempt on it is still being aborted.
             self._slots[job.lease_token] = slot
-            self._handlers_running += 1
-            # A fixed name: formatting the job id into it cost more than the no-op job.
-            self._slot_tasks.start(self._run_slot(slot), name="pgwork-slot")
+            self._admission.arrived(slot)
+
+    def _launch(self, slot: Slot) -> None:
+        # A fixed name: formatting the job id into it cost more than the no-op job.
+        self._slot_tasks.start(self._run_slot(slot), name="pgwork-slot")
 
     async def _drain(self) -> None:
-        """Graceful stop: wait up to the grace period, then abort what still runs."""
+        """Graceful stop: hand prefetched jobs back, wait up to the grace period for
+        the running ones, then abort what still runs."""
         with anyio.move_on_after(self.grace_period) as self._drain_scope:
             await self._fetcher.idle()
+            await self._release_prefetched()
             while self._slots:
                 self._wake = anyio.Event()
                 await self._wake.wait()
         for slot in list(self._slots.values()):
             slot.abort(AbortReason.WORKER_STOPPING)
 
+    async def _release_prefetched(self) -> None:
+        waiting = self._admission.take_queued()
+        for slot in waiting:
+            self._slots.pop(slot.acquired.lease_token, None)
+        if not waiting:
+            return
+        try:
+            await self.state.release(leases=[slot.lease for slot in waiting])
+        except Exception as exc:
+            # Not lost: their leases expire and another worker reaps them.
+            log.warning(
+                "pgwork worker %s could not hand back %d prefetched job(s) (%r)",
+                self.worker_id,
+                len(waiting),
+                exc,
+            )
+
+    async def _renew_forever(self) -> None:
+        shortest = min(self._leases.values())
+        await renew_forever(self.state, self._staged_holders, shortest_lease=shortest)
+
     def _staged_holders(self) -> list[Slot]:
-        return [
+        holders = [
             s for s in self._slots.values() if s.staged and s.attempt is not None and not s.settling
         ]
+        # Prefetched jobs (of either mode) are leased too while they wait for a slot.
+        holders.extend(self._admission.queued)
+        return holders
 
     async def _listen(self, listener: Listener) -> None:
         failures = 0
@@ -485,7 +573,7 @@ class InProcessWorker:
             self._unsettled.append(slot.lease)
         finally:
             if not slot.settling:
-                self._handlers_running -= 1
+                self._admission.freed(slot, time.monotonic())
             self._slots.pop(slot.acquired.lease_token, None)
             self._wake.set()
 

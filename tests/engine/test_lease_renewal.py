@@ -1,0 +1,74 @@
+"""The lease renewer: an attempt whose outcome was written while a renewal was on its
+way was not renewed, and that must not read as a lost lease."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import JobTypeRegistry
+from pgwork.adapters.state import Completion, Lease
+from pgwork.records import AbortReason
+from pgwork.worker._lease import renew_once
+
+from .conftest import ClientFactory
+
+pytestmark = pytest.mark.anyio
+
+
+class Num(BaseModel):
+    n: int
+
+
+class _Holder:
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lease_duration = timedelta(seconds=60)
+        self.lease_deadline = 0.0
+        self.aborted: list[AbortReason] = []
+
+    def renewed(self, deadline: float) -> None:
+        self.lease_deadline = deadline
+
+    def abort(self, reason: AbortReason) -> None:
+        self.aborted.append(reason)
+
+
+async def _completed_behind_the_renewers_back(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> tuple[Any, _Holder]:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    await client.start_chain(conn, step, Num(n=1))
+    await conn.commit()
+    [job] = await client.state.acquire(
+        worker_id="w", leases={"step": timedelta(seconds=60)}, queues=None, limit=1
+    )
+    holder = _Holder(job.lease)
+    await client.state.complete(
+        None,
+        completions=[Completion(job.id, job.lease_token, output_json="null", continuation=None)],
+    )
+    return client, holder
+
+
+async def test_an_attempt_settled_during_the_renewal_is_not_aborted(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client, holder = await _completed_behind_the_renewers_back(make_client, conn)
+    # The worker no longer lists the attempt among its lease holders.
+    await renew_once(client.state, [holder], holding=lambda: [])
+    assert holder.aborted == []
+
+
+async def test_a_lease_lost_while_still_held_aborts_the_attempt(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client, holder = await _completed_behind_the_renewers_back(make_client, conn)
+    await renew_once(client.state, [holder], holding=lambda: [holder])
+    assert holder.aborted == [AbortReason.COMPLETED_ELSEWHERE]

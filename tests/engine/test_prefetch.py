@@ -1,0 +1,199 @@
+"""Prefetch: a worker with short handlers keeps its next jobs acquired while its slots
+are busy, so the next acquire overlaps the running handlers. Never more handlers than
+slots; prefetched jobs are leased, renewed, started in queue order, and handed back on
+stop without burning an attempt."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import Attempt, ChainStart, JobStatus, JobTypeRegistry
+from pgwork.worker._admission import SHORT_HANDLER_S, Admission
+
+from .conftest import ClientFactory, eventually, scalar
+
+pytestmark = pytest.mark.anyio
+
+
+class Num(BaseModel):
+    n: int
+
+
+RUNNING = "SELECT count(*) FROM pgwork.jobs WHERE status = 'running'"
+
+
+class _Gate:
+    """A handler that records each job, and holds job 0 until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+        self.concurrent = 0
+        self.most_concurrent = 0
+        self.first_running = anyio.Event()
+        self.release = anyio.Event()
+
+    async def __call__(self, attempt: Attempt[Num, None]) -> None:
+        self.concurrent += 1
+        self.most_concurrent = max(self.most_concurrent, self.concurrent)
+        try:
+            self.seen.append(attempt.job.input.n)
+            if attempt.job.input.n == 0:
+                self.first_running.set()
+                await self.release.wait()
+        finally:
+            self.concurrent -= 1
+
+
+async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    gate = _Gate()
+    await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(6)])
+    await conn.commit()
+
+    await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
+    with anyio.fail_after(20):
+        await gate.first_running.wait()
+
+    async def three_leased() -> bool:
+        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
+
+    # One handler runs; two more jobs are leased to the worker, waiting for its slot.
+    await eventually(three_leased, what="two jobs prefetched beside the running one")
+    assert gate.seen == [0]
+    gate.release.set()
+
+    async def all_done() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
+        return bool(await scalar(pgwork_dsn, done) == 6)
+
+    await eventually(all_done, what="six jobs completed")
+    assert gate.seen == [0, 1, 2, 3, 4, 5]
+    assert gate.most_concurrent == 1
+
+
+async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    from pgwork import create_in_process_worker
+
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    gate = _Gate()
+    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
+    await conn.commit()
+    worker = create_in_process_worker(
+        client=client, processors={step: gate}, max_slots=1, prefetch=2, poll_interval=0.2
+    )
+    stop = await worker.start()
+    with anyio.fail_after(20):
+        await gate.first_running.wait()
+
+    async def three_leased() -> bool:
+        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
+
+    await eventually(three_leased, what="two jobs prefetched")
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop)
+        await anyio.sleep(0.2)
+        gate.release.set()  # the running job finishes within the grace period
+
+    first, *prefetched = [await client.get_job(s.job_id) for s in started]
+    assert first.status is JobStatus.COMPLETED
+    for job in prefetched:
+        assert job.status is JobStatus.PENDING
+        assert job.attempt == 0
+        assert job.leased_by is None
+    assert gate.seen == [0]
+
+
+async def test_prefetched_jobs_keep_their_leases_while_they_wait(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num, lease=timedelta(seconds=1))
+    client = await make_client(reg)
+    gate = _Gate()
+    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(2)])
+    await conn.commit()
+    await workers(client=client, processors={step: gate}, max_slots=1, prefetch=1)
+    with anyio.fail_after(20):
+        await gate.first_running.wait()
+    # A second worker reaps any expired lease; the waiting job's lease must not expire.
+    await workers(client=client, processors={step: gate}, max_slots=1, prefetch=0)
+    await anyio.sleep(2.5)  # more than twice the lease
+    waiting = await client.get_job(started[1].job_id)
+    assert waiting.status is JobStatus.RUNNING
+    assert waiting.attempt == 1
+    still_leased = "SELECT leased_until > now() FROM pgwork.jobs WHERE id = %s"
+    assert await scalar(pgwork_dsn, still_leased, started[1].job_id)
+    gate.release.set()
+
+    async def both_done() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed' AND attempt = 1"
+        return bool(await scalar(pgwork_dsn, done) == 2)
+
+    await eventually(both_done, what="both jobs completed on their first attempt")
+
+
+# --- the automatic setting (pure bookkeeping, no database) ----------------------------
+
+
+class _Slot:
+    def __init__(self, started: float) -> None:
+        self.started = started
+
+
+def test_automatic_prefetch_follows_the_handlers_recent_duration() -> None:
+    launched: list[_Slot] = []
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=None, start=launched.append)
+    # Nothing seen yet: no prefetch, so a worker whose first jobs are slow holds none.
+    assert not admission.prefetching
+    assert admission.room() == 2
+    for _ in range(30):  # short handlers
+        slot = _Slot(started=0.0)
+        admission.arrived(slot)
+        admission.freed(slot, now=SHORT_HANDLER_S / 10)
+    assert admission.prefetching
+    assert admission.room() == 4
+    for _ in range(30):  # then long ones
+        slot = _Slot(started=0.0)
+        admission.arrived(slot)
+        admission.freed(slot, now=SHORT_HANDLER_S * 10)
+    assert not admission.prefetching
+    assert admission.room() == 2
+
+
+def test_jobs_beyond_the_slots_wait_and_start_as_slots_free() -> None:
+    launched: list[_Slot] = []
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=3, start=launched.append)
+    slots = [_Slot(started=0.0) for _ in range(5)]
+    for slot in slots:
+        admission.arrived(slot)
+    assert launched == slots[:2]
+    assert list(admission.queued) == slots[2:]
+    assert admission.room() == 0
+    admission.freed(slots[0], now=1.0)
+    assert launched == slots[:3]
+    assert admission.take_queued() == slots[3:]
+    assert admission.room() == 2 + 3 - 2
+
+
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_an_explicit_prefetch_ignores_handler_durations(prefetch: int) -> None:
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=prefetch, start=lambda s: None)
+    slot = _Slot(started=0.0)
+    admission.arrived(slot)
+    admission.freed(slot, now=100.0)
+    assert admission.prefetching is (prefetch > 0)
+    assert admission.room() == 2 + prefetch
