@@ -50,6 +50,7 @@ from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
 from pgwork.worker._slot import Slot, SlotRunner
 from pgwork.worker._slot_tasks import SlotTasks
+from pgwork.worker._watchdog import Watchdog, keep_abandoned
 
 log = logging.getLogger("pgwork.worker")
 
@@ -180,6 +181,7 @@ class InProcessWorker:
             on_reclaimed=self._wake_up,
         )
         self._batcher.hold = self._hold_completions
+        self._watchdog: Watchdog[Slot] = Watchdog(self._slots.values, self._abandon)
         self._runner = SlotRunner(
             client=client,
             worker_id=self.worker_id,
@@ -188,6 +190,7 @@ class InProcessWorker:
             events=self._events,
             rng=self._rng,
             abandon_after=abandon_after,
+            watchdog=self._watchdog,
             on_returned=self._handler_returned,
         )
 
@@ -232,6 +235,7 @@ class InProcessWorker:
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
                 side.start_soon(self._batcher.run_forever)
+                side.start_soon(self._watchdog.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -327,7 +331,9 @@ class InProcessWorker:
         finally:
             self._stop_filling()
             if self._slot_tasks:  # cancelled from outside: take the slots down with us
-                await self._slot_tasks.cancel_and_wait()
+                stuck = await self._slot_tasks.cancel_and_wait(self._runner.abandon_after)
+                for task in stuck:
+                    keep_abandoned(task, self._runner.abandoned, "cancelled with its worker")
 
     async def _turns(self) -> None:
         failures = 0
@@ -475,11 +481,25 @@ class InProcessWorker:
             # Keyed by lease token: the same job can come back to this worker (reaped,
             # then re-acquired) while a stale attempt on it is still being aborted.
             self._slots[job.lease_token] = slot
+            slot.watchdog = self._watchdog
             self._admission.arrived(slot)
 
     def _launch(self, slot: Slot) -> None:
         # A fixed name: formatting the job id into it cost more than the no-op job.
-        self._slot_tasks.start(self._run_slot(slot), name="pgwork-slot")
+        slot.task = self._slot_tasks.start(self._run_slot(slot), name="pgwork-slot")
+
+    def _abandon(self, slot: Slot) -> None:
+        """The watchdog gave up on ``slot``'s handler: free the slot now, let the
+        handler's task run on detached, and settle the attempt in a task of its own."""
+        slot.abandoned = True
+        if not slot.settling:
+            slot.settling = True  # no longer renewed
+            self._admission.freed(slot, time.monotonic())
+        if slot.task is not None:
+            self._slot_tasks.detach(slot.task)
+            keep_abandoned(slot.task, self._runner.abandoned, f"of job {slot.acquired.id}")
+        self._slot_tasks.start(self._run_slot(slot, abandoned=True), name="pgwork-abandoned")
+        self._wake.set()
 
     async def _drain(self) -> None:
         """Graceful stop: hand prefetched jobs back, wait up to the grace period for
@@ -551,10 +571,18 @@ class InProcessWorker:
 
     # --- one slot ----------------------------------------------------------------------
 
-    async def _run_slot(self, slot: Slot) -> None:
+    async def _run_slot(self, slot: Slot, *, abandoned: bool = False) -> None:
+        """Run ``slot``'s attempt (or, ``abandoned``, settle it without its handler)
+        and free the slot. The task of a handler given up on frees nothing when it
+        ends at last: the task that settled its attempt did."""
         try:
-            await self._runner.run(slot)
+            if abandoned:
+                await self._runner.settle_abandoned(slot)
+            else:
+                await self._runner.run(slot)
         except Exception as exc:
+            if slot.abandoned and not abandoned:
+                return
             log.exception(
                 "pgwork worker %s: unexpected error settling job %s",
                 self.worker_id,
@@ -572,10 +600,11 @@ class InProcessWorker:
             # soon as it is reachable again, instead of leaving it to a reaper.
             self._unsettled.append(slot.lease)
         finally:
-            if not slot.settling:
-                self._admission.freed(slot, time.monotonic())
-            self._slots.pop(slot.acquired.lease_token, None)
-            self._wake.set()
+            if abandoned or not slot.abandoned:
+                if not slot.settling:
+                    self._admission.freed(slot, time.monotonic())
+                self._slots.pop(slot.acquired.lease_token, None)
+                self._wake.set()
 
 
 def default_worker_id() -> str:

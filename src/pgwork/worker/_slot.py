@@ -38,7 +38,7 @@ from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
-from pgwork.worker._watchdog import HandlerTask
+from pgwork.worker._watchdog import Watchdog
 
 log = logging.getLogger("pgwork.worker")
 
@@ -53,18 +53,29 @@ class _Rollback(Exception):
     """Leaves an atomic attempt's transaction without committing the handler's writes."""
 
 
+class Abandoned(Exception):
+    """Ends the task of a handler the worker gave up on, once the handler ends: the
+    attempt was settled without it (see ``_watchdog``)."""
+
+
 class Slot:
     """One running attempt's bookkeeping; also the renewer's LeaseHolder."""
 
     __slots__ = (
+        "abandon_after",
+        "abandoned",
         "acquired",
         "attempt",
+        "handler_running",
         "job_type",
         "lease_deadline",
         "pending_abort",
         "settling",
         "started",
-        "watch",
+        "stopped_at",
+        "task",
+        "timeout",
+        "watchdog",
     )
 
     def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
@@ -77,7 +88,14 @@ class Slot:
         self.settling = False
         self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
         self.started = time.monotonic()
-        self.watch: HandlerTask[Any] | None = None
+        # Set while the handler runs, for the watchdog (see ``abandon_deadline``).
+        self.handler_running = False
+        self.timeout: timedelta | None = None
+        self.abandon_after = 0.0
+        self.stopped_at: float | None = None  # when the running handler was told to stop
+        self.abandoned = False
+        self.task: asyncio.Task[None] | None = None
+        self.watchdog: Watchdog[Slot] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -99,8 +117,25 @@ class Slot:
             self.attempt.abort(reason)
         elif self.pending_abort is None:
             self.pending_abort = reason
-        if self.watch is not None:
-            self.watch.stop_requested()
+        if self.handler_running:
+            self._stop_requested()
+
+    def _stop_requested(self) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+            if self.watchdog is not None:
+                self.watchdog.poke()
+
+    def abandon_deadline(self) -> float | None:
+        """When the watchdog gives up on this handler: ``abandon_after`` after it was
+        told to stop, or after its timeout; None while it may run on."""
+        if not self.handler_running or self.abandoned:
+            return None
+        if self.stopped_at is not None:
+            return self.stopped_at + self.abandon_after
+        if self.timeout is not None:
+            return self.started + self.timeout.total_seconds() + self.abandon_after
+        return None
 
 
 class SlotRunner:
@@ -119,6 +154,7 @@ class SlotRunner:
         events: Emitter,
         rng: random.Random,
         abandon_after: float,
+        watchdog: Watchdog[Slot],
         on_returned: Callable[[Slot], None] = lambda slot: None,
     ) -> None:
         self.client = client
@@ -129,7 +165,8 @@ class SlotRunner:
         self._batcher = batcher
         self._events = events
         self._rng = rng
-        self._abandon_after = abandon_after
+        self.abandon_after = abandon_after
+        self.watchdog = watchdog
         # Handlers given up on that have not ended yet (see _watchdog).
         self.abandoned: set[asyncio.Task[Any]] = set()
         self._on_returned = on_returned
@@ -191,11 +228,11 @@ class SlotRunner:
         self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
     ) -> BaseException | None:
         """Run the handler through the middlewares; return the exception it ended with
-        (a deadline overrun is a ``TimeoutError``; a handler that did not end after its
-        timeout or abort, a ``HandlerAbandonedError``). An abort returns None with
-        ``attempt.abort_reason`` set."""
+        (a deadline overrun is a ``TimeoutError``). An abort returns None with
+        ``attempt.abort_reason`` set. A handler the watchdog gave up on raises
+        ``Abandoned`` here once it ends: its attempt was settled without it."""
         handler = self._handlers[slot.job_type.name]
-        slot.started = time.monotonic()
+        slot.started = started = time.monotonic()
         acquired = slot.acquired
         if self._events.wants(ATTEMPT_STARTED):
             self.emit(
@@ -208,44 +245,65 @@ class SlotRunner:
                 ).total_seconds(),
                 trace_context=acquired.trace_context,
             )
-
-        async def call() -> BaseException | None:
+        abandon_after = slot.job_type.abandon_after
+        slot.abandon_after = (
+            self.abandon_after if abandon_after is None else abandon_after.total_seconds()
+        )
+        slot.handler_running = True
+        if attempt.aborted:
+            slot._stop_requested()
+        error: BaseException | None = None
+        try:
             with attempt.cancel_scope:
                 try:
                     if timeout is not None:
-                        with anyio.fail_after(timeout.total_seconds()):
+                        slot.timeout = timeout
+                        seconds = timeout.total_seconds()
+                        self.watchdog.watch(started + seconds + slot.abandon_after)
+                        with anyio.fail_after(seconds):
                             result = await handler(attempt)
                     else:
                         result = await handler(attempt)
                     await attempt._finish_with(result)
                 except Exception as exc:
-                    return exc
-            return None
+                    error = exc
+        finally:
+            slot.handler_running = False
+        if slot.abandoned:
+            raise Abandoned
+        return error
 
-        # In a task of its own, so that a handler ignoring cancellation can be abandoned.
-        abandon_after = slot.job_type.abandon_after
-        # Not HandlerTask[...](...): subscripting a generic class at run time costs.
-        watch: HandlerTask[BaseException | None] = HandlerTask(
-            abandon_after=(
-                self._abandon_after if abandon_after is None else abandon_after.total_seconds()
-            ),
-            abandoned=self.abandoned,
-            job_id=acquired.id,
-        )
-        slot.watch = watch
-        if attempt.aborted:
-            watch.stop_requested()
-        error = await watch.run(call, timeout=timeout.total_seconds() if timeout else None)
-        if not watch.abandoned:
-            return error
-        reason = attempt.abort_reason
+    def abandoned_error(self, slot: Slot) -> HandlerAbandonedError:
+        """The failure recorded for an attempt whose handler was given up on."""
+        acquired = slot.acquired
+        attempt = slot.attempt
+        reason = attempt.abort_reason if attempt is not None else None
+        timeout = slot.timeout
+        stopped_at = slot.stopped_at
+        if stopped_at is None:
+            stopped_at = slot.started + (timeout.total_seconds() if timeout else 0.0)
         return HandlerAbandonedError(
             acquired.id,
             acquired.type_name,
             acquired.attempt,
             reason.value if reason is not None else f"timeout after {timeout}",
-            time.monotonic() - (watch.stopped_at or slot.started),
+            time.monotonic() - stopped_at,
         )
+
+    async def settle_abandoned(self, slot: Slot) -> None:
+        """Settle the attempt of a handler the watchdog gave up on (it runs on)."""
+        attempt = slot.attempt
+        assert attempt is not None
+        error = self.abandoned_error(slot)
+        with anyio.CancelScope(shield=True):
+            if attempt.transaction is not None:
+                # Atomic: the abandoned handler may still use the connection. It must
+                # not go back to the pool, nor its row lock outlive the attempt.
+                try:
+                    await attempt.transaction.discard()
+                except Exception as exc:
+                    log.warning("pgwork could not close an abandoned attempt's connection: %r", exc)
+            await self._settle(slot, attempt, error)
 
     async def _run_staged(self, slot: Slot) -> None:
         attempt, decode_error = self._attempt(slot, None)
@@ -280,10 +338,6 @@ class SlotRunner:
                 if attempt is None:
                     raise _Rollback
                 failure = await self._call_handler(slot, attempt, deadline)
-                if isinstance(failure, HandlerAbandonedError):
-                    # The abandoned handler may still use the connection: it must not
-                    # go back to the pool, nor its row lock outlive the attempt.
-                    await tx.discard()
                 if failure is not None or attempt.aborted:
                     raise _Rollback
                 with anyio.CancelScope(shield=True):

@@ -25,33 +25,52 @@ __all__ = ["SlotTasks"]
 class SlotTasks:
     """The set of running slot tasks (asyncio holds tasks only weakly)."""
 
-    __slots__ = ("_tasks",)
+    __slots__ = ("_changed", "_tasks")
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        # Made only while someone waits for the set to empty.
+        self._changed: asyncio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def start(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+    def start(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
+        return task
+
+    def detach(self, task: asyncio.Task[None]) -> None:
+        """Stop owning ``task`` (a handler given up on): nobody waits for it."""
+        self._tasks.discard(task)
+        task.remove_done_callback(self._ended)
+        if self._changed is not None:
+            self._changed.set()
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        if self._changed is not None:
+            self._changed.set()
         if not task.cancelled() and task.exception() is not None:
             # _run_slot catches Exception; only BaseExceptions get here.
             log.error("pgwork slot task %s ended with %r", task.get_name(), task.exception())
 
     async def wait(self) -> None:
-        """Return once every slot task has ended."""
+        """Return once every slot task has ended (or was detached)."""
         while self._tasks:
-            await asyncio.wait(set(self._tasks))
+            self._changed = changed = asyncio.Event()
+            await changed.wait()
+        self._changed = None
 
-    async def cancel_and_wait(self) -> None:
-        """Cancel every slot task and wait for them, shielded from our own cancel."""
+    async def cancel_and_wait(self, limit: float) -> list[asyncio.Task[None]]:
+        """Cancel every slot task and wait for them (shielded from our own cancel) at
+        most ``limit`` seconds; detach and return those that ignored it."""
         for task in self._tasks:
             task.cancel()
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(limit):
             await self.wait()
+        stuck = list(self._tasks)
+        for task in stuck:
+            self.detach(task)
+        return stuck

@@ -1,136 +1,109 @@
-"""Running a handler so that one which ignores cancellation can be abandoned.
+"""Giving up on handlers that ignore cancellation.
 
 Python cannot kill a coroutine. A handler that catches ``CancelledError`` and carries
 on, loops on ``except BaseException`` or awaits something shielded keeps running however
-often it is cancelled; run in its slot's own task it would hold the slot, have its
-lease renewed and keep ``stop()`` waiting, for ever. So each handler call runs in a
-task of its own and the slot only *waits* for it: once the attempt was told to stop
-(its timeout fired, its lease was lost, the worker is stopping) the slot waits at most
-``abandon_after`` more, then gives up on the task. The slot is freed and the attempt
-settled; the task runs on, detached, until it ends by itself. Whatever it does then
-changes nothing: the worker no longer writes its outcome, and every write for the
-attempt is fenced by a lease token that is spent.
+often it is cancelled; it would hold its slot, have its lease renewed and keep
+``stop()`` waiting, for ever. So once an attempt was told to stop (its timeout fired,
+its lease was lost, the worker is stopping) its handler has ``abandon_after`` more to
+end; then this watchdog gives up on it: the slot's task is detached from the worker
+(it runs on until it ends by itself, and nothing it does then is written: every write
+for the attempt is fenced by a lease token that is spent), and the attempt is settled
+in a task of its own.
 
-The task is an asyncio task because the worker runs on asyncio (psycopg's async
-connections do): no anyio primitive lets a task outlive the group that waits for it,
-and that is exactly what an abandoned handler must be allowed to do.
+The handler runs in its slot's own task, not a task of its own that the slot waits
+for: with no-op handlers that second task (and its event) was about a tenth of the
+worker's CPU. One watchdog per worker looks only at the handlers running now (at most
+``max_slots``) and sleeps until the earliest of their deadlines, or until an abort or
+a new timeout makes one earlier.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["HandlerTask"]
-
-T = TypeVar("T")
+__all__ = ["Watchdog", "Watched", "keep_abandoned"]
 
 
-class HandlerTask(Generic[T]):
-    """One handler call in a task of its own, which the slot can stop waiting for.
+class Watched(Protocol):
+    """What the watchdog reads of one running attempt."""
 
-    ``abandoned`` is the worker's set of handler tasks it gave up on: it keeps them
-    referenced (asyncio holds tasks weakly) until they end, and tells how many still run.
-    """
-
-    __slots__ = (
-        "_abandon_after",
-        "_abandoned",
-        "_ended",
-        "_job_id",
-        "_wake",
-        "abandoned",
-        "stopped_at",
-    )
-
-    def __init__(self, *, abandon_after: float, abandoned: set[asyncio.Task[Any]], job_id: object):
-        self._abandon_after = abandon_after
-        self._abandoned = abandoned
-        self._job_id = job_id  # formatted only if the handler is abandoned
-        # asyncio's events, not anyio's: this module is asyncio-only anyway, and an anyio
-        # Event looks up the running backend each time one is made (once per job here).
-        self._wake = asyncio.Event()
-        self._ended: asyncio.Event | None = None  # made only for a handler that lingers
-        self.stopped_at: float | None = None
-        self.abandoned = False
-
-    def stop_requested(self) -> None:
-        """The attempt was aborted: from now on the handler has ``abandon_after`` to end."""
-        if self.stopped_at is None:
-            self.stopped_at = time.monotonic()
-        self._wake.set()
-
-    async def run(self, body: Callable[[], Awaitable[T]], *, timeout: float | None) -> T | None:
-        """Run ``body`` (which enforces ``timeout`` itself) and return what it returned;
-        None, with ``abandoned`` set, when it did not end within ``abandon_after`` of its
-        timeout or abort."""
-        started = time.monotonic()
-        task = asyncio.get_running_loop().create_task(_call(body), name="pgwork-handler")
-        task.add_done_callback(self._on_done)
-        try:
-            if timeout is None:
-                await self._wake.wait()  # it ended, or it was aborted
-            else:
-                with anyio.move_on_after(timeout):
-                    await self._wake.wait()
-            if not task.done():
-                if self.stopped_at is None:
-                    self.stopped_at = started + (timeout or 0.0)
-                with anyio.move_on_after(self._abandon_after):
-                    await self._wait_ended(task)
-        except BaseException:
-            # The slot itself is being cancelled: pass it on, and give the handler as
-            # long to end as an aborted one gets, but no longer.
-            task.cancel()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._abandon_after):
-                await self._wait_ended(task)
-            if not task.done():
-                self._abandon(task)
-            raise
-        if not task.done():
-            self._abandon(task)
-            return None
-        return task.result()
-
-    async def _wait_ended(self, task: asyncio.Task[Any]) -> None:
-        if self._ended is None:
-            self._ended = asyncio.Event()
-        if not task.done():
-            await self._ended.wait()
-
-    def _on_done(self, _: asyncio.Task[Any]) -> None:
-        if self._ended is not None:
-            self._ended.set()
-        self._wake.set()
-
-    def _abandon(self, task: asyncio.Task[Any]) -> None:
-        self.abandoned = True
-        self._abandoned.add(task)
-        abandoned_at = time.monotonic()
-
-        def ended_late(done: asyncio.Task[Any]) -> None:
-            self._abandoned.discard(done)
-            outcome = "was cancelled" if done.cancelled() else _describe(done.exception())
-            log.warning(
-                "pgwork abandoned handler %s ended %.1fs after it was abandoned (%s); "
-                "its outcome was discarded",
-                f"of job {self._job_id}",
-                time.monotonic() - abandoned_at,
-                outcome,
-            )
-
-        task.add_done_callback(ended_late)
+    def abandon_deadline(self) -> float | None:
+        """Monotonic time after which the handler is given up on (None: no limit)."""
+        ...
 
 
-async def _call(body: Callable[[], Awaitable[T]]) -> T:
-    return await body()
+W = TypeVar("W", bound=Watched)
+
+
+class Watchdog(Generic[W]):
+    """Calls ``abandon(attempt)`` for each attempt in ``running()`` whose handler is
+    past its deadline. ``poke`` after making a deadline earlier (an abort, or a handler
+    that starts with a timeout shorter than the watchdog's current sleep)."""
+
+    __slots__ = ("_abandon", "_next", "_poked", "_running")
+
+    def __init__(self, running: Callable[[], Iterable[W]], abandon: Callable[[W], None]) -> None:
+        self._running = running
+        self._abandon = abandon
+        # asyncio's event, not anyio's: an anyio Event looks the backend up when made.
+        self._poked = asyncio.Event()
+        self._next = math.inf
+
+    def watch(self, deadline: float) -> None:
+        """A handler started with a time limit ending at ``deadline``."""
+        if deadline < self._next:
+            self._poked.set()
+
+    def poke(self) -> None:
+        self._poked.set()
+
+    async def run_forever(self) -> None:
+        while True:
+            now = time.monotonic()
+            earliest = math.inf
+            for attempt in list(self._running()):
+                deadline = attempt.abandon_deadline()
+                if deadline is None:
+                    continue
+                if deadline <= now:
+                    self._abandon(attempt)
+                else:
+                    earliest = min(earliest, deadline)
+            self._next = earliest
+            self._poked.clear()
+            with anyio.move_on_after(earliest - now if earliest < math.inf else 3600.0):
+                await self._poked.wait()
+
+
+def keep_abandoned(
+    task: asyncio.Task[object], abandoned: set[asyncio.Task[object]], what: str
+) -> None:
+    """Keep an abandoned task referenced (asyncio holds tasks weakly) until it ends, and
+    say when it does: its outcome was discarded."""
+    abandoned.add(task)
+    abandoned_at = time.monotonic()
+
+    def ended_late(done: asyncio.Task[object]) -> None:
+        abandoned.discard(done)
+        outcome = "was cancelled" if done.cancelled() else _describe(done.exception())
+        log.warning(
+            "pgwork abandoned handler %s ended %.1fs after it was abandoned (%s); "
+            "its outcome was discarded",
+            what,
+            time.monotonic() - abandoned_at,
+            outcome,
+        )
+
+    task.add_done_callback(ended_late)
 
 
 def _describe(error: BaseException | None) -> str:
