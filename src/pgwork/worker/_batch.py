@@ -29,6 +29,9 @@ __all__ = ["CompletionBatcher", "Pending"]
 
 RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
 
+# The longest a cancelled batcher spends writing the completions still waiting.
+FINAL_FLUSH_S = 5.0
+
 
 @dataclass(slots=True)
 class Pending:
@@ -134,18 +137,25 @@ class CompletionBatcher:
 
     async def run_forever(self) -> None:
         """Flush batches until cancelled; a batch being written is shielded so slots
-        are never left waiting for a write that was cut off."""
-        while True:
-            await self._arrived.wait()
-            with anyio.move_on_after(self.max_delay):
-                await self._full.wait()
-            if not self._full.is_set() and self.hold is not None:
-                # The acquire that follows the one in flight takes this batch along: a
-                # statement of our own would cost the server a commit per turn.
-                await self.hold()
-            batch = self.take()
-            with anyio.CancelScope(shield=True):
-                await self._flush(batch)
+        are never left waiting for a write that was cut off. Cancelled, it still writes
+        what waits (within ``FINAL_FLUSH_S``): a slot cancelled with its worker does not
+        wait for its completion, and the job would otherwise run again elsewhere."""
+        try:
+            while True:
+                await self._arrived.wait()
+                with anyio.move_on_after(self.max_delay):
+                    await self._full.wait()
+                if not self._full.is_set() and self.hold is not None:
+                    # The acquire that follows the one in flight takes this batch along: a
+                    # statement of our own would cost the server a commit per turn.
+                    await self.hold()
+                batch = self.take()
+                with anyio.CancelScope(shield=True):
+                    await self._flush(batch)
+        finally:
+            if self._waiting:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+                    await self._flush(self.take())
 
     async def _flush(self, batch: list[Pending]) -> None:
         if not batch:

@@ -316,6 +316,18 @@ class SlotRunner:
         # The handler is done: its slot may take the next job while this outcome is
         # written (the worker bounds how many outcomes may be unwritten at once).
         self._on_returned(slot)
+        outcome = attempt.outcome
+        if (
+            error is None
+            and attempt.abort_reason is None
+            and type(outcome) is Completed
+            and outcome.continuation is None
+        ):
+            # Not shielded (a shield cost more than the rest of a no-op attempt): the
+            # completion joins the batcher's queue before the first await, and the
+            # batcher writes it even if this task is cancelled while it waits.
+            self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+            return
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
 
