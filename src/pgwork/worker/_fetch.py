@@ -59,14 +59,40 @@ class Fetcher:
         self.error: BaseException | None = None
         self.failures = 0  # acquires that failed in a row
         self.finished = 0  # acquires that came back (or failed) so far
+        self.group: anyio.abc.TaskGroup | None = None  # where acquires run (the loop's)
+        # Set (and replaced) each time the loop decided whether to acquire, with how
+        # many acquires had come back then; ``filling`` ends when the loop stops.
+        self._filled = anyio.Event()
+        self._decided_after = 0
+        self.filling = True
 
-    def fill(
-        self, slots: anyio.abc.TaskGroup, free: int, *, max_in_flight: int = MAX_IN_FLIGHT
-    ) -> None:
-        """Start an acquire for up to ``free`` jobs (minus those already asked for),
-        unless ``max_in_flight`` acquires are already out."""
-        free -= self.asked
-        if free <= 0 or self._in_flight >= max_in_flight:
+    def fill(self, free: int, *, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+        """The loop's decision: start an acquire for up to ``free`` jobs (minus those
+        already asked for), unless ``max_in_flight`` acquires are already out."""
+        try:
+            self._start(free - self.asked, max_in_flight)
+        finally:
+            self._decided_after = self.finished
+            self._filled.set()
+            self._filled = anyio.Event()
+
+    def stop_filling(self) -> None:
+        self.filling = False
+        self._filled.set()
+
+    async def hold_completions(self) -> None:
+        """Return once no acquire will take the waiting completions along: none is in
+        flight, and the loop has decided (not) to send one since the last came back."""
+        while self.filling:
+            if self._in_flight:
+                await self.idle()
+            elif self._decided_after >= self.finished:
+                return
+            else:
+                await self._filled.wait()
+
+    def _start(self, free: int, max_in_flight: int) -> None:
+        if free <= 0 or self._in_flight >= max_in_flight or self.group is None:
             return
         self.asked += free
         self._in_flight += 1
@@ -75,7 +101,7 @@ class Fetcher:
         # Taken now, not when the task first runs: the batcher, seeing an acquire go
         # out, leaves the completions waiting at this moment to it.
         batch = self._batcher.take()
-        slots.start_soon(self._acquire, free, batch, name="pgwork-acquire")
+        self.group.start_soon(self._acquire, free, batch, name="pgwork-acquire")
 
     async def idle(self) -> None:
         """Return once no acquire is in flight."""

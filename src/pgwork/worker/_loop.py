@@ -1,13 +1,14 @@
 """The in-process worker: one main loop feeding a fixed number of slots.
 
 Each turn of the loop (1) reaps at most one expired lease of a type this worker
-handles, (2) starts ONE acquire statement for every free slot (it runs beside the loop
-and carries the finished jobs' completions, see ``_fetch``), and (3) waits for the
-first of: a notification, the poll interval, a handler returning, an acquire coming
-back. A staged slot is free once its handler returns; at most ``2 * max_slots``
-attempts are unsettled. Each attempt runs in a task the worker owns (``_slot_tasks``);
-side tasks renew staged leases, listen for notifications, send heartbeats and run
-maintenance.
+handles, (2) starts ONE acquire statement for every free slot, plus prefetch room
+while handlers are short (it runs beside the loop and carries the finished jobs'
+completions, see ``_fetch``; an acquire that comes back sends the next at once), and
+(3) waits for the first of: a notification, the poll interval, a handler returning, an
+acquire coming back. A staged slot is free once its handler returns; at most
+``2 * (max_slots + prefetch)`` jobs are unsettled. The jobs the worker holds, and the
+task each attempt runs in, are ``_slots``'; side tasks renew leases, listen for
+notifications, send heartbeats, give up on stuck handlers and run maintenance.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import anyio
 import anyio.abc
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.adapters.state import AcquiredJob, Lease, WorkerInfo
+from pgwork.adapters.state import AcquiredJob, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext, Middleware, compose
 from pgwork.observability import (
-    ATTEMPT_FAILED,
     JOB_REAPED,
     LISTENER_RECONNECTED,
     WORKER_STARTED,
@@ -41,16 +41,15 @@ from pgwork.observability import (
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
-from pgwork.worker._admission import Admission
-from pgwork.worker._attempt import Attempt, error_record
+from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import Fetcher
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
-from pgwork.worker._slot import Slot, SlotRunner
-from pgwork.worker._slot_tasks import SlotTasks
-from pgwork.worker._watchdog import Watchdog, keep_abandoned
+from pgwork.worker._slot import SlotRunner
+from pgwork.worker._slots import Slots
+from pgwork.worker._watchdog import keep_abandoned
 
 log = logging.getLogger("pgwork.worker")
 
@@ -116,17 +115,13 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
-        self._admission: Admission[Slot] = Admission(
-            max_slots=max_slots, prefetch=prefetch, start=self._launch
-        )
         # Staged slots count as free once their handler returns; at most this many
         # jobs may be unsettled (prefetched, handler running or outcome not yet
         # durable), so writing one batch of outcomes overlaps acquiring and running the
         # next.
-        self._max_unsettled = 2 * (max_slots + self._admission.most_prefetched)
+        self._max_unsettled = 2 * (max_slots + (max_slots if prefetch is None else prefetch))
         self._batcher = CompletionBatcher(client.state)
         self._last_reap = -REAP_INTERVAL
-        self._unsettled: list[Lease] = []
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
@@ -139,22 +134,22 @@ class InProcessWorker:
             tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in self._types.values()))
         )
         self._leases = {name: t.lease for name, t in self._types.items()}
-        self._queue_rank = {name: rank for rank, name in enumerate(self.queues)}
-        self._slots: dict[Any, Slot] = {}
+        self._slots = Slots(
+            state=client.state,
+            worker_id=self.worker_id,
+            types=self._types,
+            queues=self.queues,
+            max_slots=max_slots,
+            prefetch=prefetch,
+            wake=self._wake_up,
+        )
         self._wake = anyio.Event()
-        # Set (and replaced) each time the main loop decided whether to acquire, and
-        # how many acquires had come back then; cleared when the loop stops filling.
-        self._filled = anyio.Event()
-        self._decided_after = 0
-        self._filling = True
-        self._group: anyio.abc.TaskGroup | None = None
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
         self._stopped = anyio.Event()
         self._phase = "new"
         self._startup_error: BaseException | None = None
         self._task: Any = None
-        self._slot_tasks = SlotTasks()
         self._fetcher = Fetcher(
             state=client.state,
             batcher=self._batcher,
@@ -180,9 +175,8 @@ class InProcessWorker:
             status=self._status,
             on_reclaimed=self._wake_up,
         )
-        self._batcher.hold = self._hold_completions
-        self._watchdog: Watchdog[Slot] = Watchdog(self._slots.values, self._abandon)
-        self._runner = SlotRunner(
+        self._batcher.hold = self._fetcher.hold_completions
+        self._slots.runner = SlotRunner(
             client=client,
             worker_id=self.worker_id,
             handlers=self._handlers,
@@ -190,8 +184,8 @@ class InProcessWorker:
             events=self._events,
             rng=self._rng,
             abandon_after=abandon_after,
-            watchdog=self._watchdog,
-            on_returned=self._handler_returned,
+            watchdog=self._slots.watchdog,
+            on_returned=self._slots.returned,
         )
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -205,10 +199,6 @@ class InProcessWorker:
     def _wake_up(self) -> None:
         self._wake.set()
 
-    def _handler_returned(self, slot: Slot) -> None:
-        self._admission.freed(slot, time.monotonic())
-        self._wake.set()
-
     @property
     def active_slots(self) -> int:
         return len(self._slots)
@@ -216,7 +206,7 @@ class InProcessWorker:
     @property
     def abandoned_handlers(self) -> int:
         """Handlers this worker gave up on (they ignored cancellation) that still run."""
-        return len(self._runner.abandoned)
+        return len(self._slots.runner.abandoned)
 
     @property
     def job_types(self) -> tuple[str, ...]:
@@ -235,7 +225,7 @@ class InProcessWorker:
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
                 side.start_soon(self._batcher.run_forever)
-                side.start_soon(self._watchdog.run_forever)
+                side.start_soon(self._slots.watchdog.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -329,19 +319,20 @@ class InProcessWorker:
         try:
             await self._turns()
         finally:
-            self._stop_filling()
-            if self._slot_tasks:  # cancelled from outside: take the slots down with us
-                stuck = await self._slot_tasks.cancel_and_wait(self._runner.abandon_after)
-                for task in stuck:
-                    keep_abandoned(task, self._runner.abandoned, "cancelled with its worker")
+            self._fetcher.stop_filling()
+            tasks = self._slots.tasks
+            if tasks:  # cancelled from outside: take the slots down with us
+                runner = self._slots.runner
+                for task in await tasks.cancel_and_wait(runner.abandon_after):
+                    keep_abandoned(task, runner.abandoned, "cancelled with its worker")
 
     async def _turns(self) -> None:
         failures = 0
-        async with anyio.create_task_group() as self._group:
+        async with anyio.create_task_group() as self._fetcher.group:
             while not self._stop_requested.is_set():
                 self._wake = anyio.Event()
                 try:
-                    await self._release_unsettled()
+                    await self._slots.hand_back_unsettled()
                     await self._reap()
                     self._fill()
                     failures = 0
@@ -365,35 +356,9 @@ class InProcessWorker:
                     continue
                 with anyio.move_on_after(self.poll_interval):
                     await self._wake.wait()
-            self._stop_filling()
+            self._fetcher.stop_filling()
             await self._drain()
-            await self._slot_tasks.wait()
-
-    async def _release_unsettled(self) -> None:
-        """Give back jobs whose attempt ended while its outcome could not be written.
-
-        Each goes back to the queue at once, fenced by its lease token (a job someone
-        else took meanwhile is left alone), and the attempt still counts: the handler
-        did run, and a job whose outcome can never be written must not retry forever.
-        """
-        if not self._unsettled:
-            return
-        leases, self._unsettled = self._unsettled, []
-        handed_back = 0
-        for position, lease in enumerate(leases):
-            try:
-                handed_back += await self.state.reschedule(
-                    None, lease=lease, run_at=None, run_after=None, count_attempt=True
-                )
-            except Exception:
-                self._unsettled.extend(leases[position:])
-                raise
-        log.warning(
-            "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
-            self.worker_id,
-            handed_back,
-            len(leases),
-        )
+            await self._slots.tasks.wait()
 
     async def _reap(self) -> None:
         # At most one per turn, and only every REAP_INTERVAL while nothing is found:
@@ -405,7 +370,7 @@ class InProcessWorker:
             type_names=list(self._types),
             exclude_worker=self.worker_id,
             limit=1,
-            held=list(self._slots),
+            held=list(self._slots.by_token),
         )
         self._last_reap = -REAP_INTERVAL if reaped else now
         for job in reaped:
@@ -420,127 +385,52 @@ class InProcessWorker:
             )
 
     def _fill(self, incoming: int = 0) -> None:
-        """Send an acquire if there is room; ``incoming`` jobs just acquired are about
-        to take some of it."""
-        try:
-            if self._fetcher.error is not None:
-                error, self._fetcher.error = self._fetcher.error, None
-                raise error
-            admission = self._admission
-            free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
-            if free > 0 and self._heartbeat.healthy and self._group is not None:
-                # Prefetching, one acquire at a time keeps the server busy enough; two
-                # racing on the same rows cost it more than they gain.
-                self._fetcher.fill(
-                    self._group, free, max_in_flight=1 if admission.prefetching else 2
-                )
-        finally:
-            self._decided_after = self._fetcher.finished
-            self._filled.set()
-            self._filled = anyio.Event()
+        """Send an acquire if there is room (``incoming`` jobs just acquired are about
+        to take some of it); raise what made the last acquire fail."""
+        fetcher = self._fetcher
+        error, fetcher.error = fetcher.error, None
+        admission = self._slots.admission
+        free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
+        if error is not None or not self._heartbeat.healthy:
+            free = 0
+        # Prefetching, one acquire at a time keeps the server busy enough; two racing
+        # on the same rows cost it more than they gain.
+        fetcher.fill(free, max_in_flight=1 if admission.prefetching else 2)
+        if error is not None:
+            raise error
 
     def _refill(self, incoming: int) -> None:
         """An acquire came back with ``incoming`` jobs: while prefetching, send the next
         one now rather than a loop turn later, after their handlers ran."""
         if (
-            self._filling
-            and self._admission.prefetching
+            self._fetcher.filling
+            and self._slots.admission.prefetching
             and self._fetcher.error is None  # the loop's own turn raises it
             and not self._stop_requested.is_set()
         ):
             self._fill(incoming)
-
-    def _stop_filling(self) -> None:
-        self._filling = False
-        self._filled.set()
-
-    async def _hold_completions(self) -> None:
-        """Return once no acquire will take the waiting completions along: none is in
-        flight, and the loop has decided (not) to send one since the last came back."""
-        fetcher = self._fetcher
-        while self._filling:
-            if fetcher.in_flight:
-                await fetcher.idle()
-            elif self._decided_after >= fetcher.finished:
-                return
-            else:
-                await self._filled.wait()
 
     async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
         if self._stop_requested.is_set():
             # Arrived after stop(): hand them straight back, no attempt burned.
             await self.state.release(leases=[job.lease for job in acquired])
             return
-        if len(acquired) > 1:
-            # The statement returns its rows in no particular order; jobs that wait
-            # for a slot must start in the queue's order.
-            rank = self._queue_rank
-            acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
-        for job in acquired:
-            slot = Slot(job, self._types[job.type_name])
-            # Keyed by lease token: the same job can come back to this worker (reaped,
-            # then re-acquired) while a stale attempt on it is still being aborted.
-            self._slots[job.lease_token] = slot
-            slot.watchdog = self._watchdog
-            self._admission.arrived(slot)
-
-    def _launch(self, slot: Slot) -> None:
-        # A fixed name: formatting the job id into it cost more than the no-op job.
-        slot.task = self._slot_tasks.start(self._run_slot(slot), name="pgwork-slot")
-
-    def _abandon(self, slot: Slot) -> None:
-        """The watchdog gave up on ``slot``'s handler: free the slot now, let the
-        handler's task run on detached, and settle the attempt in a task of its own."""
-        slot.abandoned = True
-        if not slot.settling:
-            slot.settling = True  # no longer renewed
-            self._admission.freed(slot, time.monotonic())
-        if slot.task is not None:
-            self._slot_tasks.detach(slot.task)
-            keep_abandoned(slot.task, self._runner.abandoned, f"of job {slot.acquired.id}")
-        self._slot_tasks.start(self._run_slot(slot, abandoned=True), name="pgwork-abandoned")
-        self._wake.set()
+        self._slots.arrived(acquired)
 
     async def _drain(self) -> None:
         """Graceful stop: hand prefetched jobs back, wait up to the grace period for
         the running ones, then abort what still runs."""
         with anyio.move_on_after(self.grace_period) as self._drain_scope:
             await self._fetcher.idle()
-            await self._release_prefetched()
+            await self._slots.release_prefetched()
             while self._slots:
                 self._wake = anyio.Event()
                 await self._wake.wait()
-        for slot in list(self._slots.values()):
-            slot.abort(AbortReason.WORKER_STOPPING)
-
-    async def _release_prefetched(self) -> None:
-        waiting = self._admission.take_queued()
-        for slot in waiting:
-            self._slots.pop(slot.acquired.lease_token, None)
-        if not waiting:
-            return
-        try:
-            await self.state.release(leases=[slot.lease for slot in waiting])
-        except Exception as exc:
-            # Not lost: their leases expire and another worker reaps them.
-            log.warning(
-                "pgwork worker %s could not hand back %d prefetched job(s) (%r)",
-                self.worker_id,
-                len(waiting),
-                exc,
-            )
+        self._slots.abort_all(AbortReason.WORKER_STOPPING)
 
     async def _renew_forever(self) -> None:
         shortest = min(self._leases.values())
-        await renew_forever(self.state, self._staged_holders, shortest_lease=shortest)
-
-    def _staged_holders(self) -> list[Slot]:
-        holders = [
-            s for s in self._slots.values() if s.staged and s.attempt is not None and not s.settling
-        ]
-        # Prefetched jobs (of either mode) are leased too while they wait for a slot.
-        holders.extend(self._admission.queued)
-        return holders
+        await renew_forever(self.state, self._slots.lease_holders, shortest_lease=shortest)
 
     async def _listen(self, listener: Listener) -> None:
         failures = 0
@@ -563,48 +453,9 @@ class InProcessWorker:
             self._wake.set()
             if notice.kind == "reconnected":
                 self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
-        elif notice.kind == "abort":
+        elif notice.kind == "abort" and notice.job_id is not None:
             reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
-            for slot in list(self._slots.values()):
-                if slot.acquired.id == notice.job_id:
-                    slot.abort(reason)
-
-    # --- one slot ----------------------------------------------------------------------
-
-    async def _run_slot(self, slot: Slot, *, abandoned: bool = False) -> None:
-        """Run ``slot``'s attempt (or, ``abandoned``, settle it without its handler)
-        and free the slot. The task of a handler given up on frees nothing when it
-        ends at last: the task that settled its attempt did."""
-        try:
-            if abandoned:
-                await self._runner.settle_abandoned(slot)
-            else:
-                await self._runner.run(slot)
-        except Exception as exc:
-            if slot.abandoned and not abandoned:
-                return
-            log.exception(
-                "pgwork worker %s: unexpected error settling job %s",
-                self.worker_id,
-                slot.acquired.id,
-            )
-            record = error_record(exc)
-            self._runner.emit(
-                ATTEMPT_FAILED,
-                slot,
-                error_type=record.type,
-                error_message=record.message,
-                settled=False,
-            )
-            # Nothing could be written (the database went away): hand the job back as
-            # soon as it is reachable again, instead of leaving it to a reaper.
-            self._unsettled.append(slot.lease)
-        finally:
-            if abandoned or not slot.abandoned:
-                if not slot.settling:
-                    self._admission.freed(slot, time.monotonic())
-                self._slots.pop(slot.acquired.lease_token, None)
-                self._wake.set()
+            self._slots.abort_job(notice.job_id, reason)
 
 
 def default_worker_id() -> str:

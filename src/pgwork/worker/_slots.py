@@ -1,0 +1,199 @@
+"""The worker's acquired jobs, from arrival to settled: waiting for a slot (prefetched),
+running, being written, or given up on.
+
+Each attempt runs in a task of its own (``_slot_tasks``) through the ``SlotRunner``;
+``Admission`` decides which start; the ``Watchdog`` gives up on handlers that ignore
+cancellation. A job whose outcome could not be written at all is remembered in
+``unsettled`` for the main loop to hand back once the database is reachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from pgwork.adapters.state import AcquiredJob, Lease, StateAdapter
+from pgwork.job_types import JobType
+from pgwork.observability import ATTEMPT_FAILED
+from pgwork.records import AbortReason
+from pgwork.worker._admission import Admission
+from pgwork.worker._attempt import error_record
+from pgwork.worker._slot import Slot, SlotRunner
+from pgwork.worker._slot_tasks import SlotTasks
+from pgwork.worker._watchdog import Watchdog, keep_abandoned
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["Slots"]
+
+
+class Slots:
+    """Every job this worker holds, keyed by lease token (the same job can come back to
+    this worker, reaped then re-acquired, while a stale attempt on it is still being
+    aborted)."""
+
+    def __init__(
+        self,
+        *,
+        state: StateAdapter,
+        worker_id: str,
+        types: Mapping[str, JobType[Any, Any]],
+        queues: Sequence[str],
+        max_slots: int,
+        prefetch: int | None,
+        wake: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.worker_id = worker_id
+        self._types = types
+        self._queue_rank = {name: rank for rank, name in enumerate(queues)}
+        self._wake = wake
+        self.by_token: dict[UUID, Slot] = {}
+        self.admission: Admission[Slot] = Admission(
+            max_slots=max_slots, prefetch=prefetch, start=self._launch
+        )
+        self.tasks = SlotTasks()
+        self.watchdog: Watchdog[Slot] = Watchdog(self.by_token.values, self._abandon)
+        self.unsettled: list[Lease] = []
+        self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
+
+    def __len__(self) -> int:
+        return len(self.by_token)
+
+    def arrived(self, acquired: list[AcquiredJob]) -> None:
+        """Jobs were acquired: start them, or keep them waiting for a slot."""
+        if len(acquired) > 1:
+            # The statement returns its rows in no particular order; jobs that wait
+            # for a slot must start in the queue's order.
+            rank = self._queue_rank
+            acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
+        for job in acquired:
+            slot = Slot(job, self._types[job.type_name])
+            self.by_token[job.lease_token] = slot
+            slot.watchdog = self.watchdog
+            self.admission.arrived(slot)
+
+    def returned(self, slot: Slot) -> None:
+        """A staged handler returned: its slot takes the next job while the outcome is
+        written."""
+        self.admission.freed(slot, time.monotonic())
+        self._wake()
+
+    def abort_all(self, reason: AbortReason) -> None:
+        for slot in list(self.by_token.values()):
+            slot.abort(reason)
+
+    def abort_job(self, job_id: UUID, reason: AbortReason) -> None:
+        for slot in list(self.by_token.values()):
+            if slot.acquired.id == job_id:
+                slot.abort(reason)
+
+    def lease_holders(self) -> list[Slot]:
+        """Attempts whose lease the renewer keeps alive: running staged ones, and the
+        prefetched jobs (of either mode) waiting for a slot."""
+        holders = [
+            s
+            for s in self.by_token.values()
+            if s.staged and s.attempt is not None and not s.settling
+        ]
+        holders.extend(self.admission.queued)
+        return holders
+
+    async def release_prefetched(self) -> None:
+        """Hand the jobs still waiting for a slot back (the worker is stopping)."""
+        waiting = self.admission.take_queued()
+        for slot in waiting:
+            self.by_token.pop(slot.acquired.lease_token, None)
+        if not waiting:
+            return
+        try:
+            await self.state.release(leases=[slot.lease for slot in waiting])
+        except Exception as exc:
+            # Not lost: their leases expire and another worker reaps them.
+            log.warning(
+                "pgwork worker %s could not hand back %d prefetched job(s) (%r)",
+                self.worker_id,
+                len(waiting),
+                exc,
+            )
+
+    async def hand_back_unsettled(self) -> None:
+        """Give back jobs whose attempt ended while its outcome could not be written.
+
+        Each goes back to the queue at once, fenced by its lease token (a job someone
+        else took meanwhile is left alone), and the attempt still counts: the handler
+        did run, and a job whose outcome can never be written must not retry forever.
+        """
+        if not self.unsettled:
+            return
+        leases, self.unsettled = self.unsettled, []
+        handed_back = 0
+        for position, lease in enumerate(leases):
+            try:
+                handed_back += await self.state.reschedule(
+                    None, lease=lease, run_at=None, run_after=None, count_attempt=True
+                )
+            except Exception:
+                self.unsettled.extend(leases[position:])
+                raise
+        log.warning(
+            "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
+            self.worker_id,
+            handed_back,
+            len(leases),
+        )
+
+    def _launch(self, slot: Slot) -> None:
+        # A fixed name: formatting the job id into it cost more than the no-op job.
+        slot.task = self.tasks.start(self._run(slot), name="pgwork-slot")
+
+    def _abandon(self, slot: Slot) -> None:
+        """The watchdog gave up on ``slot``'s handler: free the slot now, let the
+        handler's task run on detached, and settle the attempt in a task of its own."""
+        slot.abandoned = True
+        if not slot.settling:
+            slot.settling = True  # no longer renewed
+            self.admission.freed(slot, time.monotonic())
+        if slot.task is not None:
+            self.tasks.detach(slot.task)
+            keep_abandoned(slot.task, self.runner.abandoned, f"of job {slot.acquired.id}")
+        self.tasks.start(self._run(slot, abandoned=True), name="pgwork-abandoned")
+        self._wake()
+
+    async def _run(self, slot: Slot, *, abandoned: bool = False) -> None:
+        """Run ``slot``'s attempt (or, ``abandoned``, settle it without its handler)
+        and free the slot. The task of a handler given up on frees nothing when it
+        ends at last: the task that settled its attempt did."""
+        try:
+            if abandoned:
+                await self.runner.settle_abandoned(slot)
+            else:
+                await self.runner.run(slot)
+        except Exception as exc:
+            if slot.abandoned and not abandoned:
+                return
+            log.exception(
+                "pgwork worker %s: unexpected error settling job %s",
+                self.worker_id,
+                slot.acquired.id,
+            )
+            record = error_record(exc)
+            self.runner.emit(
+                ATTEMPT_FAILED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                settled=False,
+            )
+            # Nothing could be written (the database went away): hand the job back as
+            # soon as it is reachable again, instead of leaving it to a reaper.
+            self.unsettled.append(slot.lease)
+        finally:
+            if abandoned or not slot.abandoned:
+                if not slot.settling:
+                    self.admission.freed(slot, time.monotonic())
+                self.by_token.pop(slot.acquired.lease_token, None)
+                self._wake()
