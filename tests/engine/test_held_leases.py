@@ -1,5 +1,6 @@
-"""The lease renewer: an attempt whose outcome was written while a renewal was on its
-way was not renewed, and that must not read as a lost lease."""
+"""Leases a worker holds: an attempt whose outcome was written while a renewal was on its
+way was not renewed, and that must not read as a lost lease; a job whose outcome could
+not be written goes back to the queue with its attempt counted."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import JobTypeRegistry
+from pgwork import JobStatus, JobTypeRegistry
 from pgwork.adapters.state import Completion, Lease
 from pgwork.records import AbortReason
 from pgwork.worker._lease import renew_once
+from pgwork.worker._slots import Slots
 
 from .conftest import ClientFactory
 
@@ -72,3 +74,35 @@ async def test_a_lease_lost_while_still_held_aborts_the_attempt(
     client, holder = await _completed_behind_the_renewers_back(make_client, conn)
     await renew_once(client.state, [holder], holding=lambda: [holder])
     assert holder.aborted == [AbortReason.COMPLETED_ELSEWHERE]
+
+
+async def test_a_job_whose_outcome_could_not_be_written_goes_back_with_its_attempt_counted(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The handler did run: handing the job back must not give the attempt back, or a
+    job whose outcome can never be written would run for ever (reliability finding 3)."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    started = await client.start_chain(conn, step, Num(n=1))
+    await conn.commit()
+    leases = {"step": timedelta(seconds=60)}
+    [job] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    slots = Slots(
+        state=client.state,
+        worker_id="w",
+        types={"step": step},
+        queues=["default"],
+        max_slots=1,
+        prefetch=0,
+        wake=lambda: None,
+    )
+    slots.unsettled.append(job.lease)
+    await slots.hand_back_unsettled()
+    assert slots.unsettled == []
+    back = await client.get_job(started.job_id)
+    assert back.status is JobStatus.PENDING
+    assert back.attempt == 1
+    assert back.leased_by is None
+    [again] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    assert again.attempt == 2
