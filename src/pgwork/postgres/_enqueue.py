@@ -19,7 +19,7 @@ the insert (with its notice), the caller's ``COMMIT``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -136,14 +136,19 @@ async def write_jobs(
     *,
     channel: str | None,
     ready: Sequence[str],
+    meanwhile: Callable[[], object] | None = None,
 ) -> bool:
     """Insert ``jobs`` (already deduplicated) in ``conn``'s transaction.
 
     With ``channel``, announce the ``ready`` queues on it in one of this call's
     statements; returns whether it did (False: the caller must publish them itself,
-    if there are any).
+    if there are any). ``meanwhile`` is called once: with COPY, after the last row
+    is sent and before waiting for the server to finish inserting them, so that its
+    work overlaps the server's; otherwise after the statements.
     """
     if not jobs:
+        if meanwhile is not None:
+            meanwhile()
         return False
     plain = [j for j in jobs if not j.blockers and not scheduled(j)]
     if len(plain) < COPY_MIN_ROWS:
@@ -159,6 +164,9 @@ async def write_jobs(
             async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
                 for start in range(0, len(plain), _COPY_ROWS_PER_WRITE):
                     await copy.write(_copy_lines(plain[start : start + _COPY_ROWS_PER_WRITE]))
+                if meanwhile is not None:
+                    meanwhile()
+                    meanwhile = None
         single = len(rest) == 1 and len(ready) <= 1
         if single:
             await _execute(conn, statements.insert_job, _one(rest[0], channel, ready))
@@ -171,6 +179,8 @@ async def write_jobs(
             )
             await _execute(conn, statements.insert_jobs, params)
             announced = channel is not None
+    if meanwhile is not None:
+        meanwhile()
     return announced
 
 
