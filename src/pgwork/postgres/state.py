@@ -182,9 +182,10 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> list[InsertedJob]:
         conn = await unwrap(tx)
         results: list[InsertedJob | None] = [None] * len(jobs)
+        fresh = jobs
         if any(job.dedup for job in jobs):
             await self._deduplicate(conn, jobs, results)
-        fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+            fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
         blocked = [job for job in fresh if job.blockers]
         if blocked:
             await self._check_blockers(conn, blocked)
