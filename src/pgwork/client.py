@@ -203,22 +203,19 @@ class Client(QueryMixin, ControlMixin):
         types: dict[int, JobType[Any, Any]] = {}
         max_bytes = self.max_payload_bytes
         new_jobs = []
-        append = new_jobs.append
         for item, job_id in zip(items, new_ids(len(items)), strict=True):
             job_type = types.get(id(item.job_type))
             if job_type is None:
                 job_type = types[id(item.job_type)] = self.registry.entry(item.job_type)
             input_json = job_type.input_codec.encode(item.input, max_bytes=max_bytes)
-            run_at = run_after = None
-            if item.schedule is not None:
-                run_at, run_after = split_schedule(item.schedule)
+            run_at, run_after = split_schedule(item.schedule)
             max_attempts = item.max_attempts
             if max_attempts is None:
                 max_attempts = job_type.max_attempts
             elif max_attempts < 1:
                 raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
             dedup = item.dedup
-            append(
+            new_jobs.append(
                 NewJob(
                     id=job_id,
                     type_name=job_type.name,
@@ -227,7 +224,7 @@ class Client(QueryMixin, ControlMixin):
                     chain_index=0,
                     input_json=input_json,
                     queue=item.queue or job_type.queue,
-                    priority=job_type.priority if item.priority is None else item.priority,
+                    priority=item.priority if item.priority is not None else job_type.priority,
                     max_attempts=max_attempts,
                     run_at=run_at,
                     run_after=run_after,
