@@ -169,7 +169,9 @@ class Client(QueryMixin, ControlMixin):
             new_jobs = self._new_chains(items, trace)
             handle = await self.state.adopt(tx)
             inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
-            for job, result in zip(new_jobs, inserted, strict=True) if self._events else ():
+            # Asked once per batch: the default observer declines this event.
+            wanted = self._events.wants(JOB_ENQUEUED) if self._events else False
+            for job, result in zip(new_jobs, inserted, strict=True) if wanted else ():
                 self._events.emit(
                     JOB_ENQUEUED,
                     job_id=result.job_id,

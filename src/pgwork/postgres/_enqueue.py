@@ -19,7 +19,7 @@ the insert (with its notice), the caller's ``COMMIT``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg
@@ -41,13 +41,15 @@ INSERT_CHUNK = 5000
 COPY_MIN_ROWS = 64
 
 
-def scheduled(job: NewJob) -> bool:
-    return job.run_at is not None or job.run_after is not None
-
-
 def ready_queues(jobs: Iterable[NewJob]) -> list[str]:
     """The queues that get a job runnable now: neither blocked nor scheduled."""
-    return sorted({job.queue for job in jobs if not job.blockers and not scheduled(job)})
+    return sorted(
+        {
+            job.queue
+            for job in jobs
+            if not job.blockers and job.run_at is None and job.run_after is None
+        }
+    )
 
 
 def insert_params(
@@ -83,8 +85,10 @@ _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _NULL = "\\N"
 
 # Rows per write: small enough that the server inserts the first rows while Python
-# formats the next, large enough that each write is worth its call.
+# formats the next, large enough that each write is worth its call. The first write is
+# smaller still: until it arrives the server has nothing to do.
 _COPY_ROWS_PER_WRITE = 250
+_COPY_FIRST_WRITE = 50
 
 
 def _field(value: str) -> str:
@@ -136,19 +140,26 @@ async def write_jobs(
     *,
     channel: str | None,
     ready: Sequence[str],
+    meanwhile: Callable[[], object] | None = None,
 ) -> bool:
     """Insert ``jobs`` (already deduplicated) in ``conn``'s transaction.
 
     With ``channel``, announce the ``ready`` queues on it in one of this call's
     statements; returns whether it did (False: the caller must publish them itself,
-    if there are any).
+    if there are any). ``meanwhile`` is called once: with COPY, after the last row
+    is sent and before waiting for the server to finish inserting them, so that its
+    work overlaps the server's; otherwise after the statements.
     """
     if not jobs:
+        if meanwhile is not None:
+            meanwhile()
         return False
-    plain = [j for j in jobs if not j.blockers and not scheduled(j)]
+    plain: list[NewJob] = []
+    rest: list[NewJob] = []
+    for j in jobs:
+        (rest if j.blockers or j.run_at is not None or j.run_after is not None else plain).append(j)
     if len(plain) < COPY_MIN_ROWS:
-        plain = []
-    rest = [j for j in jobs if j.blockers or scheduled(j)] if plain else list(jobs)
+        plain, rest = [], list(jobs)
     announced = False
     with translate_errors(schema):
         if plain:
@@ -157,8 +168,13 @@ async def write_jobs(
                 await _execute(conn, statements.notify_ready, params)
                 announced = True
             async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
-                for start in range(0, len(plain), _COPY_ROWS_PER_WRITE):
-                    await copy.write(_copy_lines(plain[start : start + _COPY_ROWS_PER_WRITE]))
+                start, end = 0, _COPY_FIRST_WRITE
+                while start < len(plain):
+                    await copy.write(_copy_lines(plain[start:end]))
+                    start, end = end, end + _COPY_ROWS_PER_WRITE
+                if meanwhile is not None:
+                    meanwhile()
+                    meanwhile = None
         single = len(rest) == 1 and len(ready) <= 1
         if single:
             await _execute(conn, statements.insert_job, _one(rest[0], channel, ready))
@@ -171,6 +187,8 @@ async def write_jobs(
             )
             await _execute(conn, statements.insert_jobs, params)
             announced = channel is not None
+    if meanwhile is not None:
+        meanwhile()
     return announced
 
 

@@ -182,17 +182,35 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> list[InsertedJob]:
         conn = await unwrap(tx)
         results: list[InsertedJob | None] = [None] * len(jobs)
+        fresh = jobs
         if any(job.dedup for job in jobs):
             await self._deduplicate(conn, jobs, results)
-        fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+            fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
         blocked = [job for job in fresh if job.blockers]
         if blocked:
             await self._check_blockers(conn, blocked)
         ready = ready_queues(fresh) if notify is not None else []
         # The notices ride in the insert itself when they go to the same database.
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        pending = JobStatus.PENDING  # an enum attribute lookup is slow, once per job
+        inserted: list[InsertedJob] = []
+
+        def fill() -> None:
+            inserted.extend(
+                result or InsertedJob(job.id, job.chain_id, pending, False)
+                for job, result in zip(jobs, results, strict=True)
+            )
+
+        # Without blocked jobs every result is known before the rows are in: they are
+        # built while the server finishes a COPY.
         announced = await write_jobs(
-            conn, self._sql, self.schema, fresh, channel=channel, ready=ready
+            conn,
+            self._sql,
+            self.schema,
+            fresh,
+            channel=channel,
+            ready=ready,
+            meanwhile=None if blocked else fill,
         )
         settled: dict[UUID, JobStatus] = {}
         late: set[str] = set()
@@ -210,12 +228,10 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             await notify.publish(
                 tx, notices=[Notice(kind="ready", queue=q) for q in sorted(queues)]
             )
-        pending = JobStatus.PENDING  # an enum attribute lookup is slow, once per job
+        if not blocked:
+            return inserted
         return [
-            result
-            or InsertedJob(
-                job.id, job.chain_id, settled.get(job.id, pending) if settled else pending, False
-            )
+            result or InsertedJob(job.id, job.chain_id, settled.get(job.id, pending), False)
             for job, result in zip(jobs, results, strict=True)
         ]
 
