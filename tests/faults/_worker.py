@@ -69,6 +69,11 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "ELSE true END",
         ),
         (
+            "COMPLETE_ATOMIC",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
+        (
             "COMPLETE_AND_ACQUIRE",
             "ELSE j.lease_token = c.token AND j.status = 'running' END",
             "ELSE true END",
