@@ -91,6 +91,11 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),
+        (
+            "BEGIN_ATOMIC_BOUNDED",
+            "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+        ),
     ],
     "eager-reap": [
         ("REAP", "j.leased_until < now()", "j.leased_until < now() + interval '1 hour'")

@@ -206,6 +206,15 @@ WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'runn
 FOR UPDATE OF j
 """
 
+# BEGIN_ATOMIC for PostgreSQL 17 and later, bounded by transaction_timeout instead: set
+# inside a transaction, that timer starts at once and only the transaction's end stops
+# it, so this statement may travel in one pipeline with its BEGIN. The idle timer is
+# armed only when the server sends ReadyForQuery, and disarmed by the next message it
+# reads: psycopg's pipeline sends a Flush after its Sync, which left it disarmed.
+BEGIN_ATOMIC_BOUNDED = BEGIN_ATOMIC.replace(
+    "idle_in_transaction_session_timeout", "transaction_timeout"
+)
+
 RENEW = """
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
@@ -519,6 +528,7 @@ class Statements:
     complete_and_acquire: bytes
     complete_and_acquire_any_queue: bytes
     begin_atomic: bytes
+    begin_atomic_bounded: bytes
     renew: bytes
     complete: bytes
     complete_one: bytes

@@ -54,6 +54,14 @@ __all__ = ["PostgresStateAdapter"]
 
 _IDLE = TransactionStatus.IDLE
 
+# An atomic attempt's transaction is ended by the server this long after its handler's
+# deadline (once idle before PostgreSQL 17; in all, from 17 on).
+_ATOMIC_SLACK = timedelta(seconds=5)
+
+# The first server version whose transaction_timeout lets BEGIN and the row lock travel
+# in one pipeline.
+_PIPELINED_BEGIN_FROM = 170000
+
 
 class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
@@ -148,8 +156,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         # psycopg's block would not know about.
         async with self._pooled() as conn:
             try:
-                await conn.execute(b"BEGIN")
-                if not await self.begin_atomic(PgTransaction(conn), lease=lease, deadline=deadline):
+                if not await self._begin_and_lock(conn, lease, deadline):
                     await conn.execute(b"ROLLBACK")
                     yield None
                     return
@@ -164,6 +171,26 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
             if not conn.closed and conn.info.transaction_status != _IDLE:
                 # (idle: complete_atomic has committed it already)
                 await conn.execute(b"COMMIT")
+
+    async def _begin_and_lock(
+        self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
+    ) -> bool:
+        """BEGIN and lock the job's row: one round trip from PostgreSQL 17 on, two before.
+
+        Either way the server ends the transaction of a worker that stops talking to
+        it (frozen, paused): before 17 by the lock statement's local
+        idle_in_transaction_session_timeout, which must not be pipelined (see
+        BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
+        """
+        if conn.info.server_version < _PIPELINED_BEGIN_FROM:
+            await conn.execute(b"BEGIN")
+            return await self.begin_atomic(PgTransaction(conn), lease=lease, deadline=deadline)
+        with translate_errors(self.schema):
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                cur = conn.cursor()
+                await cur.execute(self._sql.begin_atomic_bounded, _atomic_params(lease, deadline))
+            return bool(await cur.fetchall())
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return PgTransaction(await unwrap(tx))
@@ -614,9 +641,9 @@ def _atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:
     return {
         "job_id": lease.job_id,
         "lease_token": lease.lease_token,
-        # A little slack over the handler deadline: the worker's own timeout fires
-        # first; this only ends transactions of a stuck process.
-        "idle_ms": str(int(deadline.total_seconds() * 1000) + 5000),
+        # Slack over the handler deadline: the worker's own timeout fires first; the
+        # server's only ends transactions of a stuck process.
+        "idle_ms": str(int((deadline + _ATOMIC_SLACK).total_seconds() * 1000)),
     }
 
 
