@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 
+import anyio
 import psycopg
 import pytest
+from psycopg import errors as pg_errors
+from psycopg import sql
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
+from pgwork.postgres import state as pg_state
+from pgwork.postgres._transactions import PgTransaction
 from pgwork.testing.conformance import (
     LockWaiters,
     NotifyAdapterConformance,
@@ -20,6 +26,17 @@ from pgwork.testing.conformance import (
 )
 
 pytestmark = pytest.mark.anyio
+
+
+async def _backend_ended(dsn: str, pid: int) -> None:
+    """Return once the server no longer runs backend ``pid`` (fails after 10 s)."""
+    with anyio.fail_after(10):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            while True:
+                cur = await conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+                if not await cur.fetchall():
+                    return
+                await anyio.sleep(0.05)
 
 
 class TestPostgresStateAdapter(StateAdapterConformance):
@@ -45,6 +62,47 @@ class TestPostgresStateAdapter(StateAdapterConformance):
                 return int(row[0]) if row else 0
 
         return count
+
+    @pytest.mark.parametrize("pipelined", [True, False], ids=["one-round-trip", "two"])
+    async def test_the_server_ends_an_atomic_transaction_whose_worker_went_silent(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        pgwork_dsn: str,
+        pgwork_schema: str,
+        monkeypatch: pytest.MonkeyPatch,
+        pipelined: bool,
+    ) -> None:
+        monkeypatch.setattr(pg_state, "_ATOMIC_SLACK", timedelta(milliseconds=300))
+        if not pipelined:
+            monkeypatch.setattr(pg_state, "_PIPELINED_BEGIN_FROM", 10**9)
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+
+        async def go_silent() -> None:
+            async with state_adapter.atomic_transaction(
+                lease=held.lease, deadline=timedelta(milliseconds=200)
+            ) as tx:
+                assert isinstance(tx, PgTransaction)
+                if pipelined and tx.connection.info.server_version < 170000:
+                    pytest.skip("one round trip needs PostgreSQL 17")
+                # Frozen (SIGSTOP, a blocked event loop): the server must end it.
+                await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+                await tx.connection.execute("SELECT 1")
+
+        with pytest.raises(
+            (pg_errors.TransactionTimeout, pg_errors.IdleInTransactionSessionTimeout)
+        ):
+            await go_silent()
+        # Its row lock went with it.
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn) as other:
+            cur = await other.execute(
+                sql.SQL("SELECT id FROM {} WHERE id = %s FOR UPDATE NOWAIT").format(
+                    sql.Identifier(pgwork_schema, "jobs")
+                ),
+                (held.id,),
+            )
+            assert await cur.fetchall() == [(held.id,)]
 
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str

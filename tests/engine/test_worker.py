@@ -26,6 +26,7 @@ from pgwork import (
     create_in_process_worker,
     log_context,
 )
+from pgwork.observability import LEASE_LOST
 
 from .conftest import ClientFactory, HangUntilAborted, eventually, scalar
 
@@ -483,6 +484,44 @@ async def test_atomic_attempt_commits_the_handlers_writes_with_its_completion(
     assert attempts == [1, 2]
     # The first attempt's write was rolled back with it; the second committed.
     assert await scalar(pgwork_dsn, "SELECT array_agg(n) FROM effects") == [2]
+
+
+async def test_atomic_completion_refused_in_its_own_transaction_commits_nothing(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    await conn.execute("CREATE TABLE effects (n int)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    lost = anyio.Event()
+    actions: list[str] = []
+
+    class Observer:
+        def on_event(self, event: Any) -> None:
+            if event.name == LEASE_LOST:
+                actions.append(event["action"])
+                lost.set()
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        await attempt.connection.execute("INSERT INTO effects VALUES (1)")
+        # The row lock cannot stop the attempt's own transaction from moving the job
+        # on: its completion, sent with the COMMIT, is then refused.
+        await attempt.connection.execute(
+            "UPDATE pgwork.jobs SET lease_token = gen_random_uuid() WHERE id = %s",
+            (attempt.job.id,),
+        )
+
+    await workers(client=client, processors={pay: handle}, observers=[Observer()])
+    started = await client.start_chain(conn, pay, Num(n=1))
+    await conn.commit()
+    with anyio.fail_after(10):
+        await lost.wait()
+    assert actions == ["completion"]
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM effects") == 0
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.RUNNING
+    assert job.output is None
 
 
 async def test_atomic_attempt_past_its_deadline_is_rolled_back_and_retried(

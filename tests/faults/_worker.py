@@ -69,6 +69,11 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "ELSE true END",
         ),
         (
+            "COMPLETE_ATOMIC",
+            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE true END",
+        ),
+        (
             "COMPLETE_AND_ACQUIRE",
             "ELSE j.lease_token = c.token AND j.status = 'running' END",
             "ELSE true END",
@@ -83,6 +88,11 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),
         (
             "BEGIN_ATOMIC",
+            "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+        ),
+        (
+            "BEGIN_ATOMIC_BOUNDED",
             "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),

@@ -456,7 +456,8 @@ class StateAdapter(Protocol):
     ) -> AbstractAsyncContextManager[TransactionHandle | None]:
         """``transaction()`` with ``begin_atomic`` already done, in as few round trips
         as the store allows: yields the open transaction, or None (rolled back at
-        once) when ``lease`` no longer holds its job. Commits on clean exit."""
+        once) when ``lease`` no longer holds its job. Commits on clean exit, unless
+        ``complete_atomic`` ended the transaction already."""
         ...
 
     async def complete_and_acquire(
@@ -487,6 +488,18 @@ class StateAdapter(Protocol):
     ) -> list[CompletionResult]:
         """Complete jobs (and insert their continuations) in ``tx``, or atomically on
         the adapter's own when ``tx`` is None."""
+        ...
+
+    async def complete_atomic(
+        self, tx: TransactionHandle, *, completion: Completion
+    ) -> CompletionResult:
+        """Complete an atomic attempt's job in ``tx`` (from ``atomic_transaction``) and
+        commit ``tx`` with it, in as few round trips as the store allows; ``tx`` is over
+        either way. When the completion is refused (the lease no longer holds the job),
+        ``tx`` is rolled back instead — nothing written in it commits — and the result
+        is not accepted. Dependants of a chain it ends are settled after the commit, as
+        ``complete(None, ...)`` does. ``completion`` has no continuation
+        (``ValueError``): a continuation goes through ``complete(tx, ...)``."""
         ...
 
     async def fail(

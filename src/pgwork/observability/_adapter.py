@@ -172,6 +172,13 @@ class InstrumentedStateAdapter:
     ) -> list[CompletionResult]:
         return await self._call("complete", self.inner.complete(tx, completions=completions))
 
+    async def complete_atomic(
+        self, tx: TransactionHandle, *, completion: Completion
+    ) -> CompletionResult:
+        return await self._call(
+            "complete_atomic", self.inner.complete_atomic(tx, completion=completion)
+        )
+
     async def fail(
         self, tx: TransactionHandle | None, *, failures: Sequence[Failure]
     ) -> list[bool]:

@@ -206,6 +206,15 @@ WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'runn
 FOR UPDATE OF j
 """
 
+# BEGIN_ATOMIC for PostgreSQL 17 and later, bounded by transaction_timeout instead: set
+# inside a transaction, that timer starts at once and only the transaction's end stops
+# it, so this statement may travel in one pipeline with its BEGIN. The idle timer is
+# armed only when the server sends ReadyForQuery, and disarmed by the next message it
+# reads: psycopg's pipeline sends a Flush after its Sync, which left it disarmed.
+BEGIN_ATOMIC_BOUNDED = BEGIN_ATOMIC.replace(
+    "idle_in_transaction_session_timeout", "transaction_timeout"
+)
+
 RENEW = """
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
@@ -275,13 +284,34 @@ COMPLETE = f"WITH {_COMPLETE_CTES}{_COMPLETE_RESULT}"
 # One completion (an atomic attempt's, a hand-on's): scalars instead of one-element
 # arrays. PostgreSQL estimates a one-element array's unnest at one row but a bound
 # array's at ten, so with arrays it kept re-planning this statement for every call.
-COMPLETE_ONE = COMPLETE.replace(
+_COMPLETE_CTES_ONE = _COMPLETE_CTES.replace(
     """SELECT * FROM unnest(
         %(ids)b::uuid[], %(tokens)b::uuid[], %(outputs)b::text[], %(ends_chain)b::bool[]
     ) AS c(id, token, output, ends_chain)""",
     """SELECT %(id)s::uuid AS id, %(token)s::uuid AS token, %(output)s::text AS output,
         %(ends_chain)s::bool AS ends_chain""",
 )
+COMPLETE_ONE = f"WITH {_COMPLETE_CTES_ONE}{_COMPLETE_RESULT}"
+
+# An atomic attempt's completion, which travels with the COMMIT right behind it (one
+# round trip). Its job's row has been locked since the attempt began, so it cannot be
+# refused — unless the handler itself changed that row in the same transaction. Then,
+# instead of returning no row, the statement fails (the int cast of a message naming
+# the cause; guarded by a CASE on the row count, so it is never folded at plan time):
+# the transaction is aborted and the COMMIT behind it can only roll back. The
+# handler's writes never commit without the completion.
+ATOMIC_REFUSED = "pgwork: atomic completion refused, the lease no longer holds its job"
+
+COMPLETE_ATOMIC = f"""
+WITH {_COMPLETE_CTES_ONE},
+result AS ({_COMPLETE_RESULT})
+SELECT r.* FROM result AS r
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL
+FROM (SELECT count(*) AS n FROM result) AS f
+WHERE CASE WHEN f.n = 0 THEN ('{ATOMIC_REFUSED} (' || f.n || ')')::int IS NULL
+           ELSE false END
+"""
 
 # A worker's turn in one statement: complete the finished batch and lease the next
 # one. The two touch disjoint rows (running vs pending), so one snapshot serves both.
@@ -498,9 +528,11 @@ class Statements:
     complete_and_acquire: bytes
     complete_and_acquire_any_queue: bytes
     begin_atomic: bytes
+    begin_atomic_bounded: bytes
     renew: bytes
     complete: bytes
     complete_one: bytes
+    complete_atomic: bytes
     fail: bytes
     reschedule: bytes
     release: bytes

@@ -8,6 +8,7 @@ transaction and never commit it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -17,6 +18,8 @@ from typing import Any, Self
 from uuid import UUID
 
 import psycopg
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from pgwork.adapters.notify import Notice, NotifyAdapter
@@ -40,7 +43,7 @@ from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_row
-from pgwork.postgres._statements import render
+from pgwork.postgres._statements import ATOMIC_REFUSED, render
 from pgwork.postgres._transactions import PgTransaction, unwrap
 from pgwork.postgres.migrate import verify_schema
 from pgwork.postgres.notify import PostgresNotifyAdapter
@@ -48,6 +51,16 @@ from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.records import Chain, Job, JobStatus
 
 __all__ = ["PostgresStateAdapter"]
+
+_IDLE = TransactionStatus.IDLE
+
+# An atomic attempt's transaction is ended by the server this long after its handler's
+# deadline (once idle before PostgreSQL 17; in all, from 17 on).
+_ATOMIC_SLACK = timedelta(seconds=5)
+
+# The first server version whose transaction_timeout lets BEGIN and the row lock travel
+# in one pipeline.
+_PIPELINED_BEGIN_FROM = 170000
 
 
 class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
@@ -138,15 +151,46 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     async def atomic_transaction(
         self, *, lease: Lease, deadline: timedelta
     ) -> AsyncIterator[TransactionHandle | None]:
-        # Not pipelined with its BEGIN, though that would save a round trip: sent in
-        # one pipeline, the lock statement's local idle_in_transaction_session_timeout
-        # never ended the transaction of a stuck worker (the SIGSTOP fault scenario
-        # found the row locked for good), and that timeout is what frees the job.
-        async with self.transaction() as tx:
-            if not await self.begin_atomic(tx, lease=lease, deadline=deadline):
-                yield None
-                return
-            yield tx
+        # Begun and ended by hand rather than with psycopg's transaction block:
+        # ``complete_atomic`` commits in the same round trip as its completion, which
+        # psycopg's block would not know about.
+        async with self._pooled() as conn:
+            try:
+                if not await self._begin_and_lock(conn, lease, deadline):
+                    await conn.execute(b"ROLLBACK")
+                    yield None
+                    return
+                yield PgTransaction(conn)
+            except BaseException:
+                # Closed: discarded for an abandoned handler. Broken: it cannot roll
+                # back, and the error worth raising is the one that got us here.
+                if not conn.closed and conn.info.transaction_status != _IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute(b"ROLLBACK")
+                raise
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                # (idle: complete_atomic has committed it already)
+                await conn.execute(b"COMMIT")
+
+    async def _begin_and_lock(
+        self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
+    ) -> bool:
+        """BEGIN and lock the job's row: one round trip from PostgreSQL 17 on, two before.
+
+        Either way the server ends the transaction of a worker that stops talking to
+        it (frozen, paused): before 17 by the lock statement's local
+        idle_in_transaction_session_timeout, which must not be pipelined (see
+        BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
+        """
+        if conn.info.server_version < _PIPELINED_BEGIN_FROM:
+            await conn.execute(b"BEGIN")
+            return await self.begin_atomic(PgTransaction(conn), lease=lease, deadline=deadline)
+        with translate_errors(self.schema):
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                cur = conn.cursor()
+                await cur.execute(self._sql.begin_atomic_bounded, _atomic_params(lease, deadline))
+            return bool(await cur.fetchall())
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return PgTransaction(await unwrap(tx))
@@ -417,6 +461,36 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
                 rows = await self._fetch(conn, self._sql.complete, _completion_params(completions))
         return await self._completion_results(tx, completions, rows)
 
+    async def complete_atomic(
+        self, tx: TransactionHandle, *, completion: Completion
+    ) -> CompletionResult:
+        if completion.continuation is not None:
+            raise ValueError("complete_atomic takes a completion without continuation")
+        conn = await unwrap(tx)
+        params = {
+            "id": completion.job_id,
+            "token": completion.lease_token,
+            "output": completion.output_json,
+            "ends_chain": True,
+        }
+        try:
+            with translate_errors(self.schema):
+                async with conn.pipeline():
+                    cur = conn.cursor()
+                    await cur.execute(self._sql.complete_atomic, params)
+                    await conn.execute(b"COMMIT")
+                rows = await cur.fetchall()
+        except pg_errors.InvalidTextRepresentation as exc:
+            if ATOMIC_REFUSED not in str(exc):
+                raise
+            # The statement failed on purpose: the transaction is aborted, and the
+            # COMMIT behind it was never run. End it; nothing in it was written.
+            await conn.execute(b"ROLLBACK")
+            return CompletionResult(job_id=completion.job_id, accepted=False)
+        # Committed: dependants are settled on their own, as for complete(None, ...).
+        [result] = await self._completion_results(None, [completion], rows)
+        return result
+
     async def _completion_results(
         self,
         tx: TransactionHandle | None,
@@ -583,9 +657,9 @@ def _atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:
     return {
         "job_id": lease.job_id,
         "lease_token": lease.lease_token,
-        # A little slack over the handler deadline: the worker's own timeout fires
-        # first; this only ends transactions of a stuck process.
-        "idle_ms": str(int(deadline.total_seconds() * 1000) + 5000),
+        # Slack over the handler deadline: the worker's own timeout fires first; the
+        # server's only ends transactions of a stuck process.
+        "idle_ms": str(int((deadline + _ATOMIC_SLACK).total_seconds() * 1000)),
     }
 
 

@@ -1,8 +1,9 @@
 """One slot's work: run an acquired job's handler and settle the attempt.
 
 Staged attempts run outside any transaction and write their outcome afterwards (plain
-completions through the batcher); atomic attempts run inside one transaction holding the
-job's row lock, so the handler's writes commit with the completion or not at all.
+completions through the batcher); atomic attempts (``_atomic``) run inside one
+transaction holding the job's row lock, so the handler's writes commit with the
+completion or not at all.
 Every write is fenced by the attempt's lease token.
 """
 
@@ -36,6 +37,7 @@ from pgwork.observability import (
 )
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.worker._atomic import run_atomic
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._watchdog import Watchdog
@@ -43,14 +45,6 @@ from pgwork.worker._watchdog import Watchdog
 log = logging.getLogger("pgwork.worker")
 
 __all__ = ["Slot", "SlotRunner"]
-
-
-class _Refused(Exception):
-    """Leaves an atomic attempt's transaction whose completion was refused."""
-
-
-class _Rollback(Exception):
-    """Leaves an atomic attempt's transaction without committing the handler's writes."""
 
 
 class Abandoned(Exception):
@@ -173,7 +167,7 @@ class SlotRunner:
 
     async def run(self, slot: Slot) -> None:
         if slot.job_type.mode == "atomic":
-            await self._run_atomic(slot)
+            await run_atomic(self, slot)
         else:
             await self._run_staged(slot)
 
@@ -330,47 +324,6 @@ class SlotRunner:
             return
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
-
-    async def _run_atomic(self, slot: Slot) -> None:
-        """Run the handler inside one transaction that holds the job's row lock; the
-        handler's writes commit with the completion or not at all."""
-        # Atomic attempts pin a row lock, so they always have a deadline.
-        deadline = slot.job_type.timeout or slot.job_type.lease
-        attempt: Attempt[Any, Any] | None = None
-        failure: BaseException | None = None
-        try:
-            async with self.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
-                if tx is None:
-                    log.warning(
-                        "pgwork job %s was taken from this worker before it started",
-                        slot.acquired.id,
-                    )
-                    return
-                attempt, failure = self._attempt(slot, tx)
-                if attempt is None:
-                    raise _Rollback
-                failure = await self._call_handler(slot, attempt, deadline)
-                if failure is not None or attempt.aborted:
-                    raise _Rollback
-                with anyio.CancelScope(shield=True):
-                    written = await self._write_outcome(slot, attempt, tx)
-                if not written:
-                    # The lease no longer holds: the handler's writes must not commit.
-                    raise _Refused
-            self._report_outcome(slot, attempt, written)  # after the commit
-            return
-        except _Refused:
-            assert attempt is not None
-            self._report_outcome(slot, attempt, False)
-            return
-        except _Rollback:
-            pass
-        # The handler's writes were rolled back; record what happened on its own.
-        with anyio.CancelScope(shield=True):
-            if attempt is None:
-                await self._settle_failure(slot, failure, terminal=True)
-            else:
-                await self._settle(slot, attempt, failure)
 
     # --- settling an attempt -----------------------------------------------------------
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 import anyio
 import pytest
 
-from pgwork.adapters.state import Completion, Failure, Lease, StateAdapter
+from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease, StateAdapter
 from pgwork.records import AttemptError, ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
 from pgwork.testing.conformance._rollback import rolled_back
@@ -244,6 +244,74 @@ class AtomicConformance(StateSuiteBase):
         async with state_adapter.atomic_transaction(lease=first.lease, deadline=deadline) as tx:
             assert tx is None  # completed: the lease is spent
 
+    async def test_complete_atomic_commits_the_transaction_with_its_completion(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        job, side = store.new_job(queue="work"), store.new_job(queue="work")
+        await store.seed(job, side)
+        dependant = store.new_job(BETA, queue="merge", blockers=[job.id])
+        awaited = store.new_job(queue="work")
+        await store.seed(dependant, awaited)
+        await state_adapter.mark_chain_awaited(chain_id=awaited.id)
+        held = {h.id: h for h in await store.acquire(limit=3, queues=["work"])}
+        deadline = timedelta(seconds=30)
+        async with state_adapter.atomic_transaction(
+            lease=held[job.id].lease, deadline=deadline
+        ) as tx:
+            assert tx is not None
+            # Stands for the handler's own writes: they commit with the completion.
+            await state_adapter.complete(tx, completions=[_done(held[side.id], '"side"')])
+            result = await state_adapter.complete_atomic(tx, completion=_done(held[job.id]))
+        assert result.accepted
+        assert result.chain_completed
+        assert result.ready_queues == ("merge",)
+        assert not result.chain_awaited
+        assert (await store.job(job.id)).output == "atomic"
+        assert (await store.job(side.id)).output == "side"
+        assert (await store.job(dependant.id)).status is JobStatus.PENDING
+        async with state_adapter.atomic_transaction(
+            lease=held[awaited.id].lease, deadline=deadline
+        ) as tx:
+            assert tx is not None
+            result = await state_adapter.complete_atomic(tx, completion=_done(held[awaited.id]))
+        assert result.accepted
+        assert result.chain_awaited
+
+    async def test_refused_complete_atomic_commits_nothing_written_in_the_transaction(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        job, side = await store.acquire(limit=2)
+        async with state_adapter.atomic_transaction(lease=job.lease, deadline=self.lease) as tx:
+            assert tx is not None
+            await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+            # The handler ends its own job in the transaction: the lock cannot stop
+            # that, and the completion behind it no longer holds a lease.
+            await state_adapter.complete(tx, completions=[_done(job, '"early"')])
+            result = await state_adapter.complete_atomic(tx, completion=_done(job))
+        assert not result.accepted
+        for held in (job, side):
+            stored = await store.job(held.id)
+            assert stored.status is JobStatus.RUNNING
+            assert stored.output is None
+        # Nothing is left locked: the job can still be completed by its holder.
+        [done] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
+        assert done.accepted
+
+    async def test_complete_atomic_refuses_a_continuation(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        job = await store.acquire_one()
+        completion = Completion(job.id, job.lease_token, '"x"', store.continuation(job))
+        async with rolled_back(
+            state_adapter.atomic_transaction(lease=job.lease, deadline=self.lease)
+        ) as tx:
+            assert tx is not None
+            with pytest.raises(ValueError, match="continuation"):
+                await state_adapter.complete_atomic(tx, completion=completion)
+        assert (await store.job(job.id)).status is JobStatus.RUNNING
+
     async def test_atomic_attempt_holds_its_job_so_a_concurrent_reap_skips_it(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -262,3 +330,7 @@ class AtomicConformance(StateSuiteBase):
         # With the transaction gone, its expired lease is fair game again.
         reaped = await store.adapter.reap(type_names=[ALPHA], exclude_worker="reaper", limit=10)
         assert [r.job_id for r in reaped] == [atomic.id]
+
+
+def _done(held: AcquiredJob, output: str = '"atomic"') -> Completion:
+    return Completion(held.id, held.lease_token, output)

@@ -1,0 +1,100 @@
+"""An atomic attempt: the handler runs inside one transaction that holds its job's row
+lock, and its writes commit with the completion or not at all.
+
+A plain completion (no continuation) goes through ``complete_atomic``, which commits
+the transaction in the same round trip; what it made ready is announced after that
+commit. A continuation or a reschedule is written in the transaction, which commits
+when it ends. A handler that fails, or whose attempt was aborted, has its writes
+rolled back; the failure is then recorded on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from pgwork.adapters.notify import Notice
+from pgwork.adapters.state import Completion, TransactionHandle
+from pgwork.worker._attempt import Attempt, Completed
+
+if TYPE_CHECKING:
+    from pgwork.worker._slot import Slot, SlotRunner
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["run_atomic"]
+
+
+class _Refused(Exception):
+    """Leaves an atomic attempt's transaction whose completion was refused."""
+
+
+class _Rollback(Exception):
+    """Leaves an atomic attempt's transaction without committing the handler's writes."""
+
+
+async def run_atomic(runner: SlotRunner, slot: Slot) -> None:
+    """Run ``slot``'s job as an atomic attempt and settle it."""
+    # Atomic attempts pin a row lock, so they always have a deadline.
+    deadline = slot.job_type.timeout or slot.job_type.lease
+    attempt: Attempt[Any, Any] | None = None
+    failure: BaseException | None = None
+    try:
+        async with runner.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
+            if tx is None:
+                log.warning(
+                    "pgwork job %s was taken from this worker before it started",
+                    slot.acquired.id,
+                )
+                return
+            attempt, failure = runner._attempt(slot, tx)
+            if attempt is None:
+                raise _Rollback
+            # A handler given up on raises Abandoned here once it ends; the
+            # watchdog's task closed this connection and settled the attempt.
+            failure = await runner._call_handler(slot, attempt, deadline)
+            if failure is not None or attempt.aborted:
+                raise _Rollback
+            with anyio.CancelScope(shield=True):
+                written = await _write_outcome(runner, slot, attempt, tx)
+            if not written:
+                # The lease no longer holds: the handler's writes must not commit.
+                raise _Refused
+        runner._report_outcome(slot, attempt, written)  # after the commit
+        return
+    except _Refused:
+        assert attempt is not None
+        runner._report_outcome(slot, attempt, False)
+        return
+    except _Rollback:
+        pass
+    # The handler's writes were rolled back; record what happened on its own.
+    with anyio.CancelScope(shield=True):
+        if attempt is None:
+            await runner._settle_failure(slot, failure, terminal=True)
+        else:
+            await runner._settle(slot, attempt, failure)
+
+
+async def _write_outcome(
+    runner: SlotRunner, slot: Slot, attempt: Attempt[Any, Any], tx: TransactionHandle
+) -> bool:
+    """Write the handler's outcome; False when the lease no longer held (then nothing
+    the handler wrote may commit)."""
+    outcome = attempt.outcome
+    if not isinstance(outcome, Completed) or outcome.continuation is not None:
+        return await runner._write_outcome(slot, attempt, tx)
+    lease = slot.lease
+    result = await runner.state.complete_atomic(
+        tx,
+        completion=Completion(lease.job_id, lease.lease_token, outcome.output_json),
+    )
+    # The transaction is over (committed, or rolled back if refused): announce after it.
+    notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+    if result.chain_awaited:
+        notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
+    if notices:
+        await runner.notify.publish(None, notices=notices)
+    return result.accepted
