@@ -30,6 +30,9 @@ import anyio
 
 log = logging.getLogger("pgwork.worker")
 
+# The longest the watchdog sleeps without looking at the running handlers (seconds).
+RECHECK_S = 1.0
+
 __all__ = ["Watchdog", "Watched", "keep_abandoned"]
 
 
@@ -78,9 +81,13 @@ class Watchdog(Generic[W]):
                     self._abandon(attempt)
                 else:
                     earliest = min(earliest, deadline)
+            # Never beyond RECHECK_S: a handler starting with a deadline later than
+            # that pokes nobody (short jobs with a timeout would otherwise wake the
+            # watchdog once each), the next look finds it.
+            earliest = min(earliest, now + RECHECK_S)
             self._next = earliest
             self._poked.clear()
-            with anyio.move_on_after(earliest - now if earliest < math.inf else 3600.0):
+            with anyio.move_on_after(earliest - now):
                 await self._poked.wait()
 
 
