@@ -393,9 +393,7 @@ class InProcessWorker:
         free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
         if error is not None or not self._heartbeat.healthy:
             free = 0
-        # Prefetching, one acquire at a time keeps the server busy enough; two racing
-        # on the same rows cost it more than they gain.
-        fetcher.fill(free, max_in_flight=1 if admission.prefetching else 2)
+        fetcher.fill(free)
         if error is not None:
             raise error
 
