@@ -197,3 +197,33 @@ def test_an_explicit_prefetch_ignores_handler_durations(prefetch: int) -> None:
     admission.freed(slot, now=100.0)
     assert admission.prefetching is (prefetch > 0)
     assert admission.room() == 2 + prefetch
+
+
+async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    gate = _Gate()
+    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
+    await conn.commit()
+    await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
+    with anyio.fail_after(20):
+        await gate.first_running.wait()
+
+    async def three_leased() -> bool:
+        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
+
+    await eventually(three_leased, what="two jobs prefetched")
+    await client.cancel(conn, [started[1].id])
+    await conn.commit()
+    await anyio.sleep(0.5)  # the abort notice reaches the worker
+    gate.release.set()
+
+    async def last_done() -> bool:
+        return (await client.get_job(started[2].job_id)).status is JobStatus.COMPLETED
+
+    await eventually(last_done, what="the job after the cancelled one completed")
+    assert gate.seen == [0, 2]
+    assert (await client.get_job(started[1].job_id)).status is JobStatus.CANCELLED

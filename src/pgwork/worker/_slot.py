@@ -166,6 +166,15 @@ class SlotRunner:
         self._on_returned = on_returned
 
     async def run(self, slot: Slot) -> None:
+        reason = slot.pending_abort
+        if reason is None and time.monotonic() >= slot.lease_deadline:
+            reason = AbortReason.OWNERSHIP_LOST
+        if reason is not None:
+            # Aborted (or its lease ran out) while it waited for a slot: another worker
+            # may own the job by now, so its handler must not start at all.
+            with anyio.CancelScope(shield=True):
+                await self._settle_abort(slot, reason)
+            return
         if slot.job_type.mode == "atomic":
             await run_atomic(self, slot)
         else:
@@ -337,19 +346,24 @@ class SlotRunner:
                 # The handler may still be doing its work: the attempt counts.
                 await self._settle_failure(slot, error, terminal=False)
                 return
-        if reason is AbortReason.WORKER_STOPPING:
-            released = await self.state.release(leases=[slot.lease])
-            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
-            return
         if reason is not None:
-            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
-            if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
-                self.emit(LEASE_LOST, slot, duration=False, action="renewal")
+            await self._settle_abort(slot, reason)
             return
         if error is not None:
             await self._settle_failure(slot, error, terminal=False)
             return
         self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+
+    async def _settle_abort(self, slot: Slot, reason: AbortReason) -> None:
+        """An aborted attempt: a stopping worker hands the job back (no attempt burned);
+        otherwise the job is someone else's now and nothing is written."""
+        if reason is AbortReason.WORKER_STOPPING:
+            released = await self.state.release(leases=[slot.lease])
+            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
+            return
+        self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
+        if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
+            self.emit(LEASE_LOST, slot, duration=False, action="renewal")
 
     def _report_abandoned(self, slot: Slot, error: HandlerAbandonedError) -> None:
         self.emit(ATTEMPT_ABANDONED, slot, cause=error.cause, waited_s=error.waited)
