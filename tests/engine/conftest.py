@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from pydantic import BaseModel
 
 from pgwork import (
     Client,
@@ -19,6 +21,7 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
+from pgwork.adapters.state import AcquiredJob
 
 ClientFactory = Callable[[JobTypeRegistry], Awaitable[Client]]
 
@@ -104,3 +107,24 @@ class HangUntilAborted:
         finally:
             self.reasons.append(attempt.abort_reason)
             self.aborted.set()
+
+
+async def acquired_job(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> tuple[Client, AcquiredJob]:
+    """A client whose registry has one job type, ``step``, and one such job enqueued
+    and acquired straight through the state adapter (by worker ``"w"``, no worker
+    running): for tests of the worker's parts on their own."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=_Num)
+    client = await make_client(reg)
+    await client.start_chain(conn, step, _Num(n=1))
+    await conn.commit()
+    [job] = await client.state.acquire(
+        worker_id="w", leases={"step": timedelta(seconds=60)}, queues=None, limit=1
+    )
+    return client, job
+
+
+class _Num(BaseModel):
+    n: int

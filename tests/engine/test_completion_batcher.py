@@ -3,7 +3,6 @@ is cancelled before the batch went out."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -11,11 +10,11 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import JobStatus, JobTypeRegistry
+from pgwork import JobStatus
 from pgwork.adapters.state import Completion
 from pgwork.worker._batch import CompletionBatcher
 
-from .conftest import ClientFactory
+from .conftest import ClientFactory, acquired_job
 
 pytestmark = pytest.mark.anyio
 
@@ -27,14 +26,7 @@ class Num(BaseModel):
 async def test_completions_waiting_when_the_batcher_is_cancelled_are_still_written(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
-    await client.start_chain(conn, step, Num(n=1))
-    await conn.commit()
-    [job] = await client.state.acquire(
-        worker_id="w", leases={"step": timedelta(seconds=60)}, queues=None, limit=1
-    )
+    client, job = await acquired_job(make_client, conn)
     # A long delay: nothing would be written before the cancel but for the last flush.
     batcher = CompletionBatcher(client.state, max_delay=60.0)
     completion = Completion(job.id, job.lease_token, output_json="null", continuation=None)

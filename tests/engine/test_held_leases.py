@@ -17,7 +17,7 @@ from pgwork.records import AbortReason
 from pgwork.worker._lease import renew_once
 from pgwork.worker._slots import Slots
 
-from .conftest import ClientFactory
+from .conftest import ClientFactory, acquired_job
 
 pytestmark = pytest.mark.anyio
 
@@ -43,14 +43,7 @@ class _Holder:
 async def _completed_behind_the_renewers_back(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
 ) -> tuple[Any, _Holder]:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
-    await client.start_chain(conn, step, Num(n=1))
-    await conn.commit()
-    [job] = await client.state.acquire(
-        worker_id="w", leases={"step": timedelta(seconds=60)}, queues=None, limit=1
-    )
+    client, job = await acquired_job(make_client, conn)
     holder = _Holder(job.lease)
     await client.state.complete(
         None,

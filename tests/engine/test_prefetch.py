@@ -50,6 +50,17 @@ class _Gate:
             self.concurrent -= 1
 
 
+async def _one_running_two_prefetched(gate: _Gate, dsn: str) -> None:
+    """Wait until job 0's handler runs and two more jobs are leased beside it."""
+    with anyio.fail_after(20):
+        await gate.first_running.wait()
+
+    async def three_leased() -> bool:
+        return bool(await scalar(dsn, RUNNING) == 3)
+
+    await eventually(three_leased, what="two jobs prefetched beside the running one")
+
+
 async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
@@ -61,14 +72,8 @@ async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     await conn.commit()
 
     await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
-    with anyio.fail_after(20):
-        await gate.first_running.wait()
-
-    async def three_leased() -> bool:
-        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
-
     # One handler runs; two more jobs are leased to the worker, waiting for its slot.
-    await eventually(three_leased, what="two jobs prefetched beside the running one")
+    await _one_running_two_prefetched(gate, pgwork_dsn)
     assert gate.seen == [0]
     gate.release.set()
 
@@ -96,13 +101,7 @@ async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
         client=client, processors={step: gate}, max_slots=1, prefetch=2, poll_interval=0.2
     )
     stop = await worker.start()
-    with anyio.fail_after(20):
-        await gate.first_running.wait()
-
-    async def three_leased() -> bool:
-        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
-
-    await eventually(three_leased, what="two jobs prefetched")
+    await _one_running_two_prefetched(gate, pgwork_dsn)
     async with anyio.create_task_group() as group:
         group.start_soon(stop)
         await anyio.sleep(0.2)
@@ -209,13 +208,7 @@ async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
     started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
     await conn.commit()
     await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
-    with anyio.fail_after(20):
-        await gate.first_running.wait()
-
-    async def three_leased() -> bool:
-        return bool(await scalar(pgwork_dsn, RUNNING) == 3)
-
-    await eventually(three_leased, what="two jobs prefetched")
+    await _one_running_two_prefetched(gate, pgwork_dsn)
     await client.cancel(conn, [started[1].id])
     await conn.commit()
     await anyio.sleep(0.5)  # the abort notice reaches the worker

@@ -115,11 +115,6 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
-        # Staged slots count as free once their handler returns; at most this many
-        # jobs may be unsettled (prefetched, handler running or outcome not yet
-        # durable), so writing one batch of outcomes overlaps acquiring and running the
-        # next.
-        self._max_unsettled = 2 * (max_slots + (max_slots if prefetch is None else prefetch))
         self._batcher = CompletionBatcher(client.state)
         self._last_reap = -REAP_INTERVAL
         self._events = Emitter(client.observers if observers is None else observers)
@@ -143,6 +138,11 @@ class InProcessWorker:
             prefetch=prefetch,
             wake=self._wake_up,
         )
+        # Staged slots count as free once their handler returns; at most this many
+        # jobs may be unsettled (prefetched, handler running or outcome not yet
+        # durable), so writing one batch of outcomes overlaps acquiring and running the
+        # next.
+        self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
         self._wake = anyio.Event()
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
