@@ -7,7 +7,7 @@ a ``PgworkError`` and leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -166,11 +166,13 @@ class Client(QueryMixin, ControlMixin):
             for item in items
         ]
         with self._events.trace_enqueue(names) as trace:
-            new_jobs = self._new_chains(items, trace)
-            handle = await self.state.adopt(tx)
-            inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
+            new_jobs: Iterable[NewJob] = self._new_chains(items, trace)
             # Asked once per batch: the default observer declines this event.
             wanted = self._events.wants(JOB_ENQUEUED) if self._events else False
+            if wanted:
+                new_jobs = list(new_jobs)
+            handle = await self.state.adopt(tx)
+            inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
             for job, result in zip(new_jobs, inserted, strict=True) if wanted else ():
                 self._events.emit(
                     JOB_ENQUEUED,
@@ -194,47 +196,31 @@ class Client(QueryMixin, ControlMixin):
 
     def _new_chains(
         self, items: Sequence[ChainStart[Any]], trace: Mapping[str, str] | None
-    ) -> list[NewJob]:
-        """Validate and encode every item, before any statement runs.
+    ) -> Iterator[NewJob]:
+        """Validate and encode every item now, before any statement runs; return the
+        jobs as an iterator that builds them as the adapter takes them.
 
-        Per batch, not per item: each distinct job type is resolved once, and ids come
-        from one call, which matters at thousands of jobs per call.
+        Everything that can fail happens here, so bad input leaves the caller's
+        transaction untouched. Building the jobs cannot fail, so it is left to the
+        adapter's pace: it can start writing the first rows while the rest are built,
+        and the database inserts while Python works. Per batch, not per item: each
+        distinct job type is resolved once, and ids come from one call.
         """
         types: dict[int, JobType[Any, Any]] = {}
         max_bytes = self.max_payload_bytes
-        new_jobs = []
-        for item, job_id in zip(items, new_ids(len(items)), strict=True):
+        resolved: list[JobType[Any, Any]] = []
+        inputs: list[str] = []
+        schedules: list[tuple[datetime | None, timedelta | None]] = []
+        for item in items:
             job_type = types.get(id(item.job_type))
             if job_type is None:
                 job_type = types[id(item.job_type)] = self.registry.entry(item.job_type)
-            input_json = job_type.input_codec.encode(item.input, max_bytes=max_bytes)
-            run_at, run_after = split_schedule(item.schedule)
-            max_attempts = item.max_attempts
-            if max_attempts is None:
-                max_attempts = job_type.max_attempts
-            elif max_attempts < 1:
-                raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
-            dedup = item.dedup
-            new_jobs.append(
-                NewJob(
-                    id=job_id,
-                    type_name=job_type.name,
-                    chain_id=job_id,
-                    chain_type_name=job_type.name,
-                    chain_index=0,
-                    input_json=input_json,
-                    queue=item.queue or job_type.queue,
-                    priority=item.priority if item.priority is not None else job_type.priority,
-                    max_attempts=max_attempts,
-                    run_at=run_at,
-                    run_after=run_after,
-                    dedup=DedupSpec(dedup) if isinstance(dedup, str) else dedup,
-                    trace_context=trace,
-                    blockers=item.blockers,
-                    blocker_failure=job_type.blocker_failure,
-                )
-            )
-        return new_jobs
+            resolved.append(job_type)
+            inputs.append(job_type.input_codec.encode(item.input, max_bytes=max_bytes))
+            schedules.append(split_schedule(item.schedule))
+            if item.max_attempts is not None and item.max_attempts < 1:
+                raise ConfigurationError(f"max_attempts must be >= 1, got {item.max_attempts}")
+        return _build_jobs(items, resolved, inputs, schedules, new_ids(len(items)), trace)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -281,6 +267,38 @@ class Client(QueryMixin, ControlMixin):
         """Close both adapters (their pools and listener connections)."""
         await self.notify.close()
         await self.state.close()
+
+
+def _build_jobs(
+    items: Sequence[ChainStart[Any]],
+    types: Sequence[JobType[Any, Any]],
+    inputs: Sequence[str],
+    schedules: Sequence[tuple[datetime | None, timedelta | None]],
+    ids: Sequence[UUID],
+    trace: Mapping[str, str] | None,
+) -> Iterator[NewJob]:
+    """The first job of each chain in ``items``, from what ``_new_chains`` checked."""
+    for item, job_type, input_json, (run_at, run_after), job_id in zip(
+        items, types, inputs, schedules, ids, strict=True
+    ):
+        dedup = item.dedup
+        yield NewJob(
+            id=job_id,
+            type_name=job_type.name,
+            chain_id=job_id,
+            chain_type_name=job_type.name,
+            chain_index=0,
+            input_json=input_json,
+            queue=item.queue or job_type.queue,
+            priority=item.priority if item.priority is not None else job_type.priority,
+            max_attempts=item.max_attempts or job_type.max_attempts,
+            run_at=run_at,
+            run_after=run_after,
+            dedup=DedupSpec(dedup) if isinstance(dedup, str) else dedup,
+            trace_context=trace,
+            blockers=item.blockers,
+            blocker_failure=job_type.blocker_failure,
+        )
 
 
 def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | None]:

@@ -1,15 +1,17 @@
-"""Enqueue's two write paths (one statement, COPY) and its folded wake-up notice.
+"""Enqueue's write paths (one statement, COPY, streamed COPY) and its folded notice.
 
 A batch of at least ``COPY_MIN_ROWS`` plain jobs is written with COPY, anything else
-with one INSERT that also runs ``pg_notify``. These tests hold both paths to the same
-rows and the same notices: on commit only, once per queue, never for scheduled jobs or
-rolled-back work.
+with one INSERT that also runs ``pg_notify``; a batch that starts with that many plain
+jobs is streamed: COPY takes the jobs as the client builds them. These tests hold the
+paths to the same rows and the same notices: on commit only, once per queue, never for
+scheduled jobs or rolled-back work.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -128,7 +130,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
     # Everything COPY's text format must escape, in every column a caller controls.
     awkward = 'tab\there, new\nline, back\\slash, "quote", NUL-free ünïcødé ✓ \u2028 \\N'
 
-    def job(*, root: bool = True) -> NewJob:
+    def job(*, root: bool = True, dedup: bool = True) -> NewJob:
         job_id = uuid.uuid4()  # also in the dedup key: no job deduplicates another
         return NewJob(
             id=job_id,
@@ -140,7 +142,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
             queue=f"q {awkward}",
             priority=-3,
             max_attempts=7,
-            dedup=DedupSpec(f"key {awkward} {job_id}"),
+            dedup=DedupSpec(f"key {awkward} {job_id}") if dedup else None,
             trace_context={"traceparent": awkward},
         )
 
@@ -148,6 +150,10 @@ async def test_copy_and_statement_paths_write_identical_rows(
     copied = [job(root=i % 2 == 0) for i in range(2 * BIG)]
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=copied)
+    # Without dedup keys the batch is streamed, from a generator as the client does.
+    streamed = [job(root=i % 2 == 0, dedup=False) for i in range(2 * BIG)]
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=(j for j in streamed))
     # One job (scalar statement), and a few (array statement).
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job()])
@@ -167,6 +173,8 @@ async def test_copy_and_statement_paths_write_identical_rows(
             (f"key {awkward}",),
         )
         assert await cur.fetchone() == (2 * BIG + 4,)
+        cur = await c.execute("SELECT count(*) FROM pgwork.jobs WHERE dedup_key IS NULL")
+        assert await cur.fetchone() == (2 * BIG,)
     assert len(rows) == 2, rows
     (later, later_due, _), (row, due_at_creation, _) = rows
     assert due_at_creation
@@ -240,3 +248,31 @@ async def test_a_failing_insert_on_a_fresh_connection_raises_at_once(
         await state.insert_jobs(await state.adopt(conn), jobs=[new])
     await conn.rollback()
     assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+
+
+async def test_a_job_iterator_that_fails_while_streamed_writes_nothing(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    state = client.state
+
+    def failing() -> Iterator[NewJob]:
+        for _ in range(2 * BIG):
+            job_id = uuid.uuid4()
+            yield NewJob(
+                id=job_id,
+                type_name="work",
+                chain_id=job_id,
+                chain_type_name="work",
+                chain_index=0,
+                input_json='{"data": {}}',
+                queue="default",
+                priority=0,
+                max_attempts=3,
+            )
+        raise RuntimeError("the last job could not be built")
+
+    with pytest.raises(RuntimeError, match="could not be built"):
+        async with state.transaction() as tx:
+            await state.insert_jobs(tx, jobs=failing())
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 0

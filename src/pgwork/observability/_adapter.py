@@ -117,7 +117,7 @@ class InstrumentedStateAdapter:
         self,
         tx: TransactionHandle,
         *,
-        jobs: Sequence[NewJob],
+        jobs: Iterable[NewJob],
         notify: NotifyAdapter | None = None,
     ) -> list[InsertedJob]:
         return await self._call("insert_jobs", self.inner.insert_jobs(tx, jobs=jobs, notify=notify))

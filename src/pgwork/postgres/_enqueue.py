@@ -10,7 +10,11 @@ Three paths give identical rows (a test holds them to it):
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
-  formatted, so the server inserts while Python works.
+  formatted, so the server inserts while Python works. ``insert_streamed`` goes
+  further for a batch whose first ``COPY_MIN_ROWS`` jobs are plain: it takes the jobs
+  from the client's iterator as it writes them, so building the jobs overlaps the
+  server's inserting too; the few jobs of such a batch that are not plain are set aside
+  for the caller to insert afterwards.
 
 A single ``start_chain`` + commit is three round trips: psycopg's implicit ``BEGIN``,
 the insert (with its notice), the caller's ``COMMIT``.
@@ -19,18 +23,30 @@ the insert (with its notice), the caller's ``COMMIT``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import psycopg
 
 from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import NewJob
+from pgwork.adapters.state import InsertedJob, NewJob
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._statements import Statements
 from pgwork.postgres.notify import encode_notice
+from pgwork.records import JobStatus
 
-__all__ = ["COPY_MIN_ROWS", "INSERT_CHUNK", "insert_params", "ready_queues", "write_jobs"]
+__all__ = [
+    "COPY_MIN_ROWS",
+    "INSERT_CHUNK",
+    "Streamed",
+    "insert_params",
+    "insert_streamed",
+    "is_plain",
+    "ready_queues",
+    "write_jobs",
+]
 
 # Rows per INSERT statement: the statement has a fixed number of (array) parameters,
 # so this only bounds the size of one message, not PostgreSQL's parameter limit.
@@ -39,6 +55,11 @@ INSERT_CHUNK = 5000
 # Below this many rows COPY's extra round trips (start, finish, a separate pg_notify)
 # cost more than they save (A/B runs: COPY already wins at 100 rows).
 COPY_MIN_ROWS = 64
+
+
+def is_plain(job: NewJob) -> bool:
+    """Whether ``job`` can go by COPY as it is: runnable now, no blocker, no dedup key."""
+    return not job.blockers and job.run_at is None and job.run_after is None and not job.dedup
 
 
 def ready_queues(jobs: Iterable[NewJob]) -> list[str]:
@@ -164,17 +185,10 @@ async def write_jobs(
     with translate_errors(schema):
         if plain:
             if channel is not None and ready and not rest:
-                params = {"channel": channel, "ready": _encoded(ready)}
-                await _execute(conn, statements.notify_ready, params)
+                await _announce(conn, statements, channel, ready)
                 announced = True
-            async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
-                start, end = 0, _COPY_FIRST_WRITE
-                while start < len(plain):
-                    await copy.write(_copy_lines(plain[start:end]))
-                    start, end = end, end + _COPY_ROWS_PER_WRITE
-                if meanwhile is not None:
-                    meanwhile()
-                    meanwhile = None
+            await _copy(conn, statements, iter(plain), meanwhile=meanwhile)
+            meanwhile = None
         single = len(rest) == 1 and len(ready) <= 1
         if single:
             await _execute(conn, statements.insert_job, _one(rest[0], channel, ready))
@@ -190,6 +204,88 @@ async def write_jobs(
     if meanwhile is not None:
         meanwhile()
     return announced
+
+
+@dataclass(slots=True)
+class Streamed:
+    """What ``insert_streamed`` did: a result per job it took (``None`` for a job set
+    aside), the jobs set aside in their order, and the queues of the rows written."""
+
+    inserted: list[InsertedJob | None] = field(default_factory=list)
+    aside: list[NewJob] = field(default_factory=list)
+    queues: set[str] = field(default_factory=set)
+
+    def take(self, chunk: list[NewJob]) -> list[NewJob]:
+        """The plain jobs of ``chunk``, recording a result (or a set-aside) for each."""
+        plain = []
+        inserted, aside, queues = self.inserted, self.aside, self.queues
+        pending = JobStatus.PENDING
+        for job in chunk:
+            if is_plain(job):
+                plain.append(job)
+                inserted.append(InsertedJob(job.id, job.chain_id, pending, False))
+                queues.add(job.queue)
+            else:
+                aside.append(job)
+                inserted.append(None)
+        return plain
+
+
+async def insert_streamed(
+    conn: psycopg.AsyncConnection[Any],
+    statements: Statements,
+    schema: str,
+    head: Sequence[NewJob],
+    rest: Iterator[NewJob],
+    *,
+    channel: str | None,
+    ready: Sequence[str],
+) -> Streamed:
+    """COPY ``head`` (plain jobs, at least ``COPY_MIN_ROWS``), then every plain job of
+    ``rest`` as it is taken from the iterator; set the others aside.
+
+    With ``channel``, ``ready`` (the queues of ``head``) is announced first; the
+    caller announces the queues of later rows that are not in it.
+    """
+    streamed = Streamed()
+    with translate_errors(schema):
+        if channel is not None and ready:
+            await _announce(conn, statements, channel, ready)
+        await _copy(conn, statements, _chained(head, rest), sort=streamed.take)
+    return streamed
+
+
+def _chained(head: Sequence[NewJob], rest: Iterator[NewJob]) -> Iterator[NewJob]:
+    yield from head
+    yield from rest
+
+
+async def _copy(
+    conn: psycopg.AsyncConnection[Any],
+    statements: Statements,
+    rows: Iterator[NewJob],
+    *,
+    sort: Callable[[list[NewJob]], list[NewJob]] | None = None,
+    meanwhile: Callable[[], object] | None = None,
+) -> None:
+    """COPY ``rows`` (through ``sort``, which picks those to write), a few hundred per
+    write; ``meanwhile`` runs after the last write, while the server finishes."""
+    async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
+        size = _COPY_FIRST_WRITE
+        while chunk := list(islice(rows, size)):
+            if sort is not None:
+                chunk = sort(chunk)
+            if chunk:
+                await copy.write(_copy_lines(chunk))
+            size = _COPY_ROWS_PER_WRITE
+        if meanwhile is not None:
+            meanwhile()
+
+
+async def _announce(
+    conn: psycopg.AsyncConnection[Any], statements: Statements, channel: str, ready: Sequence[str]
+) -> None:
+    await _execute(conn, statements.notify_ready, {"channel": channel, "ready": _encoded(ready)})
 
 
 def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]:

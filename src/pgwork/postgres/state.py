@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any, Self
+from itertools import islice
+from typing import Any, Self, cast
 from uuid import UUID
 
 import psycopg
@@ -38,7 +39,13 @@ from pgwork.adapters.state import (
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
-from pgwork.postgres._enqueue import ready_queues, write_jobs
+from pgwork.postgres._enqueue import (
+    COPY_MIN_ROWS,
+    insert_streamed,
+    is_plain,
+    ready_queues,
+    write_jobs,
+)
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
@@ -221,8 +228,46 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         self,
         tx: TransactionHandle,
         *,
-        jobs: Sequence[NewJob],
+        jobs: Iterable[NewJob],
         notify: NotifyAdapter | None = None,
+    ) -> list[InsertedJob]:
+        stream = iter(jobs)
+        head = list(islice(stream, COPY_MIN_ROWS))
+        if len(head) == COPY_MIN_ROWS and all(is_plain(job) for job in head):
+            return await self._insert_streamed(tx, head, stream, notify)
+        head.extend(stream)
+        return await self._insert_listed(tx, head, notify)
+
+    async def _insert_streamed(
+        self,
+        tx: TransactionHandle,
+        head: list[NewJob],
+        rest: Iterator[NewJob],
+        notify: NotifyAdapter | None,
+    ) -> list[InsertedJob]:
+        """A batch that starts with plain jobs: COPY them as the client builds them, then
+        insert the few set aside (deduplicated, blocked or scheduled) the usual way."""
+        conn = await unwrap(tx)
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        ready = ready_queues(head) if notify is not None else []
+        streamed = await insert_streamed(
+            conn, self._sql, self.schema, head, rest, channel=channel, ready=ready
+        )
+        if streamed.aside:
+            later = iter(await self._insert_listed(tx, streamed.aside, notify))
+            results = [result or next(later) for result in streamed.inserted]
+        else:  # nothing set aside: no result is None
+            results = cast("list[InsertedJob]", streamed.inserted)
+        late = streamed.queues.difference(ready if channel is not None else ())
+        if notify is not None and late:
+            await notify.publish(tx, notices=[Notice(kind="ready", queue=q) for q in sorted(late)])
+        return results
+
+    async def _insert_listed(
+        self,
+        tx: TransactionHandle,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None,
     ) -> list[InsertedJob]:
         conn = await unwrap(tx)
         results: list[InsertedJob | None] = [None] * len(jobs)

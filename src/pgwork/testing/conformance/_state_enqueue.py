@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.adapters.state import Completion, DedupSpec, StateAdapter
+from pgwork.adapters.state import Completion, DedupSpec, NewJob, StateAdapter
 from pgwork.records import ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import (
     ALPHA,
@@ -203,6 +203,41 @@ class EnqueueConformance(StateSuiteBase):
         async with state_adapter.transaction() as tx:
             await state_adapter.insert_jobs(tx, jobs=jobs, notify=notify)
         assert notify.ready_queues == ["mail", "sms"]
+
+    async def test_insert_takes_its_jobs_from_a_one_shot_iterator_and_answers_in_order(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        # The client hands its jobs over as a generator; an adapter may start writing
+        # before it has seen them all, so the jobs needing more than a plain insert
+        # come late here, after enough plain ones to fill any bulk path's first write.
+        first = store.new_job(dedup=DedupSpec("once"))
+        blocker = store.new_job()
+        await store.seed(first, blocker)
+        plain = [store.new_job(queue="bulk") for _ in range(300)]
+        again = store.again(first)
+        waiting = store.new_job(queue="merge", blockers=[blocker.id])
+        delayed = store.new_job(queue="delayed", run_after=timedelta(hours=1))
+        last = store.new_job(queue="last")
+        jobs = [*plain[:200], again, waiting, *plain[200:], delayed, last]
+        taken: list[NewJob] = []
+
+        def one_shot() -> Iterator[NewJob]:
+            for job in jobs:
+                taken.append(job)
+                yield job
+
+        notify = RecordingNotify()
+        async with state_adapter.transaction() as tx:
+            results = await state_adapter.insert_jobs(tx, jobs=one_shot(), notify=notify)
+        assert taken == jobs
+        assert [r.job_id for r in results] == [first.id if j is again else j.id for j in jobs]
+        assert [r.deduplicated for r in results] == [j is again for j in jobs]
+        blocked = [r.job_id for r in results if r.status is JobStatus.BLOCKED]
+        assert blocked == [waiting.id]
+        assert notify.ready_queues == ["bulk", "last"]
+        for job in (plain[0], plain[-1], waiting, delayed, last):
+            assert await store.exists(job.id)
+        assert not await store.exists(again.id)
 
     async def test_insert_without_notify_announces_nothing_and_needs_none(
         self, state_adapter: StateAdapter, store: StateHarness
