@@ -83,6 +83,9 @@ class Counter:
     done: anyio.Event = field(default_factory=anyio.Event)
     starts: dict[int, float] = field(default_factory=dict)
     record_starts: bool = False
+    # Counts at which to note the time (into ``marked``), for rates over windows.
+    marks: frozenset[int] = frozenset()
+    marked: dict[int, float] = field(default_factory=dict)
 
     def touch(self) -> float:
         """Note that a handler started (without counting it); return the time."""
@@ -95,6 +98,8 @@ class Counter:
         now = self.touch()
         self.last = now
         self.count += 1
+        if self.count in self.marks:
+            self.marked[self.count] = now
         if self.record_starts and n is not None:
             self.starts[n] = now
         if self.count >= self.target:

@@ -8,6 +8,8 @@ one process. Loading the jobs to drain is never timed.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -198,34 +200,60 @@ async def latency(ctx: Context) -> list[Measurement]:
 
 
 async def backlog(ctx: Context) -> list[Measurement]:
+    """Drain rate with a deep and a shallow queue, each the median of a few windows.
+
+    A window starts after the worker's first jobs (its start-up: pool, prefetch not yet
+    on) and ends before the queue could run low. The deep backlog gives its windows one
+    after another (they take 2-3 % of it); the shallow one is reloaded for each.
+    """
+    sizes = ctx.sizes
+    skip, window, count = sizes.backlog_skip, sizes.backlog_window, sizes.backlog_windows
     out = []
-    measured = ctx.sizes.backlog_measured
-    for depth in (ctx.sizes.backlog_big, ctx.sizes.backlog_small):
+    for depth in (sizes.backlog_big, sizes.backlog_small):
         row = row_backlog(depth)
-        with ctx.dbs.fresh() as dsn:
-            load = ctx.bars.bar(f"pgwork: loading a {depth:,}-job backlog", depth)
-            await bulk_load(dsn, depth, on_chunk=load.advance)
-            load.finish()
-            bar = ctx.bars.bar(f"pgwork: {row}", min(measured, depth))
-            async with open_client(dsn) as client:
-                counter = Counter(min(measured, depth))
-                worker = create_in_process_worker(
-                    client=client,
-                    processors={"noop": counter.handler()},
-                    max_slots=ctx.sizes.slots,
-                )
-                stop = await worker.start()
-                try:
-                    await _follow(counter, bar)
-                finally:
-                    await stop()
-        # Handler starts only: the backlog never empties, so there is no "drained" moment.
-        rate = _rate(counter.count - 1, counter.first, counter.last)
+        deep = depth == sizes.backlog_big
+        runs = [count] if deep else [1] * count
+        bar = ctx.bars.bar(f"pgwork: {row}", sum(skip + n * window for n in runs))
+        rates: list[float] = []
+        for windows in runs:
+            with ctx.dbs.fresh() as dsn:
+                if deep:
+                    load = ctx.bars.bar(f"pgwork: loading a {depth:,}-job backlog", depth)
+                    await bulk_load(dsn, depth, on_chunk=load.advance)
+                    load.finish()
+                else:
+                    await bulk_load(dsn, depth)
+                rates += await _backlog_windows(ctx, dsn, skip, window, windows, bar)
+        rate = statistics.median(rates)
         bar.finish(f"{rate:,.0f} jobs/s")
-        out.append(
-            Measurement(row, LIB, rate, "jobs/s", note=f"rate over the first {measured:,} jobs")
+        how = "one after another" if deep else "each on a fresh backlog"
+        note = (
+            f"median of {len(rates)} windows of {window:,} jobs ({how}, after the first "
+            f"{skip:,}): " + ", ".join(f"{r:,.0f}" for r in rates)
         )
+        out.append(Measurement(row, LIB, rate, "jobs/s", note=note))
     return out
+
+
+async def _backlog_windows(
+    ctx: Context, dsn: str, skip: int, window: int, windows: int, bar: Bar
+) -> list[float]:
+    """Rates of ``windows`` consecutive windows of handler starts after the first
+    ``skip`` (starts, not completions: the queue never empties, so it never drains)."""
+    marks = [skip + i * window for i in range(windows + 1)]
+    counter = Counter(marks[-1], marks=frozenset(marks))
+    done = bar.completed
+    async with open_client(dsn) as client:
+        worker = create_in_process_worker(
+            client=client, processors={"noop": counter.handler()}, max_slots=ctx.sizes.slots
+        )
+        stop = await worker.start()
+        try:
+            await _follow(counter, bar, lambda: done + counter.count)
+        finally:
+            await stop()
+    times = [counter.marked[m] for m in marks]
+    return [window / (b - a) for a, b in itertools.pairwise(times)]
 
 
 # --- 5. worker memory ----------------------------------------------------------------

@@ -72,6 +72,7 @@ class Sizes:
     backlog_big: int
     backlog_small: int
     backlog_measured: int
+    backlog_windows: int
     rss_checkpoints: tuple[int, int]
     chains: int
     slots: int = 10
@@ -86,6 +87,7 @@ class Sizes:
             backlog_big=_scaled(1_000_000, size, 1_000),
             backlog_small=_scaled(10_000, size, 50),
             backlog_measured=_scaled(10_000, size, 50),
+            backlog_windows=3,
             rss_checkpoints=(_scaled(100_000, size, 100), _scaled(1_000_000, size, 1_000)),
             chains=_scaled(5_000, size, 20),
             slots=slots,
@@ -96,9 +98,21 @@ class Sizes:
         return (
             f"enqueue {self.enqueue:,}, drain {self.drain:,}, latency {self.latency} x "
             f"{self.latency_interval * 1000:.0f} ms, backlogs {self.backlog_big:,} / "
-            f"{self.backlog_small:,} (measuring {self.backlog_measured:,}), RSS at "
+            f"{self.backlog_small:,} (median of {self.backlog_windows} windows of "
+            f"{self.backlog_window:,} jobs), RSS at "
             f"{first:,} / {second:,}, chains {self.chains:,}, {self.slots} slots"
         )
+
+    @property
+    def backlog_skip(self) -> int:
+        """Handler starts left out before a backlog window: the worker's start-up."""
+        return self.backlog_measured // 10
+
+    @property
+    def backlog_window(self) -> int:
+        """Jobs per backlog window; with the skip, one window fits the small backlog
+        with a tenth of it to spare, so the queue never runs dry inside one."""
+        return self.backlog_measured * 8 // 10
 
     def rss_label(self, index: int) -> str:
         return f"after {_count(self.rss_checkpoints[index])} jobs"

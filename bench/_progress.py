@@ -28,6 +28,10 @@ class Bar:
     def advance(self, amount: int = 1) -> None:
         self._progress.advance(self._task, amount)
 
+    @property
+    def completed(self) -> int:
+        return int(self._progress.tasks[self._task].completed)
+
     def finish(self, note: str = "") -> None:
         total = int(self._progress.tasks[self._task].total or 0)
         self._progress.update(self._task, completed=total, note=note)
