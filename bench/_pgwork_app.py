@@ -6,6 +6,7 @@ pgwork's own cost per job: acquiring, bookkeeping, completing.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,6 +35,7 @@ __all__ = [
     "open_client",
     "outstanding",
     "registry",
+    "settle",
     "wait_drained",
 ]
 
@@ -174,6 +176,18 @@ async def bulk_load(
             if on_chunk is not None:
                 on_chunk(size)
         await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(SCHEMA, "jobs")))
+
+
+async def settle(dsn: str) -> None:
+    """Vacuum the jobs table and checkpoint, so that what follows measures the queue as
+    it is rather than the aftermath of what came before: the first reader of a fresh
+    row writes its hint bits, dead index entries of finished jobs slow the acquire's
+    scan until a vacuum, and autovacuum or a checkpoint of a big load's WAL would run
+    in the middle of a measurement. pgbench prepares its tables the same way."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(SCHEMA, "jobs")))
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            await conn.execute("CHECKPOINT")
 
 
 _OUTSTANDING = sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'running')").format(

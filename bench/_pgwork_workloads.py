@@ -8,7 +8,7 @@ one process. Loading the jobs to drain is never timed.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -18,7 +18,7 @@ import anyio
 import psycopg
 
 from bench._env import PgworkDatabases
-from bench._pgwork_app import Counter, Item, bulk_load, open_client, wait_drained
+from bench._pgwork_app import Counter, Item, bulk_load, open_client, settle, wait_drained
 from bench._plan import (
     Sizes,
     percentile,
@@ -202,9 +202,11 @@ async def latency(ctx: Context) -> list[Measurement]:
 async def backlog(ctx: Context) -> list[Measurement]:
     """Drain rate with a deep and a shallow queue, each the median of a few windows.
 
-    A window starts after the worker's first jobs (its start-up: pool, prefetch not yet
-    on) and ends before the queue could run low. The deep backlog gives its windows one
-    after another (they take 2-3 % of it); the shallow one is reloaded for each.
+    Before each window the table is vacuumed (``settle``), and the window starts after
+    the worker's first jobs (its start-up: pool, prefetch not yet on), so each measures
+    the same thing at either depth: a freshly started worker on a settled queue. The
+    deep backlog is loaded once (a window takes 1 % of it), the shallow one for each
+    window, which fits in it with a tenth to spare.
     """
     sizes = ctx.sizes
     skip, window, count = sizes.backlog_skip, sizes.backlog_window, sizes.backlog_windows
@@ -212,36 +214,35 @@ async def backlog(ctx: Context) -> list[Measurement]:
     for depth in (sizes.backlog_big, sizes.backlog_small):
         row = row_backlog(depth)
         deep = depth == sizes.backlog_big
-        runs = [count] if deep else [1] * count
-        bar = ctx.bars.bar(f"pgwork: {row}", sum(skip + n * window for n in runs))
+        bar = ctx.bars.bar(f"pgwork: {row}", count * (skip + window))
         rates: list[float] = []
-        for windows in runs:
-            with ctx.dbs.fresh() as dsn:
-                if deep:
+        with contextlib.ExitStack() as stack:
+            for _ in range(count):
+                if deep and not rates:
+                    dsn = stack.enter_context(ctx.dbs.fresh())
                     load = ctx.bars.bar(f"pgwork: loading a {depth:,}-job backlog", depth)
                     await bulk_load(dsn, depth, on_chunk=load.advance)
                     load.finish()
-                else:
+                elif not deep:
+                    dsn = stack.enter_context(ctx.dbs.fresh())
                     await bulk_load(dsn, depth)
-                rates += await _backlog_windows(ctx, dsn, skip, window, windows, bar)
+                await settle(dsn)
+                rates.append(await _backlog_window(ctx, dsn, skip, window, bar))
         rate = statistics.median(rates)
         bar.finish(f"{rate:,.0f} jobs/s")
-        how = "one after another" if deep else "each on a fresh backlog"
         note = (
-            f"median of {len(rates)} windows of {window:,} jobs ({how}, after the first "
-            f"{skip:,}): " + ", ".join(f"{r:,.0f}" for r in rates)
+            f"median of {len(rates)} windows of {window:,} jobs, each after the first "
+            f"{skip:,} of a worker started on a vacuumed table: "
+            + ", ".join(f"{r:,.0f}" for r in rates)
         )
         out.append(Measurement(row, LIB, rate, "jobs/s", note=note))
     return out
 
 
-async def _backlog_windows(
-    ctx: Context, dsn: str, skip: int, window: int, windows: int, bar: Bar
-) -> list[float]:
-    """Rates of ``windows`` consecutive windows of handler starts after the first
-    ``skip`` (starts, not completions: the queue never empties, so it never drains)."""
-    marks = [skip + i * window for i in range(windows + 1)]
-    counter = Counter(marks[-1], marks=frozenset(marks))
+async def _backlog_window(ctx: Context, dsn: str, skip: int, window: int, bar: Bar) -> float:
+    """The rate of handler starts ``skip`` to ``skip + window`` of a new worker (starts,
+    not completions: the queue never empties, so it never drains)."""
+    counter = Counter(skip + window, marks=frozenset((skip, skip + window)))
     done = bar.completed
     async with open_client(dsn) as client:
         worker = create_in_process_worker(
@@ -252,8 +253,7 @@ async def _backlog_windows(
             await _follow(counter, bar, lambda: done + counter.count)
         finally:
             await stop()
-    times = [counter.marked[m] for m in marks]
-    return [window / (b - a) for a, b in itertools.pairwise(times)]
+    return window / (counter.marked[skip + window] - counter.marked[skip])
 
 
 # --- 5. worker memory ----------------------------------------------------------------

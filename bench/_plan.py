@@ -87,7 +87,7 @@ class Sizes:
             backlog_big=_scaled(1_000_000, size, 1_000),
             backlog_small=_scaled(10_000, size, 50),
             backlog_measured=_scaled(10_000, size, 50),
-            backlog_windows=3,
+            backlog_windows=5,
             rss_checkpoints=(_scaled(100_000, size, 100), _scaled(1_000_000, size, 1_000)),
             chains=_scaled(5_000, size, 20),
             slots=slots,
