@@ -17,10 +17,14 @@ from pgwork import (
     Continue,
     JobStatus,
     JobTypeRegistry,
+    Notice,
+    PostgresNotifyAdapter,
 )
+from pgwork._ids import new_id
+from pgwork.adapters.state import Completion, NewJob
 from pgwork.errors import AwaitTimeoutError, ChainFailedError
 
-from .conftest import ClientFactory
+from .conftest import ClientFactory, acquired_job, scalar
 
 pytestmark = pytest.mark.anyio
 
@@ -294,3 +298,36 @@ async def test_a_delayed_continuation_waits_for_its_time(
     nxt = (await client.list_chain_jobs(started.id))[1]
     assert nxt.status is JobStatus.PENDING
     assert nxt.scheduled_at - nxt.created_at >= timedelta(minutes=59)
+
+
+async def test_a_hand_on_announces_its_continuation_on_the_database_channel(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    # A worker's hand-on is one statement: it completes the job, inserts the next one
+    # and, with PostgreSQL's own notify adapter, sends the ready notice with them.
+    client, job = await acquired_job(make_client, conn)
+    following = NewJob(
+        id=new_id(),
+        type_name=job.type_name,
+        chain_id=job.chain_id,
+        chain_type_name=job.chain_type_name,
+        chain_index=1,
+        input_json='{"n": 2}',
+        queue=job.queue,
+        priority=0,
+        max_attempts=3,
+    )
+    handed_on = Completion(job.id, job.lease_token, "null", following)
+    assert isinstance(client.notify, PostgresNotifyAdapter)
+    async with client.notify.listen() as listener:
+        [result] = await client.state.complete(None, completions=[handed_on], notify=client.notify)
+        assert result.accepted
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert notices == [Notice(kind="ready", queue=job.queue)]
+    assert (
+        await scalar(
+            pgwork_dsn, f"SELECT status::text FROM pgwork.jobs WHERE id = '{following.id}'"
+        )
+        == "pending"
+    )

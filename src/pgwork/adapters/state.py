@@ -496,10 +496,21 @@ class StateAdapter(Protocol):
         ...
 
     async def complete(
-        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+        self,
+        tx: TransactionHandle | None,
+        *,
+        completions: Sequence[Completion],
+        notify: NotifyAdapter | None = None,
     ) -> list[CompletionResult]:
         """Complete jobs (and insert their continuations) in ``tx``, or atomically on
-        the adapter's own when ``tx`` is None."""
+        the adapter's own when ``tx`` is None.
+
+        ``notify``: also announce what the results report (a ``ready`` notice per
+        queue in ``ready_queues``, a ``chain_done`` notice per awaited chain that
+        ended): inside ``tx``, or once the adapter's own write committed. As for
+        ``insert_jobs``, given here so that an adapter sharing a database with
+        ``notify`` can fold the announcement into its write. Without it the caller
+        announces them."""
         ...
 
     async def complete_atomic(

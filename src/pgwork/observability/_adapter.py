@@ -168,9 +168,15 @@ class InstrumentedStateAdapter:
         return await self._call("renew", self.inner.renew(leases=leases, duration=duration))
 
     async def complete(
-        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+        self,
+        tx: TransactionHandle | None,
+        *,
+        completions: Sequence[Completion],
+        notify: NotifyAdapter | None = None,
     ) -> list[CompletionResult]:
-        return await self._call("complete", self.inner.complete(tx, completions=completions))
+        return await self._call(
+            "complete", self.inner.complete(tx, completions=completions, notify=notify)
+        )
 
     async def complete_atomic(
         self, tx: TransactionHandle, *, completion: Completion

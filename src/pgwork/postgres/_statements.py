@@ -293,6 +293,36 @@ _COMPLETE_CTES_ONE = _COMPLETE_CTES.replace(
 )
 COMPLETE_ONE = f"WITH {_COMPLETE_CTES_ONE}{_COMPLETE_RESULT}"
 
+# A hand-on in one statement (one round trip, its own transaction on an autocommit
+# connection): the job completes and, only if its lease still held (``completed`` has
+# its row), the chain's next job is inserted and, when it runs now, announced (the
+# notice goes out on commit). The chain goes on, so it neither ends nor unblocks
+# anyone. Before this a hand-on took five round trips: BEGIN, the completion, the
+# insert, the notice, COMMIT.
+COMPLETE_AND_CONTINUE = f"""
+WITH {_COMPLETE_CTES_ONE},
+completed AS ({_COMPLETE_RESULT}),
+continued AS (
+    INSERT INTO {{jobs}} (
+        id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+        priority, max_attempts, scheduled_at, trace_context
+    )
+    SELECT %(next_id)s::uuid, %(next_type_name)s::text, %(next_chain_id)s::uuid,
+        %(next_chain_type_name)s::text, %(next_chain_index)s::int, %(next_input)s::jsonb,
+        'pending', %(next_queue)s::text, %(next_priority)s::smallint,
+        %(next_max_attempts)s::int,
+        GREATEST(
+            now(), %(next_run_at)s::timestamptz,
+            now() + %(next_run_after)s::float8 * interval '1 second'
+        ),
+        %(next_trace_context)s::jsonb
+    FROM completed
+)
+SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
+                 THEN pg_notify(%(channel)s::text, %(ready)s::text) END
+FROM completed AS r
+"""
+
 # An atomic attempt's completion, which travels with the COMMIT right behind it (one
 # round trip). Its job's row has been locked since the attempt began, so it cannot be
 # refused — unless the handler itself changed that row in the same transaction. Then,
@@ -532,6 +562,7 @@ class Statements:
     renew: bytes
     complete: bytes
     complete_one: bytes
+    complete_and_continue: bytes
     complete_atomic: bytes
     fail: bytes
     reschedule: bytes

@@ -53,7 +53,7 @@ from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_ro
 from pgwork.postgres._statements import ATOMIC_REFUSED, render
 from pgwork.postgres._transactions import PgTransaction, unwrap
 from pgwork.postgres.migrate import verify_schema
-from pgwork.postgres.notify import PostgresNotifyAdapter
+from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.records import Chain, Job, JobStatus
 
@@ -482,13 +482,19 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         ]
 
     async def complete(
-        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+        self,
+        tx: TransactionHandle | None,
+        *,
+        completions: Sequence[Completion],
+        notify: NotifyAdapter | None = None,
     ) -> list[CompletionResult]:
         if not completions:
             return []
+        if tx is None and len(completions) == 1 and completions[0].continuation is not None:
+            return [await self._hand_on(completions[0], notify)]
         if tx is None and any(c.continuation for c in completions):
             async with self.transaction() as own:
-                return await self.complete(own, completions=completions)
+                return await self.complete(own, completions=completions, notify=notify)
         async with self._connection(tx) as conn:
             if len(completions) == 1:
                 [one] = completions
@@ -504,7 +510,68 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
                 )
             else:
                 rows = await self._fetch(conn, self._sql.complete, _completion_params(completions))
-        return await self._completion_results(tx, completions, rows)
+        results = await self._completion_results(tx, completions, rows)
+        if notify is not None:
+            chain_ids = {row[0]: row[1] for row in rows}
+            notices = [Notice(kind="ready", queue=q) for q in _ready_of(results)]
+            notices += [
+                Notice(kind="chain_done", chain_id=chain_ids[r.job_id])
+                for r in results
+                if r.chain_awaited
+            ]
+            if notices:
+                await notify.publish(tx, notices=notices)
+        return results
+
+    async def _hand_on(
+        self, completion: Completion, notify: NotifyAdapter | None
+    ) -> CompletionResult:
+        """Complete a job and insert its continuation in one statement, which also
+        announces the continuation when ``notify`` shares this database; any other
+        ``notify`` is told after the commit. The chain goes on: no dependant to settle,
+        nobody to tell it ended."""
+        following = completion.continuation
+        assert following is not None
+        runs_now = not _scheduled(following)
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        ready = encode_notice(Notice(kind="ready", queue=following.queue))
+        params = {
+            "id": completion.job_id,
+            "token": completion.lease_token,
+            "output": completion.output_json,
+            "ends_chain": False,
+            "next_id": following.id,
+            "next_type_name": following.type_name,
+            "next_chain_id": following.chain_id,
+            "next_chain_type_name": following.chain_type_name,
+            "next_chain_index": following.chain_index,
+            "next_input": following.input_json,
+            "next_queue": following.queue,
+            "next_priority": following.priority,
+            "next_max_attempts": following.max_attempts,
+            "next_run_at": following.run_at,
+            "next_run_after": (
+                following.run_after.total_seconds() if following.run_after else None
+            ),
+            "next_trace_context": (
+                json.dumps(dict(following.trace_context)) if following.trace_context else None
+            ),
+            "channel": channel,
+            "ready": ready if channel is not None and runs_now else None,
+        }
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, self._sql.complete_and_continue, params)
+        if not rows:
+            return CompletionResult(job_id=completion.job_id, accepted=False)
+        ready_queues = (following.queue,) if runs_now else ()
+        if notify is not None and channel is None and ready_queues:
+            await notify.publish(None, notices=[Notice(kind="ready", queue=following.queue)])
+        return CompletionResult(
+            job_id=completion.job_id,
+            accepted=True,
+            continuation_id=following.id,
+            ready_queues=ready_queues,
+        )
 
     async def complete_atomic(
         self, tx: TransactionHandle, *, completion: Completion
@@ -715,6 +782,11 @@ def _completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]
         "outputs": [c.output_json for c in completions],
         "ends_chain": [c.continuation is None for c in completions],
     }
+
+
+def _ready_of(results: Sequence[CompletionResult]) -> list[str]:
+    """Every queue some result made ready, once."""
+    return sorted({q for r in results for q in r.ready_queues})
 
 
 def _scheduled(job: NewJob) -> bool:

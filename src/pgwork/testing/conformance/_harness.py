@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Literal
@@ -19,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import anyio
 import pytest
 
+from pgwork.adapters.notify import Listener, Notice
 from pgwork.adapters.state import (
     AcquiredJob,
     Completion,
@@ -32,7 +34,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.records import AttemptError, Chain, Job
 
-__all__ = ["LockWaiters", "StateHarness", "StateSuiteBase"]
+__all__ = ["LockWaiters", "RecordingNotify", "StateHarness", "StateSuiteBase"]
 
 ALPHA = "conformance.alpha"
 BETA = "conformance.beta"
@@ -40,6 +42,36 @@ CHAIN_TYPE = "conformance.chain"
 
 LockWaiters = Callable[[], Awaitable[int]]
 """Optional probe: how many of the store's sessions are blocked waiting for a lock."""
+
+
+class RecordingNotify:
+    """A notify adapter that only records what it is asked to publish.
+
+    ``in_transaction_only``: fail a publish outside a transaction (``insert_jobs``
+    must announce inside the caller's; ``complete`` on the adapter's own write may
+    announce after its commit).
+    """
+
+    def __init__(self, *, in_transaction_only: bool = True) -> None:
+        self.published: list[Notice] = []
+        self.in_transaction_only = in_transaction_only
+
+    async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
+        assert tx is not None or not self.in_transaction_only, "announced outside tx"
+        self.published.extend(notices)
+
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[Listener]:
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    async def close(self) -> None:
+        pass
+
+    @property
+    def ready_queues(self) -> list[str]:
+        assert all(n.kind == "ready" for n in self.published)
+        return sorted(n.queue or "" for n in self.published)
 
 
 class StateHarness:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
+from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import Completion, Failure, StateAdapter
 from pgwork.records import AttemptError, ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import BETA, RecordingNotify, StateHarness, StateSuiteBase
 from pgwork.testing.conformance._rollback import rolled_back
 
 CLOCK_SLACK = timedelta(seconds=1)
@@ -156,6 +158,56 @@ class CompleteConformance(StateSuiteBase):
         assert not result.accepted
         assert result.continuation_id is None
         assert not await store.exists(follow.id)
+
+    async def test_hand_on_with_notify_announces_its_continuation_once(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        follow = store.continuation(held)
+        notify = RecordingNotify(in_transaction_only=False)
+        [result] = await store.adapter.complete(
+            None, completions=[Completion(held.id, held.lease_token, "1", follow)], notify=notify
+        )
+        assert result.accepted
+        assert result.ready_queues == (follow.queue,)
+        assert notify.published == [Notice(kind="ready", queue=follow.queue)]
+        assert (await store.job(follow.id)).status is JobStatus.PENDING
+
+    async def test_refused_or_scheduled_hand_on_announces_nothing(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        held = await store.acquire_one()
+        notify = RecordingNotify(in_transaction_only=False)
+        follow = store.continuation(held)
+        [refused] = await store.adapter.complete(
+            None, completions=[Completion(held.id, uuid.uuid4(), "1", follow)], notify=notify
+        )
+        assert not refused.accepted
+        later = replace(store.continuation(held), run_after=timedelta(hours=1))
+        [scheduled] = await store.adapter.complete(
+            None, completions=[Completion(held.id, held.lease_token, "1", later)], notify=notify
+        )
+        assert scheduled.accepted
+        assert scheduled.ready_queues == ()
+        assert notify.published == []
+        assert not await store.exists(follow.id)
+        assert (await store.job(later.id)).scheduled_at > datetime.now(UTC)
+
+    async def test_completion_with_notify_announces_the_end_of_an_awaited_chain(
+        self, store: StateHarness
+    ) -> None:
+        watched = store.new_job()
+        await store.seed(watched)
+        await store.adapter.mark_chain_awaited(chain_id=watched.id)
+        held = await store.acquire_one()
+        notify = RecordingNotify(in_transaction_only=False)
+        [result] = await store.adapter.complete(
+            None, completions=[Completion(held.id, held.lease_token, "1")], notify=notify
+        )
+        assert result.chain_awaited
+        assert notify.published == [Notice(kind="chain_done", chain_id=watched.id)]
 
     async def test_rolled_back_completion_leaves_job_running_and_no_continuation(
         self, state_adapter: StateAdapter, store: StateHarness

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from pgwork.adapters.notify import Listener, Notice
 from pgwork.adapters.state import Completion, DedupSpec, NewJob, StateAdapter
 from pgwork.records import ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import (
     ALPHA,
     BETA,
     CHAIN_TYPE,
+    RecordingNotify,
     StateHarness,
     StateSuiteBase,
 )
@@ -21,30 +20,6 @@ from pgwork.testing.conformance._rollback import rolled_back
 # A second is far more than two statements of one test ever drift apart on the store's
 # clock, and far less than any schedule the tests set.
 CLOCK_SLACK = timedelta(seconds=1)
-
-
-class RecordingNotify:
-    """A notify adapter that only records what it is asked to publish."""
-
-    def __init__(self) -> None:
-        self.published: list[Notice] = []
-
-    async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
-        assert tx is not None, "insert_jobs must announce inside its transaction"
-        self.published.extend(notices)
-
-    @asynccontextmanager
-    async def listen(self) -> AsyncIterator[Listener]:
-        raise NotImplementedError
-        yield  # pragma: no cover
-
-    async def close(self) -> None:
-        pass
-
-    @property
-    def ready_queues(self) -> list[str]:
-        assert all(n.kind == "ready" for n in self.published)
-        return sorted(n.queue or "" for n in self.published)
 
 
 class EnqueueConformance(StateSuiteBase):
