@@ -14,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from pgwork.postgres import migrate
+from pgwork.postgres._names import HEAD_REVISION
 from pgwork.postgres.schema import VERSION_TABLE, build_metadata
 from pgwork.testing import temporary_database
 
@@ -237,6 +238,11 @@ def test_offline_sql_creates_schema_tables_and_version_row() -> None:
     assert "CREATE TABLE offline_s.alembic_version" in sql_text
     assert "CREATE TABLE offline_s.jobs" in sql_text
     assert "fillfactor" in sql_text
+
+
+def test_the_engine_expects_the_head_revision_of_the_migrations() -> None:
+    # The engine checks a database's revision without Alembic, against a constant.
+    assert migrate.head_revision() == HEAD_REVISION
 
 
 def test_script_location_holds_the_head_revision() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 from rich.console import Console
 
-from pgwork.postgres.schema import DEFAULT_SCHEMA
+from pgwork.postgres._names import DEFAULT_SCHEMA
 
 __all__ = ["dsn_option", "require_dsn", "schema_option", "stderr", "stdout"]
 

@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from functools import partial
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -30,7 +31,6 @@ from pgwork._cli_common import dsn_option, require_dsn, schema_option, stderr, s
 from pgwork._cli_operator import chains, jobs, queues, workers
 from pgwork._cli_worker_target import build_worker
 from pgwork.errors import ConfigurationError, PgworkError
-from pgwork.postgres import migrate as migrations
 from pgwork.postgres._connect import redact_dsn
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NOT_AT_HEAD", "main"]
@@ -76,6 +76,14 @@ def main() -> None:
 # --- schema -------------------------------------------------------------------------
 
 
+def _migrations() -> ModuleType:
+    """Alembic, and SQLAlchemy under it, load only for the commands that migrate: the
+    others (a worker above all) start without them."""
+    from pgwork.postgres import migrate
+
+    return migrate
+
+
 @main.command(short_help="Create or upgrade pgwork's schema.")
 @dsn_option
 @schema_option
@@ -87,6 +95,7 @@ def main() -> None:
 )
 def migrate(dsn: str | None, schema: str, revision: str) -> None:
     """Create or upgrade pgwork's schema; safe to run from many processes at once."""
+    migrations = _migrations()
     dsn = require_dsn(dsn)
     change = migrations.upgrade(dsn, schema=schema, revision=revision)
     where = escape(f"schema {schema!r} in {redact_dsn(dsn)}")
@@ -102,6 +111,7 @@ def migrate(dsn: str | None, schema: str, revision: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
 def check(dsn: str | None, schema: str, as_json: bool) -> None:
     """Exit 0 if the schema is at this pgwork's head revision, 1 if it is not."""
+    migrations = _migrations()
     status = migrations.check(require_dsn(dsn), schema=schema)
     if as_json:
         click.echo(
@@ -316,7 +326,7 @@ def demo(dsn: str | None, schema: str, jobs: int, slots: int) -> None:
 def _demo(dsn: str, *, schema: str, jobs: int, slots: int, out: Console) -> int:
     from pgwork._demo import Demo
 
-    change = migrations.upgrade(dsn, schema=schema)
+    change = _migrations().upgrade(dsn, schema=schema)
     out.print(f"[dim]schema {schema!r} in {escape(redact_dsn(dsn))}: {change.after}[/]")
     running = Demo(dsn, schema=schema, jobs=jobs, slots=slots, console=out)
     handler = RichHandler(console=stderr(), show_path=False, level=logging.WARNING)

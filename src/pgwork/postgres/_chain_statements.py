@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 from psycopg import sql
 
-from pgwork.postgres.schema import validate_schema_name
+from pgwork.postgres._names import validate_schema_name
 
 # Mark the blocker chains' roots as having dependants, in the enqueueing transaction.
 # Writing the row makes a concurrent end of that chain wait for us and then read the

@@ -18,8 +18,8 @@ from functools import lru_cache
 
 from psycopg import sql
 
+from pgwork.postgres._names import validate_schema_name
 from pgwork.postgres._statements import _columns
-from pgwork.postgres.schema import validate_schema_name
 
 # A job that may still run (a failed one can be retried) and then reads its blockers'
 # outputs: while one exists, the chains it waits for are kept.

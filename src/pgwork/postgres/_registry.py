@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from pgwork.adapters.state import TransactionHandle, WorkerInfo, WorkerRecord
-from pgwork.postgres.schema import validate_schema_name
+from pgwork.postgres._names import validate_schema_name
 
 __all__ = ["RegistryOps", "render_registry_statements"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 from psycopg import sql
 
-from pgwork.postgres.schema import validate_schema_name
+from pgwork.postgres._names import validate_schema_name
 
 # Columns of a full job row, in the order ``_rows.job_from_row`` reads them.
 _JOB_COLUMNS = """

@@ -2,7 +2,8 @@
 
 The CLI (``pgwork migrate`` / ``pgwork check``), the test fixtures and users' own
 deployment code call these functions; nothing in pgwork runs DDL any other way. The
-engine only calls :func:`verify_schema`, which reads one row and changes nothing.
+engine only calls :func:`verify_schema` (in ``_verify``, re-exported here), which reads
+one row and changes nothing.
 
 pgwork keeps its Alembic version table inside its own schema, so its history never mixes
 with an application's own Alembic history in the same database.
@@ -18,24 +19,18 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from psycopg import sql
 from sqlalchemy.pool import NullPool
 
-from pgwork.errors import (
-    ConfigurationError,
-    DatabaseError,
-    SchemaMissingError,
-    SchemaOutdatedError,
-)
+from pgwork.errors import ConfigurationError, DatabaseError
 from pgwork.postgres._connect import connect_sync, unreachable
-from pgwork.postgres.schema import DEFAULT_SCHEMA, VERSION_TABLE, validate_schema_name
+from pgwork.postgres._names import DEFAULT_SCHEMA, VERSION_TABLE, validate_schema_name
+from pgwork.postgres._verify import verify_schema
 
 __all__ = [
     "SchemaChange",
@@ -210,27 +205,3 @@ def check(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> SchemaStatus:
         current=current_revision(dsn, schema=schema),
         head=head_revision(),
     )
-
-
-async def verify_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
-    """Raise unless ``schema`` is migrated to exactly this pgwork's head revision.
-
-    Cheap enough to call whenever a worker or client starts: a catalog lookup and a
-    one-row read. A connection that was idle outside a transaction is left that way.
-    """
-    schema = validate_schema_name(schema)
-    expected = head_revision()
-    table = sql.Identifier(schema, VERSION_TABLE)
-    was_idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    try:
-        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table.as_string(conn)])
-        row = await cur.fetchone()
-        if row is None or not row[0]:
-            raise SchemaMissingError(schema)
-        cur = await conn.execute(sql.SQL("SELECT version_num FROM {}").format(table))
-        found = sorted(r[0] for r in await cur.fetchall())
-    finally:
-        if was_idle and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            await conn.rollback()
-    if found != [expected]:
-        raise SchemaOutdatedError(schema, ",".join(found) or None, expected)

@@ -22,8 +22,8 @@ from psycopg import sql
 
 from pgwork.adapters.notify import Listener, Notice
 from pgwork.postgres._connect import connect
+from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._transactions import unwrap
-from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = ["PostgresNotifyAdapter"]
 

@@ -22,32 +22,28 @@ Design notes (why the columns are what they are):
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 
-from pgwork.errors import InvalidSchemaNameError
+from pgwork.postgres._names import (
+    CHAIN_STATUSES,
+    DEFAULT_SCHEMA,
+    JOB_STATUSES,
+    VERSION_TABLE,
+    validate_schema_name,
+)
 
-DEFAULT_SCHEMA = "pgwork"
-VERSION_TABLE = "alembic_version"
-
-JOB_STATUSES = ("blocked", "pending", "running", "completed", "failed", "cancelled")
-CHAIN_STATUSES = ("active", "completed", "failed", "cancelled")
-
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
-
-
-def validate_schema_name(schema: str) -> str:
-    """Return ``schema`` if it is a safe, unquoted-style PostgreSQL identifier.
-
-    Schema names are still always quoted when composed into SQL; the check keeps names
-    predictable (no case folding surprises, no channel-name overflow).
-    """
-    if not isinstance(schema, str) or not _SCHEMA_NAME.match(schema) or schema.startswith("pg_"):
-        raise InvalidSchemaNameError(str(schema))
-    return schema
+__all__ = [
+    "CHAIN_STATUSES",
+    "DEFAULT_SCHEMA",
+    "JOB_STATUSES",
+    "VERSION_TABLE",
+    "build_metadata",
+    "table",
+    "validate_schema_name",
+]
 
 
 @lru_cache(maxsize=32)

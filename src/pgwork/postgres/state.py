@@ -47,14 +47,14 @@ from pgwork.postgres._enqueue import (
     write_jobs,
 )
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._rows import acquired_from_row, chain_from_row, job_from_row
 from pgwork.postgres._statements import ATOMIC_REFUSED, render
 from pgwork.postgres._transactions import PgTransaction, unwrap
-from pgwork.postgres.migrate import verify_schema
+from pgwork.postgres._verify import verify_schema
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
-from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.records import Chain, Job, JobStatus
 
 __all__ = ["PostgresStateAdapter"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from pgwork.postgres._connect import connect_sync
-from pgwork.postgres.schema import DEFAULT_SCHEMA, validate_schema_name
+from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 
 __all__ = ["QUEUE_DEPTHS", "queue_depths"]
 
