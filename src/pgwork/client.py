@@ -36,6 +36,7 @@ I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
 Schedule = datetime | timedelta | None
+_Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -210,7 +211,8 @@ class Client(QueryMixin, ControlMixin):
         max_bytes = self.max_payload_bytes
         resolved: list[JobType[Any, Any]] = []
         inputs: list[str] = []
-        schedules: list[tuple[datetime | None, timedelta | None]] = []
+        schedules: list[_Schedule] = []
+        dedups: list[DedupSpec | None] = []
         for item in items:
             job_type = types.get(id(item.job_type))
             if job_type is None:
@@ -218,9 +220,12 @@ class Client(QueryMixin, ControlMixin):
             resolved.append(job_type)
             inputs.append(job_type.input_codec.encode(item.input, max_bytes=max_bytes))
             schedules.append(split_schedule(item.schedule))
+            dedup = item.dedup
+            dedups.append(DedupSpec(dedup) if isinstance(dedup, str) else dedup)
             if item.max_attempts is not None and item.max_attempts < 1:
                 raise ConfigurationError(f"max_attempts must be >= 1, got {item.max_attempts}")
-        return _build_jobs(items, resolved, inputs, schedules, new_ids(len(items)), trace)
+        checked = zip(resolved, inputs, schedules, dedups, strict=True)
+        return _build_jobs(items, checked, new_ids(len(items)), trace)
 
     # --- reads -------------------------------------------------------------------------
 
@@ -271,17 +276,15 @@ class Client(QueryMixin, ControlMixin):
 
 def _build_jobs(
     items: Sequence[ChainStart[Any]],
-    types: Sequence[JobType[Any, Any]],
-    inputs: Sequence[str],
-    schedules: Sequence[tuple[datetime | None, timedelta | None]],
+    checked: Iterable[tuple[JobType[Any, Any], str, _Schedule, DedupSpec | None]],
     ids: Sequence[UUID],
     trace: Mapping[str, str] | None,
 ) -> Iterator[NewJob]:
-    """The first job of each chain in ``items``, from what ``_new_chains`` checked."""
-    for item, job_type, input_json, (run_at, run_after), job_id in zip(
-        items, types, inputs, schedules, ids, strict=True
+    """The first job of each chain in ``items``, from what ``_new_chains`` checked:
+    the job type, encoded input, schedule and dedup spec of each."""
+    for item, (job_type, input_json, (run_at, run_after), dedup), job_id in zip(
+        items, checked, ids, strict=True
     ):
-        dedup = item.dedup
         yield NewJob(
             id=job_id,
             type_name=job_type.name,
@@ -294,7 +297,7 @@ def _build_jobs(
             max_attempts=item.max_attempts or job_type.max_attempts,
             run_at=run_at,
             run_after=run_after,
-            dedup=DedupSpec(dedup) if isinstance(dedup, str) else dedup,
+            dedup=dedup,
             trace_context=trace,
             blockers=item.blockers,
             blocker_failure=job_type.blocker_failure,

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from pgwork import (
     ChainStart,
+    ConfigurationError,
     DedupSpec,
     JobTypeRegistry,
     Notice,
@@ -200,6 +201,10 @@ async def test_bad_payload_in_a_large_batch_inserts_nothing_and_keeps_the_transa
         await client.start_chains(conn, items)
     items[BIG // 2] = ChainStart(work, {"data": "not a dict"})
     with pytest.raises(PayloadValidationError, match=r"\$\.data"):
+        await client.start_chains(conn, items)
+    # A dedup key is checked up front too, even far down a batch that would stream.
+    items[BIG // 2] = items[-1] = ChainStart(work, Payload(data={}), dedup="")
+    with pytest.raises(ConfigurationError, match="dedup key"):
         await client.start_chains(conn, items)
     # Nothing reached the server: the caller's transaction goes on.
     await conn.execute("SELECT 1")

@@ -490,7 +490,7 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> list[CompletionResult]:
         if not completions:
             return []
-        if tx is None and len(completions) == 1 and completions[0].continuation is not None:
+        if tx is None and len(completions) == 1 and _plain_hand_on(completions[0]):
             return [await self._hand_on(completions[0], notify)]
         if tx is None and any(c.continuation for c in completions):
             async with self.transaction() as own:
@@ -782,6 +782,18 @@ def _completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]
         "outputs": [c.output_json for c in completions],
         "ends_chain": [c.continuation is None for c in completions],
     }
+
+
+def _plain_hand_on(completion: Completion) -> bool:
+    """A completion whose continuation ``COMPLETE_AND_CONTINUE`` can insert: a later job
+    of the chain with no blocker and no dedup key (what a worker's ``Continue`` makes)."""
+    following = completion.continuation
+    return (
+        following is not None
+        and following.id != following.chain_id
+        and not following.blockers
+        and following.dedup is None
+    )
 
 
 def _ready_of(results: Sequence[CompletionResult]) -> list[str]:
