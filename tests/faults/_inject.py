@@ -28,8 +28,13 @@ __all__ = [
 
 def recovery_bound(load: Load) -> float:
     """Lease, plus the reaper's turns (one expired lease per turn, a turn at least
-    every poll interval, spread over the surviving workers), plus 1 s of slack."""
-    turns = load.slots / max(1, load.workers - 1) + 1
+    every poll interval, spread over the surviving workers), plus 1 s of slack.
+
+    A worker holds up to ``slots`` running jobs and, while handlers are short, as many
+    again prefetched (the default ``prefetch``), waiting for a slot under leases of
+    their own: a fault can leave all of them to expire and be reaped."""
+    held = 2 * load.slots
+    turns = held / max(1, load.workers - 1) + 1
     return load.lease + turns * load.poll + 1.0
 
 
