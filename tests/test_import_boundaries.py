@@ -28,6 +28,14 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+def _runs_cleanly(code: str) -> None:
+    """Run ``code`` in a fresh interpreter (nothing imported yet) and expect success."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_no_library_module_imports_pgwork_testing() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(
@@ -52,11 +60,7 @@ def test_importing_the_library_loads_no_testing_module() -> None:
         "assert not leaked, leaked\n"
     )
 
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50
-    )
-
-    assert result.returncode == 0, result.stderr
+    _runs_cleanly(code)
 
 
 def test_the_engine_and_the_cli_start_without_sqlalchemy_or_alembic() -> None:
@@ -69,8 +73,4 @@ def test_the_engine_and_the_cli_start_without_sqlalchemy_or_alembic() -> None:
         "assert not loaded, loaded\n"
     )
 
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=50
-    )
-
-    assert result.returncode == 0, result.stderr
+    _runs_cleanly(code)

@@ -54,6 +54,22 @@ def batch(client: Any, n: int, **options: Any) -> list[ChainStart[Any]]:
     return [ChainStart(work, Payload(data={"i": i}), **options) for i in range(n)]
 
 
+def plain_job() -> NewJob:
+    """A new chain's first job of type ``work``, runnable now, written with COPY."""
+    job_id = uuid.uuid4()
+    return NewJob(
+        id=job_id,
+        type_name="work",
+        chain_id=job_id,
+        chain_type_name="work",
+        chain_index=0,
+        input_json='{"data": {}}',
+        queue="default",
+        priority=0,
+        max_attempts=3,
+    )
+
+
 async def test_ready_notice_of_a_single_enqueue_arrives_only_after_commit(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
 ) -> None:
@@ -234,18 +250,7 @@ async def test_a_failing_insert_on_a_fresh_connection_raises_at_once(
     client = await make_client(registry())
     state = client.state
     assert isinstance(state, PostgresStateAdapter)
-    job_id = uuid.uuid4()
-    new = NewJob(
-        id=job_id,
-        type_name="work",
-        chain_id=job_id,
-        chain_type_name="work",
-        chain_index=0,
-        input_json="{}",
-        queue="default",
-        priority=0,
-        max_attempts=1,
-    )
+    new = plain_job()
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[new])
     # The duplicate is reported by insert_jobs itself, not later at commit.
@@ -263,18 +268,7 @@ async def test_a_job_iterator_that_fails_while_streamed_writes_nothing(
 
     def failing() -> Iterator[NewJob]:
         for _ in range(2 * BIG):
-            job_id = uuid.uuid4()
-            yield NewJob(
-                id=job_id,
-                type_name="work",
-                chain_id=job_id,
-                chain_type_name="work",
-                chain_index=0,
-                input_json='{"data": {}}',
-                queue="default",
-                priority=0,
-                max_attempts=3,
-            )
+            yield plain_job()
         raise RuntimeError("the last job could not be built")
 
     with pytest.raises(RuntimeError, match="could not be built"):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 import psycopg
@@ -251,13 +251,8 @@ async def insert_streamed(
     with translate_errors(schema):
         if channel is not None and ready:
             await _announce(conn, statements, channel, ready)
-        await _copy(conn, statements, _chained(head, rest), sort=streamed.take)
+        await _copy(conn, statements, chain(head, rest), sort=streamed.take)
     return streamed
-
-
-def _chained(head: Sequence[NewJob], rest: Iterator[NewJob]) -> Iterator[NewJob]:
-    yield from head
-    yield from rest
 
 
 async def _copy(
