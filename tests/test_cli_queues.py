@@ -158,12 +158,13 @@ def test_workers_lists_registered_workers(runner: CliRunner, pgwork_dsn: str) ->
         "PID",
         "STATUS",
         "SLOTS",
+        "HUNG",
         "QUEUES",
         "HEARTBEAT",
         "ALIVE",
     ]
     row = rows(result)["web-1"]
-    assert row[:6] == ["web-1", "web", "101", "idle", "0/4", "high,default"]
+    assert row[:7] == ["web-1", "web", "101", "idle", "0/4", "0", "high,default"]
     assert row[-2:] == ["ago", "yes"]
 
 
@@ -190,6 +191,7 @@ def test_workers_json_and_dead_after(runner: CliRunner, pgwork_dsn: str) -> None
         "alive",
         "active_slots",
         "max_slots",
+        "abandoned_handlers",
         "queues",
         "job_types",
         "started_at",

@@ -95,6 +95,7 @@ def test_every_event_name_is_a_documented_constant_in_the_catalogue() -> None:
         "attempt.retried",
         "attempt.aborted",
         "attempt.abandoned",
+        "handler.ended_late",
         "job.reaped",
         "lease.lost",
         "worker.started",

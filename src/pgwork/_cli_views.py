@@ -146,6 +146,7 @@ def workers_json(workers: Sequence[WorkerRecord], now: datetime) -> dict[str, An
                 "alive": worker.alive,
                 "active_slots": worker.active_slots,
                 "max_slots": worker.max_slots,
+                "abandoned_handlers": worker.abandoned_handlers,
                 "queues": list(worker.queues),
                 "job_types": list(worker.job_types),
                 "started_at": _iso(worker.started_at),
@@ -358,11 +359,15 @@ def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) 
             Text(str(worker.pid)),
             Text(worker.status),
             Text(f"{worker.active_slots}/{worker.max_slots}"),
+            Text(
+                str(worker.abandoned_handlers),
+                style="red" if worker.abandoned_handlers else "dim",
+            ),
             Text(",".join(worker.queues) or "-"),
             Text(_ago(worker.heartbeat_at, now)),
             Text("yes", style="green") if worker.alive else Text("no", style="red"),
         ]
         for worker in workers
     ]
-    columns = ("ID", "HOST", "PID", "STATUS", "SLOTS", "QUEUES", "HEARTBEAT", "ALIVE")
-    return _table(columns, rows, width=width, right=("PID", "SLOTS"))
+    columns = ("ID", "HOST", "PID", "STATUS", "SLOTS", "HUNG", "QUEUES", "HEARTBEAT", "ALIVE")
+    return _table(columns, rows, width=width, right=("PID", "SLOTS", "HUNG"))

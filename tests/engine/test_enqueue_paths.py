@@ -10,6 +10,7 @@ scheduled jobs or rolled-back work.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -108,7 +109,11 @@ async def test_a_copied_batch_with_a_scheduled_job_announces_every_ready_queue(
         await conn.commit()
         notices = await listener.wait(5.0)
         notices += await listener.wait(0.3)
-    assert sorted(n.queue or "" for n in notices) == ["left", "right"]
+    assert sorted(n.queue or "" for n in notices if n.at is None) == ["left", "right"]
+    [later] = [n for n in notices if n.at is not None]
+    assert later.queue == "later"
+    assert later.at is not None
+    assert abs(later.at - (time.time() + 3600)) < 60
 
 
 async def test_rolled_back_batches_leave_no_rows_and_wake_nobody(
@@ -123,15 +128,20 @@ async def test_rolled_back_batches_leave_no_rows_and_wake_nobody(
     assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 0
 
 
-async def test_scheduled_jobs_wake_nobody_on_either_path(
+async def test_scheduled_jobs_announce_only_when_they_become_due_on_either_path(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
     async with client.notify.listen() as listener:
         await client.start_chains(conn, batch(client, BIG, schedule=timedelta(hours=1)))
-        await client.start_chains(conn, batch(client, 2, schedule=timedelta(hours=1)))
+        await client.start_chains(conn, batch(client, 2, schedule=timedelta(hours=2)))
         await conn.commit()
-        assert await listener.wait(0.5) == []
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    # One notice per statement and queue, with the earliest due time; nothing "now".
+    assert len(notices) == 2
+    assert all(n.kind == "ready" and n.at is not None for n in notices)
+    assert abs(min(n.at or 0 for n in notices) - (time.time() + 3600)) < 60
     due = await scalar(
         pgwork_dsn, "SELECT count(*) FROM pgwork.jobs WHERE scheduled_at <= created_at"
     )

@@ -20,6 +20,7 @@ async def test_a_killed_listen_connection_reconnects_and_reports_it(pgwork_dsn: 
                     await admin.execute(
                         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                         "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+                        " AND datname = current_database()"
                     )
                 ).fetchone()
                 assert killed == (1,)

@@ -22,6 +22,10 @@ oracle catches the failure it is meant to catch:
                 atomic attempt takes no row lock and checks no token
 ``no-reap``     expired leases (and dead workers' jobs) are never taken back
 ``eager-reap``  leases are taken back long before they expire
+``no-notify``   the worker's listener never hears a ``ready`` notice (it must then
+                find work by polling alone)
+``spin``        an acquire that comes back short does not stop the worker from
+                acquiring again at once (the idle busy-loop of an earlier build)
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -47,7 +52,9 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
+from pgwork.adapters.notify import Notice
 from pgwork.postgres import _statements
+from pgwork.worker._wakeups import Wakeups
 
 BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
 
@@ -107,12 +114,39 @@ async def _never_reap(self: PostgresStateAdapter, **_: Any) -> list[Any]:
     return []
 
 
+class _Deaf:
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def wait(self, timeout: float) -> list[Notice]:
+        return [n for n in await self._inner.wait(timeout) if n.kind != "ready"]
+
+
+class _DeafNotifyAdapter(PostgresNotifyAdapter):
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[Any]:
+        async with super().listen() as listener:
+            yield _Deaf(listener)
+
+
+def notify_adapter(dsn: str, spec: str) -> PostgresNotifyAdapter:
+    """The worker's notify adapter: deaf to ``ready`` notices in the ``no-notify`` build."""
+    deaf = "no-notify" in (part.strip() for part in spec.split(","))
+    return (_DeafNotifyAdapter if deaf else PostgresNotifyAdapter)(dsn)
+
+
 def break_statements(spec: str) -> None:
     """Patch the statement templates named by ``spec`` (comma-separated breakages);
-    ``no-reap`` replaces the adapter's ``reap`` (expired leases and dead workers')."""
+    ``no-reap`` replaces the adapter's ``reap`` (expired leases and dead workers'),
+    ``spin`` the worker's demand bookkeeping; ``no-notify`` is ``notify_adapter``'s."""
     for name in filter(None, (part.strip() for part in spec.split(","))):
         if name == "no-reap":
             PostgresStateAdapter.reap = _never_reap  # type: ignore[method-assign]
+            continue
+        if name == "spin":
+            Wakeups.acquired = lambda self, *a, **k: None  # type: ignore[method-assign]
+            continue
+        if name == "no-notify":
             continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
@@ -220,7 +254,9 @@ async def main(args: argparse.Namespace) -> int:
     await ledger.open()
     state = await PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4)
     client = create_client(
-        state_adapter=state, notify_adapter=PostgresNotifyAdapter(args.dsn), registry=reg
+        state_adapter=state,
+        notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, "")),
+        registry=reg,
     )
     all_handlers = handlers(ledger)
     worker = create_in_process_worker(

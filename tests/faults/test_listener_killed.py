@@ -1,6 +1,8 @@
 """Only the LISTEN connection is killed: the worker reconnects within about a second,
 and a job enqueued right after wakes it by notification (its poll interval is far
-longer than the wait the test allows)."""
+longer than the wait the test allows). The control runs a build whose listener never
+hears a ``ready`` notice: it must then miss every pickup window, which shows that the
+notification, not a poll or a spin, is what woke the correct build."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from tests.faults._fleet import WORKER_APP, start_worker
 from tests.faults._jobs import Spec
 from tests.faults._load import enqueue
 from tests.faults._oracle import Figures, measure
+from tests.faults._worker import BROKEN_ENV
 from tests.faults.conftest import Tier
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,9 +32,13 @@ def _listen_backends(dsn: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+@pytest.mark.parametrize("build", ["", "no-notify"])
 def test_killed_listen_connection_comes_back_and_delivers(
-    fault_dsn: str, tier: Tier, report: Callable[[Figures], Figures]
+    fault_dsn: str, tier: Tier, report: Callable[[Figures], Figures], build: str
 ) -> None:
+    if build:
+        _control_misses_the_pickup(fault_dsn, build)
+        return
     rounds = 3 if tier.name == "quick" else 10
     worker = start_worker(fault_dsn, "listener", types="work", slots=2, poll=POLL)
     reconnects: list[float] = []
@@ -62,4 +69,21 @@ def test_killed_listen_connection_comes_back_and_delivers(
     report(figures)
     assert figures.lost == 0
     assert max(reconnects) < 1.5
-    assert max(pickups) < 2.0
+    assert max(pickups) < PICKUP_S
+
+
+PICKUP_S = 2.0
+
+
+def _control_misses_the_pickup(dsn: str, build: str) -> None:
+    worker = start_worker(dsn, "deaf", types="work", slots=2, poll=POLL, env={BROKEN_ENV: build})
+    try:
+        (backend,) = _listen_backends(dsn)
+        since = len(worker.lines)
+        fetch(dsn, "SELECT pg_terminate_backend(%s)", backend)
+        worker.wait_for(r"^event listener\.reconnected ", since=since, timeout=5)
+        (job,) = enqueue(dsn, [("work", Spec(n=0))])
+        with pytest.raises(AssertionError, match="no line matching"):
+            worker.wait_for(rf"^started {job} 1$", since=since, timeout=PICKUP_S)
+    finally:
+        worker.close()

@@ -23,9 +23,12 @@ NoticeKind = Literal["ready", "abort", "chain_done", "reconnected"]
 class Notice:
     """One hint.
 
-    ``ready``: jobs may be ready in ``queue``. ``abort``: the attempt on ``job_id`` must
-    stop (``reason`` is an AbortReason value). ``chain_done``: ``chain_id`` ended.
-    ``reconnected``: the listener lost notices while reconnecting; fetch now.
+    ``ready``: jobs may be ready in ``queue``; with ``at`` (seconds since the epoch),
+    jobs there become due at that time (a scheduled job, a retry), which no later
+    notice will announce: time has no notification, so a worker sets a timer.
+    ``abort``: the attempt on ``job_id`` must stop (``reason`` is an AbortReason value).
+    ``chain_done``: ``chain_id`` ended. ``reconnected``: the listener lost notices while
+    reconnecting; fetch now.
     """
 
     kind: NoticeKind
@@ -33,6 +36,7 @@ class Notice:
     job_id: UUID | None = None
     chain_id: UUID | None = None
     reason: str | None = None
+    at: float | None = None
 
 
 class Listener(Protocol):

@@ -264,6 +264,8 @@ class WorkerRecord:
     heartbeat_at: datetime
     metadata: Mapping[str, Any]
     alive: bool
+    # Handlers it gave up on (they ignored cancellation) that still run.
+    abandoned_handlers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +457,15 @@ class StateAdapter(Protocol):
     ) -> list[AcquiredJob]:
         """Lease up to ``limit`` ready jobs whose type is a key of ``leases`` (each for
         that type's duration), in one statement, and commit. ``queues=None``: any."""
+        ...
+
+    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+        """Seconds until the earliest pending job of ``type_names`` in ``queues`` that is
+        not due yet becomes due, on the database clock; None when there is none.
+
+        What an idle worker sleeps until instead of polling: time has no notification.
+        It must stay cheap however many jobs are scheduled (an index, never a scan).
+        """
         ...
 
     async def begin_atomic(
@@ -674,7 +685,9 @@ class StateAdapter(Protocol):
         """Record (or re-record) a worker as alive and idle."""
         ...
 
-    async def heartbeat(self, *, worker_id: str, active_slots: int, status: str) -> bool:
+    async def heartbeat(
+        self, *, worker_id: str, active_slots: int, status: str, abandoned_handlers: int = 0
+    ) -> bool:
         """Refresh the worker's heartbeat; False if it was declared dead meanwhile."""
         ...
 

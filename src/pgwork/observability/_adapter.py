@@ -135,6 +135,11 @@ class InstrumentedStateAdapter:
             self.inner.acquire(worker_id=worker_id, leases=leases, queues=queues, limit=limit),
         )
 
+    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+        return await self._call(
+            "next_due", self.inner.next_due(type_names=type_names, queues=queues)
+        )
+
     async def complete_and_acquire(
         self,
         *,
@@ -350,10 +355,17 @@ class InstrumentedStateAdapter:
     async def register_worker(self, *, worker: WorkerInfo) -> None:
         await self._call("register_worker", self.inner.register_worker(worker=worker))
 
-    async def heartbeat(self, *, worker_id: str, active_slots: int, status: str) -> bool:
+    async def heartbeat(
+        self, *, worker_id: str, active_slots: int, status: str, abandoned_handlers: int = 0
+    ) -> bool:
         return await self._call(
             "heartbeat",
-            self.inner.heartbeat(worker_id=worker_id, active_slots=active_slots, status=status),
+            self.inner.heartbeat(
+                worker_id=worker_id,
+                active_slots=active_slots,
+                status=status,
+                abandoned_handlers=abandoned_handlers,
+            ),
         )
 
     async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:

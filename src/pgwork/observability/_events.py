@@ -29,6 +29,7 @@ __all__ = [
     "ATTEMPT_RETRIED",
     "ATTEMPT_STARTED",
     "EVENT_NAMES",
+    "HANDLER_ENDED_LATE",
     "JOB_ENQUEUED",
     "JOB_REAPED",
     "LEASE_LOST",
@@ -86,6 +87,13 @@ coroutine may still run; what it does later is discarded. Fields: the attempt fi
 ``duration_s``, ``cause`` (``timeout after ...`` or an ``AbortReason`` value) and
 ``waited_s`` (from the timeout or abort until it was abandoned)."""
 
+HANDLER_ENDED_LATE = "handler.ended_late"
+"""A handler abandoned earlier (see ``attempt.abandoned``) ended at last (worker); what
+it returned or raised was discarded. Until then it counted among the worker's
+``abandoned_handlers`` (heartbeat, ``pgwork workers``, the OpenTelemetry up-down
+counter ``pgwork.worker.abandoned_handlers``). Fields: ``job_id``, ``worker_id``,
+``late_s`` (from being abandoned until it ended), ``outcome``."""
+
 JOB_REAPED = "job.reaped"
 """A worker took back a job whose lease had expired on another worker (worker).
 Fields: ``job_id``, ``job_type``, ``attempt``, ``status`` (now ``pending`` or
@@ -129,6 +137,7 @@ EVENT_NAMES: frozenset[str] = frozenset(
         ATTEMPT_RETRIED,
         ATTEMPT_ABORTED,
         ATTEMPT_ABANDONED,
+        HANDLER_ENDED_LATE,
         JOB_REAPED,
         LEASE_LOST,
         WORKER_STARTED,

@@ -22,11 +22,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from pgwork.observability._events import (
+    ATTEMPT_ABANDONED,
     ATTEMPT_ABORTED,
     ATTEMPT_COMPLETED,
     ATTEMPT_FAILED,
     ATTEMPT_RETRIED,
     ATTEMPT_STARTED,
+    HANDLER_ENDED_LATE,
     JOB_ENQUEUED,
     LEASE_LOST,
     WORKER_STOPPED,
@@ -115,6 +117,11 @@ class OpenTelemetryObserver:
         self._active = meter.create_up_down_counter(
             "pgwork.worker.active_slots", unit="{slot}", description="Attempts running now."
         )
+        self._abandoned = meter.create_up_down_counter(
+            "pgwork.worker.abandoned_handlers",
+            unit="{handler}",
+            description="Handlers given up on (they ignored cancellation) that still run.",
+        )
         self._queue_depth = queue_depth
         if queue_depth is not None:
             meter.create_observable_gauge(
@@ -155,6 +162,10 @@ class OpenTelemetryObserver:
             self._end_attempt(event)
         elif event.name == JOB_ENQUEUED and not event.fields.get("deduplicated"):
             self._enqueued.add(1, {"job_type": event["job_type"], "queue": event["queue"]})
+        elif event.name == ATTEMPT_ABANDONED:
+            self._abandoned.add(1, {"worker_id": event["worker_id"]})
+        elif event.name == HANDLER_ENDED_LATE:
+            self._abandoned.add(-1, {"worker_id": event["worker_id"]})
         elif event.name == WORKER_STOPPED:
             self._abandon(event["worker_id"])
 

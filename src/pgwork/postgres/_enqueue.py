@@ -23,8 +23,11 @@ the insert (with its notice), the caller's ``COMMIT``.
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC
 from itertools import chain, islice
 from typing import Any
 
@@ -41,6 +44,7 @@ __all__ = [
     "COPY_MIN_ROWS",
     "INSERT_CHUNK",
     "Streamed",
+    "due_notices",
     "insert_params",
     "insert_streamed",
     "is_plain",
@@ -71,6 +75,23 @@ def ready_queues(jobs: Iterable[NewJob]) -> list[str]:
             if not job.blockers and job.run_at is None and job.run_after is None
         }
     )
+
+
+def due_notices(jobs: Iterable[NewJob]) -> list[Notice]:
+    """For each queue that gets a scheduled (not blocked) job, a ``ready`` notice with
+    the earliest due time among them: no other notification will say when it is due."""
+    earliest: dict[str, float] = {}
+    now = time.time()
+    for job in jobs:
+        if job.blockers or (job.run_at is None and job.run_after is None):
+            continue
+        due = now + (job.run_after.total_seconds() if job.run_after is not None else 0.0)
+        if job.run_at is not None:
+            run_at = job.run_at if job.run_at.tzinfo else job.run_at.replace(tzinfo=UTC)
+            due = max(due, run_at.timestamp())
+        if due < earliest.get(job.queue, math.inf):
+            earliest[job.queue] = due
+    return [Notice(kind="ready", queue=q, at=at) for q, at in sorted(earliest.items())]
 
 
 def insert_params(

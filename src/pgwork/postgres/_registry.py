@@ -40,7 +40,8 @@ SET host = EXCLUDED.host, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
 # its jobs were taken back and its attempts will find their leases gone).
 HEARTBEAT = """
 UPDATE {workers}
-SET heartbeat_at = now(), active_slots = %(active_slots)s, status = %(status)s
+SET heartbeat_at = now(), active_slots = %(active_slots)s, status = %(status)s,
+    abandoned_handlers = %(abandoned)s
 WHERE id = %(id)s AND status <> 'stopped'
 RETURNING id
 """
@@ -64,7 +65,8 @@ RETURNING w.id
 
 LIST = """
 SELECT id, host, pid, queues, job_types, max_slots, active_slots, status, started_at,
-    heartbeat_at, metadata, now() - heartbeat_at < %(limit_s)s * interval '1 second'
+    heartbeat_at, metadata, now() - heartbeat_at < %(limit_s)s * interval '1 second',
+    abandoned_handlers
 FROM {workers}
 ORDER BY started_at DESC
 """
@@ -114,13 +116,17 @@ class RegistryOps:
                 },
             )
 
-    async def heartbeat(self, *, worker_id: str, active_slots: int, status: str) -> bool:
+    async def heartbeat(
+        self, *, worker_id: str, active_slots: int, status: str, abandoned_handlers: int = 0
+    ) -> bool:
+        params = {
+            "id": worker_id,
+            "active_slots": active_slots,
+            "status": status,
+            "abandoned": abandoned_handlers,
+        }
         async with self._connection(None) as conn:
-            rows = await self._fetch(
-                conn,
-                self._rsql["heartbeat"],
-                {"id": worker_id, "active_slots": active_slots, "status": status},
-            )
+            rows = await self._fetch(conn, self._rsql["heartbeat"], params)
         return bool(rows)
 
     async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:
@@ -147,6 +153,7 @@ class RegistryOps:
                 heartbeat_at=r[9],
                 metadata=r[10] or {},
                 alive=bool(r[11]) and r[7] != "stopped",
+                abandoned_handlers=r[12],
             )
             for r in rows
         ]

@@ -195,6 +195,40 @@ candidates AS (
 
 ACQUIRE_ANY_QUEUE = f"WITH {_CANDIDATES_ANY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
 
+# When the next not-yet-due pending job becomes due. A loose index scan on
+# jobs_acquire_idx (queue, priority, scheduled_at): for each queue, hop from one
+# priority present to the next, and within each take the first row past now(). So it
+# costs a few index probes per priority in use, however many jobs are scheduled.
+NEXT_DUE = """
+WITH RECURSIVE p AS (
+    SELECT q.name, (
+        SELECT min(j.priority) FROM {jobs} AS j WHERE j.status = 'pending' AND j.queue = q.name
+    ) AS priority
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    UNION ALL
+    SELECT p.name, (
+        SELECT min(j.priority) FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.queue = p.name AND j.priority > p.priority
+    )
+    FROM p
+    WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(d.scheduled_at) - now())::float8
+FROM p
+CROSS JOIN LATERAL (
+    SELECT j.scheduled_at
+    FROM {jobs} AS j
+    WHERE j.status = 'pending'
+      AND j.queue = p.name
+      AND j.priority = p.priority
+      AND j.scheduled_at > now()
+      AND j.type_name = ANY(%(type_names)s::text[])
+    ORDER BY j.scheduled_at
+    LIMIT 1
+) AS d
+WHERE p.priority IS NOT NULL
+"""
+
 # Locks the row for an atomic attempt; the lock is held until the attempt's
 # transaction ends. The session-local idle timeout ends a transaction whose handler
 # stopped talking to the database, releasing the lock even if the worker is stuck.
@@ -557,6 +591,7 @@ class Statements:
     acquire_any_queue: bytes
     complete_and_acquire: bytes
     complete_and_acquire_any_queue: bytes
+    next_due: bytes
     begin_atomic: bytes
     begin_atomic_bounded: bytes
     renew: bytes

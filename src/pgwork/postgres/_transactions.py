@@ -8,6 +8,7 @@ connection is never opened.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -18,12 +19,22 @@ __all__ = ["PgTransaction", "unwrap"]
 
 
 class PgTransaction:
-    """The PostgreSQL adapters' transaction handle: an open psycopg connection."""
+    """The PostgreSQL adapters' transaction handle: an open psycopg connection.
 
-    __slots__ = ("connection",)
+    ``give_back``, when the connection was lent by a pool for this transaction alone,
+    returns it there (once); ``discard`` calls it at once, so that a connection given
+    up on counts as returned even while its borrower (an abandoned handler) runs on.
+    """
 
-    def __init__(self, connection: psycopg.AsyncConnection[Any]) -> None:
+    __slots__ = ("connection", "give_back")
+
+    def __init__(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        give_back: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.connection = connection
+        self.give_back = give_back
 
     def __repr__(self) -> str:
         return f"PgTransaction({self.connection!r})"
@@ -32,6 +43,8 @@ class PgTransaction:
         # close() takes no lock (a rollback would wait for the statement in progress);
         # the server rolls back, and the pool replaces a closed connection.
         await self.connection.close()
+        if self.give_back is not None:
+            await self.give_back()
 
 
 async def unwrap(tx: object) -> psycopg.AsyncConnection[Any]:

@@ -30,26 +30,33 @@ __all__ = ["PostgresNotifyAdapter"]
 log = logging.getLogger("pgwork.notify")
 
 _SEP = "|"
+_KINDS = ("ready", "abort", "chain_done")
 
 
 def encode_notice(notice: Notice) -> str:
-    """Compact text payload: kind|queue|job_id|chain_id|reason (never job data)."""
+    """Compact text payload: ``kind|job_id|chain_id|reason|at|queue``, never job data.
+
+    The queue comes last and the decoder splits off only the first five fields, so a
+    queue name may contain any character, the separator included.
+    """
     return _SEP.join(
         (
             notice.kind,
-            notice.queue or "",
             str(notice.job_id) if notice.job_id else "",
             str(notice.chain_id) if notice.chain_id else "",
             notice.reason or "",
+            repr(round(notice.at, 3)) if notice.at is not None else "",
+            notice.queue or "",
         )
     )
 
 
 def decode_notice(payload: str) -> Notice | None:
-    parts = payload.split(_SEP)
-    if len(parts) != 5 or parts[0] not in ("ready", "abort", "chain_done"):
+    """The notice in ``payload``, or None for anything this version does not know."""
+    parts = payload.split(_SEP, 5)
+    if len(parts) != 6 or parts[0] not in _KINDS:
         return None
-    kind, queue, job_id, chain_id, reason = parts
+    kind, job_id, chain_id, reason, at, queue = parts
     try:
         return Notice(
             kind=kind,  # type: ignore[arg-type]
@@ -57,6 +64,7 @@ def decode_notice(payload: str) -> Notice | None:
             job_id=UUID(job_id) if job_id else None,
             chain_id=UUID(chain_id) if chain_id else None,
             reason=reason or None,
+            at=float(at) if at else None,
         )
     except ValueError:
         return None

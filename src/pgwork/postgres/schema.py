@@ -177,6 +177,8 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.Column("metadata", pg.JSONB, nullable=True),
+        # Revision 0003: handlers the worker gave up on that still run.
+        sa.Column("abandoned_handlers", sa.Integer, nullable=False, server_default=sa.text("0")),
         sa.CheckConstraint(
             "status IN ('idle', 'busy', 'stopping', 'stopped')", name="workers_status_known"
         ),

@@ -41,6 +41,7 @@ from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
+    due_notices,
     insert_streamed,
     is_plain,
     ready_queues,
@@ -160,24 +161,42 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
     ) -> AsyncIterator[TransactionHandle | None]:
         # Begun and ended by hand rather than with psycopg's transaction block:
         # ``complete_atomic`` commits in the same round trip as its completion, which
-        # psycopg's block would not know about.
-        async with self._pooled() as conn:
-            try:
-                if not await self._begin_and_lock(conn, lease, deadline):
+        # psycopg's block would not know about. The connection is borrowed by hand too:
+        # the handle's ``discard`` (for a handler given up on) returns it to the pool
+        # at once, while the handler's coroutine, still inside this block, may live on
+        # for ever. With ``pool.connection()`` it stayed checked out until then, and
+        # enough hung handlers starved every other statement of the worker.
+        conn = await self.pool.getconn()
+        returned = False
+
+        async def give_back() -> None:
+            nonlocal returned
+            if not returned:
+                returned = True
+                broken = conn.broken
+                await self.pool.putconn(conn)
+                if broken:
+                    await self.pool.check()
+
+        try:
+            if not await self._begin_and_lock(conn, lease, deadline):
+                await conn.execute(b"ROLLBACK")
+                yield None
+                return
+            yield PgTransaction(conn, give_back)
+        except BaseException:
+            # Closed: discarded for an abandoned handler. Broken: it cannot roll
+            # back, and the error worth raising is the one that got us here.
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                with contextlib.suppress(psycopg.Error):
                     await conn.execute(b"ROLLBACK")
-                    yield None
-                    return
-                yield PgTransaction(conn)
-            except BaseException:
-                # Closed: discarded for an abandoned handler. Broken: it cannot roll
-                # back, and the error worth raising is the one that got us here.
-                if not conn.closed and conn.info.transaction_status != _IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        await conn.execute(b"ROLLBACK")
-                raise
+            raise
+        else:
             if not conn.closed and conn.info.transaction_status != _IDLE:
                 # (idle: complete_atomic has committed it already)
                 await conn.execute(b"COMMIT")
+        finally:
+            await give_back()
 
     async def _begin_and_lock(
         self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
@@ -312,11 +331,12 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
                 for job in blocked
                 if settled.get(job.id) is JobStatus.PENDING and not _scheduled(job)
             }
-        if notify is not None and (late or (ready and not announced)):
+        if notify is not None:
             queues = late if announced else late.union(ready)
-            await notify.publish(
-                tx, notices=[Notice(kind="ready", queue=q) for q in sorted(queues)]
-            )
+            notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
+            notices += due_notices(fresh)
+            if notices:
+                await notify.publish(tx, notices=notices)
         if not blocked:
             return inserted
         return [
@@ -450,6 +470,14 @@ class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
         ]
         results = await self._completion_results(None, completions, completed_rows)
         return results, [acquired_from_row(row[5:]) for row in rows if not row[0]]
+
+    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+        if not type_names or not queues:
+            return None
+        params = {"type_names": list(type_names), "queues": list(queues)}
+        async with self._pooled() as conn:
+            [(seconds,)] = await self._fetch(conn, self._sql.next_due, params)
+        return None if seconds is None else max(float(seconds), 0.0)
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta

@@ -34,7 +34,7 @@ class Heartbeat:
         *,
         interval: float,
         dead_after: float,
-        status: Callable[[], tuple[str, int]],
+        status: Callable[[], tuple[str, int, int]],
         on_reclaimed: Callable[[], None],
     ) -> None:
         self.state = state
@@ -72,9 +72,12 @@ class Heartbeat:
     async def beat(self) -> None:
         if not self._registered:
             await self.register()
-        status, active = self._status()
+        status, active, abandoned = self._status()
         if not await self.state.heartbeat(
-            worker_id=self.info.id, active_slots=active, status=status
+            worker_id=self.info.id,
+            active_slots=active,
+            status=status,
+            abandoned_handlers=abandoned,
         ):
             log.warning(
                 "pgwork worker %s was declared dead by another worker (heartbeat too old); "

@@ -3,9 +3,11 @@
 Each turn of the loop (1) reaps at most one expired lease of a type this worker
 handles, (2) starts ONE acquire statement for every free slot, plus prefetch room
 while handlers are short (it runs beside the loop and carries the finished jobs'
-completions, see ``_fetch``; an acquire that comes back sends the next at once), and
-(3) waits for the first of: a notification, the poll interval, a handler returning, an
-acquire coming back. A staged slot is free once its handler returns; at most
+completions, see ``_fetch``; an acquire that comes back full sends the next at once),
+unless the last acquire found the queues drained and nothing has said otherwise since
+(``_wakeups``), and (3) waits for the first of: a notification, a handler returning,
+an acquire coming back, a job becoming due, or the poll interval since the queues
+were found drained. A staged slot is free once its handler returns; at most
 ``2 * (max_slots + prefetch)`` jobs are unsettled. The jobs the worker holds, and the
 task each attempt runs in, are ``_slots``'; side tasks renew leases, listen for
 notifications, send heartbeats, give up on stuck handlers and run maintenance.
@@ -39,8 +41,9 @@ from pgwork.observability import (
     Observer,
 )
 from pgwork.observability._events import Emitter
-from pgwork.records import AbortReason
+from pgwork.records import AbortReason, JobStatus
 from pgwork.schedules import CronSchedule
+from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import Fetcher
@@ -49,6 +52,7 @@ from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
 from pgwork.worker._slot import SlotRunner
 from pgwork.worker._slots import Slots
+from pgwork.worker._wakeups import Wakeups
 from pgwork.worker._watchdog import keep_abandoned
 
 log = logging.getLogger("pgwork.worker")
@@ -57,7 +61,8 @@ __all__ = ["Handler", "InProcessWorker"]
 
 Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
 
-# While no expired lease is found, the loop looks for one at most this often (seconds).
+# While no expired lease is found, the loop looks for one at most this often (seconds);
+# an idle worker (queues drained, no job held) only every heartbeat interval.
 REAP_INTERVAL = 0.5
 
 # Failed loop turns (database unreachable) back off up to this many seconds.
@@ -137,6 +142,7 @@ class InProcessWorker:
             max_slots=max_slots,
             prefetch=prefetch,
             wake=self._wake_up,
+            notify=client.notify,
         )
         # Staged slots count as free once their handler returns; at most this many
         # jobs may be unsettled (prefetched, handler running or outcome not yet
@@ -144,6 +150,8 @@ class InProcessWorker:
         # next.
         self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
         self._wake = anyio.Event()
+        self._wakeups = Wakeups()
+        self._heartbeat_interval = heartbeat_interval
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
         self._stopped = anyio.Event()
@@ -156,6 +164,8 @@ class InProcessWorker:
             worker_id=self.worker_id,
             leases=self._leases,
             queues=self.queues,
+            wakeups=self._wakeups,
+            poll_interval=poll_interval,
             arrived=self._start_slots,
             back=self._refill,
             done=self._wake_up,
@@ -173,7 +183,7 @@ class InProcessWorker:
             interval=heartbeat_interval,
             dead_after=dead_worker_after,
             status=self._status,
-            on_reclaimed=self._wake_up,
+            on_reclaimed=self._hint,
         )
         self._batcher.hold = self._fetcher.hold_completions
         self._slots.runner = SlotRunner(
@@ -190,13 +200,19 @@ class InProcessWorker:
 
     # --- lifecycle ---------------------------------------------------------------------
 
-    def _status(self) -> tuple[str, int]:
-        """What the heartbeat reports: status and active slots."""
+    def _status(self) -> tuple[str, int, int]:
+        """What the heartbeat reports: status, active slots, abandoned handlers."""
+        abandoned = self.abandoned_handlers
         if self._stop_requested.is_set():
-            return "stopping", len(self._slots)
-        return ("busy" if self._slots else "idle"), len(self._slots)
+            return "stopping", len(self._slots), abandoned
+        return ("busy" if self._slots else "idle"), len(self._slots), abandoned
 
     def _wake_up(self) -> None:
+        self._wake.set()
+
+    def _hint(self) -> None:
+        """Jobs may be ready now: acquire even if the queues were found drained."""
+        self._wakeups.hint()
         self._wake.set()
 
     @property
@@ -335,6 +351,7 @@ class InProcessWorker:
                     await self._slots.hand_back_unsettled()
                     await self._reap()
                     self._fill()
+                    await self._look_ahead()
                     failures = 0
                 except PgworkError:
                     raise  # configuration/schema problems do not heal by retrying
@@ -354,8 +371,9 @@ class InProcessWorker:
                     with anyio.move_on_after(delay):
                         await self._wake.wait()
                     continue
-                with anyio.move_on_after(self.poll_interval):
+                with anyio.move_on_after(self._wakeups.deadline() - time.monotonic()):
                     await self._wake.wait()
+                self._wakeups.tick()
             self._fetcher.stop_filling()
             await self._drain()
             await self._slots.tasks.wait()
@@ -364,7 +382,8 @@ class InProcessWorker:
         # At most one per turn, and only every REAP_INTERVAL while nothing is found:
         # under load turns come every few milliseconds and expired leases are rare.
         now = time.monotonic()
-        if now - self._last_reap < REAP_INTERVAL:
+        idle = not self._slots and not self._wakeups.may_have_work
+        if now - self._last_reap < (self._heartbeat_interval if idle else REAP_INTERVAL):
             return
         reaped = await self.state.reap(
             type_names=list(self._types),
@@ -373,6 +392,9 @@ class InProcessWorker:
             held=list(self._slots.by_token),
         )
         self._last_reap = -REAP_INTERVAL if reaped else now
+        if any(job.status is JobStatus.PENDING for job in reaped):
+            self._wakeups.hint()
+            await announce_ready(self.notify, [None])
         for job in reaped:
             self._events.emit(
                 JOB_REAPED,
@@ -391,7 +413,7 @@ class InProcessWorker:
         error, fetcher.error = fetcher.error, None
         admission = self._slots.admission
         free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
-        if error is not None or not self._heartbeat.healthy:
+        if error is not None or not self._heartbeat.healthy or not self._wakeups.may_have_work:
             free = 0
         fetcher.fill(free)
         if error is not None:
@@ -408,10 +430,21 @@ class InProcessWorker:
         ):
             self._fill(incoming)
 
+    async def _look_ahead(self) -> None:
+        """Once the queues are drained, learn when the next job becomes due (see
+        ``_wakeups``): at start, and after a timer fired but found nothing."""
+        wakeups = self._wakeups
+        if not wakeups.look_ahead or wakeups.may_have_work or self._fetcher.in_flight:
+            return
+        wakeups.look_ahead = False
+        seconds = await self.state.next_due(type_names=list(self._types), queues=self.queues)
+        if seconds is not None:
+            wakeups.due_in(seconds)
+
     async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
         if self._stop_requested.is_set():
             # Arrived after stop(): hand them straight back, no attempt burned.
-            await self.state.release(leases=[job.lease for job in acquired])
+            await self._slots.hand_back(acquired)
             return
         self._slots.arrived(acquired)
 
@@ -445,12 +478,15 @@ class InProcessWorker:
                 self._on_notice(notice)
 
     def _on_notice(self, notice: Notice) -> None:
-        if (
-            notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues)
-        ) or notice.kind == "reconnected":
-            self._wake.set()
-            if notice.kind == "reconnected":
-                self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
+        if notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues):
+            if notice.at is None:
+                self._hint()
+            else:
+                self._wakeups.due_at(notice.at)
+                self._wake.set()  # to wait for the new timer, not the old deadline
+        elif notice.kind == "reconnected":
+            self._hint()
+            self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
         elif notice.kind == "abort" and notice.job_id is not None:
             reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
             self._slots.abort_job(notice.job_id, reason)

@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -37,6 +37,7 @@ from pgwork.observability import (
 )
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.worker._announce import announce_ready
 from pgwork.worker._atomic import run_atomic
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
@@ -60,6 +61,7 @@ class Slot:
         "abandoned",
         "acquired",
         "attempt",
+        "guard",
         "handler_running",
         "job_type",
         "lease_deadline",
@@ -88,6 +90,11 @@ class Slot:
         self.abandon_after = 0.0
         self.stopped_at: float | None = None  # when the running handler was told to stop
         self.abandoned = False
+        # The scope right around the handler: shielded once the handler is given up
+        # on, so that the cancelled scopes around it stop cancelling it again on every
+        # turn of the event loop (a handler that swallows CancelledError otherwise
+        # spins a whole core for as long as it lives).
+        self.guard = anyio.CancelScope()
         self.task: asyncio.Task[None] | None = None
         self.watchdog: Watchdog[Slot] | None = None
 
@@ -102,6 +109,10 @@ class Slot:
     @property
     def staged(self) -> bool:
         return self.job_type.mode == "staged"
+
+    def stop_cancelling(self) -> None:
+        """The handler was given up on: it was told to stop; stop telling it."""
+        self.guard.shield = True
 
     def renewed(self, deadline: float) -> None:
         self.lease_deadline = deadline
@@ -263,10 +274,11 @@ class SlotRunner:
                         slot.timeout = timeout
                         seconds = timeout.total_seconds()
                         self.watchdog.watch(started + seconds + slot.abandon_after)
-                        with anyio.fail_after(seconds):
+                        with anyio.fail_after(seconds), slot.guard:
                             result = await handler(attempt)
                     else:
-                        result = await handler(attempt)
+                        with slot.guard:
+                            result = await handler(attempt)
                     await attempt._finish_with(result)
                 except Exception as exc:
                     error = exc
@@ -360,6 +372,8 @@ class SlotRunner:
         if reason is AbortReason.WORKER_STOPPING:
             released = await self.state.release(leases=[slot.lease])
             self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
+            if released:
+                await announce_ready(self.notify, [slot.acquired.queue])
             return
         self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
         if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
@@ -414,6 +428,9 @@ class SlotRunner:
                 run_after=outcome.run_after,
                 count_attempt=False,
             )
+            if ok:
+                due = _due_epoch(outcome.run_at, outcome.run_after)
+                await announce_ready(self.notify, [slot.acquired.queue], at=due, tx=tx)
         elif isinstance(outcome, Completed):
             completion = Completion(
                 job_id=lease.job_id,
@@ -462,6 +479,9 @@ class SlotRunner:
             None,
             failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
         )
+        if accepted[0] and retry_after is not None:
+            due = time.time() + retry_after.total_seconds()
+            await announce_ready(self.notify, [acquired.queue], at=due)
         if not accepted[0]:
             self.emit(LEASE_LOST, slot, action="failure")
         elif terminal:
@@ -480,3 +500,14 @@ class SlotRunner:
                 error_message=record.message,
                 retry_in_s=retry_after.total_seconds() if retry_after else 0.0,
             )
+
+
+def _due_epoch(run_at: datetime | None, run_after: timedelta | None) -> float:
+    """When a rescheduled job becomes due: the later of ``run_at`` and ``run_after``
+    from now (as the state adapter schedules it), in seconds since the epoch."""
+    due = time.time() + (run_after.total_seconds() if run_after is not None else 0.0)
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            run_at = run_at.replace(tzinfo=UTC)
+        due = max(due, run_at.timestamp())
+    return due

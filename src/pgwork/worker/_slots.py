@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
+from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import AcquiredJob, Lease, StateAdapter
 from pgwork.job_types import JobType
-from pgwork.observability import ATTEMPT_FAILED
+from pgwork.observability import ATTEMPT_FAILED, HANDLER_ENDED_LATE
 from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
+from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import error_record
 from pgwork.worker._slot import Slot, SlotRunner
 from pgwork.worker._slot_tasks import SlotTasks
@@ -45,8 +47,10 @@ class Slots:
         max_slots: int,
         prefetch: int | None,
         wake: Callable[[], None],
+        notify: NotifyAdapter | None = None,
     ) -> None:
         self.state = state
+        self.notify = notify
         self.worker_id = worker_id
         self._types = types
         self._queue_rank = {name: rank for rank, name in enumerate(queues)}
@@ -102,6 +106,12 @@ class Slots:
         holders.extend(self.admission.queued)
         return holders
 
+    async def hand_back(self, acquired: Sequence[AcquiredJob]) -> None:
+        """Release jobs no attempt was made on (no attempt burned) and announce them,
+        so another worker takes them at once."""
+        if await self.state.release(leases=[job.lease for job in acquired]):
+            await announce_ready(self.notify, (job.queue for job in acquired))
+
     async def release_prefetched(self) -> None:
         """Hand the jobs still waiting for a slot back (the worker is stopping)."""
         waiting = self.admission.take_queued()
@@ -110,7 +120,7 @@ class Slots:
         if not waiting:
             return
         try:
-            await self.state.release(leases=[slot.lease for slot in waiting])
+            await self.hand_back([slot.acquired for slot in waiting])
         except Exception as exc:
             # Not lost: their leases expire and another worker reaps them.
             log.warning(
@@ -139,6 +149,8 @@ class Slots:
             except Exception:
                 self.unsettled.extend(leases[position:])
                 raise
+        if handed_back:
+            await announce_ready(self.notify, [None])
         log.warning(
             "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
             self.worker_id,
@@ -154,12 +166,20 @@ class Slots:
         """The watchdog gave up on ``slot``'s handler: free the slot now, let the
         handler's task run on detached, and settle the attempt in a task of its own."""
         slot.abandoned = True
+        slot.stop_cancelling()
         if not slot.settling:
             slot.settling = True  # no longer renewed
             self.admission.freed(slot, time.monotonic())
         if slot.task is not None:
             self.tasks.detach(slot.task)
-            keep_abandoned(slot.task, self.runner.abandoned, f"of job {slot.acquired.id}")
+            keep_abandoned(
+                slot.task,
+                self.runner.abandoned,
+                f"of job {slot.acquired.id}",
+                lambda late_s, outcome: self.runner.emit(
+                    HANDLER_ENDED_LATE, slot, duration=False, late_s=late_s, outcome=outcome
+                ),
+            )
         self.tasks.start(self._run(slot, abandoned=True), name="pgwork-abandoned")
         self._wake()
 

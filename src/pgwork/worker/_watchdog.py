@@ -92,16 +92,23 @@ class Watchdog(Generic[W]):
 
 
 def keep_abandoned(
-    task: asyncio.Task[object], abandoned: set[asyncio.Task[object]], what: str
+    task: asyncio.Task[object],
+    abandoned: set[asyncio.Task[object]],
+    what: str,
+    on_end: Callable[[float, str], None] | None = None,
 ) -> None:
     """Keep an abandoned task referenced (asyncio holds tasks weakly) until it ends, and
-    say when it does: its outcome was discarded."""
+    say when it does (``on_end(late_s, outcome)``, else a log line): its outcome was
+    discarded."""
     abandoned.add(task)
     abandoned_at = time.monotonic()
 
     def ended_late(done: asyncio.Task[object]) -> None:
         abandoned.discard(done)
         outcome = "was cancelled" if done.cancelled() else _describe(done.exception())
+        if on_end is not None:
+            on_end(time.monotonic() - abandoned_at, outcome)
+            return
         log.warning(
             "pgwork abandoned handler %s ended %.1fs after it was abandoned (%s); "
             "its outcome was discarded",

@@ -70,8 +70,9 @@ class RecordingNotify:
 
     @property
     def ready_queues(self) -> list[str]:
+        """Queues announced ready now (not those announced with a due time)."""
         assert all(n.kind == "ready" for n in self.published)
-        return sorted(n.queue or "" for n in self.published)
+        return sorted(n.queue or "" for n in self.published if n.at is None)
 
 
 class StateHarness:

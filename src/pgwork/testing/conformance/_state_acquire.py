@@ -183,3 +183,32 @@ class AcquireConformance(StateSuiteBase):
         assert len(set(tokens)) == len(tokens)
         busy = sum(1 for batch in taken.values() if batch)
         assert busy > 1, "only one acquirer got jobs: the test exercised no concurrency"
+
+    async def test_next_due_is_the_wait_until_the_earliest_job_not_due_yet(
+        self, store: StateHarness
+    ) -> None:
+        types, queues = [ALPHA], ["default", "mail"]
+        assert await store.adapter.next_due(type_names=types, queues=queues) is None
+        await store.seed(store.new_job())  # due now: the acquire's business, not next_due's
+        assert await store.adapter.next_due(type_names=types, queues=queues) is None
+        await store.seed(
+            store.new_job(run_after=timedelta(hours=2)),
+            store.new_job(queue="mail", priority=7, run_after=timedelta(minutes=30)),
+            store.new_job(priority=-3, run_after=timedelta(hours=1)),
+        )
+        wait = await store.adapter.next_due(type_names=types, queues=queues)
+        assert wait is not None
+        assert abs(wait - 1800) < CLOCK_SLACK.total_seconds() * 5
+
+    async def test_next_due_looks_only_at_the_given_types_and_queues(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(
+            store.new_job(BETA, run_after=timedelta(minutes=1)),
+            store.new_job(queue="elsewhere", run_after=timedelta(minutes=2)),
+            store.new_job(run_after=timedelta(minutes=3)),
+        )
+        wait = await store.adapter.next_due(type_names=[ALPHA], queues=["default"])
+        assert wait is not None
+        assert abs(wait - 180) < CLOCK_SLACK.total_seconds() * 5
+        assert await store.adapter.next_due(type_names=[ALPHA], queues=["nowhere"]) is None

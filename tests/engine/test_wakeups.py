@@ -1,0 +1,370 @@
+"""What wakes an idle worker: notifications and due times, never a spin or the poll.
+
+Every test here runs its workers with a 30 s poll interval, so a job that starts within
+a second or two was started by a notification or a due-time timer. Each mechanism has
+a control build with that mechanism taken out (a listener deaf to the notices that
+carry it, an acquire that never marks the queues drained, no look-ahead), and the
+control must show the failure the mechanism prevents.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+from pydantic import BaseModel
+
+from pgwork import (
+    Attempt,
+    Client,
+    Continue,
+    InProcessWorker,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    RetryPolicy,
+    create_client,
+    create_in_process_worker,
+)
+from pgwork.adapters.notify import Listener, Notice
+from pgwork.worker._wakeups import Wakeups
+
+from .conftest import eventually
+
+pytestmark = pytest.mark.anyio
+
+LONG_POLL = 30.0
+# A notification or a timer starts a job within milliseconds; this leaves room for a
+# loaded CI machine while staying far below the poll interval.
+PROMPT = 3.0
+
+
+class Num(BaseModel):
+    n: int
+
+
+Drop = Callable[[Notice], bool]
+
+
+def no_ready(notice: Notice) -> bool:
+    return notice.kind == "ready"
+
+
+def no_due(notice: Notice) -> bool:
+    return notice.kind == "ready" and notice.at is not None
+
+
+class _Deaf:
+    def __init__(self, inner: Listener, drop: Drop) -> None:
+        self._inner = inner
+        self._drop = drop
+
+    async def wait(self, timeout: float) -> list[Notice]:
+        return [n for n in await self._inner.wait(timeout) if not self._drop(n)]
+
+
+class DeafNotifyAdapter(PostgresNotifyAdapter):
+    """The control build: publishes as usual, but its listeners never hear ``drop``."""
+
+    def __init__(self, dsn: str, drop: Drop) -> None:
+        super().__init__(dsn)
+        self._drop = drop
+
+    @asynccontextmanager
+    async def listen(self) -> AsyncIterator[Listener]:
+        async with super().listen() as listener:
+            yield _Deaf(listener, self._drop)
+
+
+@pytest.fixture
+async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    made: list[Client] = []
+
+    async def make(registry: JobTypeRegistry, drop: Drop | None = None) -> Client:
+        notify = PostgresNotifyAdapter(pgwork_dsn) if drop is None else None
+        client = create_client(
+            state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
+            notify_adapter=notify or DeafNotifyAdapter(pgwork_dsn, drop or no_ready),
+            registry=registry,
+        )
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
+    started: list[InProcessWorker] = []
+
+    async def start(**kwargs: Any) -> InProcessWorker:
+        kwargs.setdefault("poll_interval", LONG_POLL)
+        worker = create_in_process_worker(**kwargs)
+        await worker.start()
+        started.append(worker)
+
+        # Until its first acquire came back empty the worker would find a job anyway;
+        # from then on only a notification or a timer can send it looking.
+        async def drained() -> bool:
+            return not worker._wakeups.may_have_work
+
+        await eventually(drained, timeout=PROMPT, what="the worker's first acquire")
+        return worker
+
+    yield start
+    for worker in started:
+        await worker.stop(grace_period=0)
+
+
+class Starts:
+    """A handler that records when each attempt of each job started."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._counted: dict[int, anyio.Event] = {}
+
+    async def __call__(self, attempt: Attempt[Any, Any]) -> Any:
+        self.times.append(time.monotonic())
+        self._reached(len(self.times)).set()
+
+    def _reached(self, count: int) -> anyio.Event:
+        return self._counted.setdefault(count, anyio.Event())
+
+    async def within(self, seconds: float, *, count: int = 1) -> bool:
+        """Whether ``count`` attempts have started within ``seconds``."""
+        with anyio.move_on_after(seconds):
+            await self._reached(count).wait()
+            return True
+        return False
+
+
+async def enqueue(dsn: str, client: Client, job_type: Any, **options: Any) -> Any:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        started = await client.start_chain(conn, job_type, Num(n=1), **options)
+        await conn.commit()
+    return started
+
+
+# --- an idle worker costs almost nothing --------------------------------------------
+
+IDLE_S = 5.0
+
+
+async def _transactions(admin_dsn: str, dbname: str) -> int:
+    """Transactions the server counted in ``dbname``, once every backend of it ended
+    (each flushes its counts when it exits), read from another database."""
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as admin:
+        last = -1
+        for _ in range(50):
+            await admin.execute("SELECT pg_stat_clear_snapshot()")
+            cur = await admin.execute(
+                "SELECT xact_commit + xact_rollback,"
+                " (SELECT count(*) FROM pg_stat_activity WHERE datname = %s)"
+                " FROM pg_stat_database WHERE datname = %s",
+                (dbname, dbname),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            count, backends = int(row[0]), int(row[1])
+            if backends == 0 and count == last:
+                return count
+            last = count
+            await anyio.sleep(0.2)
+    raise AssertionError(f"the transaction count of {dbname} did not settle")
+
+
+@pytest.mark.parametrize("build", ["drained-acquires-rest", "control-spins"])
+async def test_an_idle_worker_with_default_settings_costs_almost_nothing(
+    pgwork_dsn: str,
+    pg_server_dsn: str,
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if build == "control-spins":
+        # The mechanism removed: a short acquire never marks the queues drained.
+        monkeypatch.setattr(Wakeups, "acquired", lambda self, *a, **k: None)
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("idle", input=Num)
+    client = create_client(
+        state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
+        notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
+        registry=reg,
+    )
+    worker = create_in_process_worker(client=client, processors={job_type: Starts()})
+    try:
+        await worker.start()
+        cpu = time.process_time()
+        await anyio.sleep(IDLE_S)
+        cpu = time.process_time() - cpu
+    finally:
+        await worker.stop()
+        await client.close()
+    transactions = await _transactions(pg_server_dsn, conninfo_to_dict(pgwork_dsn)["dbname"])
+    if build == "control-spins":
+        assert transactions > 500, f"the control build made only {transactions} transactions"
+        return
+    # Start and stop (schema check, register, first acquire, look-ahead, stop mark)
+    # take about ten; idling 5 s: two or three polls, a heartbeat, a reap.
+    print(f"idle {IDLE_S}s: {transactions} transactions, {cpu:.3f}s CPU")
+    assert transactions < 30, f"{transactions} transactions for {IDLE_S}s idle"
+    assert cpu < 0.02 * IDLE_S, f"{cpu:.3f}s CPU in {IDLE_S}s idle"
+
+
+# --- every path that makes a job ready wakes an idle worker by notification ----------
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_an_enqueue_wakes_an_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("wake", input=Num)
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    await start_worker(client=client, processors={job_type: starts})
+    await enqueue(pgwork_dsn, client, job_type)
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_continuation_wakes_the_idle_worker_of_its_type(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False)
+    first = reg.job_type("first", input=Num, continue_with=[second])
+
+    async def hand_on(attempt: Attempt[Num, Any]) -> Any:
+        return Continue(second, Num(n=2))
+
+    drop = None if build == "notified" else no_ready
+    starts = Starts()
+    await start_worker(client=await clients(reg), processors={first: hand_on})
+    await start_worker(client=await clients(reg, drop=drop), processors={second: starts})
+    await enqueue(pgwork_dsn, await clients(reg), first)
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_resolved_blocker_wakes_the_idle_worker_of_the_dependant(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    gate = anyio.Event()
+
+    async def blocker_handler(attempt: Attempt[Num, Any]) -> None:
+        await gate.wait()
+
+    client = await clients(reg)
+    drop = None if build == "notified" else no_ready
+    starts = Starts()
+    await start_worker(client=client, processors={blocker: blocker_handler})
+    await start_worker(client=await clients(reg, drop=drop), processors={dependant: starts})
+    first = await enqueue(pgwork_dsn, client, blocker)
+    await enqueue(pgwork_dsn, client, dependant, blockers=[first])
+    assert not await starts.within(0.5)  # blocked, and nobody polls
+    gate.set()
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_job_handed_back_by_a_stopping_worker_wakes_an_idle_one(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("handed", input=Num)
+    running = anyio.Event()
+
+    async def hang(attempt: Attempt[Num, Any]) -> None:
+        running.set()
+        await anyio.sleep_forever()
+
+    client = await clients(reg)
+    stopping = await start_worker(client=client, processors={job_type: hang}, max_slots=1)
+    await enqueue(pgwork_dsn, client, job_type)
+    with anyio.fail_after(PROMPT):
+        await running.wait()
+    drop = None if build == "notified" else no_ready
+    starts = Starts()
+    await start_worker(client=await clients(reg, drop=drop), processors={job_type: starts})
+    await stopping.stop(grace_period=0)
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+# --- time has no notification: due times come from timers ----------------------------
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_retry_starts_when_it_is_due_not_at_the_next_poll(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    retry = RetryPolicy(initial=timedelta(seconds=1), maximum=timedelta(seconds=1))
+    job_type = reg.job_type("flaky", input=Num, retry=retry, max_attempts=2)
+    starts = Starts()
+
+    async def fail_first(attempt: Attempt[Num, Any]) -> None:
+        await starts(attempt)
+        if attempt.job.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    await start_worker(client=client, processors={job_type: fail_first})
+    await enqueue(pgwork_dsn, client, job_type)
+    await starts.within(1.0 + PROMPT, count=2)
+    if build != "timed":
+        assert len(starts.times) == 1
+        return
+    assert len(starts.times) == 2
+    assert 0.9 <= starts.times[1] - starts.times[0] <= 1.0 + PROMPT
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_job_scheduled_while_the_worker_idles_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("later", input=Num)
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    starts = Starts()
+    await start_worker(client=client, processors={job_type: starts})
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(seconds=1.5))
+    started = await starts.within(1.5 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - enqueued >= 1.4
+
+
+@pytest.mark.parametrize("build", ["looks-ahead", "control-no-look-ahead"])
+async def test_a_job_scheduled_before_the_worker_started_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if build != "looks-ahead":
+
+        async def never(self: Any, *, type_names: Sequence[str], queues: Sequence[str]) -> None:
+            return None
+
+        monkeypatch.setattr(PostgresStateAdapter, "next_due", never)
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("planned", input=Num)
+    client = await clients(reg)
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(seconds=2))
+    starts = Starts()
+    await start_worker(client=client, processors={job_type: starts})
+    started = await starts.within(2 + PROMPT)
+    assert started is (build == "looks-ahead")
+    if started:
+        assert starts.times[0] - enqueued >= 1.9
