@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
 
-from pgwork._cli_common import dsn_option, require_dsn, schema_option, stderr, stdout
-from pgwork._cli_operator import chains, jobs, queues, workers
-from pgwork._cli_worker_target import build_worker
+from pgwork.cli._common import dsn_option, require_dsn, schema_option, stderr, stdout
+from pgwork.cli._operator import chains, jobs, queues, workers
+from pgwork.cli._worker_target import build_worker
 from pgwork.errors import ConfigurationError, PgworkError
 from pgwork.postgres._connect import redact_dsn
 
@@ -310,7 +310,7 @@ def demo(dsn: str | None, schema: str, jobs: int, slots: int) -> None:
     Without --dsn (or PGWORK_DSN) a private PostgreSQL is started in a temporary
     directory and deleted afterwards. Ctrl-C (or SIGTERM) stops it gracefully.
     """
-    from pgwork._demo import embedded_postgres
+    from pgwork.cli._demo_run import embedded_postgres
 
     out = stdout()
     if dsn:
@@ -324,7 +324,7 @@ def demo(dsn: str | None, schema: str, jobs: int, slots: int) -> None:
 
 
 def _demo(dsn: str, *, schema: str, jobs: int, slots: int, out: Console) -> int:
-    from pgwork._demo import Demo
+    from pgwork.cli._demo_run import Demo
 
     change = _migrations().upgrade(dsn, schema=schema)
     out.print(f"[dim]schema {schema!r} in {escape(redact_dsn(dsn))}: {change.after}[/]")

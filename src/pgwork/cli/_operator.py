@@ -17,8 +17,8 @@ import anyio
 import click
 from rich.console import RenderableType
 
-from pgwork import _cli_views as views
-from pgwork._cli_common import dsn_option, require_dsn, schema_option, stdout
+from pgwork.cli import _views as views
+from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.adapters.state import WorkerRecord
 from pgwork.client import Client, create_client
 from pgwork.errors import ConfigurationError
