@@ -153,9 +153,11 @@ def test_logging_observer_skips_disabled_levels(caplog: pytest.LogCaptureFixture
 
 
 def _protocol_methods() -> set[str]:
+    """Every operation of ``StateAdapter``, which declares none itself: its roles do."""
     return {
         name
-        for name, value in vars(StateAdapter).items()
+        for role in StateAdapter.__mro__
+        for name, value in vars(role).items()
         if not name.startswith("_") and callable(value)
     }
 
@@ -163,6 +165,10 @@ def _protocol_methods() -> set[str]:
 def test_instrumented_adapter_wraps_every_protocol_operation() -> None:
     own = {name for name in vars(InstrumentedStateAdapter) if not name.startswith("_")}
 
+    # control: the roles' operations are found at all (an empty set would pass below)
+    assert {"acquire", "insert_jobs", "list_jobs", "cancel_chains", "heartbeat"} <= (
+        _protocol_methods()
+    )
     assert _protocol_methods() - own == set()
 
 

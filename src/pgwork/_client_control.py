@@ -1,5 +1,5 @@
 """Client API that steers chains: await, cancel, retry, complete from outside a worker,
-trigger scheduled jobs, pause queues.
+trigger scheduled jobs, pause queues, delete chains and purge expired ones.
 
 Mixed into ``Client``. Every operation that takes ``tx`` runs in the caller's
 transaction; the notices it publishes (wake-ups, abort requests to the worker holding a
@@ -16,11 +16,13 @@ import anyio
 
 from pgwork._ids import new_id
 from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import Completion, NewJob, WorkerRecord
+from pgwork.adapters.state import Completion, NewJob
 from pgwork.errors import (
     AwaitTimeoutError,
     ChainAlreadyFinishedError,
     ChainFailedError,
+    ChainHasDependantsError,
+    ChainNotFoundError,
     ConfigurationError,
     JobAlreadyFinishedError,
     JobNotFoundError,
@@ -66,7 +68,7 @@ def continuation_job(
 
 
 class ControlMixin:
-    """Await, cancel, retry, workerless completion, trigger, pause/resume."""
+    """Await, cancel, retry, workerless completion, trigger, pause/resume, deletion."""
 
     if TYPE_CHECKING:
         state: StateAdapter
@@ -205,11 +207,6 @@ class ControlMixin:
         queues = await self.state.trigger(handle, job_ids=list(job_ids))
         await self.notify.publish(handle, notices=[Notice(kind="ready", queue=q) for q in queues])
 
-    async def list_workers(self, *, dead_after: float = 30.0) -> list[WorkerRecord]:
-        """Registered workers, newest first; ``alive`` is False for a worker silent for
-        longer than ``dead_after`` seconds or stopped."""
-        return await self.state.list_workers(alive_within_s=dead_after)
-
     async def pause_queue(self, queue: str, *, tx: object | None = None) -> None:
         """Stop workers taking jobs from ``queue`` (running attempts go on). Survives
         restarts: the pause is a row in the database."""
@@ -220,3 +217,46 @@ class ControlMixin:
         handle = await self.state.adopt(tx) if tx is not None else None
         await self.state.set_queue_paused(handle, queue=queue, paused=False)
         await self.notify.publish(handle, notices=[Notice(kind="ready", queue=queue)])
+
+    # --- deletion ----------------------------------------------------------------------
+
+    async def delete_chains(
+        self, tx: object, chain_ids: Sequence[UUID], *, cascade: bool = False
+    ) -> int:
+        """Delete whole chains (every job, active or not) in the caller's transaction
+        ``tx``; returns how many chains were deleted, dependants included.
+
+        A job of another chain that waits for one of these chains, or may still run
+        and read its output (blocked, pending, running, or failed and retryable), makes
+        this raise ChainHasDependantsError and delete nothing, unless ``cascade=True``:
+        then those jobs' chains are deleted too, and their dependants', and so on.
+        Unknown ids raise ChainNotFoundError and delete nothing. A worker running a
+        deleted job finds out when it next renews or completes (its lease is lost).
+        """
+        handle = await self.state.adopt(tx)
+        result = await self.state.delete_chains(handle, chain_ids=list(chain_ids), cascade=cascade)
+        if result.missing:
+            raise ChainNotFoundError(result.missing)
+        if result.dependants and not cascade:
+            deps = result.dependants
+            raise ChainHasDependantsError(
+                chain_ids=list(dict.fromkeys(d.blocker_chain_id for d in deps)),
+                dependant_job_ids=list(dict.fromkeys(d.job_id for d in deps)),
+                dependant_chain_ids=list(dict.fromkeys(d.chain_id for d in deps)),
+            )
+        return result.deleted_chains
+
+    async def purge_expired(self, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` chains that ended (completed, failed or cancelled)
+        longer ago than their type's ``retention``; returns how many.
+
+        Types without retention keep their chains. A chain another chain's job still
+        depends on is kept until that job has finished. Safe to call from every worker:
+        one call runs at a time per schema, the others return 0 at once.
+        """
+        if limit < 1:
+            raise ConfigurationError(f"limit must be >= 1, got {limit}")
+        retention = {t.name: t.retention for t in self.registry if t.retention is not None}
+        if not retention:
+            return 0
+        return await self.state.delete_expired_chains(retention=retention, limit=limit)

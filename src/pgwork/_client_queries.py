@@ -1,7 +1,7 @@
-"""Read-side client API: listings with keyset pagination, counts, deletion, retention.
+"""Read-side client API: listings with keyset pagination, queue counts, workers.
 
-Mixed into ``Client``; relies on ``self.state`` (a StateAdapter), ``self.registry`` and
-the client's decoding helpers.
+Mixed into ``Client``; relies on ``self.state`` (of which it needs only the ``ReadStore``
+role: it changes nothing), ``self.registry`` and the client's decoding helpers.
 
 Listings are newest first by ``(created_at, id)``. A page's ``next_cursor`` encodes its
 last row's position, and the next page starts strictly after it, so pages never repeat
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,17 +25,13 @@ from pgwork.adapters.state import (
     JobFilter,
     PageKey,
     QueueCount,
+    WorkerRecord,
 )
-from pgwork.errors import (
-    ChainHasDependantsError,
-    ChainNotFoundError,
-    ConfigurationError,
-    InvalidCursorError,
-)
+from pgwork.errors import ConfigurationError, InvalidCursorError
 from pgwork.records import Chain, ChainStatus, Job, JobStatus, Page
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import StateAdapter, TransactionHandle
+    from pgwork.adapters.state import ReadStore, TransactionHandle
     from pgwork.job_types import JobTypeRegistry
 
 __all__ = ["MAX_PAGE_SIZE", "QueryMixin", "decode_cursor", "encode_cursor"]
@@ -51,10 +47,10 @@ _LISTINGS = {"j": "list_jobs", "c": "list_chains", "b": "list_blocked_jobs"}
 
 
 class QueryMixin:
-    """Listings, counts, deletion and retention of ``Client``."""
+    """Listings, counts and workers of ``Client``: reads only."""
 
     if TYPE_CHECKING:
-        state: StateAdapter
+        state: ReadStore
         registry: JobTypeRegistry
 
         def _decoded(self, job: Job[Any]) -> Job[Any]: ...
@@ -139,48 +135,12 @@ class QueryMixin:
         """
         return await self.state.count_jobs(await self._read_handle(tx))
 
-    # --- deletion ----------------------------------------------------------------------
+    # --- workers ----------------------------------------------------------------------
 
-    async def delete_chains(
-        self, tx: object, chain_ids: Sequence[UUID], *, cascade: bool = False
-    ) -> int:
-        """Delete whole chains (every job, active or not) in the caller's transaction
-        ``tx``; returns how many chains were deleted, dependants included.
-
-        A job of another chain that waits for one of these chains, or may still run
-        and read its output (blocked, pending, running, or failed and retryable), makes
-        this raise ChainHasDependantsError and delete nothing, unless ``cascade=True``:
-        then those jobs' chains are deleted too, and their dependants', and so on.
-        Unknown ids raise ChainNotFoundError and delete nothing. A worker running a
-        deleted job finds out when it next renews or completes (its lease is lost).
-        """
-        handle = await self.state.adopt(tx)
-        result = await self.state.delete_chains(handle, chain_ids=list(chain_ids), cascade=cascade)
-        if result.missing:
-            raise ChainNotFoundError(result.missing)
-        if result.dependants and not cascade:
-            deps = result.dependants
-            raise ChainHasDependantsError(
-                chain_ids=list(dict.fromkeys(d.blocker_chain_id for d in deps)),
-                dependant_job_ids=list(dict.fromkeys(d.job_id for d in deps)),
-                dependant_chain_ids=list(dict.fromkeys(d.chain_id for d in deps)),
-            )
-        return result.deleted_chains
-
-    async def purge_expired(self, *, limit: int = 1000) -> int:
-        """Delete up to ``limit`` chains that ended (completed, failed or cancelled)
-        longer ago than their type's ``retention``; returns how many.
-
-        Types without retention keep their chains. A chain another chain's job still
-        depends on is kept until that job has finished. Safe to call from every worker:
-        one call runs at a time per schema, the others return 0 at once.
-        """
-        if limit < 1:
-            raise ConfigurationError(f"limit must be >= 1, got {limit}")
-        retention = {t.name: t.retention for t in self.registry if t.retention is not None}
-        if not retention:
-            return 0
-        return await self.state.delete_expired_chains(retention=retention, limit=limit)
+    async def list_workers(self, *, dead_after: float = 30.0) -> list[WorkerRecord]:
+        """Registered workers, newest first; ``alive`` is False for a worker silent for
+        longer than ``dead_after`` seconds or stopped."""
+        return await self.state.list_workers(alive_within_s=dead_after)
 
     # --- helpers -----------------------------------------------------------------------
 

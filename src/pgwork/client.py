@@ -107,7 +107,8 @@ class Client(QueryMixin, ControlMixin):
         registry.validate()
         if max_payload_bytes <= 0:
             raise ConfigurationError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
-        self.state = state_adapter
+        # Every role: the query mixin asks only for ReadStore, the rest for more.
+        self.state: StateAdapter = state_adapter
         self.notify = notify_adapter
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes

@@ -1,4 +1,5 @@
-"""PostgreSQL side of the read API: listings, counts, deletion and retention.
+"""PostgreSQL side of the read API: jobs and chains by id, listings, counts; and deletion
+and retention.
 
 Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``schema``, ``_fetch``,
 ``_connection`` and ``transaction``. Listings run unprepared (``_read``): each is planned
@@ -37,6 +38,9 @@ from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
 from pgwork.records import Chain, ChainStatus, Job
 
+if TYPE_CHECKING:
+    from pgwork.postgres._statements import Statements
+
 __all__ = ["QueryOps"]
 
 
@@ -45,6 +49,7 @@ class QueryOps:
 
     if TYPE_CHECKING:
         schema: str
+        _sql: Statements
 
         async def _fetch(
             self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
@@ -68,6 +73,29 @@ class QueryOps:
                 async with conn.cursor() as cur:
                     await cur.execute(query, params, prepare=False)
                     return await cur.fetchall()
+
+    # --- by id -------------------------------------------------------------------------
+
+    async def get_jobs(
+        self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
+    ) -> list[Job[Any]]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.get_jobs, {"ids": list(job_ids)})
+        return [job_from_row(row) for row in rows]
+
+    async def get_chains(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> list[Chain]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.get_chains, {"ids": list(chain_ids)})
+        return [chain_from_row(row) for row in rows]
+
+    async def list_chain_jobs(
+        self, tx: TransactionHandle | None, *, chain_id: UUID
+    ) -> list[Job[Any]]:
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.list_chain_jobs, {"chain_id": chain_id})
+        return [job_from_row(row) for row in rows]
 
     # --- listings ----------------------------------------------------------------------
 

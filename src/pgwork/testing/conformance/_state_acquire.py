@@ -1,4 +1,7 @@
-"""Acquire: which ready jobs a worker gets, in what order, and never twice."""
+"""Acquire: which ready jobs a worker gets, in what order, and never twice.
+
+Role exercised: ``WorkerStore`` (``acquire``).
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ until its blocker chains end; then each edge's ``blocker_failure`` policy decide
 completed (or ended, where the edge says ``unblock``) makes it pending; a failed or
 cancelled blocker under ``fail`` / ``cancel`` ends it, and its chain, that way — and
 that chain's own dependants follow.
+
+Role exercised: ``EnqueueStore`` (blocked inserts) and ``WorkerStore``
+(``resolve_dependants``, ``sweep_blocked``, ``blocker_outputs``).
 """
 
 from __future__ import annotations

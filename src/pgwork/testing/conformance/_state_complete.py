@@ -1,4 +1,7 @@
-"""Ending an attempt: completing (with or without a continuation) and failing."""
+"""Ending an attempt: completing (with or without a continuation) and failing.
+
+Role exercised: ``WorkerStore`` (``complete``, ``fail``).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """Steering chains from outside a worker: resolve ids to chains, cancel, retry failed
-jobs, trigger scheduled ones, and flag a chain as awaited."""
+jobs, trigger scheduled ones, and flag a chain as awaited.
+
+Role exercised: ``ControlStore``, with ``ReadStore.chains_of`` and
+``EnqueueStore.mark_chain_awaited``.
+"""
 
 from __future__ import annotations
 

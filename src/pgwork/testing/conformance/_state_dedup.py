@@ -1,4 +1,7 @@
-"""Deduplication: one chain per (chain type, key) within the requested scope."""
+"""Deduplication: one chain per (chain type, key) within the requested scope.
+
+Role exercised: ``EnqueueStore`` (``insert_jobs`` with ``DedupSpec``).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ them, unless cascading) and by retention (ended chains past their type's period)
 
 Retention waits for real: the suite ends chains, then polls the store's clock until
 ``short_retention`` has passed since the last of them ended.
+
+Role exercised: ``ControlStore`` (``delete_chains``, ``delete_expired_chains``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Enqueue: inserting jobs, reading them back, scheduling, and transactions."""
+"""Enqueue: inserting jobs, reading them back, scheduling, and transactions.
+
+Role exercised: ``EnqueueStore`` and ``Store`` (transactions), read back through
+``ReadStore``.
+"""
 
 from __future__ import annotations
 

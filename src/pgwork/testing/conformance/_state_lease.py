@@ -1,4 +1,7 @@
-"""Holding a lease: renewing it, handing the job back, rescheduling it."""
+"""Holding a lease: renewing it, handing the job back, rescheduling it.
+
+Role exercised: ``WorkerStore`` (``renew``, ``release``, ``reschedule``).
+"""
 
 from __future__ import annotations
 

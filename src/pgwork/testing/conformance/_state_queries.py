@@ -4,6 +4,8 @@ per-queue counts.
 Listings are newest first by ``(created_at, id)``; a ``PageKey`` built from the last
 row of a page asks for the rows strictly after it. Jobs seeded in one transaction share
 their ``created_at``, so the ties are broken by id — the suite seeds ties on purpose.
+
+Role exercised: ``ReadStore``.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ until the store's own clock says so (bounded by ``expiry_timeout``). To know a l
 has expired without reading any clock, a test takes a *sentinel* job with the same
 short lease right after the job under test: once the sentinel is reaped, the earlier
 lease has run out too.
+
+Role exercised: ``WorkerStore`` (``reap``, atomic attempts).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 A worker is dead once its heartbeat is older than a limit on the store's clock; the
 suite lets ``short_silence`` seconds pass there for real (bounded polls of
 ``list_workers``) instead of forging old heartbeats.
+
+Role exercised: ``WorkerRegistry``, with ``ReadStore.list_workers``.
 """
 
 from __future__ import annotations

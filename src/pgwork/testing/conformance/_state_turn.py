@@ -1,4 +1,7 @@
-"""A worker's turn: complete the finished batch and lease the next in one call."""
+"""A worker's turn: complete the finished batch and lease the next in one call.
+
+Role exercised: ``WorkerStore`` (``complete_and_acquire``).
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The workload is real pgwork use, not a simulation: job types with pydantic models,
 ``start_chains`` in a caller's transaction, an in-process worker with retries, a chain
 handed on with ``Continue`` (its last step in atomic mode), and an observer feeding the
-progress bar. Signals and argv stay in ``pgwork.cli``; this module only runs the demo.
+progress bar. Signals and argv stay in ``_demo`` (the command); this module only runs the demo.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Turn what ``pgwork worker MODULE:ATTR`` named into a running-ready InProcessWorker.
 
-The options come in as values that ``cli.py`` parsed (argv and the environment are read
-there only); here they are matched, by name, to the parameters of the user's factory.
+The options come in as values that the ``worker`` command (``_worker``) parsed (argv and
+the environment are read there only); here they are matched, by name, to the parameters of
+the user's factory.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The operator commands of ``pgwork``: jobs, chains, queues and workers.
 
-Each is a click command or group defined here and attached to ``pgwork.cli.main`` by
-``cli.py`` (``main.add_command``); this module never imports ``pgwork.cli``. They need no
-job-type registry: the client's empty registry leaves inputs and outputs as the stored
-JSON, so an operator can look at any deployment's jobs.
+Each is a click command or group defined here and attached to ``main`` by
+``pgwork.cli`` (``main.add_command``); of its siblings this module imports only ``_common``
+and ``_views``. They need no job-type registry: the client's empty registry leaves inputs
+and outputs as the stored JSON, so an operator can look at any deployment's jobs.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import anyio
 import click
 from rich.console import RenderableType
 
-from pgwork import _cli_views as views
-from pgwork._cli_common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.adapters.state import WorkerRecord
+from pgwork.cli import _views as views
+from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.client import Client, create_client
 from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobTypeRegistry

@@ -1,0 +1,142 @@
+"""``pgwork worker MODULE:ATTR``: import the user's worker and run it until a signal stops it.
+
+What MODULE:ATTR names is turned into a worker by ``_worker_target``; this module owns the
+parts that touch the process: the import path, logging to stderr, signals, the exit status.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+import anyio
+import click
+
+from pgwork.cli._app import EXIT_ABANDONED
+from pgwork.cli._common import dsn_option, stop_on_signals
+from pgwork.cli._worker_target import build_worker
+from pgwork.errors import ConfigurationError
+
+__all__ = ["worker"]
+
+
+@click.command(short_help="Run a worker until SIGTERM or Ctrl-C.")
+@click.argument("target", metavar="MODULE:ATTR")
+@click.argument("more_queues", nargs=-1, metavar="")
+@dsn_option
+@click.option("--slots", type=click.IntRange(min=1), help="Attempts run at once (max_slots).")
+@click.option(
+    "--queues",
+    multiple=True,
+    help="Queues to take jobs from, in priority order: --queues high default low.",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Longest wait in seconds without a notification.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Level of the log lines on stderr (when your module configured none).",
+)
+def worker(
+    target: str,
+    more_queues: tuple[str, ...],
+    dsn: str | None,
+    slots: int | None,
+    queues: tuple[str, ...],
+    poll_interval: float | None,
+    log_level: str,
+) -> None:
+    """Run the worker MODULE:ATTR until SIGTERM or Ctrl-C.
+
+    ATTR is an InProcessWorker, or a function (sync or async) returning one. The
+    function is called with the options you gave, by name: --dsn as dsn=, --slots as
+    max_slots=, --queues as queues=, --poll-interval as poll_interval=. The current
+    directory is importable, as with `python -m`.
+
+    The first signal stops gracefully: no new jobs, in-flight attempts finish within the
+    worker's grace period. A second one aborts them at once and hands their jobs back.
+    """
+    if more_queues and not queues:
+        raise click.UsageError(f"unexpected argument {more_queues[0]!r} (only one MODULE:ATTR)")
+    options: dict[str, Any] = {
+        "max_slots": slots,
+        "queues": _queue_list(queues + more_queues) or None,
+        "poll_interval": poll_interval,
+    }
+    factory = _load_target(target)
+
+    async def serve() -> None:
+        built = await build_worker(factory, target, dsn, options)
+        _configure_worker_logging(log_level)
+        try:
+            await _run_until_signalled(built)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await built.client.close()
+        if built.abandoned_handlers:
+            # asyncio.run would wait for them at shutdown, for ever: their jobs are
+            # settled already, so end the process here.
+            logging.getLogger("pgwork.worker").error(
+                "pgwork worker: %d abandoned handler(s) still running after the worker "
+                "stopped; exiting without them",
+                built.abandoned_handlers,
+            )
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_ABANDONED)
+
+    anyio.run(serve)
+
+
+def _queue_list(values: tuple[str, ...]) -> list[str]:
+    return [q for value in values for q in value.split(",") if q]
+
+
+def _load_target(target: str) -> object:
+    """Import ``module:attr`` (``attr`` may be dotted) with the current directory on the path."""
+    module_name, colon, attr = target.partition(":")
+    if not colon or not module_name or not attr:
+        raise ConfigurationError(
+            f"worker target {target!r} is not MODULE:ATTR (e.g. myapp.jobs:worker)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module exists but imports something missing: show where
+        raise ConfigurationError(f"cannot import {module_name!r} for {target!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise ConfigurationError(
+                f"{module_name!r} has no attribute {attr!r} (from {target!r})"
+            ) from None
+    return found
+
+
+def _configure_worker_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def _run_until_signalled(running: Any) -> None:
+    """Run ``running`` (an InProcessWorker) until it stops or SIGINT/SIGTERM stop it."""
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(stop_on_signals, running.stop, tasks)
+        await running.run()
+        tasks.cancel_scope.cancel()

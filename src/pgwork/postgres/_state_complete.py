@@ -1,0 +1,256 @@
+"""PostgreSQL side of completing attempts (part of the ``WorkerStore`` role).
+
+``complete`` (a batch, or one job handed on to its continuation in one statement),
+``complete_atomic`` (the completion and the COMMIT of an atomic attempt in one round
+trip) and what both share: inserting continuations and settling the dependants of
+chains that ended. Mixed into ``PostgresStateAdapter`` (``state.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.state import (
+    Completion,
+    CompletionResult,
+    InsertedJob,
+    NewJob,
+    Resolution,
+    TransactionHandle,
+)
+from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._state_enqueue import scheduled
+from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
+from pgwork.postgres._transactions import unwrap
+from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
+
+__all__ = ["CompletionOps", "completion_params"]
+
+
+class CompletionOps:
+    """Complete jobs, alone, in batches, handed on, or atomically."""
+
+    if TYPE_CHECKING:
+        schema: str
+        _sql: Statements
+
+        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        def _connection(
+            self, tx: TransactionHandle | None
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        async def _fetch(
+            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
+
+        async def insert_jobs(
+            self,
+            tx: TransactionHandle,
+            *,
+            jobs: Iterable[NewJob],
+            notify: NotifyAdapter | None = None,
+        ) -> list[InsertedJob]: ...
+
+        async def resolve_dependants(
+            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+        ) -> Resolution: ...
+
+    async def complete(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        completions: Sequence[Completion],
+        notify: NotifyAdapter | None = None,
+    ) -> list[CompletionResult]:
+        if not completions:
+            return []
+        if tx is None and len(completions) == 1 and _plain_hand_on(completions[0]):
+            return [await self._hand_on(completions[0], notify)]
+        if tx is None and any(c.continuation for c in completions):
+            async with self.transaction() as own:
+                return await self.complete(own, completions=completions, notify=notify)
+        async with self._connection(tx) as conn:
+            if len(completions) == 1:
+                [one] = completions
+                rows = await self._fetch(
+                    conn,
+                    self._sql.complete_one,
+                    {
+                        "id": one.job_id,
+                        "token": one.lease_token,
+                        "output": one.output_json,
+                        "ends_chain": one.continuation is None,
+                    },
+                )
+            else:
+                rows = await self._fetch(conn, self._sql.complete, completion_params(completions))
+        results = await self._completion_results(tx, completions, rows)
+        if notify is not None:
+            chain_ids = {row[0]: row[1] for row in rows}
+            notices = [Notice(kind="ready", queue=q) for q in _ready_of(results)]
+            notices += [
+                Notice(kind="chain_done", chain_id=chain_ids[r.job_id])
+                for r in results
+                if r.chain_awaited
+            ]
+            if notices:
+                await notify.publish(tx, notices=notices)
+        return results
+
+    async def _hand_on(
+        self, completion: Completion, notify: NotifyAdapter | None
+    ) -> CompletionResult:
+        """Complete a job and insert its continuation in one statement, which also
+        announces the continuation when ``notify`` shares this database; any other
+        ``notify`` is told after the commit. The chain goes on: no dependant to settle,
+        nobody to tell it ended."""
+        following = completion.continuation
+        assert following is not None
+        runs_now = not scheduled(following)
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        ready = encode_notice(Notice(kind="ready", queue=following.queue))
+        params = {
+            "id": completion.job_id,
+            "token": completion.lease_token,
+            "output": completion.output_json,
+            "ends_chain": False,
+            "next_id": following.id,
+            "next_type_name": following.type_name,
+            "next_chain_id": following.chain_id,
+            "next_chain_type_name": following.chain_type_name,
+            "next_chain_index": following.chain_index,
+            "next_input": following.input_json,
+            "next_queue": following.queue,
+            "next_priority": following.priority,
+            "next_max_attempts": following.max_attempts,
+            "next_run_at": following.run_at,
+            "next_run_after": (
+                following.run_after.total_seconds() if following.run_after else None
+            ),
+            "next_trace_context": (
+                json.dumps(dict(following.trace_context)) if following.trace_context else None
+            ),
+            "channel": channel,
+            "ready": ready if channel is not None and runs_now else None,
+        }
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, self._sql.complete_and_continue, params)
+        if not rows:
+            return CompletionResult(job_id=completion.job_id, accepted=False)
+        ready_queues = (following.queue,) if runs_now else ()
+        if notify is not None and channel is None and ready_queues:
+            await notify.publish(None, notices=[Notice(kind="ready", queue=following.queue)])
+        return CompletionResult(
+            job_id=completion.job_id,
+            accepted=True,
+            continuation_id=following.id,
+            ready_queues=ready_queues,
+        )
+
+    async def complete_atomic(
+        self, tx: TransactionHandle, *, completion: Completion
+    ) -> CompletionResult:
+        if completion.continuation is not None:
+            raise ValueError("complete_atomic takes a completion without continuation")
+        conn = await unwrap(tx)
+        params = {
+            "id": completion.job_id,
+            "token": completion.lease_token,
+            "output": completion.output_json,
+            "ends_chain": True,
+        }
+        try:
+            with translate_errors(self.schema):
+                async with conn.pipeline():
+                    cur = conn.cursor()
+                    await cur.execute(self._sql.complete_atomic, params)
+                    await conn.execute(b"COMMIT")
+                rows = await cur.fetchall()
+        except pg_errors.InvalidTextRepresentation as exc:
+            if ATOMIC_REFUSED not in str(exc):
+                raise
+            # The statement failed on purpose: the transaction is aborted, and the
+            # COMMIT behind it was never run. End it; nothing in it was written.
+            await conn.execute(b"ROLLBACK")
+            return CompletionResult(job_id=completion.job_id, accepted=False)
+        # Committed: dependants are settled on their own, as for complete(None, ...).
+        [result] = await self._completion_results(None, [completion], rows)
+        return result
+
+    async def _completion_results(
+        self,
+        tx: TransactionHandle | None,
+        completions: Sequence[Completion],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> list[CompletionResult]:
+        """Insert the accepted completions' continuations, settle dependants of chains
+        that ended, and say what each completion did."""
+        # id -> (chain_id, ends_chain, has_dependants, awaited)
+        accepted = {row[0]: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
+        continuations = [
+            c.continuation for c in completions if c.continuation and c.job_id in accepted
+        ]
+        if continuations:
+            assert tx is not None
+            await self.insert_jobs(tx, jobs=continuations)
+        ended_with_dependants = [v[0] for v in accepted.values() if v[1] and v[2]]
+        resolution = await self.resolve_dependants(tx, chain_ids=ended_with_dependants)
+        unblocked = tuple(sorted(set(resolution.ready_queues)))
+        results = []
+        for c in completions:
+            found = accepted.get(c.job_id)
+            if found is None:
+                results.append(CompletionResult(job_id=c.job_id, accepted=False))
+                continue
+            chain_id, ends, _, awaited = found
+            ready_queues = unblocked
+            if c.continuation and not scheduled(c.continuation):
+                ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
+            results.append(
+                CompletionResult(
+                    job_id=c.job_id,
+                    accepted=True,
+                    chain_completed=ends,
+                    continuation_id=c.continuation.id if c.continuation else None,
+                    ready_queues=ready_queues,
+                    chain_awaited=awaited or chain_id in resolution.awaited_chain_ids,
+                )
+            )
+        return results
+
+
+def completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]:
+    return {
+        "ids": [c.job_id for c in completions],
+        "tokens": [c.lease_token for c in completions],
+        "outputs": [c.output_json for c in completions],
+        "ends_chain": [c.continuation is None for c in completions],
+    }
+
+
+def _plain_hand_on(completion: Completion) -> bool:
+    """A completion whose continuation ``COMPLETE_AND_CONTINUE`` can insert: a later job
+    of the chain with no blocker and no dedup key (what a worker's ``Continue`` makes)."""
+    following = completion.continuation
+    return (
+        following is not None
+        and following.id != following.chain_id
+        and not following.blockers
+        and following.dedup is None
+    )
+
+
+def _ready_of(results: Sequence[CompletionResult]) -> list[str]:
+    """Every queue some result made ready, once."""
+    return sorted({q for r in results for q in r.ready_queues})

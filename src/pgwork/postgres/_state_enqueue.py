@@ -1,0 +1,217 @@
+"""PostgreSQL side of the ``EnqueueStore`` role: ``insert_jobs``.
+
+Mixed into ``PostgresStateAdapter`` (``state.py``), whose pool and statement helpers it
+uses. Plain jobs stream in by COPY (``_enqueue``); deduplicated ones are matched first
+under a per-key lock, blocked ones get their blocker edges and settle at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from itertools import islice
+from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
+
+import psycopg
+
+from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.state import (
+    InsertedJob,
+    NewJob,
+    Resolution,
+    TransactionHandle,
+)
+from pgwork.postgres._enqueue import (
+    COPY_MIN_ROWS,
+    due_notices,
+    insert_streamed,
+    is_plain,
+    ready_queues,
+    write_jobs,
+)
+from pgwork.postgres._statements import Statements
+from pgwork.postgres._transactions import unwrap
+from pgwork.postgres.notify import PostgresNotifyAdapter
+from pgwork.records import Job, JobStatus
+
+__all__ = ["EnqueueOps", "scheduled"]
+
+
+class EnqueueOps:
+    """Insert jobs: streamed, deduplicated, blocked."""
+
+    if TYPE_CHECKING:
+        schema: str
+        _sql: Statements
+
+        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        def _connection(
+            self, tx: TransactionHandle | None
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        async def _fetch(
+            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+        async def _check_blockers(
+            self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
+        ) -> None: ...
+
+        async def _insert_blocker_edges(
+            self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
+        ) -> Resolution: ...
+
+        async def get_jobs(
+            self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
+        ) -> list[Job[Any]]: ...
+
+    async def insert_jobs(
+        self,
+        tx: TransactionHandle,
+        *,
+        jobs: Iterable[NewJob],
+        notify: NotifyAdapter | None = None,
+    ) -> list[InsertedJob]:
+        stream = iter(jobs)
+        head = list(islice(stream, COPY_MIN_ROWS))
+        if len(head) == COPY_MIN_ROWS and all(is_plain(job) for job in head):
+            return await self._insert_streamed(tx, head, stream, notify)
+        head.extend(stream)
+        return await self._insert_listed(tx, head, notify)
+
+    async def _insert_streamed(
+        self,
+        tx: TransactionHandle,
+        head: list[NewJob],
+        rest: Iterator[NewJob],
+        notify: NotifyAdapter | None,
+    ) -> list[InsertedJob]:
+        """A batch that starts with plain jobs: COPY them as the client builds them, then
+        insert the few set aside (deduplicated, blocked or scheduled) the usual way."""
+        conn = await unwrap(tx)
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        ready = ready_queues(head) if notify is not None else []
+        streamed = await insert_streamed(
+            conn, self._sql, self.schema, head, rest, channel=channel, ready=ready
+        )
+        if streamed.aside:
+            later = iter(await self._insert_listed(tx, streamed.aside, notify))
+            results = [result or next(later) for result in streamed.inserted]
+        else:  # nothing set aside: no result is None
+            results = cast("list[InsertedJob]", streamed.inserted)
+        late = streamed.queues.difference(ready if channel is not None else ())
+        if notify is not None and late:
+            await notify.publish(tx, notices=[Notice(kind="ready", queue=q) for q in sorted(late)])
+        return results
+
+    async def _insert_listed(
+        self,
+        tx: TransactionHandle,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None,
+    ) -> list[InsertedJob]:
+        conn = await unwrap(tx)
+        results: list[InsertedJob | None] = [None] * len(jobs)
+        fresh = jobs
+        if any(job.dedup for job in jobs):
+            await self._deduplicate(conn, jobs, results)
+            fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+        blocked = [job for job in fresh if job.blockers]
+        if blocked:
+            await self._check_blockers(conn, blocked)
+        ready = ready_queues(fresh) if notify is not None else []
+        # The notices ride in the insert itself when they go to the same database.
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        pending = JobStatus.PENDING  # an enum attribute lookup is slow, once per job
+        inserted: list[InsertedJob] = []
+
+        def fill() -> None:
+            inserted.extend(
+                result or InsertedJob(job.id, job.chain_id, pending, False)
+                for job, result in zip(jobs, results, strict=True)
+            )
+
+        # Without blocked jobs every result is known before the rows are in: they are
+        # built while the server finishes a COPY.
+        announced = await write_jobs(
+            conn,
+            self._sql,
+            self.schema,
+            fresh,
+            channel=channel,
+            ready=ready,
+            meanwhile=None if blocked else fill,
+        )
+        settled: dict[UUID, JobStatus] = {}
+        late: set[str] = set()
+        if blocked:
+            await self._insert_blocker_edges(conn, blocked)
+            for job in await self.get_jobs(tx, job_ids=[job.id for job in blocked]):
+                settled[job.id] = job.status
+            late = {
+                job.queue
+                for job in blocked
+                if settled.get(job.id) is JobStatus.PENDING and not scheduled(job)
+            }
+        if notify is not None:
+            queues = late if announced else late.union(ready)
+            notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
+            notices += due_notices(fresh)
+            if notices:
+                await notify.publish(tx, notices=notices)
+        if not blocked:
+            return inserted
+        return [
+            result or InsertedJob(job.id, job.chain_id, settled.get(job.id, pending), False)
+            for job, result in zip(jobs, results, strict=True)
+        ]
+
+    async def _deduplicate(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        jobs: Sequence[NewJob],
+        results: list[InsertedJob | None],
+    ) -> None:
+        """Fill ``results`` for jobs that match an earlier chain (in the database or
+        earlier in this batch). Holds a transaction-scoped lock per key until commit, so
+        a concurrent enqueue of the same key waits and then sees this one."""
+        indexed = [(i, job) for i, job in enumerate(jobs) if job.dedup]
+        keys = [
+            f"{self.schema}\x1f{job.chain_type_name}\x1f{job.dedup.key}"
+            for _, job in indexed
+            if job.dedup
+        ]
+        await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        rows = await self._fetch(
+            conn,
+            self._sql.find_dedup_matches,
+            {
+                "chain_type_names": [job.chain_type_name for _, job in indexed],
+                "keys": [job.dedup.key for _, job in indexed if job.dedup],
+                "scopes": [job.dedup.scope for _, job in indexed if job.dedup],
+                "windows": [
+                    job.dedup.window.total_seconds() if job.dedup and job.dedup.window else None
+                    for _, job in indexed
+                ],
+            },
+        )
+        matches = {int(ordinal) - 1: (chain_id, status) for ordinal, chain_id, status in rows}
+        first_in_batch: dict[tuple[str, str], InsertedJob] = {}
+        for position, (i, job) in enumerate(indexed):
+            assert job.dedup is not None
+            key = (job.chain_type_name, job.dedup.key)
+            if position in matches:
+                chain_id, status = matches[position]
+                results[i] = InsertedJob(chain_id, chain_id, JobStatus(status), deduplicated=True)
+            elif key in first_in_batch:
+                earlier = first_in_batch[key]
+                results[i] = InsertedJob(earlier.job_id, earlier.chain_id, earlier.status, True)
+            else:
+                first_in_batch[key] = InsertedJob(job.id, job.chain_id, JobStatus.PENDING, False)
+
+
+def scheduled(job: NewJob) -> bool:
+    """A job that waits for a time of its own (``run_at`` / ``run_after``), not for now."""
+    return job.run_at is not None or job.run_after is not None

@@ -1,0 +1,380 @@
+"""PostgreSQL side of the ``WorkerStore`` role, bar completing: leases and their ends.
+
+Acquire (alone or with the previous batch's completions, in one statement), renew,
+fail, reschedule, release, reap, and the transaction of an atomic attempt. Completions
+live in ``_state_complete``. Mixed into ``PostgresStateAdapter`` (``state.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from pgwork.adapters.notify import NotifyAdapter
+from pgwork.adapters.state import (
+    AcquiredJob,
+    Completion,
+    CompletionResult,
+    Failure,
+    Lease,
+    ReapedJob,
+    RenewResult,
+    Resolution,
+    TransactionHandle,
+)
+from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._rows import acquired_from_row
+from pgwork.postgres._state_complete import completion_params
+from pgwork.postgres._statements import Statements
+from pgwork.postgres._transactions import PgTransaction, unwrap
+from pgwork.records import JobStatus
+
+__all__ = ["WorkerOps"]
+
+_IDLE = TransactionStatus.IDLE
+
+# An atomic attempt's transaction is ended by the server this long after its handler's
+# deadline (once idle before PostgreSQL 17; in all, from 17 on).
+_ATOMIC_SLACK = timedelta(seconds=5)
+
+# The first server version whose transaction_timeout lets BEGIN and the row lock travel
+# in one pipeline.
+_PIPELINED_BEGIN_FROM = 170000
+
+
+class WorkerOps:
+    """Acquire, renew, fail, reschedule, release, reap; atomic transactions."""
+
+    if TYPE_CHECKING:
+        schema: str
+        _sql: Statements
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+
+        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        def _connection(
+            self, tx: TransactionHandle | None
+        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+        async def _fetch(
+            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+        async def complete(
+            self,
+            tx: TransactionHandle | None,
+            *,
+            completions: Sequence[Completion],
+            notify: NotifyAdapter | None = None,
+        ) -> list[CompletionResult]: ...
+
+        async def _completion_results(
+            self,
+            tx: TransactionHandle | None,
+            completions: Sequence[Completion],
+            rows: Sequence[tuple[Any, ...]],
+        ) -> list[CompletionResult]: ...
+
+        async def resolve_dependants(
+            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+        ) -> Resolution: ...
+
+    @asynccontextmanager
+    async def atomic_transaction(
+        self, *, lease: Lease, deadline: timedelta
+    ) -> AsyncIterator[TransactionHandle | None]:
+        # Begun and ended by hand rather than with psycopg's transaction block:
+        # ``complete_atomic`` commits in the same round trip as its completion, which
+        # psycopg's block would not know about. The connection is borrowed by hand too:
+        # the handle's ``discard`` (for a handler given up on) returns it to the pool
+        # at once, while the handler's coroutine, still inside this block, may live on
+        # for ever. With ``pool.connection()`` it stayed checked out until then, and
+        # enough hung handlers starved every other statement of the worker.
+        conn = await self.pool.getconn()
+        returned = False
+
+        async def give_back() -> None:
+            nonlocal returned
+            if not returned:
+                returned = True
+                broken = conn.broken
+                await self.pool.putconn(conn)
+                if broken:
+                    await self.pool.check()
+
+        try:
+            if not await self._begin_and_lock(conn, lease, deadline):
+                await conn.execute(b"ROLLBACK")
+                yield None
+                return
+            yield PgTransaction(conn, give_back)
+        except BaseException:
+            # Closed: discarded for an abandoned handler. Broken: it cannot roll
+            # back, and the error worth raising is the one that got us here.
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(b"ROLLBACK")
+            raise
+        else:
+            if not conn.closed and conn.info.transaction_status != _IDLE:
+                # (idle: complete_atomic has committed it already)
+                await conn.execute(b"COMMIT")
+        finally:
+            await give_back()
+
+    async def _begin_and_lock(
+        self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
+    ) -> bool:
+        """BEGIN and lock the job's row: one round trip from PostgreSQL 17 on, two before.
+
+        Either way the server ends the transaction of a worker that stops talking to
+        it (frozen, paused): before 17 by the lock statement's local
+        idle_in_transaction_session_timeout, which must not be pipelined (see
+        BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
+        """
+        if conn.info.server_version < _PIPELINED_BEGIN_FROM:
+            await conn.execute(b"BEGIN")
+            return await self.begin_atomic(PgTransaction(conn), lease=lease, deadline=deadline)
+        with translate_errors(self.schema):
+            async with conn.pipeline():
+                await conn.execute(b"BEGIN")
+                cur = conn.cursor()
+                await cur.execute(self._sql.begin_atomic_bounded, _atomic_params(lease, deadline))
+            return bool(await cur.fetchall())
+
+    async def acquire(
+        self,
+        *,
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> list[AcquiredJob]:
+        if limit <= 0 or not leases:
+            return []
+        query, params = self._acquire_statement(
+            worker_id,
+            leases,
+            queues,
+            limit,
+            by_queue=self._sql.acquire,
+            any_queue=self._sql.acquire_any_queue,
+        )
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, query, params)
+        return [acquired_from_row(row) for row in rows]
+
+    def _acquire_statement(
+        self,
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+        *,
+        by_queue: bytes,
+        any_queue: bytes,
+    ) -> tuple[bytes, dict[str, Any]]:
+        """``by_queue`` (or ``any_queue`` when ``queues`` is None) with its limit written
+        in, and the acquire's parameters."""
+        params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "type_names": list(leases),
+            "lease_seconds": [d.total_seconds() for d in leases.values()],
+        }
+        if queues is None:
+            return _with_limit(any_queue, limit), params
+        params["queues"] = list(queues)
+        return _with_limit(by_queue, limit), params
+
+    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+        if not type_names or not queues:
+            return None
+        params = {"type_names": list(type_names), "queues": list(queues)}
+        async with self._pooled() as conn:
+            [(seconds,)] = await self._fetch(conn, self._sql.next_due, params)
+        return None if seconds is None else max(float(seconds), 0.0)
+
+    async def complete_and_acquire(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        if any(c.continuation for c in completions):
+            raise ValueError("complete_and_acquire takes completions without continuation")
+        if not completions:
+            return [], await self.acquire(
+                worker_id=worker_id, leases=leases, queues=queues, limit=limit
+            )
+        if limit <= 0 or not leases:
+            return await self.complete(None, completions=completions), []
+        query, params = self._acquire_statement(
+            worker_id,
+            leases,
+            queues,
+            limit,
+            by_queue=self._sql.complete_and_acquire,
+            any_queue=self._sql.complete_and_acquire_any_queue,
+        )
+        params.update(completion_params(completions))
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, query, params)
+        head = next(row for row in rows if row[0])
+        completed_rows = [
+            (job_id, chain_id, None, True, has_dependants, awaited)
+            for job_id, chain_id, has_dependants, awaited in zip(
+                head[1] or (), head[2] or (), head[3] or (), head[4] or (), strict=True
+            )
+        ]
+        results = await self._completion_results(None, completions, completed_rows)
+        return results, [acquired_from_row(row[5:]) for row in rows if not row[0]]
+
+    async def begin_atomic(
+        self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
+    ) -> bool:
+        conn = await unwrap(tx)
+        rows = await self._fetch(conn, self._sql.begin_atomic, _atomic_params(lease, deadline))
+        return bool(rows)
+
+    async def renew(
+        self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
+    ) -> list[RenewResult]:
+        if not leases:
+            return []
+        params = {
+            "ids": [lease.job_id for lease in leases],
+            "tokens": [lease.lease_token for lease in leases],
+            "seconds": [duration[lease.job_id].total_seconds() for lease in leases],
+        }
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, self._sql.renew, params)
+        return [
+            RenewResult(
+                job_id=job_id,
+                lease_token=token,
+                renewed=until is not None,
+                leased_until=until,
+                status=JobStatus(status) if status else None,
+            )
+            for job_id, token, until, status in rows
+        ]
+
+    async def fail(
+        self, tx: TransactionHandle | None, *, failures: Sequence[Failure]
+    ) -> list[bool]:
+        if not failures:
+            return []
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(
+                conn,
+                self._sql.fail,
+                {
+                    "ids": [f.job_id for f in failures],
+                    "tokens": [f.lease_token for f in failures],
+                    "errors": [json.dumps(f.error.to_json()) for f in failures],
+                    "retry_seconds": [
+                        f.retry_after.total_seconds() if f.retry_after is not None else None
+                        for f in failures
+                    ],
+                },
+            )
+        done = {row[0] for row in rows}
+        await self.resolve_dependants(tx, chain_ids=[row[1] for row in rows if row[2]])
+        return [f.job_id in done for f in failures]
+
+    async def reschedule(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        lease: Lease,
+        run_at: datetime | None,
+        run_after: timedelta | None,
+        count_attempt: bool,
+    ) -> bool:
+        params = {
+            "job_id": lease.job_id,
+            "lease_token": lease.lease_token,
+            "run_at": run_at,
+            "run_after": run_after.total_seconds() if run_after is not None else None,
+            "count_attempt": count_attempt,
+        }
+        async with self._connection(tx) as conn:
+            rows = await self._fetch(conn, self._sql.reschedule, params)
+        return bool(rows)
+
+    async def release(self, *, leases: Sequence[Lease]) -> int:
+        if not leases:
+            return 0
+        async with self._pooled() as conn:
+            rows = await self._fetch(
+                conn,
+                self._sql.release,
+                {
+                    "ids": [lease.job_id for lease in leases],
+                    "tokens": [lease.lease_token for lease in leases],
+                },
+            )
+        return len(rows)
+
+    async def reap(
+        self,
+        *,
+        type_names: Sequence[str],
+        exclude_worker: str,
+        limit: int = 1,
+        dead_workers: Sequence[str] = (),
+        held: Sequence[UUID] | None = None,
+    ) -> list[ReapedJob]:
+        if not type_names and not dead_workers:
+            return []
+        params = {
+            "type_names": list(type_names),
+            "worker_id": exclude_worker,
+            "limit": limit,
+            "dead_workers": list(dead_workers),
+            "held": list(held) if held is not None else None,
+        }
+        async with self._pooled() as conn:
+            rows = await self._fetch(conn, self._sql.reap, params)
+        await self.resolve_dependants(None, chain_ids=[r[5] for r in rows if r[6]])
+        return [
+            ReapedJob(
+                job_id=r[0], type_name=r[1], leased_by=r[2], attempt=r[3], status=JobStatus(r[4])
+            )
+            for r in rows
+        ]
+
+
+@functools.lru_cache(maxsize=256)
+def _with_limit(query: bytes, limit: int) -> bytes:
+    """``query`` with its ``LIMIT`` written in, one text per limit.
+
+    A bound ``LIMIT`` makes PostgreSQL's generic plan assume a tenth of the queue is
+    wanted, so it re-plans the statement on every call (about a millisecond of server
+    CPU per acquire); with the number in the text each variant keeps one cached plan.
+    A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
+    """
+    return query.replace(b"%(limit)s", str(int(limit)).encode())
+
+
+def _atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:
+    return {
+        "job_id": lease.job_id,
+        "lease_token": lease.lease_token,
+        # Slack over the handler deadline: the worker's own timeout fires first; the
+        # server's only ends transactions of a stuck process.
+        "idle_ms": str(int((deadline + _ATOMIC_SLACK).total_seconds() * 1000)),
+    }
