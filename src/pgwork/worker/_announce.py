@@ -9,13 +9,15 @@ acquires only on a hint (see ``_wakeups``), so these are announced here.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 
 from pgwork.adapters.notify import Notice, NotifyAdapter
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["announce_ready"]
+__all__ = ["announce_ready", "due_epoch"]
 
 
 async def announce_ready(
@@ -35,3 +37,14 @@ async def announce_ready(
         await notify.publish(tx, notices=notices)
     except Exception as exc:
         log.warning("pgwork could not announce ready jobs: %r", exc)
+
+
+def due_epoch(run_at: datetime | None, run_after: timedelta | None) -> float:
+    """When a rescheduled job becomes due: the later of ``run_at`` and ``run_after``
+    from now (as the state adapter schedules it), in seconds since the epoch."""
+    due = time.time() + (run_after.total_seconds() if run_after is not None else 0.0)
+    if run_at is not None:
+        if run_at.tzinfo is None:
+            run_at = run_at.replace(tzinfo=UTC)
+        due = max(due, run_at.timestamp())
+    return due

@@ -11,20 +11,19 @@ rolled back; the failure is then recorded on its own.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 import anyio
 
-from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import Completion, TransactionHandle
+from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.state import Completion, StateAdapter, TransactionHandle
 from pgwork.worker._attempt import Attempt, Completed
-
-if TYPE_CHECKING:
-    from pgwork.worker._slot import Slot, SlotRunner
+from pgwork.worker._slot import Slot
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["run_atomic"]
+__all__ = ["AttemptSteps", "run_atomic"]
 
 
 class _Refused(Exception):
@@ -35,7 +34,37 @@ class _Rollback(Exception):
     """Leaves an atomic attempt's transaction without committing the handler's writes."""
 
 
-async def run_atomic(runner: SlotRunner, slot: Slot) -> None:
+class AttemptSteps(Protocol):
+    """What an atomic attempt uses of the slot runner (``_runner.SlotRunner``), which
+    sits above this module: the steps every attempt shares, whatever its mode."""
+
+    state: StateAdapter
+    notify: NotifyAdapter
+
+    def _attempt(
+        self, slot: Slot, transaction: object | None
+    ) -> tuple[Attempt[Any, Any] | None, BaseException | None]: ...
+
+    async def _call_handler(
+        self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+    ) -> BaseException | None: ...
+
+    async def _write_outcome(
+        self, slot: Slot, attempt: Attempt[Any, Any], tx: Any | None
+    ) -> bool: ...
+
+    def _report_outcome(self, slot: Slot, attempt: Attempt[Any, Any], written: bool) -> None: ...
+
+    async def _settle(
+        self, slot: Slot, attempt: Attempt[Any, Any], error: BaseException | None
+    ) -> None: ...
+
+    async def _settle_failure(
+        self, slot: Slot, error: BaseException | None, *, terminal: bool
+    ) -> None: ...
+
+
+async def run_atomic(runner: AttemptSteps, slot: Slot) -> None:
     """Run ``slot``'s job as an atomic attempt and settle it."""
     # Atomic attempts pin a row lock, so they always have a deadline.
     deadline = slot.job_type.timeout or slot.job_type.lease
@@ -79,7 +108,7 @@ async def run_atomic(runner: SlotRunner, slot: Slot) -> None:
 
 
 async def _write_outcome(
-    runner: SlotRunner, slot: Slot, attempt: Attempt[Any, Any], tx: TransactionHandle
+    runner: AttemptSteps, slot: Slot, attempt: Attempt[Any, Any], tx: TransactionHandle
 ) -> bool:
     """Write the handler's outcome; False when the lease no longer held (then nothing
     the handler wrote may commit)."""

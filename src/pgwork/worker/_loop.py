@@ -1,20 +1,21 @@
 """The in-process worker: one main loop feeding a fixed number of slots.
 
-Each turn of the loop (1) reaps at most one expired lease of a type this worker
-handles, (2) starts ONE acquire statement for every free slot, plus prefetch room
-while handlers are short (it runs beside the loop and carries the finished jobs'
-completions, see ``_fetch``; an acquire that comes back full sends the next at once),
+The loop is ``InProcessWorker._turns``. Each turn (1) reaps at most one expired lease
+of a type this worker handles (``_reaper``), (2) fills the free slots, plus prefetch
+room while handlers are short (``_admission``), with ONE acquire statement that runs
+beside the loop and carries the finished jobs' completions (``_fetch``, ``_batch``),
 unless the last acquire found the queues drained and nothing has said otherwise since
-(``_wakeups``), and (3) waits for the first of: a notification, a handler returning,
-an acquire coming back, a job becoming due, or the poll interval since the queues
-were found drained. A staged slot is free once its handler returns; at most
-``2 * (max_slots + prefetch)`` jobs are unsettled. The jobs the worker holds, and the
-task each attempt runs in, are ``_slots``'; side tasks renew leases, listen for
-notifications, send heartbeats, give up on stuck handlers and run maintenance.
+(``_wakeups``), and (3) waits for the first of: a notification (``_notices``), a
+handler returning, an acquire coming back, a job becoming due, or the poll interval
+since the queues were found drained. The jobs the worker holds, and the task each
+attempt runs in, are ``_slots``'; an attempt runs in ``_runner`` (``_atomic`` for
+atomic ones). Side tasks renew leases (``_lease``), send heartbeats (``_heartbeat``),
+give up on stuck handlers (``_watchdog``) and run maintenance (``_maintenance``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -27,30 +28,28 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from pgwork.adapters.notify import Listener, Notice
 from pgwork.adapters.state import AcquiredJob, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext, Middleware, compose
 from pgwork.observability import (
-    JOB_REAPED,
-    LISTENER_RECONNECTED,
     WORKER_STARTED,
     WORKER_STOPPED,
     Observer,
 )
 from pgwork.observability._events import Emitter
-from pgwork.records import AbortReason, JobStatus
+from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
-from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import Fetcher
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
-from pgwork.worker._slot import SlotRunner
+from pgwork.worker._notices import NoticeRouter
+from pgwork.worker._reaper import Reaper
+from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 from pgwork.worker._watchdog import keep_abandoned
@@ -60,10 +59,6 @@ log = logging.getLogger("pgwork.worker")
 __all__ = ["Handler", "InProcessWorker"]
 
 Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
-
-# While no expired lease is found, the loop looks for one at most this often (seconds);
-# an idle worker (queues drained, no job held) only every heartbeat interval.
-REAP_INTERVAL = 0.5
 
 # Failed loop turns (database unreachable) back off up to this many seconds.
 LOOP_BACKOFF_MAX = 5.0
@@ -121,7 +116,6 @@ class InProcessWorker:
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
         self._batcher = CompletionBatcher(client.state)
-        self._last_reap = -REAP_INTERVAL
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
@@ -151,7 +145,7 @@ class InProcessWorker:
         self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
         self._wake = anyio.Event()
         self._wakeups = Wakeups()
-        self._heartbeat_interval = heartbeat_interval
+        self._failures = 0  # turns failed in a row
         self._stop_requested = anyio.Event()
         self._running = anyio.Event()
         self._stopped = anyio.Event()
@@ -186,6 +180,23 @@ class InProcessWorker:
             on_reclaimed=self._hint,
         )
         self._batcher.hold = self._fetcher.hold_completions
+        self._reaper = Reaper(
+            state=client.state,
+            notify=client.notify,
+            worker_id=self.worker_id,
+            type_names=list(self._types),
+            events=self._events,
+            wakeups=self._wakeups,
+            idle_interval=heartbeat_interval,
+        )
+        self._notices = NoticeRouter(
+            worker_id=self.worker_id,
+            queues=self.queues,
+            wakeups=self._wakeups,
+            wake=self._wake_up,
+            abort_job=self._slots.abort_job,
+            events=self._events,
+        )
         self._slots.runner = SlotRunner(
             client=client,
             worker_id=self.worker_id,
@@ -236,7 +247,11 @@ class InProcessWorker:
         try:
             await self._heartbeat.register()
             async with self.notify.listen() as listener, anyio.create_task_group() as side:
-                side.start_soon(self._listen, listener)
+                side.start_soon(
+                    functools.partial(
+                        self._notices.listen_forever, listener, timeout=self.poll_interval
+                    )
+                )
                 side.start_soon(self._renew_forever)
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
@@ -331,6 +346,53 @@ class InProcessWorker:
 
     # --- main loop ---------------------------------------------------------------------
 
+    async def _turns(self) -> None:
+        """The main loop: reap one expired lease, fill the free slots with one SKIP
+        LOCKED acquire, then wait for a reason to look again (a notification, a slot or
+        an acquire coming back, a due time, the poll). Stops taking jobs on ``stop()``
+        and settles the running ones within the grace period."""
+        async with anyio.create_task_group() as self._fetcher.group:
+            while not self._stop_requested.is_set():
+                self._wake = anyio.Event()
+                try:
+                    await self._slots.hand_back_unsettled()
+                    await self._reaper.reap_one(held=list(self._slots.by_token), idle=self._idle)
+                    self._fill()
+                    await self._look_ahead()
+                except PgworkError:
+                    raise  # configuration/schema problems do not heal by retrying
+                except Exception as exc:
+                    await self._back_off(exc)
+                    continue
+                self._failures = 0
+                await self._wait(self._wakeups.deadline() - time.monotonic())
+                self._wakeups.tick()
+            self._fetcher.stop_filling()
+            await self._drain()
+            await self._slots.tasks.wait()
+
+    @property
+    def _idle(self) -> bool:
+        return not self._slots and not self._wakeups.may_have_work
+
+    async def _wait(self, seconds: float) -> None:
+        """Wait ``seconds`` or until something wakes the loop."""
+        with anyio.move_on_after(seconds):
+            await self._wake.wait()
+
+    async def _back_off(self, error: Exception) -> None:
+        """A turn failed (the database is away): wait, longer each time in a row, cut
+        short by ``stop()`` or by the listener coming back (the database is reachable
+        again), so recovery does not wait out the backoff."""
+        # A failed acquire surfaces a turn later, so its own count of failures in a row
+        # says how long the database has been away.
+        self._failures = max(self._failures + 1, self._fetcher.failures)
+        delay = min(LOOP_BACKOFF_MAX, 0.05 * 2**self._failures) * self._rng.uniform(0.8, 1.2)
+        log.warning(
+            "pgwork worker %s turn failed (%r); retrying in %.2fs", self.worker_id, error, delay
+        )
+        await self._wait(delay)
+
     async def _main_loop(self) -> None:
         try:
             await self._turns()
@@ -342,73 +404,10 @@ class InProcessWorker:
                 for task in await tasks.cancel_and_wait(runner.abandon_after):
                     keep_abandoned(task, runner.abandoned, "cancelled with its worker")
 
-    async def _turns(self) -> None:
-        failures = 0
-        async with anyio.create_task_group() as self._fetcher.group:
-            while not self._stop_requested.is_set():
-                self._wake = anyio.Event()
-                try:
-                    await self._slots.hand_back_unsettled()
-                    await self._reap()
-                    self._fill()
-                    await self._look_ahead()
-                    failures = 0
-                except PgworkError:
-                    raise  # configuration/schema problems do not heal by retrying
-                except Exception as exc:
-                    # A failed acquire surfaces a turn later, so its own count of
-                    # failures in a row says how long the database has been away.
-                    failures = max(failures + 1, self._fetcher.failures)
-                    delay = min(LOOP_BACKOFF_MAX, 0.05 * 2**failures) * self._rng.uniform(0.8, 1.2)
-                    log.warning(
-                        "pgwork worker %s turn failed (%r); retrying in %.2fs",
-                        self.worker_id,
-                        exc,
-                        delay,
-                    )
-                    # Cut short by stop() or by the listener coming back (the database
-                    # is reachable again), so recovery does not wait out the backoff.
-                    with anyio.move_on_after(delay):
-                        await self._wake.wait()
-                    continue
-                with anyio.move_on_after(self._wakeups.deadline() - time.monotonic()):
-                    await self._wake.wait()
-                self._wakeups.tick()
-            self._fetcher.stop_filling()
-            await self._drain()
-            await self._slots.tasks.wait()
-
-    async def _reap(self) -> None:
-        # At most one per turn, and only every REAP_INTERVAL while nothing is found:
-        # under load turns come every few milliseconds and expired leases are rare.
-        now = time.monotonic()
-        idle = not self._slots and not self._wakeups.may_have_work
-        if now - self._last_reap < (self._heartbeat_interval if idle else REAP_INTERVAL):
-            return
-        reaped = await self.state.reap(
-            type_names=list(self._types),
-            exclude_worker=self.worker_id,
-            limit=1,
-            held=list(self._slots.by_token),
-        )
-        self._last_reap = -REAP_INTERVAL if reaped else now
-        if any(job.status is JobStatus.PENDING for job in reaped):
-            self._wakeups.hint()
-            await announce_ready(self.notify, [None])
-        for job in reaped:
-            self._events.emit(
-                JOB_REAPED,
-                job_id=job.job_id,
-                job_type=job.type_name,
-                attempt=job.attempt,
-                status=job.status.value,
-                previous_worker=job.leased_by,
-                worker_id=self.worker_id,
-            )
-
     def _fill(self, incoming: int = 0) -> None:
         """Send an acquire if there is room (``incoming`` jobs just acquired are about
-        to take some of it); raise what made the last acquire fail."""
+        to take some of it) and the queues may have work; raise what made the last
+        acquire fail."""
         fetcher = self._fetcher
         error, fetcher.error = fetcher.error, None
         admission = self._slots.admission
@@ -462,34 +461,6 @@ class InProcessWorker:
     async def _renew_forever(self) -> None:
         shortest = min(self._leases.values())
         await renew_forever(self.state, self._slots.lease_holders, shortest_lease=shortest)
-
-    async def _listen(self, listener: Listener) -> None:
-        failures = 0
-        while True:
-            try:
-                notices = await listener.wait(self.poll_interval)
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                log.warning("pgwork listener failed (%r)", exc)
-                await anyio.sleep(min(LOOP_BACKOFF_MAX, 0.1 * 2**failures))
-                continue
-            for notice in notices:
-                self._on_notice(notice)
-
-    def _on_notice(self, notice: Notice) -> None:
-        if notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues):
-            if notice.at is None:
-                self._hint()
-            else:
-                self._wakeups.due_at(notice.at)
-                self._wake.set()  # to wait for the new timer, not the old deadline
-        elif notice.kind == "reconnected":
-            self._hint()
-            self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
-        elif notice.kind == "abort" and notice.job_id is not None:
-            reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
-            self._slots.abort_job(notice.job_id, reason)
 
 
 def default_worker_id() -> str:

@@ -23,7 +23,8 @@ from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import error_record
-from pgwork.worker._slot import Slot, SlotRunner
+from pgwork.worker._runner import SlotRunner
+from pgwork.worker._slot import Slot
 from pgwork.worker._slot_tasks import SlotTasks
 from pgwork.worker._watchdog import Watchdog, keep_abandoned
 

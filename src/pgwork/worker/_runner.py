@@ -1,0 +1,406 @@
+"""Running one slot's attempt: call the handler and settle what came of it.
+
+Staged attempts run outside any transaction and write their outcome afterwards (plain
+completions through the batcher); atomic attempts (``_atomic``) run inside one
+transaction holding the job's row lock, so the handler's writes commit with the
+completion or not at all. Every write is fenced by the attempt's lease token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+
+from pgwork.adapters.notify import Notice
+from pgwork.adapters.state import Completion, Failure
+from pgwork.backoff import backoff_delay
+from pgwork.client import Client
+from pgwork.errors import HandlerAbandonedError, PgworkError
+from pgwork.middleware import CallNext
+from pgwork.observability import (
+    ATTEMPT_ABANDONED,
+    ATTEMPT_ABORTED,
+    ATTEMPT_COMPLETED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    ATTEMPT_STARTED,
+    LEASE_LOST,
+)
+from pgwork.observability._events import Emitter
+from pgwork.records import AbortReason, Job, JobStatus
+from pgwork.worker._announce import announce_ready, due_epoch
+from pgwork.worker._atomic import run_atomic
+from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
+from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._slot import Abandoned, Slot
+from pgwork.worker._watchdog import Watchdog
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["SlotRunner"]
+
+
+class SlotRunner:
+    """Runs one acquired job through its handler and writes what came of it.
+
+    Shared by all slots of one worker; holds no per-attempt state (that is ``Slot``).
+    """
+
+    def __init__(
+        self,
+        *,
+        client: Client,
+        worker_id: str,
+        handlers: Mapping[str, CallNext],
+        batcher: CompletionBatcher,
+        events: Emitter,
+        rng: random.Random,
+        abandon_after: float,
+        watchdog: Watchdog[Slot],
+        on_returned: Callable[[Slot], None] = lambda slot: None,
+    ) -> None:
+        self.client = client
+        self.state = client.state
+        self.notify = client.notify
+        self.worker_id = worker_id
+        self._handlers = handlers
+        self._batcher = batcher
+        self._events = events
+        self._rng = rng
+        self.abandon_after = abandon_after
+        self.watchdog = watchdog
+        # Handlers given up on that have not ended yet (see _watchdog).
+        self.abandoned: set[asyncio.Task[Any]] = set()
+        self._on_returned = on_returned
+
+    async def run(self, slot: Slot) -> None:
+        reason = slot.pending_abort
+        if reason is None and time.monotonic() >= slot.lease_deadline:
+            reason = AbortReason.OWNERSHIP_LOST
+        if reason is not None:
+            # Aborted (or its lease ran out) while it waited for a slot: another worker
+            # may own the job by now, so its handler must not start at all.
+            with anyio.CancelScope(shield=True):
+                await self._settle_abort(slot, reason)
+            return
+        if slot.job_type.mode == "atomic":
+            await run_atomic(self, slot)
+        else:
+            await self._run_staged(slot)
+
+    def _attempt(
+        self, slot: Slot, transaction: object | None
+    ) -> tuple[Attempt[Any, Any] | None, BaseException | None]:
+        """Build the handler's Attempt, or return why the stored input cannot be decoded
+        (that fails the job at once: retrying cannot fix it)."""
+        acquired = slot.acquired
+        try:
+            job_input = slot.job_type.input_codec.decode(acquired.input)
+        except PgworkError as exc:
+            return None, exc
+        job: Job[Any] = Job(
+            id=acquired.id,
+            type_name=acquired.type_name,
+            chain_id=acquired.chain_id,
+            chain_type_name=acquired.chain_type_name,
+            chain_index=acquired.chain_index,
+            input=job_input,
+            output=None,
+            status=JobStatus.RUNNING,
+            queue=acquired.queue,
+            priority=acquired.priority,
+            created_at=acquired.created_at,
+            scheduled_at=acquired.scheduled_at,
+            started_at=None,
+            completed_at=None,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            last_attempt_error=acquired.last_attempt_error,
+            last_attempt_at=None,
+            leased_by=self.worker_id,
+            leased_until=acquired.leased_until,
+        )
+        attempt = Attempt(
+            job=job,
+            job_type=slot.job_type,
+            acquired=acquired,
+            worker_id=self.worker_id,
+            registry=self.client.registry,
+            max_payload_bytes=self.client.max_payload_bytes,
+            transaction=transaction,
+            state=self.state,
+        )
+        slot.attempt = attempt
+        if slot.pending_abort is not None:
+            attempt.abort(slot.pending_abort)
+        return attempt, None
+
+    async def _call_handler(
+        self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+    ) -> BaseException | None:
+        """Run the handler through the middlewares; return the exception it ended with
+        (a deadline overrun is a ``TimeoutError``). An abort returns None with
+        ``attempt.abort_reason`` set. A handler the watchdog gave up on raises
+        ``Abandoned`` here once it ends: its attempt was settled without it."""
+        handler = self._handlers[slot.job_type.name]
+        slot.started = started = time.monotonic()
+        acquired = slot.acquired
+        if self._events.wants(ATTEMPT_STARTED):
+            self.emit(
+                ATTEMPT_STARTED,
+                slot,
+                duration=False,
+                mode=slot.job_type.mode,
+                queued_s=(
+                    acquired.leased_until - slot.job_type.lease - acquired.scheduled_at
+                ).total_seconds(),
+                trace_context=acquired.trace_context,
+            )
+        abandon_after = slot.job_type.abandon_after
+        slot.abandon_after = (
+            self.abandon_after if abandon_after is None else abandon_after.total_seconds()
+        )
+        slot.handler_running = True
+        if attempt.aborted:
+            slot._stop_requested()
+        error: BaseException | None = None
+        try:
+            with attempt.cancel_scope:
+                try:
+                    if timeout is not None:
+                        slot.timeout = timeout
+                        seconds = timeout.total_seconds()
+                        self.watchdog.watch(started + seconds + slot.abandon_after)
+                        with anyio.fail_after(seconds), slot.guard:
+                            result = await handler(attempt)
+                    else:
+                        with slot.guard:
+                            result = await handler(attempt)
+                    await attempt._finish_with(result)
+                except Exception as exc:
+                    error = exc
+        finally:
+            slot.handler_running = False
+        if slot.abandoned:
+            raise Abandoned
+        return error
+
+    def abandoned_error(self, slot: Slot) -> HandlerAbandonedError:
+        """The failure recorded for an attempt whose handler was given up on."""
+        acquired = slot.acquired
+        attempt = slot.attempt
+        reason = attempt.abort_reason if attempt is not None else None
+        timeout = slot.timeout
+        stopped_at = slot.stopped_at
+        if stopped_at is None:
+            stopped_at = slot.started + (timeout.total_seconds() if timeout else 0.0)
+        return HandlerAbandonedError(
+            acquired.id,
+            acquired.type_name,
+            acquired.attempt,
+            reason.value if reason is not None else f"timeout after {timeout}",
+            time.monotonic() - stopped_at,
+        )
+
+    async def settle_abandoned(self, slot: Slot) -> None:
+        """Settle the attempt of a handler the watchdog gave up on (it runs on)."""
+        attempt = slot.attempt
+        assert attempt is not None
+        error = self.abandoned_error(slot)
+        with anyio.CancelScope(shield=True):
+            if attempt.transaction is not None:
+                # Atomic: the abandoned handler may still use the connection. It must
+                # not go back to the pool, nor its row lock outlive the attempt.
+                try:
+                    await attempt.transaction.discard()
+                except Exception as exc:
+                    log.warning("pgwork could not close an abandoned attempt's connection: %r", exc)
+            await self._settle(slot, attempt, error)
+
+    async def _run_staged(self, slot: Slot) -> None:
+        attempt, decode_error = self._attempt(slot, None)
+        if attempt is None:
+            with anyio.CancelScope(shield=True):
+                await self._settle_failure(slot, decode_error, terminal=True)
+            return
+        error = await self._call_handler(slot, attempt, slot.job_type.timeout)
+        slot.settling = True
+        # The handler is done: its slot may take the next job while this outcome is
+        # written (the worker bounds how many outcomes may be unwritten at once).
+        self._on_returned(slot)
+        outcome = attempt.outcome
+        if (
+            error is None
+            and attempt.abort_reason is None
+            and type(outcome) is Completed
+            and outcome.continuation is None
+        ):
+            # Not shielded (a shield cost more than the rest of a no-op attempt): the
+            # completion joins the batcher's queue before the first await, and the
+            # batcher writes it even if this task is cancelled while it waits.
+            self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+            return
+        with anyio.CancelScope(shield=True):
+            await self._settle(slot, attempt, error)
+
+    # --- settling an attempt -----------------------------------------------------------
+
+    async def _settle(
+        self, slot: Slot, attempt: Attempt[Any, Any], error: BaseException | None
+    ) -> None:
+        reason = attempt.abort_reason
+        if isinstance(error, HandlerAbandonedError):
+            self._report_abandoned(slot, error)
+            if reason in (None, AbortReason.WORKER_STOPPING):
+                # The handler may still be doing its work: the attempt counts.
+                await self._settle_failure(slot, error, terminal=False)
+                return
+        if reason is not None:
+            await self._settle_abort(slot, reason)
+            return
+        if error is not None:
+            await self._settle_failure(slot, error, terminal=False)
+            return
+        self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+
+    async def _settle_abort(self, slot: Slot, reason: AbortReason) -> None:
+        """An aborted attempt: a stopping worker hands the job back (no attempt burned);
+        otherwise the job is someone else's now and nothing is written."""
+        if reason is AbortReason.WORKER_STOPPING:
+            released = await self.state.release(leases=[slot.lease])
+            self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
+            if released:
+                await announce_ready(self.notify, [slot.acquired.queue])
+            return
+        self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=False)
+        if reason in (AbortReason.OWNERSHIP_LOST, AbortReason.COMPLETED_ELSEWHERE):
+            self.emit(LEASE_LOST, slot, duration=False, action="renewal")
+
+    def _report_abandoned(self, slot: Slot, error: HandlerAbandonedError) -> None:
+        self.emit(ATTEMPT_ABANDONED, slot, cause=error.cause, waited_s=error.waited)
+
+    def emit(self, name: str, slot: Slot, *, duration: bool = True, **fields: Any) -> None:
+        """Emit an attempt event with the attempt's identity (and duration) filled in."""
+        if not self._events.wants(name):
+            return
+        acquired = slot.acquired
+        self._events.emit(
+            name,
+            job_id=acquired.id,
+            chain_id=acquired.chain_id,
+            job_type=acquired.type_name,
+            queue=acquired.queue,
+            attempt=acquired.attempt,
+            max_attempts=acquired.max_attempts,
+            worker_id=self.worker_id,
+            lease_token=acquired.lease_token,
+            **({"duration_s": time.monotonic() - slot.started} if duration else {}),
+            **fields,
+        )
+
+    def _report_outcome(self, slot: Slot, attempt: Attempt[Any, Any], written: bool) -> None:
+        outcome = attempt.outcome
+        if not written:
+            self.emit(LEASE_LOST, slot, duration=False, action="completion")
+        elif isinstance(outcome, Completed) and outcome.continuation is not None:
+            self.emit(
+                ATTEMPT_COMPLETED,
+                slot,
+                outcome="continued",
+                continued_with=outcome.continuation.type_name,
+            )
+        else:
+            kind = "rescheduled" if isinstance(outcome, Rescheduled) else "completed"
+            self.emit(ATTEMPT_COMPLETED, slot, outcome=kind, continued_with=None)
+
+    async def _write_outcome(self, slot: Slot, attempt: Attempt[Any, Any], tx: Any | None) -> bool:
+        """Write the handler's outcome; False when the lease no longer held."""
+        outcome = attempt.outcome
+        lease = slot.lease
+        if isinstance(outcome, Rescheduled):
+            ok = await self.state.reschedule(
+                tx,
+                lease=lease,
+                run_at=outcome.run_at,
+                run_after=outcome.run_after,
+                count_attempt=False,
+            )
+            if ok:
+                due = due_epoch(outcome.run_at, outcome.run_after)
+                await announce_ready(self.notify, [slot.acquired.queue], at=due, tx=tx)
+        elif isinstance(outcome, Completed):
+            completion = Completion(
+                job_id=lease.job_id,
+                lease_token=lease.lease_token,
+                output_json=outcome.output_json,
+                continuation=outcome.continuation,
+            )
+            ok = await self._complete(completion, slot.acquired.chain_id, tx)
+        else:  # pragma: no cover - _finish_with always sets an outcome
+            raise AssertionError("attempt finished without an outcome")
+        return ok
+
+    async def _complete(self, completion: Completion, chain_id: Any, tx: Any | None) -> bool:
+        """Write a completion and announce what it made ready (continuation, unblocked
+        dependants) and, for an awaited chain, its end — in ``tx`` when there is one
+        (delivered on commit), else right after the autocommitted write."""
+        if tx is None and completion.continuation is not None:
+            # A hand-on: the adapter completes, continues and announces in one go (one
+            # statement on PostgreSQL).
+            [handed_on] = await self.state.complete(
+                None, completions=[completion], notify=self.notify
+            )
+            return handed_on.accepted
+        if tx is None:
+            result = await self._batcher.complete(completion)
+        else:
+            result = (await self.state.complete(tx, completions=[completion]))[0]
+        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        if result.chain_awaited:
+            notices.append(Notice(kind="chain_done", chain_id=chain_id))
+        if notices:
+            await self.notify.publish(tx, notices=notices)
+        return result.accepted
+
+    async def _settle_failure(
+        self, slot: Slot, error: BaseException | None, *, terminal: bool
+    ) -> None:
+        error = error or RuntimeError("attempt failed without an exception")
+        acquired = slot.acquired
+        terminal = terminal or acquired.attempt >= acquired.max_attempts
+        retry_after = (
+            None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
+        )
+        record = error_record(error)
+        accepted = await self.state.fail(
+            None,
+            failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
+        )
+        if accepted[0] and retry_after is not None:
+            due = time.time() + retry_after.total_seconds()
+            await announce_ready(self.notify, [acquired.queue], at=due)
+        if not accepted[0]:
+            self.emit(LEASE_LOST, slot, action="failure")
+        elif terminal:
+            self.emit(
+                ATTEMPT_FAILED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                settled=True,
+            )
+        else:
+            self.emit(
+                ATTEMPT_RETRIED,
+                slot,
+                error_type=record.type,
+                error_message=record.message,
+                retry_in_s=retry_after.total_seconds() if retry_after else 0.0,
+            )
