@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 from uuid import UUID
 
+from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.errors import ConfigurationError, InvalidDedupWindowError
 from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
@@ -314,12 +315,14 @@ class JobFilter:
 @dataclass(frozen=True, slots=True)
 class ChainFilter:
     """Which chains ``list_chains`` returns; ``type_name`` is the chain's (first job's)
-    type."""
+    type, ``queue`` its first job's queue, ``dedup_key`` the key it was started with."""
 
     type_name: str | None = None
     status: ChainStatus | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    queue: str | None = None
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,6 +669,28 @@ class StateAdapter(Protocol):
         """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
         that ended longer ago than its value, and commit; chains with dependants stay.
         One caller at a time: a concurrent caller returns 0 at once."""
+        ...
+
+    # --- operator reads (dashboard) -------------------------------------------------------
+
+    async def recent_activity(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        bucket: timedelta,
+        sample_size: int,
+    ) -> RecentActivity:
+        """Jobs that ended within ``window`` of now, per queue and ``bucket`` of their
+        end time; completions among the newest ``sample_size`` jobs, failures up to
+        ``sample_size`` (see ``RecentActivity``). Reads a bounded range, never the table."""
+        ...
+
+    async def chain_links(
+        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
+    ) -> ChainLinks:
+        """Up to ``limit`` chains ``chain_id``'s jobs wait for, and up to ``limit`` jobs of
+        other chains waiting for it, each edge with the status at its other end."""
         ...
 
     # --- worker registry -----------------------------------------------------------------

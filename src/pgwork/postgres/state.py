@@ -47,6 +47,7 @@ from pgwork.postgres._enqueue import (
     write_jobs,
 )
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
@@ -70,7 +71,7 @@ _ATOMIC_SLACK = timedelta(seconds=5)
 _PIPELINED_BEGIN_FROM = 170000
 
 
-class PostgresStateAdapter(QueryOps, ChainOps, RegistryOps):
+class PostgresStateAdapter(QueryOps, InsightOps, ChainOps, RegistryOps):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 
     Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server
