@@ -100,7 +100,7 @@ class QueryMixin:
         self,
         *,
         type_name: str | None = None,
-        status: ChainStatus | None = None,
+        status: ChainStatus | str | None = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         queue: str | None = None,

@@ -28,6 +28,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from pgwork._cli_common import dsn_option, require_dsn, schema_option, stderr, stdout
+from pgwork._cli_dashboard import dashboard
 from pgwork._cli_operator import chains, jobs, queues, workers
 from pgwork._cli_worker_target import build_worker
 from pgwork.errors import ConfigurationError, PgworkError
@@ -370,6 +371,7 @@ main.add_command(jobs)
 main.add_command(chains)
 main.add_command(queues)
 main.add_command(workers)
+main.add_command(dashboard)
 
 # --- further commands register on `main` below ------------------------------------------
 
