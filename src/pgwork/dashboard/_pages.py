@@ -17,11 +17,15 @@ from starlette.responses import RedirectResponse, Response
 from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context
 from pgwork.errors import ChainNotFoundError, JobNotFoundError, PgworkError
-from pgwork.records import ChainStatus, JobStatus
+from pgwork.records import ChainStatus, JobStatus, Page
 
 __all__ = ["Pages"]
 
 PAGE_SIZE = 50
+# A queue filter is applied to this many chains of the listing per page: no index has
+# the queue of finished chains, so a page reads a bounded window and may show fewer
+# rows than it read (its next link continues after the window, so nothing is skipped).
+QUEUE_WINDOW = 200
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=2)
 DEAD_AFTER = 30.0
@@ -76,19 +80,22 @@ class Pages:
             found = await self._find(wanted)
             if found is not None:
                 return RedirectResponse(self.ctx.url(request, found), status_code=303)
+        queue = filters["queue"]
         try:
             page = await client.list_chains(
                 status=filters["status"],
                 type_name=filters["type"],
-                queue=filters["queue"],
                 dedup_key=filters["q"] if wanted is None else None,
                 cursor=_param(request, "cursor"),
-                limit=PAGE_SIZE,
+                limit=QUEUE_WINDOW if queue else PAGE_SIZE,
             )
         except PgworkError as exc:
             return self.ctx.error(request, 400, "Bad filter", str(exc))
+        if queue:
+            shown = tuple(c for c in page.items if c.current_job.queue == queue)
+            page = Page(items=shown, next_cursor=page.next_cursor)
         if wanted is not None:  # a UUID that names no chain and no job
-            page = type(page)(items=())
+            page = Page(items=())
         return self.ctx.render(
             request,
             "chains.html",
@@ -96,6 +103,7 @@ class Pages:
             filters=filters,
             statuses=[s.value for s in ChainStatus],
             searched_id=wanted,
+            queue_window=QUEUE_WINDOW if queue else None,
         )
 
     async def _find(self, wanted: UUID) -> str | None:

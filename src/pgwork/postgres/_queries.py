@@ -105,7 +105,6 @@ class QueryOps:
             "statuses": [status.value for status in statuses],
             "created_after": where.created_after,
             "created_before": where.created_before,
-            "queue": where.queue,
             "dedup_key": where.dedup_key,
             **_page_params(after, limit),
         }

@@ -47,7 +47,8 @@ LIMIT %(limit)s
 # that index (one probe per type); then each (type, status) range is read newest first,
 # at most ``limit`` rows each, and the ranges merged. A page costs probes proportional
 # to types x statuses x limit, whatever the table size. A dedup key narrows each range
-# to jobs_dedup_idx; a queue is checked on the rows of the range.
+# to jobs_dedup_idx. (No queue filter: no index has the queue of finished chains, and a
+# filter checked row by row reads a whole range when nothing matches.)
 LIST_CHAINS = f"""
 WITH RECURSIVE present_types AS (
     (SELECT r.chain_type_name AS name
@@ -83,7 +84,6 @@ page AS (
                OR r.created_at > %(created_after)s::timestamptz)
           AND (%(created_before)s::timestamptz IS NULL
                OR r.created_at < %(created_before)s::timestamptz)
-          AND (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
           AND (%(dedup_key)s::text IS NULL OR r.dedup_key = %(dedup_key)s::text)
           AND (%(after_at)s::timestamptz IS NULL
                OR (r.created_at <= %(after_at)s::timestamptz

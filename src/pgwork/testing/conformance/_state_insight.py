@@ -1,4 +1,4 @@
-"""The operator's read side: chain listings by queue and dedup key, recent activity,
+"""The operator's read side: chain listings by dedup key, recent activity,
 and the links between chains."""
 
 from __future__ import annotations
@@ -8,20 +8,25 @@ from typing import Any
 
 from pgwork.adapters.state import ChainFilter, DedupSpec
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import (
+    BETA,
+    CHAIN_TYPE,
+    StateHarness,
+    StateSuiteBase,
+)
+from pgwork.testing.conformance._state_queries import OTHER_CHAIN
 
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 
 
 class InsightConformance(StateSuiteBase):
-    async def test_list_chains_filters_by_first_jobs_queue_and_by_dedup_key(
-        self, store: StateHarness
-    ) -> None:
-        mail = store.new_job(queue="mail", dedup=DedupSpec("user-7"))
-        other_key = store.new_job(queue="mail", dedup=DedupSpec("user-8"))
-        plain = store.new_job(queue="default")
-        await store.seed(mail, other_key, plain)
+    async def test_list_chains_filters_by_dedup_key(self, store: StateHarness) -> None:
+        keyed = store.new_job(dedup=DedupSpec("user-7"))
+        other_key = store.new_job(dedup=DedupSpec("user-8"))
+        other_type = store.new_job(dedup=DedupSpec("user-7"), chain_type_name=OTHER_CHAIN)
+        plain = store.new_job()
+        await store.seed(keyed, other_key, other_type, plain)
 
         async def ids(**where: Any) -> set[Any]:
             chains = await store.adapter.list_chains(
@@ -29,12 +34,11 @@ class InsightConformance(StateSuiteBase):
             )
             return {c.id for c in chains}
 
-        assert await ids(queue="mail") == {mail.id, other_key.id}
-        assert await ids(queue="default") == {plain.id}
-        assert await ids(dedup_key="user-7") == {mail.id}
-        assert await ids(dedup_key="user-7", queue="default") == set()
+        assert await ids(dedup_key="user-7") == {keyed.id, other_type.id}
+        assert await ids(dedup_key="user-7", type_name=CHAIN_TYPE) == {keyed.id}
+        assert await ids(dedup_key="user-7", status=ChainStatus.COMPLETED) == set()
         assert await ids(dedup_key="nobody") == set()
-        assert await ids() == {mail.id, other_key.id, plain.id}
+        assert await ids() == {keyed.id, other_key.id, other_type.id, plain.id}
 
     async def test_recent_activity_counts_completions_and_failures_per_queue(
         self, store: StateHarness
