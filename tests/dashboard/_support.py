@@ -27,6 +27,12 @@ breaks = registry.job_type("dash.breaks", input=Note, max_attempts=1)
 mail = registry.job_type("dash.mail", input=Note, queue="mail")
 waits = registry.job_type("dash.waits", input=Note, queue="merge")
 slow = registry.job_type("dash.slow", input=Note, queue="slow")
+flaky = registry.job_type("dash.flaky", input=Note, max_attempts=1)
+
+# dash.flaky fails while this is set; a test clears it before retrying.
+FLAKY_FAILS = {"on": True}
+# dash.slow's attempts: started, then cancelled (set by the handler itself).
+SLOW_EVENTS: dict[str, anyio.Event] = {}
 
 
 async def handle_echo(attempt: Attempt[Note, Note]) -> Note:
@@ -41,7 +47,23 @@ async def handle_plain(attempt: Attempt[Note, Any]) -> None:
     return None
 
 
+async def handle_flaky(attempt: Attempt[Note, Any]) -> None:
+    if FLAKY_FAILS["on"]:
+        raise RuntimeError(f"flaky: {attempt.job.input.text}")
+
+
+async def handle_slow(attempt: Attempt[Note, Any]) -> None:
+    """Runs until cancelled, and says so."""
+    SLOW_EVENTS.setdefault("started", anyio.Event()).set()
+    try:
+        await anyio.sleep_forever()
+    finally:
+        SLOW_EVENTS.setdefault("cancelled", anyio.Event()).set()
+
+
 PROCESSORS: dict[Any, Any] = {
+    flaky: handle_flaky,
+    slow: handle_slow,
     echo: handle_echo,
     breaks: handle_breaks,
     mail: handle_plain,

@@ -197,3 +197,24 @@ async def test_bad_addresses_get_a_page_that_says_what_is_wrong(
 
     assert response.status_code == status
     assert text in response.text
+
+
+async def test_queue_filter_reads_a_window_and_its_next_link_skips_nothing(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    mailed = [str((await start(client, pgwork_dsn, mail, f"m{i}")).id) for i in range(3)]
+    for i in range(250):  # more than one window of other chains, newer than the mail
+        await start(client, pgwork_dsn, echo, f"e{i}")
+
+    seen: list[str] = []
+    url: str | None = "/chains?queue=mail"
+    pages = 0
+    while url:
+        html = (await http.get(url)).text
+        seen += re.findall(r'<tr data-chain="([0-9a-f-]+)">', html)
+        found = re.search(r'<a href="([^"]+)" rel="next">', html)
+        url = found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+
+    assert sorted(seen) == sorted(mailed)
+    assert pages == 2  # the first window held none of them

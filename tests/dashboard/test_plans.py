@@ -17,7 +17,6 @@ import pytest
 from bench.dashboard import load_statements
 
 from pgwork import Client
-from pgwork.dashboard._pages import QUEUE_WINDOW
 from pgwork.errors import PgworkError
 from pgwork.records import ChainStatus, JobStatus
 
@@ -81,7 +80,6 @@ READS: dict[str, Callable[[Client], Awaitable[Any]]] = {
     "chains": lambda c: c.list_chains(limit=50),
     "chains-by-status": lambda c: c.list_chains(status=ChainStatus.FAILED, limit=50),
     "chains-by-type": lambda c: c.list_chains(type_name="bench.email", limit=50),
-    "chains-by-queue": lambda c: c.list_chains(limit=QUEUE_WINDOW),
     "chains-by-dedup-key": lambda c: c.list_chains(dedup_key="key-77", limit=50),
     "chain": lambda c: c.get_chain(SOME),
     "chain-jobs": lambda c: c.list_chain_jobs(SOME),

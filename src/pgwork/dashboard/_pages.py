@@ -17,15 +17,16 @@ from starlette.responses import RedirectResponse, Response
 from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context
 from pgwork.errors import ChainNotFoundError, JobNotFoundError, PgworkError
-from pgwork.records import ChainStatus, JobStatus, Page
+from pgwork.records import Chain, ChainStatus, JobStatus, Page
 
 __all__ = ["Pages"]
 
 PAGE_SIZE = 50
-# A queue filter is applied to this many chains of the listing per page: no index has
-# the queue of finished chains, so a page reads a bounded window and may show fewer
-# rows than it read (its next link continues after the window, so nothing is skipped).
-QUEUE_WINDOW = 200
+# A queue filter is applied to this many chains of the listing per page (read as pages
+# of PAGE_SIZE, the size the listing's plan is made for): no index has the queue of
+# finished chains, so a page reads a bounded window and may show fewer rows than it
+# read (its next link continues after the window, so nothing is skipped).
+QUEUE_WINDOW = 4 * PAGE_SIZE
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=2)
 DEAD_AFTER = 30.0
@@ -81,19 +82,24 @@ class Pages:
             if found is not None:
                 return RedirectResponse(self.ctx.url(request, found), status_code=303)
         queue = filters["queue"]
+        cursor = _param(request, "cursor")
+        shown: list[Chain] = []
         try:
-            page = await client.list_chains(
-                status=filters["status"],
-                type_name=filters["type"],
-                dedup_key=filters["q"] if wanted is None else None,
-                cursor=_param(request, "cursor"),
-                limit=QUEUE_WINDOW if queue else PAGE_SIZE,
-            )
+            for _ in range(QUEUE_WINDOW // PAGE_SIZE if queue else 1):
+                page = await client.list_chains(
+                    status=filters["status"],
+                    type_name=filters["type"],
+                    dedup_key=filters["q"] if wanted is None else None,
+                    cursor=cursor,
+                    limit=PAGE_SIZE,
+                )
+                shown += [c for c in page.items if not queue or c.current_job.queue == queue]
+                cursor = page.next_cursor
+                if cursor is None or len(shown) >= PAGE_SIZE:
+                    break
         except PgworkError as exc:
             return self.ctx.error(request, 400, "Bad filter", str(exc))
-        if queue:
-            shown = tuple(c for c in page.items if c.current_job.queue == queue)
-            page = Page(items=shown, next_cursor=page.next_cursor)
+        page = Page(items=tuple(shown), next_cursor=cursor)
         if wanted is not None:  # a UUID that names no chain and no job
             page = Page(items=())
         return self.ctx.render(
