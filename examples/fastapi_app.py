@@ -2,7 +2,9 @@
 
 The signup row and its welcome-email job commit together or not at all: if the request
 fails after ``start_chain``, the session rolls back and no email goes out for a user
-who does not exist. Serve it with any ASGI server (the app reads PGWORK_DSN at startup):
+who does not exist. The pgwork dashboard is mounted at ``/jobs`` (for requests from this
+machine only; put your own authorization there). Serve it with any ASGI server (the app
+reads PGWORK_DSN at startup):
 
     PGWORK_DSN=postgresql://localhost/app uvicorn examples.fastapi_app:app
 
@@ -34,6 +36,7 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
+from pgwork.dashboard import create_dashboard
 
 
 class Welcome(BaseModel):
@@ -84,9 +87,17 @@ async def request_session(request: Request) -> AsyncIterator[AsyncSession]:
 Session = Annotated[AsyncSession, Depends(request_session)]
 
 
+def local_only(request: Request) -> bool:
+    """Who may use the dashboard: here, requests from this machine. In an application,
+    check its own session or credentials (the function may be async)."""
+    return request.client is not None and request.client.host in ("127.0.0.1", "::1")
+
+
 def create_app(dsn: str | None = None) -> FastAPI:
     app = FastAPI(lifespan=lifespan)
     app.state.dsn = dsn
+    # The client exists once the lifespan has started: hand the dashboard a getter.
+    app.mount("/jobs", create_dashboard(lambda: app.state.client, authorize=local_only))
 
     @app.post("/signups", status_code=201)
     async def signup(body: SignupIn, request: Request, db: Session) -> dict[str, Any]:
@@ -118,15 +129,20 @@ async def main(dsn: str) -> None:
         transport = httpx.ASGITransport(app=demo)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
             response = await http.post("/signups", json={"email": "grace@example.com"})
-        print(f"POST /signups -> {response.status_code} {response.json()}")
-        client: Client = demo.state.client
-        worker = create_in_process_worker(
-            client=client, processors={send_welcome: send_welcome_email}
-        )
-        async with worker:
-            chain_id = response.json()["job_id"]
-            await client.await_chain(UUID(chain_id), timeout=30)
-        print("job completed")
+            print(f"POST /signups -> {response.status_code} {response.json()}")
+            client: Client = demo.state.client
+            worker = create_in_process_worker(
+                client=client, processors={send_welcome: send_welcome_email}
+            )
+            async with worker:
+                chain_id = response.json()["job_id"]
+                await client.await_chain(UUID(chain_id), timeout=30)
+            print("job completed")
+            page = await http.get(f"/jobs/chains/{chain_id}")
+            print(
+                f"GET /jobs/chains/{{id}} -> {page.status_code}, shows 'completed': "
+                f"{'status-completed' in page.text}"
+            )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ EXAMPLES = ROOT / "examples"
 
 EXPECTED = {
     "quickstart.py": ["sending a welcome email to ada@example.com", "chain completed: Sent("],
-    "fastapi_app.py": ["POST /signups -> 201", "welcome email to grace@example.com", "completed"],
+    "fastapi_app.py": [
+        "POST /signups -> 201",
+        "welcome email to grace@example.com",
+        "completed",
+        "GET /jobs/chains/{id} -> 200, shows 'completed': True",
+    ],
     "logging_middleware.py": [
         "[job=0",
         "attempt=1] charging invoice 42",

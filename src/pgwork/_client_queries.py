@@ -96,20 +96,23 @@ class QueryMixin:
         self,
         *,
         type_name: str | None = None,
-        status: ChainStatus | None = None,
+        status: ChainStatus | str | None = None,
         created_after: datetime | None = None,
         created_before: datetime | None = None,
+        dedup_key: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
         tx: object | None = None,
     ) -> Page[Chain]:
         """One page of chains (by their first job's type and creation), newest first,
-        decoded like ``get_chain``. Same paging and filter rules as ``list_jobs``."""
+        decoded like ``get_chain``. ``dedup_key``: only chains started with that
+        key. Same paging and filter rules as ``list_jobs``."""
         where = ChainFilter(
             type_name=type_name,
             status=_chain_status(status),
             created_after=_aware("created_after", created_after),
             created_before=_aware("created_before", created_before),
+            dedup_key=dedup_key,
         )
         size, after = _fetch_size(limit), decode_cursor(cursor, "c")
         handle = await self._read_handle(tx)

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from pgwork._client_control import ControlMixin
+from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._ids import new_ids
 from pgwork.adapters.in_process import InProcessNotifyAdapter
@@ -92,7 +93,7 @@ class StartedChain(Generic[I, O]):
     status: JobStatus
 
 
-class Client(QueryMixin, ControlMixin):
+class Client(QueryMixin, ControlMixin, InsightMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(

@@ -307,12 +307,13 @@ class JobFilter:
 @dataclass(frozen=True, slots=True)
 class ChainFilter:
     """Which chains ``list_chains`` returns; ``type_name`` is the chain's (first job's)
-    type."""
+    type, ``dedup_key`` the key it was started with."""
 
     type_name: str | None = None
     status: ChainStatus | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from pgwork.adapters._state_records import (
     WorkerInfo,
     WorkerRecord,
 )
+from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.records import Chain, Job
 
@@ -316,6 +317,26 @@ class ReadStore(Store, Protocol):
 
     async def now(self) -> datetime:
         """The store's clock: the one clock for schedules and leases."""
+        ...
+
+    async def recent_activity(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        bucket: timedelta,
+        sample_size: int,
+    ) -> RecentActivity:
+        """Jobs that ended within ``window`` of now, per queue and ``bucket`` of their
+        end time; completions among the newest ``sample_size`` jobs, failures up to
+        ``sample_size`` (see ``RecentActivity``). Reads a bounded range, never the table."""
+        ...
+
+    async def chain_links(
+        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
+    ) -> ChainLinks:
+        """Up to ``limit`` chains ``chain_id``'s jobs wait for, and up to ``limit`` jobs of
+        other chains waiting for it, each edge with the status at its other end."""
         ...
 
     async def get_jobs(

@@ -22,6 +22,7 @@ that ``pgwork worker`` does not start with it loaded.
 from __future__ import annotations
 
 from pgwork.cli._app import EXIT_ABANDONED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_AT_HEAD, main
+from pgwork.cli._dashboard import dashboard
 from pgwork.cli._demo import demo
 from pgwork.cli._operator import chains, jobs, queues, workers
 from pgwork.cli._schema import check, migrate
@@ -37,3 +38,4 @@ main.add_command(jobs)
 main.add_command(chains)
 main.add_command(queues)
 main.add_command(workers)
+main.add_command(dashboard)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
@@ -348,6 +349,28 @@ class InstrumentedStateAdapter:
         return await self._call(
             "delete_expired_chains",
             self.inner.delete_expired_chains(retention=retention, limit=limit),
+        )
+
+    # --- operator reads (dashboard) -------------------------------------------------------
+
+    async def recent_activity(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        bucket: timedelta,
+        sample_size: int,
+    ) -> RecentActivity:
+        return await self._call(
+            "recent_activity",
+            self.inner.recent_activity(tx, window=window, bucket=bucket, sample_size=sample_size),
+        )
+
+    async def chain_links(
+        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
+    ) -> ChainLinks:
+        return await self._call(
+            "chain_links", self.inner.chain_links(tx, chain_id=chain_id, limit=limit)
         )
 
     # --- worker registry -----------------------------------------------------------------

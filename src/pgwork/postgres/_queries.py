@@ -133,6 +133,7 @@ class QueryOps:
             "statuses": [status.value for status in statuses],
             "created_after": where.created_after,
             "created_before": where.created_before,
+            "dedup_key": where.dedup_key,
             **_page_params(after, limit),
         }
         rows = await self._read(tx, self._qsql.list_chains, params)

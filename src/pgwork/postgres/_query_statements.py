@@ -46,7 +46,9 @@ LIMIT %(limit)s
 # rows. Without a type filter the chain types present are found by skipping through
 # that index (one probe per type); then each (type, status) range is read newest first,
 # at most ``limit`` rows each, and the ranges merged. A page costs probes proportional
-# to types x statuses x limit, whatever the table size.
+# to types x statuses x limit, whatever the table size. A dedup key narrows each range
+# to jobs_dedup_idx. (No queue filter: no index has the queue of finished chains, and a
+# filter checked row by row reads a whole range when nothing matches.)
 LIST_CHAINS = f"""
 WITH RECURSIVE present_types AS (
     (SELECT r.chain_type_name AS name
@@ -82,6 +84,7 @@ page AS (
                OR r.created_at > %(created_after)s::timestamptz)
           AND (%(created_before)s::timestamptz IS NULL
                OR r.created_at < %(created_before)s::timestamptz)
+          AND (%(dedup_key)s::text IS NULL OR r.dedup_key = %(dedup_key)s::text)
           AND (%(after_at)s::timestamptz IS NULL
                OR (r.created_at <= %(after_at)s::timestamptz
                    AND (r.created_at, r.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))

@@ -35,6 +35,7 @@ from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
@@ -48,7 +49,9 @@ from pgwork.postgres._verify import verify_schema
 __all__ = ["PostgresStateAdapter"]
 
 
-class PostgresStateAdapter(EnqueueOps, WorkerOps, CompletionOps, QueryOps, ChainOps, RegistryOps):
+class PostgresStateAdapter(
+    EnqueueOps, WorkerOps, CompletionOps, QueryOps, InsightOps, ChainOps, RegistryOps
+):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 
     Build one with ``await PostgresStateAdapter.connect(dsn)``, which checks the server

@@ -43,6 +43,7 @@ pytest.register_assert_rewrite(
             "_state_dedup",
             "_state_deletion",
             "_state_enqueue",
+            "_state_insight",
             "_state_lease",
             "_state_queries",
             "_state_reap",

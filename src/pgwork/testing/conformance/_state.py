@@ -9,6 +9,7 @@ from pgwork.testing.conformance._state_control import ControlConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
+from pgwork.testing.conformance._state_insight import InsightConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
@@ -31,6 +32,7 @@ class StateAdapterConformance(
     BlockerConformance,
     ControlConformance,
     QueryConformance,
+    InsightConformance,
     DeletionConformance,
     RetentionConformance,
     RegistryConformance,

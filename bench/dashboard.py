@@ -1,0 +1,237 @@
+"""How long each dashboard page takes to render with a million jobs in the database.
+
+    python -m bench.dashboard --dsn postgresql://postgres@127.0.0.1/postgres [--jobs N]
+
+Creates a fresh migrated database on the server (dropped afterwards), bulk-loads
+``--jobs`` jobs straight into pgwork's tables with ``generate_series`` (a week of
+history: mostly completed, some pending, scheduled, running, failed, blocked and
+cancelled, several types and queues, chains of two jobs, dedup keys, blocker edges,
+workers), vacuums and analyzes, then renders every page through httpx's ASGI transport
+in this process and prints the median and p95 server time of each, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import anyio
+import httpx
+import psycopg
+from psycopg import sql
+
+__all__ = ["load_statements", "main"]
+
+# One row per job, in creation order over the last week; ``g`` numbers them (the newest
+# is ``jobs - 1``). Status by ``g % 1000``: 1% failed, 0.5% blocked, 0.1% running, 4%
+# pending (half of them scheduled for later), 2% cancelled, the rest completed.
+_JOBS = """
+INSERT INTO {jobs} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
+    priority, created_at, scheduled_at, started_at, completed_at, attempt, max_attempts,
+    last_attempt_error, last_attempt_at, leased_by, leased_until, chain_status,
+    chain_completed_at, dedup_key
+)
+SELECT u, t, u, t, 0,
+       jsonb_build_object('n', g, 'email', 'user' || g || '@example.com'),
+       CASE WHEN s = 'completed' THEN jsonb_build_object('sent', true) END,
+       s::{job_status}, q, 0, created, scheduled,
+       CASE WHEN s NOT IN ('pending', 'blocked') THEN scheduled END,
+       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
+       CASE WHEN s IN ('pending', 'blocked') THEN 0 WHEN s = 'failed' THEN 3 ELSE 1 END,
+       3,
+       CASE WHEN s = 'failed' THEN jsonb_build_object(
+           'type', 'TimeoutError', 'message', 'upstream timed out after 30 s (job ' || g || ')',
+           'traceback', 'Traceback (most recent call last):\n  File "app.py", line 1\n')
+       END,
+       CASE WHEN s NOT IN ('pending', 'blocked') THEN scheduled END,
+       CASE WHEN s = 'running' THEN 'bench-worker-' || (g % 4) END,
+       CASE WHEN s = 'running' THEN now() + interval '1 minute' END,
+       CASE WHEN s IN ('pending', 'running', 'blocked') THEN 'active' ELSE s END
+           ::{chain_status},
+       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
+       CASE WHEN g % 100 = 0 THEN 'key-' || g END
+FROM (
+    SELECT g, u, t, q, s, created,
+           CASE WHEN s = 'pending' AND g % 2 = 0 THEN now() + interval '1 hour'
+                ELSE created END AS scheduled
+    FROM (
+        SELECT g, gen_random_uuid() AS u,
+               'bench.' || (ARRAY['email', 'resize', 'report', 'sync', 'charge', 'export',
+                                  'notify', 'index'])[1 + g % 8] AS t,
+               (ARRAY['default', 'mail', 'reports', 'slow'])[1 + (g / 7) % 4] AS q,
+               CASE WHEN g % 1000 < 10 THEN 'failed'
+                    WHEN g % 1000 < 15 THEN 'blocked'
+                    WHEN g % 1000 = 15 THEN 'running'
+                    WHEN g % 1000 < 56 THEN 'pending'
+                    WHEN g % 1000 < 76 THEN 'cancelled'
+                    ELSE 'completed' END AS s,
+               now() - (%(jobs)s - g) * (interval '7 days' / %(jobs)s) AS created
+        FROM generate_series(0, %(jobs)s - 1) AS g
+    ) AS numbered
+) AS rows
+"""
+
+# A second job for one completed chain in ten (its continuation, completed too).
+_CONTINUATIONS = """
+INSERT INTO {jobs} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
+    created_at, scheduled_at, started_at, completed_at, attempt, max_attempts
+)
+SELECT gen_random_uuid(), r.type_name || '.next', r.id, r.type_name, 1, '{{}}',
+       '{{"done": true}}', 'completed', r.queue, r.created_at + interval '1 s',
+       r.created_at + interval '1 s', r.created_at + interval '1 s', r.completed_at, 1, 3
+FROM {jobs} AS r
+WHERE r.status = 'completed' AND r.chain_index = 0 AND get_byte(uuid_send(r.id), 0) < 26
+"""
+
+# Each blocked job waits for one pending chain.
+_BLOCKERS = """
+INSERT INTO {job_blockers} (job_id, blocker_chain_id, position)
+SELECT d.id, b.id, 0
+FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM {jobs}
+      WHERE status = 'blocked') AS d
+JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM {jobs}
+      WHERE status = 'pending' AND chain_index = 0) AS b ON b.n = d.n
+"""
+
+_WORKERS = """
+INSERT INTO {workers} (id, host, pid, queues, job_types, max_slots, active_slots, status,
+                       started_at, heartbeat_at)
+SELECT 'bench-worker-' || w, 'host-' || (w % 2), 1000 + w, ARRAY['default', 'mail'],
+       ARRAY['bench.email'], 16, w % 16, CASE WHEN w < 4 THEN 'busy' ELSE 'stopped' END,
+       now() - interval '2 hours', CASE WHEN w < 4 THEN now() ELSE now() - interval '1 hour' END
+FROM generate_series(0, 5) AS w
+"""
+
+
+def load_statements(*, jobs: int, schema: str = "pgwork") -> list[sql.Composed]:
+    """The statements that fill ``schema`` with ``jobs`` jobs (plus continuations,
+    blocker edges and workers), ready for ``execute`` on an autocommit connection."""
+    names = {
+        "jobs": sql.Identifier(schema, "jobs"),
+        "job_blockers": sql.Identifier(schema, "job_blockers"),
+        "workers": sql.Identifier(schema, "workers"),
+        "job_status": sql.Identifier(schema, "job_status"),
+        "chain_status": sql.Identifier(schema, "chain_status"),
+    }
+    count = sql.Literal(jobs)
+    return [
+        sql.SQL(_JOBS.replace("%(jobs)s", "{count}")).format(count=count, **names),
+        sql.SQL(_CONTINUATIONS).format(**names),
+        sql.SQL(_BLOCKERS).format(**names),
+        sql.SQL(_WORKERS).format(**names),
+        sql.SQL("VACUUM (ANALYZE) {jobs}").format(**names),
+        sql.SQL("VACUUM (ANALYZE) {job_blockers}").format(**names),
+    ]
+
+
+async def _ids(dsn: str) -> dict[str, str]:
+    """Ids of rows worth opening: a two-job chain, a failed job, a blocked chain."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        picks = {
+            "chain": "SELECT chain_id FROM pgwork.jobs WHERE chain_index = 1 LIMIT 1",
+            "failed": "SELECT id FROM pgwork.jobs WHERE status = 'failed' LIMIT 1",
+            "blocked": "SELECT chain_id FROM pgwork.jobs WHERE status = 'blocked' LIMIT 1",
+            "key": "SELECT dedup_key FROM pgwork.jobs WHERE dedup_key IS NOT NULL LIMIT 1",
+        }
+        found = {}
+        for name, query in picks.items():
+            row = await (await conn.execute(query)).fetchone()
+            assert row is not None, name
+            found[name] = str(row[0])
+        return found
+
+
+async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
+    from pgwork import PostgresStateAdapter, create_client
+    from pgwork.dashboard import allow_any, create_dashboard
+    from pgwork.job_types import JobTypeRegistry
+
+    ids = await _ids(dsn)
+    state = await PostgresStateAdapter.connect(dsn, max_size=4)
+    client = create_client(state_adapter=state, registry=JobTypeRegistry(), observers=[])
+    app = create_dashboard(client, authorize=allow_any)
+    results = []
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            first = (await http.get("/chains")).text
+            cursor = first.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
+            failed = (await http.get("/failed")).text
+            failed_next = failed.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
+            pages = {
+                "overview `/`": "/",
+                "chains `/chains`": "/chains",
+                "chains, next page": cursor.replace("&amp;", "&"),
+                "chains by status (failed)": "/chains?status=failed",
+                "chains by type": "/chains?type=bench.email",
+                "chains by queue": "/chains?queue=mail",
+                "chains by dedup key": f"/chains?q={ids['key']}",
+                "chain `/chains/{id}`": f"/chains/{ids['chain']}",
+                "blocked chain": f"/chains/{ids['blocked']}",
+                "job `/jobs/{id}`": f"/jobs/{ids['failed']}",
+                "workers `/workers`": "/workers",
+                "failed `/failed`": "/failed",
+                "failed, next page": failed_next.replace("&amp;", "&"),
+            }
+            for label, path in pages.items():
+                took = []
+                for _ in range(repeat + 1):
+                    started = time.perf_counter()
+                    response = await http.get(path)
+                    took.append((time.perf_counter() - started) * 1000)
+                    assert response.status_code == 200, (path, response.status_code)
+                took = took[1:]  # the first warms the plan and connection
+                p95 = statistics.quantiles(took, n=20)[-1] if len(took) >= 2 else took[0]
+                results.append((label, statistics.median(took), p95))
+    finally:
+        await client.close()
+    return results
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from bench._env import fresh_database, server
+    from pgwork.testing.databases import create_migrated_database, unique_database_name
+
+    with server(args.dsn) as (admin, _kind):
+        name = unique_database_name("pgwork_bench_dash")
+        template = create_migrated_database(admin, name)
+        try:
+            with fresh_database(admin, template=name) as dsn:
+                started = time.perf_counter()
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    for statement in load_statements(jobs=args.jobs):
+                        conn.execute(statement)
+                    row = conn.execute("SELECT count(*) FROM pgwork.jobs").fetchone()
+                loaded = time.perf_counter() - started
+                total = row[0] if row else 0
+                print(f"loaded {total:,} jobs ({args.jobs:,} chains) in {loaded:.1f} s\n")
+                results = await _time_pages(dsn, args.repeat)
+        finally:
+            from pgwork.testing.databases import drop_database
+
+            drop_database(admin, name)
+            del template
+    print(f"| page ({total:,} jobs) | median ms | p95 ms |")
+    print("|---|---:|---:|")
+    for label, median, p95 in results:
+        print(f"| {label} | {median:.1f} | {p95:.1f} |")
+    slowest = max(p95 for _, _, p95 in results)
+    print(f"\nslowest p95: {slowest:.1f} ms (target: every page < 150 ms)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__)
+    parser.add_argument("--dsn", help="admin DSN of the server (default: embedded PostgreSQL)")
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="chains to load")
+    parser.add_argument("--repeat", type=int, default=20, help="renders per page")
+    args: Any = parser.parse_args(argv)
+    return anyio.run(_run, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""Client API of the operator's read side: recent activity and a chain's links.
+
+Mixed into ``Client``; what the dashboard reads besides the listings of
+``_client_queries``. Both read bounded index ranges, so they cost the same on any size
+of table.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from pgwork.adapters.insight import ChainLinks, RecentActivity
+from pgwork.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from pgwork.adapters.state import StateAdapter, TransactionHandle
+
+__all__ = ["InsightMixin"]
+
+DEFAULT_SAMPLE = 20_000
+MAX_LINKS = 1000
+
+
+class InsightMixin:
+    """``recent_activity`` and ``chain_links`` of ``Client``."""
+
+    if TYPE_CHECKING:
+        state: StateAdapter
+
+        async def _read_handle(self, tx: object | None) -> TransactionHandle | None: ...
+
+    async def recent_activity(
+        self,
+        *,
+        window: timedelta = timedelta(hours=1),
+        bucket: timedelta = timedelta(minutes=2),
+        sample_size: int = DEFAULT_SAMPLE,
+        tx: object | None = None,
+    ) -> RecentActivity:
+        """Jobs that completed or failed within ``window``, per queue and ``bucket``.
+
+        Completions are counted among the newest ``sample_size`` jobs (by creation), so
+        the cost stays bounded however busy the hour was; ``complete`` on the result
+        says whether that sample held every job. Failures are counted exactly, up to
+        ``sample_size``.
+        """
+        if window <= timedelta(0) or bucket <= timedelta(0) or bucket > window:
+            raise ConfigurationError(
+                f"window and bucket must be positive and bucket <= window, got "
+                f"window={window}, bucket={bucket}"
+            )
+        if not 1 <= sample_size <= 1_000_000:
+            raise ConfigurationError(f"sample_size must be in 1..1000000, got {sample_size}")
+        return await self.state.recent_activity(
+            await self._read_handle(tx), window=window, bucket=bucket, sample_size=sample_size
+        )
+
+    async def chain_links(
+        self, chain_id: UUID, *, limit: int = 100, tx: object | None = None
+    ) -> ChainLinks:
+        """The chains ``chain_id``'s jobs wait for and the jobs of other chains that wait
+        for it (up to ``limit`` of each), with the status at the other end of each edge."""
+        if not 1 <= limit <= MAX_LINKS:
+            raise ConfigurationError(f"limit must be between 1 and {MAX_LINKS}, got {limit}")
+        return await self.state.chain_links(
+            await self._read_handle(tx), chain_id=chain_id, limit=limit
+        )

@@ -1,0 +1,132 @@
+"""The operator's actions: retry failed jobs, cancel or delete a chain, pause or resume
+a queue.
+
+Each is a POST form checked for its CSRF token, run through the public client API in a
+transaction of its own (committed only if the whole action succeeds), and answered with
+a redirect back to where the operator was. A refusal by the client (a job that is not
+failed, a chain that already ended, a chain others depend on) is shown with the client's
+own message, as a 409 page: the same rules and words as in code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from uuid import UUID
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from pgwork.client import Client
+from pgwork.dashboard._context import NOTICE_COOKIE, Context
+from pgwork.dashboard._security import CSRF_FIELD, csrf_matches
+from pgwork.errors import ConfigurationError, PgworkError
+from pgwork.records import ChainStatus
+
+__all__ = ["Actions"]
+
+Action = Callable[[Client, object, FormData], Awaitable[tuple[str, str | None]]]
+
+
+def _ids(form: FormData, name: str) -> list[UUID]:
+    values = [str(v) for v in form.getlist(name)]
+    if not values:
+        raise ConfigurationError(f"no {name} given: select at least one")
+    try:
+        return [UUID(v) for v in values]
+    except ValueError:
+        raise ConfigurationError(f"{name} must be UUIDs, got {values!r}") from None
+
+
+def _queue(form: FormData) -> str:
+    queue = str(form.get("queue", "")).strip()
+    if not queue:
+        raise ConfigurationError("no queue given")
+    return queue
+
+
+async def _retry(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    retried = await client.retry(tx, _ids(form, "job_id"))
+    return f"Retried {len(retried)} job{'s' if len(retried) != 1 else ''}.", None
+
+
+async def _cancel(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    cancelled = await client.cancel(tx, _ids(form, "chain_id"))
+    return f"Cancelled {len(cancelled)} chain{'s' if len(cancelled) != 1 else ''}.", None
+
+
+async def _delete(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    ids = _ids(form, "chain_id")
+    for chain_id in ids:
+        chain = await client.get_chain(chain_id, tx=tx)
+        if chain.status is ChainStatus.ACTIVE:
+            raise ConfigurationError(
+                f"chain {chain_id} is still active; cancel it first, then delete it"
+            )
+    deleted = await client.delete_chains(tx, ids)
+    return f"Deleted {deleted} chain{'s' if deleted != 1 else ''}.", "/chains"
+
+
+async def _pause(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    queue = _queue(form)
+    await client.pause_queue(queue, tx=tx)
+    return f"Paused queue {queue}.", None
+
+
+async def _resume(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    queue = _queue(form)
+    await client.resume_queue(queue, tx=tx)
+    return f"Resumed queue {queue}.", None
+
+
+ACTIONS: dict[str, Action] = {
+    "retry": _retry,
+    "cancel": _cancel,
+    "delete": _delete,
+    "pause": _pause,
+    "resume": _resume,
+}
+
+
+def _next_path(form: FormData) -> str:
+    """Where to go afterwards: a path of the dashboard, never another site."""
+    path = str(form.get("next", "/"))
+    if not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return "/"
+    return path
+
+
+class Actions:
+    def __init__(self, context: Context) -> None:
+        self.ctx = context
+
+    async def act(self, request: Request) -> Response:
+        name = request.path_params["action"]
+        action = ACTIONS.get(name)
+        if action is None:
+            return self.ctx.error(request, 404, "Not found", f"There is no action {name!r}.")
+        if self.ctx.read_only:
+            return self.ctx.error(
+                request, 403, "Read-only", "This dashboard is read-only: actions are disabled."
+            )
+        form = await request.form()
+        if not csrf_matches(request, form.get(CSRF_FIELD)):
+            return self.ctx.error(
+                request,
+                403,
+                "Refused",
+                "The form's security token is missing or stale. Reload the page and try again.",
+            )
+        client = self.ctx.client
+        try:
+            async with client.state.transaction() as tx:
+                notice, goto = await action(client, tx, form)
+        except PgworkError as exc:
+            return self.ctx.error(request, 409, f"Could not {name}", str(exc))
+        response = RedirectResponse(
+            self.ctx.url(request, goto or _next_path(form)), status_code=303
+        )
+        response.set_cookie(
+            NOTICE_COOKIE, notice, path=self.ctx.prefix(request) or "/", samesite="strict"
+        )
+        return response

@@ -1,0 +1,110 @@
+"""What every dashboard handler shares: the client, the templates, the URL prefix.
+
+Rendering lives here so each page handler is a read and a template name. Every HTML
+response is ``no-store`` (pages carry job payloads), and sets the CSRF cookie the forms
+echo when the browser has none yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from pgwork.client import Client
+from pgwork.dashboard import _format
+from pgwork.dashboard._security import CSRF_COOKIE, CSRF_FIELD, new_csrf_token
+
+__all__ = ["Context"]
+
+NOTICE_COOKIE = "pgwork_notice"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("pgwork.dashboard", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["json_text"] = _format.json_text
+    env.filters["short"] = lambda value: str(value)[:8]
+    env.filters["stamp"] = lambda d: f"{d:%Y-%m-%d %H:%M:%S} UTC" if d is not None else ""
+    env.globals["duration"] = _format.duration
+    return env
+
+
+@dataclass
+class Context:
+    client_source: Client | Callable[[], Client]
+    base_path: str
+    read_only: bool
+    env: jinja2.Environment
+
+    @classmethod
+    def build(
+        cls, client: Client | Callable[[], Client], *, base_path: str, read_only: bool
+    ) -> Context:
+        return cls(client, base_path.rstrip("/"), read_only, _environment())
+
+    @property
+    def client(self) -> Client:
+        source = self.client_source
+        return source if isinstance(source, Client) else source()
+
+    def prefix(self, request: Request) -> str:
+        """Where the dashboard's own root is, as the browser sees it: the proxy's
+        ``base_path`` plus the path it is mounted at in the ASGI app."""
+        return self.base_path + str(request.scope.get("root_path", "")).rstrip("/")
+
+    def url(self, request: Request, path: str, **query: Any) -> str:
+        given = {k: v for k, v in query.items() if v not in (None, "")}
+        tail = f"?{urlencode(given)}" if given else ""
+        return f"{self.prefix(request)}{path}{tail}"
+
+    def render(
+        self, request: Request, template: str, status_code: int = 200, **values: Any
+    ) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf_token()
+        notice = request.cookies.get(NOTICE_COOKIE)
+        now = datetime.now(UTC)
+        body = self.env.get_template(template).render(
+            request=request,
+            url=lambda path, **q: self.url(request, path, **q),
+            static=lambda name: self.url(request, f"/static/{name}"),
+            read_only=self.read_only,
+            csrf_field=CSRF_FIELD,
+            csrf=csrf,
+            notice=notice[:300] if notice else None,
+            now=now,
+            age=lambda moment: _format.age(moment, now),
+            current=request.url.path,
+            **values,
+        )
+        response = HTMLResponse(body, status_code=status_code)
+        response.headers["cache-control"] = "no-store"
+        cookie_path = self.prefix(request) or "/"
+        if request.cookies.get(CSRF_COOKIE) != csrf:
+            response.set_cookie(
+                CSRF_COOKIE,
+                csrf,
+                path=cookie_path,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        if notice:
+            response.delete_cookie(NOTICE_COOKIE, path=cookie_path)
+        return response
+
+    def error(self, request: Request, status_code: int, title: str, message: str) -> HTMLResponse:
+        return self.render(
+            request, "error.html", status_code=status_code, title=title, message=message
+        )

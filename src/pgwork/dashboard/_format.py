@@ -1,0 +1,143 @@
+"""Turning records into what the templates show: JSON text, ages, the activity chart.
+
+Nothing here writes markup: templates are autoescaped and get plain values, so a
+payload or an error message holding ``<script>`` is shown as text wherever it appears.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+from pgwork.adapters.insight import ActivityBucket
+
+__all__ = ["Bar", "Chart", "JsonText", "age", "chart", "json_text", "per_queue"]
+
+# Past this many characters a payload is cut, with a link to the whole of it.
+TRUNCATE_AT = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class JsonText:
+    text: str
+    truncated: bool
+    size: int
+
+
+def json_text(value: Any, *, full: bool = False) -> JsonText:
+    """``value`` (decoded JSON or a job type's model) as indented JSON text."""
+    try:
+        text = json.dumps(
+            to_jsonable_python(value, fallback=repr), indent=2, ensure_ascii=False, sort_keys=True
+        )
+    except (TypeError, ValueError):
+        text = repr(value)
+    if full or len(text) <= TRUNCATE_AT:
+        return JsonText(text, False, len(text))
+    return JsonText(text[:TRUNCATE_AT], True, len(text))
+
+
+def age(moment: datetime | None, now: datetime) -> str:
+    """``moment`` relative to ``now``, short: ``3s ago``, ``in 2m``, ``5h ago``."""
+    if moment is None:
+        return ""
+    delta = now - moment
+    future = delta < timedelta(0)
+    seconds = int(abs(delta).total_seconds())
+    if seconds < 60:
+        text = f"{seconds}s"
+    elif seconds < 3600:
+        text = f"{seconds // 60}m"
+    elif seconds < 86400:
+        text = f"{seconds // 3600}h"
+    else:
+        text = f"{seconds // 86400}d"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    seconds = (end - start).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def per_queue(buckets: Iterable[ActivityBucket]) -> dict[str, tuple[int, int]]:
+    """(completed, failed) per queue over all buckets."""
+    totals: dict[str, tuple[int, int]] = {}
+    for b in buckets:
+        done, failed = totals.get(b.queue, (0, 0))
+        totals[b.queue] = (done + b.completed, failed + b.failed)
+    return totals
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    x: float
+    width: float
+    done_y: float
+    done_height: float
+    failed_y: float
+    failed_height: float
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    width: int
+    height: int
+    bars: tuple[Bar, ...]
+    peak: int
+    completed: int
+    failed: int
+
+
+def chart(
+    buckets: Sequence[ActivityBucket],
+    *,
+    now: datetime,
+    window: timedelta,
+    bucket: timedelta,
+    width: int = 720,
+    height: int = 140,
+) -> Chart:
+    """Stacked bars (completed below, failed on top), one per ``bucket`` of ``window``
+    ending at ``now``, drawn in SVG user units."""
+    step = bucket.total_seconds()
+    slots = max(1, int(window / bucket))
+    first = (int(now.timestamp() // step) - slots + 1) * step
+    done = [0] * slots
+    failed = [0] * slots
+    for b in buckets:
+        index = int((b.start.timestamp() - first) // step)
+        if 0 <= index < slots:
+            done[index] += b.completed
+            failed[index] += b.failed
+    peak = max((d + f for d, f in zip(done, failed, strict=True)), default=0)
+    scale = (height - 4) / peak if peak else 0.0
+    slot_width = width / slots
+    bars = []
+    for i, (d, f) in enumerate(zip(done, failed, strict=True)):
+        dh, fh = d * scale, f * scale
+        start = datetime.fromtimestamp(first + i * step, tz=now.tzinfo)
+        bars.append(
+            Bar(
+                x=round(i * slot_width + 1, 2),
+                width=round(max(slot_width - 2, 1), 2),
+                done_y=round(height - dh, 2),
+                done_height=round(dh, 2),
+                failed_y=round(height - dh - fh, 2),
+                failed_height=round(fh, 2),
+                label=f"{start:%H:%M} UTC: {d} completed, {f} failed",
+            )
+        )
+    return Chart(width, height, tuple(bars), peak, sum(done), sum(failed))

@@ -1,0 +1,110 @@
+"""SQL of the operator's read side beyond the listings: recent activity, chain links.
+
+Same conventions as ``_query_statements``: named templates, schema identifiers filled in
+once (``render_dashboard_statements``), every caller value a bound parameter, run
+unprepared so each is planned with its actual values. Each reads a bounded index range:
+a dashboard page must cost the same on a table of a thousand jobs or a hundred million.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+from psycopg import sql
+
+from pgwork.postgres._names import validate_schema_name
+
+# Completions among the newest ``sample`` jobs by creation (jobs_created_idx, read
+# backwards), failures from jobs_attention_idx (failed jobs are few), both capped at
+# ``sample`` rows; bucketed by ``bucket_s`` seconds of completed_at. The first row
+# (kind 0) carries the database clock, how many jobs the sample read and the planner's
+# estimate of the table's rows; the others (kind 1) one bucket each.
+RECENT_ACTIVITY = """
+WITH sample AS (
+    SELECT j.queue, j.status, j.completed_at
+    FROM {jobs} AS j
+    ORDER BY j.created_at DESC, j.id DESC
+    LIMIT %(sample)s
+),
+failed AS (
+    SELECT j.queue, j.completed_at
+    FROM {jobs} AS j
+    WHERE j.status = 'failed'
+      AND j.completed_at >= now() - %(window_s)s * interval '1 second'
+    LIMIT %(sample)s
+),
+ended AS (
+    SELECT s.queue, s.completed_at, 1 AS completed, 0 AS failed
+    FROM sample AS s
+    WHERE s.status = 'completed'
+      AND s.completed_at >= now() - %(window_s)s * interval '1 second'
+    UNION ALL
+    SELECT f.queue, f.completed_at, 0, 1 FROM failed AS f
+)
+SELECT 0 AS kind, NULL::text, now(), (SELECT count(*) FROM sample),
+       (SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_class AS c
+        WHERE c.oid = %(jobs_table)s::regclass)
+UNION ALL
+SELECT 1, e.queue,
+       to_timestamp(floor(extract(epoch FROM e.completed_at) / %(bucket_s)s) * %(bucket_s)s),
+       sum(e.completed), sum(e.failed)
+FROM ended AS e
+GROUP BY 2, 3
+ORDER BY 1, 2, 3
+"""
+
+# The chains this chain's jobs wait for: the blocker edges of its jobs (primary key of
+# job_blockers leads with job_id; a chain's jobs come from jobs_chain_idx).
+CHAIN_BLOCKERS = """
+SELECT j.chain_id, j.id, e.blocker_chain_id, r.chain_status::text, j.status::text
+FROM {jobs} AS j
+JOIN {job_blockers} AS e ON e.job_id = j.id
+LEFT JOIN {jobs} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
+WHERE j.chain_id = %(chain_id)s::uuid
+ORDER BY j.chain_index, e.position
+LIMIT %(limit)s
+"""
+
+# Jobs of other chains waiting for this one (job_blockers_blocker_idx), with the status
+# of the chain each belongs to.
+CHAIN_DEPENDANTS = """
+SELECT d.chain_id, d.id, e.blocker_chain_id, r.chain_status::text, d.status::text
+FROM {job_blockers} AS e
+JOIN {jobs} AS d ON d.id = e.job_id
+LEFT JOIN {jobs} AS r ON r.id = d.chain_id AND r.id = r.chain_id
+WHERE e.blocker_chain_id = %(chain_id)s::uuid
+  AND d.chain_id <> %(chain_id)s::uuid
+ORDER BY d.created_at, d.id
+LIMIT %(limit)s
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardStatements:
+    """The statements above, rendered for one schema (bytes, like ``Statements``)."""
+
+    recent_activity: bytes
+    chain_blockers: bytes
+    chain_dependants: bytes
+
+
+@lru_cache(maxsize=32)
+def render_dashboard_statements(schema: str) -> DashboardStatements:
+    """Fill every template with ``schema``'s quoted identifiers."""
+    schema = validate_schema_name(schema)
+    names = {
+        "jobs": sql.Identifier(schema, "jobs"),
+        "job_blockers": sql.Identifier(schema, "job_blockers"),
+    }
+    rendered = {
+        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
+        for f in fields(DashboardStatements)
+    }
+    return DashboardStatements(**rendered)
+
+
+def jobs_table(schema: str) -> str:
+    """The jobs table's name as ``regclass`` reads it (quoted, schema-qualified)."""
+    schema = validate_schema_name(schema)
+    return sql.Identifier(schema, "jobs").as_string(None)

@@ -1,0 +1,87 @@
+"""PostgreSQL side of the operator's read side: recent activity and a chain's links.
+
+Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_read`` of
+``QueryOps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from pgwork.adapters.insight import ActivityBucket, ChainLink, ChainLinks, RecentActivity
+from pgwork.adapters.state import TransactionHandle
+from pgwork.postgres._dashboard_statements import (
+    DashboardStatements,
+    jobs_table,
+    render_dashboard_statements,
+)
+from pgwork.records import ChainStatus, JobStatus
+
+__all__ = ["InsightOps"]
+
+
+class InsightOps:
+    """``recent_activity`` and ``chain_links`` of the PostgreSQL state adapter."""
+
+    if TYPE_CHECKING:
+        schema: str
+
+        async def _read(
+            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+    @cached_property
+    def _dsql(self) -> DashboardStatements:
+        return render_dashboard_statements(self.schema)
+
+    async def recent_activity(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        bucket: timedelta,
+        sample_size: int,
+    ) -> RecentActivity:
+        params = {
+            "sample": sample_size,
+            "window_s": window.total_seconds(),
+            "bucket_s": bucket.total_seconds(),
+            "jobs_table": jobs_table(self.schema),
+        }
+        rows = await self._read(tx, self._dsql.recent_activity, params)
+        _, _, now, sampled, estimated = rows[0]
+        return RecentActivity(
+            now=now,
+            buckets=tuple(
+                ActivityBucket(queue=r[1], start=r[2], completed=int(r[3]), failed=int(r[4]))
+                for r in rows[1:]
+            ),
+            sampled=int(sampled),
+            complete=int(sampled) < sample_size,
+            estimated_jobs=int(estimated or 0),
+        )
+
+    async def chain_links(
+        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
+    ) -> ChainLinks:
+        params = {"chain_id": chain_id, "limit": limit}
+        blockers = await self._read(tx, self._dsql.chain_blockers, params)
+        dependants = await self._read(tx, self._dsql.chain_dependants, params)
+        return ChainLinks(
+            blockers=tuple(_link(row) for row in blockers),
+            dependants=tuple(_link(row) for row in dependants),
+        )
+
+
+def _link(row: tuple[Any, ...]) -> ChainLink:
+    return ChainLink(
+        chain_id=row[0],
+        job_id=row[1],
+        blocker_chain_id=row[2],
+        status=ChainStatus(row[3]) if row[3] is not None else None,
+        job_status=JobStatus(row[4]),
+    )

@@ -1,0 +1,118 @@
+"""What the dashboard tests share: a registry, seeding through the public client, and a
+worker run until the database says it is done."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from uuid import UUID
+
+import anyio
+import httpx
+import psycopg
+from pydantic import BaseModel
+
+from pgwork import Attempt, Client, JobTypeRegistry, StartedChain, create_in_process_worker
+from pgwork.records import JobStatus
+
+
+class Note(BaseModel):
+    text: str
+
+
+registry = JobTypeRegistry()
+echo = registry.job_type("dash.echo", input=Note, output=Note)
+breaks = registry.job_type("dash.breaks", input=Note, max_attempts=1)
+mail = registry.job_type("dash.mail", input=Note, queue="mail")
+waits = registry.job_type("dash.waits", input=Note, queue="merge")
+slow = registry.job_type("dash.slow", input=Note, queue="slow")
+flaky = registry.job_type("dash.flaky", input=Note, max_attempts=1)
+
+# dash.flaky fails while this is set; a test clears it before retrying.
+FLAKY_FAILS = {"on": True}
+# dash.slow's attempts: started, then cancelled (set by the handler itself).
+SLOW_EVENTS: dict[str, anyio.Event] = {}
+
+
+async def handle_echo(attempt: Attempt[Note, Note]) -> Note:
+    return Note(text=attempt.job.input.text.upper())
+
+
+async def handle_breaks(attempt: Attempt[Note, Any]) -> None:
+    raise RuntimeError(attempt.job.input.text)
+
+
+async def handle_plain(attempt: Attempt[Note, Any]) -> None:
+    return None
+
+
+async def handle_flaky(attempt: Attempt[Note, Any]) -> None:
+    if FLAKY_FAILS["on"]:
+        raise RuntimeError(f"flaky: {attempt.job.input.text}")
+
+
+async def handle_slow(attempt: Attempt[Note, Any]) -> None:
+    """Runs until cancelled, and says so."""
+    SLOW_EVENTS.setdefault("started", anyio.Event()).set()
+    try:
+        await anyio.sleep_forever()
+    finally:
+        SLOW_EVENTS.setdefault("cancelled", anyio.Event()).set()
+
+
+PROCESSORS: dict[Any, Any] = {
+    flaky: handle_flaky,
+    slow: handle_slow,
+    echo: handle_echo,
+    breaks: handle_breaks,
+    mail: handle_plain,
+    waits: handle_plain,
+}
+
+
+async def start(
+    client: Client, dsn: str, job_type: Any, text: str, **options: Any
+) -> StartedChain[Any, Any]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        started = await client.start_chain(conn, job_type, Note(text=text), **options)
+        await conn.commit()
+    return started
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float = 20.0) -> None:
+    """Poll ``check`` (a database read) until it holds; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await anyio.sleep(0.05)
+
+
+async def job_status(client: Client, job_id: UUID) -> JobStatus:
+    return (await client.get_job(job_id)).status
+
+
+async def run_until_settled(client: Client, ids: list[UUID]) -> None:
+    """Run a worker until every job of ``ids`` has ended."""
+    worker = create_in_process_worker(client=client, processors=PROCESSORS, poll_interval=0.2)
+    async with worker:
+
+        async def settled() -> bool:
+            return all([(await job_status(client, i)).is_final for i in ids])
+
+        await wait_until(settled)
+
+
+async def csrf_token(http: httpx.AsyncClient) -> str:
+    """Load a page so the dashboard sets its CSRF cookie, and return the token."""
+    response = await http.get("/workers")
+    assert response.status_code == 200
+    token = http.cookies.get("pgwork_csrf")
+    assert token
+    return token
+
+
+async def act(http: httpx.AsyncClient, action: str, **fields: Any) -> httpx.Response:
+    token = await csrf_token(http)
+    return await http.post(f"/actions/{action}", data={"csrf": token, **fields})

@@ -1,0 +1,220 @@
+"""The read pages over HTTP: what each shows, filters, keyset pages, bad input."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from uuid import UUID, uuid4
+
+import httpx
+import pytest
+from tests.dashboard._support import (
+    breaks,
+    echo,
+    mail,
+    run_until_settled,
+    start,
+    waits,
+)
+
+from pgwork import Client, DedupSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def cell(html: str, queue: str, column: str) -> str:
+    row = re.search(rf'<tr data-queue="{re.escape(queue)}">(.*?)</tr>', html, re.S)
+    assert row, f"no row for queue {queue}"
+    found = re.search(rf'data-col="{column}">(.*?)</td>', row.group(1), re.S)
+    assert found, f"no {column} cell for {queue}"
+    return re.sub(r"<[^>]+>", "", found.group(1)).strip()
+
+
+async def test_overview_counts_each_queues_work_and_the_last_hours_outcomes(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    done = [await start(client, pgwork_dsn, echo, f"n{i}") for i in range(3)]
+    broken = await start(client, pgwork_dsn, breaks, "boom")
+    await run_until_settled(client, [s.id for s in [*done, broken]])
+    await start(client, pgwork_dsn, mail, "later", schedule=timedelta(hours=1))
+    await start(client, pgwork_dsn, mail, "now")
+    await client.pause_queue("mail")
+
+    page = (await http.get("/")).text
+
+    assert cell(page, "default", "completed-1h") == "3"
+    assert cell(page, "default", "failed-1h") == "1"
+    assert cell(page, "default", "failed") == "1"
+    assert cell(page, "mail", "pending") == "1"
+    assert cell(page, "mail", "scheduled") == "1"
+    assert cell(page, "mail", "state") == "paused"
+    assert "<svg" in page
+    assert "3 completed, 1 failed" in page
+
+
+async def test_chains_filter_by_status_type_and_queue(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    finished = await start(client, pgwork_dsn, echo, "done")
+    await run_until_settled(client, [finished.id])
+    mailed = await start(client, pgwork_dsn, mail, "queued")
+    keyed = await start(client, pgwork_dsn, echo, "keyed", dedup=DedupSpec("order-42"))
+
+    async def listed(**params: str) -> set[str]:
+        response = await http.get("/chains", params=params)
+        assert response.status_code == 200
+        return set(re.findall(r'<tr data-chain="([0-9a-f-]+)">', response.text))
+
+    assert await listed() == {str(finished.id), str(mailed.id), str(keyed.id)}
+    assert await listed(status="completed") == {str(finished.id)}
+    assert await listed(type="dash.mail") == {str(mailed.id)}
+    assert await listed(queue="mail") == {str(mailed.id)}
+    assert await listed(q="order-42") == {str(keyed.id)}
+    assert await listed(status="active", queue="default") == {str(keyed.id)}
+
+
+async def test_chains_pages_follow_the_next_link_through_every_chain_once(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    started = {str((await start(client, pgwork_dsn, echo, f"c{i}")).id) for i in range(120)}
+
+    seen: list[str] = []
+    url: str | None = "/chains"
+    pages = 0
+    while url:
+        html = (await http.get(url)).text
+        seen += re.findall(r'<tr data-chain="([0-9a-f-]+)">', html)
+        found = re.search(r'<a href="([^"]+)" rel="next">', html)
+        url = found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+
+    assert pages == 3
+    assert len(seen) == len(set(seen)) == 120
+    assert set(seen) == started
+
+
+async def test_search_by_chain_or_job_id_opens_it(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    chain = await start(client, pgwork_dsn, echo, "find me")
+
+    found = await http.get("/chains", params={"q": str(chain.id)})
+    assert found.status_code == 303
+    assert found.headers["location"] == f"/chains/{chain.id}"
+
+    nothing = await http.get("/chains", params={"q": str(uuid4())})
+    assert nothing.status_code == 200
+    assert "No chain or job has the id" in nothing.text
+
+
+async def test_chain_page_lists_its_jobs_its_blockers_and_what_it_blocks(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    first = await start(client, pgwork_dsn, echo, "first")
+    await run_until_settled(client, [first.id])
+    merge = await start(client, pgwork_dsn, waits, "merge", blockers=[first.id])
+
+    blocker_page = (await http.get(f"/chains/{first.id}")).text
+    merge_page = (await http.get(f"/chains/{merge.id}")).text
+
+    assert "FIRST" in blocker_page  # the chain's output (echo upper-cases)
+    assert f'href="/chains/{merge.id}"' in blocker_page  # what it blocks
+    assert f'href="/chains/{first.id}"' in merge_page  # what it waits for
+    assert f'href="/jobs/{merge.job_id}"' in merge_page
+
+
+async def test_job_page_shows_input_error_traceback_and_lease(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    broken = await start(client, pgwork_dsn, breaks, "the disk is full")
+    await run_until_settled(client, [broken.id])
+
+    page = (await http.get(f"/jobs/{broken.id}")).text
+
+    assert "RuntimeError" in page
+    assert "the disk is full" in page
+    assert "Traceback" in page
+    assert "1 of 1" in page  # attempts
+    assert "Retry job" in page
+
+
+async def test_a_large_payload_is_cut_with_a_link_to_all_of_it(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    big = await start(client, pgwork_dsn, echo, "x" * 9000 + "THE-END")
+
+    cut = (await http.get(f"/jobs/{big.id}")).text
+    whole = (await http.get(f"/jobs/{big.id}", params={"full": "input"})).text
+
+    assert "THE-END" not in cut
+    assert "Show all" in cut
+    assert "THE-END" in whole
+
+
+async def test_failed_page_lists_failed_jobs_with_their_error(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    broken = await start(client, pgwork_dsn, breaks, "no route to host")
+    fine = await start(client, pgwork_dsn, echo, "fine")
+    await run_until_settled(client, [broken.id, fine.id])
+
+    page = (await http.get("/failed")).text
+
+    assert f'data-job="{broken.id}"' in page
+    assert f'data-job="{fine.id}"' not in page
+    assert "no route to host" in page
+    assert 'name="job_id"' in page  # bulk selection
+
+
+async def test_workers_page_marks_dead_workers(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    await run_until_settled(client, [(await start(client, pgwork_dsn, echo, "x")).id])
+
+    page = (await http.get("/workers")).text
+
+    # The worker stopped when its block ended: it is listed, and marked dead.
+    assert page.count('class="dead"') == 1
+    assert "status-dead" in page
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "text"),
+    [
+        ("/chains?status=nope", 400, "unknown chain status"),
+        ("/chains?cursor=garbage", 400, "cursor"),
+        ("/failed?cursor=garbage", 400, "cursor"),
+        (f"/chains/{UUID(int=5)}", 404, "No such chain"),
+        (f"/jobs/{UUID(int=5)}", 404, "No such job"),
+        ("/jobs/not-a-uuid", 404, "No such job"),
+        ("/nowhere", 404, "No dashboard page"),
+    ],
+)
+async def test_bad_addresses_get_a_page_that_says_what_is_wrong(
+    http: httpx.AsyncClient, path: str, status: int, text: str
+) -> None:
+    response = await http.get(path)
+
+    assert response.status_code == status
+    assert text in response.text
+
+
+async def test_queue_filter_reads_a_window_and_its_next_link_skips_nothing(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    mailed = [str((await start(client, pgwork_dsn, mail, f"m{i}")).id) for i in range(3)]
+    for i in range(250):  # more than one window of other chains, newer than the mail
+        await start(client, pgwork_dsn, echo, f"e{i}")
+
+    seen: list[str] = []
+    url: str | None = "/chains?queue=mail"
+    pages = 0
+    while url:
+        html = (await http.get(url)).text
+        seen += re.findall(r'<tr data-chain="([0-9a-f-]+)">', html)
+        found = re.search(r'<a href="([^"]+)" rel="next">', html)
+        url = found.group(1).replace("&amp;", "&") if found else None
+        pages += 1
+
+    assert sorted(seen) == sorted(mailed)
+    assert pages == 2  # the first window held none of them
