@@ -8,7 +8,9 @@ one process. Loading the jobs to drain is never timed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -18,7 +20,16 @@ import anyio
 import psycopg
 
 from bench._env import PgworkDatabases
-from bench._pgwork_app import Counter, Item, bulk_load, open_client, settle, wait_drained
+from bench._idle import idle
+from bench._pgwork_app import (
+    Counter,
+    Item,
+    bulk_load,
+    enqueue_jobs,
+    open_client,
+    settle,
+    wait_drained,
+)
 from bench._plan import (
     Sizes,
     percentile,
@@ -42,9 +53,17 @@ WAIT_LIMIT = 900.0
 
 @dataclass
 class Context:
+    """What a workload gets. ``isolated``: run enqueue and drain in a process of pgwork's
+    own (as peers run), not in the harness's."""
+
     dbs: PgworkDatabases
     bars: Bars
     sizes: Sizes
+    isolated: bool = False
+
+    @property
+    def where(self) -> str:
+        return "a process of its own" if self.isolated else "the harness's process"
 
 
 async def _follow(counter: Counter, bar: Bar, count: Callable[[], int] | None = None) -> None:
@@ -74,28 +93,31 @@ async def enqueue(ctx: Context) -> list[Measurement]:
         row = row_enqueue(batch)
         bar = ctx.bars.bar(f"pgwork: {row}", n)
         with ctx.dbs.fresh() as dsn:
-            async with (
-                open_client(dsn, pool_size=2) as client,
-                await psycopg.AsyncConnection.connect(dsn) as conn,
-            ):
-                noop = client.registry.get("noop")
-                started = time.perf_counter()
-                if batch is None:
-                    for i in range(n):
-                        await client.start_chain(conn, noop, Item(n=i))
-                        await conn.commit()
-                        if i % 200 == 0:
-                            bar.set(i)
-                else:
-                    for first in range(0, n, batch):
-                        items = [ChainStart(noop, Item(n=i)) for i in range(first, first + batch)]
-                        await client.start_chains(conn, items[: n - first])
-                        await conn.commit()
-                        bar.set(min(n, first + batch))
-                rate = n / (time.perf_counter() - started)
+            if ctx.isolated:
+                child = await WorkerProcess.enqueuer(dsn, jobs=n, batch=batch)
+                try:
+                    await child.go()
+                    finished = asyncio.ensure_future(child.finished(WAIT_LIMIT))
+                    while not finished.done():
+                        bar.set(child.count)
+                        await asyncio.wait([finished], timeout=0.1)
+                    seconds = finished.result()
+                finally:
+                    await child.stop()
+            else:
+                async with (
+                    open_client(dsn, pool_size=2) as client,
+                    await psycopg.AsyncConnection.connect(dsn) as conn,
+                ):
+                    seconds = await enqueue_jobs(client, conn, n, batch, bar.set)
+        rate = n / seconds
         bar.finish(f"{rate:,.0f} jobs/s")
-        out.append(Measurement(row, LIB, rate, "jobs/s"))
+        out.append(Measurement(row, LIB, rate, "jobs/s", note=_where_note(ctx, batch is None)))
     return out
+
+
+def _where_note(ctx: Context, first: bool) -> str:
+    return f"pgwork ran in {ctx.where}" if first and ctx.isolated else ""
 
 
 # --- 2. drain ------------------------------------------------------------------------
@@ -124,13 +146,19 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
     return Measurement(row, LIB, rate, "jobs/s")
 
 
-async def _drain_processes(ctx: Context, processes: int) -> Measurement:
+async def _drain_processes(
+    ctx: Context, processes: int, type_name: str = "noop", row: str | None = None
+) -> Measurement:
+    """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)."""
     n = ctx.sizes.drain
-    row = row_drain(ctx.sizes.slots, "2 processes")
+    row = row or row_drain(ctx.sizes.slots, "2 processes")
     bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
-        await bulk_load(dsn, n)
-        children = [await WorkerProcess.start(dsn, slots=ctx.sizes.slots) for _ in range(processes)]
+        await bulk_load(dsn, n, type_name=type_name)
+        children = [
+            await WorkerProcess.start(dsn, type_name=type_name, slots=ctx.sizes.slots)
+            for _ in range(processes)
+        ]
         try:
             for child in children:
                 await child.go()
@@ -151,25 +179,58 @@ async def _drain_processes(ctx: Context, processes: int) -> Measurement:
 
 
 async def drain(ctx: Context) -> list[Measurement]:
-    return [
-        await _drain_in_process(ctx, "noop", row_drain(ctx.sizes.slots)),
-        await _drain_in_process(ctx, "noop_atomic", row_drain(ctx.sizes.slots, "atomic")),
-        await _drain_processes(ctx, 2),
-    ]
+    staged, atomic = row_drain(ctx.sizes.slots), row_drain(ctx.sizes.slots, "atomic")
+    if ctx.isolated:
+        first = await _drain_processes(ctx, 1, "noop", staged)
+        first = dataclasses.replace(first, note=_where_note(ctx, True))
+        rows = [first, await _drain_processes(ctx, 1, "noop_atomic", atomic)]
+    else:
+        rows = [
+            await _drain_in_process(ctx, "noop", staged),
+            await _drain_in_process(ctx, "noop_atomic", atomic),
+        ]
+    return [*rows, await _drain_processes(ctx, 2)]
 
 
 # --- 3. idle pickup latency ----------------------------------------------------------
 
 
+# A poll this slow cannot explain a pickup within the run (200 jobs 20 ms apart take 4 s):
+# every such pickup was woken by a notification.
+QUIET_POLL = 30.0
+
+
 async def latency(ctx: Context) -> list[Measurement]:
+    """Pickup latency with the default poll interval, then with a 30 s one."""
+    default = await _latency(ctx, None)
+    default[0] = dataclasses.replace(
+        default[0],
+        note="the worker's default poll_interval (2 s): a pickup is woken by a "
+        "notification or by a poll, whichever comes first",
+    )
+    quiet = await _latency(ctx, QUIET_POLL)
+    quiet[0] = dataclasses.replace(
+        quiet[0],
+        note=f"poll_interval={QUIET_POLL:.0f} s, longer than the whole run: every pickup "
+        "was woken by the job's notification (or by the worker's own next acquire)",
+    )
+    return default + quiet
+
+
+async def _latency(ctx: Context, poll_interval: float | None) -> list[Measurement]:
     n = ctx.sizes.latency
-    bar = ctx.bars.bar("pgwork: idle pickup latency", n)
+    label = "" if poll_interval is None else f", {poll_interval:.0f} s poll"
+    bar = ctx.bars.bar(f"pgwork: idle pickup latency{label}", n)
     commits: dict[int, float] = {}
+    options = {} if poll_interval is None else {"poll_interval": poll_interval}
     with ctx.dbs.fresh() as dsn:
         async with open_client(dsn) as client:
             counter = Counter(n, record_starts=True)
             worker = create_in_process_worker(
-                client=client, processors={"noop": counter.handler()}, max_slots=ctx.sizes.slots
+                client=client,
+                processors={"noop": counter.handler()},
+                max_slots=ctx.sizes.slots,
+                **options,
             )
             stop = await worker.start()
             try:
@@ -191,7 +252,9 @@ async def latency(ctx: Context) -> list[Measurement]:
     p50 = percentile(samples, 50)
     bar.finish(f"p50 {p50:.1f} ms")
     return [
-        Measurement(row_latency(p), LIB, percentile(samples, p), "ms", higher_is_better=False)
+        Measurement(
+            row_latency(p, poll_interval), LIB, percentile(samples, p), "ms", higher_is_better=False
+        )
         for p in (50, 95, 99)
     ]
 
@@ -344,4 +407,5 @@ PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] =
     "backlog": backlog,
     "rss": rss,
     "chains": chains,
+    "idle": idle,
 }
