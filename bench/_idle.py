@@ -38,22 +38,19 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from bench._context import LIB, Context
 from bench._plan import row_idle
 from bench._report import Measurement
 from bench._worker_process import WorkerProcess
 
-if TYPE_CHECKING:
-    from bench._pgwork_workloads import Context
+__all__ = ["WARM_UP", "Reading", "cpu_seconds", "idle", "read_counters"]
 
-__all__ = ["WARM_UP", "idle"]
-
-LIB = "pgwork"
 WORKER_COUNTS = (1, 10)
 # Start-up left out of the window: longer than the default poll interval (2 s).
 WARM_UP = 3.0
@@ -87,7 +84,7 @@ def cpu_seconds(pid: int, *, command: str | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-async def _read(
+async def read_counters(
     admin: psycopg.AsyncConnection[Any], dbname: str, workers: list[WorkerProcess]
 ) -> Reading:
     await admin.execute("SELECT pg_stat_clear_snapshot()")
@@ -207,13 +204,13 @@ async def idle(ctx: Context) -> list[Measurement]:
                         workers.append(child)
                         await child.go()
                     await anyio.sleep(WARM_UP)
-                    before = await _read(admin, dbname, workers)
+                    before = await read_counters(admin, dbname, workers)
                     done = bar.completed
                     deadline = before.at + window
                     while time.monotonic() < deadline:
                         await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                         bar.set(done + round(time.monotonic() - before.at))
-                    after = await _read(admin, dbname, workers)
+                    after = await read_counters(admin, dbname, workers)
                     out += _measure(before, after, count, window)
         finally:
             for child in workers:

@@ -14,13 +14,13 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import anyio
 import psycopg
 
-from bench._env import PgworkDatabases
+from bench._context import LIB, WAIT_LIMIT, Context, follow
 from bench._idle import idle
+from bench._latency import latency
 from bench._pgwork_app import (
     Counter,
     Item,
@@ -31,50 +31,18 @@ from bench._pgwork_app import (
     wait_drained,
 )
 from bench._plan import (
-    Sizes,
-    percentile,
     row_backlog,
     row_chains,
     row_drain,
     row_enqueue,
-    row_latency,
     row_rss,
 )
-from bench._progress import Bar, Bars
+from bench._progress import Bar
 from bench._report import Measurement
 from bench._worker_process import WorkerProcess
 from pgwork import ChainStart, Notice, PostgresNotifyAdapter, create_in_process_worker
 
-__all__ = ["PGWORK_WORKLOADS", "Context"]
-
-LIB = "pgwork"
-WAIT_LIMIT = 900.0
-
-
-@dataclass
-class Context:
-    """What a workload gets. ``isolated``: run enqueue and drain in a process of pgwork's
-    own (as peers run), not in the harness's."""
-
-    dbs: PgworkDatabases
-    bars: Bars
-    sizes: Sizes
-    isolated: bool = False
-
-    @property
-    def where(self) -> str:
-        return "a process of its own" if self.isolated else "the harness's process"
-
-
-async def _follow(counter: Counter, bar: Bar, count: Callable[[], int] | None = None) -> None:
-    """Move ``bar`` along with ``counter`` until it reaches its target."""
-    deadline = time.monotonic() + WAIT_LIMIT
-    while not counter.done.is_set():
-        with anyio.move_on_after(0.1):
-            await counter.done.wait()
-        bar.set(count() if count else counter.count)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{counter.count}/{counter.target} jobs after {WAIT_LIMIT:.0f}s")
+__all__ = ["PGWORK_WORKLOADS"]
 
 
 def _rate(jobs: int, started: float | None, finished: float) -> float:
@@ -137,7 +105,7 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
             )
             stop = await worker.start()
             try:
-                await _follow(counter, bar)
+                await follow(counter, bar)
                 finished = await wait_drained(dsn)
             finally:
                 await stop()
@@ -190,73 +158,6 @@ async def drain(ctx: Context) -> list[Measurement]:
             await _drain_in_process(ctx, "noop_atomic", atomic),
         ]
     return [*rows, await _drain_processes(ctx, 2)]
-
-
-# --- 3. idle pickup latency ----------------------------------------------------------
-
-
-# A poll this slow cannot explain a pickup within the run (200 jobs 20 ms apart take 4 s):
-# every such pickup was woken by a notification.
-QUIET_POLL = 30.0
-
-
-async def latency(ctx: Context) -> list[Measurement]:
-    """Pickup latency with the default poll interval, then with a 30 s one."""
-    default = await _latency(ctx, None)
-    default[0] = dataclasses.replace(
-        default[0],
-        note="the worker's default poll_interval (2 s): a pickup is woken by a "
-        "notification or by a poll, whichever comes first",
-    )
-    quiet = await _latency(ctx, QUIET_POLL)
-    quiet[0] = dataclasses.replace(
-        quiet[0],
-        note=f"poll_interval={QUIET_POLL:.0f} s, longer than the whole run: every pickup "
-        "was woken by the job's notification (or by the worker's own next acquire)",
-    )
-    return default + quiet
-
-
-async def _latency(ctx: Context, poll_interval: float | None) -> list[Measurement]:
-    n = ctx.sizes.latency
-    label = "" if poll_interval is None else f", {poll_interval:.0f} s poll"
-    bar = ctx.bars.bar(f"pgwork: idle pickup latency{label}", n)
-    commits: dict[int, float] = {}
-    options = {} if poll_interval is None else {"poll_interval": poll_interval}
-    with ctx.dbs.fresh() as dsn:
-        async with open_client(dsn) as client:
-            counter = Counter(n, record_starts=True)
-            worker = create_in_process_worker(
-                client=client,
-                processors={"noop": counter.handler()},
-                max_slots=ctx.sizes.slots,
-                **options,
-            )
-            stop = await worker.start()
-            try:
-                await anyio.sleep(0.5)  # let the worker go idle
-                noop = client.registry.get("noop")
-                async with await psycopg.AsyncConnection.connect(dsn) as conn:
-                    next_at = time.monotonic()
-                    for i in range(n):
-                        await client.start_chain(conn, noop, Item(n=i))
-                        await conn.commit()
-                        commits[i] = time.time()
-                        bar.set(counter.count)
-                        next_at += ctx.sizes.latency_interval
-                        await anyio.sleep(max(0.0, next_at - time.monotonic()))
-                await _follow(counter, bar)
-            finally:
-                await stop()
-    samples = [(counter.starts[i] - commits[i]) * 1000 for i in range(n)]
-    p50 = percentile(samples, 50)
-    bar.finish(f"p50 {p50:.1f} ms")
-    return [
-        Measurement(
-            row_latency(p, poll_interval), LIB, percentile(samples, p), "ms", higher_is_better=False
-        )
-        for p in (50, 95, 99)
-    ]
 
 
 # --- 4. drain rate vs backlog --------------------------------------------------------
@@ -313,7 +214,7 @@ async def _backlog_window(ctx: Context, dsn: str, skip: int, window: int, bar: B
         )
         stop = await worker.start()
         try:
-            await _follow(counter, bar, lambda: done + counter.count)
+            await follow(counter, bar, lambda: done + counter.count)
         finally:
             await stop()
     return window / (counter.marked[skip + window] - counter.marked[skip])
@@ -391,7 +292,7 @@ async def chains(ctx: Context) -> list[Measurement]:
             )
             stop = await worker.start()
             try:
-                await _follow(counter, bar)
+                await follow(counter, bar)
                 finished = await wait_drained(dsn)
             finally:
                 await stop()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from rich.logging import RichHandler
 
+from bench._context import Context
 from bench._env import PgworkDatabases, describe_environment, server
-from bench._pgwork_workloads import PGWORK_WORKLOADS, Context
+from bench._pgwork_workloads import PGWORK_WORKLOADS
 from bench._plan import WORKLOADS, Sizes
 from bench._progress import Bars
 from bench._report import Measurement, render_json, render_markdown
