@@ -191,7 +191,7 @@ async def idle(ctx: Context) -> list[Measurement]:
     bar = ctx.bars.bar("pgwork: idle workers (seconds measured)", round(window) * 2)
     out: list[Measurement] = []
     with ctx.dbs.fresh() as dsn:
-        dbname = conninfo_to_dict(dsn)["dbname"]
+        dbname = str(conninfo_to_dict(dsn)["dbname"])
         workers: list[WorkerProcess] = []
         try:
             async with await psycopg.AsyncConnection.connect(

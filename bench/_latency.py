@@ -7,6 +7,7 @@ start, both in one process (the same clock the peers' runners use).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 
 import anyio
@@ -20,6 +21,10 @@ from pgwork import create_in_process_worker
 
 __all__ = ["QUIET_POLL", "latency"]
 
+# The worker's own default, read from its signature so the note cannot go stale.
+DEFAULT_POLL: float = inspect.signature(create_in_process_worker).parameters[
+    "poll_interval"
+].default
 # A poll this slow cannot explain a pickup within the run (200 jobs 20 ms apart take 4 s):
 # every such pickup was woken by a notification.
 QUIET_POLL = 30.0
@@ -30,7 +35,7 @@ async def latency(ctx: Context) -> list[Measurement]:
     default, _, _ = await _latency(ctx, None)
     default[0] = dataclasses.replace(
         default[0],
-        note="the worker's default poll_interval (2 s): a pickup is woken by the job's "
+        note=f"the worker's default poll_interval ({DEFAULT_POLL:g} s): a pickup is woken by the job's "
         "notification or by a poll, whichever comes first",
     )
     quiet, slowest, run = await _latency(ctx, QUIET_POLL)
@@ -59,7 +64,6 @@ async def _latency(
     label = "" if poll_interval is None else f", {poll_interval:.0f} s poll"
     bar = ctx.bars.bar(f"pgwork: idle pickup latency{label}", n)
     commits: dict[int, float] = {}
-    options = {} if poll_interval is None else {"poll_interval": poll_interval}
     with ctx.dbs.fresh() as dsn:
         async with open_client(dsn) as client:
             counter = Counter(n, record_starts=True)
@@ -67,7 +71,7 @@ async def _latency(
                 client=client,
                 processors={"noop": counter.handler()},
                 max_slots=ctx.sizes.slots,
-                **options,
+                poll_interval=DEFAULT_POLL if poll_interval is None else poll_interval,
             )
             stop = await worker.start()
             started = time.time()

@@ -44,7 +44,8 @@ def _say(**event: Any) -> None:
 
 
 async def _go() -> bool:
-    return (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() == "go"
+    line: str = await anyio.to_thread.run_sync(sys.stdin.readline)
+    return line.strip() == "go"
 
 
 async def _child(args: argparse.Namespace) -> None:

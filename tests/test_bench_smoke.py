@@ -127,7 +127,8 @@ def test_cpu_seconds_follow_the_processes_own_clock() -> None:
     while time.process_time() - clock < 0.3:
         pass
     after, spent = cpu_seconds(pid), time.process_time() - clock
-    assert before is not None and after is not None
+    assert before is not None
+    assert after is not None
     assert abs((after - before) - spent) < 0.05
     # A process running another program is not read as one (the server's backends are
     # told apart from stray pids this way).
