@@ -22,9 +22,9 @@ from pgwork import create_in_process_worker
 __all__ = ["QUIET_POLL", "latency"]
 
 # The worker's own default, read from its signature so the note cannot go stale.
-DEFAULT_POLL: float = inspect.signature(create_in_process_worker).parameters[
-    "poll_interval"
-].default
+DEFAULT_POLL: float = (
+    inspect.signature(create_in_process_worker).parameters["poll_interval"].default
+)
 # A poll this slow cannot explain a pickup within the run (200 jobs 20 ms apart take 4 s):
 # every such pickup was woken by a notification.
 QUIET_POLL = 30.0
@@ -35,8 +35,8 @@ async def latency(ctx: Context) -> list[Measurement]:
     default, _, _ = await _latency(ctx, None)
     default[0] = dataclasses.replace(
         default[0],
-        note=f"the worker's default poll_interval ({DEFAULT_POLL:g} s): a pickup is woken by the job's "
-        "notification or by a poll, whichever comes first",
+        note=f"the worker's default poll_interval ({DEFAULT_POLL:g} s): a pickup is woken "
+        "by the job's notification or by a poll, whichever comes first",
     )
     quiet, slowest, run = await _latency(ctx, QUIET_POLL)
     # The worker's last poll before the run was its first acquire at start.
