@@ -9,9 +9,10 @@ end, and each figure is given per idle minute:
 
 - **commits**: the change in ``pg_stat_database.xact_commit`` of the benchmark's
   database: every transaction the workers' connections committed, read-only ones
-  included (an autocommit ``SELECT`` is one). The readings are taken over a connection
-  to *another* database (the admin DSN's), so the harness adds no transaction to the
-  one it counts, and nothing else connects to it during the window.
+  included (an autocommit ``SELECT`` is one, and so are a connection's start-up and
+  psycopg's ``PREPARE`` of a statement it has run five times). The readings are taken
+  over a connection to *another* database (the admin DSN's), so the harness adds no
+  transaction to the one it counts, and nothing else connects to it during the window.
 - **statements**: ``sum(calls)`` of ``pg_stat_statements`` for that database, when the
   extension is loaded and installed in the admin DSN's database (never installed by
   the benchmark); otherwise left out.
@@ -22,8 +23,9 @@ end, and each figure is given per idle minute:
 
 How fresh the counters are. From PostgreSQL 15 on, a backend keeps its statistics in
 local memory and flushes them to shared memory when it goes idle, at most once a second
-(and otherwise within 10 s, when its idle timer fires); before 15 it sent them to the
-statistics collector every 500 ms. ``pg_stat_force_next_flush()`` (15+) only hurries
+(and otherwise within 10 s, when its idle timer fires), and a transaction that touched
+no table only with a later flush; before 15 it sent them to the statistics collector
+every 500 ms. ``pg_stat_force_next_flush()`` (15+) only hurries
 the backend that calls it, not the workers', so it cannot help here. A reading may
 therefore miss up to about a second of a busy connection's commits, or one
 transaction of a quiet one; the same happens at both ends of the window, so the error
@@ -130,13 +132,14 @@ def _cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
-def _measure(before: Reading, after: Reading, count: int, window: float) -> list[Measurement]:
+def _measure(before: Reading, after: Reading, count: int) -> list[Measurement]:
     minutes = (after.at - before.at) / 60
     per_min = 1 / minutes
     seconds = after.at - before.at
     commits = (after.commits - before.commits) * per_min
     note = (
-        f"{count} idle worker process(es) with pgwork's defaults, an empty queue, "
+        f"{count} idle worker process{'es' if count > 1 else ''} with pgwork's defaults, "
+        "an empty queue, "
         f"{seconds:.1f} s measured after {WARM_UP:.0f} s of warm-up; commits from "
         "pg_stat_database (read from another database), CPU from /proc/<pid>/stat"
     )
@@ -211,7 +214,7 @@ async def idle(ctx: Context) -> list[Measurement]:
                         await anyio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                         bar.set(done + round(time.monotonic() - before.at))
                     after = await read_counters(admin, dbname, workers)
-                    out += _measure(before, after, count, window)
+                    out += _measure(before, after, count)
         finally:
             for child in workers:
                 await child.stop()
