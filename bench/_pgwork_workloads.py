@@ -1,4 +1,5 @@
-"""pgwork's workloads. Each returns the measurements it made.
+"""pgwork's workloads. Each returns the measurements it made. (Latency and idle cost
+have modules of their own: bench/_latency.py, bench/_idle.py.)
 
 Clocks: throughput runs from the first handler start to the moment the database shows
 no job pending or running (so acknowledgements still in flight are counted); latency
@@ -160,7 +161,7 @@ async def drain(ctx: Context) -> list[Measurement]:
     return [*rows, await _drain_processes(ctx, 2)]
 
 
-# --- 4. drain rate vs backlog --------------------------------------------------------
+# --- 3. drain rate vs backlog --------------------------------------------------------
 
 
 async def backlog(ctx: Context) -> list[Measurement]:
@@ -220,7 +221,7 @@ async def _backlog_window(ctx: Context, dsn: str, skip: int, window: int, bar: B
     return window / (counter.marked[skip + window] - counter.marked[skip])
 
 
-# --- 5. worker memory ----------------------------------------------------------------
+# --- 4. worker memory ----------------------------------------------------------------
 
 
 async def _wake(dsn: str) -> None:
@@ -269,7 +270,7 @@ async def _until(done: Callable[[], bool], bar: Bar, count: Callable[[], int]) -
     bar.set(count())
 
 
-# --- 6. chains -----------------------------------------------------------------------
+# --- 5. chains -----------------------------------------------------------------------
 
 
 async def chains(ctx: Context) -> list[Measurement]:
