@@ -41,6 +41,7 @@ REPORTED_SETTINGS = (
     "shared_buffers",
     "synchronous_commit",
     "fsync",
+    "wal_level",
     "max_connections",
     "work_mem",
     "max_wal_size",

@@ -19,6 +19,7 @@ from psycopg import sql
 from pydantic import BaseModel
 
 from pgwork import (
+    ChainStart,
     Client,
     Continue,
     JobTypeRegistry,
@@ -32,6 +33,7 @@ __all__ = [
     "Counter",
     "Item",
     "bulk_load",
+    "enqueue_jobs",
     "open_client",
     "outstanding",
     "registry",
@@ -69,6 +71,34 @@ async def open_client(dsn: str, *, pool_size: int = 10) -> AsyncIterator[Client]
         yield client
     finally:
         await client.close()
+
+
+async def enqueue_jobs(
+    client: Client,
+    conn: psycopg.AsyncConnection[Any],
+    count: int,
+    batch: int | None,
+    progress: Callable[[int], None],
+) -> float:
+    """Enqueue ``count`` no-op jobs through ``conn``: one ``start_chain`` and commit per
+    job (``batch`` None), or ``start_chains`` of ``batch`` and a commit; return the
+    seconds it took. The one enqueue loop, run in the harness or in a child process."""
+    noop = client.registry.get("noop")
+    started = time.perf_counter()
+    if batch is None:
+        for i in range(count):
+            await client.start_chain(conn, noop, Item(n=i))
+            await conn.commit()
+            if i % 200 == 0:
+                progress(i)
+    else:
+        for first in range(0, count, batch):
+            last = min(count, first + batch)
+            items = [ChainStart(noop, Item(n=i)) for i in range(first, last)]
+            await client.start_chains(conn, items)
+            await conn.commit()
+            progress(last)
+    return time.perf_counter() - started
 
 
 @dataclass

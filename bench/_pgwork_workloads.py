@@ -1,4 +1,5 @@
-"""pgwork's workloads. Each returns the measurements it made.
+"""pgwork's workloads. Each returns the measurements it made. (Latency and idle cost
+have modules of their own: bench/_latency.py, bench/_idle.py.)
 
 Clocks: throughput runs from the first handler start to the moment the database shows
 no job pending or running (so acknowledgements still in flight are counted); latency
@@ -8,54 +9,41 @@ one process. Loading the jobs to drain is never timed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import anyio
 import psycopg
 
-from bench._env import PgworkDatabases
-from bench._pgwork_app import Counter, Item, bulk_load, open_client, settle, wait_drained
+from bench._context import LIB, WAIT_LIMIT, Context, follow
+from bench._idle import idle
+from bench._latency import latency
+from bench._pgwork_app import (
+    Counter,
+    Item,
+    bulk_load,
+    enqueue_jobs,
+    open_client,
+    settle,
+    wait_drained,
+)
 from bench._plan import (
-    Sizes,
-    percentile,
     row_backlog,
     row_chains,
     row_drain,
     row_enqueue,
-    row_latency,
     row_rss,
 )
-from bench._progress import Bar, Bars
+from bench._progress import Bar
 from bench._report import Measurement
 from bench._worker_process import WorkerProcess
 from pgwork import ChainStart, Notice, PostgresNotifyAdapter, create_in_process_worker
 
-__all__ = ["PGWORK_WORKLOADS", "Context"]
-
-LIB = "pgwork"
-WAIT_LIMIT = 900.0
-
-
-@dataclass
-class Context:
-    dbs: PgworkDatabases
-    bars: Bars
-    sizes: Sizes
-
-
-async def _follow(counter: Counter, bar: Bar, count: Callable[[], int] | None = None) -> None:
-    """Move ``bar`` along with ``counter`` until it reaches its target."""
-    deadline = time.monotonic() + WAIT_LIMIT
-    while not counter.done.is_set():
-        with anyio.move_on_after(0.1):
-            await counter.done.wait()
-        bar.set(count() if count else counter.count)
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{counter.count}/{counter.target} jobs after {WAIT_LIMIT:.0f}s")
+__all__ = ["PGWORK_WORKLOADS"]
 
 
 def _rate(jobs: int, started: float | None, finished: float) -> float:
@@ -74,28 +62,31 @@ async def enqueue(ctx: Context) -> list[Measurement]:
         row = row_enqueue(batch)
         bar = ctx.bars.bar(f"pgwork: {row}", n)
         with ctx.dbs.fresh() as dsn:
-            async with (
-                open_client(dsn, pool_size=2) as client,
-                await psycopg.AsyncConnection.connect(dsn) as conn,
-            ):
-                noop = client.registry.get("noop")
-                started = time.perf_counter()
-                if batch is None:
-                    for i in range(n):
-                        await client.start_chain(conn, noop, Item(n=i))
-                        await conn.commit()
-                        if i % 200 == 0:
-                            bar.set(i)
-                else:
-                    for first in range(0, n, batch):
-                        items = [ChainStart(noop, Item(n=i)) for i in range(first, first + batch)]
-                        await client.start_chains(conn, items[: n - first])
-                        await conn.commit()
-                        bar.set(min(n, first + batch))
-                rate = n / (time.perf_counter() - started)
+            if ctx.isolated:
+                child = await WorkerProcess.enqueuer(dsn, jobs=n, batch=batch)
+                try:
+                    await child.go()
+                    finished = asyncio.ensure_future(child.finished(WAIT_LIMIT))
+                    while not finished.done():
+                        bar.set(child.count)
+                        await asyncio.wait([finished], timeout=0.1)
+                    seconds = finished.result()
+                finally:
+                    await child.stop()
+            else:
+                async with (
+                    open_client(dsn, pool_size=2) as client,
+                    await psycopg.AsyncConnection.connect(dsn) as conn,
+                ):
+                    seconds = await enqueue_jobs(client, conn, n, batch, bar.set)
+        rate = n / seconds
         bar.finish(f"{rate:,.0f} jobs/s")
-        out.append(Measurement(row, LIB, rate, "jobs/s"))
+        out.append(Measurement(row, LIB, rate, "jobs/s", note=_where_note(ctx, batch is None)))
     return out
+
+
+def _where_note(ctx: Context, first: bool) -> str:
+    return f"pgwork ran in {ctx.where}" if first and ctx.isolated else ""
 
 
 # --- 2. drain ------------------------------------------------------------------------
@@ -115,7 +106,7 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
             )
             stop = await worker.start()
             try:
-                await _follow(counter, bar)
+                await follow(counter, bar)
                 finished = await wait_drained(dsn)
             finally:
                 await stop()
@@ -124,13 +115,19 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
     return Measurement(row, LIB, rate, "jobs/s")
 
 
-async def _drain_processes(ctx: Context, processes: int) -> Measurement:
+async def _drain_processes(
+    ctx: Context, processes: int, type_name: str = "noop", row: str | None = None
+) -> Measurement:
+    """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)."""
     n = ctx.sizes.drain
-    row = row_drain(ctx.sizes.slots, "2 processes")
+    row = row or row_drain(ctx.sizes.slots, "2 processes")
     bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
-        await bulk_load(dsn, n)
-        children = [await WorkerProcess.start(dsn, slots=ctx.sizes.slots) for _ in range(processes)]
+        await bulk_load(dsn, n, type_name=type_name)
+        children = [
+            await WorkerProcess.start(dsn, type_name=type_name, slots=ctx.sizes.slots)
+            for _ in range(processes)
+        ]
         try:
             for child in children:
                 await child.go()
@@ -151,52 +148,20 @@ async def _drain_processes(ctx: Context, processes: int) -> Measurement:
 
 
 async def drain(ctx: Context) -> list[Measurement]:
-    return [
-        await _drain_in_process(ctx, "noop", row_drain(ctx.sizes.slots)),
-        await _drain_in_process(ctx, "noop_atomic", row_drain(ctx.sizes.slots, "atomic")),
-        await _drain_processes(ctx, 2),
-    ]
+    staged, atomic = row_drain(ctx.sizes.slots), row_drain(ctx.sizes.slots, "atomic")
+    if ctx.isolated:
+        first = await _drain_processes(ctx, 1, "noop", staged)
+        first = dataclasses.replace(first, note=_where_note(ctx, True))
+        rows = [first, await _drain_processes(ctx, 1, "noop_atomic", atomic)]
+    else:
+        rows = [
+            await _drain_in_process(ctx, "noop", staged),
+            await _drain_in_process(ctx, "noop_atomic", atomic),
+        ]
+    return [*rows, await _drain_processes(ctx, 2)]
 
 
-# --- 3. idle pickup latency ----------------------------------------------------------
-
-
-async def latency(ctx: Context) -> list[Measurement]:
-    n = ctx.sizes.latency
-    bar = ctx.bars.bar("pgwork: idle pickup latency", n)
-    commits: dict[int, float] = {}
-    with ctx.dbs.fresh() as dsn:
-        async with open_client(dsn) as client:
-            counter = Counter(n, record_starts=True)
-            worker = create_in_process_worker(
-                client=client, processors={"noop": counter.handler()}, max_slots=ctx.sizes.slots
-            )
-            stop = await worker.start()
-            try:
-                await anyio.sleep(0.5)  # let the worker go idle
-                noop = client.registry.get("noop")
-                async with await psycopg.AsyncConnection.connect(dsn) as conn:
-                    next_at = time.monotonic()
-                    for i in range(n):
-                        await client.start_chain(conn, noop, Item(n=i))
-                        await conn.commit()
-                        commits[i] = time.time()
-                        bar.set(counter.count)
-                        next_at += ctx.sizes.latency_interval
-                        await anyio.sleep(max(0.0, next_at - time.monotonic()))
-                await _follow(counter, bar)
-            finally:
-                await stop()
-    samples = [(counter.starts[i] - commits[i]) * 1000 for i in range(n)]
-    p50 = percentile(samples, 50)
-    bar.finish(f"p50 {p50:.1f} ms")
-    return [
-        Measurement(row_latency(p), LIB, percentile(samples, p), "ms", higher_is_better=False)
-        for p in (50, 95, 99)
-    ]
-
-
-# --- 4. drain rate vs backlog --------------------------------------------------------
+# --- 3. drain rate vs backlog --------------------------------------------------------
 
 
 async def backlog(ctx: Context) -> list[Measurement]:
@@ -250,13 +215,13 @@ async def _backlog_window(ctx: Context, dsn: str, skip: int, window: int, bar: B
         )
         stop = await worker.start()
         try:
-            await _follow(counter, bar, lambda: done + counter.count)
+            await follow(counter, bar, lambda: done + counter.count)
         finally:
             await stop()
     return window / (counter.marked[skip + window] - counter.marked[skip])
 
 
-# --- 5. worker memory ----------------------------------------------------------------
+# --- 4. worker memory ----------------------------------------------------------------
 
 
 async def _wake(dsn: str) -> None:
@@ -305,7 +270,7 @@ async def _until(done: Callable[[], bool], bar: Bar, count: Callable[[], int]) -
     bar.set(count())
 
 
-# --- 6. chains -----------------------------------------------------------------------
+# --- 5. chains -----------------------------------------------------------------------
 
 
 async def chains(ctx: Context) -> list[Measurement]:
@@ -328,7 +293,7 @@ async def chains(ctx: Context) -> list[Measurement]:
             )
             stop = await worker.start()
             try:
-                await _follow(counter, bar)
+                await follow(counter, bar)
                 finished = await wait_drained(dsn)
             finally:
                 await stop()
@@ -344,4 +309,5 @@ PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] =
     "backlog": backlog,
     "rss": rss,
     "chains": chains,
+    "idle": idle,
 }

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WORKLOADS", "Sizes", "percentile", "row_chains", "row_drain", "row_enqueue"]
+__all__ = [
+    "WORKLOADS",
+    "Sizes",
+    "percentile",
+    "row_chains",
+    "row_drain",
+    "row_enqueue",
+    "row_idle",
+    "row_latency",
+]
 
 # Name on the command line -> what it measures (for --help).
 WORKLOADS = {
@@ -17,6 +26,7 @@ WORKLOADS = {
     "backlog": "drain rate at a 1M-job backlog vs a 10k backlog",
     "rss": "worker RSS at start, after 100k and after 1M jobs",
     "chains": "3-step chains (Continue) per second",
+    "idle": "idle cost: commits and CPU per minute of 1, then 10 idle worker processes",
 }
 
 
@@ -37,8 +47,15 @@ def row_enqueue(batch: int | None) -> str:
     return f"enqueue, batches of {batch:,}"
 
 
-def row_latency(pct: int) -> str:
-    return f"idle pickup latency p{pct}"
+def row_latency(pct: int, poll_interval: float | None = None) -> str:
+    """``poll_interval`` None: the worker's default (the row peers share)."""
+    if poll_interval is None:
+        return f"idle pickup latency p{pct}"
+    return f"idle pickup latency p{pct}, {poll_interval:.0f} s poll"
+
+
+def row_idle(workers: int, what: str) -> str:
+    return f"idle, {workers} worker{'s' if workers > 1 else ''}: {what}"
 
 
 def row_backlog(backlog: int) -> str:
@@ -75,6 +92,7 @@ class Sizes:
     backlog_windows: int
     rss_checkpoints: tuple[int, int]
     chains: int
+    idle_window: float = 60.0
     slots: int = 10
 
     @classmethod
@@ -90,6 +108,7 @@ class Sizes:
             backlog_windows=5,
             rss_checkpoints=(_scaled(100_000, size, 100), _scaled(1_000_000, size, 1_000)),
             chains=_scaled(5_000, size, 20),
+            idle_window=max(5.0, 60.0 * size),
             slots=slots,
         )
 
@@ -100,7 +119,8 @@ class Sizes:
             f"{self.latency_interval * 1000:.0f} ms, backlogs {self.backlog_big:,} / "
             f"{self.backlog_small:,} (median of {self.backlog_windows} windows of "
             f"{self.backlog_window:,} jobs), RSS at "
-            f"{first:,} / {second:,}, chains {self.chains:,}, {self.slots} slots"
+            f"{first:,} / {second:,}, chains {self.chains:,}, idle windows of "
+            f"{self.idle_window:g} s, {self.slots} slots"
         )
 
     @property

@@ -1,32 +1,39 @@
 """Measurements and the markdown table they end up in.
 
 One row per measured quantity, one column per library, so a reader compares libraries
-across a row; the last column gives pgwork's ratio to the best peer on that row (>1 means
-pgwork is better, whichever way "better" points for the row's unit).
+across a row. Two columns follow: pgwork's ratio to the best peer on that row (>1 means
+pgwork is better, whichever way "better" points for the row's unit), and, where the
+raw-SQL floor ran, pgwork's figure as a share of that floor: the floor is no peer but
+the ceiling every library shares, so it never counts as "best peer".
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from bench._env import Environment
 
-__all__ = ["LIBRARIES", "Measurement", "render_markdown"]
+__all__ = ["LIBRARIES", "Measurement", "render_json", "render_markdown"]
 
-# Column order of the table.
-LIBRARIES = ("pgwork", "oban", "pgqueuer", "procrastinate")
+# Column order of the table; the floor comes last.
+FLOOR = "raw"
+LIBRARIES = ("pgwork", "oban", "pgqueuer-asyncpg", "pgqueuer-psycopg", "procrastinate", FLOOR)
 TITLES = {
     "pgwork": "pgwork",
     "oban": "oban-py",
-    "pgqueuer": "PgQueuer",
+    "pgqueuer-asyncpg": "PgQueuer (asyncpg)",
+    "pgqueuer-psycopg": "PgQueuer (psycopg)",
     "procrastinate": "procrastinate",
+    FLOOR: "raw SQL floor",
 }
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """One number: ``row`` names what was measured (shared by all libraries)."""
+    """One number: ``row`` names what was measured (shared by all libraries);
+    ``detail`` is shown in brackets after it (the same figure in another unit)."""
 
     row: str
     library: str
@@ -34,6 +41,7 @@ class Measurement:
     unit: str
     higher_is_better: bool = True
     note: str = ""
+    detail: str = ""
 
     def cell(self) -> str:
         if self.value != self.value:  # NaN: measured nothing
@@ -42,9 +50,11 @@ class Measurement:
             text = f"{self.value:,.1f}"
         elif self.value >= 100:
             text = f"{self.value:,.0f}"
-        else:
+        elif self.value >= 1 or self.value == 0:
             text = f"{self.value:,.1f}"
-        return f"{text} {self.unit}"
+        else:
+            text = f"{self.value:.3g}"
+        return f"{text} {self.unit}" + (f" ({self.detail})" if self.detail else "")
 
 
 def render_markdown(
@@ -59,10 +69,12 @@ def render_markdown(
         if m.row not in rows:
             rows.append(m.row)
     by_key = {(m.row, m.library): m for m in measurements}
-    peers = [lib for lib in libraries if lib != "pgwork"]
+    peers = [lib for lib in libraries if lib not in ("pgwork", FLOOR)]
     header = ["workload", *(TITLES[lib] for lib in libraries)]
     if peers:
         header.append("pgwork vs best peer")
+    if FLOOR in libraries:
+        header.append("pgwork / floor")
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---", *("---:" for _ in header[1:])]) + "|",
@@ -72,10 +84,14 @@ def render_markdown(
         for lib in libraries:
             found = by_key.get((row, lib))
             cells.append(found.cell() if found else "")
+        ours = by_key.get((row, "pgwork"))
         if peers:
-            cells.append(_ratio(by_key.get((row, "pgwork")), [by_key.get((row, p)) for p in peers]))
+            cells.append(_ratio(ours, [by_key.get((row, p)) for p in peers]))
+        if FLOOR in libraries:
+            floor = by_key.get((row, FLOOR))
+            cells.append(_ratio(ours, [floor], name=False) if floor else "")
         lines.append("| " + " | ".join(cells) + " |")
-    notes = [f"- {m.library}, {m.row}: {m.note}" for m in measurements if m.note]
+    notes = [f"- {TITLES[m.library]}, {m.row}: {m.note}" for m in measurements if m.note]
     out = ["## pgwork benchmark", "", *env.lines(), "", *lines]
     if notes:
         out += ["", "Notes:", *notes]
@@ -84,7 +100,22 @@ def render_markdown(
     return "\n".join(out) + "\n"
 
 
-def _ratio(ours: Measurement | None, theirs: list[Measurement | None]) -> str:
+def render_json(
+    env: Environment, measurements: Sequence[Measurement], *, failures: Sequence[str] = ()
+) -> str:
+    """The run as JSON: the environment (server settings included) with every result,
+    for comparing runs by program rather than by eye."""
+    return json.dumps(
+        {
+            "environment": asdict(env),
+            "measurements": [asdict(m) for m in measurements],
+            "failures": list(failures),
+        },
+        indent=2,
+    )
+
+
+def _ratio(ours: Measurement | None, theirs: list[Measurement | None], *, name: bool = True) -> str:
     peers = [m for m in theirs if m is not None and m.value == m.value and m.value > 0]
     if ours is None or not peers or not ours.value > 0:
         return ""
@@ -94,4 +125,4 @@ def _ratio(ours: Measurement | None, theirs: list[Measurement | None]) -> str:
     else:
         best = min(peers, key=lambda m: m.value)
         ratio = best.value / ours.value
-    return f"{ratio:.2f}x ({TITLES[best.library]})"
+    return f"{ratio:.2f}x ({TITLES[best.library]})" if name else f"{ratio:.2f}x"

@@ -1,13 +1,21 @@
-"""A pgwork worker in a process of its own, steered over stdin/stdout.
+"""pgwork in a process of its own, steered over stdin/stdout: a worker, or an enqueuer.
 
-Used where the process boundary is the point: draining with two worker processes, and
-reading a worker's resident memory without the benchmark's own in it.
+Used where the process boundary is the point: draining with two worker processes;
+reading a worker's resident memory or CPU time without the benchmark's own in it; and,
+when peers run (each in a process of its own), pgwork's enqueue and drain rows, so
+that no library is measured inside the harness while the others are not.
 
-Protocol: the child prints JSON lines. ``{"event": "ready"}`` once its client is open;
-it starts the worker on the line ``go``, then prints ``{"event": "count", ...}`` every
-100 ms; on ``stop`` it stops the worker, prints ``{"event": "stopped", ...}`` and exits.
+Worker protocol: the child prints JSON lines. ``{"event": "ready"}`` once its client is
+open; it starts the worker on the line ``go``, then prints ``{"event": "count", ...}``
+every ``--report-every`` seconds (0: never, for an idle worker whose CPU is measured);
+on ``stop`` it stops the worker, prints ``{"event": "stopped", ...}`` and exits.
 
-    python -m bench._worker_process --dsn DSN --type noop --slots 10
+    python -m bench._worker_process --dsn DSN --type noop [--slots 10] [--poll-interval S]
+
+Without ``--slots`` and ``--poll-interval`` the worker has pgwork's defaults.
+Enqueuer: ``--enqueue N --batch B`` (B 0: one job per transaction) enqueues N jobs on
+``go``, printing ``{"event": "count", ...}`` as it goes and ``{"event": "enqueued",
+"seconds": ...}`` at the end.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 
-from bench._pgwork_app import Counter, open_client
+from bench._pgwork_app import Counter, enqueue_jobs, open_client
 
 __all__ = ["WorkerProcess"]
 
@@ -34,23 +43,33 @@ def _say(**event: Any) -> None:
     sys.stdout.flush()
 
 
-async def _child(dsn: str, type_name: str, slots: int) -> None:
+async def _go() -> bool:
+    line: str = await anyio.to_thread.run_sync(sys.stdin.readline)
+    return line.strip() == "go"
+
+
+async def _child(args: argparse.Namespace) -> None:
     from pgwork import create_in_process_worker
 
     counter = Counter(target=2**62)
-    async with open_client(dsn) as client:
+    options: dict[str, Any] = {}
+    if args.slots is not None:
+        options["max_slots"] = args.slots
+    if args.poll_interval is not None:
+        options["poll_interval"] = args.poll_interval
+    async with open_client(args.dsn) as client:
         worker = create_in_process_worker(
-            client=client, processors={type_name: counter.handler()}, max_slots=slots
+            client=client, processors={args.type: counter.handler()}, **options
         )
         _say(event="ready")
-        if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "go":
+        if not await _go():
             return
         stop = await worker.start()
 
         async def report() -> None:
-            while True:
+            while args.report_every > 0:
                 _say(event="count", count=counter.count, first=counter.first)
-                await anyio.sleep(REPORT_EVERY)
+                await anyio.sleep(args.report_every)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(report)
@@ -60,35 +79,73 @@ async def _child(dsn: str, type_name: str, slots: int) -> None:
         _say(event="stopped", count=counter.count, first=counter.first)
 
 
+async def _enqueuer(args: argparse.Namespace) -> None:
+    async with (
+        open_client(args.dsn, pool_size=2) as client,
+        await psycopg.AsyncConnection.connect(args.dsn) as conn,
+    ):
+        _say(event="ready")
+        if not await _go():
+            return
+        seconds = await enqueue_jobs(
+            client, conn, args.enqueue, args.batch or None, lambda n: _say(event="count", count=n)
+        )
+    _say(event="enqueued", seconds=seconds)
+
+
 class WorkerProcess:
-    """Parent-side handle of one child worker process."""
+    """Parent-side handle of one child process (a worker or an enqueuer)."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.count = 0
         self.first: float | None = None
+        self.seconds: float | None = None
         self._ready = asyncio.Event()
         self._stopped = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def start(cls, dsn: str, *, type_name: str = "noop", slots: int = 10) -> WorkerProcess:
+    async def start(
+        cls,
+        dsn: str,
+        *,
+        type_name: str = "noop",
+        slots: int | None = 10,
+        poll_interval: float | None = None,
+        report_every: float = REPORT_EVERY,
+    ) -> WorkerProcess:
+        """A worker process, ready (its client open); ``go()`` starts the worker.
+        ``slots`` / ``poll_interval`` None: pgwork's defaults."""
+        args = ["--type", type_name, "--report-every", str(report_every)]
+        if slots is not None:
+            args += ["--slots", str(slots)]
+        if poll_interval is not None:
+            args += ["--poll-interval", str(poll_interval)]
+        return await cls._spawn(dsn, args)
+
+    @classmethod
+    async def enqueuer(cls, dsn: str, *, jobs: int, batch: int | None) -> WorkerProcess:
+        """An enqueuing process, ready; ``go()`` starts it, ``finished()`` waits for it."""
+        return await cls._spawn(dsn, ["--enqueue", str(jobs), "--batch", str(batch or 0)])
+
+    @classmethod
+    async def _spawn(cls, dsn: str, args: list[str]) -> WorkerProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "bench._worker_process",
             "--dsn",
             dsn,
-            "--type",
-            type_name,
-            "--slots",
-            str(slots),
+            *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=REPO_ROOT,
         )
         handle = cls(proc)
         await asyncio.wait_for(handle._ready.wait(), timeout=60)
+        if proc.returncode is not None or handle._stopped.is_set():
+            raise RuntimeError(f"bench._worker_process {' '.join(args)} ended before it was ready")
         return handle
 
     async def _read(self) -> None:
@@ -106,6 +163,9 @@ class WorkerProcess:
                 self.first = event.get("first")
                 if kind == "stopped":
                     self._stopped.set()
+            elif kind == "enqueued":
+                self.seconds = float(event["seconds"])
+                self._stopped.set()
         self._ready.set()
         self._stopped.set()
 
@@ -116,6 +176,15 @@ class WorkerProcess:
 
     async def go(self) -> None:
         await self._send("go")
+
+    async def finished(self, timeout: float) -> float:
+        """Wait for an enqueuer to finish; return the seconds its enqueuing took."""
+        await asyncio.wait_for(self._stopped.wait(), timeout=timeout)
+        await asyncio.wait_for(self.proc.wait(), timeout=30)
+        await self._reader
+        if self.seconds is None:
+            raise RuntimeError(f"the enqueuing process exited {self.proc.returncode}")
+        return self.seconds
 
     async def stop(self) -> None:
         if self.proc.returncode is None:
@@ -141,9 +210,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench._worker_process")
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--type", default="noop")
-    parser.add_argument("--slots", type=int, default=10)
+    parser.add_argument("--slots", type=int, default=None)
+    parser.add_argument("--poll-interval", type=float, default=None)
+    parser.add_argument("--report-every", type=float, default=REPORT_EVERY)
+    parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
+    parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()
-    asyncio.run(_child(args.dsn, args.type, args.slots))
+    asyncio.run(_enqueuer(args) if args.enqueue is not None else _child(args))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from rich.logging import RichHandler
 
+from bench._context import Context
 from bench._env import PgworkDatabases, describe_environment, server
-from bench._pgwork_workloads import PGWORK_WORKLOADS, Context
+from bench._pgwork_workloads import PGWORK_WORKLOADS
 from bench._plan import WORKLOADS, Sizes
 from bench._progress import Bars
-from bench._report import Measurement, render_markdown
+from bench._report import Measurement, render_json, render_markdown
 from bench.peers import Peers, prepare_peers, run_peer
 
 __all__ = ["main"]
@@ -53,8 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--peers",
         action="store_true",
-        help="also run enqueue/drain/latency on procrastinate, PgQueuer and oban-py, "
-        "installed into a separate virtualenv (see --peers-venv)",
+        help="also run enqueue/drain/latency on procrastinate, PgQueuer (asyncpg and "
+        "psycopg) and oban-py, installed into a separate virtualenv (see --peers-venv), "
+        "and the raw-SQL floor; pgwork's enqueue and drain then run in a process of "
+        "their own too",
     )
     parser.add_argument(
         "--peers-venv",
@@ -66,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         "--slots", type=int, default=10, help="worker slots / peer concurrency (default 10)"
     )
     parser.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    parser.add_argument(
+        "--json", type=Path, help="also write the results with the environment as JSON"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
         "--fail-fast", action="store_true", help="stop at the first workload that fails"
@@ -103,7 +109,9 @@ async def _run(args: argparse.Namespace) -> int:
                 peers = await _prepare_peers(args, bars, failures)
                 if peers is not None:
                     env.options["peers"] = peers.describe()
-                ctx = Context(dbs=dbs, bars=bars, sizes=sizes)
+                # With peers, pgwork's enqueue and drain run in a process of their own,
+                # as each peer does, not in the harness's.
+                ctx = Context(dbs=dbs, bars=bars, sizes=sizes, isolated=peers is not None)
                 # Workload by workload, pgwork then each peer, so a disturbance on the
                 # machine hits neighbours in the table alike.
                 for name in args.only:
@@ -111,7 +119,7 @@ async def _run(args: argparse.Namespace) -> int:
                     if peers is not None and name in PEER_WORKLOADS:
                         runs += [
                             (peer, run_peer(peers, peer, name, admin_dsn, bars, sizes))
-                            for peer in peers.available()
+                            for peer in peers.available(name)
                         ]
                     for library, run in runs:
                         try:
@@ -130,6 +138,8 @@ async def _run(args: argparse.Namespace) -> int:
     print(table)
     if args.out:
         args.out.write_text(table)
+    if args.json:
+        args.json.write_text(render_json(env, measurements, failures=failures) + "\n")
     return 1 if failures else 0
 
 
@@ -139,8 +149,9 @@ async def _prepare_peers(args: argparse.Namespace, bars: Bars, failures: list[st
     try:
         return await prepare_peers(args.peers_venv, bars.log)
     except (OSError, subprocess.CalledProcessError) as exc:
+        # The raw-SQL floor needs no virtualenv: it still runs.
         failures.append(f"peers: could not prepare their virtualenv: {exc!r}")
-        return None
+        return Peers(python=None)
 
 
 def _log_through(bars: Bars) -> None:

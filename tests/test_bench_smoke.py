@@ -1,18 +1,30 @@
-"""``python -m bench`` keeps working: every workload, at a tiny size, without peers.
+"""``python -m bench`` keeps working: every workload, at a tiny size, without peers; and
+the idle workload's counters count what they claim to.
 
 Numbers are not checked (speed is never a test assertion); only that each workload
-ran and reported its rows in the markdown table.
+ran and reported its rows in the markdown table, and that the idle readings see
+exactly the transactions made in the benchmark's database and none of their own.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# The harness lives beside src/, not in the package: make it importable however pytest
+# was started.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench._env import fresh_database  # noqa: E402
+from bench._idle import cpu_seconds, read_counters  # noqa: E402
 
 EXPECTED_ROWS = [
     "| enqueue, 1 job per transaction |",
@@ -23,8 +35,14 @@ EXPECTED_ROWS = [
     "| drain, 2 worker processes x 10 slots |",
     "| idle pickup latency p50 |",
     "| idle pickup latency p99 |",
+    "| idle pickup latency p50, 30 s poll |",
+    "| idle pickup latency p99, 30 s poll |",
     "| worker RSS at start |",
     "| 3-step chains, 1 worker x 10 slots |",
+    "| idle, 1 worker: commits per minute |",
+    "| idle, 1 worker: CPU per worker process |",
+    "| idle, 10 workers: commits per minute |",
+    "| idle, 10 workers: CPU per worker process |",
 ]
 
 
@@ -32,6 +50,7 @@ EXPECTED_ROWS = [
 @pytest.mark.timeout(600)
 def test_bench_runs_every_workload_at_a_tiny_size(pg_server_dsn: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
+    results = tmp_path / "bench.json"
     done = subprocess.run(
         [
             sys.executable,
@@ -44,6 +63,8 @@ def test_bench_runs_every_workload_at_a_tiny_size(pg_server_dsn: str, tmp_path: 
             "--quiet",
             "--out",
             str(out),
+            "--json",
+            str(results),
         ],
         cwd=REPO,
         capture_output=True,
@@ -59,3 +80,56 @@ def test_bench_runs_every_workload_at_a_tiny_size(pg_server_dsn: str, tmp_path: 
     assert "drain at a 5k-job backlog" in table
     assert "Did not run" not in table
     assert "PostgreSQL:" in table
+    assert "wal_level=" in table
+    assert '"synchronous_commit"' in results.read_text()
+
+
+TOUCH = "SELECT count(*) FROM pg_class"
+FLUSHED = "SELECT count(*) FROM pg_class, pg_stat_force_next_flush()"
+
+
+def _server_version(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.info.server_version
+
+
+@pytest.mark.anyio
+async def test_idle_readings_count_the_benchmark_databases_commits_and_none_of_their_own(
+    pg_server_dsn: str,
+) -> None:
+    if _server_version(pg_server_dsn) < 150000:
+        pytest.skip("pg_stat_force_next_flush() needs PostgreSQL 15")
+    with fresh_database(pg_server_dsn) as dsn:
+        dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+        async with (
+            await psycopg.AsyncConnection.connect(pg_server_dsn, autocommit=True) as admin,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+        ):
+            # A backend flushes its counters when it ends a transaction that touched a
+            # relation, at most once a second unless forced: force it, so that the
+            # test need not wait. The connection's start-up is flushed with this one.
+            await conn.execute(FLUSHED)
+            first = await read_counters(admin, dbname, [])
+            # Control: the readings themselves, over the admin connection, count 0.
+            second = await read_counters(admin, dbname, [])
+            assert second.commits == first.commits
+            for _ in range(24):
+                # Not prepared: psycopg's PREPARE (after five runs) is a transaction too.
+                await conn.execute(TOUCH, prepare=False)
+            await conn.execute(FLUSHED)
+            third = await read_counters(admin, dbname, [])
+    assert third.commits - second.commits == 25
+
+
+def test_cpu_seconds_follow_the_processes_own_clock() -> None:
+    pid = os.getpid()
+    before, clock = cpu_seconds(pid), time.process_time()
+    while time.process_time() - clock < 0.3:
+        pass
+    after, spent = cpu_seconds(pid), time.process_time() - clock
+    assert before is not None
+    assert after is not None
+    assert abs((after - before) - spent) < 0.05
+    # A process running another program is not read as one (the server's backends are
+    # told apart from stray pids this way).
+    assert cpu_seconds(pid, command="postgres") is None

@@ -1,9 +1,12 @@
-"""Peers: the same workloads on oban-py, PgQueuer and procrastinate, side by side.
+"""Peers: the same workloads on oban-py, PgQueuer and procrastinate, side by side, and
+the raw-SQL floor beside them.
 
 The peers live in a virtualenv of their own, outside the repository (default
 ``$XDG_CACHE_HOME/pgwork-bench/peers-venv``) and never among pgwork's dependencies. Each
-runs as a subprocess (``run_<peer>.py``, which imports no pgwork) on a fresh database
-of the same server, in the same run, so ratios compare like with like.
+runs as a subprocess (``run_<script>.py``, which imports no pgwork) through its public
+API on a fresh database of the same server, in the same run, so ratios compare like
+with like. The raw-SQL floor (``run_raw.py``: bare SQL through psycopg, no library)
+needs no virtualenv: it runs under the benchmark's own Python, in its own process too.
 """
 
 from __future__ import annotations
@@ -24,13 +27,44 @@ from bench._plan import Sizes, percentile, row_drain, row_enqueue, row_latency
 from bench._progress import Bars
 from bench._report import Measurement
 
-__all__ = ["PEERS", "Peers", "default_venv", "ensure_venv", "prepare_peers", "run_peer"]
+__all__ = [
+    "FLOOR",
+    "PEERS",
+    "PeerSpec",
+    "Peers",
+    "default_venv",
+    "ensure_venv",
+    "prepare_peers",
+    "run_peer",
+]
 
 HERE = Path(__file__).resolve().parent
 
-# Peer (its runner is run_<peer>.py) -> its distribution. oban-py needs Python 3.12+.
-PEERS = {"oban": "oban", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate"}
-COMMON = ["psycopg[binary]>=3.2", "psycopg-pool>=3.2"]
+
+@dataclass(frozen=True)
+class PeerSpec:
+    """How to run one column: ``run_<script>.py`` with ``args``, from ``dist`` (a
+    distribution in the peers' virtualenv; None: the benchmark's own Python)."""
+
+    script: str
+    dist: str | None
+    args: tuple[str, ...] = ()
+    workloads: tuple[str, ...] = ("enqueue", "drain", "latency")
+
+
+FLOOR = "raw"
+# Column name -> how to run it. oban-py needs Python 3.12+.
+PEERS = {
+    "oban": PeerSpec("oban", "oban"),
+    "pgqueuer-asyncpg": PeerSpec("pgqueuer", "pgqueuer", ("--driver", "asyncpg")),
+    "pgqueuer-psycopg": PeerSpec("pgqueuer", "pgqueuer", ("--driver", "psycopg")),
+    "procrastinate": PeerSpec("procrastinate", "procrastinate"),
+    FLOOR: PeerSpec("raw", None, workloads=("enqueue", "drain")),
+}
+DISTRIBUTIONS = ("oban", "pgqueuer", "procrastinate")
+# Drivers whose versions the report names (PgQueuer runs on both).
+DRIVERS = ("asyncpg", "psycopg")
+COMMON = ["psycopg[binary]>=3.2", "psycopg-pool>=3.2", "asyncpg"]
 RUN_LIMIT = 1200.0
 
 
@@ -69,7 +103,7 @@ def ensure_venv(venv: Path, log: Callable[[str], None]) -> tuple[str, dict[str, 
     """Create or reuse the peers' venv; return its python and the installed versions."""
     python = venv / "bin" / "python"
     stamp = venv / ".pgwork-bench-peers"
-    wanted = json.dumps({"peers": PEERS, "common": COMMON})
+    wanted = json.dumps({"peers": DISTRIBUTIONS, "common": COMMON})
     if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
         base, modern = _python_for_peers()
         requirements = [*COMMON, "procrastinate", "pgqueuer"]
@@ -96,7 +130,8 @@ def ensure_venv(venv: Path, log: Callable[[str], None]) -> tuple[str, dict[str, 
             "    try: out[name] = m.version(name)\n"
             "    except m.PackageNotFoundError: pass\n"
             "print(json.dumps(out))",
-            *PEERS.values(),
+            *DISTRIBUTIONS,
+            *DRIVERS,
         ],
         capture_output=True,
         text=True,
@@ -106,14 +141,16 @@ def ensure_venv(venv: Path, log: Callable[[str], None]) -> tuple[str, dict[str, 
 
 
 async def _run_script(
-    python: str, peer: str, dsn: str, arguments: list[str], progress: Callable[[int], None]
+    python: str, spec: PeerSpec, dsn: str, arguments: list[str], progress: Callable[[int], None]
 ) -> tuple[dict[str, Any], str]:
-    """Run ``run_<peer>.py`` on ``dsn``; return its result and note."""
+    """Run ``run_<script>.py`` on ``dsn``; return its result and note."""
+    script = f"run_{spec.script}.py"
     proc = await asyncio.create_subprocess_exec(
         python,
-        str(HERE / f"run_{peer}.py"),
+        str(HERE / script),
         "--dsn",
         dsn,
+        *spec.args,
         *arguments,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -149,43 +186,44 @@ async def _run_script(
         raise
     if proc.returncode != 0 or result is None:
         tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
-        raise RuntimeError(f"run_{peer}.py exited {proc.returncode}: {' | '.join(tail)}")
+        raise RuntimeError(f"{script} exited {proc.returncode}: {' | '.join(tail)}")
     return result, note
 
 
-async def _peer_workloads(
-    python: str, peer: str, admin_dsn: str, bars: Bars, sizes: Sizes, workloads: list[str]
+async def _peer_workload(
+    python: str, peer: str, admin_dsn: str, bars: Bars, sizes: Sizes, workload: str
 ) -> list[Measurement]:
+    spec = PEERS[peer]
     out: list[Measurement] = []
     slots = ["--concurrency", str(sizes.slots)]
-    if "enqueue" in workloads:
+    if workload == "enqueue":
         n = sizes.enqueue
         for batch in (None, 100, 1000):
             row = row_enqueue(batch)
             bar = bars.bar(f"{peer}: {row}", n)
             with fresh_database(admin_dsn) as dsn:
                 args = ["--workload", "enqueue", "--jobs", str(n), "--batch", str(batch or 0)]
-                result, note = await _run_script(python, peer, dsn, args, bar.set)
+                result, note = await _run_script(python, spec, dsn, args, bar.set)
             rate = n / result["seconds"]
             bar.finish(f"{rate:,.0f} jobs/s")
             out.append(Measurement(row, peer, rate, "jobs/s"))
-    if "drain" in workloads:
+    elif workload == "drain":
         n = sizes.drain
         row = row_drain(sizes.slots)
         bar = bars.bar(f"{peer}: {row}", n)
         with fresh_database(admin_dsn) as dsn:
             args = ["--workload", "drain", "--jobs", str(n), *slots]
-            result, note = await _run_script(python, peer, dsn, args, bar.set)
+            result, note = await _run_script(python, spec, dsn, args, bar.set)
         rate = n / (result["finished"] - result["first"])
         bar.finish(f"{rate:,.0f} jobs/s")
         out.append(Measurement(row, peer, rate, "jobs/s", note=note))
-    if "latency" in workloads:
+    elif workload == "latency":
         n = sizes.latency
         bar = bars.bar(f"{peer}: idle pickup latency", n)
         with fresh_database(admin_dsn) as dsn:
             args = ["--workload", "latency", "--jobs", str(n), *slots]
             args += ["--interval", str(sizes.latency_interval)]
-            result, note = await _run_script(python, peer, dsn, args, bar.set)
+            result, note = await _run_script(python, spec, dsn, args, bar.set)
         samples = [float(x) for x in result["latencies_ms"]]
         bar.finish(f"p50 {percentile(samples, 50):.1f} ms")
         out += [
@@ -197,22 +235,37 @@ async def _peer_workloads(
 
 @dataclass
 class Peers:
-    """The peers' virtualenv, ready: its python and the installed version of each peer."""
+    """The peers' virtualenv (its python, None if it could not be made) and the installed
+    version of each distribution; the raw-SQL floor needs neither."""
 
-    python: str
+    python: str | None
     versions: dict[str, str] = field(default_factory=dict)
 
-    def available(self) -> list[str]:
-        return [peer for peer, dist in PEERS.items() if dist in self.versions]
+    def available(self, workload: str) -> list[str]:
+        """The columns that run ``workload``, in table order."""
+        return [
+            peer
+            for peer, spec in PEERS.items()
+            if workload in spec.workloads
+            and (spec.dist is None or (self.python and spec.dist in self.versions))
+        ]
 
     def describe(self) -> str:
-        return ", ".join(f"{p} {self.versions[d]}" for p, d in PEERS.items() if d in self.versions)
+        names = [*DISTRIBUTIONS, *DRIVERS]
+        installed = ", ".join(f"{d} {self.versions[d]}" for d in names if d in self.versions)
+        return f"{installed or 'none installed'}; the raw-SQL floor under psycopg {_psycopg()}"
+
+
+def _psycopg() -> str:
+    import psycopg
+
+    return psycopg.__version__
 
 
 async def prepare_peers(venv: Path | None, log: Callable[[str], None]) -> Peers:
     """Create or reuse the peers' virtualenv (raises OSError / CalledProcessError)."""
     python, versions = await asyncio.to_thread(ensure_venv, venv or default_venv(), log)
-    missing = [peer for peer, dist in PEERS.items() if dist not in versions]
+    missing = [d for d in DISTRIBUTIONS if d not in versions]
     if missing:
         log(f"[yellow]not installed in the peers' virtualenv: {', '.join(missing)}")
     return Peers(python, versions)
@@ -221,5 +274,7 @@ async def prepare_peers(venv: Path | None, log: Callable[[str], None]) -> Peers:
 async def run_peer(
     peers: Peers, peer: str, workload: str, admin_dsn: str, bars: Bars, sizes: Sizes
 ) -> list[Measurement]:
-    """Run one workload on one peer."""
-    return await _peer_workloads(peers.python, peer, admin_dsn, bars, sizes, [workload])
+    """Run one workload on one peer (or the raw-SQL floor)."""
+    python = sys.executable if PEERS[peer].dist is None else peers.python
+    assert python is not None, "available() offers no venv peer without a venv"
+    return await _peer_workload(python, peer, admin_dsn, bars, sizes, workload)

@@ -32,7 +32,11 @@ def emit(**event: Any) -> None:
     sys.stdout.flush()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: Sequence[str] | None = None, *, drivers: Sequence[str] = ()
+) -> argparse.Namespace:
+    """The runner's arguments; ``drivers``: the choices of ``--driver`` (first is the
+    default), for a library that runs on more than one."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--workload", choices=("enqueue", "drain", "latency"), required=True)
@@ -40,6 +44,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=0, help="0: one job per transaction")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.02)
+    if drivers:
+        parser.add_argument("--driver", choices=drivers, default=drivers[0])
     return parser.parse_args(argv)
 
 
