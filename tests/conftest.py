@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "tests._skips"]
 
 
 @pytest.fixture

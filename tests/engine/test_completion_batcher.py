@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 from pydantic import BaseModel
@@ -33,7 +34,8 @@ async def test_completions_waiting_when_the_batcher_is_cancelled_are_still_writt
     async with anyio.create_task_group() as group:
         group.start_soon(batcher.run_forever)
         group.start_soon(batcher.complete, completion)  # a slot, cancelled while it waits
-        await anyio.sleep(0.05)
-        assert batcher.waiting == 1
+        with anyio.fail_after(5):
+            while batcher.waiting != 1:
+                await anyio.lowlevel.checkpoint()
         group.cancel_scope.cancel()
     assert (await client.get_job(job.id)).status is JobStatus.COMPLETED

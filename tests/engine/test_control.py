@@ -247,9 +247,9 @@ async def test_cancel_a_pending_chain_and_it_never_runs(
         ran.append(attempt.job.input.name)
         return attempt.job.input
 
-    doomed = await client.start_chain(
-        conn, task, Item(name="doomed"), schedule=timedelta(seconds=1)
-    )
+    # Due at once, enqueued before the marker: a worker that ignored the cancel would
+    # run it first (same queue and priority, earlier scheduled_at).
+    doomed = await client.start_chain(conn, task, Item(name="doomed"))
     await conn.commit()
     assert await client.cancel(conn, [doomed.id]) == [doomed.id]
     await conn.commit()

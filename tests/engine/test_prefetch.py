@@ -102,10 +102,16 @@ async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
     )
     stop = await worker.start()
     await _one_running_two_prefetched(gate, pgwork_dsn)
+
+    async def prefetched_handed_back() -> bool:
+        return bool(await scalar(pgwork_dsn, RUNNING) == 1)
+
     async with anyio.create_task_group() as group:
         group.start_soon(stop)
-        await anyio.sleep(0.2)
-        gate.release.set()  # the running job finishes within the grace period
+        # The stop has handed the two waiting jobs back; the running one finishes
+        # within the grace period.
+        await eventually(prefetched_handed_back, what="the prefetched jobs handed back")
+        gate.release.set()
 
     first, *prefetched = [await client.get_job(s.job_id) for s in started]
     assert first.status is JobStatus.COMPLETED
@@ -130,7 +136,19 @@ async def test_prefetched_jobs_keep_their_leases_while_they_wait(
         await gate.first_running.wait()
     # A second worker reaps any expired lease; the waiting job's lease must not expire.
     await workers(client=client, processors={step: gate}, max_slots=1, prefetch=0)
-    await anyio.sleep(2.5)  # more than twice the lease
+    acquires: list[int] = []
+    real = client.state.complete_and_acquire
+
+    async def counting(**kwargs: Any) -> Any:
+        results, acquired = await real(**kwargs)
+        acquires.append(len(acquired))
+        return results, acquired
+
+    client.state.complete_and_acquire = counting  # type: ignore[method-assign]
+    await anyio.sleep(2.5)  # time passing is the point: more than twice the lease
+    # Every acquire counts, empty ones included: neither worker may spin while it waits
+    # (an earlier build re-acquired ~550 times a second here and the test still passed).
+    assert len(acquires) <= 6, f"{len(acquires)} acquires in 2.5 s, {acquires.count(0)} empty"
     waiting = await client.get_job(started[1].job_id)
     assert waiting.status is JobStatus.RUNNING
     assert waiting.attempt == 1
@@ -207,11 +225,16 @@ async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
     gate = _Gate()
     started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
     await conn.commit()
-    await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
+    worker = await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
     await _one_running_two_prefetched(gate, pgwork_dsn)
     await client.cancel(conn, [started[1].id])
     await conn.commit()
-    await anyio.sleep(0.5)  # the abort notice reaches the worker
+
+    async def abort_heard() -> bool:
+        waiting = [s for s in worker._slots.by_token.values() if s.acquired.id == started[1].id]
+        return all(s.pending_abort is not None for s in waiting)
+
+    await eventually(abort_heard, what="the abort notice to reach the worker")
     gate.release.set()
 
     async def last_done() -> bool:

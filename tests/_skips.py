@@ -1,0 +1,87 @@
+"""Skips a CI run may have, and why; any other skip fails the run under ``CI=true``.
+
+A skip hides a feature from CI as surely as a deleted test: the database tests skip
+when no server answers, the fault tier when the embedded server cannot start, the
+PgBouncer and browser tests when their programs are missing. Locally a skip says what
+to install; in CI (``CI`` set to a true value) it must be one of these, each with the
+reason it is expected, or the run fails and lists it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+__all__ = ["EXPECTED_SKIPS", "in_ci", "unexpected"]
+
+# A pytest plugin (tests/conftest.py loads it): the hooks at the end of this module.
+
+# Regex on the skip reason -> why it is expected.
+EXPECTED_SKIPS: dict[str, str] = {
+    r"^one round trip needs PostgreSQL 17$": (
+        "the pipelined BEGIN + lock uses PostgreSQL 17's transaction_timeout; the pass "
+        "on the machine's PostgreSQL 15 checks the two-round-trip path instead"
+    ),
+    r"^adapter does not claim (delivers_on_commit_only|folds_identical_notices)$": (
+        "the in-process notify adapter sees no transactions, so it claims neither"
+    ),
+    r"^a Docker engine is reachable here; the skip path cannot be exercised$": (
+        "the testcontainers skip path is tested only where no Docker engine runs"
+    ),
+    r"^needs signals$": "POSIX only; CI runs on Linux, so this never skips there",
+}
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def unexpected(reasons: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (test, reason) pairs whose reason matches no expected skip."""
+    return [
+        (test, reason)
+        for test, reason in reasons
+        if not any(re.search(pattern, reason) for pattern in EXPECTED_SKIPS)
+    ]
+
+
+_SKIPPED = pytest.StashKey[list[tuple[str, str]]]()
+_config: list[pytest.Config] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SKIPPED] = []
+    _config.append(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _config.remove(config)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple) and _config:
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        _config[-1].stash[_SKIPPED].append((report.nodeid, reason))
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    if not in_ci():
+        return
+    surprises = unexpected(config.stash[_SKIPPED])
+    if surprises:
+        terminalreporter.section("unexpected skips (CI=true)", red=True)
+        for test, reason in surprises:
+            terminalreporter.line(f"{test}: {reason}")
+        terminalreporter.line(
+            "Each skip in CI must be listed in tests/_skips.py with the reason it is "
+            "expected; install what the test needs instead (see .ci/run)."
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if in_ci() and unexpected(session.config.stash[_SKIPPED]) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

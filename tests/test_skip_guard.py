@@ -1,0 +1,48 @@
+"""Under CI=true a skip not listed in tests/_skips.py fails the run; a listed one does not."""
+
+from __future__ import annotations
+
+import pytest
+
+SKIPPING = """
+import pytest
+
+def test_needs_a_browser():
+    pytest.skip("browser unavailable: no Chromium at /usr/bin/chromium")
+
+def test_needs_postgres_17():
+    pytest.skip("one round trip needs PostgreSQL 17")
+"""
+
+LISTED_ONLY = """
+import pytest
+
+def test_needs_postgres_17():
+    pytest.skip("one round trip needs PostgreSQL 17")
+"""
+
+
+def test_an_unlisted_skip_fails_a_ci_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(SKIPPING)
+    result = pytester.runpytest("-p", "tests._skips")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*unexpected skips (CI=true)*", "*browser unavailable*"])
+
+
+def test_a_listed_skip_passes_a_ci_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(LISTED_ONLY)
+    assert pytester.runpytest("-p", "tests._skips").ret == pytest.ExitCode.OK
+
+
+def test_skips_outside_ci_only_say_what_to_install(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(SKIPPING)
+    assert pytester.runpytest("-p", "tests._skips").ret == pytest.ExitCode.OK
