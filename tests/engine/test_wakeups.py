@@ -43,7 +43,7 @@ pytestmark = pytest.mark.anyio
 LONG_POLL = 30.0
 # A notification or a timer starts a job within milliseconds; this leaves room for a
 # loaded CI machine while staying far below the poll interval.
-PROMPT = 3.0
+PROMPT = 5.0
 
 
 class Num(BaseModel):

@@ -45,6 +45,10 @@ class Heartbeat:
         self._on_reclaimed = on_reclaimed
         self._last_ok = time.monotonic()
         self._registered = False
+        # Dead workers are looked for a few times per ``dead_after``, not every beat:
+        # a worker is declared dead only after that long anyway.
+        self.reclaim_every = max(interval, dead_after / 3)
+        self._next_reclaim = 0.0
 
     @property
     def healthy(self) -> bool:
@@ -86,7 +90,9 @@ class Heartbeat:
             )
             await self.register()
         self._last_ok = time.monotonic()
-        await self.reclaim()
+        if self._last_ok >= self._next_reclaim:
+            self._next_reclaim = self._last_ok + self.reclaim_every
+            await self.reclaim()
 
     async def reclaim(self) -> int:
         dead = await self.state.find_dead_workers(

@@ -187,7 +187,7 @@ class InProcessWorker:
             type_names=list(self._types),
             events=self._events,
             wakeups=self._wakeups,
-            idle_interval=heartbeat_interval,
+            idle_interval=poll_interval,
         )
         self._notices = NoticeRouter(
             worker_id=self.worker_id,
@@ -373,7 +373,8 @@ class InProcessWorker:
 
     @property
     def _idle(self) -> bool:
-        return not self._slots and not self._wakeups.may_have_work
+        """No job held and the last acquire found the queues empty."""
+        return not self._slots and self._wakeups.found_nothing
 
     async def _wait(self, seconds: float) -> None:
         """Wait ``seconds`` or until something wakes the loop."""

@@ -4,9 +4,9 @@ A job whose lease expired belongs to nobody (its worker died, froze or lost the
 database): the reaper puts it back in the queue (or fails it, past its attempts) so
 another attempt can run. One per turn, and only every ``REAP_INTERVAL`` while none is
 found: under load turns come every few milliseconds and expired leases are rare. An
-idle worker looks only every heartbeat interval (dead workers' jobs are taken back all
-at once by the heartbeat anyway). A job put back is announced, so an idle worker takes
-it at once.
+idle worker looks once per poll interval (its turns come on hints, and a hint about
+new work says nothing about expired leases). A job put back is announced, so an idle
+worker takes it at once.
 """
 
 from __future__ import annotations

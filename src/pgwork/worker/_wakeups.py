@@ -37,7 +37,15 @@ MAX_TIMERS = 1024
 class Wakeups:
     """Demand bookkeeping for one worker; all times are ``clock()`` seconds."""
 
-    __slots__ = ("_clock", "_drained_as_of", "_poll_at", "_timers", "generation", "look_ahead")
+    __slots__ = (
+        "_clock",
+        "_drained_as_of",
+        "_poll_at",
+        "_timers",
+        "found_nothing",
+        "generation",
+        "look_ahead",
+    )
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -48,6 +56,8 @@ class Wakeups:
         # Ask the database when the next job becomes due: at start, and after a timer
         # fired whose acquire found nothing (a job cancelled, taken, or a clock skew).
         self.look_ahead = True
+        # The last acquire came back short (a poll's hint does not change that).
+        self.found_nothing = False
 
     @property
     def may_have_work(self) -> bool:
@@ -71,6 +81,7 @@ class Wakeups:
 
     def acquired(self, generation: int, *, asked: int, got: int, poll_interval: float) -> None:
         """An acquire sent in ``generation`` asked for ``asked`` jobs and got ``got``."""
+        self.found_nothing = got < asked
         if got < asked and generation > self._drained_as_of:
             self._drained_as_of = generation
             self._poll_at = self._clock() + poll_interval
