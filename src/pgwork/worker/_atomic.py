@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
@@ -40,6 +41,8 @@ class AttemptSteps(Protocol):
 
     state: StateAdapter
     notify: NotifyAdapter
+    # A grouped atomic member that was kept frees its slot before its group commits.
+    _on_returned: Callable[[Slot], None]
 
     def _attempt(
         self, slot: Slot, transaction: object | None
