@@ -382,4 +382,3 @@ def _with_limit(query: bytes, limit: int) -> bytes:
     A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
     """
     return query.replace(b"%(limit)s", str(int(limit)).encode())
-

@@ -11,8 +11,8 @@ rolled back; the failure is then recorded on its own.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Protocol
 
 import anyio

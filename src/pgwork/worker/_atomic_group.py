@@ -188,7 +188,8 @@ class AtomicGroups:
             if lane.owner is slot:
                 await self._leave(lane, slot)
         if kept:
-            assert attempt is not None and group is not None
+            assert attempt is not None
+            assert group is not None
             slot.settling = True
             runner._on_returned(slot)  # the slot takes its next job meanwhile
             await self._committed(lane, group)
@@ -327,4 +328,3 @@ class AtomicGroups:
         with anyio.CancelScope(shield=True):
             if await self.state.release(leases=[slot.lease]):
                 await announce_ready(self.notify, [slot.acquired.queue])
-
