@@ -100,8 +100,13 @@ async def enqueue(ctx: Context) -> list[Measurement]:
 
 # --- 2. drain ------------------------------------------------------------------------
 
+# The atomic drain's second row: attempts committed in groups of this many.
+ATOMIC_GROUP = 32
 
-async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measurement:
+
+async def _drain_in_process(
+    ctx: Context, type_name: str, row: str, *, atomic_group: int = 1
+) -> Measurement:
     n = ctx.sizes.drain
     bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
@@ -112,6 +117,7 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
                 client=client,
                 processors={type_name: counter.handler()},
                 max_slots=ctx.sizes.slots,
+                atomic_group=atomic_group,
             )
             stop = await worker.start()
             try:
@@ -154,6 +160,12 @@ async def drain(ctx: Context) -> list[Measurement]:
     return [
         await _drain_in_process(ctx, "noop", row_drain(ctx.sizes.slots)),
         await _drain_in_process(ctx, "noop_atomic", row_drain(ctx.sizes.slots, "atomic")),
+        await _drain_in_process(
+            ctx,
+            "noop_atomic",
+            row_drain(ctx.sizes.slots, "atomic") + f", groups of {ATOMIC_GROUP}",
+            atomic_group=ATOMIC_GROUP,
+        ),
         await _drain_processes(ctx, 2),
     ]
 
@@ -325,6 +337,7 @@ async def chains(ctx: Context) -> list[Measurement]:
                 client=client,
                 processors=counter.chain_handlers(client.registry),
                 max_slots=ctx.sizes.slots,
+                atomic_group=atomic_group,
             )
             stop = await worker.start()
             try:
