@@ -337,7 +337,6 @@ async def chains(ctx: Context) -> list[Measurement]:
                 client=client,
                 processors=counter.chain_handlers(client.registry),
                 max_slots=ctx.sizes.slots,
-                atomic_group=atomic_group,
             )
             stop = await worker.start()
             try:
