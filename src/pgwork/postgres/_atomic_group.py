@@ -21,20 +21,17 @@ so a member that failed can record its failure on its own connection at once.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from pgwork.adapters.state import Completion, CompletionResult, Lease, TransactionHandle
 from pgwork.postgres._errors import translate_errors
-from pgwork.postgres._statements import ATOMIC_REFUSED
+from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import PgTransaction
-
-if TYPE_CHECKING:
-    from pgwork.postgres._state_worker import WorkerOps
 
 __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 
@@ -54,6 +51,24 @@ class GroupLostError(psycopg.OperationalError):
     nothing of the group committed."""
 
 
+class _Ops(Protocol):
+    """What a group uses of the adapter (``PostgresStateAdapter``)."""
+
+    schema: str
+    _sql: Statements
+
+    async def _fetch(
+        self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]: ...
+
+    async def _completion_results(
+        self,
+        tx: TransactionHandle | None,
+        completions: Sequence[Completion],
+        rows: Sequence[tuple[Any, ...]],
+    ) -> list[CompletionResult]: ...
+
+
 class PgAtomicGroup:
     """``AtomicGroup`` on one pooled psycopg connection (autocommit, so BEGIN by hand)."""
 
@@ -61,7 +76,7 @@ class PgAtomicGroup:
 
     def __init__(
         self,
-        ops: WorkerOps,
+        ops: _Ops,
         conn: psycopg.AsyncConnection[Any],
         give_back: Callable[[], Awaitable[None]],
     ) -> None:
