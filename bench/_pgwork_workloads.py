@@ -91,8 +91,13 @@ def _where_note(ctx: Context, first: bool) -> str:
 
 # --- 2. drain ------------------------------------------------------------------------
 
+# The atomic drain's second row: attempts committed in groups of this many.
+ATOMIC_GROUP = 32
 
-async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measurement:
+
+async def _drain_in_process(
+    ctx: Context, type_name: str, row: str, *, atomic_group: int = 1
+) -> Measurement:
     n = ctx.sizes.drain
     bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
@@ -103,6 +108,7 @@ async def _drain_in_process(ctx: Context, type_name: str, row: str) -> Measureme
                 client=client,
                 processors={type_name: counter.handler()},
                 max_slots=ctx.sizes.slots,
+                atomic_group=atomic_group,
             )
             stop = await worker.start()
             try:
@@ -158,7 +164,10 @@ async def drain(ctx: Context) -> list[Measurement]:
             await _drain_in_process(ctx, "noop", staged),
             await _drain_in_process(ctx, "noop_atomic", atomic),
         ]
-    return [*rows, await _drain_processes(ctx, 2)]
+    grouped = await _drain_in_process(
+        ctx, "noop_atomic", f"{atomic}, groups of {ATOMIC_GROUP}", atomic_group=ATOMIC_GROUP
+    )
+    return [*rows, grouped, await _drain_processes(ctx, 2)]
 
 
 # --- 3. drain rate vs backlog --------------------------------------------------------

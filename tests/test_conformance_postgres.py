@@ -15,6 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
+from pgwork.postgres import _atomic_group as pg_atomic_group
 from pgwork.postgres import _state_worker as pg_worker_ops
 from pgwork.postgres._transactions import PgTransaction
 from pgwork.testing.conformance import (
@@ -73,7 +74,7 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         monkeypatch: pytest.MonkeyPatch,
         pipelined: bool,
     ) -> None:
-        monkeypatch.setattr(pg_worker_ops, "_ATOMIC_SLACK", timedelta(milliseconds=300))
+        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
         if not pipelined:
             monkeypatch.setattr(pg_worker_ops, "_PIPELINED_BEGIN_FROM", 10**9)
         await store.seed(store.new_job())

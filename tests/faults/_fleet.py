@@ -43,6 +43,8 @@ class Options:
     lease: float = 2.0
     poll: float = 0.5
     grace: float = 0.2
+    atomic_group: int = 1
+    atomic_group_wait: float = 0.005
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -59,6 +61,8 @@ class WorkerProcess:
             "--worker-id", worker_id, "--types", options.types,
             "--slots", str(options.slots), "--lease", str(options.lease),
             "--poll", str(options.poll), "--grace", str(options.grace),
+            "--atomic-group", str(options.atomic_group),
+            "--atomic-group-wait", str(options.atomic_group_wait),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             args,

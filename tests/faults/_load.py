@@ -75,6 +75,9 @@ class Load:
     drain_timeout: float = 60.0
     # How long the workers' final stop lets attempts still in flight finish.
     grace: float = 0.2
+    # Atomic attempts per transaction (the worker's ``atomic_group``) and its wait.
+    atomic_group: int = 1
+    atomic_group_wait: float = 0.005
 
 
 Inject = Callable[[Fleet, Figures], None]
@@ -111,6 +114,8 @@ def run_under_faults(
         lease=load.lease,
         poll=load.poll,
         grace=load.grace,
+        atomic_group=load.atomic_group,
+        atomic_group_wait=load.atomic_group_wait,
         env=env or {},
     )
     started = time.monotonic()

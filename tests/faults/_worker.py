@@ -26,6 +26,8 @@ oracle catches the failure it is meant to catch:
                 find work by polling alone)
 ``spin``        an acquire that comes back short does not stop the worker from
                 acquiring again at once (the idle busy-loop of an earlier build)
+``early-commit`` a grouped atomic attempt's writes commit on their own, before its
+                completion (which then commits with its group)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from pgwork import (
 )
 from pgwork.adapters.notify import Notice
 from pgwork.postgres import _statements
+from pgwork.postgres._atomic_group import PgAtomicGroup
 from pgwork.worker._wakeups import Wakeups
 
 BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
@@ -110,6 +113,15 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
+async def _commit_early(self: PgAtomicGroup, completion: Any) -> Any:
+    conn = self._conn
+    await conn.execute(b"RELEASE SAVEPOINT pgwork_member; COMMIT; BEGIN; SAVEPOINT pgwork_member")
+    return await _complete_in_group(self, completion)
+
+
+_complete_in_group = PgAtomicGroup.complete
+
+
 async def _never_reap(self: PostgresStateAdapter, **_: Any) -> list[Any]:
     return []
 
@@ -147,6 +159,9 @@ def break_statements(spec: str) -> None:
             Wakeups.acquired = lambda self, *a, **k: None  # type: ignore[method-assign]
             continue
         if name == "no-notify":
+            continue
+        if name == "early-commit":
+            PgAtomicGroup.complete = _commit_early  # type: ignore[method-assign]
             continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
@@ -267,6 +282,8 @@ async def main(args: argparse.Namespace) -> int:
         poll_interval=args.poll,
         grace_period=args.grace,
         observers=[_Events()],
+        atomic_group=args.atomic_group,
+        atomic_group_wait=args.atomic_group_wait,
     )
     terminate = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate.set)
@@ -296,6 +313,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--poll", type=float, default=0.5)
     parser.add_argument("--grace", type=float, default=0.2)
+    parser.add_argument("--atomic-group", type=int, default=1)
+    parser.add_argument("--atomic-group-wait", type=float, default=0.005)
     return parser.parse_args(argv)
 
 

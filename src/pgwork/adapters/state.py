@@ -62,6 +62,7 @@ from pgwork.records import Chain, Job
 
 __all__ = [
     "AcquiredJob",
+    "AtomicGroup",
     "BlockedJob",
     "BlockerOutput",
     "BlockerStatus",
@@ -103,6 +104,56 @@ class TransactionHandle(Protocol):
         """End the transaction by dropping its connection, at once, without waiting for
         a statement in progress; the connection is never reused. For a transaction a
         handler the worker abandoned may still be using."""
+        ...
+
+
+class AtomicGroup(Protocol):
+    """Several atomic attempts in one transaction, one after another, each in a savepoint
+    of its own, committed once (``WorkerStore.open_atomic_group``).
+
+    A member ``enter``s (its job's row is locked, fenced by its lease), its handler
+    writes through the handle ``enter`` returned, then the member is either kept
+    (``complete`` or ``keep``: its writes join the group) or undone (``undo``: rolled
+    back to its savepoint, nothing of it stays, the other members' writes are untouched).
+    ``commit`` makes every kept member durable at once; until then a crash, or
+    ``discard``, loses the whole group. Members never overlap: one connection.
+    """
+
+    @property
+    def members(self) -> int:
+        """How many members were kept so far."""
+        ...
+
+    async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle | None:
+        """Start a member: open its savepoint (and the group's transaction, first) and
+        lock its job's row; None, with nothing of the member left, when ``lease`` no
+        longer holds the job. ``deadline`` bounds how long the row may stay locked by
+        a process that stopped talking to the store."""
+        ...
+
+    async def complete(self, completion: Completion) -> CompletionResult:
+        """Complete the current member's job (no continuation) in its savepoint, fenced
+        by its lease, and keep the member; when refused, undo it instead (the result is
+        not accepted). What the result reports ready is announced by the caller after
+        ``commit``."""
+        ...
+
+    async def keep(self) -> None:
+        """End the current member's savepoint, its writes (outcome included) joining the
+        group's."""
+        ...
+
+    async def undo(self) -> None:
+        """Roll the current member back to its savepoint: nothing it wrote stays."""
+        ...
+
+    async def commit(self) -> None:
+        """Commit every kept member and give the connection back; raises when the
+        group was lost (its connection closed or broken): then nothing committed."""
+        ...
+
+    async def discard(self) -> None:
+        """Roll the whole group back and give the connection back."""
         ...
 
 
@@ -226,6 +277,12 @@ class WorkerStore(Store, Protocol):
         as the store allows: yields the open transaction, or None (rolled back at
         once) when ``lease`` no longer holds its job. Commits on clean exit, unless
         ``complete_atomic`` ended the transaction already."""
+        ...
+
+    async def open_atomic_group(self) -> AtomicGroup:
+        """A group of atomic attempts sharing one transaction and one commit (see
+        ``AtomicGroup``); it holds one of the adapter's connections until its
+        ``commit`` or ``discard``."""
         ...
 
     async def complete(

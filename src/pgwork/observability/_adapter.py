@@ -19,6 +19,7 @@ from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
+    AtomicGroup,
     BlockedJob,
     BlockerOutput,
     CancelledChain,
@@ -190,6 +191,10 @@ class InstrumentedStateAdapter:
         return await self._call(
             "complete_atomic", self.inner.complete_atomic(tx, completion=completion)
         )
+
+    async def open_atomic_group(self) -> AtomicGroup:
+        # The group's own steps are not instrumented: they are a member's round trips.
+        return await self._call("open_atomic_group", self.inner.open_atomic_group())
 
     async def fail(
         self, tx: TransactionHandle | None, *, failures: Sequence[Failure]

@@ -32,6 +32,7 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._rows import acquired_from_row
 from pgwork.postgres._state_complete import completion_params
@@ -42,10 +43,6 @@ from pgwork.records import JobStatus
 __all__ = ["WorkerOps"]
 
 _IDLE = TransactionStatus.IDLE
-
-# An atomic attempt's transaction is ended by the server this long after its handler's
-# deadline (once idle before PostgreSQL 17; in all, from 17 on).
-_ATOMIC_SLACK = timedelta(seconds=5)
 
 # The first server version whose transaction_timeout lets BEGIN and the row lock travel
 # in one pipeline.
@@ -132,6 +129,23 @@ class WorkerOps:
         finally:
             await give_back()
 
+    async def open_atomic_group(self) -> PgAtomicGroup:
+        # Borrowed by hand, as for ``atomic_transaction``: a member's handler given up
+        # on closes the connection, which then counts as returned at once.
+        conn = await self.pool.getconn()
+        returned = False
+
+        async def give_back() -> None:
+            nonlocal returned
+            if not returned:
+                returned = True
+                broken = conn.broken or conn.closed
+                await self.pool.putconn(conn)
+                if broken:
+                    await self.pool.check()
+
+        return PgAtomicGroup(self, conn, give_back)
+
     async def _begin_and_lock(
         self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
     ) -> bool:
@@ -149,7 +163,7 @@ class WorkerOps:
             async with conn.pipeline():
                 await conn.execute(b"BEGIN")
                 cur = conn.cursor()
-                await cur.execute(self._sql.begin_atomic_bounded, _atomic_params(lease, deadline))
+                await cur.execute(self._sql.begin_atomic_bounded, atomic_params(lease, deadline))
             return bool(await cur.fetchall())
 
     async def acquire(
@@ -246,7 +260,7 @@ class WorkerOps:
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:
         conn = await unwrap(tx)
-        rows = await self._fetch(conn, self._sql.begin_atomic, _atomic_params(lease, deadline))
+        rows = await self._fetch(conn, self._sql.begin_atomic, atomic_params(lease, deadline))
         return bool(rows)
 
     async def renew(
@@ -368,13 +382,3 @@ def _with_limit(query: bytes, limit: int) -> bytes:
     A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
     """
     return query.replace(b"%(limit)s", str(int(limit)).encode())
-
-
-def _atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:
-    return {
-        "job_id": lease.job_id,
-        "lease_token": lease.lease_token,
-        # Slack over the handler deadline: the worker's own timeout fires first; the
-        # server's only ends transactions of a stuck process.
-        "idle_ms": str(int((deadline + _ATOMIC_SLACK).total_seconds() * 1000)),
-    }

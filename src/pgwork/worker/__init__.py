@@ -39,6 +39,8 @@ def create_in_process_worker(
     dead_worker_after: float = 30.0,
     abandon_after: float | timedelta = 5.0,
     prefetch: int | None = None,
+    atomic_group: int = 1,
+    atomic_group_wait: float | timedelta = 0.005,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -53,7 +55,11 @@ def create_in_process_worker(
     beyond the free slots the worker may hold acquired, waiting for a slot, so that its
     next acquire overlaps the running handlers (default None: up to ``max_slots`` while
     handlers take under 20 ms on average, none otherwise; 0 turns it off). ``middlewares``
-    wrap every attempt, first = outermost. ``rng`` seeds backoff jitter (tests).
+    wrap every attempt, first = outermost. ``atomic_group``: how many atomic attempts
+    may share one transaction and its commit, each in a savepoint of its own (default
+    1: a transaction per attempt); a group commits when full or ``atomic_group_wait``
+    (seconds) after its first attempt finished; a crash before the commit runs every
+    attempt of the group again (see docs/workers.md). ``rng`` seeds backoff jitter (tests).
     ``heartbeat_interval`` / ``dead_worker_after`` (seconds): how often the worker
     records that it is alive, and after how long without a heartbeat another worker
     takes back all of a worker's running jobs. ``schedules``: recurring
@@ -77,4 +83,6 @@ def create_in_process_worker(
         dead_worker_after=dead_worker_after,
         abandon_after=_seconds(abandon_after, "abandon_after"),
         prefetch=prefetch,
+        atomic_group=atomic_group,
+        atomic_group_wait=_seconds(atomic_group_wait, "atomic_group_wait"),
     )

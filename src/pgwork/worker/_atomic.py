@@ -11,6 +11,7 @@ rolled back; the failure is then recorded on its own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -40,6 +41,8 @@ class AttemptSteps(Protocol):
 
     state: StateAdapter
     notify: NotifyAdapter
+    # A grouped atomic member that was kept frees its slot before its group commits.
+    _on_returned: Callable[[Slot], None]
 
     def _attempt(
         self, slot: Slot, transaction: object | None

@@ -41,6 +41,7 @@ from pgwork.observability import (
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
+from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import Fetcher
@@ -87,6 +88,8 @@ class InProcessWorker:
         dead_worker_after: float = 30.0,
         abandon_after: float = 5.0,
         prefetch: int | None = None,
+        atomic_group: int = 1,
+        atomic_group_wait: float = 0.005,
     ) -> None:
         if max_slots < 1:
             raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
@@ -207,6 +210,13 @@ class InProcessWorker:
             abandon_after=abandon_after,
             watchdog=self._slots.watchdog,
             on_returned=self._slots.returned,
+            groups=atomic_groups(
+                state=client.state,
+                notify=client.notify,
+                size=atomic_group,
+                wait=atomic_group_wait,
+                max_slots=max_slots,
+            ),
         )
 
     # --- lifecycle ---------------------------------------------------------------------

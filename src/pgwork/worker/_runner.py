@@ -37,6 +37,7 @@ from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._announce import announce_ready, due_epoch
 from pgwork.worker._atomic import run_atomic
+from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._slot import Abandoned, Slot
@@ -65,6 +66,7 @@ class SlotRunner:
         abandon_after: float,
         watchdog: Watchdog[Slot],
         on_returned: Callable[[Slot], None] = lambda slot: None,
+        groups: AtomicGroups | None = None,
     ) -> None:
         self.client = client
         self.state = client.state
@@ -79,6 +81,8 @@ class SlotRunner:
         # Handlers given up on that have not ended yet (see _watchdog).
         self.abandoned: set[asyncio.Task[Any]] = set()
         self._on_returned = on_returned
+        # Atomic attempts share transactions (``atomic_group`` > 1), else None.
+        self.groups = groups
 
     async def run(self, slot: Slot) -> None:
         reason = slot.pending_abort
@@ -91,7 +95,11 @@ class SlotRunner:
                 await self._settle_abort(slot, reason)
             return
         if slot.job_type.mode == "atomic":
-            await run_atomic(self, slot)
+            groups = self.groups
+            if groups is not None and groups.takes(slot):
+                await groups.run(self, slot)
+            else:
+                await run_atomic(self, slot)
         else:
             await self._run_staged(slot)
 
@@ -222,6 +230,9 @@ class SlotRunner:
                     await attempt.transaction.discard()
                 except Exception as exc:
                     log.warning("pgwork could not close an abandoned attempt's connection: %r", exc)
+                if self.groups is not None:
+                    # A grouped member: the closed connection was its group's.
+                    await self.groups.lost(slot, error)
             await self._settle(slot, attempt, error)
 
     async def _run_staged(self, slot: Slot) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pgwork.testing.conformance._state_acquire import AcquireConformance
+from pgwork.testing.conformance._state_atomic_group import AtomicGroupConformance
 from pgwork.testing.conformance._state_blockers import BlockerConformance
 from pgwork.testing.conformance._state_complete import CompleteConformance, FailConformance
 from pgwork.testing.conformance._state_control import ControlConformance
@@ -28,6 +29,7 @@ class StateAdapterConformance(
     FailConformance,
     ReapConformance,
     AtomicConformance,
+    AtomicGroupConformance,
     DedupConformance,
     BlockerConformance,
     ControlConformance,

@@ -1,0 +1,150 @@
+"""Groups of atomic attempts: several members in one transaction, each in a savepoint.
+
+A member's own writes stand in for a handler's: it completes a *side* job in its
+transaction. Kept members commit together and only on ``commit``; an undone or
+refused member leaves nothing, and its job's row is free at once.
+
+Role exercised: ``WorkerStore`` (``open_atomic_group``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import anyio
+import pytest
+
+from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease, StateAdapter
+from pgwork.records import AttemptError, JobStatus
+from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase
+
+BOOM = AttemptError(type="RuntimeError", message="member failed")
+DEADLINE = timedelta(seconds=30)
+
+
+def _done(job: AcquiredJob, output: str = '"grouped"') -> Completion:
+    return Completion(job.id, job.lease_token, output)
+
+
+class AtomicGroupConformance(StateSuiteBase):
+    async def test_a_group_commits_every_kept_member_and_its_writes_at_once(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(*(store.new_job() for _ in range(6)))
+        held = await store.acquire(limit=6)
+        jobs, sides = held[:3], held[3:]
+        group = await state_adapter.open_atomic_group()
+        for job, side in zip(jobs, sides, strict=True):
+            tx = await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert tx is not None
+            await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+            assert (await group.complete(_done(job))).accepted
+        assert group.members == 3
+        for job in held:  # nothing is visible before the commit
+            assert (await store.job(job.id)).status is JobStatus.RUNNING
+        await group.commit()
+        for job in jobs:
+            assert (await store.job(job.id)).output == "grouped"
+        for side in sides:
+            assert (await store.job(side.id)).output == "side"
+
+    async def test_an_undone_member_leaves_nothing_and_frees_its_row_at_once(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(*(store.new_job() for _ in range(6)))
+        first, failing, last, *sides = await store.acquire(limit=6)
+        group = await state_adapter.open_atomic_group()
+        for job, side in zip((first, failing, last), sides, strict=True):
+            tx = await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert tx is not None
+            await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+            if job is failing:
+                await group.undo()
+            else:
+                assert (await group.complete(_done(job))).accepted
+        assert group.members == 2
+        # Its failure can be recorded on its own, while the group is still open: the
+        # savepoint's rollback released its row lock (else this would wait for the
+        # group's commit; bounded, so a store that keeps the lock fails here).
+        with anyio.fail_after(10):
+            assert await state_adapter.fail(
+                None, failures=[Failure(failing.id, failing.lease_token, BOOM, None)]
+            ) == [True]
+        await group.commit()
+        assert (await store.job(first.id)).output == "grouped"
+        assert (await store.job(last.id)).output == "grouped"
+        assert (await store.job(failing.id)).status is JobStatus.FAILED
+        assert (await store.job(sides[0].id)).output == "side"
+        assert (await store.job(sides[1].id)).status is JobStatus.RUNNING
+        assert (await store.job(sides[2].id)).output == "side"
+
+    async def test_a_member_whose_lease_no_longer_holds_is_refused_and_leaves_nothing(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(*(store.new_job() for _ in range(4)))
+        job, spoiled, kept, side = await store.acquire(limit=4)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=Lease(job.id, uuid.uuid4()), deadline=DEADLINE) is None
+        tx = await group.enter(lease=spoiled.lease, deadline=DEADLINE)
+        assert tx is not None
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        # The handler ends its own job: the completion behind it is refused, and the
+        # member is rolled back with everything it wrote.
+        await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
+        assert not (await group.complete(_done(spoiled))).accepted
+        tx = await group.enter(lease=kept.lease, deadline=DEADLINE)
+        assert tx is not None
+        assert (await group.complete(_done(kept))).accepted
+        assert group.members == 1
+        await group.commit()
+        assert (await store.job(kept.id)).output == "grouped"
+        for untouched in (job, spoiled, side):
+            stored = await store.job(untouched.id)
+            assert stored.status is JobStatus.RUNNING
+            assert stored.output is None
+
+    async def test_a_kept_member_with_its_own_outcome_commits_with_the_group(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        job, side = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        tx = await group.enter(lease=job.lease, deadline=DEADLINE)
+        assert tx is not None
+        await state_adapter.complete(tx, completions=[_done(side, '"side"'), _done(job)])
+        await group.keep()
+        assert group.members == 1
+        await group.commit()
+        assert (await store.job(job.id)).output == "grouped"
+        assert (await store.job(side.id)).output == "side"
+
+    async def test_a_discarded_group_commits_nothing(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        job = await store.acquire_one()
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(job))).accepted
+        await group.discard()
+        assert (await store.job(job.id)).status is JobStatus.RUNNING
+        [again] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
+        assert again.accepted
+
+    async def test_a_group_whose_connection_a_member_discarded_cannot_commit(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        kept, abandoned = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=kept.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(kept))).accepted
+        tx = await group.enter(lease=abandoned.lease, deadline=DEADLINE)
+        assert tx is not None
+        await tx.discard()  # what the worker does to a handler it gave up on
+        with pytest.raises(Exception):  # noqa: B017, PT011 - the adapter's own error type
+            await group.commit()
+        with anyio.fail_after(10):
+            [result] = await state_adapter.complete(None, completions=[_done(kept, '"later"')])
+        assert result.accepted  # nothing committed, nothing left locked

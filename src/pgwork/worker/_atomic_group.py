@@ -1,0 +1,330 @@
+"""Atomic attempts with group commit: several attempts share one transaction.
+
+One transaction per atomic job caps an atomic drain at the server's commit rate. With
+``atomic_group=N`` (N > 1) the worker keeps a few *lanes*, each a connection on which
+a group's members run one after another (one psycopg connection runs one statement at
+a time), each in a savepoint of its own (``AtomicGroup``): its row locked by id and
+lease token, its handler's writes and its completion in the savepoint. A member that
+succeeds is kept; one that fails, is aborted or whose completion is refused is rolled
+back to its savepoint (the others' writes stay) and its failure is recorded right
+after, on its own connection. Concurrency comes from the lanes: a slot takes the
+least busy one.
+
+A group commits once it has N kept members, or ``atomic_group_wait`` after its first
+member was kept, whichever comes first: by the member that filled it, else by the
+first member waking at the due time (or the next member to leave the lane after it).
+A kept member's slot is free at once (like a staged slot whose handler returned), but
+the member counts as done, is reported and has what it made ready announced only
+after the commit. A crash before the commit rolls the whole group back: every member
+runs again, none twice in effect. A member whose handler is given up on closes the
+lane's connection (as an atomic attempt's is), which loses its group: the other
+members' jobs are handed back without counting an attempt.
+
+A member holds its lane while its handler runs, so a slow handler would hold its
+group's commit back. So a job type whose handlers took longer than the wait on
+average runs alone, in a transaction of its own, as with ``atomic_group=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+import anyio
+
+from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.state import AtomicGroup, Completion, StateAdapter, TransactionHandle
+from pgwork.errors import ConfigurationError
+from pgwork.worker._announce import announce_ready
+from pgwork.worker._atomic import AttemptSteps
+from pgwork.worker._attempt import Attempt, Completed
+from pgwork.worker._slot import Slot
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["AtomicGroups", "atomic_groups"]
+
+# Weight of the newest handler duration in a job type's running mean.
+_SMOOTHING = 0.1
+
+
+def atomic_groups(
+    *, state: StateAdapter, notify: NotifyAdapter, size: int, wait: float, max_slots: int
+) -> AtomicGroups | None:
+    """A worker's ``AtomicGroups`` for ``atomic_group=size`` (None for 1: one
+    transaction per attempt), after checking the options."""
+    if size < 1:
+        raise ConfigurationError(f"atomic_group must be >= 1, got {size}")
+    if wait < 0:
+        raise ConfigurationError(f"atomic_group_wait must not be negative, got {wait}")
+    if size == 1:
+        return None
+    # Enough lanes that the database works on one lane's statements while Python
+    # runs another's handler; each holds a connection while its group is open.
+    lanes = max(1, min(4, max_slots // 4))
+    return AtomicGroups(state=state, notify=notify, size=size, wait=wait, lanes=lanes)
+
+
+class _Group:
+    """One transaction of a lane; its kept members wait for ``done``."""
+
+    __slots__ = ("done", "due", "error", "notices", "store")
+
+    def __init__(self, store: AtomicGroup) -> None:
+        self.store = store
+        self.due = math.inf  # commit by then (monotonic); set by the first kept member
+        self.done = asyncio.Event()
+        self.error: BaseException | None = None
+        self.notices: list[Notice] = []
+
+
+class _Lane:
+    """A connection's turn: held by one member (or a committer) at a time."""
+
+    __slots__ = ("group", "lock", "owner", "waiting")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.group: _Group | None = None
+        self.owner: object | None = None
+        self.waiting = 0
+
+    @property
+    def load(self) -> int:
+        return self.waiting + (self.owner is not None)
+
+    async def take(self, owner: object) -> None:
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        self.owner = owner
+
+    def give(self, owner: object) -> None:
+        """Let the next one in, unless ``owner`` no longer holds the lane (a member
+        given up on: the watchdog's task gave it back already)."""
+        if self.owner is owner:
+            self.owner = None
+            self.lock.release()
+
+
+class AtomicGroups:
+    """The worker's lanes and the groups open on them."""
+
+    def __init__(
+        self,
+        *,
+        state: StateAdapter,
+        notify: NotifyAdapter,
+        size: int,
+        wait: float,
+        lanes: int,
+    ) -> None:
+        self.state = state
+        self.notify = notify
+        self.size = size
+        self.wait = wait
+        self._lanes = [_Lane() for _ in range(max(1, lanes))]
+        self._mean_s: dict[str, float] = {}
+
+    def takes(self, slot: Slot) -> bool:
+        """Whether ``slot``'s attempt joins a group (its type's handlers are short)."""
+        return self._mean_s.get(slot.job_type.name, 0.0) <= self.wait
+
+    def _learn(self, slot: Slot) -> None:
+        name = slot.job_type.name
+        took = time.monotonic() - slot.started
+        mean = self._mean_s.get(name)
+        self._mean_s[name] = took if mean is None else mean + _SMOOTHING * (took - mean)
+
+    async def run(self, runner: AttemptSteps, slot: Slot) -> None:
+        """Run ``slot``'s job as a member of a group, and settle it."""
+        deadline = slot.job_type.timeout or slot.job_type.lease
+        lane = min(self._lanes, key=lambda lane: lane.load)
+        await lane.take(slot)
+        attempt: Attempt[Any, Any] | None = None
+        failure: BaseException | None = None
+        group: _Group | None = None
+        kept = refused = False
+        try:
+            group = lane.group
+            if group is None:
+                group = lane.group = _Group(await self.state.open_atomic_group())
+            tx = await group.store.enter(lease=slot.lease, deadline=deadline)
+            if tx is None:
+                log.warning(
+                    "pgwork job %s was taken from this worker before it started",
+                    slot.acquired.id,
+                )
+                return
+            attempt, failure = runner._attempt(slot, tx)
+            if attempt is not None:
+                # A handler given up on raises Abandoned here once it ends; the
+                # watchdog's task closed the connection, lost the group and gave the
+                # lane back.
+                failure = await runner._call_handler(slot, attempt, deadline)
+                self._learn(slot)
+            with anyio.CancelScope(shield=True):
+                if attempt is not None and failure is None and not attempt.aborted:
+                    kept = await self._keep(runner, slot, attempt, group, tx)
+                    refused = not kept
+                else:
+                    await group.store.undo()
+                store = group.store
+                if kept and group.due == math.inf:
+                    group.due = time.monotonic() + self.wait
+                if store.members >= self.size or time.monotonic() >= group.due:
+                    await self._commit(lane, group)
+        except BaseException as exc:
+            if lane.owner is slot and group is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._lose(lane, group, exc)
+            raise
+        finally:
+            if lane.owner is slot:
+                await self._leave(lane, slot)
+        if kept:
+            assert attempt is not None
+            assert group is not None
+            slot.settling = True
+            runner._on_returned(slot)  # the slot takes its next job meanwhile
+            await self._committed(lane, group)
+            if group.error is None:
+                runner._report_outcome(slot, attempt, True)
+            else:
+                await self._hand_back(slot, group.error)
+            return
+        if refused:
+            assert attempt is not None
+            runner._report_outcome(slot, attempt, False)
+            return
+        # Rolled back to its savepoint; record what happened on its own.
+        with anyio.CancelScope(shield=True):
+            if attempt is None:
+                await runner._settle_failure(slot, failure, terminal=True)
+            else:
+                await runner._settle(slot, attempt, failure)
+
+    async def _keep(
+        self,
+        runner: AttemptSteps,
+        slot: Slot,
+        attempt: Attempt[Any, Any],
+        group: _Group,
+        tx: TransactionHandle,
+    ) -> bool:
+        """Write the member's outcome in its savepoint and keep it; False (rolled back)
+        when its lease no longer held."""
+        outcome = attempt.outcome
+        lease = slot.lease
+        if isinstance(outcome, Completed) and outcome.continuation is None:
+            result = await group.store.complete(
+                Completion(lease.job_id, lease.lease_token, outcome.output_json)
+            )
+            group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
+            if result.chain_awaited:
+                group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
+            return result.accepted
+        # A continuation or a reschedule: written, and announced, in the transaction
+        # (so on its commit), as for an attempt alone.
+        if await runner._write_outcome(slot, attempt, tx):
+            await group.store.keep()
+            return True
+        await group.store.undo()
+        return False
+
+    async def _leave(self, lane: _Lane, owner: object) -> None:
+        """Give the lane back; a group left without members and without anyone to
+        join it is rolled back, so its connection goes back to the pool."""
+        group = lane.group
+        if group is not None and not group.store.members and not lane.waiting:
+            lane.group = None
+            with anyio.CancelScope(shield=True):
+                try:
+                    await group.store.discard()
+                finally:
+                    lane.give(owner)
+            return
+        lane.give(owner)
+
+    async def _commit(self, lane: _Lane, group: _Group) -> None:
+        """Commit ``group`` (its lane held), then announce what its members made ready."""
+        lane.group = None
+        try:
+            await group.store.commit()
+        except Exception as exc:
+            group.error = exc
+            log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
+        else:
+            if group.notices:
+                try:
+                    await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
+                except Exception as exc:  # the pollers find the work anyway
+                    log.warning("pgwork could not announce a group's notices: %r", exc)
+        group.done.set()
+
+    async def _lose(self, lane: _Lane, group: _Group, error: BaseException) -> None:
+        """``group`` can no longer commit (its connection was closed or broke)."""
+        if lane.group is group:
+            lane.group = None
+        if not group.done.is_set():
+            group.error = error
+            try:
+                await group.store.discard()
+            except Exception as exc:
+                log.warning("pgwork could not end a lost group of atomic attempts: %r", exc)
+            group.done.set()
+
+    async def lost(self, slot: Slot, error: BaseException) -> None:
+        """``slot``'s handler was given up on and its connection closed: its group is
+        lost, and its lane goes to the next member now."""
+        for lane in self._lanes:
+            if lane.owner is slot and lane.group is not None:
+                await self._lose(lane, lane.group, error)
+            if lane.owner is slot:
+                lane.give(slot)
+
+    async def _committed(self, lane: _Lane, group: _Group) -> None:
+        """Wait until ``group`` is committed (or lost); once it is due, commit it."""
+        try:
+            while not group.done.is_set():
+                delay = group.due - time.monotonic()
+                if delay > 0:
+                    with anyio.move_on_after(delay):
+                        await group.done.wait()
+                    continue
+                await lane.take(group)
+                try:
+                    if lane.group is group:
+                        with anyio.CancelScope(shield=True):
+                            await self._commit(lane, group)
+                finally:
+                    await self._leave(lane, group)
+        except BaseException:
+            # Cancelled (the worker is being torn down): the members' work is done,
+            # so commit rather than leave the transaction open.
+            if not group.done.is_set():
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.wait + 5.0):
+                    await lane.take(group)
+                    try:
+                        if lane.group is group:
+                            await self._commit(lane, group)
+                    finally:
+                        await self._leave(lane, group)
+            raise
+
+    async def _hand_back(self, slot: Slot, error: BaseException) -> None:
+        """The member's group was lost before its commit: nothing of it was written, and
+        through no fault of its own; hand the job back without counting the attempt."""
+        log.warning(
+            "pgwork job %s handed back: its group of atomic attempts was lost (%r)",
+            slot.acquired.id,
+            error,
+        )
+        with anyio.CancelScope(shield=True):
+            if await self.state.release(leases=[slot.lease]):
+                await announce_ready(self.notify, [slot.acquired.queue])

@@ -1,0 +1,176 @@
+"""Atomic attempts committed in groups (``atomic_group``): effects once, a failing
+member rolled back alone, and a lone job not held past the group's wait.
+
+Each handler writes an effect row with the id of the transaction it ran in
+(``txid_current()``), so a test sees which attempts shared a commit."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import (
+    Attempt,
+    ChainStart,
+    JobStatus,
+    JobTypeRegistry,
+    RetryPolicy,
+)
+from pgwork.postgres import _atomic_group
+from pgwork.worker import _atomic_group as worker_groups
+
+from .conftest import ClientFactory, eventually, scalar
+
+pytestmark = pytest.mark.anyio
+
+JOBS = 40
+
+
+class Num(BaseModel):
+    n: int
+
+
+async def _drain(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    atomic_group: int,
+    fail_first_of: int | None = None,
+) -> list[tuple[int, int, int]]:
+    """Run ``JOBS`` atomic jobs (job ``fail_first_of`` raises after writing on its first
+    attempt); return the effect rows (n, attempt, transaction id)."""
+    await conn.execute("CREATE TABLE effects (n int, attempt int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, %s, txid_current())",
+            (attempt.job.input.n, attempt.job.attempt),
+        )
+        if attempt.job.input.n == fail_first_of and attempt.job.attempt == 1:
+            raise RuntimeError("crash after writing")
+
+    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(JOBS)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=8,
+        atomic_group=atomic_group,
+        atomic_group_wait=0.05,
+    )
+
+    async def all_done() -> bool:
+        jobs = [await client.get_job(s.job_id) for s in started]
+        return all(job.status is JobStatus.COMPLETED for job in jobs)
+
+    await eventually(all_done, what="every job completed")
+    cur = await conn.execute("SELECT n, attempt, xid FROM effects ORDER BY n, attempt")
+    rows = [(int(n), int(a), int(x)) for n, a, x in await cur.fetchall()]
+    await conn.commit()
+    return rows
+
+
+async def test_grouped_attempts_commit_every_effect_once_in_fewer_transactions(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    effects = await _drain(make_client, workers, conn, atomic_group=8)
+    assert [n for n, _, _ in effects] == list(range(JOBS))
+    assert len({xid for _, _, xid in effects}) < JOBS
+
+
+async def test_one_transaction_per_attempt_without_groups(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The control for the test above: ``atomic_group=1`` shares no transaction."""
+    effects = await _drain(make_client, workers, conn, atomic_group=1)
+    assert [n for n, _, _ in effects] == list(range(JOBS))
+    assert len({xid for _, _, xid in effects}) == JOBS
+
+
+async def test_a_failing_member_rolls_back_only_its_own_effect_and_is_retried(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    effects = await _drain(make_client, workers, conn, atomic_group=8, fail_first_of=5)
+    assert [n for n, _, _ in effects] == list(range(JOBS))
+    assert (5, 2, next(x for n, _, x in effects if n == 5)) in effects  # the retry's
+    assert len({xid for _, _, xid in effects}) < JOBS
+
+
+async def test_without_savepoint_rollback_a_failing_members_effect_commits(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control for the test above: a group that does not roll a failing member
+    back to its savepoint commits that member's effect, and its retry adds another."""
+    monkeypatch.setattr(_atomic_group, "_UNDO", b"SELECT 1")
+    effects = await _drain(make_client, workers, conn, atomic_group=8, fail_first_of=5)
+    assert [n for n, _, _ in effects].count(5) == 2
+
+
+async def test_a_lone_job_commits_once_the_group_wait_is_over(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+) -> None:
+    """Fewer jobs than the group's size: the group commits at its wait, not later (and
+    not sooner: the wait is what holds it)."""
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    returned: list[float] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        returned.append(time.monotonic())
+
+    wait = 1.0
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        atomic_group=32,
+        atomic_group_wait=wait,
+    )
+    started = await client.start_chain(conn, pay, Num(n=1))
+    await conn.commit()
+    await client.await_chain(started.id, timeout=30)
+    committed = time.monotonic()
+    assert len(returned) == 1
+    assert wait * 0.9 <= committed - returned[0] <= wait + 2.0
+    status = await scalar(pgwork_dsn, "SELECT status FROM pgwork.jobs WHERE id = %s", started.id)
+    assert status == "completed"
+
+
+async def test_a_slow_job_type_runs_alone_once_its_handlers_outlast_the_wait(
+    make_client: ClientFactory, workers: Any
+) -> None:
+    reg = JobTypeRegistry()
+    slow = reg.job_type("slow", input=Num, mode="atomic")
+    client = await make_client(reg)
+    groups = worker_groups.atomic_groups(
+        state=client.state, notify=client.notify, size=8, wait=0.01, max_slots=8
+    )
+    assert groups is not None
+    slot: Any = type("S", (), {"job_type": slow, "started": time.monotonic() - 0.5})()
+    assert groups.takes(slot)
+    groups._learn(slot)
+    assert not groups.takes(slot)

@@ -1,0 +1,83 @@
+"""SIGKILL workers that commit atomic attempts in groups: a group killed before its
+commit runs again, every member of it, and no member's effect is committed twice.
+
+The jobs are short atomic ``effect`` jobs (their handlers take under the group wait,
+so they are grouped), and a kill lands while most of a worker's jobs sit in an open
+group. The control build commits each member's writes on their own, before the
+group's commit of its completion: a kill in between runs the job again, and its
+effect is committed twice."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from tests.faults._inject import kill_random_worker
+from tests.faults._jobs import Spec
+from tests.faults._load import Load, run_under_faults
+from tests.faults._oracle import Figures
+from tests.faults._worker import BROKEN_ENV
+
+pytestmark = pytest.mark.timeout(240)
+
+GROUPED = Load(
+    jobs=1500,
+    workers=3,
+    slots=8,
+    lease=1.0,
+    poll=0.2,
+    faults=4,
+    fault_every=0.6,
+    drain_timeout=60.0,
+    atomic_group=16,
+    atomic_group_wait=0.02,
+)
+
+
+def _short_atomic_jobs(count: int) -> list[tuple[str, Spec]]:
+    rng = random.Random(11)
+    return [("effect", Spec(n=n, ms=rng.randint(0, 3))) for n in range(count)]
+
+
+def _recovery_bound(load: Load) -> float:
+    """As ``recovery_bound``, with what a grouping worker may hold: running and
+    prefetched jobs plus members waiting for their group's commit (the worker keeps
+    at most twice its slots and prefetch unsettled)."""
+    held = 4 * load.slots
+    return load.lease + (held / max(1, load.workers - 1) + 1) * load.poll + 1.0
+
+
+def _run(dsn: str, breakage: str) -> Figures:
+    figures, fleet = run_under_faults(
+        dsn,
+        f"SIGKILL grouped atomic workers, build: {breakage or 'correct'}",
+        GROUPED,
+        kill_random_worker(dsn, GROUPED, probe_timeout=_recovery_bound(GROUPED) + 0.5),
+        env={BROKEN_ENV: breakage} if breakage else None,
+        jobs=_short_atomic_jobs(GROUPED.jobs),
+    )
+    assert not fleet.unexpected_exits()
+    return figures
+
+
+def test_sigkilled_grouping_workers_lose_no_job_and_duplicate_no_effect(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    figures = report(_run(fault_dsn, ""))
+    assert figures.faults >= 1
+    assert figures.lost == 0
+    assert figures.completed == figures.jobs
+    assert figures.duplicate_effects == 0
+    assert figures.recovery_max_s is not None
+    assert figures.recovery_max_s <= _recovery_bound(GROUPED), figures.recovery_s
+
+
+def test_committing_members_before_their_group_duplicates_effects(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    """The control: effects committed apart from their completion are committed again
+    by the run after the kill."""
+    figures = report(_run(fault_dsn, "early-commit"))
+    assert figures.faults >= 1
+    assert figures.duplicate_effects > 0
