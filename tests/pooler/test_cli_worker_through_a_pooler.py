@@ -12,7 +12,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-
 TARGET = """
 from pydantic import BaseModel
 from pgwork import (

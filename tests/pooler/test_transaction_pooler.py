@@ -23,7 +23,6 @@ from pgwork import (
     Client,
     Continue,
     JobTypeRegistry,
-    NotificationsUnavailableError,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     create_client,

@@ -62,7 +62,7 @@ class PgBouncer:
         params = conninfo_to_dict(server_dsn)
         params.update(host=self.host, port=str(self.port))
         params.pop("hostaddr", None)
-        return make_conninfo(**params)
+        return make_conninfo("", **params)
 
     def log(self) -> str:
         """What PgBouncer logged so far (for a failing test's message)."""
