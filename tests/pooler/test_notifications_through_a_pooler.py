@@ -128,11 +128,18 @@ async def test_when_told_to_poll_it_warns_and_the_worker_still_takes_jobs(
 
 
 async def test_control_without_the_check_a_pooled_listener_waits_silently(
-    pooled_dsn: str, caplog: pytest.LogCaptureFixture
+    pooled_dsn: str, pgwork_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """What the check prevents: no error, no warning, and the job is not taken."""
+    """What the check prevents: no error, no warning, and no notice ever arrives."""
     caplog.set_level(logging.WARNING, logger="pgwork")
-    notify = PostgresNotifyAdapter(pooled_dsn, probe_timeout=None)
-    client, worker, done = await _pooled_worker(pooled_dsn, notify, poll_interval=600)
-    assert not await _enqueue_and_wait(client, worker, done, pooled_dsn, within=1.5)
+    pooled = PostgresNotifyAdapter(pooled_dsn, probe_timeout=None)
+    direct = PostgresNotifyAdapter(pgwork_dsn, probe_timeout=None)
+    try:
+        async with pooled.listen() as listener:
+            await direct.publish(None, notices=[Notice(kind="ready", queue="q")])
+            got = await listener.wait(1.5)
+    finally:
+        await pooled.close()
+        await direct.close()
+    assert got == []
     assert caplog.records == []
