@@ -11,8 +11,11 @@ Everything runs in one transaction that first takes ``pg_advisory_xact_lock`` on
 derived from the schema name, before Alembic reads its version table: concurrent
 upgrades queue up, and each one after the first finds the schema at head.
 
-The version table lives *inside* the pgwork schema, next to pgwork's tables, so pgwork's
-history never mixes with an application's own Alembic history. Alembic creates that
+The version table, ``pgwork_alembic_version``, lives *inside* the pgwork schema, next to
+pgwork's tables: never Alembic's default ``alembic_version``, so pgwork's history never
+mixes with an application's own, even with ``--schema public``. A database migrated by a
+pgwork that still used ``alembic_version`` has its pgwork revision moved over first
+(the application's rows in that table are left alone). Alembic creates that
 table before the first revision runs, so this file creates the schema when it is missing
 and, after a downgrade to base, drops the version table and the schema (if nothing else
 lives in it): the schema is the container of the history, not part of it.
@@ -26,12 +29,14 @@ from logging.config import fileConfig
 
 import sqlalchemy as sa
 from alembic import context
+from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
 from pgwork.errors import PgworkError
 from pgwork.postgres.migrate import open_connection
 from pgwork.postgres.schema import (
     DEFAULT_SCHEMA,
+    LEGACY_VERSION_TABLE,
     VERSION_TABLE,
     build_metadata,
     validate_schema_name,
@@ -111,13 +116,55 @@ def _drop_empty_history(connection: sa.Connection, schema: str) -> None:
             raise
 
 
+def _adopt_legacy_history(connection: sa.Connection, schema: str) -> None:
+    """Move pgwork's revision out of ``<schema>.alembic_version`` (where pgwork up to 0.1
+    kept it) into its own version table; drop the old table once nothing is left in it.
+
+    Only revisions pgwork ships move: in a shared schema (``public``) the same table may
+    hold the application's own revision, which stays where it is.
+    """
+    inspector = sa.inspect(connection)
+    if inspector.has_table(VERSION_TABLE, schema=schema):
+        return
+    if not inspector.has_table(LEGACY_VERSION_TABLE, schema=schema):
+        return
+    ours = sorted(s.revision for s in ScriptDirectory.from_config(config).walk_revisions())
+    legacy = f"{_quoted(schema)}.{_quoted(LEGACY_VERSION_TABLE)}"
+    moved = (
+        connection.execute(
+            sa.text(f"DELETE FROM {legacy} WHERE version_num = ANY(:ours) RETURNING version_num"),
+            {"ours": ours},
+        )
+        .scalars()
+        .all()
+    )
+    if not moved:
+        return
+    table = f"{_quoted(schema)}.{_quoted(VERSION_TABLE)}"
+    connection.execute(
+        sa.text(
+            f"CREATE TABLE {table} (version_num varchar(32) NOT NULL, "
+            f"CONSTRAINT {_quoted(VERSION_TABLE + '_pkc')} PRIMARY KEY (version_num))"
+        )
+    )
+    for revision in moved:
+        connection.execute(sa.text(f"INSERT INTO {table} VALUES (:r)"), {"r": revision})
+    if connection.execute(sa.text(f"SELECT NOT EXISTS (SELECT FROM {legacy})")).scalar():
+        connection.execute(sa.text(f"DROP TABLE {legacy}"))
+
+
 def _run_online(connection: sa.Connection, schema: str) -> None:
-    with connection.begin():
+    # Called from an application's env.py (pgwork.alembic.upgrade), the connection may
+    # be in a transaction already: then pgwork's migration is a part of it.
+    begin = connection.begin_nested if connection.in_transaction() else connection.begin
+    with begin():
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key(schema)})
         _configure(schema, connection=connection)
         migration = context.get_context()
-        before = migration.get_current_heads()
         mutating = not migration.opts.get("dont_mutate", False)
+        if mutating and _schema_exists(connection, schema):
+            _adopt_legacy_history(connection, schema)
+        before = migration.get_current_heads()
         if mutating and not _schema_exists(connection, schema):
             connection.execute(sa.text(f"CREATE SCHEMA {_quoted(schema)}"))
         with context.begin_transaction():

@@ -55,7 +55,7 @@ def test_check_names_a_revision_from_a_newer_pgwork(
 ) -> None:
     with migrate.open_connection(pgwork_dsn) as conn, conn.begin():
         conn.execute(
-            sa.text(f"UPDATE \"{pgwork_schema}\".alembic_version SET version_num = '9999'")
+            sa.text(f"UPDATE \"{pgwork_schema}\".pgwork_alembic_version SET version_num = '9999'")
         )
 
     result = runner.invoke(main, ["check", "--dsn", pgwork_dsn, "--schema", pgwork_schema])

@@ -87,6 +87,10 @@ not_a_worker = 42
 
 def returns_a_string(dsn):
     return "nope"
+
+def shows_pooler_options(dsn, notify_dsn=None, prepare_threshold=5):
+    from pgwork.errors import ConfigurationError
+    raise ConfigurationError(f"notify_dsn={notify_dsn} prepare_threshold={prepare_threshold}")
 """
 
 
@@ -138,6 +142,42 @@ def test_an_option_the_factory_does_not_take_is_refused(targets: Path) -> None:
     )
 
     assert "--queues was given but cli_targets:only_dsn takes no queues=" in _one_line_error(result)
+
+
+def test_notify_dsn_and_no_prepare_reach_the_factory_by_name(targets: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "worker",
+            "cli_targets:shows_pooler_options",
+            "--dsn",
+            "postgresql://pooler:6432/app",
+            "--notify-dsn",
+            "postgresql://direct:5432/app",
+            "--no-prepare",
+        ],
+    )
+
+    line = _one_line_error(result)
+    assert "notify_dsn=postgresql://direct:5432/app prepare_threshold=None" in line
+
+
+def test_without_the_pooler_options_the_factory_keeps_its_defaults(targets: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["worker", "cli_targets:shows_pooler_options", "--dsn", REFUSED]
+    )
+
+    assert "notify_dsn=None prepare_threshold=5" in _one_line_error(result)
+
+
+def test_no_prepare_for_a_factory_without_prepare_threshold_is_refused(targets: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["worker", "cli_targets:only_dsn", "--dsn", REFUSED, "--no-prepare"]
+    )
+
+    assert "--no-prepare was given but cli_targets:only_dsn takes no prepare_threshold=" in (
+        _one_line_error(result)
+    )
 
 
 def test_a_factory_needing_a_dsn_without_one_is_a_usage_error(targets: Path) -> None:

@@ -172,7 +172,7 @@ def test_application_alembic_history_in_public_is_untouched(empty_database_dsn: 
 
     with migrate.open_connection(empty_database_dsn) as conn:
         app = conn.execute(sa.text("SELECT version_num FROM public.alembic_version")).all()
-        ours = conn.execute(sa.text("SELECT version_num FROM pgwork.alembic_version")).all()
+        ours = conn.execute(sa.text("SELECT version_num FROM pgwork.pgwork_alembic_version")).all()
     assert [tuple(r) for r in app] == [("app_rev_1",)]
     assert [tuple(r) for r in ours] == [(migrate.head_revision(),)]
 
@@ -235,7 +235,7 @@ def test_offline_sql_creates_schema_tables_and_version_row() -> None:
     sql_text = result.stdout
     assert "pg_advisory_xact_lock" in sql_text
     assert 'CREATE SCHEMA IF NOT EXISTS "offline_s"' in sql_text
-    assert "CREATE TABLE offline_s.alembic_version" in sql_text
+    assert "CREATE TABLE offline_s.pgwork_alembic_version" in sql_text
     assert "CREATE TABLE offline_s.jobs" in sql_text
     assert "fillfactor" in sql_text
 

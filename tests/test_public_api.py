@@ -42,6 +42,7 @@ EXPECTED = {
     "LogContextFilter",
     "Middleware",
     "NotAnEntryTypeError",
+    "NotificationsUnavailableError",
     "Notice",
     "NotifyAdapter",
     "Page",

@@ -80,7 +80,9 @@ async def test_verify_schema_raises_outdated_for_another_revision(
 ) -> None:
     conn = await connect(pgwork_dsn, autocommit=True)
     try:
-        await conn.execute(f"UPDATE \"{pgwork_schema}\".alembic_version SET version_num = '0000'")
+        await conn.execute(
+            f"UPDATE \"{pgwork_schema}\".pgwork_alembic_version SET version_num = '0000'"
+        )
 
         with pytest.raises(SchemaOutdatedError) as err:
             await migrate.verify_schema(conn, pgwork_schema)

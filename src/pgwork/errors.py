@@ -12,6 +12,7 @@ The tree::
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
     │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
+    │   ├── NotificationsUnavailableError  LISTEN gets nothing (e.g. through a transaction pooler)
     │   └── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
     ├── JobTypeError                  the registry was asked for something it does not allow
     │   ├── UnknownJobTypeError
@@ -71,6 +72,7 @@ __all__ = [
     "JobTypeError",
     "LeaseLostError",
     "NotAnEntryTypeError",
+    "NotificationsUnavailableError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooLargeError",
@@ -175,6 +177,28 @@ class SchemaOutdatedError(DatabaseError):
         super().__init__(
             f"the pgwork schema {schema!r} is at revision {current or '(none)'} but this "
             f"pgwork needs {expected}. {MIGRATE_HINT}"
+        )
+
+
+class NotificationsUnavailableError(DatabaseError):
+    """The listener's own test notification did not come back: LISTEN cannot work here.
+
+    Raised when a ``PostgresNotifyAdapter`` starts listening, rather than letting workers
+    wait for wake-ups that cannot come. The usual cause is a DSN that goes through a
+    pooler in transaction mode (PgBouncer, most hosted poolers): LISTEN binds to one
+    server session, which the pooler hands to other clients after each transaction.
+    """
+
+    def __init__(self, target: str, waited: float) -> None:
+        self.target = target
+        self.waited = waited
+        super().__init__(
+            f"LISTEN on {target} received none of its own test notification within "
+            f"{waited:g}s, so workers would never be woken by notifications. The usual "
+            "cause is a pooler in transaction mode (PgBouncer, a hosted pooler) between "
+            "pgwork and PostgreSQL: give PostgresNotifyAdapter (pgwork worker "
+            "--notify-dsn) a direct connection to the server, or pass "
+            "when_unavailable='poll' to fall back to polling (see docs/deploying.md)."
         )
 
 

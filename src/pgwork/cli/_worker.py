@@ -39,6 +39,19 @@ __all__ = ["worker"]
     help="Longest wait in seconds without a notification.",
 )
 @click.option(
+    "--notify-dsn",
+    envvar="PGWORK_NOTIFY_DSN",
+    show_envvar=True,
+    help="A direct DSN for LISTEN/NOTIFY, when --dsn goes through a transaction pooler "
+    "(PgBouncer, a hosted pooler): passed as notify_dsn=.",
+)
+@click.option(
+    "--no-prepare",
+    is_flag=True,
+    help="Passed as prepare_threshold=None: no server-side prepared statements, as a "
+    "transaction pooler behind --dsn needs.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -52,14 +65,20 @@ def worker(
     slots: int | None,
     queues: tuple[str, ...],
     poll_interval: float | None,
+    notify_dsn: str | None,
+    no_prepare: bool,
     log_level: str,
 ) -> None:
     """Run the worker MODULE:ATTR until SIGTERM or Ctrl-C.
 
     ATTR is an InProcessWorker, or a function (sync or async) returning one. The
     function is called with the options you gave, by name: --dsn as dsn=, --slots as
-    max_slots=, --queues as queues=, --poll-interval as poll_interval=. The current
-    directory is importable, as with `python -m`.
+    max_slots=, --queues as queues=, --poll-interval as poll_interval=, --notify-dsn as
+    notify_dsn=, --no-prepare as prepare_threshold=None. The current directory is
+    importable, as with `python -m`.
+
+    Behind a transaction pooler: --dsn PGBOUNCER_DSN --no-prepare --notify-dsn DIRECT_DSN
+    (see docs/deploying.md).
 
     The first signal stops gracefully: no new jobs, in-flight attempts finish within the
     worker's grace period. A second one aborts them at once and hands their jobs back.
@@ -70,7 +89,10 @@ def worker(
         "max_slots": slots,
         "queues": _queue_list(queues + more_queues) or None,
         "poll_interval": poll_interval,
+        "notify_dsn": notify_dsn,
     }
+    if no_prepare:
+        options["prepare_threshold"] = None
     factory = _load_target(target)
 
     async def serve() -> None:

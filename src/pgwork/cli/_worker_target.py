@@ -23,12 +23,18 @@ async def build_worker(found: object, target: str, dsn: str | None, options: dic
     option would change it), else what calling it (sync or async) returns."""
     from pgwork.worker import InProcessWorker
 
-    given = {name: value for name, value in options.items() if value is not None}
+    # None means "not given", except for prepare_threshold, whose None is --no-prepare.
+    given = {
+        name: value
+        for name, value in options.items()
+        if value is not None or name == "prepare_threshold"
+    }
     if isinstance(found, InProcessWorker):
         if given:
             raise ConfigurationError(
-                f"{target} is a worker built in advance, so --slots, --queues and "
-                "--poll-interval cannot change it; export a function that builds it "
+                f"{target} is a worker built in advance, so --slots, --queues, "
+                "--poll-interval, --notify-dsn and --no-prepare cannot change it; export a "
+                "function that builds it "
                 "(e.g. def worker(dsn, max_slots=10): ...) to take them"
             )
         return found
@@ -67,7 +73,13 @@ def factory_arguments(
             raise click.UsageError(
                 f"{target} needs a database: pass --dsn, or set PGWORK_DSN or DATABASE_URL"
             )
-    flags = {"max_slots": "--slots", "queues": "--queues", "poll_interval": "--poll-interval"}
+    flags = {
+        "max_slots": "--slots",
+        "queues": "--queues",
+        "poll_interval": "--poll-interval",
+        "notify_dsn": "--notify-dsn",
+        "prepare_threshold": "--no-prepare",
+    }
     for name, value in given.items():
         if name not in parameters and not takes_any:
             raise ConfigurationError(

@@ -17,12 +17,18 @@ __all__ = [
     "DEFAULT_SCHEMA",
     "HEAD_REVISION",
     "JOB_STATUSES",
+    "LEGACY_VERSION_TABLE",
     "VERSION_TABLE",
     "validate_schema_name",
 ]
 
 DEFAULT_SCHEMA = "pgwork"
-VERSION_TABLE = "alembic_version"
+# pgwork's Alembic version table, in pgwork's schema. Its own name, never Alembic's
+# default: with ``--schema public`` the application's ``public.alembic_version`` lives
+# next to it, and the two histories must not share a table.
+VERSION_TABLE = "pgwork_alembic_version"
+# Where pgwork up to 0.1 kept its revision; ``env.py`` moves it to VERSION_TABLE.
+LEGACY_VERSION_TABLE = "alembic_version"
 
 # The newest migration this pgwork ships; a test holds it to Alembic's head, so adding
 # a migration without updating it fails the suite.

@@ -12,7 +12,12 @@ import psycopg
 from psycopg import sql
 
 from pgwork.errors import SchemaMissingError, SchemaOutdatedError
-from pgwork.postgres._names import HEAD_REVISION, VERSION_TABLE, validate_schema_name
+from pgwork.postgres._names import (
+    HEAD_REVISION,
+    LEGACY_VERSION_TABLE,
+    VERSION_TABLE,
+    validate_schema_name,
+)
 
 __all__ = ["verify_schema"]
 
@@ -28,9 +33,12 @@ async def verify_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> None
     table = sql.Identifier(schema, VERSION_TABLE)
     was_idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     try:
-        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table.as_string(conn)])
-        row = await cur.fetchone()
-        if row is None or not row[0]:
+        if not await _exists(conn, table):
+            # Installed by a pgwork that kept its revision in Alembic's default table:
+            # outdated (``pgwork migrate`` moves it), not missing.
+            legacy = sql.Identifier(schema, LEGACY_VERSION_TABLE)
+            if await _exists(conn, legacy) and await _exists(conn, sql.Identifier(schema, "jobs")):
+                raise SchemaOutdatedError(schema, f"(in {LEGACY_VERSION_TABLE})", expected)
             raise SchemaMissingError(schema)
         cur = await conn.execute(sql.SQL("SELECT version_num FROM {}").format(table))
         found = sorted(r[0] for r in await cur.fetchall())
@@ -39,3 +47,9 @@ async def verify_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> None
             await conn.rollback()
     if found != [expected]:
         raise SchemaOutdatedError(schema, ",".join(found) or None, expected)
+
+
+async def _exists(conn: psycopg.AsyncConnection[Any], table: sql.Identifier) -> bool:
+    cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table.as_string(conn)])
+    row = await cur.fetchone()
+    return row is not None and bool(row[0])

@@ -5,8 +5,10 @@ deployment code call these functions; nothing in pgwork runs DDL any other way. 
 engine only calls :func:`verify_schema` (in ``_verify``, re-exported here), which reads
 one row and changes nothing.
 
-pgwork keeps its Alembic version table inside its own schema, so its history never mixes
-with an application's own Alembic history in the same database.
+pgwork keeps its Alembic version table (``pgwork_alembic_version``) inside its own
+schema, so its history never mixes with an application's own Alembic history in the
+same database. ``pgwork.alembic`` lets an application's own ``env.py`` run these
+migrations and keep pgwork's tables out of its autogenerate.
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ from sqlalchemy.pool import NullPool
 
 from pgwork.errors import ConfigurationError, DatabaseError
 from pgwork.postgres._connect import connect_sync, unreachable
-from pgwork.postgres._names import DEFAULT_SCHEMA, VERSION_TABLE, validate_schema_name
+from pgwork.postgres._names import (
+    DEFAULT_SCHEMA,
+    LEGACY_VERSION_TABLE,
+    VERSION_TABLE,
+    validate_schema_name,
+)
 from pgwork.postgres._verify import verify_schema
 
 __all__ = [
@@ -41,6 +48,7 @@ __all__ = [
     "head_revision",
     "known_revisions",
     "open_connection",
+    "run_on_connection",
     "script_location",
     "upgrade",
     "verify_schema",
@@ -152,18 +160,27 @@ def _first_line(exc: BaseException) -> str:
 def _run(dsn: str, schema: str, action: str, revision: str, fn: Any) -> SchemaChange:
     schema = validate_schema_name(schema)
     with open_connection(dsn) as connection:
-        config = _config(schema, connection)
-        try:
-            fn(config, revision)
-        except CommandError as exc:
-            raise ConfigurationError(
-                f"cannot {action} pgwork schema {schema!r} to {revision!r}: {exc}"
-            ) from exc
-        except sa.exc.DBAPIError as exc:
-            raise DatabaseError(
-                f"{action} of pgwork schema {schema!r} to {revision!r} failed and was rolled "
-                f"back: {_first_line(exc)}"
-            ) from exc
+        return run_on_connection(connection, schema, action, revision, fn)
+
+
+def run_on_connection(
+    connection: sa.Connection, schema: str, action: str, revision: str, fn: Any
+) -> SchemaChange:
+    """Run the Alembic command ``fn`` (``command.upgrade``, ...) of pgwork's history on
+    ``connection``; an open transaction on it takes the migration in (a savepoint)."""
+    schema = validate_schema_name(schema)
+    config = _config(schema, connection)
+    try:
+        fn(config, revision)
+    except CommandError as exc:
+        raise ConfigurationError(
+            f"cannot {action} pgwork schema {schema!r} to {revision!r}: {exc}"
+        ) from exc
+    except sa.exc.DBAPIError as exc:
+        raise DatabaseError(
+            f"{action} of pgwork schema {schema!r} to {revision!r} failed and was rolled "
+            f"back: {_first_line(exc)}"
+        ) from exc
     before, after = config.attributes["revisions"]
     return SchemaChange(schema=schema, before=_revision(before), after=_revision(after))
 
@@ -187,15 +204,25 @@ def downgrade(dsn: str, *, schema: str, revision: str = "base") -> SchemaChange:
 
 
 def current_revision(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> str | None:
-    """Return the revision recorded in ``schema``'s version table (None if never migrated)."""
+    """Return the revision recorded in ``schema``'s version table (None if never migrated).
+
+    A database whose pgwork revision still sits in Alembic's default table (pgwork up to
+    0.1) reports that revision; ``upgrade`` moves it into pgwork's own table.
+    """
     schema = validate_schema_name(schema)
     with open_connection(dsn) as connection:
-        context = MigrationContext.configure(
-            connection,
-            opts={"version_table": VERSION_TABLE, "version_table_schema": schema},
-        )
-        heads = context.get_current_heads()
+        heads = _heads(connection, schema, VERSION_TABLE)
+        if not heads and sa.inspect(connection).has_table(LEGACY_VERSION_TABLE, schema=schema):
+            ours = known_revisions()
+            heads = tuple(h for h in _heads(connection, schema, LEGACY_VERSION_TABLE) if h in ours)
     return _revision(heads)
+
+
+def _heads(connection: sa.Connection, schema: str, table: str) -> tuple[str, ...]:
+    context = MigrationContext.configure(
+        connection, opts={"version_table": table, "version_table_schema": schema}
+    )
+    return context.get_current_heads()
 
 
 def check(dsn: str, *, schema: str = DEFAULT_SCHEMA) -> SchemaStatus:

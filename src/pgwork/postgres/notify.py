@@ -5,23 +5,32 @@ delivers the notice only on commit, never on rollback, and folds identical notic
 one transaction into one. Each ``listen`` holds one dedicated autocommit connection;
 when it breaks, the listener reconnects with capped exponential backoff and reports a
 ``reconnected`` notice so the worker fetches at once instead of trusting the gap.
+
+LISTEN needs a direct connection (or a session-mode pooler): a transaction-mode pooler
+hands the listening server session to other clients, and notifications never arrive.
+So ``listen`` first checks the channel end to end: a probe sent from another connection
+must come back within ``probe_timeout``. When it does not, it raises
+``NotificationsUnavailableError`` or, with ``when_unavailable="poll"``, warns and hands
+the worker a ``ready`` hint every ``fallback_poll_interval`` instead.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
-from uuid import UUID
+from typing import Any, Literal
+from uuid import UUID, uuid4
 
 import anyio
 import psycopg
 from psycopg import sql
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.postgres._connect import connect
+from pgwork.errors import ConfigurationError, NotificationsUnavailableError
+from pgwork.postgres._connect import connect, redact_dsn
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._transactions import unwrap
 
@@ -31,6 +40,11 @@ log = logging.getLogger("pgwork.notify")
 
 _SEP = "|"
 _KINDS = ("ready", "abort", "chain_done")
+# A listener's end-to-end check; not a notice (decode_notice ignores it).
+_PROBE = "probe" + _SEP
+_POLL_HINT = Notice(kind="ready")
+
+WhenUnavailable = Literal["raise", "poll"]
 
 
 def encode_notice(notice: Notice) -> str:
@@ -75,6 +89,8 @@ class _PgListener:
         self._adapter = adapter
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._failures = 0
+        self._early: list[Notice] = []  # arrived while probing
+        self._poll_every: float | None = None  # set when notifications cannot arrive
 
     async def open(self) -> None:
         self._conn = await self._adapter._listen_connection()
@@ -84,7 +100,36 @@ class _PgListener:
             await self._conn.close()
             self._conn = None
 
+    async def probe(self, timeout: float) -> bool:
+        """Whether a notification sent from another connection reaches this one.
+
+        Another connection, not this one: a session always receives its own NOTIFY,
+        even through a transaction pooler that loses everybody else's.
+        """
+        assert self._conn is not None
+        token = f"{_PROBE}{uuid4().hex}"
+        await self._adapter._publish_payloads([token])
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            # stop_after, not break: psycopg's generator holds the connection's lock.
+            async for note in self._conn.notifies(timeout=left, stop_after=1):
+                if note.payload == token:
+                    return True
+                self._collect(note.payload, self._early)
+        return False
+
+    async def poll_instead(self, every: float) -> None:
+        """Give up on notifications: ``wait`` hints every ``every`` seconds instead."""
+        self._poll_every = every
+        await self.close()
+
     async def wait(self, timeout: float) -> list[Notice]:
+        if self._early:
+            early, self._early = self._early, []
+            return early
+        if self._poll_every is not None:
+            await anyio.sleep(min(timeout, self._poll_every))
+            return [_POLL_HINT]
         if self._conn is None or self._conn.closed or self._conn.broken:
             return await self._reconnect(timeout)
         notices: list[Notice] = []
@@ -134,7 +179,31 @@ class PostgresNotifyAdapter:
         schema: str = DEFAULT_SCHEMA,
         reconnect_initial: float = 0.1,
         reconnect_max: float = 5.0,
+        probe_timeout: float | None = 2.0,
+        when_unavailable: WhenUnavailable = "raise",
+        fallback_poll_interval: float = 1.0,
     ) -> None:
+        """``dsn`` must reach PostgreSQL directly (or through a session-mode pooler) for
+        ``listen``; publishing works through any pooler.
+
+        ``probe_timeout``: how long ``listen`` waits for its test notification (None:
+        no test). ``when_unavailable``: what it does when that never comes: ``"raise"``
+        ``NotificationsUnavailableError``, or ``"poll"``: log a warning and hint the
+        worker to look for jobs every ``fallback_poll_interval`` seconds.
+        """
+        if when_unavailable not in ("raise", "poll"):
+            raise ConfigurationError(
+                f"when_unavailable must be 'raise' or 'poll', got {when_unavailable!r}"
+            )
+        for name, value in (
+            ("probe_timeout", probe_timeout),
+            ("fallback_poll_interval", fallback_poll_interval),
+        ):
+            if value is not None and value <= 0:
+                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        self.probe_timeout = probe_timeout
+        self.when_unavailable = when_unavailable
+        self.fallback_poll_interval = fallback_poll_interval
         self.schema = validate_schema_name(schema)
         self.channel = f"{self.schema}_events"
         self.reconnect_initial = reconnect_initial
@@ -153,9 +222,12 @@ class PostgresNotifyAdapter:
             conn = await unwrap(tx)
             await conn.execute(self._notify_sql, (self.channel, payloads))
             return
+        await self._publish_payloads(payloads)
+
+    async def _publish_payloads(self, payloads: list[str]) -> None:
         async with self._publish_lock:
             if self._publish_conn is None or self._publish_conn.closed:
-                self._publish_conn = await connect(self._dsn, autocommit=True)
+                self._publish_conn = await self._connect()
             try:
                 await self._publish_conn.execute(self._notify_sql, (self.channel, payloads))
             except psycopg.OperationalError:
@@ -168,12 +240,30 @@ class PostgresNotifyAdapter:
         listener = _PgListener(self)
         await listener.open()
         try:
+            if self.probe_timeout is not None and not await listener.probe(self.probe_timeout):
+                await self._unavailable(listener, self.probe_timeout)
             yield listener
         finally:
             await listener.close()
 
+    async def _unavailable(self, listener: _PgListener, waited: float) -> None:
+        error = NotificationsUnavailableError(redact_dsn(self._dsn), waited)
+        if self.when_unavailable == "raise":
+            raise error
+        log.warning(
+            "pgwork notifications unavailable, polling every %.1fs instead: %s",
+            self.fallback_poll_interval,
+            error,
+        )
+        await listener.poll_instead(self.fallback_poll_interval)
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        # Never prepared: publishing may go through a transaction pooler, where a
+        # prepared statement's name belongs to a server session the pooler moves.
+        return await connect(self._dsn, autocommit=True, prepare_threshold=None)
+
     async def _listen_connection(self) -> psycopg.AsyncConnection[Any]:
-        conn = await connect(self._dsn, autocommit=True)
+        conn = await self._connect()
         await conn.execute(self._listen_sql)
         return conn
 

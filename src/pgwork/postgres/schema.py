@@ -31,6 +31,7 @@ from pgwork.postgres._names import (
     CHAIN_STATUSES,
     DEFAULT_SCHEMA,
     JOB_STATUSES,
+    LEGACY_VERSION_TABLE,
     VERSION_TABLE,
     validate_schema_name,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "CHAIN_STATUSES",
     "DEFAULT_SCHEMA",
     "JOB_STATUSES",
+    "LEGACY_VERSION_TABLE",
     "VERSION_TABLE",
     "build_metadata",
     "table",

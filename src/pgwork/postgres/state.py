@@ -46,7 +46,10 @@ from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap
 from pgwork.postgres._verify import verify_schema
 
-__all__ = ["PostgresStateAdapter"]
+__all__ = ["PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
+
+# psycopg's own default for ``prepare_threshold``.
+PSYCOPG_PREPARE_THRESHOLD = 5
 
 
 class PostgresStateAdapter(
@@ -82,11 +85,22 @@ class PostgresStateAdapter(
         min_size: int = 1,
         max_size: int = 10,
         verify: bool = True,
+        prepare_threshold: int | None = PSYCOPG_PREPARE_THRESHOLD,
     ) -> Self:
         """Open a pool on ``dsn``; raises DatabaseUnreachableError / SchemaMissingError /
-        SchemaOutdatedError with the next step in the message."""
+        SchemaOutdatedError with the next step in the message.
+
+        ``prepare_threshold`` goes to every connection opened here (psycopg's setting:
+        after that many runs a statement is prepared on the server under a name). Pass
+        ``None`` when ``dsn`` is a pooler in transaction mode (PgBouncer, most hosted
+        poolers): a named statement lives in one server session, and the pooler hands
+        the next transaction to another, where the name is missing or taken
+        (``InvalidSqlStatementName`` / ``DuplicatePreparedStatement``). Nothing else
+        pgwork's state adapter does depends on the server session (docs/deploying.md).
+        """
         schema = validate_schema_name(schema)
-        probe = await connect(dsn)
+        options: dict[str, Any] = {"prepare_threshold": prepare_threshold}
+        probe = await connect(dsn, **options)
         try:
             if verify:
                 await verify_schema(probe, schema)
@@ -96,7 +110,7 @@ class PostgresStateAdapter(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **options},
             open=False,
             name=f"pgwork-{schema}",
         )
