@@ -7,7 +7,7 @@ a ``PgworkError`` and leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -15,10 +15,11 @@ from uuid import UUID
 
 from pgwork._client_control import ControlMixin
 from pgwork._client_queries import QueryMixin
+from pgwork._client_sync import SyncEnqueueMixin
 from pgwork._ids import new_ids
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter
+from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter, TransactionHandle
 from pgwork.errors import (
     ChainNotFoundError,
     ConfigurationError,
@@ -92,7 +93,7 @@ class StartedChain(Generic[I, O]):
     status: JobStatus
 
 
-class Client(QueryMixin, ControlMixin):
+class Client(QueryMixin, ControlMixin, SyncEnqueueMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(
@@ -132,8 +133,9 @@ class Client(QueryMixin, ControlMixin):
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
-        ``tx``: a psycopg ``AsyncConnection`` or a SQLAlchemy ``AsyncConnection`` /
-        ``AsyncSession`` (psycopg driver). Nothing is committed here: the job exists
+        ``tx``: a psycopg ``AsyncConnection``, an asyncpg ``Connection`` in a transaction,
+        or a SQLAlchemy ``AsyncConnection`` / ``AsyncSession`` (psycopg or asyncpg driver;
+        its transaction is begun if it was not). Nothing is committed here: the job exists
         once, and only if, the caller commits. ``schedule``: a timezone-aware datetime
         or a delay. ``dedup``: a key (or ``DedupSpec``) — if a matching chain exists it
         is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
@@ -163,6 +165,16 @@ class Client(QueryMixin, ControlMixin):
         """Start many chains in the caller's transaction with one insert per batch."""
         if not items:
             return []
+        return await self._start_chains(items, self.state.adopt, tx)
+
+    async def _start_chains(
+        self,
+        items: Sequence[ChainStart[Any]],
+        adopt: Callable[[object], Awaitable[TransactionHandle]],
+        tx: object,
+    ) -> list[StartedChain[Any, Any]]:
+        """The one enqueue: validate and encode, adopt ``tx``, insert, report. The
+        ``*_sync`` twins drive this same coroutine by hand (``_client_sync``)."""
         names = [
             item.job_type.name if isinstance(item.job_type, JobType) else str(item.job_type)
             for item in items
@@ -173,7 +185,7 @@ class Client(QueryMixin, ControlMixin):
             wanted = self._events.wants(JOB_ENQUEUED) if self._events else False
             if wanted:
                 new_jobs = list(new_jobs)
-            handle = await self.state.adopt(tx)
+            handle = await adopt(tx)
             inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
             for job, result in zip(new_jobs, inserted, strict=True) if wanted else ():
                 self._events.emit(
