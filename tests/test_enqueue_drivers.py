@@ -302,9 +302,7 @@ async def test_wake_up_notices_arrive_only_after_commit(
         assert "ready" in note.payload
 
 
-async def test_control_calls_run_in_the_callers_transaction(
-    kind: Opener, client: Client
-) -> None:
+async def test_control_calls_run_in_the_callers_transaction(kind: Opener, client: Client) -> None:
     async with kind() as tx:
         [started] = await tx.start_chains(client, _send(client))
         await tx.commit()
@@ -363,9 +361,11 @@ async def test_the_async_calls_refuse_a_blocking_connection_and_vice_versa(
     client: Client, pgwork_dsn: str
 ) -> None:
     send = client.registry.get("send_email")
-    with psycopg.connect(pgwork_dsn) as sync_conn:
-        with pytest.raises(UnsupportedConnectionError, match="start_chain_sync"):
-            await client.start_chain(sync_conn, send, Email(to="x"))
+    with (
+        psycopg.connect(pgwork_dsn) as sync_conn,
+        pytest.raises(UnsupportedConnectionError, match="start_chain_sync"),
+    ):
+        await client.start_chain(sync_conn, send, Email(to="x"))
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as async_conn:
         with pytest.raises(UnsupportedConnectionError, match="use start_chain"):
             client.start_chain_sync(async_conn, send, Email(to="x"))
