@@ -12,6 +12,8 @@ wake-up notices only once the caller commits. Blocking kinds go through
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -40,6 +42,7 @@ from pgwork import (
     UnsupportedConnectionError,
     create_client,
 )
+from pgwork.postgres._callers import to_numbered
 
 pytestmark = pytest.mark.anyio
 
@@ -381,3 +384,15 @@ async def test_an_asyncpg_connection_outside_a_transaction_is_refused(
     finally:
         await c.close()
     assert "a asyncpg" not in str(UnsupportedConnectionError(c))
+
+
+def test_importing_pgwork_does_not_import_asyncpg() -> None:
+    code = "import sys, pgwork, pgwork.postgres.state; sys.exit('asyncpg' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
+    assert done.returncode == 0
+
+
+def test_psycopg_placeholders_become_numbered_once_per_name() -> None:
+    sql, names = to_numbered(b"SELECT %(a)s, %(b)b::uuid[], %(a)s, 100%% FROM t WHERE x = %(c)t")
+    assert sql == "SELECT $1, $2::uuid[], $1, 100% FROM t WHERE x = $3"
+    assert names == ("a", "b", "c")
