@@ -7,19 +7,21 @@ a ``PgworkError`` and leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 from uuid import UUID
 
 from pgwork._client_control import ControlMixin
 from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
+from pgwork._client_sync import SyncEnqueueMixin
 from pgwork._ids import new_ids
+from pgwork._starts import ChainStart, Schedule, StartedChain
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter
+from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter, TransactionHandle
 from pgwork.errors import (
     ChainNotFoundError,
     ConfigurationError,
@@ -36,64 +38,10 @@ __all__ = ["ChainStart", "Client", "StartedChain", "create_client"]
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
-Schedule = datetime | timedelta | None
 _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class ChainStart(Generic[I]):
-    """One chain to start with ``Client.start_chains``; the same options as start_chain."""
-
-    job_type: JobType[I, Any]
-    input: I
-    schedule: Schedule
-    dedup: str | DedupSpec | None
-    queue: str | None
-    priority: int | None
-    max_attempts: int | None
-    blockers: tuple[UUID, ...]
-
-    def __init__(
-        self,
-        job_type: JobType[I, Any],
-        input: I,
-        *,
-        schedule: Schedule = None,
-        dedup: str | DedupSpec | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
-    ) -> None:
-        # Built by the thousand for start_chains, so kept cheap.
-        set_ = object.__setattr__
-        set_(self, "job_type", job_type)
-        set_(
-            self,
-            "blockers",
-            tuple(b.id if isinstance(b, StartedChain) else b for b in blockers) if blockers else (),
-        )
-        set_(self, "input", input)
-        set_(self, "schedule", schedule)
-        set_(self, "dedup", dedup)
-        set_(self, "queue", queue)
-        set_(self, "priority", priority)
-        set_(self, "max_attempts", max_attempts)
-
-
-@dataclass(frozen=True, slots=True)
-class StartedChain(Generic[I, O]):
-    """What ``start_chain`` did: the chain's id (= its first job's id), and whether an
-    existing chain was returned instead of a new one (deduplication)."""
-
-    id: UUID
-    job_id: UUID
-    job_type: JobType[I, O]
-    deduplicated: bool
-    status: JobStatus
-
-
-class Client(QueryMixin, ControlMixin, InsightMixin):
+class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(
@@ -133,8 +81,9 @@ class Client(QueryMixin, ControlMixin, InsightMixin):
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
-        ``tx``: a psycopg ``AsyncConnection`` or a SQLAlchemy ``AsyncConnection`` /
-        ``AsyncSession`` (psycopg driver). Nothing is committed here: the job exists
+        ``tx``: a psycopg ``AsyncConnection``, an asyncpg ``Connection`` in a transaction,
+        or a SQLAlchemy ``AsyncConnection`` / ``AsyncSession`` (psycopg or asyncpg driver;
+        its transaction is begun if it was not). Nothing is committed here: the job exists
         once, and only if, the caller commits. ``schedule``: a timezone-aware datetime
         or a delay. ``dedup``: a key (or ``DedupSpec``) — if a matching chain exists it
         is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
@@ -164,6 +113,16 @@ class Client(QueryMixin, ControlMixin, InsightMixin):
         """Start many chains in the caller's transaction with one insert per batch."""
         if not items:
             return []
+        return await self._start_chains(items, self.state.adopt, tx)
+
+    async def _start_chains(
+        self,
+        items: Sequence[ChainStart[Any]],
+        adopt: Callable[[object], Awaitable[TransactionHandle]],
+        tx: object,
+    ) -> list[StartedChain[Any, Any]]:
+        """The one enqueue: validate and encode, adopt ``tx``, insert, report. The
+        ``*_sync`` twins drive this same coroutine by hand (``_client_sync``)."""
         names = [
             item.job_type.name if isinstance(item.job_type, JobType) else str(item.job_type)
             for item in items
@@ -174,7 +133,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin):
             wanted = self._events.wants(JOB_ENQUEUED) if self._events else False
             if wanted:
                 new_jobs = list(new_jobs)
-            handle = await self.state.adopt(tx)
+            handle = await adopt(tx)
             inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
             for job, result in zip(new_jobs, inserted, strict=True) if wanted else ():
                 self._events.emit(

@@ -207,9 +207,12 @@ class UnsupportedConnectionError(DatabaseError, TypeError):
         self.got_type = type(got).__name__
         extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"cannot enqueue through a {type(got).__module__}.{type(got).__qualname__}{extra}: "
-            "pass a psycopg AsyncConnection, or a SQLAlchemy AsyncConnection / AsyncSession "
-            "created with the psycopg driver (postgresql+psycopg://)"
+            f"cannot use {type(got).__module__}.{type(got).__qualname__} as the caller's "
+            f"transaction{extra}. Accepted: a psycopg AsyncConnection; an asyncpg "
+            "Connection inside `async with conn.transaction()`; a SQLAlchemy AsyncConnection "
+            "or AsyncSession on postgresql+psycopg:// or postgresql+asyncpg://. The *_sync "
+            "calls take a psycopg Connection (Django: django.db.connection.connection) or a "
+            "SQLAlchemy Connection / Session on postgresql+psycopg://"
         )
 
 

@@ -89,6 +89,7 @@ __all__ = [
     "Resolution",
     "StateAdapter",
     "Store",
+    "SyncAdopter",
     "TransactionHandle",
     "WorkerInfo",
     "WorkerRecord",
@@ -177,6 +178,18 @@ class Store(Protocol):
     async def adopt(self, tx: object) -> TransactionHandle:
         """Wrap a caller's open transaction (connection or session) without a new one."""
         ...
+
+
+@runtime_checkable
+class SyncAdopter(Protocol):
+    """An optional role: adopt a caller's *blocking* connection (Django, Flask, scripts)
+    for the client's ``*_sync`` calls.
+
+    The handle it returns must make every operation the client awaits on it complete
+    without suspending: the client drives those coroutines by hand, with no event loop.
+    """
+
+    def adopt_sync(self, tx: object) -> TransactionHandle: ...
 
 
 @runtime_checkable

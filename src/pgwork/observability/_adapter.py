@@ -39,10 +39,12 @@ from pgwork.adapters.state import (
     RenewResult,
     Resolution,
     StateAdapter,
+    SyncAdopter,
     TransactionHandle,
     WorkerInfo,
     WorkerRecord,
 )
+from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
     ADAPTER_CALL_START,
@@ -114,6 +116,16 @@ class InstrumentedStateAdapter:
 
     async def adopt(self, tx: object) -> TransactionHandle:
         return await self._call("adopt", self.inner.adopt(tx))
+
+    def adopt_sync(self, tx: object) -> TransactionHandle:
+        """The wrapped adapter's ``adopt_sync`` (the client's ``*_sync`` calls)."""
+        inner = self.inner
+        if not isinstance(inner, SyncAdopter):
+            raise ConfigurationError(
+                f"{type(inner).__name__} cannot adopt a blocking connection; use the async calls"
+            )
+        with self._timed("adopt"):
+            return inner.adopt_sync(tx)
 
     async def insert_jobs(
         self,

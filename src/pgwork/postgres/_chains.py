@@ -12,8 +12,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-import psycopg
-
 from pgwork.adapters.state import (
     BlockerOutput,
     CancelledChain,
@@ -26,6 +24,7 @@ from pgwork.errors import ChainNotFoundError
 from pgwork.records import ChainStatus, JobStatus
 
 if TYPE_CHECKING:
+    from pgwork.postgres._callers import DbConn
     from pgwork.postgres._chain_statements import ChainStatements
 
 __all__ = ["ChainOps"]
@@ -42,20 +41,18 @@ class ChainOps:
         _csql: ChainStatements
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
         def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
 
     # --- blockers ----------------------------------------------------------------------
 
-    async def _check_blockers(
-        self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
-    ) -> None:
+    async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> None:
         """Lock the blocker chains' roots (see LOCK_BLOCKER_CHAINS) and refuse unknown ones."""
         wanted = sorted({b for job in jobs for b in job.blockers})
         rows = await self._fetch(conn, self._csql.lock_blocker_chains, {"ids": wanted})
@@ -64,9 +61,7 @@ class ChainOps:
         if missing:
             raise ChainNotFoundError(missing)
 
-    async def _insert_blocker_edges(
-        self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
-    ) -> Resolution:
+    async def _insert_blocker_edges(self, conn: DbConn, jobs: Sequence[NewJob]) -> Resolution:
         """Record the edges of freshly inserted blocked jobs, then settle any whose
         blockers already ended."""
         edges = [
@@ -88,9 +83,7 @@ class ChainOps:
         more = await self._resolve_dependants_of(conn, list(first.ended_chain_ids))
         return first.merge(more)
 
-    async def _resolve(
-        self, conn: psycopg.AsyncConnection[Any], job_ids: Sequence[UUID]
-    ) -> Resolution:
+    async def _resolve(self, conn: DbConn, job_ids: Sequence[UUID]) -> Resolution:
         rows = await self._fetch(conn, self._csql.resolve_blocked, {"job_ids": list(job_ids)})
         return Resolution(
             ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
@@ -98,9 +91,7 @@ class ChainOps:
             awaited_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING and r[4]),
         )
 
-    async def _resolve_dependants_of(
-        self, conn: psycopg.AsyncConnection[Any], chain_ids: Sequence[UUID]
-    ) -> Resolution:
+    async def _resolve_dependants_of(self, conn: DbConn, chain_ids: Sequence[UUID]) -> Resolution:
         """Settle jobs blocked on ``chain_ids`` (which just ended), level by level.
 
         Must run inside a transaction: the lock and the decision are two statements.

@@ -35,6 +35,7 @@ import psycopg
 
 from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import InsertedJob, NewJob
+from pgwork.postgres._callers import DbConn, can_copy, execute
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._statements import Statements
 from pgwork.postgres.notify import encode_notice
@@ -175,7 +176,7 @@ def _copy_lines(jobs: Sequence[NewJob]) -> str:
 
 
 async def write_jobs(
-    conn: psycopg.AsyncConnection[Any],
+    conn: DbConn,
     statements: Statements,
     schema: str,
     jobs: Sequence[NewJob],
@@ -200,7 +201,7 @@ async def write_jobs(
     rest: list[NewJob] = []
     for j in jobs:
         (rest if j.blockers or j.run_at is not None or j.run_after is not None else plain).append(j)
-    if len(plain) < COPY_MIN_ROWS:
+    if len(plain) < COPY_MIN_ROWS or not can_copy(conn):
         plain, rest = [], list(jobs)
     announced = False
     with translate_errors(schema):
@@ -253,7 +254,7 @@ class Streamed:
 
 
 async def insert_streamed(
-    conn: psycopg.AsyncConnection[Any],
+    conn: DbConn,
     statements: Statements,
     schema: str,
     head: Sequence[NewJob],
@@ -277,7 +278,7 @@ async def insert_streamed(
 
 
 async def _copy(
-    conn: psycopg.AsyncConnection[Any],
+    conn: DbConn,
     statements: Statements,
     rows: Iterator[NewJob],
     *,
@@ -286,20 +287,34 @@ async def _copy(
 ) -> None:
     """COPY ``rows`` (through ``sort``, which picks those to write), a few hundred per
     write; ``meanwhile`` runs after the last write, while the server finishes."""
+    if not isinstance(conn, psycopg.AsyncConnection):
+        assert conn.copy is not None
+        await conn.copy(statements.copy_jobs, _copy_chunks(rows, sort))
+        if meanwhile is not None:
+            meanwhile()
+        return
     async with conn.cursor() as cur, cur.copy(statements.copy_jobs) as copy:
-        size = _COPY_FIRST_WRITE
-        while chunk := list(islice(rows, size)):
-            if sort is not None:
-                chunk = sort(chunk)
-            if chunk:
-                await copy.write(_copy_lines(chunk))
-            size = _COPY_ROWS_PER_WRITE
+        for chunk in _copy_chunks(rows, sort):
+            await copy.write(chunk)
         if meanwhile is not None:
             meanwhile()
 
 
+def _copy_chunks(
+    rows: Iterator[NewJob], sort: Callable[[list[NewJob]], list[NewJob]] | None
+) -> Iterator[str]:
+    """COPY text for ``rows`` (through ``sort``), a few hundred rows per chunk."""
+    size = _COPY_FIRST_WRITE
+    while chunk := list(islice(rows, size)):
+        if sort is not None:
+            chunk = sort(chunk)
+        if chunk:
+            yield _copy_lines(chunk)
+        size = _COPY_ROWS_PER_WRITE
+
+
 async def _announce(
-    conn: psycopg.AsyncConnection[Any], statements: Statements, channel: str, ready: Sequence[str]
+    conn: DbConn, statements: Statements, channel: str, ready: Sequence[str]
 ) -> None:
     await _execute(conn, statements.notify_ready, {"channel": channel, "ready": _encoded(ready)})
 
@@ -330,13 +345,10 @@ def _encoded(ready: Sequence[str]) -> list[str]:
     return [encode_notice(Notice(kind="ready", queue=q)) for q in ready]
 
 
-async def _execute(
-    conn: psycopg.AsyncConnection[Any], query: bytes, params: dict[str, Any]
-) -> None:
+async def _execute(conn: DbConn, query: bytes, params: dict[str, Any]) -> None:
     """Run one statement whose rows nobody reads.
 
     Not in pipeline mode: psycopg syncs right after the implicit ``BEGIN`` it queues,
     so a pipeline saves no round trip here and costs CPU.
     """
-    async with conn.cursor() as cur:
-        await cur.execute(query, params)
+    await execute(conn, query, params)

@@ -15,8 +15,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-import psycopg
-
 from pgwork.adapters.state import (
     BlockedJob,
     BlockerStatus,
@@ -28,6 +26,7 @@ from pgwork.adapters.state import (
     QueueCount,
     TransactionHandle,
 )
+from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._query_statements import (
     QueryStatements,
@@ -52,12 +51,12 @@ class QueryOps:
         _sql: Statements
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
         def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
 
@@ -70,9 +69,7 @@ class QueryOps:
     ) -> list[tuple[Any, ...]]:
         async with self._connection(tx) as conn:
             with translate_errors(self.schema):
-                async with conn.cursor() as cur:
-                    await cur.execute(query, params, prepare=False)
-                    return await cur.fetchall()
+                return await fetch(conn, query, params, prepare=False)  # type: ignore[return-value]
 
     # --- by id -------------------------------------------------------------------------
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 from psycopg import sql
 
 from pgwork.adapters.state import TransactionHandle, WorkerInfo, WorkerRecord
+from pgwork.postgres._callers import DbConn
 from pgwork.postgres._names import validate_schema_name
 
 __all__ = ["RegistryOps", "render_registry_statements"]
@@ -93,12 +93,12 @@ class RegistryOps:
         _rsql: dict[str, bytes]
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
     async def register_worker(self, *, worker: WorkerInfo) -> None:
         async with self._connection(None) as conn:

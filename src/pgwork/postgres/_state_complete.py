@@ -26,10 +26,11 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._state_enqueue import scheduled
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
-from pgwork.postgres._transactions import unwrap
+from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
 __all__ = ["CompletionOps", "completion_params"]
@@ -46,10 +47,10 @@ class CompletionOps:
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
@@ -163,7 +164,7 @@ class CompletionOps:
     ) -> CompletionResult:
         if completion.continuation is not None:
             raise ValueError("complete_atomic takes a completion without continuation")
-        conn = await unwrap(tx)
+        conn = own_connection(tx)
         params = {
             "id": completion.job_id,
             "token": completion.lease_token,

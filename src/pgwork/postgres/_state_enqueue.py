@@ -22,6 +22,7 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.postgres._callers import DbConn, can_copy
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
     due_notices,
@@ -49,18 +50,16 @@ class EnqueueOps:
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
-        async def _check_blockers(
-            self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
-        ) -> None: ...
+        async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> None: ...
 
         async def _insert_blocker_edges(
-            self, conn: psycopg.AsyncConnection[Any], jobs: Sequence[NewJob]
+            self, conn: DbConn, jobs: Sequence[NewJob]
         ) -> Resolution: ...
 
         async def get_jobs(
@@ -76,7 +75,8 @@ class EnqueueOps:
     ) -> list[InsertedJob]:
         stream = iter(jobs)
         head = list(islice(stream, COPY_MIN_ROWS))
-        if len(head) == COPY_MIN_ROWS and all(is_plain(job) for job in head):
+        copies = can_copy(await unwrap(tx))
+        if copies and len(head) == COPY_MIN_ROWS and all(is_plain(job) for job in head):
             return await self._insert_streamed(tx, head, stream, notify)
         head.extend(stream)
         return await self._insert_listed(tx, head, notify)
@@ -170,7 +170,7 @@ class EnqueueOps:
 
     async def _deduplicate(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: DbConn,
         jobs: Sequence[NewJob],
         results: list[InsertedJob | None],
     ) -> None:

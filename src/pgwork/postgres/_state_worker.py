@@ -33,11 +33,12 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
+from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._rows import acquired_from_row
 from pgwork.postgres._state_complete import completion_params
 from pgwork.postgres._statements import Statements
-from pgwork.postgres._transactions import PgTransaction, unwrap
+from pgwork.postgres._transactions import PgTransaction, own_connection
 from pgwork.records import JobStatus
 
 __all__ = ["WorkerOps"]
@@ -61,10 +62,10 @@ class WorkerOps:
 
         def _connection(
             self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+        ) -> AbstractAsyncContextManager[DbConn]: ...
 
         async def _fetch(
-            self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         async def complete(
@@ -259,7 +260,7 @@ class WorkerOps:
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:
-        conn = await unwrap(tx)
+        conn = own_connection(tx)
         rows = await self._fetch(conn, self._sql.begin_atomic, atomic_params(lease, deadline))
         return bool(rows)
 

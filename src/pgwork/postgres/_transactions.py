@@ -1,25 +1,37 @@
-"""Finding the psycopg connection under whatever transaction a caller hands us.
+"""Finding the connection under whatever transaction a caller hands us.
 
 Enqueueing must happen on the caller's own connection, inside the caller's own
 transaction, so that rolling it back leaves no job behind. A SQLAlchemy session or
-connection is unwrapped to the very psycopg connection it is using; a second
-connection is never opened.
+connection is unwrapped to the very driver connection it is using (psycopg or asyncpg);
+a second connection is never opened.
+
+SQLAlchemy must know its transaction has begun before we write under it: a connection
+from ``engine.connect()`` ("commit as you go") has none until its first statement, and
+its ``commit()`` does nothing while it believes so (the job would be rolled back when
+the connection goes back to the pool). So we begin it first, exactly as its own first
+statement would. Under the asyncpg dialect SQLAlchemy sends its BEGIN only with its
+first statement, so we run one (``SELECT 1``) when asyncpg is not in a transaction yet.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from pgwork.errors import UnsupportedConnectionError
+from pgwork.postgres._callers import AsyncpgCaller, DbConn, SyncPsycopgCaller
 
-__all__ = ["PgTransaction", "unwrap"]
+__all__ = ["PgTransaction", "own_connection", "unwrap", "unwrap_sync"]
+
+C = TypeVar("C", psycopg.AsyncConnection[Any], psycopg.Connection[Any])
 
 
 class PgTransaction:
-    """The PostgreSQL adapters' transaction handle: an open psycopg connection.
+    """The PostgreSQL adapters' transaction handle: an open connection in a transaction
+    (psycopg's ``AsyncConnection``, or a caller's connection of another kind).
 
     ``give_back``, when the connection was lent by a pool for this transaction alone,
     returns it there (once); ``discard`` calls it at once, so that a connection given
@@ -30,7 +42,7 @@ class PgTransaction:
 
     def __init__(
         self,
-        connection: psycopg.AsyncConnection[Any],
+        connection: DbConn,
         give_back: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.connection = connection
@@ -42,27 +54,63 @@ class PgTransaction:
     async def discard(self) -> None:
         # close() takes no lock (a rollback would wait for the statement in progress);
         # the server rolls back, and the pool replaces a closed connection.
-        await self.connection.close()
+        await own_connection(self).close()
         if self.give_back is not None:
             await self.give_back()
 
 
-async def unwrap(tx: object) -> psycopg.AsyncConnection[Any]:
-    """Return the psycopg ``AsyncConnection`` that ``tx`` runs on."""
+def own_connection(tx: object) -> psycopg.AsyncConnection[Any]:
+    """The psycopg connection of a transaction pgwork opened itself (the worker's)."""
+    if isinstance(tx, PgTransaction) and isinstance(tx.connection, psycopg.AsyncConnection):
+        return tx.connection
+    raise UnsupportedConnectionError(tx, "this operation needs a transaction pgwork opened")
+
+
+async def unwrap(tx: object) -> DbConn:
+    """The connection ``tx`` runs on, for the async API."""
     if isinstance(tx, PgTransaction):
         return tx.connection
     if isinstance(tx, psycopg.AsyncConnection):
         return _usable(tx)
     if isinstance(tx, psycopg.Connection):
-        raise UnsupportedConnectionError(tx, "a synchronous connection; use AsyncConnection")
+        raise UnsupportedConnectionError(
+            tx, "a synchronous connection: use start_chain_sync / start_chains_sync"
+        )
+    if _is_asyncpg(tx):
+        return _asyncpg(tx, tx)
     sa_conn = await _sqlalchemy_connection(tx)
     if sa_conn is None:
         raise UnsupportedConnectionError(tx)
+    if not sa_conn.in_transaction():
+        await sa_conn.begin()
     raw = await sa_conn.get_raw_connection()
     driver = raw.driver_connection
-    if not isinstance(driver, psycopg.AsyncConnection):
-        raise UnsupportedConnectionError(tx, f"its driver is {sa_conn.dialect.driver!r}")
-    return _usable(driver)
+    if isinstance(driver, psycopg.AsyncConnection):
+        return _usable(driver)
+    if _is_asyncpg(driver):
+        if not driver.is_in_transaction():
+            await sa_conn.exec_driver_sql("SELECT 1")
+        return _asyncpg(tx, driver)
+    raise UnsupportedConnectionError(tx, f"its driver is {sa_conn.dialect.driver!r}")
+
+
+def unwrap_sync(tx: object) -> SyncPsycopgCaller:
+    """The connection ``tx`` runs on, for the ``*_sync`` API: psycopg's blocking one."""
+    if isinstance(tx, PgTransaction) and isinstance(tx.connection, SyncPsycopgCaller):
+        return tx.connection
+    if isinstance(tx, psycopg.Connection):
+        return SyncPsycopgCaller(_usable(tx))
+    if isinstance(tx, psycopg.AsyncConnection) or _is_asyncpg(tx):
+        raise UnsupportedConnectionError(tx, "an asynchronous connection: use start_chain")
+    sa_conn = _sqlalchemy_sync_connection(tx)
+    if sa_conn is None:
+        raise UnsupportedConnectionError(tx)
+    if not sa_conn.in_transaction():
+        sa_conn.begin()
+    driver = sa_conn.connection.driver_connection
+    if isinstance(driver, psycopg.Connection):
+        return SyncPsycopgCaller(_usable(driver))
+    raise UnsupportedConnectionError(tx, f"its driver is {sa_conn.dialect.driver!r}")
 
 
 async def _sqlalchemy_connection(tx: object) -> Any:
@@ -70,13 +118,48 @@ async def _sqlalchemy_connection(tx: object) -> Any:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     if isinstance(tx, AsyncSession):
+        # Begins the session's transaction (autobegin) and its connection's.
         return await tx.connection()
     if isinstance(tx, AsyncConnection):
         return tx
     return None
 
 
-def _usable(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+def _sqlalchemy_sync_connection(tx: object) -> Any:
+    if "sqlalchemy" not in sys.modules:
+        return None
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
+
+    if isinstance(tx, Session):
+        return tx.connection()
+    if isinstance(tx, Connection):
+        return tx
+    return None
+
+
+def _is_asyncpg(conn: object) -> bool:
+    """Whether ``conn`` is an asyncpg connection (or a pool's proxy of one), without
+    importing asyncpg: an object of asyncpg's exists only once asyncpg is loaded."""
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    return isinstance(conn, asyncpg.Connection | asyncpg.pool.PoolConnectionProxy)
+
+
+def _asyncpg(tx: object, conn: Any) -> AsyncpgCaller:
+    if conn.is_closed():
+        raise UnsupportedConnectionError(tx, "the connection is closed")
+    if not conn.is_in_transaction():
+        # Outside a transaction every statement commits alone: a batch could half
+        # succeed and the dedup lock would hold for nothing.
+        raise UnsupportedConnectionError(
+            tx, "it is not in a transaction: enqueue inside `async with conn.transaction():`"
+        )
+    return AsyncpgCaller(conn)
+
+
+def _usable(conn: C) -> C:
     if conn.closed:
         raise UnsupportedConnectionError(conn, "the connection is closed")
     return conn

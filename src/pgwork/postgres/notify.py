@@ -30,6 +30,7 @@ from psycopg import sql
 
 from pgwork.adapters.notify import Listener, Notice
 from pgwork.errors import ConfigurationError, NotificationsUnavailableError
+from pgwork.postgres._callers import execute
 from pgwork.postgres._connect import connect, redact_dsn
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._transactions import unwrap
@@ -212,6 +213,9 @@ class PostgresNotifyAdapter:
         self._publish_conn: psycopg.AsyncConnection[Any] | None = None
         self._publish_lock = anyio.Lock()
         self._notify_sql = b"SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p"
+        self._notify_tx_sql = (
+            b"SELECT pg_notify(%(channel)s, p) FROM unnest(%(payloads)s::text[]) AS p"
+        )
         self._listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
 
     async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
@@ -219,8 +223,11 @@ class PostgresNotifyAdapter:
             return
         payloads = sorted({encode_notice(n) for n in notices})
         if tx is not None:
-            conn = await unwrap(tx)
-            await conn.execute(self._notify_sql, (self.channel, payloads))
+            await execute(
+                await unwrap(tx),
+                self._notify_tx_sql,
+                {"channel": self.channel, "payloads": payloads},
+            )
             return
         await self._publish_payloads(payloads)
 

@@ -31,6 +31,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgwork.adapters.state import TransactionHandle
+from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect
@@ -43,7 +44,7 @@ from pgwork.postgres._state_complete import CompletionOps
 from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._statements import render
-from pgwork.postgres._transactions import PgTransaction, unwrap
+from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
 from pgwork.postgres._verify import verify_schema
 
 __all__ = ["PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
@@ -152,10 +153,13 @@ class PostgresStateAdapter(
     async def adopt(self, tx: object) -> TransactionHandle:
         return PgTransaction(await unwrap(tx))
 
+    def adopt_sync(self, tx: object) -> TransactionHandle:
+        """``adopt`` for the ``*_sync`` client calls: a blocking psycopg connection,
+        whose operations then complete without an event loop."""
+        return PgTransaction(unwrap_sync(tx))
+
     @asynccontextmanager
-    async def _connection(
-        self, tx: TransactionHandle | None
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _connection(self, tx: TransactionHandle | None) -> AsyncIterator[DbConn]:
         if tx is None:
             async with self._pooled() as conn:
                 yield conn
@@ -163,11 +167,7 @@ class PostgresStateAdapter(
             yield await unwrap(tx)
 
     async def _fetch(
-        self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+        self, conn: DbConn, query: bytes, params: Mapping[str, Any]
     ) -> list[tuple[Any, ...]]:
         with translate_errors(self.schema):
-            async with conn.cursor() as cur:
-                await cur.execute(query, params)
-                # Not ``cur.description``: it builds a Column object per column.
-                result = cur.pgresult
-                return await cur.fetchall() if result is not None and result.nfields else []
+            return await fetch(conn, query, params)  # type: ignore[return-value]

@@ -1,0 +1,77 @@
+"""What starting a chain takes and gives back: ``ChainStart`` and ``StartedChain``.
+
+Below the client and its sync twins (``_client_sync``), which both build and return
+them; re-exported by ``pgwork.client`` and ``pgwork``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+from pgwork.adapters.state import DedupSpec
+from pgwork.job_types import JobType
+from pgwork.records import JobStatus
+
+__all__ = ["ChainStart", "Schedule", "StartedChain"]
+
+I = TypeVar("I")  # noqa: E741
+O = TypeVar("O")  # noqa: E741
+
+Schedule = datetime | timedelta | None
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class ChainStart(Generic[I]):
+    """One chain to start with ``Client.start_chains``; the same options as start_chain."""
+
+    job_type: JobType[I, Any]
+    input: I
+    schedule: Schedule
+    dedup: str | DedupSpec | None
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    blockers: tuple[UUID, ...]
+
+    def __init__(
+        self,
+        job_type: JobType[I, Any],
+        input: I,
+        *,
+        schedule: Schedule = None,
+        dedup: str | DedupSpec | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+    ) -> None:
+        # Built by the thousand for start_chains, so kept cheap.
+        set_ = object.__setattr__
+        set_(self, "job_type", job_type)
+        set_(
+            self,
+            "blockers",
+            tuple(b.id if isinstance(b, StartedChain) else b for b in blockers) if blockers else (),
+        )
+        set_(self, "input", input)
+        set_(self, "schedule", schedule)
+        set_(self, "dedup", dedup)
+        set_(self, "queue", queue)
+        set_(self, "priority", priority)
+        set_(self, "max_attempts", max_attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class StartedChain(Generic[I, O]):
+    """What ``start_chain`` did: the chain's id (= its first job's id), and whether an
+    existing chain was returned instead of a new one (deduplication)."""
+
+    id: UUID
+    job_id: UUID
+    job_type: JobType[I, O]
+    deduplicated: bool
+    status: JobStatus

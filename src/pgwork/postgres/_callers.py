@@ -1,0 +1,182 @@
+"""The thin edge between pgwork's statements and a caller's connection.
+
+Every statement is written once, for psycopg (``%(name)s`` placeholders, rendered to
+bytes per schema). A caller may hand us something else: a synchronous psycopg
+``Connection`` (Django, Flask, scripts) or an ``asyncpg.Connection``. Each is wrapped in
+a ``Caller`` with the same three operations (``fetch``, ``execute``, and ``copy`` where
+the driver can), so the enqueue, control and read code above runs unchanged on all of
+them; psycopg's own ``AsyncConnection`` is used as it is (``fetch`` / ``execute`` below
+take either).
+
+``SyncPsycopgCaller``'s methods are coroutines that never suspend: they call psycopg's
+blocking API. That is what lets ``Client.start_chain_sync`` drive the very coroutine
+``start_chain`` runs, by hand, without an event loop (``pgwork._client_sync``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any, Protocol, runtime_checkable
+
+import psycopg
+
+__all__ = [
+    "AsyncpgCaller",
+    "Caller",
+    "DbConn",
+    "SyncPsycopgCaller",
+    "can_copy",
+    "execute",
+    "fetch",
+    "to_numbered",
+]
+
+
+@runtime_checkable
+class Caller(Protocol):
+    """A caller's connection, inside the caller's transaction, that is not psycopg's
+    ``AsyncConnection``. ``copy`` is ``None`` where the driver has no COPY we use."""
+
+    async def fetch(self, query: bytes, params: Mapping[str, Any]) -> list[Sequence[Any]]: ...
+
+    async def execute(self, query: bytes, params: Mapping[str, Any]) -> None: ...
+
+    @property
+    def copy(self) -> Callable[[bytes, Iterable[str]], Coroutine[Any, Any, None]] | None: ...
+
+
+DbConn = psycopg.AsyncConnection[Any] | Caller
+
+
+async def fetch(
+    conn: DbConn, query: bytes, params: Mapping[str, Any], *, prepare: bool | None = None
+) -> list[Sequence[Any]]:
+    """The rows of ``query`` (none for a statement that returns no rows)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        async with conn.cursor() as cur:
+            await cur.execute(query, params, prepare=prepare)
+            # Not ``cur.description``: it builds a Column object per column.
+            result = cur.pgresult
+            return await cur.fetchall() if result is not None and result.nfields else []
+    return await conn.fetch(query, params)
+
+
+async def execute(conn: DbConn, query: bytes, params: Mapping[str, Any]) -> None:
+    """Run one statement whose rows nobody reads."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        async with conn.cursor() as cur:
+            await cur.execute(query, params)
+    else:
+        await conn.execute(query, params)
+
+
+def can_copy(conn: DbConn) -> bool:
+    return isinstance(conn, psycopg.AsyncConnection) or conn.copy is not None
+
+
+class SyncPsycopgCaller:
+    """A synchronous psycopg ``Connection``; its coroutines complete without suspending."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        return f"SyncPsycopgCaller({self.connection!r})"
+
+    async def fetch(self, query: bytes, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+        with self.connection.cursor() as cur:
+            cur.execute(query, params)
+            result = cur.pgresult
+            return list(cur.fetchall()) if result is not None and result.nfields else []
+
+    async def execute(self, query: bytes, params: Mapping[str, Any]) -> None:
+        with self.connection.cursor() as cur:
+            cur.execute(query, params)
+
+    @property
+    def copy(self) -> Callable[[bytes, Iterable[str]], Coroutine[Any, Any, None]]:
+        return self._copy
+
+    async def _copy(self, statement: bytes, chunks: Iterable[str]) -> None:
+        with self.connection.cursor() as cur, cur.copy(statement) as copy:
+            for chunk in chunks:
+                copy.write(chunk)
+
+
+class AsyncpgCaller:
+    """An ``asyncpg.Connection`` (raw, or the one under SQLAlchemy's asyncpg dialect).
+
+    Statements are converted once each to asyncpg's ``$n`` placeholders. asyncpg hands
+    ``json``/``jsonb`` columns back as text where psycopg parses them; the positions of
+    such columns are learnt once per statement (a prepare) and parsed here, so the rows
+    look the same to the code above. No COPY: large batches take the multi-row INSERT.
+    """
+
+    __slots__ = ("connection",)
+
+    copy = None
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def __repr__(self) -> str:
+        return f"AsyncpgCaller({self.connection!r})"
+
+    async def fetch(self, query: bytes, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+        sql, names = to_numbered(query)
+        args = [params[name] for name in names]
+        json_columns = _JSON_COLUMNS.get(sql)
+        if json_columns is None:
+            statement = await self.connection.prepare(sql)
+            json_columns = _JSON_COLUMNS[sql] = tuple(
+                i
+                for i, attribute in enumerate(statement.get_attributes())
+                if attribute.type.name in ("json", "jsonb")
+            )
+            rows = await statement.fetch(*args)
+        else:
+            rows = await self.connection.fetch(sql, *args)
+        if not json_columns:
+            return list(rows)
+        parsed: list[Sequence[Any]] = []
+        for row in rows:
+            values = list(row)
+            for i in json_columns:
+                if isinstance(values[i], str):
+                    values[i] = json.loads(values[i])
+            parsed.append(values)
+        return parsed
+
+    async def execute(self, query: bytes, params: Mapping[str, Any]) -> None:
+        sql, names = to_numbered(query)
+        await self.connection.execute(sql, *[params[name] for name in names])
+
+
+# Per converted statement text: which result columns are JSON (a statement's result
+# shape does not depend on the connection it runs on).
+_JSON_COLUMNS: dict[str, tuple[int, ...]] = {}
+
+_PLACEHOLDER = re.compile(rb"%\((\w+)\)[sbt]|%%")
+
+
+@lru_cache(maxsize=512)
+def to_numbered(query: bytes) -> tuple[str, tuple[str, ...]]:
+    """``query`` with psycopg's ``%(name)s`` placeholders (``b``/``t`` too) as ``$n``,
+    one number per distinct name, and the names in number order; ``%%`` becomes ``%``."""
+    names: list[str] = []
+
+    def number(match: re.Match[bytes]) -> bytes:
+        name = match.group(1)
+        if name is None:
+            return b"%"
+        key = name.decode()
+        if key not in names:
+            names.append(key)
+        return b"$%d" % (names.index(key) + 1)
+
+    return _PLACEHOLDER.sub(number, query).decode(), tuple(names)
