@@ -195,6 +195,9 @@ async def test_queues_are_drained_in_the_order_given_then_by_priority(
     await client.start_chain(conn, task, Item(name="default-late"), priority=5)
     await client.start_chain(conn, task, Item(name="default-urgent"), priority=-5)
     await client.start_chain(conn, high, Item(name="high"))
+    await conn.commit()
+    # A later transaction: jobs of one transaction share its scheduled_at (now()), and
+    # the order among equal (priority, scheduled_at) is not defined.
     await client.start_chain(conn, low, Item(name="low-2"))
     await conn.commit()
     await workers(
