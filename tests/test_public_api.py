@@ -29,6 +29,7 @@ EXPECTED = {
     "InProcessNotifyAdapter",
     "InProcessWorker",
     "InvalidCursorError",
+    "InvalidOptionError",
     "InvalidSchemaNameError",
     "Job",
     "JobError",

@@ -7,6 +7,7 @@ The tree::
     │   ├── InvalidSchemaNameError
     │   ├── InvalidCronError          a cron expression that does not parse
     │   ├── InvalidDedupWindowError   a dedup window that is not positive
+    │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   └── InvalidCursorError        a listing cursor that is not one pgwork handed out
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
@@ -63,6 +64,7 @@ __all__ = [
     "InvalidCronError",
     "InvalidCursorError",
     "InvalidDedupWindowError",
+    "InvalidOptionError",
     "InvalidSchemaNameError",
     "JobAlreadyFinishedError",
     "JobError",
@@ -130,6 +132,21 @@ class InvalidDedupWindowError(ConfigurationError):
             f"dedup key {key!r}: scope 'window' needs a positive window (a timedelta), got "
             f"{window!r}"
         )
+
+
+class InvalidOptionError(ConfigurationError):
+    """An option that its database column cannot hold (or that would mean nothing):
+    raised before any SQL runs, so the caller's transaction stays usable."""
+
+    def __init__(self, option: str, value: object, valid: str, where: str = "") -> None:
+        self.option = option
+        self.value = value
+        self.valid = valid
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        of = f" of {where}" if where else ""
+        super().__init__(f"{option}{of} must be {valid}; got {shown}")
 
 
 class InvalidCursorError(ConfigurationError):
