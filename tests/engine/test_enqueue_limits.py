@@ -14,7 +14,13 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import ChainStart, DedupSpec, InvalidOptionError, JobTypeRegistry
+from pgwork import (
+    ChainStart,
+    DedupSpec,
+    InvalidOptionError,
+    JobTypeRegistry,
+    create_in_process_worker,
+)
 
 from .conftest import ClientFactory, scalar
 
@@ -106,3 +112,11 @@ def test_job_type_declaration_checks_the_same_ranges(option: str, kwargs: dict[s
         JobTypeRegistry().job_type("note", input=Note, **kwargs)
     assert caught.value.option == option
     assert "job type 'note'" in str(caught.value)
+
+
+async def test_a_worker_refuses_a_queue_name_no_job_could_have(make_client: ClientFactory) -> None:
+    reg = JobTypeRegistry()
+    note = reg.job_type("note", input=Note)
+    client = await make_client(reg)
+    with pytest.raises(InvalidOptionError, match="queue of the worker's queues"):
+        create_in_process_worker(client=client, processors={note: print}, queues=["default "])
