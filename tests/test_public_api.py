@@ -48,6 +48,7 @@ EXPECTED = {
     "Page",
     "PayloadError",
     "PayloadNotSerializableError",
+    "PayloadTooDeepError",
     "PayloadTooLargeError",
     "PayloadValidationError",
     "PgworkError",

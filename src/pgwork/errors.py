@@ -22,6 +22,7 @@ The tree::
     ├── PayloadError                  input or output that cannot be stored
     │   ├── PayloadValidationError    fails its model
     │   ├── PayloadNotSerializableError  not JSON (names the path)
+    │   ├── PayloadTooDeepError       nested deeper than JSON can be encoded and read back
     │   └── PayloadTooLargeError
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
@@ -75,6 +76,7 @@ __all__ = [
     "NotAnEntryTypeError",
     "PayloadError",
     "PayloadNotSerializableError",
+    "PayloadTooDeepError",
     "PayloadTooLargeError",
     "PayloadValidationError",
     "PgworkError",
@@ -283,6 +285,18 @@ class PayloadNotSerializableError(PayloadError):
         self.path = path
         self.reason = reason
         super().__init__(f"{what} of job type {type_name!r} cannot be stored at {path}: {reason}")
+
+
+class PayloadTooDeepError(PayloadError):
+    def __init__(self, type_name: str, what: str, limit: int) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.limit = limit
+        super().__init__(
+            f"{what} of job type {type_name!r} is nested more than {limit} levels deep, "
+            "deeper than a payload can be encoded and read back; flatten it (e.g. a list "
+            "of nodes with parent ids instead of nested children)"
+        )
 
 
 class PayloadTooLargeError(PayloadError):

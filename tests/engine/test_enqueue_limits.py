@@ -19,6 +19,7 @@ from pgwork import (
     DedupSpec,
     InvalidOptionError,
     JobTypeRegistry,
+    PayloadTooDeepError,
     create_in_process_worker,
 )
 
@@ -120,3 +121,29 @@ async def test_a_worker_refuses_a_queue_name_no_job_could_have(make_client: Clie
     client = await make_client(reg)
     with pytest.raises(InvalidOptionError, match="queue of the worker's queues"):
         create_in_process_worker(client=client, processors={note: print}, queues=["default "])
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class Tree(BaseModel):
+    data: Any
+
+
+@pytest.mark.parametrize("depth", [300, 1_000, 5_000])
+async def test_a_deeply_nested_input_is_refused_by_name_not_by_recursion(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], depth: int
+) -> None:
+    reg = JobTypeRegistry()
+    tree = reg.job_type("tree", input=Tree)
+    client = await make_client(reg)
+    with pytest.raises(PayloadTooDeepError, match="nested more than 255 levels deep"):
+        await client.start_chain(conn, tree, {"data": nested(depth)})
+    # The control: a deep but encodable input is stored and read back whole.
+    started = await client.start_chain(conn, tree, Tree(data=nested(200)))
+    await conn.commit()
+    assert (await client.get_job(started.job_id)).input == Tree(data=nested(200))
