@@ -50,6 +50,7 @@ EXPECTED = {
     "PayloadNotSerializableError",
     "PayloadTooDeepError",
     "PayloadTooLargeError",
+    "PayloadUndecodableError",
     "PayloadValidationError",
     "PgworkError",
     "PostgresNotifyAdapter",

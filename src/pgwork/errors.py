@@ -23,6 +23,7 @@ The tree::
     │   ├── PayloadValidationError    fails its model
     │   ├── PayloadNotSerializableError  not JSON (names the path)
     │   ├── PayloadTooDeepError       nested deeper than JSON can be encoded and read back
+    │   ├── PayloadUndecodableError   a stored payload that cannot be parsed at all
     │   └── PayloadTooLargeError
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
@@ -78,6 +79,7 @@ __all__ = [
     "PayloadNotSerializableError",
     "PayloadTooDeepError",
     "PayloadTooLargeError",
+    "PayloadUndecodableError",
     "PayloadValidationError",
     "PgworkError",
     "SchemaMissingError",
@@ -296,6 +298,18 @@ class PayloadTooDeepError(PayloadError):
             f"{what} of job type {type_name!r} is nested more than {limit} levels deep, "
             "deeper than a payload can be encoded and read back; flatten it (e.g. a list "
             "of nodes with parent ids instead of nested children)"
+        )
+
+
+class PayloadUndecodableError(PayloadError):
+    def __init__(self, type_name: str, what: str, reason: str) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.reason = reason
+        super().__init__(
+            f"{what} of job type {type_name!r} could not be decoded ({reason}); it was "
+            "not written by this pgwork's encoder. The job failed without running; fix "
+            "or replace the stored value and retry it"
         )
 
 

@@ -25,8 +25,10 @@ from pgwork.errors import (
     PayloadNotSerializableError,
     PayloadTooDeepError,
     PayloadTooLargeError,
+    PayloadUndecodableError,
     PayloadValidationError,
 )
+from pgwork.records import UndecodablePayload
 
 __all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH", "Codec"]
 
@@ -115,6 +117,8 @@ class Codec(Generic[T]):
 
     def decode(self, data: Any) -> T:
         """Turn stored JSON (already parsed) back into the model type."""
+        if isinstance(data, UndecodablePayload):
+            raise PayloadUndecodableError(self.type_name, f"stored {self.what}", data.reason)
         try:
             return self._adapter.validate_python(data)
         except pydantic.ValidationError as exc:

@@ -21,6 +21,7 @@ __all__ = [
     "Job",
     "JobStatus",
     "Page",
+    "UndecodablePayload",
 ]
 
 T = TypeVar("T")
@@ -84,6 +85,16 @@ class AttemptError:
             message=str(data.get("message", "")),
             traceback=data.get("traceback"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class UndecodablePayload:
+    """Stands in for a stored payload its adapter could not parse (JSON written outside
+    pgwork, nested deeper than Python reads). Decoding it raises
+    ``PayloadUndecodableError``, so only its own job fails — at once, since a retry
+    reads the same bytes — not every job fetched with it."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

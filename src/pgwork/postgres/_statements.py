@@ -149,7 +149,7 @@ SET status = 'running',
     started_at = COALESCE(j.started_at, now())
 FROM candidates AS c, leases AS l
 WHERE j.id = c.id AND l.type_name = j.type_name
-RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input,
+RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input::text,
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
     j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context
 """
