@@ -144,6 +144,11 @@ class AcquiredJob:
     last_attempt_error: AttemptError | None
     # The propagation carrier stored at enqueue (``NewJob.trace_context``), for tracing.
     trace_context: Mapping[str, str] | None = None
+    # The rest of what ``get_job`` returns, so a handler's ``attempt.job`` is the stored
+    # job: when it first started, when its previous attempt ended, its dedup key.
+    started_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    dedup_key: str | None = None
 
     @property
     def lease(self) -> Lease:

@@ -74,6 +74,9 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
         scheduled_at=row[13],
         last_attempt_error=AttemptError.from_json(row[14]),
         trace_context=row[15],
+        started_at=row[16],
+        last_attempt_at=row[17],
+        dedup_key=row[18],
     )
 
 

@@ -151,8 +151,12 @@ FROM candidates AS c, leases AS l
 WHERE j.id = c.id AND l.type_name = j.type_name
 RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input::text,
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
-    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context
+    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context,
+    j.started_at, j.last_attempt_at, j.dedup_key
 """
+# Columns of an acquired row (``_rows.acquired_from_row``): a handler sees every field
+# ``get_job`` returns, so the acquire hands them all back.
+ACQUIRED_WIDTH = 19
 
 # Queues are drained in the order given (strictly), each on its own index range, so a
 # deep low-priority queue never slows acquiring from a high-priority one. Rows locked
@@ -396,7 +400,7 @@ FROM acquired AS a
 def _complete_and_acquire(candidates: str) -> str:
     return (
         f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
-        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * 16)}"
+        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
 

@@ -214,14 +214,15 @@ class SlotRunner:
             priority=acquired.priority,
             created_at=acquired.created_at,
             scheduled_at=acquired.scheduled_at,
-            started_at=None,
+            started_at=acquired.started_at,
             completed_at=None,
             attempt=acquired.attempt,
             max_attempts=acquired.max_attempts,
             last_attempt_error=acquired.last_attempt_error,
-            last_attempt_at=None,
+            last_attempt_at=acquired.last_attempt_at,
             leased_by=self.worker_id,
             leased_until=acquired.leased_until,
+            dedup_key=acquired.dedup_key,
         )
         attempt = Attempt(
             job=job,
