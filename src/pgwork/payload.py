@@ -87,7 +87,9 @@ class Codec(Generic[T]):
         try:
             return self._adapter.validate_python(value)
         except pydantic.ValidationError as exc:
-            raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from exc
+            # ``from None``: pydantic's own message quotes the input values, and a chained
+            # traceback ends up in logs, stored attempt errors and traces.
+            raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from None
         except RecursionError:
             raise PayloadTooDeepError(self.type_name, self.what, MAX_PAYLOAD_DEPTH) from None
 
@@ -124,7 +126,7 @@ class Codec(Generic[T]):
         except pydantic.ValidationError as exc:
             raise PayloadValidationError(
                 self.type_name, f"stored {self.what}", _describe(exc)
-            ) from exc
+            ) from None
         except RecursionError:
             raise PayloadTooDeepError(
                 self.type_name, f"stored {self.what}", MAX_PAYLOAD_DEPTH
@@ -132,6 +134,7 @@ class Codec(Generic[T]):
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
+    """Where and why validation failed, never the offending value (it may be secret)."""
     parts = []
     for err in exc.errors()[:5]:
         loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
@@ -170,7 +173,7 @@ def _find_unstorable(value: Any, path: str, depth: int = 0) -> tuple[str, str | 
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str | int | float | bool):
-                return path, f"key {key!r} is not a string"
+                return path, f"a key of type {type(key).__qualname__} is not a string"
             if isinstance(key, str) and "\x00" in key:
                 return path, "a key contains a NUL character (\\u0000)"
             found = _find_unstorable(item, f"{path}.{key}", depth)
