@@ -123,6 +123,7 @@ class OpenTelemetryObserver:
             description="Handlers given up on (they ignored cancellation) that still run.",
         )
         self._queue_depth = queue_depth
+        self._queues_seen: set[str] = set()
         if queue_depth is not None:
             meter.create_observable_gauge(
                 "pgwork.queue.depth",
@@ -255,7 +256,14 @@ class OpenTelemetryObserver:
         except Exception as exc:
             log.warning("pgwork queue depth could not be read: %s", exc)
             return []
-        return [Observation(count, {"queue": queue}) for queue, count in depths.items()]
+        # A queue that drained drops out of the callback's answer; a gauge that stops
+        # reporting reads as "no data", not as zero, so each queue seen once stays at 0.
+        for queue in depths:
+            self._queues_seen.add(queue)
+        return [
+            Observation(depths.get(queue, 0), {"queue": queue})
+            for queue in sorted(self._queues_seen)
+        ]
 
     def __repr__(self) -> str:
         return "OpenTelemetryObserver()"
