@@ -33,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgwork.adapters.state import TransactionHandle
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
-from pgwork.postgres._connect import connect
+from pgwork.postgres._connect import connect, normalize_dsn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._queries import QueryOps
@@ -83,6 +83,7 @@ class PostgresStateAdapter(EnqueueOps, WorkerOps, CompletionOps, QueryOps, Chain
         """Open a pool on ``dsn``; raises DatabaseUnreachableError / SchemaMissingError /
         SchemaOutdatedError with the next step in the message."""
         schema = validate_schema_name(schema)
+        dsn = normalize_dsn(dsn)
         probe = await connect(dsn)
         try:
             if verify:
