@@ -64,6 +64,7 @@ EXPECTED = {
     "StateAdapter",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
+    "UnsupportedServerVersionError",
     "WorkerError",
     "WorkerStateError",
     "__version__",

@@ -37,6 +37,7 @@ from pgwork.errors import (
     SchemaOutdatedError,
     UnknownJobTypeError,
     UnsupportedConnectionError,
+    UnsupportedServerVersionError,
     WorkerError,
     WorkerStateError,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "StateAdapter",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
+    "UnsupportedServerVersionError",
     "WorkerError",
     "WorkerStateError",
     "__version__",

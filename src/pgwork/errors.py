@@ -13,6 +13,7 @@ The tree::
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
     │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
+    │   ├── UnsupportedServerVersionError  PostgreSQL older than pgwork supports
     │   └── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
     ├── JobTypeError                  the registry was asked for something it does not allow
     │   ├── UnknownJobTypeError
@@ -86,6 +87,7 @@ __all__ = [
     "SchemaOutdatedError",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
+    "UnsupportedServerVersionError",
     "WorkerError",
     "WorkerStateError",
 ]
@@ -196,6 +198,18 @@ class SchemaOutdatedError(DatabaseError):
         super().__init__(
             f"the pgwork schema {schema!r} is at revision {current or '(none)'} but this "
             f"pgwork needs {expected}. {MIGRATE_HINT}"
+        )
+
+
+class UnsupportedServerVersionError(DatabaseError):
+    def __init__(self, server_version: int, minimum: int) -> None:
+        self.server_version = server_version
+        self.minimum = minimum
+        shown = f"{server_version // 10000}.{server_version % 10000}"
+        super().__init__(
+            f"PostgreSQL {shown} is not supported: pgwork needs PostgreSQL "
+            f"{minimum // 10000} or newer (it relies on gen_random_uuid(), built in since 13). "
+            "Upgrade the server, or point the DSN at a newer one."
         )
 
 

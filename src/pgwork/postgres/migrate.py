@@ -30,7 +30,7 @@ from sqlalchemy.pool import NullPool
 from pgwork.errors import ConfigurationError, DatabaseError
 from pgwork.postgres._connect import connect_sync, unreachable
 from pgwork.postgres._names import DEFAULT_SCHEMA, VERSION_TABLE, validate_schema_name
-from pgwork.postgres._verify import verify_schema
+from pgwork.postgres._verify import check_server_version, verify_schema
 
 __all__ = [
     "SchemaChange",
@@ -152,6 +152,11 @@ def _first_line(exc: BaseException) -> str:
 def _run(dsn: str, schema: str, action: str, revision: str, fn: Any) -> SchemaChange:
     schema = validate_schema_name(schema)
     with open_connection(dsn) as connection:
+        # Before any DDL: on a server pgwork cannot run on, a migrated schema would only
+        # make every worker fail later.
+        driver_connection = connection.connection.driver_connection
+        assert driver_connection is not None  # a live connection, just opened
+        check_server_version(driver_connection)
         config = _config(schema, connection)
         try:
             fn(config, revision)

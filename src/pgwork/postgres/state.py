@@ -43,7 +43,7 @@ from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap
-from pgwork.postgres._verify import verify_schema
+from pgwork.postgres._verify import check_server_version, verify_schema
 
 __all__ = ["PostgresStateAdapter"]
 
@@ -86,6 +86,7 @@ class PostgresStateAdapter(EnqueueOps, WorkerOps, CompletionOps, QueryOps, Chain
         dsn = normalize_dsn(dsn)
         probe = await connect(dsn)
         try:
+            check_server_version(probe)
             if verify:
                 await verify_schema(probe, schema)
         finally:
