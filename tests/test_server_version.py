@@ -37,7 +37,7 @@ def test_migrate_refuses_a_server_older_than_13_before_any_ddl(
     empty_database_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pretend_pg12(monkeypatch)
-    with pytest.raises(UnsupportedServerVersionError, match="12.17"):
+    with pytest.raises(UnsupportedServerVersionError, match=r"12\.17"):
         migrate.upgrade(empty_database_dsn)
     with psycopg.connect(empty_database_dsn) as conn:
         row = conn.execute("SELECT to_regnamespace('pgwork') IS NULL").fetchone()
