@@ -23,7 +23,7 @@ from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
-from pgwork.errors import HandlerAbandonedError, PgworkError
+from pgwork.errors import ContinuationNotAllowedError, HandlerAbandonedError, PgworkError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext
 from pgwork.observability import (
@@ -363,7 +363,10 @@ class SlotRunner:
             await self._settle_abort(slot, reason)
             return
         if error is not None:
-            await self._settle_failure(slot, error, terminal=False)
+            # A continuation the type does not declare is a programming error: the
+            # same code fails the same way on every retry, so fail at once.
+            terminal = isinstance(error, ContinuationNotAllowedError)
+            await self._settle_failure(slot, error, terminal=terminal)
             return
         self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
 
