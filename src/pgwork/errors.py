@@ -160,8 +160,9 @@ class InvalidCursorError(ConfigurationError):
         self.cursor = cursor
         self.reason = reason
         super().__init__(
-            f"invalid cursor {cursor!r}: {reason}. Pass the next_cursor of a page returned "
-            "by the same listing, unchanged, or None for the first page."
+            f"invalid cursor {cursor!r}: {reason}. Pass, unchanged, the next cursor that a "
+            "page of the same listing gave (its next_cursor, or the printed --cursor); "
+            "leave it out for the first page."
         )
 
 

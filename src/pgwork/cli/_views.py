@@ -282,7 +282,7 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
         ("created", _when(job.created_at, now)),
         ("scheduled", f"{scheduled.isoformat()} ({due})"),
         ("started", _when(job.started_at, now)),
-        ("completed", _when(job.completed_at, now)),
+        (_ended(job.status.value, job.status.is_final), _when(job.completed_at, now)),
         ("last attempt", _when(job.last_attempt_at, now)),
         ("lease", lease),
         ("dedup key", job.dedup_key or "-"),
@@ -299,6 +299,12 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
     return Group(_fields(rows), Text("traceback:", style="bold"), Text(error.traceback.rstrip()))
 
 
+def _ended(status: str, final: bool) -> str:
+    """The label of a job's or chain's end time: what it ended as (``failed`` at ...),
+    not always ``completed``; ``ended`` while it has not."""
+    return status if final else "ended"
+
+
 def chain_view(
     chain: Chain, jobs: Sequence[Job[Any]], now: datetime, *, width: int
 ) -> RenderableType:
@@ -307,7 +313,7 @@ def chain_view(
         ("type", chain.type_name),
         ("status", _status(chain.status.value)),
         ("created", _when(chain.created_at, now)),
-        ("completed", _when(chain.completed_at, now)),
+        (_ended(chain.status.value, chain.status != "active"), _when(chain.completed_at, now)),
         ("dedup key", chain.dedup_key or "-"),
         ("input", _json_text(chain.input)),
         ("output", _json_text(chain.output) if chain.output is not None else "-"),
