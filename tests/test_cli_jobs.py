@@ -37,6 +37,7 @@ JOB_KEYS = {
     "leased_by",
     "leased_until",
     "dedup_key",
+    "context",
 }
 
 

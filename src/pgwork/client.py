@@ -17,6 +17,7 @@ from pgwork._client_control import ControlMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._ids import new_ids
 from pgwork._limits import (
+    check_context,
     check_dedup_key,
     check_delay,
     check_max_attempts,
@@ -58,6 +59,7 @@ class ChainStart(Generic[I]):
     priority: int | None
     max_attempts: int | None
     blockers: tuple[UUID, ...]
+    context: Mapping[str, str] | None
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class ChainStart(Generic[I]):
         priority: int | None = None,
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+        context: Mapping[str, str] | None = None,
     ) -> None:
         # Built by the thousand for start_chains, so kept cheap.
         set_ = object.__setattr__
@@ -85,6 +88,7 @@ class ChainStart(Generic[I]):
         set_(self, "queue", queue)
         set_(self, "priority", priority)
         set_(self, "max_attempts", max_attempts)
+        set_(self, "context", context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,7 @@ class Client(QueryMixin, ControlMixin):
         priority: int | None = None,
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+        context: Mapping[str, str] | None = None,
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
@@ -146,6 +151,9 @@ class Client(QueryMixin, ControlMixin):
         is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
         chains that must complete first; the job waits ``blocked`` until they do (and its
         type's ``blocker_failure`` decides what a failed or cancelled blocker does).
+        ``context``: a small ``{str: str}`` map (a request id, a tenant; at most 4 KiB
+        encoded) stored with the job, inherited by its chain's continuations, returned
+        as ``Job.context`` and bound to every log line of its attempts.
         """
         started = await self.start_chains(
             tx,
@@ -159,6 +167,7 @@ class Client(QueryMixin, ControlMixin):
                     priority=priority,
                     max_attempts=max_attempts,
                     blockers=blockers,
+                    context=context,
                 )
             ],
         )
@@ -307,6 +316,7 @@ def _build_jobs(
             trace_context=trace,
             blockers=item.blockers,
             blocker_failure=job_type.blocker_failure,
+            context=item.context,
         )
 
 
@@ -318,6 +328,8 @@ def _check_options(item: ChainStart[Any]) -> None:
         check_priority(item.priority)
     if item.max_attempts is not None:
         check_max_attempts(item.max_attempts)
+    if item.context is not None:
+        check_context(item.context)
     for blocker in item.blockers:
         if not isinstance(blocker, UUID):
             raise ConfigurationError(

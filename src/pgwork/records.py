@@ -122,6 +122,9 @@ class Job(Generic[T]):
     leased_by: str | None
     leased_until: datetime | None
     dedup_key: str | None = None
+    # The logging context given at enqueue (``start_chain(context=...)``), inherited by
+    # the chain's continuations; bound to every log line of its attempts.
+    context: dict[str, str] | None = None
 
     @property
     def is_chain_root(self) -> bool:

@@ -98,6 +98,9 @@ class NewJob:
     # Chains this job waits for (chain roots only), and what their failure does to it.
     blockers: tuple[UUID, ...] = ()
     blocker_failure: Literal["fail", "cancel", "unblock"] = "fail"
+    # A logging context (``start_chain(context=...)``), already checked; continuations
+    # inherit their chain's.
+    context: Mapping[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -149,6 +152,7 @@ class AcquiredJob:
     started_at: datetime | None = None
     last_attempt_at: datetime | None = None
     dedup_key: str | None = None
+    context: dict[str, str] | None = None
 
     @property
     def lease(self) -> Lease:

@@ -94,6 +94,7 @@ def job_json(job: Job[Any]) -> dict[str, Any]:
         "leased_by": job.leased_by,
         "leased_until": _iso(job.leased_until),
         "dedup_key": job.dedup_key,
+        "context": job.context,
     }
 
 
@@ -286,6 +287,7 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
         ("last attempt", _when(job.last_attempt_at, now)),
         ("lease", lease),
         ("dedup key", job.dedup_key or "-"),
+        ("context", _json_text(job.context) if job.context else "-"),
         ("input", _json_text(job.input)),
     ]
     if job.status is JobStatus.COMPLETED or job.output is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from pgwork.adapters.state import AcquiredJob
 from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus, UndecodablePayload
 
-JOB_WIDTH = 21  # columns in _statements._JOB_COLUMNS
+JOB_WIDTH = 22  # columns in _statements._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -36,6 +36,7 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         leased_by=r[18],
         leased_until=r[19],
         dedup_key=r[20],
+        context=r[21],
     )
 
 
@@ -77,6 +78,7 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
         started_at=row[16],
         last_attempt_at=row[17],
         dedup_key=row[18],
+        context=row[19],
     )
 
 

@@ -223,6 +223,7 @@ class SlotRunner:
             leased_by=self.worker_id,
             leased_until=acquired.leased_until,
             dedup_key=acquired.dedup_key,
+            context=acquired.context,
         )
         attempt = Attempt(
             job=job,
