@@ -352,7 +352,10 @@ class BlockedJob:
 class QueueCount:
     """Unfinished work of one queue, as a dashboard or ``pgwork queues`` shows it.
 
-    ``ready``: pending and due; ``scheduled``: pending, due later; ``oldest_ready_age``:
+    ``ready``: pending and due; ``scheduled``: pending, due later; ``running``: leased
+    by a worker, which includes jobs a worker prefetched that wait for a slot (their
+    rows are the same until the handler ends; ``pgwork queues`` shows the column as
+    LEASED and splits it with the workers' heartbeats); ``oldest_ready_age``:
     how long the oldest ready job has been due (database clock). Finished jobs are not
     counted: that would read the whole table.
     """

@@ -125,7 +125,7 @@ def queues_json(counts: Sequence[QueueCount]) -> dict[str, Any]:
                 "depth": count.depth,
                 "ready": count.ready,
                 "scheduled": count.scheduled,
-                "running": count.running,
+                "leased": count.running,
                 "blocked": count.blocked,
                 "failed": count.failed,
                 "oldest_ready_at": _iso(count.oldest_ready_at),
@@ -336,7 +336,12 @@ def chain_view(
     return Group(_fields(rows), Text(""), table)
 
 
-def queues_view(counts: Sequence[QueueCount], *, width: int) -> RenderableType:
+def queues_view(
+    counts: Sequence[QueueCount], *, width: int, in_handlers: int | None = None
+) -> RenderableType:
+    """``in_handlers``: handlers the live workers report running; the rest of the leased
+    jobs are reserved (prefetched, waiting for a slot). The store cannot tell the two
+    apart per queue: a prefetched job is leased like a running one."""
     if not counts:
         return Text("no queues yet: nothing was enqueued or paused", style="dim")
     rows = [
@@ -353,8 +358,17 @@ def queues_view(counts: Sequence[QueueCount], *, width: int) -> RenderableType:
         ]
         for count in counts
     ]
-    numbers = ("DEPTH", "READY", "SCHEDULED", "RUNNING", "BLOCKED", "FAILED", "OLDEST READY")
-    return _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+    numbers = ("DEPTH", "READY", "SCHEDULED", "LEASED", "BLOCKED", "FAILED", "OLDEST READY")
+    table = _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+    leased = sum(count.running for count in counts)
+    if not leased or in_handlers is None:
+        return table
+    running = min(in_handlers, leased)
+    note = (
+        f"leased {leased}: {running} running in handlers, {leased - running} reserved "
+        "(prefetched by a worker, waiting for a slot), as the live workers report"
+    )
+    return Group(table, Text(note, style="dim"))
 
 
 def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) -> RenderableType:
