@@ -37,6 +37,7 @@ JOB_KEYS = {
     "leased_by",
     "leased_until",
     "dedup_key",
+    "context",
 }
 
 
@@ -186,6 +187,7 @@ def test_jobs_list_with_nothing_matching_says_so(
     [
         (["--status", "done"], "unknown job status 'done'; use one of blocked, pending"),
         (["--cursor", "not-a-cursor"], "invalid cursor 'not-a-cursor'"),
+        (["--cursor", "not-a-cursor"], "leave it out for the first page"),
         (["--limit", "0"], "limit must be between 1 and 1000, got 0"),
         (["--chain", "42"], "'42' is not a chain id"),
     ],
@@ -196,6 +198,7 @@ def test_jobs_list_refuses_bad_filters_in_one_line(
     result = run(runner, pgwork_dsn, "jobs", "list", *args)
 
     assert message in one_line_error(result)
+    assert "None" not in one_line_error(result)  # Python's word, not the CLI's
 
 
 # --- jobs show -------------------------------------------------------------------------
@@ -217,6 +220,9 @@ def test_jobs_show_prints_every_field_with_the_last_error_and_traceback(
     assert fields["type"] == "explode"
     assert fields["attempt"] == "1 of 1"
     assert fields["chain"] == f"{seeded.failed_job} (explode, step 0)"
+    # Its end time is labelled with how it ended, not "completed".
+    assert "completed" not in fields
+    assert fields["failed"].startswith("20")
     assert '"url": "https://bad.example"' in result.stdout
     assert "last error    builtins.ValueError: cannot fetch https://bad.example" in result.stdout
     assert "Traceback (most recent call last)" in result.stdout
@@ -333,6 +339,7 @@ def test_chains_show_of_a_failed_chain_names_the_error(
 
     assert result.exit_code == 0, result.output
     assert "status     failed" in result.stdout
+    assert "completed  " not in result.stdout
     assert "builtins.ValueError: cannot fetch https://bad.example" in result.stdout
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
+from pydantic import BaseModel
 
 from _cli_seed import seed
-from pgwork import PostgresStateAdapter
+from pgwork import JobTypeRegistry, PostgresStateAdapter, create_client
 from pgwork.adapters.state import WorkerInfo
 from pgwork.cli import main
 
@@ -56,7 +58,7 @@ def test_queues_counts_unfinished_work_per_queue(runner: CliRunner, pgwork_dsn: 
         "DEPTH",
         "READY",
         "SCHEDULED",
-        "RUNNING",
+        "LEASED",
         "BLOCKED",
         "FAILED",
         "OLDEST",
@@ -81,7 +83,7 @@ def test_queues_json_has_stable_keys(runner: CliRunner, pgwork_dsn: str) -> None
         "depth",
         "ready",
         "scheduled",
-        "running",
+        "leased",
         "blocked",
         "failed",
         "oldest_ready_at",
@@ -236,3 +238,43 @@ def test_workers_refuses_a_dead_after_that_is_not_positive(
 
     assert result.exit_code == 2
     assert "--dead-after" in result.stderr
+
+
+class Num(BaseModel):
+    n: int
+
+
+def test_queues_tells_prefetched_jobs_from_running_ones(runner: CliRunner, pgwork_dsn: str) -> None:
+    """Three jobs leased by a worker whose heartbeat says one handler runs: two of them
+    were prefetched and wait for a slot, and the table must not call them running."""
+
+    async def lease_three() -> None:
+        reg = JobTypeRegistry()
+        step = reg.job_type("step", input=Num)
+        state = await PostgresStateAdapter.connect(pgwork_dsn)
+        client = create_client(state_adapter=state, registry=reg, observers=[])
+        try:
+            async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+                for n in range(3):
+                    await client.start_chain(conn, step, Num(n=n))
+                await conn.commit()
+            await state.register_worker(
+                worker=WorkerInfo(
+                    id="w", host="h", pid=1, queues=("default",), job_types=("step",), max_slots=1
+                )
+            )
+            leased = await state.acquire(
+                worker_id="w", leases={"step": timedelta(minutes=5)}, queues=None, limit=3
+            )
+            assert len(leased) == 3
+            assert await state.heartbeat(worker_id="w", active_slots=1, status="busy")
+        finally:
+            await client.close()
+
+    anyio.run(lease_three)
+    result = run(runner, pgwork_dsn, "queues")
+
+    assert result.exit_code == 0, result.output
+    assert rows(result)["default"][4] == "3"
+    assert "leased 3: 1 running in handlers, 2 reserved" in " ".join(result.stdout.split())
+    assert "RUNNING" not in result.stdout

@@ -64,6 +64,7 @@ def continuation_job(
         priority=target.priority,
         max_attempts=target.max_attempts,
         run_after=run_after,
+        context=job.context,
     )
 
 

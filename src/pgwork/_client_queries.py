@@ -131,7 +131,9 @@ class QueryMixin:
         return _page(items, limit, "b", lambda item: _job_key(item.job))
 
     async def count_jobs(self, *, tx: object | None = None) -> list[QueueCount]:
-        """Unfinished work per queue (ready, scheduled, running, blocked, failed), the
+        """Unfinished work per queue (ready, scheduled, leased — ``QueueCount.running``
+        counts jobs running *or* prefetched by a worker and waiting for a slot: both
+        are leased, and the store cannot tell them apart —, blocked, failed), the
         oldest ready job's age and whether the queue is paused, ordered by queue name.
 
         Reads every unfinished job's index entry, never a finished one's.

@@ -11,7 +11,7 @@ looked up, so it works in any thread, even one whose loop is running.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
@@ -57,6 +57,7 @@ class SyncEnqueueMixin:
         priority: int | None = None,
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+        context: Mapping[str, str] | None = None,
     ) -> StartedChain[I, O]:
         """``start_chain`` in the caller's open transaction on a blocking connection.
 
@@ -75,6 +76,7 @@ class SyncEnqueueMixin:
             priority=priority,
             max_attempts=max_attempts,
             blockers=blockers,
+            context=context,
         )
         return self.start_chains_sync(conn, [start])[0]
 

@@ -6,7 +6,7 @@ them; re-exported by ``pgwork.client`` and ``pgwork``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -36,6 +36,7 @@ class ChainStart(Generic[I]):
     priority: int | None
     max_attempts: int | None
     blockers: tuple[UUID, ...]
+    context: Mapping[str, str] | None
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class ChainStart(Generic[I]):
         priority: int | None = None,
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+        context: Mapping[str, str] | None = None,
     ) -> None:
         # Built by the thousand for start_chains, so kept cheap.
         set_ = object.__setattr__
@@ -63,6 +65,7 @@ class ChainStart(Generic[I]):
         set_(self, "queue", queue)
         set_(self, "priority", priority)
         set_(self, "max_attempts", max_attempts)
+        set_(self, "context", context)
 
 
 @dataclass(frozen=True, slots=True)

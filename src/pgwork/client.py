@@ -18,6 +18,14 @@ from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._client_sync import SyncEnqueueMixin
 from pgwork._ids import new_ids
+from pgwork._limits import (
+    check_context,
+    check_dedup_key,
+    check_delay,
+    check_max_attempts,
+    check_priority,
+    check_queue_name,
+)
 from pgwork._starts import ChainStart, Schedule, StartedChain
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
@@ -78,6 +86,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
         priority: int | None = None,
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
+        context: Mapping[str, str] | None = None,
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
@@ -89,6 +98,9 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
         is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
         chains that must complete first; the job waits ``blocked`` until they do (and its
         type's ``blocker_failure`` decides what a failed or cancelled blocker does).
+        ``context``: a small ``{str: str}`` map (a request id, a tenant; at most 4 KiB
+        encoded) stored with the job, inherited by its chain's continuations, returned
+        as ``Job.context`` and bound to every log line of its attempts.
         """
         started = await self.start_chains(
             tx,
@@ -102,6 +114,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
                     priority=priority,
                     max_attempts=max_attempts,
                     blockers=blockers,
+                    context=context,
                 )
             ],
         )
@@ -181,10 +194,8 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
             resolved.append(job_type)
             inputs.append(job_type.input_codec.encode(item.input, max_bytes=max_bytes))
             schedules.append(split_schedule(item.schedule))
-            dedup = item.dedup
-            dedups.append(DedupSpec(dedup) if isinstance(dedup, str) else dedup)
-            if item.max_attempts is not None and item.max_attempts < 1:
-                raise ConfigurationError(f"max_attempts must be >= 1, got {item.max_attempts}")
+            dedups.append(_dedup_spec(item.dedup))
+            _check_options(item)
         checked = zip(resolved, inputs, schedules, dedups, strict=True)
         return _build_jobs(items, checked, new_ids(len(items)), trace)
 
@@ -253,7 +264,7 @@ def _build_jobs(
             chain_type_name=job_type.name,
             chain_index=0,
             input_json=input_json,
-            queue=item.queue or job_type.queue,
+            queue=job_type.queue if item.queue is None else item.queue,
             priority=item.priority if item.priority is not None else job_type.priority,
             max_attempts=item.max_attempts or job_type.max_attempts,
             run_at=run_at,
@@ -262,7 +273,38 @@ def _build_jobs(
             trace_context=trace,
             blockers=item.blockers,
             blocker_failure=job_type.blocker_failure,
+            context=item.context,
         )
+
+
+def _check_options(item: ChainStart[Any]) -> None:
+    """Hold each per-call override to what its column accepts (see ``_limits``)."""
+    if item.queue is not None:
+        check_queue_name(item.queue)
+    if item.priority is not None:
+        check_priority(item.priority)
+    if item.max_attempts is not None:
+        check_max_attempts(item.max_attempts)
+    if item.context is not None:
+        check_context(item.context)
+    for blocker in item.blockers:
+        if not isinstance(blocker, UUID):
+            raise ConfigurationError(
+                f"blockers must be chain ids (UUID) or StartedChain values, got {blocker!r}"
+            )
+
+
+def _dedup_spec(dedup: str | DedupSpec | None) -> DedupSpec | None:
+    if dedup is None:
+        return None
+    if isinstance(dedup, str):
+        dedup = DedupSpec(dedup)
+    elif not isinstance(dedup, DedupSpec):
+        check_dedup_key(dedup)  # raises: neither a key nor a spec
+    check_dedup_key(dedup.key)
+    if dedup.window is not None:
+        check_delay("dedup window", dedup.window)
+    return dedup
 
 
 def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | None]:
@@ -277,7 +319,7 @@ def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | Non
             )
         return schedule, None
     if isinstance(schedule, timedelta):
-        return None, max(schedule, timedelta(0))
+        return None, max(check_delay("schedule", schedule), timedelta(0))
     raise ConfigurationError(f"schedule must be a datetime or timedelta, got {schedule!r}")
 
 

@@ -7,12 +7,14 @@ The tree::
     │   ├── InvalidSchemaNameError
     │   ├── InvalidCronError          a cron expression that does not parse
     │   ├── InvalidDedupWindowError   a dedup window that is not positive
+    │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   └── InvalidCursorError        a listing cursor that is not one pgwork handed out
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
     │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
     │   ├── NotificationsUnavailableError  LISTEN gets nothing (e.g. through a transaction pooler)
+    │   ├── UnsupportedServerVersionError  PostgreSQL older than pgwork supports
     │   └── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
     ├── JobTypeError                  the registry was asked for something it does not allow
     │   ├── UnknownJobTypeError
@@ -22,6 +24,8 @@ The tree::
     ├── PayloadError                  input or output that cannot be stored
     │   ├── PayloadValidationError    fails its model
     │   ├── PayloadNotSerializableError  not JSON (names the path)
+    │   ├── PayloadTooDeepError       nested deeper than JSON can be encoded and read back
+    │   ├── PayloadUndecodableError   a stored payload that cannot be parsed at all
     │   └── PayloadTooLargeError
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
@@ -64,6 +68,7 @@ __all__ = [
     "InvalidCronError",
     "InvalidCursorError",
     "InvalidDedupWindowError",
+    "InvalidOptionError",
     "InvalidSchemaNameError",
     "JobAlreadyFinishedError",
     "JobError",
@@ -75,13 +80,16 @@ __all__ = [
     "NotificationsUnavailableError",
     "PayloadError",
     "PayloadNotSerializableError",
+    "PayloadTooDeepError",
     "PayloadTooLargeError",
+    "PayloadUndecodableError",
     "PayloadValidationError",
     "PgworkError",
     "SchemaMissingError",
     "SchemaOutdatedError",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
+    "UnsupportedServerVersionError",
     "WorkerError",
     "WorkerStateError",
 ]
@@ -134,13 +142,29 @@ class InvalidDedupWindowError(ConfigurationError):
         )
 
 
+class InvalidOptionError(ConfigurationError):
+    """An option that its database column cannot hold (or that would mean nothing):
+    raised before any SQL runs, so the caller's transaction stays usable."""
+
+    def __init__(self, option: str, value: object, valid: str, where: str = "") -> None:
+        self.option = option
+        self.value = value
+        self.valid = valid
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        of = f" of {where}" if where else ""
+        super().__init__(f"{option}{of} must be {valid}; got {shown}")
+
+
 class InvalidCursorError(ConfigurationError):
     def __init__(self, cursor: str, reason: str) -> None:
         self.cursor = cursor
         self.reason = reason
         super().__init__(
-            f"invalid cursor {cursor!r}: {reason}. Pass the next_cursor of a page returned "
-            "by the same listing, unchanged, or None for the first page."
+            f"invalid cursor {cursor!r}: {reason}. Pass, unchanged, the next cursor that a "
+            "page of the same listing gave (its next_cursor, or the printed --cursor); "
+            "leave it out for the first page."
         )
 
 
@@ -199,6 +223,18 @@ class NotificationsUnavailableError(DatabaseError):
             "pgwork and PostgreSQL: give PostgresNotifyAdapter (pgwork worker "
             "--notify-dsn) a direct connection to the server, or pass "
             "when_unavailable='poll' to fall back to polling (see docs/deploying.md)."
+        )
+
+
+class UnsupportedServerVersionError(DatabaseError):
+    def __init__(self, server_version: int, minimum: int) -> None:
+        self.server_version = server_version
+        self.minimum = minimum
+        shown = f"{server_version // 10000}.{server_version % 10000}"
+        super().__init__(
+            f"PostgreSQL {shown} is not supported: pgwork needs PostgreSQL "
+            f"{minimum // 10000} or newer (it relies on gen_random_uuid(), built in since 13). "
+            "Upgrade the server, or point the DSN at a newer one."
         )
 
 
@@ -293,6 +329,30 @@ class PayloadNotSerializableError(PayloadError):
         self.path = path
         self.reason = reason
         super().__init__(f"{what} of job type {type_name!r} cannot be stored at {path}: {reason}")
+
+
+class PayloadTooDeepError(PayloadError):
+    def __init__(self, type_name: str, what: str, limit: int) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.limit = limit
+        super().__init__(
+            f"{what} of job type {type_name!r} is nested more than {limit} levels deep, "
+            "deeper than a payload can be encoded and read back; flatten it (e.g. a list "
+            "of nodes with parent ids instead of nested children)"
+        )
+
+
+class PayloadUndecodableError(PayloadError):
+    def __init__(self, type_name: str, what: str, reason: str) -> None:
+        self.type_name = type_name
+        self.what = what
+        self.reason = reason
+        super().__init__(
+            f"{what} of job type {type_name!r} could not be decoded ({reason}); it was "
+            "not written by this pgwork's encoder. The job failed without running; fix "
+            "or replace the stored value and retry it"
+        )
 
 
 class PayloadTooLargeError(PayloadError):

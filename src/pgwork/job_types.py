@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from pgwork._limits import check_max_attempts, check_priority, check_queue_name
 from pgwork.backoff import RetryPolicy
 from pgwork.errors import (
     ConfigurationError,
@@ -42,7 +43,6 @@ ProcessingMode = Literal["staged", "atomic"]
 BlockerFailurePolicy = Literal["fail", "cancel", "unblock"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,199}$")
-_PRIORITY_RANGE = range(-32768, 32768)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -204,8 +204,10 @@ class JobTypeRegistry:
             )
         if name in self._types:
             raise DuplicateJobTypeError(name, self._types)
-        if max_attempts < 1:
-            raise ConfigurationError(f"max_attempts of {name!r} must be >= 1, got {max_attempts}")
+        where = f"job type {name!r}"
+        check_max_attempts(max_attempts, where=where)
+        check_priority(priority, where=where)
+        check_queue_name(queue, where=where)
         if lease <= timedelta(0):
             raise ConfigurationError(f"lease of {name!r} must be positive, got {lease}")
         if timeout is not None and timeout <= timedelta(0):
@@ -214,8 +216,6 @@ class JobTypeRegistry:
             raise ConfigurationError(
                 f"abandon_after of {name!r} must not be negative, got {abandon_after}"
             )
-        if priority not in _PRIORITY_RANGE:
-            raise ConfigurationError(f"priority of {name!r} must fit a smallint, got {priority}")
         if mode not in ("staged", "atomic"):
             raise ConfigurationError(f"mode of {name!r} must be 'staged' or 'atomic', got {mode!r}")
         if retention is not None and retention <= timedelta(0):
@@ -225,8 +225,6 @@ class JobTypeRegistry:
                 f"blocker_failure of {name!r} must be 'fail', 'cancel' or 'unblock', "
                 f"got {blocker_failure!r}"
             )
-        if not queue or not isinstance(queue, str):
-            raise ConfigurationError(f"queue of {name!r} must be a non-empty string")
         output_model = Any if output is None else output
         job_type: JobType[Any, Any] = JobType(
             name=name,

@@ -56,7 +56,8 @@ def current_log_context() -> dict[str, Any]:
 
 
 async def log_context(attempt: Attempt[Any, Any], call_next: CallNext) -> Any:
-    """Bind job id, type, chain, attempt number and worker id for the handler's logs."""
+    """Bind job id, type, chain, attempt number, worker id and the job's ``context``
+    (given at enqueue, ``{}`` when none) for the handler's logs."""
     token = _LOG_CONTEXT.set(
         {
             "job_id": str(attempt.job.id),
@@ -64,6 +65,7 @@ async def log_context(attempt: Attempt[Any, Any], call_next: CallNext) -> Any:
             "chain_id": str(attempt.job.chain_id),
             "attempt": attempt.job.attempt,
             "worker_id": attempt.worker_id,
+            "context": dict(attempt.job.context or {}),
         }
     )
     try:
@@ -75,11 +77,14 @@ async def log_context(attempt: Attempt[Any, Any], call_next: CallNext) -> Any:
 class LogContextFilter(logging.Filter):
     """Copy the bound attempt fields onto each record (``record.job_id`` etc.).
 
-    Outside an attempt a field the record does not carry already (pgwork's event records
-    carry their own) is set to ``"-"``, so format strings that name them never fail.
+    ``record.context`` is the job's enqueue context (a dict); each of its keys is also
+    set as an attribute of its own (``%(request_id)s``) unless the record already has
+    one by that name. Outside an attempt a field the record does not carry already
+    (pgwork's event records carry their own) is set to ``"-"``, so format strings that
+    name them never fail.
     """
 
-    FIELDS = ("job_id", "job_type", "chain_id", "attempt", "worker_id")
+    FIELDS = ("job_id", "job_type", "chain_id", "attempt", "worker_id", "context")
 
     def filter(self, record: logging.LogRecord) -> bool:
         bound = _LOG_CONTEXT.get() or {}
@@ -88,4 +93,7 @@ class LogContextFilter(logging.Filter):
                 setattr(record, name, bound[name])
             elif not hasattr(record, name):
                 setattr(record, name, "-")
+        for key, value in (bound.get("context") or {}).items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
         return True

@@ -23,15 +23,21 @@ import pydantic_core
 from pgwork.errors import (
     ConfigurationError,
     PayloadNotSerializableError,
+    PayloadTooDeepError,
     PayloadTooLargeError,
+    PayloadUndecodableError,
     PayloadValidationError,
 )
+from pgwork.records import UndecodablePayload
 
-__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "Codec"]
+__all__ = ["DEFAULT_MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH", "Codec"]
 
 T = TypeVar("T")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# pydantic serialises at most this many levels of nesting; deeper values also exhaust
+# Python's recursion limit when validated or parsed, so they are refused by name.
+MAX_PAYLOAD_DEPTH = 255
 
 
 _SCALARS = (
@@ -81,7 +87,11 @@ class Codec(Generic[T]):
         try:
             return self._adapter.validate_python(value)
         except pydantic.ValidationError as exc:
-            raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from exc
+            # ``from None``: pydantic's own message quotes the input values, and a chained
+            # traceback ends up in logs, stored attempt errors and traces.
+            raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from None
+        except RecursionError:
+            raise PayloadTooDeepError(self.type_name, self.what, MAX_PAYLOAD_DEPTH) from None
 
     def encode(self, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
         """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
@@ -89,6 +99,8 @@ class Codec(Generic[T]):
         try:
             data = self._serializer.to_json(validated)
         except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
+            if "serialization depth" in str(exc):
+                raise PayloadTooDeepError(self.type_name, self.what, MAX_PAYLOAD_DEPTH) from None
             path, reason = _find_unstorable(validated, "$")
             raise PayloadNotSerializableError(
                 self.type_name, self.what, path, reason or str(exc)
@@ -107,15 +119,22 @@ class Codec(Generic[T]):
 
     def decode(self, data: Any) -> T:
         """Turn stored JSON (already parsed) back into the model type."""
+        if isinstance(data, UndecodablePayload):
+            raise PayloadUndecodableError(self.type_name, f"stored {self.what}", data.reason)
         try:
             return self._adapter.validate_python(data)
         except pydantic.ValidationError as exc:
             raise PayloadValidationError(
                 self.type_name, f"stored {self.what}", _describe(exc)
-            ) from exc
+            ) from None
+        except RecursionError:
+            raise PayloadTooDeepError(
+                self.type_name, f"stored {self.what}", MAX_PAYLOAD_DEPTH
+            ) from None
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
+    """Where and why validation failed, never the offending value (it may be secret)."""
     parts = []
     for err in exc.errors()[:5]:
         loc = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
@@ -126,9 +145,13 @@ def _describe(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _find_unstorable(value: Any, path: str) -> tuple[str, str | None]:
+def _find_unstorable(value: Any, path: str, depth: int = 0) -> tuple[str, str | None]:
     """Locate the first value that cannot be stored faithfully as jsonb: an object
-    pydantic cannot serialise, a NaN or infinite float, a NUL character."""
+    pydantic cannot serialise, a NaN or infinite float, a NUL character. Walks at most
+    ``MAX_PAYLOAD_DEPTH`` levels (a deeper value is refused before this walk)."""
+    if depth > MAX_PAYLOAD_DEPTH:
+        return path, f"nested more than {MAX_PAYLOAD_DEPTH} levels deep"
+    depth += 1
     if isinstance(value, float) and not math.isfinite(value):
         return path, f"{value} is not a valid JSON number"
     if isinstance(value, str) and "\x00" in value:
@@ -137,29 +160,29 @@ def _find_unstorable(value: Any, path: str) -> tuple[str, str | None]:
         return path, None
     if isinstance(value, pydantic.BaseModel):
         for name in type(value).model_fields:
-            found = _find_unstorable(getattr(value, name), f"{path}.{name}")
+            found = _find_unstorable(getattr(value, name), f"{path}.{name}", depth)
             if found[1]:
                 return found
         return path, None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            found = _find_unstorable(getattr(value, f.name), f"{path}.{f.name}")
+            found = _find_unstorable(getattr(value, f.name), f"{path}.{f.name}", depth)
             if found[1]:
                 return found
         return path, None
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str | int | float | bool):
-                return path, f"key {key!r} is not a string"
+                return path, f"a key of type {type(key).__qualname__} is not a string"
             if isinstance(key, str) and "\x00" in key:
                 return path, "a key contains a NUL character (\\u0000)"
-            found = _find_unstorable(item, f"{path}.{key}")
+            found = _find_unstorable(item, f"{path}.{key}", depth)
             if found[1]:
                 return found
         return path, None
     if isinstance(value, list | tuple | set | frozenset):
         for i, item in enumerate(value):
-            found = _find_unstorable(item, f"{path}[{i}]")
+            found = _find_unstorable(item, f"{path}[{i}]", depth)
             if found[1]:
                 return found
         return path, None

@@ -21,6 +21,7 @@ __all__ = [
     "Job",
     "JobStatus",
     "Page",
+    "UndecodablePayload",
 ]
 
 T = TypeVar("T")
@@ -87,6 +88,16 @@ class AttemptError:
 
 
 @dataclass(frozen=True, slots=True)
+class UndecodablePayload:
+    """Stands in for a stored payload its adapter could not parse (JSON written outside
+    pgwork, nested deeper than Python reads). Decoding it raises
+    ``PayloadUndecodableError``, so only its own job fails — at once, since a retry
+    reads the same bytes — not every job fetched with it."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Job(Generic[T]):
     """One job row. ``input`` is the decoded input (a model instance when typed)."""
 
@@ -111,6 +122,9 @@ class Job(Generic[T]):
     leased_by: str | None
     leased_until: datetime | None
     dedup_key: str | None = None
+    # The logging context given at enqueue (``start_chain(context=...)``), inherited by
+    # the chain's continuations; bound to every log line of its attempts.
+    context: dict[str, str] | None = None
 
     @property
     def is_chain_root(self) -> bool:

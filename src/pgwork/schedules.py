@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from pgwork._limits import check_queue_name
 from pgwork.adapters.state import DedupSpec
 from pgwork.errors import ConfigurationError, InvalidCronError
 from pgwork.job_types import JobType
@@ -57,6 +58,8 @@ class CronSchedule(Generic[I]):
             ) from exc
         if self.misfire_grace <= timedelta(0):
             raise ConfigurationError(f"schedule {self.name!r}: misfire_grace must be positive")
+        if self.queue is not None:
+            check_queue_name(self.queue, where=f"schedule {self.name!r}")
 
     def latest_tick(self, now: datetime) -> datetime:
         """The most recent tick at or before ``now`` (an aware datetime)."""

@@ -236,6 +236,21 @@ async def test_an_enqueue_wakes_an_idle_worker(
 
 
 @pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_queue_named_with_a_bar_and_spaces_still_wakes_its_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    # "|" once split the notice; the queue now travels last, so any allowed name survives.
+    queue = "emails | urgent now"
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("wake", input=Num, queue=queue)
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    await start_worker(client=client, processors={job_type: starts}, queues=[queue])
+    await enqueue(pgwork_dsn, client, job_type)
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
 async def test_a_continuation_wakes_the_idle_worker_of_its_type(
     pgwork_dsn: str, clients: Any, start_worker: Any, build: str
 ) -> None:

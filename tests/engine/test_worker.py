@@ -178,11 +178,14 @@ async def test_failures_retry_on_the_backoff_formula_then_fail_for_good(
     assert (await client.get_chain(started.id)).status == "failed"
 
 
-async def test_a_continuation_the_registry_forbids_fails_the_attempt(
+async def test_a_continuation_the_registry_forbids_fails_the_job_without_retries(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     reg = JobTypeRegistry()
-    first = reg.job_type("first", input=Num, max_attempts=1)
+    # Attempts to spare and no backoff: only the error's kind stops a retry.
+    first = reg.job_type(
+        "first", input=Num, max_attempts=5, retry=RetryPolicy(initial=timedelta(0))
+    )
     other = reg.job_type("other", input=Num)
     client = await make_client(reg)
 
@@ -200,6 +203,8 @@ async def test_a_continuation_the_registry_forbids_fails_the_attempt(
     assert job.last_attempt_error.type.endswith(ContinuationNotAllowedError.__name__)
     assert "'first'" in job.last_attempt_error.message
     assert "'other'" in job.last_attempt_error.message
+    assert "Add it to continue_with=[...]" in job.last_attempt_error.message
+    assert job.attempt == 1
     assert len(await client.list_chain_jobs(started.id)) == 1
 
 

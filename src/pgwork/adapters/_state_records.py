@@ -98,6 +98,9 @@ class NewJob:
     # Chains this job waits for (chain roots only), and what their failure does to it.
     blockers: tuple[UUID, ...] = ()
     blocker_failure: Literal["fail", "cancel", "unblock"] = "fail"
+    # A logging context (``start_chain(context=...)``), already checked; continuations
+    # inherit their chain's.
+    context: Mapping[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -144,6 +147,12 @@ class AcquiredJob:
     last_attempt_error: AttemptError | None
     # The propagation carrier stored at enqueue (``NewJob.trace_context``), for tracing.
     trace_context: Mapping[str, str] | None = None
+    # The rest of what ``get_job`` returns, so a handler's ``attempt.job`` is the stored
+    # job: when it first started, when its previous attempt ended, its dedup key.
+    started_at: datetime | None = None
+    last_attempt_at: datetime | None = None
+    dedup_key: str | None = None
+    context: dict[str, str] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -344,7 +353,10 @@ class BlockedJob:
 class QueueCount:
     """Unfinished work of one queue, as a dashboard or ``pgwork queues`` shows it.
 
-    ``ready``: pending and due; ``scheduled``: pending, due later; ``oldest_ready_age``:
+    ``ready``: pending and due; ``scheduled``: pending, due later; ``running``: leased
+    by a worker, which includes jobs a worker prefetched that wait for a slot (their
+    rows are the same until the handler ends; ``pgwork queues`` shows the column as
+    LEASED and splits it with the workers' heartbeats); ``oldest_ready_age``:
     how long the oldest ready job has been due (database clock). Finished jobs are not
     counted: that would read the whole table.
     """

@@ -521,6 +521,12 @@ class WorkerRegistry(Store, Protocol):
         """Mark workers silent for longer than ``older_than_s`` stopped; return their ids."""
         ...
 
+    async def prune_workers(self, *, stopped_for_s: float, limit: int = 1000) -> int:
+        """Delete up to ``limit`` workers that have been stopped (by ``stop()`` or declared
+        dead) for longer than ``stopped_for_s``; return how many. A worker not stopped is
+        never deleted, however old its heartbeat."""
+        ...
+
 
 @runtime_checkable
 class StateAdapter(EnqueueStore, WorkerStore, ReadStore, ControlStore, WorkerRegistry, Protocol):

@@ -17,7 +17,7 @@ import anyio
 import click
 from rich.console import RenderableType
 
-from pgwork.adapters.state import WorkerRecord
+from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.cli import _views as views
 from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.client import Client, create_client
@@ -234,12 +234,22 @@ def show_chain(dsn: str | None, schema: str, chain_id: str, as_json: bool) -> No
 @json_option
 @click.pass_context
 def queues(ctx: click.Context, dsn: str | None, schema: str, as_json: bool) -> None:
-    """Without a command: per queue, the jobs ready, scheduled, running, blocked and
-    failed, how long the oldest ready job has waited, and whether the queue is paused."""
+    """Without a command: per queue, the jobs ready, scheduled, leased (running, or
+    prefetched and waiting for a slot), blocked and failed, how long the oldest ready
+    job has waited, and whether the queue is paused."""
     if ctx.invoked_subcommand is not None:
         return
-    counts = _operate(dsn, schema, lambda client: client.count_jobs())
-    _show(as_json, views.queues_json(counts), lambda w: views.queues_view(counts, width=w))
+
+    async def read(client: Client) -> tuple[list[QueueCount], int]:
+        workers = await client.list_workers()
+        return await client.count_jobs(), sum(w.active_slots for w in workers if w.alive)
+
+    counts, in_handlers = _operate(dsn, schema, read)
+    _show(
+        as_json,
+        views.queues_json(counts),
+        lambda w: views.queues_view(counts, width=w, in_handlers=in_handlers),
+    )
 
 
 def _group_connection(ctx: click.Context, dsn: str | None, schema: str) -> tuple[str | None, str]:

@@ -94,6 +94,7 @@ def job_json(job: Job[Any]) -> dict[str, Any]:
         "leased_by": job.leased_by,
         "leased_until": _iso(job.leased_until),
         "dedup_key": job.dedup_key,
+        "context": job.context,
     }
 
 
@@ -124,7 +125,7 @@ def queues_json(counts: Sequence[QueueCount]) -> dict[str, Any]:
                 "depth": count.depth,
                 "ready": count.ready,
                 "scheduled": count.scheduled,
-                "running": count.running,
+                "leased": count.running,
                 "blocked": count.blocked,
                 "failed": count.failed,
                 "oldest_ready_at": _iso(count.oldest_ready_at),
@@ -282,10 +283,11 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
         ("created", _when(job.created_at, now)),
         ("scheduled", f"{scheduled.isoformat()} ({due})"),
         ("started", _when(job.started_at, now)),
-        ("completed", _when(job.completed_at, now)),
+        (_ended(job.status.value, job.status.is_final), _when(job.completed_at, now)),
         ("last attempt", _when(job.last_attempt_at, now)),
         ("lease", lease),
         ("dedup key", job.dedup_key or "-"),
+        ("context", _json_text(job.context) if job.context else "-"),
         ("input", _json_text(job.input)),
     ]
     if job.status is JobStatus.COMPLETED or job.output is not None:
@@ -299,6 +301,12 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
     return Group(_fields(rows), Text("traceback:", style="bold"), Text(error.traceback.rstrip()))
 
 
+def _ended(status: str, final: bool) -> str:
+    """The label of a job's or chain's end time: what it ended as (``failed`` at ...),
+    not always ``completed``; ``ended`` while it has not."""
+    return status if final else "ended"
+
+
 def chain_view(
     chain: Chain, jobs: Sequence[Job[Any]], now: datetime, *, width: int
 ) -> RenderableType:
@@ -307,7 +315,7 @@ def chain_view(
         ("type", chain.type_name),
         ("status", _status(chain.status.value)),
         ("created", _when(chain.created_at, now)),
-        ("completed", _when(chain.completed_at, now)),
+        (_ended(chain.status.value, chain.status != "active"), _when(chain.completed_at, now)),
         ("dedup key", chain.dedup_key or "-"),
         ("input", _json_text(chain.input)),
         ("output", _json_text(chain.output) if chain.output is not None else "-"),
@@ -328,7 +336,12 @@ def chain_view(
     return Group(_fields(rows), Text(""), table)
 
 
-def queues_view(counts: Sequence[QueueCount], *, width: int) -> RenderableType:
+def queues_view(
+    counts: Sequence[QueueCount], *, width: int, in_handlers: int | None = None
+) -> RenderableType:
+    """``in_handlers``: handlers the live workers report running; the rest of the leased
+    jobs are reserved (prefetched, waiting for a slot). The store cannot tell the two
+    apart per queue: a prefetched job is leased like a running one."""
     if not counts:
         return Text("no queues yet: nothing was enqueued or paused", style="dim")
     rows = [
@@ -345,8 +358,17 @@ def queues_view(counts: Sequence[QueueCount], *, width: int) -> RenderableType:
         ]
         for count in counts
     ]
-    numbers = ("DEPTH", "READY", "SCHEDULED", "RUNNING", "BLOCKED", "FAILED", "OLDEST READY")
-    return _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+    numbers = ("DEPTH", "READY", "SCHEDULED", "LEASED", "BLOCKED", "FAILED", "OLDEST READY")
+    table = _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+    leased = sum(count.running for count in counts)
+    if not leased or in_handlers is None:
+        return table
+    running = min(in_handlers, leased)
+    note = (
+        f"leased {leased}: {running} running in handlers, {leased - running} reserved "
+        "(prefetched by a worker, waiting for a slot), as the live workers report"
+    )
+    return Group(table, Text(note, style="dim"))
 
 
 def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) -> RenderableType:

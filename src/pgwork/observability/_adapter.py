@@ -414,6 +414,11 @@ class InstrumentedStateAdapter:
             self.inner.find_dead_workers(older_than_s=older_than_s, exclude=exclude),
         )
 
+    async def prune_workers(self, *, stopped_for_s: float, limit: int = 1000) -> int:
+        return await self._call(
+            "prune_workers", self.inner.prune_workers(stopped_for_s=stopped_for_s, limit=limit)
+        )
+
     async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]:
         return await self._call(
             "list_workers", self.inner.list_workers(alive_within_s=alive_within_s)

@@ -123,6 +123,7 @@ class OpenTelemetryObserver:
             description="Handlers given up on (they ignored cancellation) that still run.",
         )
         self._queue_depth = queue_depth
+        self._queues_seen: set[str] = set()
         if queue_depth is not None:
             meter.create_observable_gauge(
                 "pgwork.queue.depth",
@@ -146,12 +147,23 @@ class OpenTelemetryObserver:
             "messaging.batch.message_count": len(job_types),
             "pgwork.job_types": names,
         }
+        # OpenTelemetry's own exception recording would store the message and the
+        # chained traceback, and a validation error's chain quotes the input: a secret in
+        # a payload would end up in every trace backend. Record the error's type only.
         with self._tracer.start_as_current_span(
-            span_name, kind=trace.SpanKind.PRODUCER, attributes=attributes
-        ):
+            span_name,
+            kind=trace.SpanKind.PRODUCER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
             carrier: dict[str, str] = {}
             propagate.inject(carrier)
-            yield carrier or None
+            try:
+                yield carrier or None
+            except BaseException as exc:
+                _record_error(span, exc)
+                raise
 
     # --- events ------------------------------------------------------------------------
 
@@ -244,7 +256,25 @@ class OpenTelemetryObserver:
         except Exception as exc:
             log.warning("pgwork queue depth could not be read: %s", exc)
             return []
-        return [Observation(count, {"queue": queue}) for queue, count in depths.items()]
+        # A queue that drained drops out of the callback's answer; a gauge that stops
+        # reporting reads as "no data", not as zero, so each queue seen once stays at 0.
+        for queue in depths:
+            self._queues_seen.add(queue)
+        return [
+            Observation(depths.get(queue, 0), {"queue": queue})
+            for queue in sorted(self._queues_seen)
+        ]
 
     def __repr__(self) -> str:
         return "OpenTelemetryObserver()"
+
+
+def _record_error(span: Span, exc: BaseException) -> None:
+    """Mark ``span`` failed by ``exc``'s type, without its message or traceback (which
+    may quote payload values)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    error_type = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    span.set_attribute("error.type", error_type)
+    span.add_event("exception", {"exception.type": error_type})
+    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))

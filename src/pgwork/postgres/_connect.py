@@ -16,13 +16,48 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgwork.errors import DatabaseUnreachableError
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "connect", "connect_sync", "redact_dsn", "unreachable"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "connect",
+    "connect_sync",
+    "normalize_dsn",
+    "redact_dsn",
+    "unreachable",
+]
 
 # libpq waits forever for a host that drops packets; a typo in a DSN should fail fast.
 DEFAULT_CONNECT_TIMEOUT = 10
 
 _MASK = "***"
 _KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+# ``postgresql+psycopg://``, ``postgresql+asyncpg://``, ``postgres://``: the URL forms a
+# DATABASE_URL takes in SQLAlchemy and hosting platforms, all meaning one PostgreSQL.
+_URL_SCHEME = re.compile(r"^postgres(?:ql)?(?:\+(?P<driver>[a-z0-9_]+))?://", re.IGNORECASE)
+
+
+def normalize_dsn(dsn: str) -> str:
+    """Return ``dsn`` in a form libpq reads, whatever URL form it came in.
+
+    A SQLAlchemy driver suffix (``+psycopg``, ``+asyncpg``, ...) is dropped and
+    ``postgres://`` becomes ``postgresql://``; asyncpg's ``ssl=`` query parameter
+    becomes libpq's ``sslmode=``. A ``key=value`` DSN is returned unchanged. Every DSN
+    pgwork is given (the CLI's ``--dsn`` / ``PGWORK_DSN`` / ``DATABASE_URL``, the
+    adapters, migrations) goes through here, so any of these forms works everywhere.
+    """
+    match = _URL_SCHEME.match(dsn)
+    if match is None:
+        return dsn
+    rest = dsn[match.end() :]
+    if (match.group("driver") or "").lower() == "asyncpg" and "?" in rest:
+        location, _, query = rest.partition("?")
+        params = [
+            ("sslmode" if key == "ssl" else key, value)
+            for key, value in parse_qsl(query, keep_blank_values=True)
+        ]
+        rest = f"{location}?{urlencode(params, safe='/')}"
+    return f"postgresql://{rest}"
 
 
 def _split_uri_password(dsn: str) -> tuple[str, str | None]:
@@ -92,6 +127,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
 
     ``kwargs`` go to ``psycopg.AsyncConnection.connect`` (``autocommit=True``, ...).
     """
+    dsn = normalize_dsn(dsn)
     try:
         return await psycopg.AsyncConnection.connect(dsn, **_with_timeout(dsn, kwargs))
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
@@ -100,6 +136,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
 
 def connect_sync(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """Blocking twin of :func:`connect`, for migrations and test fixtures (never the engine)."""
+    dsn = normalize_dsn(dsn)
     try:
         return psycopg.Connection.connect(dsn, **_with_timeout(dsn, kwargs))
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:

@@ -117,6 +117,7 @@ def insert_params(
         "trace_contexts": [
             json.dumps(dict(j.trace_context)) if j.trace_context else None for j in jobs
         ],
+        "contexts": [json.dumps(dict(j.context)) if j.context else None for j in jobs],
         "channel": channel,
         "ready": _encoded(ready) if channel else [],
     }
@@ -167,10 +168,15 @@ def _copy_lines(jobs: Sequence[NewJob]) -> str:
             trace = traces.get(id(j.trace_context)) or traces.setdefault(
                 id(j.trace_context), _field(json.dumps(dict(j.trace_context)))
             )
+        context = _NULL
+        if j.context:
+            context = traces.get(id(j.context)) or traces.setdefault(
+                id(j.context), _field(json.dumps(dict(j.context)))
+            )
         lines.append(
             f"{job_id}\t{type_name}\t{chain_id}\t{chain_type}\t{j.chain_index:d}\t"
             f"{_field(j.input_json)}\tpending\t{queue}\t{j.priority:d}\t{j.max_attempts:d}\t"
-            f"{chain_status}\t{dedup}\t{trace}\n"
+            f"{chain_status}\t{dedup}\t{trace}\t{context}\n"
         )
     return "".join(lines)
 
@@ -336,6 +342,7 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
         "run_after": j.run_after.total_seconds() if j.run_after else None,
         "dedup_key": j.dedup.key if j.dedup else None,
         "trace_context": json.dumps(dict(j.trace_context)) if j.trace_context else None,
+        "context": json.dumps(dict(j.context)) if j.context else None,
         "channel": channel,
         "ready": _encoded(ready)[0] if channel and ready else None,
     }

@@ -1,4 +1,5 @@
-"""PostgreSQL side of the worker registry: registration, heartbeats, dead workers.
+"""PostgreSQL side of the worker registry: registration, heartbeats, dead workers,
+pruning the stopped.
 
 Mixed into ``PostgresStateAdapter``. A worker's row says who it is (host, pid, queues,
 types, slots) and how it is doing (status, active slots, last heartbeat). A worker
@@ -63,6 +64,24 @@ WHERE w.id = dead.id
 RETURNING w.id
 """
 
+# Stopped workers (gone for good, or declared dead) linger for operators to see; after
+# the retention their rows go. Keyed on the last heartbeat, which a stopped worker no
+# longer moves.
+PRUNE = """
+WITH gone AS (
+    SELECT w.id FROM {workers} AS w
+    WHERE w.status = 'stopped'
+      AND w.heartbeat_at < now() - %(stopped_for_s)s * interval '1 second'
+    ORDER BY w.heartbeat_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {workers} AS w
+USING gone
+WHERE w.id = gone.id
+RETURNING w.id
+"""
+
 LIST = """
 SELECT id, host, pid, queues, job_types, max_slots, active_slots, status, started_at,
     heartbeat_at, metadata, now() - heartbeat_at < %(limit_s)s * interval '1 second',
@@ -81,6 +100,7 @@ def render_registry_statements(schema: str) -> dict[str, bytes]:
             ("register", REGISTER),
             ("heartbeat", HEARTBEAT),
             ("find_dead", FIND_DEAD),
+            ("prune", PRUNE),
             ("list", LIST),
         )
     }
@@ -135,6 +155,13 @@ class RegistryOps:
                 conn, self._rsql["find_dead"], {"limit_s": older_than_s, "me": exclude}
             )
         return [row[0] for row in rows]
+
+    async def prune_workers(self, *, stopped_for_s: float, limit: int = 1000) -> int:
+        async with self._connection(None) as conn:
+            rows = await self._fetch(
+                conn, self._rsql["prune"], {"stopped_for_s": stopped_for_s, "limit": limit}
+            )
+        return len(rows)
 
     async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]:
         async with self._connection(None) as conn:

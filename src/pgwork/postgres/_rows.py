@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from pgwork.adapters.state import AcquiredJob
-from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus
+from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus, UndecodablePayload
 
-JOB_WIDTH = 21  # columns in _statements._JOB_COLUMNS
+JOB_WIDTH = 22  # columns in _statements._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -35,6 +36,7 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         leased_by=r[18],
         leased_until=r[19],
         dedup_key=r[20],
+        context=r[21],
     )
 
 
@@ -62,7 +64,7 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
         chain_id=row[2],
         chain_type_name=row[3],
         chain_index=row[4],
-        input=row[5],
+        input=parse_stored_json(row[5]),
         queue=row[6],
         priority=row[7],
         attempt=row[8],
@@ -73,4 +75,25 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
         scheduled_at=row[13],
         last_attempt_error=AttemptError.from_json(row[14]),
         trace_context=row[15],
+        started_at=row[16],
+        last_attempt_at=row[17],
+        dedup_key=row[18],
+        context=row[19],
     )
+
+
+def parse_stored_json(text: str | None) -> Any:
+    """Parse one stored JSON text, or stand in an ``UndecodablePayload`` for it.
+
+    The acquire reads inputs as text and parses them here, one row at a time: parsed
+    by the driver, one undecodable value (say, nested 5,000 deep by a hand-written
+    INSERT) would fail the whole fetch, and every job leased with it would wait for
+    its lease to expire, losing an attempt for nothing.
+    """
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (RecursionError, ValueError) as exc:
+        reason = "nested too deeply to parse" if isinstance(exc, RecursionError) else str(exc)
+        return UndecodablePayload(f"invalid JSON: {reason}")

@@ -142,6 +142,7 @@ class CompletionOps:
             "next_trace_context": (
                 json.dumps(dict(following.trace_context)) if following.trace_context else None
             ),
+            "next_context": json.dumps(dict(following.context)) if following.context else None,
             "channel": channel,
             "ready": ready if channel is not None and runs_now else None,
         }

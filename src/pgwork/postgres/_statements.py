@@ -23,7 +23,7 @@ _JOB_COLUMNS = """
     {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
-    {alias}.leased_until, {alias}.dedup_key
+    {alias}.leased_until, {alias}.dedup_key, {alias}.context
 """
 
 
@@ -40,23 +40,24 @@ INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context
+        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
+        context
     )
     SELECT
         n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
         n.status::{job_status}, n.queue, n.priority, n.max_attempts,
         GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
-        n.dedup_key, n.trace_context::jsonb
+        n.dedup_key, n.trace_context::jsonb, n.context::jsonb
     FROM unnest(
         %(ids)b::uuid[], %(type_names)b::text[], %(chain_ids)b::uuid[],
         %(chain_type_names)b::text[], %(chain_indexes)b::int[], %(inputs)b::text[],
         %(queues)b::text[], %(priorities)b::smallint[], %(max_attempts)b::int[],
         %(run_ats)b::timestamptz[], %(run_afters)b::float8[], %(dedup_keys)b::text[],
-        %(trace_contexts)b::text[], %(statuses)b::text[]
+        %(trace_contexts)b::text[], %(statuses)b::text[], %(contexts)b::text[]
     ) AS n(
         id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
-        max_attempts, run_at, run_after, dedup_key, trace_context, status
+        max_attempts, run_at, run_after, dedup_key, trace_context, status, context
     )
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
@@ -69,7 +70,8 @@ INSERT_JOB = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context
+        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
+        context
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
@@ -79,7 +81,7 @@ WITH inserted AS (
             now(), %(run_at)s::timestamptz, now() + %(run_after)s::float8 * interval '1 second'
         ),
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
-        %(dedup_key)s::text, %(trace_context)s::jsonb
+        %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
@@ -95,7 +97,7 @@ SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
 COPY_JOBS = """
 COPY {jobs} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-    priority, max_attempts, chain_status, dedup_key, trace_context
+    priority, max_attempts, chain_status, dedup_key, trace_context, context
 ) FROM STDIN
 """
 
@@ -149,10 +151,14 @@ SET status = 'running',
     started_at = COALESCE(j.started_at, now())
 FROM candidates AS c, leases AS l
 WHERE j.id = c.id AND l.type_name = j.type_name
-RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input,
+RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input::text,
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
-    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context
+    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context,
+    j.started_at, j.last_attempt_at, j.dedup_key, j.context
 """
+# Columns of an acquired row (``_rows.acquired_from_row``): a handler sees every field
+# ``get_job`` returns, so the acquire hands them all back.
+ACQUIRED_WIDTH = 20
 
 # Queues are drained in the order given (strictly), each on its own index range, so a
 # deep low-priority queue never slows acquiring from a high-priority one. Rows locked
@@ -339,7 +345,7 @@ completed AS ({_COMPLETE_RESULT}),
 continued AS (
     INSERT INTO {{jobs}} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, trace_context
+        priority, max_attempts, scheduled_at, trace_context, context
     )
     SELECT %(next_id)s::uuid, %(next_type_name)s::text, %(next_chain_id)s::uuid,
         %(next_chain_type_name)s::text, %(next_chain_index)s::int, %(next_input)s::jsonb,
@@ -349,7 +355,7 @@ continued AS (
             now(), %(next_run_at)s::timestamptz,
             now() + %(next_run_after)s::float8 * interval '1 second'
         ),
-        %(next_trace_context)s::jsonb
+        %(next_trace_context)s::jsonb, %(next_context)s::jsonb
     FROM completed
 )
 SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
@@ -396,7 +402,7 @@ FROM acquired AS a
 def _complete_and_acquire(candidates: str) -> str:
     return (
         f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
-        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * 16)}"
+        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
 

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgwork.errors import SchemaMissingError, SchemaOutdatedError
+from pgwork.errors import SchemaMissingError, SchemaOutdatedError, UnsupportedServerVersionError
 from pgwork.postgres._names import (
     HEAD_REVISION,
     LEGACY_VERSION_TABLE,
@@ -19,7 +19,24 @@ from pgwork.postgres._names import (
     validate_schema_name,
 )
 
-__all__ = ["verify_schema"]
+__all__ = ["MIN_SERVER_VERSION", "check_server_version", "server_version", "verify_schema"]
+
+# PostgreSQL 13 made gen_random_uuid() built in; every lease token comes from it. On 12
+# the schema migrates but every acquire fails, so an older server is refused up front.
+# Tested on 15 and 18; supported: 13 to 18.
+MIN_SERVER_VERSION = 130000
+
+
+def server_version(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int:
+    """The server's version number as libpq reports it (``150004`` for 15.4)."""
+    return int(conn.info.server_version)
+
+
+def check_server_version(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Raise ``UnsupportedServerVersionError`` if the server is older than pgwork needs."""
+    version = server_version(conn)
+    if version < MIN_SERVER_VERSION:
+        raise UnsupportedServerVersionError(version, MIN_SERVER_VERSION)
 
 
 async def verify_schema(conn: psycopg.AsyncConnection[Any], schema: str) -> None:

@@ -37,7 +37,7 @@ from pgwork.postgres._names import (
     VERSION_TABLE,
     validate_schema_name,
 )
-from pgwork.postgres._verify import verify_schema
+from pgwork.postgres._verify import check_server_version, verify_schema
 
 __all__ = [
     "SchemaChange",
@@ -169,6 +169,11 @@ def run_on_connection(
     """Run the Alembic command ``fn`` (``command.upgrade``, ...) of pgwork's history on
     ``connection``; an open transaction on it takes the migration in (a savepoint)."""
     schema = validate_schema_name(schema)
+    # Before any DDL: on a server pgwork cannot run on, a migrated schema would only
+    # make every worker fail later.
+    driver_connection = connection.connection.driver_connection
+    assert driver_connection is not None  # a live connection
+    check_server_version(driver_connection)
     config = _config(schema, connection)
     try:
         fn(config, revision)

@@ -93,6 +93,8 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column(
             "chain_has_dependants", sa.Boolean, nullable=False, server_default=sa.text("false")
         ),
+        # A logging context given at enqueue, inherited by continuations (migration 0004).
+        sa.Column("context", pg.JSONB, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(

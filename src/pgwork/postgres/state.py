@@ -34,7 +34,7 @@ from pgwork.adapters.state import TransactionHandle
 from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
-from pgwork.postgres._connect import connect
+from pgwork.postgres._connect import connect, normalize_dsn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
@@ -45,7 +45,7 @@ from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
-from pgwork.postgres._verify import verify_schema
+from pgwork.postgres._verify import check_server_version, verify_schema
 
 __all__ = ["PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
 
@@ -100,9 +100,11 @@ class PostgresStateAdapter(
         pgwork's state adapter does depends on the server session (docs/deploying.md).
         """
         schema = validate_schema_name(schema)
+        dsn = normalize_dsn(dsn)
         options: dict[str, Any] = {"prepare_threshold": prepare_threshold}
         probe = await connect(dsn, **options)
         try:
+            check_server_version(probe)
             if verify:
                 await verify_schema(probe, schema)
         finally:

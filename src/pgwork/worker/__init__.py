@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from pgwork._limits import check_queue_name
 from pgwork.client import Client
 from pgwork.job_types import JobType
 from pgwork.middleware import Middleware
@@ -67,6 +68,8 @@ def create_in_process_worker(
     tick is enqueued once). ``observers``: receive the worker's
     events (default: the client's observers).
     """
+    for queue in queues or ():
+        check_queue_name(queue, where="the worker's queues")
     return InProcessWorker(
         client=client,
         processors=processors,

@@ -1,8 +1,10 @@
-"""The worker's periodic housekeeping: recurring schedules, stuck blockers, retention.
+"""The worker's periodic housekeeping: recurring schedules, stuck blockers, retention,
+pruning stopped workers.
 
 Runs beside the main loop. Each step is safe to run in every worker at once: schedule
 ticks are deduplicated in the database, the blocker sweep locks what it settles
-(SKIP LOCKED), and retention takes a try-lock so only one worker deletes at a time.
+(SKIP LOCKED), retention takes a try-lock so only one worker deletes at a time, and
+pruning deletes rows it locked with SKIP LOCKED.
 A failing step is logged and retried on the next round; it never stops the worker.
 """
 
@@ -22,7 +24,12 @@ from pgwork.schedules import CronSchedule
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Maintenance"]
+__all__ = ["WORKER_RETENTION_S", "Maintenance"]
+
+# How long a stopped (or dead) worker stays listed by ``pgwork workers``: long enough
+# to see what happened overnight, short enough that a fleet restarted on every deploy
+# does not list thousands of gone workers.
+WORKER_RETENTION_S = 24 * 3600.0
 
 
 class Maintenance:
@@ -34,18 +41,23 @@ class Maintenance:
         tick: float = 1.0,
         sweep_every: float = 30.0,
         retention_every: float = 60.0,
+        worker_retention: float = WORKER_RETENTION_S,
+        prune_every: float = 600.0,
     ) -> None:
         self.client = client
         self.schedules = tuple(schedules)
         self.tick = tick
         self.sweep_every = sweep_every
         self.retention_every = retention_every
+        self.worker_retention = worker_retention
+        self.prune_every = prune_every
         self._fired: dict[str, datetime] = {}
         self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
 
     async def run_forever(self) -> None:
         next_sweep = time.monotonic() + self.sweep_every
         next_retention = time.monotonic() + self.retention_every
+        next_prune = time.monotonic() + self.prune_every
         while True:
             if self.schedules:
                 await self._guarded("schedules", self.fire_due)
@@ -56,6 +68,9 @@ class Maintenance:
             if self._retention and now >= next_retention:
                 next_retention = now + self.retention_every
                 await self._guarded("retention", self.purge)
+            if now >= next_prune:
+                next_prune = now + self.prune_every
+                await self._guarded("worker pruning", self.prune_workers)
             await anyio.sleep(self.tick)
 
     async def _guarded(self, what: str, step: Any) -> None:
@@ -96,6 +111,13 @@ class Maintenance:
         if resolution.ready_queues:
             await self.client.notify.publish(
                 None, notices=[Notice(kind="ready", queue=q) for q in resolution.ready_queues]
+            )
+
+    async def prune_workers(self) -> None:
+        pruned = await self.client.state.prune_workers(stopped_for_s=self.worker_retention)
+        if pruned:
+            log.info(
+                "pgwork removed %d worker(s) stopped over %.0fs ago", pruned, self.worker_retention
             )
 
     async def purge(self) -> None:

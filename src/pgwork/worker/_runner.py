@@ -22,7 +22,7 @@ from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import Completion, Failure
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
-from pgwork.errors import HandlerAbandonedError, PgworkError
+from pgwork.errors import ContinuationNotAllowedError, HandlerAbandonedError, PgworkError
 from pgwork.middleware import CallNext
 from pgwork.observability import (
     ATTEMPT_ABANDONED,
@@ -126,14 +126,16 @@ class SlotRunner:
             priority=acquired.priority,
             created_at=acquired.created_at,
             scheduled_at=acquired.scheduled_at,
-            started_at=None,
+            started_at=acquired.started_at,
             completed_at=None,
             attempt=acquired.attempt,
             max_attempts=acquired.max_attempts,
             last_attempt_error=acquired.last_attempt_error,
-            last_attempt_at=None,
+            last_attempt_at=acquired.last_attempt_at,
             leased_by=self.worker_id,
             leased_until=acquired.leased_until,
+            dedup_key=acquired.dedup_key,
+            context=acquired.context,
         )
         attempt = Attempt(
             job=job,
@@ -277,7 +279,10 @@ class SlotRunner:
             await self._settle_abort(slot, reason)
             return
         if error is not None:
-            await self._settle_failure(slot, error, terminal=False)
+            # A continuation the type does not declare is a programming error: the
+            # same code fails the same way on every retry, so fail at once.
+            terminal = isinstance(error, ContinuationNotAllowedError)
+            await self._settle_failure(slot, error, terminal=terminal)
             return
         self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
 

@@ -106,6 +106,33 @@ class RegistryConformance(StateSuiteBase):
         ]
         assert back.alive
 
+    async def test_prune_deletes_only_workers_stopped_longer_than_the_retention(
+        self, store: StateHarness
+    ) -> None:
+        adapter = store.adapter
+        await adapter.register_worker(worker=worker_info("left"))
+        assert await adapter.heartbeat(worker_id="left", active_slots=0, status="stopped")
+        for worker_id in ("silent", "dead"):
+            await adapter.register_worker(worker=worker_info(worker_id))
+        # Every heartbeat so far is older than short_silence once "dead"'s is.
+        await self._until_silent(store, "dead")
+        dead = await adapter.find_dead_workers(older_than_s=self.short_silence, exclude="silent")
+        assert dead == ["dead"]
+        for worker_id in ("lively", "left-late"):
+            await adapter.register_worker(worker=worker_info(worker_id))
+        assert await adapter.heartbeat(worker_id="lively", active_slots=1, status="busy")
+        assert await adapter.heartbeat(worker_id="left-late", active_slots=0, status="stopped")
+
+        # "left" stopped and "dead" was declared dead long enough ago; "silent" has an
+        # old heartbeat but was never stopped; "left-late" stopped just now.
+        assert await adapter.prune_workers(stopped_for_s=self.short_silence) == 2
+        assert await self._ids(store) == {"silent", "lively", "left-late"}
+        assert await adapter.prune_workers(stopped_for_s=self.short_silence) == 0
+        assert await adapter.prune_workers(stopped_for_s=0.0, limit=0) == 0
+
+    async def _ids(self, store: StateHarness) -> set[str]:
+        return {w.id for w in await store.adapter.list_workers(alive_within_s=ALIVE_WITHIN_S)}
+
     async def test_reap_takes_back_every_running_job_of_dead_workers_at_once(
         self, store: StateHarness
     ) -> None:
