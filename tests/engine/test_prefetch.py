@@ -243,3 +243,25 @@ async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
     await eventually(last_done, what="the job after the cancelled one completed")
     assert gate.seen == [0, 2]
     assert (await client.get_job(started[1].job_id)).status is JobStatus.CANCELLED
+
+
+class _Ranked:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.started = 0.0
+
+
+def test_waiting_jobs_start_in_rank_order_not_arrival_order() -> None:
+    """A job of a more important queue (a retry fallen due, say) acquired while slower
+    jobs already wait for a slot starts before them."""
+    launched: list[_Ranked] = []
+    admission: Admission[_Ranked] = Admission(
+        max_slots=1, prefetch=3, start=launched.append, rank=lambda s: s.rank
+    )
+    running, slow_a, slow_b, urgent = _Ranked(1), _Ranked(1), _Ranked(1), _Ranked(0)
+    for slot in (running, slow_a, slow_b, urgent):
+        admission.arrived(slot)
+    assert launched == [running]
+    for _ in range(3):
+        admission.freed(launched[-1], now=0.001)
+    assert launched == [running, urgent, slow_a, slow_b]

@@ -11,13 +11,17 @@ under ``SHORT_HANDLER_S``. With long handlers a job kept waiting here could have
 on another worker that has a free slot (the trap Celery's prefetch multiplier sets),
 so prefetching stops. A prefetched job is leased (its lease is renewed like a running
 one's) and, if the worker stops first, handed back without burning an attempt.
+
+Waiting jobs start in ``rank`` order (the worker's: queue order, then priority, then
+due time), not in the order they arrived: a retry that fell due in a more important
+queue, acquired while slower jobs were already waiting here, goes before them.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from bisect import insort
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["SHORT_HANDLER_S", "Admission"]
 
@@ -42,14 +46,23 @@ class Admission(Generic[S]):
     ``prefetch`` None means automatic: up to ``max_slots`` while handlers are short,
     else none. ``start`` launches a job's attempt."""
 
-    __slots__ = ("_mean_s", "_prefetch", "_start", "max_slots", "queued", "running")
+    __slots__ = ("_mean_s", "_prefetch", "_rank", "_start", "max_slots", "queued", "running")
 
-    def __init__(self, *, max_slots: int, prefetch: int | None, start: Callable[[S], None]):
+    def __init__(
+        self,
+        *,
+        max_slots: int,
+        prefetch: int | None,
+        start: Callable[[S], None],
+        rank: Callable[[S], Any] | None = None,
+    ):
         self.max_slots = max_slots
         self._prefetch = prefetch
         self._start = start
+        self._rank = rank
         self.running = 0
-        self.queued: deque[S] = deque()
+        # At most ``most_prefetched`` long, kept in rank order.
+        self.queued: list[S] = []
         # Unknown until handlers were seen: assume long, so nothing is prefetched for a
         # worker whose first jobs are slow.
         self._mean_s = SHORT_HANDLER_S
@@ -77,8 +90,10 @@ class Admission(Generic[S]):
         if self.running < self.max_slots:
             self.running += 1
             self._start(slot)
-        else:
+        elif self._rank is None:
             self.queued.append(slot)
+        else:
+            insort(self.queued, slot, key=self._rank)  # after equals: arrival order
 
     def freed(self, slot: S, now: float) -> None:
         """``slot``'s handler is done (``now``, monotonic): start the next waiting job."""
@@ -86,7 +101,7 @@ class Admission(Generic[S]):
         self._mean_s += _SMOOTHING * ((now - slot.started) - self._mean_s)
         if self.queued and self.running < self.max_slots:
             self.running += 1
-            self._start(self.queued.popleft())
+            self._start(self.queued.pop(0))
 
     def take_queued(self) -> list[S]:
         """Remove and return every waiting job (the worker is stopping)."""

@@ -58,7 +58,7 @@ class Slots:
         self._wake = wake
         self.by_token: dict[UUID, Slot] = {}
         self.admission: Admission[Slot] = Admission(
-            max_slots=max_slots, prefetch=prefetch, start=self._launch
+            max_slots=max_slots, prefetch=prefetch, start=self._launch, rank=self._rank
         )
         self.tasks = SlotTasks()
         self.watchdog: Watchdog[Slot] = Watchdog(self.by_token.values, self._abandon)
@@ -67,6 +67,10 @@ class Slots:
 
     def __len__(self) -> int:
         return len(self.by_token)
+
+    def _rank(self, slot: Slot) -> tuple[int, int, Any]:
+        job = slot.acquired
+        return (self._queue_rank.get(job.queue, 0), job.priority, job.scheduled_at)
 
     def arrived(self, acquired: list[AcquiredJob]) -> None:
         """Jobs were acquired: start them, or keep them waiting for a slot."""
