@@ -208,9 +208,14 @@ class Emitter:
 
     def wants(self, name: str) -> bool:
         """Whether any observer would receive an event called ``name`` now."""
-        if self._filters is None:
+        filters = self._filters
+        if filters is None:
             return True
-        return any(wanted(name) for wanted in self._filters)
+        if len(filters) == 1:
+            # The usual case (the default logging observer alone), asked twice per
+            # attempt: a generator for ``any`` cost more than the question.
+            return filters[0](name)
+        return any(wanted(name) for wanted in filters)
 
     @property
     def observers(self) -> tuple[Observer, ...]:

@@ -32,11 +32,11 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.postgres._arrays import completion_arrays, turn_constants
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._rows import acquired_from_row
-from pgwork.postgres._state_complete import completion_params
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, own_connection
 from pgwork.records import JobStatus
@@ -177,39 +177,20 @@ class WorkerOps:
     ) -> list[AcquiredJob]:
         if limit <= 0 or not leases:
             return []
-        query, params = self._acquire_statement(
-            worker_id,
-            leases,
-            queues,
-            limit,
-            by_queue=self._sql.acquire,
-            any_queue=self._sql.acquire_any_queue,
+        query = self._acquire_query(
+            queues, limit, by_queue=self._sql.acquire, any_queue=self._sql.acquire_any_queue
         )
         async with self._pooled() as conn:
+            params = _turn_params(conn, worker_id, leases, queues)
             rows = await self._fetch(conn, query, params)
         return [acquired_from_row(row) for row in rows]
 
-    def _acquire_statement(
-        self,
-        worker_id: str,
-        leases: Mapping[str, timedelta],
-        queues: Sequence[str] | None,
-        limit: int,
-        *,
-        by_queue: bytes,
-        any_queue: bytes,
-    ) -> tuple[bytes, dict[str, Any]]:
+    def _acquire_query(
+        self, queues: Sequence[str] | None, limit: int, *, by_queue: bytes, any_queue: bytes
+    ) -> bytes:
         """``by_queue`` (or ``any_queue`` when ``queues`` is None) with its limit written
-        in, and the acquire's parameters."""
-        params: dict[str, Any] = {
-            "worker_id": worker_id,
-            "type_names": list(leases),
-            "lease_seconds": [d.total_seconds() for d in leases.values()],
-        }
-        if queues is None:
-            return _with_limit(any_queue, limit), params
-        params["queues"] = list(queues)
-        return _with_limit(by_queue, limit), params
+        in."""
+        return _with_limit(any_queue if queues is None else by_queue, limit)
 
     async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
         if not type_names or not queues:
@@ -236,16 +217,15 @@ class WorkerOps:
             )
         if limit <= 0 or not leases:
             return await self.complete(None, completions=completions), []
-        query, params = self._acquire_statement(
-            worker_id,
-            leases,
+        query = self._acquire_query(
             queues,
             limit,
             by_queue=self._sql.complete_and_acquire,
             any_queue=self._sql.complete_and_acquire_any_queue,
         )
-        params.update(completion_params(completions))
         async with self._pooled() as conn:
+            params = _turn_params(conn, worker_id, leases, queues)
+            params.update(completion_arrays(completions, conn.info.encoding))
             rows = await self._fetch(conn, query, params)
         head = next(row for row in rows if row[0])
         completed_rows = [
@@ -383,3 +363,16 @@ def _with_limit(query: bytes, limit: int) -> bytes:
     A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
     """
     return query.replace(b"%(limit)s", str(int(limit)).encode())
+
+
+def _turn_params(
+    conn: psycopg.AsyncConnection[Any],
+    worker_id: str,
+    leases: Mapping[str, timedelta],
+    queues: Sequence[str] | None,
+) -> dict[str, Any]:
+    """An acquire's parameters: the worker's id and its constant arrays (built once)."""
+    constants = turn_constants(
+        tuple(leases.items()), None if queues is None else tuple(queues), conn.info.encoding
+    )
+    return {"worker_id": worker_id, **constants}
