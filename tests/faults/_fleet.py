@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +43,8 @@ class Options:
     lease: float = 2.0
     poll: float = 0.5
     grace: float = 0.2
+    # The library's default max_slots and pool size instead of ``slots`` (and room).
+    defaults: bool = False
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -59,6 +61,7 @@ class WorkerProcess:
             "--worker-id", worker_id, "--types", options.types,
             "--slots", str(options.slots), "--lease", str(options.lease),
             "--poll", str(options.poll), "--grace", str(options.grace),
+            *(["--defaults"] if options.defaults else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             args,
@@ -145,9 +148,18 @@ class Fleet:
     """``size`` worker processes; with ``supervise`` a dead one is replaced (new id)."""
 
     def __init__(
-        self, dsn: str, size: int, options: Options, *, supervise: bool = True, prefix: str = "w"
+        self,
+        dsn: str,
+        size: int,
+        options: Options,
+        *,
+        supervise: bool = True,
+        prefix: str = "w",
+        route: Callable[[int], str] | None = None,
     ) -> None:
         self.dsn = dsn
+        # Worker ``index``'s DSN (its replacements' too): e.g. through a proxy of its own.
+        self.route = route or (lambda index: dsn)
         self.options = options
         self.supervise = supervise
         self.prefix = prefix
@@ -165,7 +177,7 @@ class Fleet:
     def _spawn(self, index: int) -> WorkerProcess:
         worker_id = f"{self.prefix}{index}.{self._generation[index]}"
         self._generation[index] += 1
-        return WorkerProcess(self.dsn, worker_id, self.options)
+        return WorkerProcess(self.route(index), worker_id, self.options)
 
     def start(self, timeout: float = 30.0) -> Fleet:
         for worker in self.workers:

@@ -1,0 +1,69 @@
+"""A network path that is slow, then stalls without a reset: every worker reaches the
+server through a TCP proxy of its own that adds latency to every chunk; one worker's
+path at a time stops forwarding (sockets open, nothing refused) for longer than the
+lease, then resumes. The others take its jobs back; when its path resumes, the stalled
+worker carries on without a restart and nothing it writes late counts.
+
+All of a worker's connections go through its proxy: the state pool, the LISTEN
+connection and the handlers' ledger pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from tests.faults._cluster import PrivateCluster
+from tests.faults._inject import recovery_bound, stall_path
+from tests.faults._load import Load, run_under_faults
+from tests.faults._oracle import Figures
+from tests.faults._proxy import Proxy, via
+from tests.faults.conftest import Tier
+
+pytestmark = pytest.mark.timeout(240)
+
+# Each way, per chunk: a round trip costs 2 x LATENCY more than on loopback.
+LATENCY = 0.005
+
+
+def _stall_seconds(load: Load) -> float:
+    return 3 * load.lease
+
+
+@pytest.fixture
+def proxies(cluster: PrivateCluster, tier: Tier) -> Iterator[list[Proxy]]:
+    started = [Proxy(cluster.port, latency=LATENCY).start() for _ in range(tier.workers)]
+    try:
+        yield started
+    finally:
+        for proxy in started:
+            proxy.close()
+
+
+def test_stalled_network_path_loses_no_job(
+    fault_dsn: str, tier: Tier, proxies: list[Proxy], report: Callable[[Figures], Figures]
+) -> None:
+    load = tier.load(fault_every=2 * tier.fault_every)
+    figures, fleet = run_under_faults(
+        fault_dsn,
+        f"one worker's network path stalls {_stall_seconds(load):.0f} s (> lease), "
+        f"+{LATENCY * 1000:.0f} ms each way",
+        load,
+        stall_path(fault_dsn, load, proxies, _stall_seconds(load)),
+        route=lambda index: via(fault_dsn, proxies[index].port),
+    )
+    figures.notes["proxied_connections"] = sum(p.connections for p in proxies)
+    report(figures)
+    assert figures.faults >= 1
+    assert figures.lost == 0
+    assert figures.completed == figures.jobs
+    assert figures.duplicate_effects == 0
+    assert figures.duplicate_executions <= figures.in_flight_at_faults, (
+        figures.unexplained_duplicates
+    )
+    # The stalled worker's leases are read before and just after its path stalls: it
+    # can change nothing in between, so every extra run is a job the stall found held.
+    assert figures.unexplained_duplicates == [], figures.notes
+    assert figures.recovery_max_s is not None
+    assert figures.recovery_max_s <= _stall_seconds(load) + recovery_bound(load), figures.recovery_s
+    assert not fleet.unexpected_exits()
+    assert fleet.restarts == 0
