@@ -9,12 +9,16 @@ connection and the handlers' ledger pool."""
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from tests.faults._cluster import PrivateCluster
+from tests.faults._fleet import start_worker
 from tests.faults._inject import recovery_bound, stall_path
-from tests.faults._load import Load, run_under_faults
+from tests.faults._jobs import Spec
+from tests.faults._load import Load, enqueue, run_under_faults
 from tests.faults._oracle import Figures
 from tests.faults._proxy import Proxy, via
 from tests.faults.conftest import Tier
@@ -67,3 +71,56 @@ def test_stalled_network_path_loses_no_job(
     assert figures.recovery_max_s <= _stall_seconds(load) + recovery_bound(load), figures.recovery_s
     assert not fleet.unexpected_exits()
     assert fleet.restarts == 0
+
+
+SOLO_LEASE = 1.0
+SOLO_POLL = 0.2
+SOLO_STALL = 5 * SOLO_LEASE
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a renewal waiting on a stalled connection is never bounded, so the "
+    "worker does not abort an attempt whose lease ran out until the path resumes "
+    "(pgwork/worker/_lease.py, renew_once)",
+)
+def test_stalled_worker_aborts_a_handler_whose_lease_ran_out(
+    fault_dsn: str, cluster: PrivateCluster
+) -> None:
+    """pgwork's promise (worker/_lease.py): when renewals fail past the moment the lease
+    would expire, the attempt is aborted, because another worker may own the job by
+    then. A renewal refused at once (server down) keeps it; a renewal that never
+    answers must keep it too: the worker's handler should stop within its lease (plus
+    a renewal tick and slack), while its path is still stalled, not when it resumes."""
+    options = {"types": "work", "slots": 2, "lease": SOLO_LEASE, "poll": SOLO_POLL}
+    proxy = Proxy(cluster.port).start()
+    # The rescuer (direct) is kept stopped until the job is the stalled worker's.
+    rescuer = start_worker(fault_dsn, "rescuer", **options)
+    rescuer.send(signal.SIGSTOP)
+    stalled = start_worker(via(fault_dsn, proxy.port), "stalled", **options)
+    try:
+        (job,) = enqueue(fault_dsn, [("work", Spec(first_ms=60_000, ms=10, slow_on="stalled"))])
+        stalled.wait_for(rf"^started {job} 1$")
+        since = len(stalled.lines)
+        proxy.stall()
+        stalled_at = time.monotonic()
+        rescuer.send(signal.SIGCONT)
+        try:
+            rescuer.wait_for(rf"^started {job} 2$", timeout=10)
+            deadline = SOLO_LEASE + SOLO_LEASE / 3 + 1.5
+            left = max(0.1, stalled_at + deadline - time.monotonic())
+            try:
+                _, aborted = stalled.wait_for(rf"^aborted {job} ", since=since, timeout=left)
+            except AssertionError:
+                aborted = None
+        finally:
+            time.sleep(max(0.0, stalled_at + SOLO_STALL - time.monotonic()))
+            proxy.resume()
+        # Once the path resumes the refused renewal aborts it in any case.
+        stalled.wait_for(rf"^aborted {job} ", since=since, timeout=10)
+    finally:
+        stalled.close()
+        rescuer.close()
+        proxy.close()
+    assert aborted is not None, "the handler ran on past its lease while the path stalled"
+    assert aborted.at - stalled_at <= deadline
