@@ -45,6 +45,8 @@ class Options:
     grace: float = 0.2
     # The library's default max_slots and pool size instead of ``slots`` (and room).
     defaults: bool = False
+    # Where handlers write the ledger (default: the worker's own DSN).
+    ledger_dsn: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -62,6 +64,7 @@ class WorkerProcess:
             "--slots", str(options.slots), "--lease", str(options.lease),
             "--poll", str(options.poll), "--grace", str(options.grace),
             *(["--defaults"] if options.defaults else []),
+            *(["--ledger-dsn", worker_dsn(options.ledger_dsn)] if options.ledger_dsn else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             args,

@@ -48,6 +48,7 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self._gates: list[asyncio.Event] = []
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     def start(self) -> Proxy:
@@ -74,6 +75,12 @@ class Proxy:
         """Forward again, including what waited while stalled."""
         assert self._flowing is not None
         self._call(self._flowing.set)
+
+    def blackhole(self) -> None:
+        """Stop forwarding on every connection open now, for good, without closing any;
+        new connections flow. What a network path that lost its state (a NAT or a load
+        balancer dropping idle flows) does to the connections it carried."""
+        self._call(lambda: [gate.clear() for gate in self._gates])
 
     def close(self) -> None:
         if not self._thread.is_alive():
@@ -109,9 +116,12 @@ class Proxy:
             client_w.close()
             return
         self._writers.update((client_w, server_w))
+        gate = asyncio.Event()
+        gate.set()
+        self._gates.append(gate)
         pumps = [
-            asyncio.ensure_future(self._pump(client_r, server_w)),
-            asyncio.ensure_future(self._pump(server_r, client_w)),
+            asyncio.ensure_future(self._pump(client_r, server_w, gate)),
+            asyncio.ensure_future(self._pump(server_r, client_w, gate)),
         ]
         self._tasks.update(pumps)
         try:
@@ -125,12 +135,19 @@ class Proxy:
                 self._writers.discard(writer)
             self._tasks.difference_update(pumps)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event
+    ) -> None:
         """Copy ``reader`` to ``writer``, each chunk ``latency`` late, nothing while
-        stalled. Chunks in transit keep their order and their own due time, so latency
-        delays a path without capping its throughput."""
+        stalled (or once ``gate`` is shut). Chunks in transit keep their order and their
+        own due time, so latency delays a path without capping its throughput."""
         assert self._flowing is not None
-        flowing = self._flowing
+        path = self._flowing
+
+        async def flowing() -> None:
+            await path.wait()
+            await gate.wait()
+
         queue: deque[tuple[float, bytes]] = deque()
         arrived = asyncio.Event()
         eof = False
@@ -139,7 +156,7 @@ class Proxy:
             nonlocal eof
             try:
                 while True:
-                    await flowing.wait()
+                    await flowing()
                     data = await reader.read(CHUNK)
                     if not data:
                         break
@@ -163,7 +180,7 @@ class Proxy:
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                await flowing.wait()
+                await flowing()
                 queue.popleft()
                 writer.write(data)
                 await writer.drain()

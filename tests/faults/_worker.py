@@ -248,7 +248,7 @@ async def main(args: argparse.Namespace) -> int:
     # the test's, sized for the default slots.
     sizing: dict[str, Any] = {} if args.defaults else {"max_slots": args.slots}
     ledger: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        args.dsn,
+        args.ledger_dsn or args.dsn,
         min_size=1,
         max_size=args.slots if not args.defaults else 10,
         kwargs={"autocommit": True},
@@ -304,6 +304,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--poll", type=float, default=0.5)
     parser.add_argument("--grace", type=float, default=0.2)
+    parser.add_argument(
+        "--ledger-dsn",
+        default=None,
+        help="where the handlers write their ledger rows (default: DSN); the oracle's "
+        "bookkeeping then bypasses a faulty path the worker is given",
+    )
     parser.add_argument(
         "--defaults",
         action="store_true",
