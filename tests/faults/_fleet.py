@@ -227,6 +227,15 @@ class Fleet:
             everyone = self.retired + self.workers
         return [line for worker in everyone for line in worker.matching(pattern)]
 
+    def started_since(self, at: float) -> dict[str, int]:
+        """Handlers each worker (retired ones included) started after monotonic ``at``."""
+        with self._lock:
+            everyone = self.retired + self.workers
+        return {
+            w.worker_id: sum(1 for line in w.matching(r"^started ") if line.at > at)
+            for w in everyone
+        }
+
     def wait_all_ready(self, timeout: float = 30.0) -> None:
         for worker in self.each():
             worker.wait_ready(timeout)

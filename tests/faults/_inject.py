@@ -170,14 +170,21 @@ def outage(
     return inject
 
 
-def hang_server(dsn: str, load: Load, cluster: PrivateCluster, seconds: float) -> Inject:
+def hang_server(
+    dsn: str,
+    load: Load,
+    cluster: PrivateCluster,
+    seconds: float,
+    *,
+    thawed: list[float] | None = None,
+) -> Inject:
     """SIGSTOP every process of the cluster for ``seconds`` (longer than the lease),
     then SIGCONT: a database that hangs, sockets open, nothing refused or reset.
 
     Nothing changes in the database while it is frozen, so the leases read just before
     the freeze and just after the thaw are those the hang found held (but for an
     acquire committing in the moment between the read and the freeze). Recovery is
-    counted from the thaw."""
+    counted from the thaw; ``thawed`` collects the moments (monotonic) of the thaws."""
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         held = held_leases(dsn)
@@ -187,6 +194,8 @@ def hang_server(dsn: str, load: Load, cluster: PrivateCluster, seconds: float) -
         finally:
             cluster.thaw(pids)
         back_at = time.monotonic()
+        if thawed is not None:
+            thawed.append(back_at)
         figures.notes.setdefault("hang_s", []).append(seconds)
         figures.notes["processes_frozen"] = len(pids)
         _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, recovery_bound(load) + 10)
@@ -195,7 +204,13 @@ def hang_server(dsn: str, load: Load, cluster: PrivateCluster, seconds: float) -
 
 
 def stall_path(
-    dsn: str, load: Load, proxies: Sequence[Proxy], seconds: float, seed: int = 11
+    dsn: str,
+    load: Load,
+    proxies: Sequence[Proxy],
+    seconds: float,
+    seed: int = 11,
+    *,
+    resumed: list[tuple[str, float]] | None = None,
 ) -> Inject:
     """Stall one worker's network path (its proxy: state, notify and ledger
     connections) for ``seconds``, longer than the lease, then resume it.
@@ -204,7 +219,8 @@ def stall_path(
     leases are read before the stall and again once a statement it sent just before
     could have committed (0.2 s, well inside any lease it holds): it can change nothing
     in between. Recovery is counted from the stall: its atomic jobs stay locked by its
-    open transactions until the path resumes."""
+    open transactions until the path resumes. ``resumed`` collects (worker id,
+    monotonic moment) of each resume."""
     rng = random.Random(seed)
 
     def inject(fleet: Fleet, figures: Figures) -> None:
@@ -219,6 +235,8 @@ def stall_path(
             time.sleep(max(0.0, stalled_at + seconds - time.monotonic()))
         finally:
             proxies[index].resume()
+        if resumed is not None:
+            resumed.append((victim.worker_id, time.monotonic()))
         figures.notes.setdefault("victims", []).append(victim.worker_id)
         _probe(dsn, figures, held, stalled_at, seconds + recovery_bound(load) + 5)
 

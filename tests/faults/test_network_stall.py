@@ -46,16 +46,21 @@ def proxies(cluster: PrivateCluster, tier: Tier) -> Iterator[list[Proxy]]:
 def test_stalled_network_path_loses_no_job(
     fault_dsn: str, tier: Tier, proxies: list[Proxy], report: Callable[[Figures], Figures]
 ) -> None:
-    load = tier.load(fault_every=2 * tier.fault_every)
+    load = tier.load(faults=1 if tier.name == "quick" else 6)
+    resumed: list[tuple[str, float]] = []
     figures, fleet = run_under_faults(
         fault_dsn,
         f"one worker's network path stalls {_stall_seconds(load):.0f} s (> lease), "
         f"+{LATENCY * 1000:.0f} ms each way",
         load,
-        stall_path(fault_dsn, load, proxies, _stall_seconds(load)),
+        stall_path(fault_dsn, load, proxies, _stall_seconds(load), resumed=resumed),
         route=lambda index: via(fault_dsn, proxies[index].port),
     )
     figures.notes["proxied_connections"] = sum(p.connections for p in proxies)
+    # What the last stalled worker started once its path resumed, and the others.
+    victim, resumed_at = resumed[-1]
+    after = fleet.started_since(resumed_at)
+    figures.notes["started_after_last_resume"] = after
     report(figures)
     assert figures.faults >= 1
     assert figures.lost == 0
@@ -71,6 +76,9 @@ def test_stalled_network_path_loses_no_job(
     assert figures.recovery_max_s <= _stall_seconds(load) + recovery_bound(load), figures.recovery_s
     assert not fleet.unexpected_exits()
     assert fleet.restarts == 0
+    # The stalled worker took up work again, as long as enough was left to reach it.
+    if sum(after.values()) >= 4 * load.workers * load.slots:
+        assert after[victim] > 0, after
 
 
 SOLO_LEASE = 1.0

@@ -32,15 +32,17 @@ def test_hung_server_loses_no_job(
 ) -> None:
     load = tier.load(
         faults=1 if tier.name == "quick" else 3,
-        fault_every=2 * tier.fault_every,
         defaults=sizing == "defaults",
     )
+    thawed: list[float] = []
     figures, fleet = run_under_faults(
         fault_dsn,
         f"database hangs {_hang_seconds(load):.0f} s (SIGSTOP, > lease) ({sizing} sizing)",
         load,
-        hang_server(fault_dsn, load, cluster, _hang_seconds(load)),
+        hang_server(fault_dsn, load, cluster, _hang_seconds(load), thawed=thawed),
     )
+    after = fleet.started_since(max(thawed))
+    figures.notes["started_after_last_thaw"] = after
     report(figures)
     assert figures.faults >= 1
     assert figures.lost == 0
@@ -53,3 +55,7 @@ def test_hung_server_loses_no_job(
     assert figures.recovery_max_s <= recovery_bound(load), figures.recovery_s
     assert not fleet.unexpected_exits()
     assert fleet.restarts == 0
+    # Every worker took up work again (not only some, the rest stuck for ever), as long
+    # as enough work was left after the thaw to reach them all.
+    if sum(after.values()) >= 4 * load.workers * load.slots:
+        assert all(after.values()), after
