@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -133,6 +134,36 @@ class PrivateCluster:
             "60",
             "restart",
         )
+
+    def processes(self) -> list[int]:
+        """Pids of the postmaster (first line of ``postmaster.pid``) and its children."""
+        import psutil
+
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = psutil.Process(postmaster).children(recursive=True)
+        return [postmaster, *(child.pid for child in children)]
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP the whole cluster: a server that hangs without closing a socket.
+
+        The postmaster first, so it forks no new backend meanwhile; then every child,
+        listed again until no new one appears (one forked just before the postmaster
+        stopped). Returns the frozen pids, for ``thaw``."""
+        frozen: list[int] = []
+        while True:
+            fresh = [pid for pid in self.processes() if pid not in frozen]
+            if not fresh:
+                return frozen
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+
+    def thaw(self, pids: list[int]) -> None:
+        """SIGCONT what ``freeze`` stopped, children first."""
+        for pid in reversed(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def running(self) -> bool:
         try:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +45,10 @@ class Options:
     grace: float = 0.2
     atomic_group: int = 1
     atomic_group_wait: float = 0.005
+    # The library's default max_slots and pool size instead of ``slots`` (and room).
+    defaults: bool = False
+    # Where handlers write the ledger (default: the worker's own DSN).
+    ledger_dsn: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -63,6 +67,8 @@ class WorkerProcess:
             "--poll", str(options.poll), "--grace", str(options.grace),
             "--atomic-group", str(options.atomic_group),
             "--atomic-group-wait", str(options.atomic_group_wait),
+            *(["--defaults"] if options.defaults else []),
+            *(["--ledger-dsn", worker_dsn(options.ledger_dsn)] if options.ledger_dsn else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             args,
@@ -149,9 +155,18 @@ class Fleet:
     """``size`` worker processes; with ``supervise`` a dead one is replaced (new id)."""
 
     def __init__(
-        self, dsn: str, size: int, options: Options, *, supervise: bool = True, prefix: str = "w"
+        self,
+        dsn: str,
+        size: int,
+        options: Options,
+        *,
+        supervise: bool = True,
+        prefix: str = "w",
+        route: Callable[[int], str] | None = None,
     ) -> None:
         self.dsn = dsn
+        # Worker ``index``'s DSN (its replacements' too): e.g. through a proxy of its own.
+        self.route = route or (lambda index: dsn)
         self.options = options
         self.supervise = supervise
         self.prefix = prefix
@@ -169,7 +184,7 @@ class Fleet:
     def _spawn(self, index: int) -> WorkerProcess:
         worker_id = f"{self.prefix}{index}.{self._generation[index]}"
         self._generation[index] += 1
-        return WorkerProcess(self.dsn, worker_id, self.options)
+        return WorkerProcess(self.route(index), worker_id, self.options)
 
     def start(self, timeout: float = 30.0) -> Fleet:
         for worker in self.workers:
@@ -215,6 +230,15 @@ class Fleet:
         with self._lock:
             everyone = self.retired + self.workers
         return [line for worker in everyone for line in worker.matching(pattern)]
+
+    def started_since(self, at: float) -> dict[str, int]:
+        """Handlers each worker (retired ones included) started after monotonic ``at``."""
+        with self._lock:
+            everyone = self.retired + self.workers
+        return {
+            w.worker_id: sum(1 for line in w.matching(r"^started ") if line.at > at)
+            for w in everyone
+        }
 
     def wait_all_ready(self, timeout: float = 30.0) -> None:
         for worker in self.each():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Sequence
 from typing import Literal
 
 import psycopg
@@ -16,12 +17,15 @@ from tests.faults._cluster import PrivateCluster
 from tests.faults._fleet import WORKER_APP, Fleet
 from tests.faults._load import Inject, Load
 from tests.faults._oracle import Figures, RecoveryProbe, held_leases
+from tests.faults._proxy import Proxy
 
 __all__ = [
+    "hang_server",
     "kill_random_worker",
     "outage",
     "recovery_bound",
     "restart_server",
+    "stall_path",
     "terminate_backends",
 ]
 
@@ -162,5 +166,78 @@ def outage(
         notes.setdefault("retries_while_down", []).append(retries)
         held = _union(held, held_leases(dsn))
         _probe(dsn, figures, held, back_at, recovery_bound(load) + probe_timeout)
+
+    return inject
+
+
+def hang_server(
+    dsn: str,
+    load: Load,
+    cluster: PrivateCluster,
+    seconds: float,
+    *,
+    thawed: list[float] | None = None,
+) -> Inject:
+    """SIGSTOP every process of the cluster for ``seconds`` (longer than the lease),
+    then SIGCONT: a database that hangs, sockets open, nothing refused or reset.
+
+    Nothing changes in the database while it is frozen, so the leases read just before
+    the freeze and just after the thaw are those the hang found held (but for an
+    acquire committing in the moment between the read and the freeze). Recovery is
+    counted from the thaw; ``thawed`` collects the moments (monotonic) of the thaws."""
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        held = held_leases(dsn)
+        pids = cluster.freeze()
+        try:
+            time.sleep(seconds)
+        finally:
+            cluster.thaw(pids)
+        back_at = time.monotonic()
+        if thawed is not None:
+            thawed.append(back_at)
+        figures.notes.setdefault("hang_s", []).append(seconds)
+        figures.notes["processes_frozen"] = len(pids)
+        _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, recovery_bound(load) + 10)
+
+    return inject
+
+
+def stall_path(
+    dsn: str,
+    load: Load,
+    proxies: Sequence[Proxy],
+    seconds: float,
+    seed: int = 11,
+    *,
+    resumed: list[tuple[str, float]] | None = None,
+) -> Inject:
+    """Stall one worker's network path (its proxy: state, notify and ledger
+    connections) for ``seconds``, longer than the lease, then resume it.
+
+    The worker lives on, its sockets open; the others reap its expired leases. Its
+    leases are read before the stall and again once a statement it sent just before
+    could have committed (0.2 s, well inside any lease it holds): it can change nothing
+    in between. Recovery is counted from the stall: its atomic jobs stay locked by its
+    open transactions until the path resumes. ``resumed`` collects (worker id,
+    monotonic moment) of each resume."""
+    rng = random.Random(seed)
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        index = rng.randrange(len(proxies))
+        victim = fleet.each()[index]
+        before = held_leases(dsn, worker=victim.worker_id)
+        proxies[index].stall()
+        stalled_at = time.monotonic()
+        try:
+            time.sleep(0.2)
+            held = _union(before, held_leases(dsn, worker=victim.worker_id))
+            time.sleep(max(0.0, stalled_at + seconds - time.monotonic()))
+        finally:
+            proxies[index].resume()
+        if resumed is not None:
+            resumed.append((victim.worker_id, time.monotonic()))
+        figures.notes.setdefault("victims", []).append(victim.worker_id)
+        _probe(dsn, figures, held, stalled_at, seconds + recovery_bound(load) + 5)
 
     return inject

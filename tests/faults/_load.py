@@ -78,6 +78,9 @@ class Load:
     # Atomic attempts per transaction (the worker's ``atomic_group``) and its wait.
     atomic_group: int = 1
     atomic_group_wait: float = 0.005
+    # Run the workers at the library's default max_slots and pool size (``slots`` is
+    # then only what the bounds assume: set it to the default, 10).
+    defaults: bool = False
 
 
 Inject = Callable[[Fleet, Figures], None]
@@ -100,10 +103,12 @@ def run_under_faults(
     env: dict[str, str] | None = None,
     seed: int = 5,
     jobs: Sequence[tuple[str, Spec]] | None = None,
+    route: Callable[[int], str] | None = None,
 ) -> tuple[Figures, Fleet]:
     """Enqueue ``jobs`` (default: ``load.jobs`` mixed jobs), start the fleet, call
     ``inject`` every ``fault_every`` seconds (at most ``faults`` times, while work
-    remains), then wait for every job to end and measure."""
+    remains), then wait for every job to end and measure. ``route`` gives worker
+    ``index`` a DSN of its own (default: ``dsn``)."""
     figures = Figures(scenario)
     if jobs is None:
         jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
@@ -116,10 +121,11 @@ def run_under_faults(
         grace=load.grace,
         atomic_group=load.atomic_group,
         atomic_group_wait=load.atomic_group_wait,
+        defaults=load.defaults,
         env=env or {},
     )
     started = time.monotonic()
-    fleet = Fleet(dsn, load.workers, options)
+    fleet = Fleet(dsn, load.workers, options, route=route)
     try:
         fleet.start()
         next_fault = time.monotonic() + load.fault_every

@@ -40,6 +40,9 @@ class Figures:
     recovery_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
+    # Jobs that ran more often than faults found them held: (job, workers, attempts,
+    # last error). Empty when every extra run is explained by a held lease.
+    unexplained_duplicates: list[Any] = field(default_factory=list)
     # How many faults found each job's lease held: its allowance of extra runs.
     held_jobs: Counter[Any] = field(default_factory=Counter, repr=False)
 
@@ -50,6 +53,8 @@ class Figures:
     def as_json(self) -> str:
         data = asdict(self)
         del data["held_jobs"]
+        if not self.unexplained_duplicates:
+            del data["unexplained_duplicates"]
         data["recovery_max_s"] = self.recovery_max_s
         data["recovery_s"] = [round(r, 3) for r in self.recovery_s]
         return json.dumps(data)
@@ -117,8 +122,8 @@ def measure(dsn: str, figures: Figures) -> Figures:
         for job, workers, attempts, error in duplicated
         if len(workers) - 1 > figures.held_jobs[job]
     ]
-    if figures.faults and unexplained:
-        figures.notes["unexplained_duplicates"] = unexplained
+    if figures.faults:
+        figures.unexplained_duplicates = unexplained
     return figures
 
 

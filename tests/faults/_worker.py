@@ -258,16 +258,24 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
 async def main(args: argparse.Namespace) -> int:
     break_statements(os.environ.get(BROKEN_ENV, ""))
     reg = registry(args.lease)
+    # --defaults: the library's own sizing (create_in_process_worker's max_slots, the
+    # adapter pool's min_size/max_size), never exercised otherwise; the ledger pool is
+    # the test's, sized for the default slots.
+    sizing: dict[str, Any] = {} if args.defaults else {"max_slots": args.slots}
     ledger: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        args.dsn,
+        args.ledger_dsn or args.dsn,
         min_size=1,
-        max_size=args.slots,
+        max_size=args.slots if not args.defaults else 10,
         kwargs={"autocommit": True},
         check=AsyncConnectionPool.check_connection,
         open=False,
     )
     await ledger.open()
-    state = await PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4)
+    state = await (
+        PostgresStateAdapter.connect(args.dsn)
+        if args.defaults
+        else PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4)
+    )
     client = create_client(
         state_adapter=state,
         notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, "")),
@@ -277,7 +285,7 @@ async def main(args: argparse.Namespace) -> int:
     worker = create_in_process_worker(
         client=client,
         processors={name: all_handlers[name] for name in args.types.split(",")},
-        max_slots=args.slots,
+        **sizing,
         worker_id=args.worker_id,
         poll_interval=args.poll,
         grace_period=args.grace,
@@ -315,6 +323,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--grace", type=float, default=0.2)
     parser.add_argument("--atomic-group", type=int, default=1)
     parser.add_argument("--atomic-group-wait", type=float, default=0.005)
+    parser.add_argument(
+        "--ledger-dsn",
+        default=None,
+        help="where the handlers write their ledger rows (default: DSN); the oracle's "
+        "bookkeeping then bypasses a faulty path the worker is given",
+    )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="leave max_slots and the adapter pool's size to the library's defaults",
+    )
     return parser.parse_args(argv)
 
 

@@ -30,7 +30,9 @@ def test_terminated_connections_lose_no_job(
     assert figures.lost == 0
     assert figures.completed == figures.jobs
     assert figures.duplicate_effects == 0
-    assert figures.duplicate_executions <= figures.in_flight_at_faults, figures.notes
+    assert figures.duplicate_executions <= figures.in_flight_at_faults, (
+        figures.unexplained_duplicates
+    )
     assert figures.recovery_max_s is not None
     assert figures.recovery_max_s <= recovery_bound(load), figures.recovery_s
     assert not fleet.unexpected_exits()

@@ -86,11 +86,19 @@ async def renew_once(
     (the completion got the row first), and that is no lost lease."""
     by_lease: dict[Lease, LeaseHolder] = {h.lease: h for h in holders}
     started = time.monotonic()
+    # A renewal that gets no answer at all (a hung server, a stalled network path: no
+    # error, no reset) must not outlast the first lease it renews by much: it may wait
+    # until that lease's deadline, or a renewal tick (a third of the shortest lease) if
+    # that is later, so a lease already past its deadline still gets its answer. Then
+    # it fails like any other renewal, and attempts past their deadline are aborted.
+    tick = min(h.lease_duration for h in holders).total_seconds() / 3.0
+    budget = max(min(h.lease_deadline for h in holders) - started, tick)
     try:
-        results = await state.renew(
-            leases=[h.lease for h in holders],
-            duration={h.lease.job_id: h.lease_duration for h in holders},
-        )
+        with anyio.fail_after(budget):
+            results = await state.renew(
+                leases=[h.lease for h in holders],
+                duration={h.lease.job_id: h.lease_duration for h in holders},
+            )
     except Exception as exc:
         log.warning("pgwork could not renew %d lease(s): %s", len(holders), exc)
         now = time.monotonic()
