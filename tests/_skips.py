@@ -61,6 +61,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # An expected failure (xfail) is reported as skipped too; it is no skip.
+    if hasattr(report, "wasxfail"):
+        return
     if report.skipped and isinstance(report.longrepr, tuple) and _config:
         reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         _config[-1].stash[_SKIPPED].append((report.nodeid, reason))

@@ -17,6 +17,10 @@ def test_needs_postgres_17():
 LISTED_ONLY = """
 import pytest
 
+@pytest.mark.xfail(strict=True, reason="a known bug")
+def test_known_bug():
+    assert False
+
 def test_needs_postgres_17():
     pytest.skip("one round trip needs PostgreSQL 17")
 """
