@@ -153,11 +153,25 @@ def _wait_until_up(process: subprocess.Popen[bytes], bouncer: PgBouncer, dsn: st
             time.sleep(0.05)  # polling a process we started, not synchronising a test
 
 
+def _let_reach_socket(server_dsn: str, run_as: list[str]) -> None:
+    """A server on a unix socket in a private directory (the embedded test server's
+    lives in its 0700 data directory): let the user PgBouncer drops to traverse the
+    directories down to the socket (search permission only, nothing listed or read)."""
+    host = str(conninfo_to_dict(server_dsn).get("host") or "")
+    if not run_as or not host.startswith("/"):
+        return
+    for directory in (Path(host), *Path(host).parents):
+        mode = directory.stat().st_mode
+        if not mode & 0o001:
+            directory.chmod(mode | 0o011)
+
+
 @contextmanager
 def pgbouncer(server_dsn: str, *, pool_mode: str = "transaction") -> Iterator[PgBouncer]:
     """Run a PgBouncer in front of the server of ``server_dsn`` for the context's life."""
     binary, version = find_pgbouncer()
     run_as = _run_as()
+    _let_reach_socket(server_dsn, run_as)
     directory = Path(tempfile.mkdtemp(prefix="pgwork-pgbouncer-"))
     directory.chmod(0o777)  # the unprivileged user it drops to writes its log here
     port = _free_port()
