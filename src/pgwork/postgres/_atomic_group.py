@@ -30,6 +30,7 @@ from psycopg import errors as pg_errors
 
 from pgwork.adapters.state import Completion, CompletionResult, Lease, TransactionHandle
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._state_complete import atomic_completion_params
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import PgTransaction
 
@@ -114,12 +115,7 @@ class PgAtomicGroup:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
         conn = self._usable()
         ops = self._ops
-        params = {
-            "id": completion.job_id,
-            "token": completion.lease_token,
-            "output": completion.output_json,
-            "ends_chain": True,
-        }
+        params = atomic_completion_params(completion)
         try:
             with translate_errors(ops.schema):
                 async with conn.pipeline():

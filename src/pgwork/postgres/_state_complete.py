@@ -33,7 +33,7 @@ from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
-__all__ = ["CompletionOps", "completion_params"]
+__all__ = ["CompletionOps", "atomic_completion_params", "completion_params"]
 
 
 class CompletionOps:
@@ -166,12 +166,7 @@ class CompletionOps:
         if completion.continuation is not None:
             raise ValueError("complete_atomic takes a completion without continuation")
         conn = own_connection(tx)
-        params = {
-            "id": completion.job_id,
-            "token": completion.lease_token,
-            "output": completion.output_json,
-            "ends_chain": True,
-        }
+        params = atomic_completion_params(completion)
         try:
             with translate_errors(self.schema):
                 async with conn.pipeline():
@@ -256,3 +251,13 @@ def _plain_hand_on(completion: Completion) -> bool:
 def _ready_of(results: Sequence[CompletionResult]) -> list[str]:
     """Every queue some result made ready, once."""
     return sorted({q for r in results for q in r.ready_queues})
+
+
+def atomic_completion_params(completion: Completion) -> dict[str, Any]:
+    """Parameters of ``COMPLETE_ATOMIC`` for a plain completion (it ends its chain)."""
+    return {
+        "id": completion.job_id,
+        "token": completion.lease_token,
+        "output": completion.output_json,
+        "ends_chain": True,
+    }
