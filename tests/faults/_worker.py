@@ -24,6 +24,8 @@ oracle catches the failure it is meant to catch:
 ``eager-reap``  leases are taken back long before they expire
 ``no-notify``   the worker's listener never hears a ``ready`` notice (it must then
                 find work by polling alone)
+``no-release``  a stopping worker's hand-back (``release``) does nothing: its jobs
+                stay leased to it until their leases expire
 ``spin``        an acquire that comes back short does not stop the worker from
                 acquiring again at once (the idle busy-loop of an earlier build)
 ``early-commit`` a grouped atomic attempt's writes commit on their own, before its
@@ -147,6 +149,10 @@ def notify_adapter(dsn: str, spec: str) -> PostgresNotifyAdapter:
     return (_DeafNotifyAdapter if deaf else PostgresNotifyAdapter)(dsn)
 
 
+async def _never_release(self: PostgresStateAdapter, **_: Any) -> int:
+    return 0
+
+
 def break_statements(spec: str) -> None:
     """Patch the statement templates named by ``spec`` (comma-separated breakages);
     ``no-reap`` replaces the adapter's ``reap`` (expired leases and dead workers'),
@@ -154,6 +160,9 @@ def break_statements(spec: str) -> None:
     for name in filter(None, (part.strip() for part in spec.split(","))):
         if name == "no-reap":
             PostgresStateAdapter.reap = _never_reap  # type: ignore[method-assign]
+            continue
+        if name == "no-release":
+            PostgresStateAdapter.release = _never_release  # type: ignore[method-assign]
             continue
         if name == "spin":
             Wakeups.acquired = lambda self, *a, **k: None  # type: ignore[method-assign]

@@ -1,6 +1,7 @@
 """SIGTERM with jobs in flight: the driver's handler calls ``worker.stop()`` with a
 short grace period; in-flight jobs are released at once, no attempt burned, and
-another worker then runs them."""
+another worker then runs them. The control runs a build whose hand-back does nothing:
+its jobs are then still leased, with the attempt counted, when the worker has exited."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from tests.faults._fleet import start_worker
 from tests.faults._jobs import Spec
 from tests.faults._load import enqueue
 from tests.faults._oracle import Figures, measure, wait_settled
+from tests.faults._worker import BROKEN_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
 GRACE = 0.2
 
 
+@pytest.mark.parametrize("build", ["", "no-release"])
 def test_sigterm_releases_in_flight_jobs_without_burning_attempts(
-    fault_dsn: str, report: Callable[[Figures], Figures]
+    fault_dsn: str, report: Callable[[Figures], Figures], build: str
 ) -> None:
-    worker = start_worker(fault_dsn, "w", types="work", slots=4, lease=2.0, grace=GRACE)
+    worker = start_worker(
+        fault_dsn, "w", types="work", slots=4, lease=2.0, grace=GRACE, env={BROKEN_ENV: build}
+    )
     try:
         jobs = enqueue(
             fault_dsn, [("work", Spec(n=n, first_ms=60_000, slow_on="w")) for n in range(4)]
@@ -42,6 +47,9 @@ def test_sigterm_releases_in_flight_jobs_without_burning_attempts(
         fault_dsn,
         "SELECT status::text, attempt, leased_by, scheduled_at <= now() FROM pgwork.jobs",
     )
+    if build:
+        assert rows == [("running", 1, "w", True)] * len(jobs)
+        return
     successor = start_worker(fault_dsn, "w2", types="work", slots=4)
     try:
         assert wait_settled(fault_dsn, 20)
