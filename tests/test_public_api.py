@@ -21,6 +21,7 @@ EXPECTED = {
     "Continue",
     "ContinuationNotAllowedError",
     "DatabaseError",
+    "DatabaseTimeoutError",
     "DatabaseUnreachableError",
     "DedupSpec",
     "DuplicateJobTypeError",

@@ -11,6 +11,7 @@ The tree::
     │   └── InvalidCursorError        a listing cursor that is not one pgwork handed out
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
+    │   ├── DatabaseTimeoutError      an open connection gave no answer in time
     │   ├── SchemaMissingError        `pgwork migrate` was never run against this database
     │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
     │   ├── NotificationsUnavailableError  LISTEN gets nothing (e.g. through a transaction pooler)
@@ -62,6 +63,7 @@ __all__ = [
     "ConfigurationError",
     "ContinuationNotAllowedError",
     "DatabaseError",
+    "DatabaseTimeoutError",
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
     "HandlerAbandonedError",
@@ -182,6 +184,31 @@ class DatabaseUnreachableError(DatabaseError):
         super().__init__(
             f"cannot connect to PostgreSQL at {target}: {reason}. Check the DSN "
             "(--dsn or PGWORK_DSN), that the server is running, and the credentials."
+        )
+
+
+class DatabaseTimeoutError(DatabaseError, TimeoutError):
+    """PostgreSQL gave no answer in time on a connection that looked open.
+
+    Raised by the state adapter's own operations (those not run in a caller's
+    transaction) once ``operation_timeout`` has passed, and by the notify adapter's
+    publishing. A network path that drops a connection without closing it (a NAT or a
+    load balancer that lost its state) leaves a client waiting for ever: the bound
+    turns that into an error and a new connection on the next try. The connection
+    that gave no answer is closed; the operation may or may not have taken effect on
+    the server, as with any lost connection, and pgwork's worker operations are
+    written to be retried.
+    """
+
+    def __init__(self, what: str, seconds: float) -> None:
+        self.what = what
+        self.seconds = seconds
+        super().__init__(
+            f"PostgreSQL gave no answer to {what} within {seconds:g}s; the connection "
+            "was closed and the next operation uses a new one. A network path that "
+            "silently drops connections, or a server that stopped responding, does "
+            "this. If the operation is legitimately that slow, raise operation_timeout "
+            "(PostgresStateAdapter.connect) or pass None to wait for ever."
         )
 
 

@@ -49,6 +49,10 @@ class Options:
     defaults: bool = False
     # Where handlers write the ledger (default: the worker's own DSN).
     ledger_dsn: str | None = None
+    # The state adapter's operation_timeout and the listener's check_interval in
+    # seconds, "none" for no bound; unset: the library's defaults.
+    operation_timeout: str | None = None
+    listener_check: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -68,6 +72,9 @@ class WorkerProcess:
             "--atomic-group", str(options.atomic_group),
             "--atomic-group-wait", str(options.atomic_group_wait),
             *(["--defaults"] if options.defaults else []),
+            *(["--operation-timeout", options.operation_timeout]
+              if options.operation_timeout else []),
+            *(["--listener-check", options.listener_check] if options.listener_check else []),
             *(["--ledger-dsn", worker_dsn(options.ledger_dsn)] if options.ledger_dsn else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(

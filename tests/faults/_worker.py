@@ -143,10 +143,14 @@ class _DeafNotifyAdapter(PostgresNotifyAdapter):
             yield _Deaf(listener)
 
 
-def notify_adapter(dsn: str, spec: str) -> PostgresNotifyAdapter:
+def notify_adapter(dsn: str, spec: str, **options: Any) -> PostgresNotifyAdapter:
     """The worker's notify adapter: deaf to ``ready`` notices in the ``no-notify`` build."""
     deaf = "no-notify" in (part.strip() for part in spec.split(","))
-    return (_DeafNotifyAdapter if deaf else PostgresNotifyAdapter)(dsn)
+    return (_DeafNotifyAdapter if deaf else PostgresNotifyAdapter)(dsn, **options)
+
+
+def _seconds(text: str) -> float | None:
+    return None if text == "none" else float(text)
 
 
 async def _never_release(self: PostgresStateAdapter, **_: Any) -> int:
@@ -280,14 +284,20 @@ async def main(args: argparse.Namespace) -> int:
         open=False,
     )
     await ledger.open()
+    bounds: dict[str, Any] = {}
+    if args.operation_timeout is not None:
+        bounds["operation_timeout"] = _seconds(args.operation_timeout)
     state = await (
-        PostgresStateAdapter.connect(args.dsn)
+        PostgresStateAdapter.connect(args.dsn, **bounds)
         if args.defaults
-        else PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4)
+        else PostgresStateAdapter.connect(args.dsn, max_size=args.slots + 4, **bounds)
     )
+    checks: dict[str, Any] = {}
+    if args.listener_check is not None:
+        checks["check_interval"] = _seconds(args.listener_check)
     client = create_client(
         state_adapter=state,
-        notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, "")),
+        notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, ""), **checks),
         registry=reg,
     )
     all_handlers = handlers(ledger)
@@ -337,6 +347,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="where the handlers write their ledger rows (default: DSN); the oracle's "
         "bookkeeping then bypasses a faulty path the worker is given",
+    )
+    parser.add_argument(
+        "--operation-timeout",
+        default=None,
+        help="the state adapter's operation_timeout in seconds, or 'none' (default: the library's)",
+    )
+    parser.add_argument(
+        "--listener-check",
+        default=None,
+        help="the notify adapter's check_interval in seconds, or 'none' (default: the library's)",
     )
     parser.add_argument(
         "--defaults",

@@ -1,14 +1,24 @@
 """A network path that silently drops the connections it carries (a NAT or load
 balancer that lost their state): no error, no reset, the sockets stay open and nothing
 comes back, while new connections work. A worker must notice and carry on over new
-connections: at least, a job enqueued afterwards must still run."""
+connections: a job enqueued afterwards must still run.
+
+Two mechanisms, each with a control build that lacks it:
+
+- the state adapter bounds each operation on its own connections
+  (``operation_timeout``): the silent connection is closed and a new one used;
+- the listener probes itself after a quiet spell (``check_interval``) and reconnects
+  when its probe does not come back, so wake-ups by notification resume.
+"""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from tests.faults._cluster import PrivateCluster
 from tests.faults._db import fetch
-from tests.faults._fleet import start_worker
+from tests.faults._fleet import WorkerProcess, start_worker
 from tests.faults._jobs import Spec
 from tests.faults._load import enqueue
 from tests.faults._oracle import wait_settled
@@ -18,39 +28,84 @@ pytestmark = pytest.mark.timeout(90)
 
 LEASE = 1.0
 POLL = 0.2
-# Generous: lease, a few polls and the pool's own reconnect, several times over.
-WITHIN = 15.0
+OPERATION_TIMEOUT = "2"
+# The operation bound, the pool's replacement connection and a backoff, twice over.
+WITHIN = 10.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: no statement of the state adapter is bounded on the client side, "
-    "so a worker whose pooled connections black-hole waits on them for ever",
-)
-def test_worker_whose_connections_blackhole_still_runs_new_jobs(
-    fault_dsn: str, cluster: PrivateCluster
-) -> None:
-    proxy = Proxy(cluster.port).start()
+def _run_second_job(fault_dsn: str, worker: WorkerProcess, proxy: Proxy) -> tuple[bool, float]:
+    """A first job through the proxy (the pool and the listener hold connections),
+    then the proxy black-holes them all and a second job is enqueued directly: whether
+    it settled within WITHIN, and how long it took."""
+    enqueue(fault_dsn, [("work", Spec(n=0, ms=10))])
+    assert wait_settled(fault_dsn, WITHIN)
+    proxy.blackhole()
+    started = time.monotonic()
+    enqueue(fault_dsn, [("work", Spec(n=1, ms=10))])
+    settled = wait_settled(fault_dsn, WITHIN)
+    return settled, time.monotonic() - started
+
+
+def _worker(fault_dsn: str, proxy: Proxy, **options: object) -> WorkerProcess:
     # The handlers' ledger goes direct: the test's own bookkeeping is not on trial.
-    worker = start_worker(
+    return start_worker(
         via(fault_dsn, proxy.port),
         "blackholed",
         types="work",
         slots=2,
         lease=LEASE,
-        poll=POLL,
         ledger_dsn=fault_dsn,
+        **options,
     )
+
+
+@pytest.mark.parametrize(
+    ("build", "operation_timeout"), [("bounded", OPERATION_TIMEOUT), ("control-unbounded", "none")]
+)
+def test_worker_whose_connections_blackhole_still_runs_new_jobs(
+    fault_dsn: str, cluster: PrivateCluster, build: str, operation_timeout: str
+) -> None:
+    proxy = Proxy(cluster.port).start()
+    worker = _worker(fault_dsn, proxy, poll=POLL, operation_timeout=operation_timeout)
     try:
-        # A first job shows the path works and gives the pool its connections.
-        enqueue(fault_dsn, [("work", Spec(n=0, ms=10))])
-        assert wait_settled(fault_dsn, WITHIN)
-        proxy.blackhole()
-        enqueue(fault_dsn, [("work", Spec(n=1, ms=10))])
-        settled = wait_settled(fault_dsn, WITHIN)
+        settled, took = _run_second_job(fault_dsn, worker, proxy)
         tail = [line.text for line in worker.lines[-10:]]
     finally:
         worker.close()
         proxy.close()
     left = fetch(fault_dsn, "SELECT status::text FROM pgwork.jobs WHERE status <> 'completed'")
-    assert settled, (left, tail)
+    if build == "bounded":
+        assert settled, (left, tail)
+        assert any("no answer" in line for line in tail), tail
+    else:
+        # Without the bound the worker waits on its silent pool connections for ever.
+        assert not settled, (took, tail)
+
+
+@pytest.mark.parametrize(
+    ("build", "listener_check"), [("checked", "1"), ("control-unchecked", "none")]
+)
+def test_listener_whose_connection_blackholes_is_replaced(
+    fault_dsn: str, cluster: PrivateCluster, build: str, listener_check: str
+) -> None:
+    """With a 30 s poll the second job can only be found through a notification, so
+    only a listener that noticed its connection went silent picks it up in time."""
+    proxy = Proxy(cluster.port).start()
+    worker = _worker(
+        fault_dsn,
+        proxy,
+        poll=30.0,
+        operation_timeout=OPERATION_TIMEOUT,
+        listener_check=listener_check,
+    )
+    try:
+        settled, took = _run_second_job(fault_dsn, worker, proxy)
+        tail = [line.text for line in worker.lines[-10:]]
+    finally:
+        worker.close()
+        proxy.close()
+    if build == "checked":
+        assert settled, tail
+        assert any("reconnecting" in line for line in tail), tail
+    else:
+        assert not settled, (took, tail)

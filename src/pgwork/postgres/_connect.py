@@ -112,7 +112,7 @@ def unreachable(dsn: str, exc: BaseException) -> DatabaseUnreachableError:
     return DatabaseUnreachableError(shown, reason or type(exc).__name__)
 
 
-def _with_timeout(dsn: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def with_connect_timeout(dsn: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Add a connect timeout unless the DSN or the caller already chose one.
 
     Parsing the DSN here also reports a malformed DSN before any network activity.
@@ -129,7 +129,7 @@ async def connect(dsn: str, **kwargs: Any) -> psycopg.AsyncConnection[Any]:
     """
     dsn = normalize_dsn(dsn)
     try:
-        return await psycopg.AsyncConnection.connect(dsn, **_with_timeout(dsn, kwargs))
+        return await psycopg.AsyncConnection.connect(dsn, **with_connect_timeout(dsn, kwargs))
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         raise unreachable(dsn, exc) from exc
 
@@ -138,6 +138,6 @@ def connect_sync(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
     """Blocking twin of :func:`connect`, for migrations and test fixtures (never the engine)."""
     dsn = normalize_dsn(dsn)
     try:
-        return psycopg.Connection.connect(dsn, **_with_timeout(dsn, kwargs))
+        return psycopg.Connection.connect(dsn, **with_connect_timeout(dsn, kwargs))
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         raise unreachable(dsn, exc) from exc

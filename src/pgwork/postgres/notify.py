@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from pgwork.adapters.notify import Listener, Notice
-from pgwork.errors import ConfigurationError, NotificationsUnavailableError
+from pgwork.errors import ConfigurationError, DatabaseTimeoutError, NotificationsUnavailableError
 from pgwork.postgres._callers import execute
 from pgwork.postgres._connect import connect, redact_dsn
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
@@ -44,6 +44,9 @@ _KINDS = ("ready", "abort", "chain_done")
 # A listener's end-to-end check; not a notice (decode_notice ignores it).
 _PROBE = "probe" + _SEP
 _POLL_HINT = Notice(kind="ready")
+# How long a silent listener's probe waits for its own notification when the adapter
+# was told not to probe at start (probe_timeout=None).
+_SILENCE_PROBE_TIMEOUT = 2.0
 
 WhenUnavailable = Literal["raise", "poll"]
 
@@ -92,9 +95,11 @@ class _PgListener:
         self._failures = 0
         self._early: list[Notice] = []  # arrived while probing
         self._poll_every: float | None = None  # set when notifications cannot arrive
+        self._heard = time.monotonic()  # when the connection last delivered anything
 
     async def open(self) -> None:
         self._conn = await self._adapter._listen_connection()
+        self._heard = time.monotonic()
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -109,11 +114,15 @@ class _PgListener:
         """
         assert self._conn is not None
         token = f"{_PROBE}{uuid4().hex}"
-        await self._adapter._publish_payloads([token])
         deadline = time.monotonic() + timeout
+        # Sending counts against the timeout too: the publishing connection may have
+        # gone silent as well.
+        with anyio.move_on_after(timeout):
+            await self._adapter._publish_payloads([token])
         while (left := deadline - time.monotonic()) > 0:
             # stop_after, not break: psycopg's generator holds the connection's lock.
             async for note in self._conn.notifies(timeout=left, stop_after=1):
+                self._heard = time.monotonic()
                 if note.payload == token:
                     return True
                 self._collect(note.payload, self._early)
@@ -133,10 +142,17 @@ class _PgListener:
             return [_POLL_HINT]
         if self._conn is None or self._conn.closed or self._conn.broken:
             return await self._reconnect(timeout)
+        check_every = self._adapter.check_interval
+        if check_every is not None:
+            silent_for = time.monotonic() - self._heard
+            if silent_for >= check_every:
+                return await self._check_silence(timeout)
+            timeout = min(timeout, check_every - silent_for)
         notices: list[Notice] = []
         try:
             gen = self._conn.notifies(timeout=timeout, stop_after=1)
             async for note in gen:
+                self._heard = time.monotonic()
                 self._collect(note.payload, notices)
             # Drain whatever else already arrived without waiting again.
             async for note in self._conn.notifies(timeout=0.0):
@@ -146,6 +162,27 @@ class _PgListener:
             await self.close()
             return await self._reconnect(timeout)
         return notices
+
+    async def _check_silence(self, budget: float) -> list[Notice]:
+        """The listener heard nothing for a while: prove the connection still carries
+        notifications, or replace it."""
+        waited = self._adapter.probe_timeout or _SILENCE_PROBE_TIMEOUT
+        try:
+            alive = await self.probe(waited)
+        except (psycopg.OperationalError, DatabaseTimeoutError) as exc:
+            log.warning("pgwork listener check failed: %s", exc)
+            alive = False
+        if alive:
+            early, self._early = self._early, []
+            return early
+        log.warning(
+            "pgwork listener heard nothing, not even its own probe within %.1fs: "
+            "reconnecting (a network path that dropped the connection silently?)",
+            waited,
+        )
+        # Closing only discards the local end: nothing waits on a silent peer.
+        await self.close()
+        return await self._reconnect(budget)
 
     def _collect(self, payload: str, into: list[Notice]) -> None:
         notice = decode_notice(payload)
@@ -183,6 +220,8 @@ class PostgresNotifyAdapter:
         probe_timeout: float | None = 2.0,
         when_unavailable: WhenUnavailable = "raise",
         fallback_poll_interval: float = 1.0,
+        check_interval: float | None = 60.0,
+        publish_timeout: float | None = 10.0,
     ) -> None:
         """``dsn`` must reach PostgreSQL directly (or through a session-mode pooler) for
         ``listen``; publishing works through any pooler.
@@ -199,12 +238,16 @@ class PostgresNotifyAdapter:
         for name, value in (
             ("probe_timeout", probe_timeout),
             ("fallback_poll_interval", fallback_poll_interval),
+            ("check_interval", check_interval),
+            ("publish_timeout", publish_timeout),
         ):
             if value is not None and value <= 0:
                 raise ConfigurationError(f"{name} must be positive, got {value!r}")
         self.probe_timeout = probe_timeout
         self.when_unavailable = when_unavailable
         self.fallback_poll_interval = fallback_poll_interval
+        self.check_interval = check_interval
+        self.publish_timeout = publish_timeout
         self.schema = validate_schema_name(schema)
         self.channel = f"{self.schema}_events"
         self.reconnect_initial = reconnect_initial
@@ -233,14 +276,20 @@ class PostgresNotifyAdapter:
 
     async def _publish_payloads(self, payloads: list[str]) -> None:
         async with self._publish_lock:
-            if self._publish_conn is None or self._publish_conn.closed:
-                self._publish_conn = await self._connect()
-            try:
-                await self._publish_conn.execute(self._notify_sql, (self.channel, payloads))
-            except psycopg.OperationalError:
-                await self._publish_conn.close()
-                self._publish_conn = None
-                raise
+            with anyio.move_on_after(self.publish_timeout) as scope:
+                if self._publish_conn is None or self._publish_conn.closed:
+                    self._publish_conn = await self._connect()
+                try:
+                    await self._publish_conn.execute(self._notify_sql, (self.channel, payloads))
+                except psycopg.OperationalError:
+                    await self._publish_conn.close()
+                    self._publish_conn = None
+                    raise
+            if scope.cancelled_caught:
+                if self._publish_conn is not None:
+                    await self._publish_conn.close()
+                    self._publish_conn = None
+                raise DatabaseTimeoutError("a notification", self.publish_timeout or 0.0)
 
     @asynccontextmanager
     async def listen(self) -> AsyncIterator[Listener]:

@@ -31,13 +31,15 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgwork.adapters.state import TransactionHandle
+from pgwork.errors import ConfigurationError
 from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
-from pgwork.postgres._connect import connect, normalize_dsn
+from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeout
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
+from pgwork.postgres._pool import BoundedPool, borrow
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._state_complete import CompletionOps
@@ -47,10 +49,15 @@ from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
 
-__all__ = ["PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
+__all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
 
 # psycopg's own default for ``prepare_threshold``.
 PSYCOPG_PREPARE_THRESHOLD = 5
+
+# Bound on one operation on the adapter's own connections (seconds). Every statement
+# pgwork runs for itself takes milliseconds; one that takes this long is waiting on a
+# connection that will never answer (or on a lock that someone else holds too long).
+DEFAULT_OPERATION_TIMEOUT = 30.0
 
 
 class PostgresStateAdapter(
@@ -69,9 +76,12 @@ class PostgresStateAdapter(
         *,
         schema: str = DEFAULT_SCHEMA,
         owns_pool: bool = False,
+        operation_timeout: float | None = DEFAULT_OPERATION_TIMEOUT,
     ) -> None:
+        _check_operation_timeout(operation_timeout)
         self.schema = validate_schema_name(schema)
         self.pool = pool
+        self.operation_timeout = operation_timeout
         self._owns_pool = owns_pool
         self._sql = render(self.schema)
         self._csql = render_chain_statements(self.schema)
@@ -87,6 +97,7 @@ class PostgresStateAdapter(
         max_size: int = 10,
         verify: bool = True,
         prepare_threshold: int | None = PSYCOPG_PREPARE_THRESHOLD,
+        operation_timeout: float | None = DEFAULT_OPERATION_TIMEOUT,
     ) -> Self:
         """Open a pool on ``dsn``; raises DatabaseUnreachableError / SchemaMissingError /
         SchemaOutdatedError with the next step in the message.
@@ -98,8 +109,14 @@ class PostgresStateAdapter(
         the next transaction to another, where the name is missing or taken
         (``InvalidSqlStatementName`` / ``DuplicatePreparedStatement``). Nothing else
         pgwork's state adapter does depends on the server session (docs/deploying.md).
+
+        ``operation_timeout`` bounds each operation the adapter runs on its own
+        connections (not in a caller's transaction): past it the connection is closed
+        and ``DatabaseTimeoutError`` raised, so a connection whose network path went
+        silent cannot hold a worker for ever. None waits for ever.
         """
         schema = validate_schema_name(schema)
+        _check_operation_timeout(operation_timeout)
         dsn = normalize_dsn(dsn)
         options: dict[str, Any] = {"prepare_threshold": prepare_threshold}
         probe = await connect(dsn, **options)
@@ -109,16 +126,16 @@ class PostgresStateAdapter(
                 await verify_schema(probe, schema)
         finally:
             await probe.close()
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pool = BoundedPool(
             dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, **options},
+            kwargs=with_connect_timeout(dsn, {"autocommit": True, **options}),
             open=False,
             name=f"pgwork-{schema}",
         )
         await pool.open(wait=True, timeout=30)
-        return cls(pool, schema=schema, owns_pool=True)
+        return cls(pool, schema=schema, owns_pool=True, operation_timeout=operation_timeout)
 
     async def verify(self) -> None:
         async with self._pooled() as conn:
@@ -130,26 +147,20 @@ class PostgresStateAdapter(
 
     @asynccontextmanager
     async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection from the pool. When it turns out broken (server restarted,
-        backend terminated), every idle connection is checked at once: after a restart
-        they are all dead, and the pool hands out each of them once more otherwise,
-        each failing one worker turn while the worker's backoff keeps growing."""
-        broken = False
-        try:
-            async with self.pool.connection() as conn:
-                try:
-                    yield conn
-                finally:
-                    broken = conn.broken
-        finally:
-            if broken:
-                await self.pool.check()
+        """A connection from the pool for one operation, bounded by
+        ``operation_timeout`` (``_pool.borrow``). When it turns out broken (server
+        restarted, backend terminated, no answer), every idle connection is checked:
+        after a restart they are all dead, and the pool hands out each of them once
+        more otherwise, each failing one worker turn."""
+        async with borrow(self.pool, self.operation_timeout) as conn:
+            yield conn
 
     # --- transactions ------------------------------------------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
-        async with self._pooled() as conn, conn.transaction():
+        # Not bounded: the block is the caller's, and may hold anything.
+        async with borrow(self.pool, None) as conn, conn.transaction():
             yield PgTransaction(conn)
 
     async def adopt(self, tx: object) -> TransactionHandle:
@@ -173,3 +184,8 @@ class PostgresStateAdapter(
     ) -> list[tuple[Any, ...]]:
         with translate_errors(self.schema):
             return await fetch(conn, query, params)  # type: ignore[return-value]
+
+
+def _check_operation_timeout(value: float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigurationError(f"operation_timeout must be positive or None, got {value!r}")

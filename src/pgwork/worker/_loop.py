@@ -30,7 +30,7 @@ import anyio.abc
 
 from pgwork.adapters.state import AcquiredJob, WorkerInfo
 from pgwork.client import Client
-from pgwork.errors import ConfigurationError, PgworkError, WorkerStateError
+from pgwork.errors import ConfigurationError, DatabaseTimeoutError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
 from pgwork.middleware import CallNext, Middleware, compose
 from pgwork.observability import (
@@ -369,6 +369,11 @@ class InProcessWorker:
                     await self._reaper.reap_one(held=list(self._slots.by_token), idle=self._idle)
                     self._fill()
                     await self._look_ahead()
+                except DatabaseTimeoutError as exc:
+                    # A connection that went silent: it was closed, and a new one may
+                    # work (a PgworkError, but one that heals by retrying).
+                    await self._back_off(exc)
+                    continue
                 except PgworkError:
                     raise  # configuration/schema problems do not heal by retrying
                 except Exception as exc:
