@@ -34,6 +34,7 @@ from pgwork.errors import (
     ChainNotFoundError,
     ConfigurationError,
     JobNotFoundError,
+    PayloadError,
 )
 from pgwork.job_types import JobType, JobTypeRegistry
 from pgwork.observability import JOB_ENQUEUED, Observer, default_observers
@@ -229,7 +230,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
     def _decode_input(self, type_name: str, data: Any) -> Any:
         if type_name not in self.registry:
             return data
-        return self.registry.get(type_name).input_codec.decode(data)
+        return _leniently(self.registry.get(type_name).input_codec.decode, data)
 
     def _decoded(self, job: Job[Any]) -> Job[Any]:
         if job.type_name not in self.registry:
@@ -237,8 +238,8 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
         job_type = self.registry.get(job.type_name)
         output = job.output
         if output is not None and job.status is JobStatus.COMPLETED:
-            output = job_type.output_codec.decode(output)
-        return replace(job, input=job_type.input_codec.decode(job.input), output=output)
+            output = _leniently(job_type.output_codec.decode, output)
+        return replace(job, input=_leniently(job_type.input_codec.decode, job.input), output=output)
 
     async def close(self) -> None:
         """Close both adapters (their pools and listener connections)."""
@@ -342,3 +343,14 @@ def create_client(
         max_payload_bytes=max_payload_bytes,
         observers=observers,
     )
+
+
+def _leniently(decode: Callable[[Any], Any], stored: Any) -> Any:
+    """``decode(stored)``, or ``stored`` itself when it no longer fits its model (the
+    model changed since it was written, or it is an ``UndecodablePayload``): a read
+    shows every row it finds rather than failing on one; the worker, which must act
+    on the value, still fails such a job."""
+    try:
+        return decode(stored)
+    except PayloadError:
+        return stored

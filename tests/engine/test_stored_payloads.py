@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import Attempt, JobTypeRegistry
+from pgwork.records import UndecodablePayload
 
 from .conftest import ClientFactory, eventually, scalar
 
@@ -85,3 +86,51 @@ async def _attempt_and_message(dsn: str, job_id: Any) -> tuple[int, str]:
         row = await cur.fetchone()
     assert row is not None
     return int(row[0]), str(row[1])
+
+
+class Renamed(BaseModel):
+    """``Num`` after a deploy renamed its field: rows written before no longer fit."""
+
+    count: int
+
+
+async def test_reads_show_every_row_even_one_that_cannot_be_decoded(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """get_job, get_chain, list_jobs and list_chains return a row whose stored input
+    cannot be parsed (an ``UndecodablePayload`` stands in) or no longer fits its model
+    (the stored JSON as it is), and decode every other row as usual."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    good, poison, stale = [await client.start_chain(conn, step, Num(n=n)) for n in range(3)]
+    await conn.execute(
+        "UPDATE pgwork.jobs SET input = (repeat('[', %s) || repeat(']', %s))::jsonb WHERE id = %s",
+        (DEPTH, DEPTH, poison.job_id),
+    )
+    await conn.execute(
+        """UPDATE pgwork.jobs SET input = '{"count": 7}'::jsonb WHERE id = %s""", (stale.job_id,)
+    )
+    await conn.commit()
+
+    unparsable = (await client.get_job(poison.job_id)).input
+    assert isinstance(unparsable, UndecodablePayload)
+    assert "nested too deeply" in unparsable.reason
+    assert (await client.get_job(stale.job_id)).input == {"count": 7}
+    assert (await client.get_job(good.job_id)).input == Num(n=0)
+    assert isinstance((await client.get_chain(poison.id)).input, UndecodablePayload)
+
+    jobs = {job.id: job.input for job in (await client.list_jobs(limit=10)).items}
+    assert jobs[good.job_id] == Num(n=0)
+    assert isinstance(jobs[poison.job_id], UndecodablePayload)
+    assert jobs[stale.job_id] == {"count": 7}
+    chains = {chain.id: chain.input for chain in (await client.list_chains(limit=10)).items}
+    assert chains[good.id] == Num(n=0)
+    assert isinstance(chains[poison.id], UndecodablePayload)
+
+    # A registry whose model changed decodes the rows that fit it.
+    renamed = JobTypeRegistry()
+    renamed.job_type("step", input=Renamed)
+    later = await make_client(renamed)
+    assert (await later.get_job(stale.job_id)).input == Renamed(count=7)
+    assert (await later.get_job(good.job_id)).input == {"n": 0}

@@ -20,8 +20,8 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         chain_id=r[2],
         chain_type_name=r[3],
         chain_index=r[4],
-        input=r[5],
-        output=r[6],
+        input=parse_stored_json(r[5]),
+        output=parse_stored_json(r[6]),
         status=JobStatus(r[7]),
         queue=r[8],
         priority=r[9],
@@ -85,10 +85,11 @@ def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
 def parse_stored_json(text: str | None) -> Any:
     """Parse one stored JSON text, or stand in an ``UndecodablePayload`` for it.
 
-    The acquire reads inputs as text and parses them here, one row at a time: parsed
-    by the driver, one undecodable value (say, nested 5,000 deep by a hand-written
-    INSERT) would fail the whole fetch, and every job leased with it would wait for
-    its lease to expire, losing an attempt for nothing.
+    The acquire and every listing read inputs (and outputs) as text and parse them
+    here, one row at a time: parsed by the driver, one undecodable value (say, nested
+    5,000 deep by a hand-written INSERT) would fail the whole fetch: every job leased
+    with it would wait for its lease to expire, losing an attempt for nothing, and a
+    listing or the dashboard could not show any of its rows.
     """
     if text is None:
         return None

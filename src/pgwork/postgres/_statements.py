@@ -16,10 +16,11 @@ from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
 
-# Columns of a full job row, in the order ``_rows.job_from_row`` reads them.
+# Columns of a full job row, in the order ``_rows.job_from_row`` reads them. Input and
+# output come as text and are parsed row by row (``_rows.parse_stored_json``).
 _JOB_COLUMNS = """
     {alias}.id, {alias}.type_name, {alias}.chain_id, {alias}.chain_type_name,
-    {alias}.chain_index, {alias}.input, {alias}.output, {alias}.status::text,
+    {alias}.chain_index, {alias}.input::text, {alias}.output::text, {alias}.status::text,
     {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
