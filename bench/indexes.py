@@ -14,9 +14,9 @@ phases, each measured on the server rather than by the wall clock:
 
 For each phase: WAL bytes per job written for each relation (the heap, each index; read
 back with ``pg_walinspect`` and filtered to this database, so other databases' traffic
-on a shared server does not count), server CPU per job (user + system time of the
-database's backends, from ``/proc``: the server must run on this machine, else it shows
-n/a), and for the drain how many row updates were HOT. ``--backlog N`` then loads N
+on a shared server does not count), server CPU per job (the time the database's
+backends ran, from ``/proc/PID/schedstat``: the server must run on this machine, else
+it shows n/a), and for the drain how many row updates were HOT. ``--backlog N`` then loads N
 pending jobs more (server-side, like ``python -m bench``'s backlog workload), prints
 each index's size there, and drains ``--jobs`` of them, for the rate at depth next to
 the rate at ``--jobs``. Which indexes each phase read is printed from
@@ -45,8 +45,6 @@ from pgwork.postgres import migrate
 from pgwork.testing.databases import create_migrated_database, drop_database
 
 __all__ = ["main"]
-
-_TICK = os.sysconf("SC_CLK_TCK")
 
 # WAL records of this database between two LSNs, summed per relfilenode (records that
 # touch no relation, such as commits, under 0). A record is counted once, under the
@@ -92,14 +90,14 @@ def _short(name: str) -> str:
 
 
 def _cpu_seconds(pids: Iterable[int]) -> dict[int, float] | None:
-    """User + system seconds of each process, or None where /proc does not show them."""
+    """Seconds each process has run on a CPU (the scheduler's count, in nanoseconds,
+    finer than the clock ticks of ``stat``), or None where /proc does not show them."""
     out = {}
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
         except OSError:
             return None
-        out[pid] = (int(fields[11]) + int(fields[12])) / _TICK
     return out
 
 
@@ -146,7 +144,9 @@ class Probe:
 
     async def setup(self) -> None:
         await self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        cur = await self.conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
+        cur = await self.conn.execute(
+            "SELECT oid FROM pg_database WHERE datname = current_database()"
+        )
         row = await cur.fetchone()
         assert row is not None
         self.db = str(row[0])
@@ -191,9 +191,7 @@ class Probe:
             old = wal.get(rel, (0, 0, 0))
             wal[rel] = (old[0] + int(size), old[1] + int(fpi or 0), old[2] + int(count))
         cpu = _cpu_delta(before, after)
-        scans = {
-            n: after.indexes[n][1] - before.indexes.get(n, (0, 0))[1] for n in after.indexes
-        }
+        scans = {n: after.indexes[n][1] - before.indexes.get(n, (0, 0))[1] for n in after.indexes}
         return Phase(
             name,
             jobs,
@@ -397,9 +395,7 @@ async def _run(args: argparse.Namespace) -> None:
             results = []
             for variant in args.variants.split("/"):
                 results.append(
-                    await run_variant(
-                        admin, name, variant, args.jobs, args.backlog, args.renewals
-                    )
+                    await run_variant(admin, name, variant, args.jobs, args.backlog, args.renewals)
                 )
             _print(results)
         finally:
