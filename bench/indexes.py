@@ -1,26 +1,31 @@
 """What each index of ``jobs`` costs: WAL and server CPU per job, size, HOT updates.
 
-    python -m bench.indexes --dsn DSN [--jobs 10000] [--backlog 1000000]
-        [--variants head,-jobs_created_idx,...] [--revision 0004]
+    python -m bench.indexes --dsn DSN [--jobs 10000] [--backlog 1000000] [--repeat 3]
+        [--variants "head/at=0004/-jobs_created_idx/ff=100;-jobs_chains_idx"]
 
-Each variant runs in a fresh database migrated to head (or to ``--revision``), with the
-indexes it names dropped (``-NAME``; ``head`` drops none), and goes through three
-phases, each measured on the server rather than by the wall clock:
+Each variant runs in a fresh database migrated to head, changed as the variant says
+(``head``: not at all; ``at=0004``: downgraded to that revision; ``-NAME``: that index
+dropped; see ``variant_sql`` for the rest), and goes through these phases, each
+measured on the server rather than by the wall clock:
 
 * enqueue: ``start_chains`` of 100 + commit, ``--jobs`` jobs, through the client;
 * drain: one in-process worker (10 slots, staged, no-op handler) drains them;
 * vacuum: a ``VACUUM`` of ``jobs`` afterwards (autovacuum is off for the table while
-  the phases run, so the clean-up each index causes is counted here, once).
+  the phases run, so the clean-up each index causes is counted here, once);
+* renew: ``--renewals`` jobs held by one worker id, each lease renewed three times
+  through the adapter (a job running a minute on the default 60 s lease).
 
 For each phase: WAL bytes per job written for each relation (the heap, each index; read
 back with ``pg_walinspect`` and filtered to this database, so other databases' traffic
-on a shared server does not count), server CPU per job (the time the database's
-backends ran, from ``/proc/PID/schedstat``: the server must run on this machine, else
-it shows n/a), and for the drain how many row updates were HOT. ``--backlog N`` then loads N
-pending jobs more (server-side, like ``python -m bench``'s backlog workload), prints
-each index's size there, and drains ``--jobs`` of them, for the rate at depth next to
-the rate at ``--jobs``. Which indexes each phase read is printed from
-``pg_stat_user_indexes``.
+on a shared server does not count), with and without full-page images (those depend on
+when the server last checkpointed, the rest does not); server CPU per job (the time the
+database's backends ran, from ``/proc/PID/schedstat``: the server must run on this
+machine, else it shows n/a); how many row updates were HOT; which indexes the phase
+read (``pg_stat_user_indexes``). ``--backlog N`` then loads N pending jobs more
+(server-side, like ``python -m bench``'s backlog workload), prints each index's size
+there, and drains ``--jobs`` of them, for the rate at depth next to the rate at
+``--jobs``. ``--repeat N`` runs the variants N times, interleaved (on a shared machine
+CPU figures move between minutes), and ends with each variant's medians.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -295,7 +301,7 @@ def variant_sql(variant: str) -> list[str]:
     jobs = f"{SCHEMA}.jobs"
     out = []
     for change in filter(None, (c.strip() for c in variant.split(";"))):
-        if change == "head":
+        if change == "head" or change.startswith("at="):
             continue
         if change.startswith("-"):
             out.append(f"DROP INDEX {SCHEMA}.{change[1:]}")
@@ -314,6 +320,9 @@ async def run_variant(
 ) -> Result:
     result = Result(variant)
     with fresh_database(admin, template=template) as dsn:
+        for change in variant.split(";"):
+            if change.strip().startswith("at="):
+                migrate.downgrade(dsn, schema=SCHEMA, revision=change.strip()[3:])
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             probe = Probe(conn)
             await probe.setup()
@@ -362,11 +371,13 @@ def _print(results: list[Result], print_: Callable[[str], None] = print) -> None
         print_(f"\n== {result.variant}")
         for ph in result.phases:
             total = sum(b for b, _, _ in ph.wal.values())
+            fpi = sum(f for _, f, _ in ph.wal.values())
             cpu = "n/a" if ph.cpu is None else f"{ph.cpu / ph.jobs * 1e6:.0f} µs"
             hot = f", updates {ph.updates:,} ({ph.hot:,} HOT)" if ph.updates else ""
             print_(
                 f"{ph.name}: {ph.jobs / ph.seconds:,.0f} jobs/s, server CPU {cpu} per job, "
-                f"WAL {total / ph.jobs:,.0f} B per job{hot}"
+                f"WAL {total / ph.jobs:,.0f} B per job ({(total - fpi) / ph.jobs:,.0f} without "
+                f"full-page images){hot}"
             )
             for rel, (size, fpi, count) in sorted(ph.wal.items(), key=lambda kv: -kv[1][0]):
                 print_(
@@ -385,19 +396,37 @@ def _print(results: list[Result], print_: Callable[[str], None] = print) -> None
             print_(f"    {'heap':28} {'':14}   at backlog: {result.heap_backlog / 2**20:8,.1f} MiB")
 
 
+def _print_medians(results: list[Result], print_: Callable[[str], None] = print) -> None:
+    print_("\n== medians per variant (server CPU µs per job / WAL B per job without FPI)")
+    for variant in dict.fromkeys(r.variant for r in results):
+        runs = [r for r in results if r.variant == variant]
+        cells = []
+        for i, ph in enumerate(runs[0].phases):
+            phases = [r.phases[i] for r in runs]
+            cpus = [p.cpu / p.jobs * 1e6 for p in phases if p.cpu is not None]
+            wal = [sum(b - f for b, f, _ in p.wal.values()) / p.jobs for p in phases]
+            rate = statistics.median(p.jobs / p.seconds for p in phases)
+            cpu = f"{statistics.median(cpus):.0f}" if cpus else "n/a"
+            cells.append(f"{ph.name} {cpu} / {statistics.median(wal):,.0f} ({rate:,.0f}/s)")
+        print_(f"{variant}: " + "; ".join(cells))
+
+
 async def _run(args: argparse.Namespace) -> None:
     with server(args.dsn) as (admin, _kind):
         template = create_migrated_database(admin)
         name = psycopg.conninfo.conninfo_to_dict(template)["dbname"]
         try:
-            if args.revision:
-                migrate.downgrade(template, schema=SCHEMA, revision=args.revision)
             results = []
-            for variant in args.variants.split("/"):
-                results.append(
-                    await run_variant(admin, name, variant, args.jobs, args.backlog, args.renewals)
-                )
+            for _ in range(args.repeat):
+                for variant in args.variants.split("/"):
+                    results.append(
+                        await run_variant(
+                            admin, name, variant, args.jobs, args.backlog, args.renewals
+                        )
+                    )
             _print(results)
+            if args.repeat > 1:
+                _print_medians(results)
         finally:
             drop_database(admin, str(name))
 
@@ -416,7 +445,7 @@ def main() -> None:
     parser.add_argument(
         "--renewals", type=int, default=1000, help="jobs whose lease is renewed 3 times"
     )
-    parser.add_argument("--revision", help="migrate to this revision instead of head")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant")
     asyncio.run(_run(parser.parse_args()))
 
 
