@@ -1,12 +1,12 @@
 """What each index of ``jobs`` costs: WAL and server CPU per job, size, HOT updates.
 
     python -m bench.indexes --dsn DSN [--jobs 10000] [--backlog 1000000] [--repeat 3]
-        [--variants "head/at=0004/-jobs_created_idx/ff=100;-jobs_chains_idx"]
+        [--variants "head/-jobs_created_idx/ff=100;-jobs_chains_idx"]
 
 Each variant runs in a fresh database migrated to head, changed as the variant says
-(``head``: not at all; ``at=0004``: downgraded to that revision; ``-NAME``: that index
-dropped; see ``variant_sql`` for the rest), and goes through these phases, each
-measured on the server rather than by the wall clock:
+(``head``: not at all; ``-NAME``: that index dropped; see ``variant_sql`` for the
+rest), and goes through these phases, each measured on the server rather than by the
+wall clock:
 
 * enqueue: ``start_chains`` of 100 + commit, ``--jobs`` jobs, through the client;
 * drain: one in-process worker (10 slots, staged, no-op handler) drains them;
@@ -25,7 +25,9 @@ read (``pg_stat_user_indexes``). ``--backlog N`` then loads N pending jobs more
 (server-side, like ``python -m bench``'s backlog workload), prints each index's size
 there, and drains ``--jobs`` of them, for the rate at depth next to the rate at
 ``--jobs``. ``--repeat N`` runs the variants N times, interleaved (on a shared machine
-CPU figures move between minutes), and ends with each variant's medians.
+CPU figures move between minutes), and ends with each variant's medians. To compare
+two builds (each with its schema and statements), run this file alternately with each
+build's ``src`` first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from bench._env import fresh_database, server
 from bench._pgwork_app import SCHEMA, Counter, Item, bulk_load, open_client
 from pgwork import ChainStart, PostgresStateAdapter, create_in_process_worker
 from pgwork.adapters.state import Lease
-from pgwork.postgres import migrate
 from pgwork.testing.databases import create_migrated_database, drop_database
 
 __all__ = ["main"]
@@ -301,7 +302,7 @@ def variant_sql(variant: str) -> list[str]:
     jobs = f"{SCHEMA}.jobs"
     out = []
     for change in filter(None, (c.strip() for c in variant.split(";"))):
-        if change == "head" or change.startswith("at="):
+        if change == "head":
             continue
         if change.startswith("-"):
             out.append(f"DROP INDEX {SCHEMA}.{change[1:]}")
@@ -320,9 +321,6 @@ async def run_variant(
 ) -> Result:
     result = Result(variant)
     with fresh_database(admin, template=template) as dsn:
-        for change in variant.split(";"):
-            if change.strip().startswith("at="):
-                migrate.downgrade(dsn, schema=SCHEMA, revision=change.strip()[3:])
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             probe = Probe(conn)
             await probe.setup()
