@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
+from pgwork.postgres._statements import _in_chain, _last_job
 
 # Mark the blocker chains' roots as having dependants, in the enqueueing transaction.
 # Writing the row makes a concurrent end of that chain wait for us and then read the
@@ -120,16 +121,11 @@ WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
 
 # Outputs of a job's blocker chains, in declaration order: the output of each chain's
 # last job once the chain completed.
-BLOCKER_OUTPUTS = """
+BLOCKER_OUTPUTS = f"""
 SELECT b.blocker_chain_id, r.chain_status::text, last.type_name, last.output
-FROM {job_blockers} AS b
-LEFT JOIN {jobs} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
-LEFT JOIN LATERAL (
-    SELECT c.type_name, c.output FROM {jobs} AS c
-    WHERE c.chain_id = b.blocker_chain_id
-    ORDER BY c.chain_index DESC
-    LIMIT 1
-) AS last ON true
+FROM {{job_blockers}} AS b
+LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
+LEFT JOIN LATERAL {_last_job("r")} AS last ON true
 WHERE b.job_id = %(job_id)s
 ORDER BY b.position
 """
@@ -137,31 +133,31 @@ ORDER BY b.position
 # Cancel whole chains: every job not yet final becomes cancelled, the root records the
 # chain as cancelled. Running jobs' holders learn it from their next renewal (and from
 # the abort notice the client publishes in the same transaction).
-CANCEL_CHAINS = """
+CANCEL_CHAINS = f"""
 WITH target AS (
-    SELECT r.id FROM {jobs} AS r
+    SELECT r.id FROM {{jobs}} AS r
     WHERE r.id = ANY(%(chain_ids)s::uuid[]) AND r.id = r.chain_id
       AND r.chain_status = 'active'
     ORDER BY r.id
     FOR UPDATE
 ),
 jobs_cancelled AS (
-    UPDATE {jobs} AS j
+    UPDATE {{jobs}} AS j
     SET status = 'cancelled',
         completed_at = now(),
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
-        chain_status = CASE WHEN j.id = j.chain_id THEN 'cancelled'::{chain_status}
+        chain_status = CASE WHEN j.id = j.chain_id THEN 'cancelled'::{{chain_status}}
                             ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id THEN now()
                                   ELSE j.chain_completed_at END
     FROM target AS t
-    WHERE j.chain_id = t.id AND j.status IN ('blocked', 'pending', 'running')
+    WHERE {_in_chain("j", "t.id")} AND j.status IN ('blocked', 'pending', 'running')
     RETURNING j.id, j.chain_id, j.status
 ),
 roots AS (
-    UPDATE {jobs} AS r
+    UPDATE {{jobs}} AS r
     SET chain_status = 'cancelled', chain_completed_at = now()
     FROM target AS t
     WHERE r.id = t.id AND NOT EXISTS (SELECT 1 FROM jobs_cancelled AS c WHERE c.id = r.id)

@@ -14,6 +14,7 @@ from functools import lru_cache
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
+from pgwork.postgres._statements import _in_chain
 
 # Completions among the newest ``sample`` jobs by creation (jobs_created_idx, read
 # backwards), failures from jobs_attention_idx (failed jobs are few), both capped at
@@ -55,13 +56,14 @@ ORDER BY 1, 2, 3
 """
 
 # The chains this chain's jobs wait for: the blocker edges of its jobs (primary key of
-# job_blockers leads with job_id; a chain's jobs come from jobs_chain_idx).
-CHAIN_BLOCKERS = """
+# job_blockers leads with job_id; a chain's jobs come from the primary key and
+# jobs_chain_idx).
+CHAIN_BLOCKERS = f"""
 SELECT j.chain_id, j.id, e.blocker_chain_id, r.chain_status::text, j.status::text
-FROM {jobs} AS j
-JOIN {job_blockers} AS e ON e.job_id = j.id
-LEFT JOIN {jobs} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
-WHERE j.chain_id = %(chain_id)s::uuid
+FROM {{jobs}} AS j
+JOIN {{job_blockers}} AS e ON e.job_id = j.id
+LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
+WHERE {_in_chain("j", "%(chain_id)s::uuid")}
 ORDER BY j.chain_index, e.position
 LIMIT %(limit)s
 """

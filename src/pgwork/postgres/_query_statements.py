@@ -19,7 +19,7 @@ from functools import lru_cache
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres._statements import _columns
+from pgwork.postgres._statements import _columns, _in_chain, _last_job
 
 # A job that may still run (a failed one can be retried) and then reads its blockers'
 # outputs: while one exists, the chains it waits for are kept.
@@ -31,7 +31,7 @@ FROM {{jobs}} AS j
 WHERE (%(type_name)s::text IS NULL OR j.type_name = %(type_name)s::text)
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
   AND (%(status)s::{{job_status}} IS NULL OR j.status = %(status)s::{{job_status}})
-  AND (%(chain_id)s::uuid IS NULL OR j.chain_id = %(chain_id)s::uuid)
+  AND (%(chain_id)s::uuid IS NULL OR {_in_chain("j", "%(chain_id)s::uuid")})
   AND (%(created_after)s::timestamptz IS NULL OR j.created_at > %(created_after)s::timestamptz)
   AND (%(created_before)s::timestamptz IS NULL
        OR j.created_at < %(created_before)s::timestamptz)
@@ -96,12 +96,7 @@ page AS (
 )
 SELECT p.chain_status::text, p.chain_completed_at, {_columns("p")}, {_columns("cur")}
 FROM page AS p
-CROSS JOIN LATERAL (
-    SELECT * FROM {{jobs}} AS c
-    WHERE c.chain_id = p.id
-    ORDER BY c.chain_index DESC
-    LIMIT 1
-) AS cur
+CROSS JOIN LATERAL {_last_job("p")} AS cur
 ORDER BY p.created_at DESC, p.id DESC
 """
 
@@ -194,10 +189,10 @@ ORDER BY e.blocker_chain_id, d.id
 """
 
 # Every job of the chains; their own blocker edges go with them (ON DELETE CASCADE).
-DELETE_CHAINS = """
+DELETE_CHAINS = f"""
 WITH gone AS (
-    DELETE FROM {jobs} AS j
-    WHERE j.chain_id = ANY(%(ids)s::uuid[])
+    DELETE FROM {{jobs}} AS j
+    WHERE {_in_chain("j", "ANY(%(ids)s::uuid[])")}
     RETURNING j.id, j.chain_id
 )
 SELECT count(*) FILTER (WHERE id = chain_id), count(*) FROM gone
@@ -242,7 +237,7 @@ LIMIT %(limit)s
 DELETE_EXPIRED_CHAINS = f"""
 WITH gone AS (
     DELETE FROM {{jobs}} AS j
-    WHERE j.chain_id = ANY(%(ids)s::uuid[])
+    WHERE {_in_chain("j", "ANY(%(ids)s::uuid[])")}
       AND NOT EXISTS (
           SELECT 1
           FROM {{job_blockers}} AS e

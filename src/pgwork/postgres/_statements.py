@@ -32,6 +32,36 @@ def _columns(alias: str) -> str:
     return _JOB_COLUMNS.replace("{alias}", alias)
 
 
+def _in_chain(alias: str, chain: str) -> str:
+    """SQL: job ``alias`` belongs to the chain(s) ``chain`` (``%(x)s``, ``ANY(...)``).
+
+    ``jobs_chain_idx`` holds continuations only (migration 0005), so the root is matched
+    apart, by primary key; the planner reads the two indexes and ORs the results.
+    """
+    return (
+        f"(({alias}.id = {chain} AND {alias}.id = {alias}.chain_id)"
+        f" OR ({alias}.chain_id = {chain} AND {alias}.id <> {alias}.chain_id))"
+    )
+
+
+def _last_job(root: str) -> str:
+    """SQL: the newest job (a whole row) of the chain whose root row is ``root``, an
+    alias in scope: its last continuation (``jobs_chain_idx``, which holds
+    continuations only), else the root itself. No row when ``root`` is NULL."""
+    return f"""(
+        SELECT n.* FROM (
+            (SELECT c.* FROM {{jobs}} AS c
+             WHERE c.chain_id = {root}.id AND c.id <> c.chain_id
+             ORDER BY c.chain_index DESC
+             LIMIT 1)
+            UNION ALL
+            SELECT {root}.* WHERE {root}.id IS NOT NULL
+        ) AS n
+        ORDER BY n.chain_index DESC
+        LIMIT 1
+    )"""
+
+
 # Arrays go in binary (``%(x)b``), which psycopg dumps several times faster than text;
 # inputs and trace contexts travel as text and are parsed as jsonb here. The outer
 # SELECT announces the ready queues (``%(ready)s``, already encoded; empty or a NULL
@@ -563,19 +593,14 @@ WHERE j.id = ANY(%(ids)s::uuid[])
 LIST_CHAIN_JOBS = f"""
 SELECT {_columns("j")}
 FROM {{jobs}} AS j
-WHERE j.chain_id = %(chain_id)s
+WHERE {_in_chain("j", "%(chain_id)s::uuid")}
 ORDER BY j.chain_index
 """
 
 GET_CHAINS = f"""
 SELECT r.chain_status::text, r.chain_completed_at, {_columns("r")}, {_columns("cur")}
 FROM {{jobs}} AS r
-CROSS JOIN LATERAL (
-    SELECT * FROM {{jobs}} AS c
-    WHERE c.chain_id = r.id
-    ORDER BY c.chain_index DESC
-    LIMIT 1
-) AS cur
+CROSS JOIN LATERAL {_last_job("r")} AS cur
 WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
 """
 

@@ -114,8 +114,16 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "leased_until",
             postgresql_where=sa.text("status = 'running'"),
         ),
-        # A chain's jobs in order.
-        sa.Index("jobs_chain_idx", "chain_id", "chain_index", unique=True),
+        # A chain's continuations in order; its root (id = chain_id, chain_index 0) is
+        # found by primary key, so most chains, one job long, cost no entry here
+        # (migration 0005).
+        sa.Index(
+            "jobs_chain_idx",
+            "chain_id",
+            "chain_index",
+            unique=True,
+            postgresql_where=sa.text("id <> chain_id"),
+        ),
         # Chains (root rows) by type and status, newest first for listings and retention.
         sa.Index(
             "jobs_chains_idx",
