@@ -6,7 +6,10 @@ Three paths give identical rows (a test holds them to it):
   array of a thousand values several times faster than a text one, and the parameter
   count stays fixed). The same statement announces the ready queues with
   ``pg_notify``, so enqueue and wake-up cost one round trip, delivered only on commit.
-  ``INSERT_JOB`` is the same for a single job, with scalar parameters.
+  ``INSERT_JOB`` is the same for a single job, with scalar parameters, and
+  ``INSERT_PLAIN_JOB`` for a single plain job (``write_plain_job``): the commonest
+  enqueue, one ``start_chain`` of a job runnable now, with as little as possible
+  between the caller and its one statement.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
@@ -28,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
+from functools import lru_cache
 from itertools import chain, islice
 from typing import Any
 
@@ -49,8 +53,10 @@ __all__ = [
     "insert_params",
     "insert_streamed",
     "is_plain",
+    "ready_notice",
     "ready_queues",
     "write_jobs",
+    "write_plain_job",
 ]
 
 # Rows per INSERT statement: the statement has a fixed number of (array) parameters,
@@ -234,6 +240,42 @@ async def write_jobs(
     return announced
 
 
+async def write_plain_job(
+    conn: DbConn, statements: Statements, schema: str, job: NewJob, *, channel: str | None
+) -> None:
+    """Insert one plain job (see ``is_plain``) in ``conn``'s transaction; with
+    ``channel``, announce its queue on it in the same statement."""
+    context = job.context
+    trace = job.trace_context
+    with translate_errors(schema):
+        await execute(
+            conn,
+            statements.insert_plain_job,
+            {
+                "id": job.id,
+                "type_name": job.type_name,
+                "chain_id": job.chain_id,
+                "chain_type_name": job.chain_type_name,
+                "chain_index": job.chain_index,
+                "input": job.input_json,
+                "queue": job.queue,
+                "priority": job.priority,
+                "max_attempts": job.max_attempts,
+                "trace_context": json.dumps(dict(trace)) if trace else None,
+                "context": json.dumps(dict(context)) if context else None,
+                "channel": channel,
+                "ready": ready_notice(job.queue) if channel is not None else None,
+            },
+        )
+
+
+@lru_cache(maxsize=256)
+def ready_notice(queue: str) -> str:
+    """The encoded ``ready`` notice of ``queue``: the same text every time, so that
+    PostgreSQL folds a transaction's notices for one queue into one."""
+    return encode_notice(Notice(kind="ready", queue=queue))
+
+
 @dataclass(slots=True)
 class Streamed:
     """What ``insert_streamed`` did: a result per job it took (``None`` for a job set
@@ -349,7 +391,7 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
 
 
 def _encoded(ready: Sequence[str]) -> list[str]:
-    return [encode_notice(Notice(kind="ready", queue=q)) for q in ready]
+    return [ready_notice(q) for q in ready]
 
 
 async def _execute(conn: DbConn, query: bytes, params: dict[str, Any]) -> None:

@@ -87,6 +87,27 @@ WITH inserted AS (
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
 """
 
+# INSERT_JOB for the commonest enqueue, one job runnable now (no schedule, no blocker,
+# no dedup key): what the others compute from NULLs is written as constants, so the
+# client sends thirteen parameters, not seventeen, and the server has no GREATEST/CASE over
+# them to evaluate. ``%(ready)s``: the one encoded notice, or NULL for none.
+INSERT_PLAIN_JOB = """
+WITH inserted AS (
+    INSERT INTO {jobs} (
+        id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+        priority, max_attempts, chain_status, trace_context, context
+    )
+    VALUES (
+        %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
+        %(chain_index)s::int, %(input)s::jsonb, 'pending', %(queue)s::text,
+        %(priority)s::smallint, %(max_attempts)s::int,
+        CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
+        %(trace_context)s::jsonb, %(context)s::jsonb
+    )
+)
+SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
+"""
+
 # INSERT_JOBS's announcement alone, for batches written with COPY.
 NOTIFY_READY = """
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
@@ -589,6 +610,7 @@ class Statements:
 
     insert_jobs: bytes
     insert_job: bytes
+    insert_plain_job: bytes
     copy_jobs: bytes
     notify_ready: bytes
     lock_dedup_keys: bytes
