@@ -31,11 +31,14 @@ def _columns(alias: str) -> str:
     return _JOB_COLUMNS.replace("{alias}", alias)
 
 
-# Arrays go in binary (``%(x)b``), which psycopg dumps several times faster than text;
-# inputs and trace contexts travel as text and are parsed as jsonb here. The outer
-# SELECT announces the ready queues (``%(ready)s``, already encoded; empty or a NULL
-# channel: none) in the same round trip; a data-modifying CTE always runs to
-# completion, and PostgreSQL delivers the notices on commit, once per transaction.
+# Each array is one text parameter holding an array literal written by pgwork
+# (``_enqueue.insert_params``), cast here: formatting a hundred rows of literals costs
+# less than psycopg's dumping of fifteen lists, the parameter count stays fixed
+# whatever the batch size, and a string is a string to every driver. Inputs and
+# contexts travel as text and are parsed as jsonb here. The outer SELECT announces the
+# ready queues (``%(ready)s``, already encoded; empty or a NULL channel: none) in the
+# same round trip; a data-modifying CTE always runs to completion, and PostgreSQL
+# delivers the notices on commit, once per transaction.
 INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
@@ -50,17 +53,19 @@ WITH inserted AS (
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
         n.dedup_key, n.trace_context::jsonb, n.context::jsonb
     FROM unnest(
-        %(ids)b::uuid[], %(type_names)b::text[], %(chain_ids)b::uuid[],
-        %(chain_type_names)b::text[], %(chain_indexes)b::int[], %(inputs)b::text[],
-        %(queues)b::text[], %(priorities)b::smallint[], %(max_attempts)b::int[],
-        %(run_ats)b::timestamptz[], %(run_afters)b::float8[], %(dedup_keys)b::text[],
-        %(trace_contexts)b::text[], %(statuses)b::text[], %(contexts)b::text[]
+        %(ids)s::text::uuid[], %(type_names)s::text::text[], %(chain_ids)s::text::uuid[],
+        %(chain_type_names)s::text::text[], %(chain_indexes)s::text::int[],
+        %(inputs)s::text::text[], %(queues)s::text::text[],
+        %(priorities)s::text::smallint[], %(max_attempts)s::text::int[],
+        %(run_ats)s::text::timestamptz[], %(run_afters)s::text::float8[],
+        %(dedup_keys)s::text::text[], %(trace_contexts)s::text::text[],
+        %(statuses)s::text::text[], %(contexts)s::text::text[]
     ) AS n(
         id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
         max_attempts, run_at, run_after, dedup_key, trace_context, status, context
     )
 )
-SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
+SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 """
 
 # INSERT_JOBS for one job, with scalar parameters: psycopg dumps fourteen one-element
