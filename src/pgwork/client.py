@@ -47,6 +47,7 @@ I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
 _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
+_NOW: _Schedule = (None, None)
 
 
 class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
@@ -266,9 +267,19 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
                 job_type = types[id(item.job_type)] = self.registry.entry(item.job_type)
             resolved.append(job_type)
             inputs.append(job_type.input_codec.encode(item.input, max_bytes=max_bytes))
-            schedules.append(split_schedule(item.schedule))
-            dedups.append(_dedup_spec(item.dedup))
-            _check_options(item)
+            # The checks below, skipped for what most items leave out (a call each).
+            schedule = item.schedule
+            schedules.append(_NOW if schedule is None else split_schedule(schedule))
+            dedup = item.dedup
+            dedups.append(None if dedup is None else _dedup_spec(dedup))
+            if (
+                item.queue is not None
+                or item.priority is not None
+                or item.max_attempts is not None
+                or item.context is not None
+                or item.blockers
+            ):
+                _check_options(item)
         checked = zip(resolved, inputs, schedules, dedups, strict=True)
         return _build_jobs(items, checked, new_ids(len(items)), trace)
 

@@ -110,27 +110,21 @@ def insert_params(
 ) -> dict[str, Any]:
     """Parameters of ``INSERT_JOBS``: one array literal per column, plus the ``ready``
     queues to announce on ``channel`` (none without one)."""
-    quoted: dict[str, str] = {}  # the strings a batch repeats, quoted once
     jsons: dict[int, str] = {}
 
-    def text(value: str) -> str:
-        return quoted.get(value) or quoted.setdefault(value, _element(value))
-
-    def as_json(value: Mapping[str, str] | None) -> str:
-        if not value:
-            return "NULL"
+    def as_json(value: Mapping[str, str]) -> str:
         return jsons.get(id(value)) or jsons.setdefault(
             id(value), _element(json.dumps(dict(value)))
         )
 
     return {
         "ids": _array([format(j.id.int, "032x") for j in jobs]),
-        "type_names": _array([text(j.type_name) for j in jobs]),
+        "type_names": _repeated([j.type_name for j in jobs]),
         "chain_ids": _array([format(j.chain_id.int, "032x") for j in jobs]),
-        "chain_type_names": _array([text(j.chain_type_name) for j in jobs]),
+        "chain_type_names": _repeated([j.chain_type_name for j in jobs]),
         "chain_indexes": _array([str(j.chain_index) for j in jobs]),
         "inputs": _array([_element(j.input_json) for j in jobs]),
-        "queues": _array([text(j.queue) for j in jobs]),
+        "queues": _repeated([j.queue for j in jobs]),
         "priorities": _array([str(j.priority) for j in jobs]),
         "max_attempts": _array([str(j.max_attempts) for j in jobs]),
         "run_ats": _array(
@@ -139,10 +133,12 @@ def insert_params(
         "run_afters": _array(
             ["NULL" if j.run_after is None else repr(j.run_after.total_seconds()) for j in jobs]
         ),
-        "dedup_keys": _array(["NULL" if j.dedup is None else text(j.dedup.key) for j in jobs]),
+        "dedup_keys": _array(["NULL" if j.dedup is None else _element(j.dedup.key) for j in jobs]),
         "statuses": _array(["blocked" if j.blockers else "pending" for j in jobs]),
-        "trace_contexts": _array([as_json(j.trace_context) for j in jobs]),
-        "contexts": _array([as_json(j.context) for j in jobs]),
+        "trace_contexts": _array(
+            [as_json(j.trace_context) if j.trace_context else "NULL" for j in jobs]
+        ),
+        "contexts": _array([as_json(j.context) if j.context else "NULL" for j in jobs]),
         "channel": channel,
         "ready": _array([_element(notice) for notice in _encoded(ready)] if channel else []),
     }
@@ -151,6 +147,12 @@ def insert_params(
 def _array(elements: list[str]) -> str:
     """A one-dimensional array literal of ``elements`` (each already an element)."""
     return "{" + ",".join(elements) + "}"
+
+
+def _repeated(values: list[str]) -> str:
+    """An array literal of ``values``, strings a batch repeats (each quoted once)."""
+    quoted = {value: _element(value) for value in set(values)}
+    return _array([quoted[value] for value in values])
 
 
 def _element(value: str) -> str:
