@@ -329,3 +329,20 @@ async def test_a_single_start_chain_writes_the_row_a_batch_of_one_writes(
         "pending",
         {"tenant": "a\tb"},
     )
+
+
+async def test_single_enqueues_of_one_transaction_wake_their_queue_once(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Each ``start_chain`` announces its queue in its own statement; the notices are
+    the same text, so PostgreSQL delivers one per queue on commit."""
+    client = await make_client(registry())
+    work = client.registry.get("work")
+    async with client.notify.listen() as listener:
+        for i in range(5):
+            await client.start_chain(conn, work, Payload(data={"i": i}))
+        await client.start_chain(conn, work, Payload(data={}), queue="other")
+        await conn.commit()
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert sorted(n.queue or "" for n in notices) == ["default", "other"]
