@@ -10,9 +10,11 @@ first turns are not counted). The enqueue rows are ``start_chain`` + ``commit`` 
 and ``start_chains`` of 100 + ``commit``, each next to the same work done with bare SQL
 on the same psycopg connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row
 ``INSERT`` of 100 rows + ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb``
-payload (the raw floor's table, ``bench/peers/run_raw.py``). ``--profile`` runs
-cProfile over the measured part and writes its statistics (``pstats``) to FILE.drain
-and FILE.enqueue.
+payload (the raw floor's table, ``bench/peers/run_raw.py``). Each enqueue row also
+gives its wall-clock time per job (on a shared machine, compare it within one run
+only). ``--profile`` runs cProfile over the measured part and writes its statistics
+(``pstats``) to FILE.drain, FILE.enqueue (``start_chain``) and FILE.enqueue100
+(``start_chains`` of 100).
 """
 
 from __future__ import annotations
@@ -73,23 +75,28 @@ async def drain(dsn: str, jobs: int, profile: cProfile.Profile | None) -> float:
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
 
 
-async def _timed(n: int, step: Any, profile: cProfile.Profile | None = None) -> float:
+async def _timed(n: int, step: Any, profile: cProfile.Profile | None = None) -> tuple[float, float]:
+    """Process time and wall-clock time of ``n`` calls of ``step``, after a warm-up."""
     for i in range(min(n, 200)):  # warm up: prepared statements, caches
         await step(i)
     if profile is not None:
         profile.enable()
-    cpu = time.process_time()
+    cpu, wall = time.process_time(), time.perf_counter()
     for i in range(n):
         await step(i)
-    spent = time.process_time() - cpu
+    spent = time.process_time() - cpu, time.perf_counter() - wall
     if profile is not None:
         profile.disable()
     return spent
 
 
-async def enqueue(dsn: str, jobs: int, profile: cProfile.Profile | None) -> dict[str, float]:
-    """Microseconds of CPU per job: pgwork's enqueue and bare SQL, one and 100 a time."""
-    out: dict[str, float] = {}
+async def enqueue(
+    dsn: str, jobs: int, profiles: tuple[cProfile.Profile, cProfile.Profile] | None
+) -> dict[str, tuple[float, float]]:
+    """Microseconds of CPU and of wall clock per job: pgwork's enqueue and bare SQL, one
+    and 100 a time; ``profiles`` (one for each pgwork row) watch pgwork's rows."""
+    out: dict[str, tuple[float, float]] = {}
+    one_profile, batch_profile = profiles or (None, None)
     async with (
         open_client(dsn, pool_size=2) as client,
         await psycopg.AsyncConnection.connect(dsn) as conn,
@@ -116,11 +123,16 @@ async def enqueue(dsn: str, jobs: int, profile: cProfile.Profile | None) -> dict
             await conn.execute(multi, [f'{{"n": {i + k}}}' for k in range(100)])
             await conn.commit()
 
-        out["start_chain + commit"] = await _timed(jobs, one, profile) / jobs * 1e6
-        out["INSERT + COMMIT"] = await _timed(jobs, raw_one) / jobs * 1e6
+        def per_job(spent: tuple[float, float], count: int) -> tuple[float, float]:
+            return spent[0] / count * 1e6, spent[1] / count * 1e6
+
+        out["start_chain + commit"] = per_job(await _timed(jobs, one, one_profile), jobs)
+        out["INSERT + COMMIT"] = per_job(await _timed(jobs, raw_one), jobs)
         rounds = max(1, jobs // 100)
-        out["start_chains(100) + commit"] = await _timed(rounds, batch) / (rounds * 100) * 1e6
-        out["INSERT of 100 rows + COMMIT"] = await _timed(rounds, raw_batch) / (rounds * 100) * 1e6
+        out["start_chains(100) + commit"] = per_job(
+            await _timed(rounds, batch, batch_profile), rounds * 100
+        )
+        out["INSERT of 100 rows + COMMIT"] = per_job(await _timed(rounds, raw_batch), rounds * 100)
     return out
 
 
@@ -137,13 +149,19 @@ async def _run(args: argparse.Namespace) -> None:
                 if profile is not None:
                     profile.dump_stats(f"{args.profile}.drain")
             if "enqueue" in only:
-                profile = cProfile.Profile(time.process_time) if args.profile else None
+                profiles = None
+                if args.profile:
+                    profiles = (
+                        cProfile.Profile(time.process_time),
+                        cProfile.Profile(time.process_time),
+                    )
                 with dbs.fresh() as dsn:
-                    rows = await enqueue(dsn, args.enqueue_jobs, profile)
-                for name, us in rows.items():
-                    print(f"enqueue, {name}: {us:.1f} µs CPU per job")
-                if profile is not None:
-                    profile.dump_stats(f"{args.profile}.enqueue")
+                    rows = await enqueue(dsn, args.enqueue_jobs, profiles)
+                for name, (us, wall) in rows.items():
+                    print(f"enqueue, {name}: {us:.1f} µs CPU per job ({wall:.1f} µs wall)")
+                if profiles is not None:
+                    profiles[0].dump_stats(f"{args.profile}.enqueue")
+                    profiles[1].dump_stats(f"{args.profile}.enqueue100")
         finally:
             dbs.close()
 

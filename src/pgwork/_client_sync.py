@@ -11,7 +11,7 @@ looked up, so it works in any thread, even one whose loop is running.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
@@ -21,8 +21,6 @@ from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from pgwork.adapters.state import StateAdapter
 
 __all__ = ["SyncEnqueueMixin"]
@@ -44,6 +42,18 @@ class SyncEnqueueMixin:
             adopt: Callable[[object], Awaitable[TransactionHandle]],
             tx: object,
         ) -> Coroutine[Any, Any, list[StartedChain[Any, Any]]]: ...
+
+        def _start_plain(
+            self,
+            job_type: JobType[I, O],
+            input: I,
+            queue: str | None,
+            priority: int | None,
+            max_attempts: int | None,
+            context: Mapping[str, str] | None,
+            adopt: Callable[[object], Awaitable[TransactionHandle]],
+            tx: object,
+        ) -> Coroutine[Any, Any, StartedChain[I, O]]: ...
 
     def start_chain_sync(
         self,
@@ -67,6 +77,11 @@ class SyncEnqueueMixin:
         exists once, and only if, the caller commits. Same options and result as
         ``start_chain``; starts no event loop.
         """
+        if schedule is None and dedup is None and not blockers:
+            plain = self._start_plain(
+                job_type, input, queue, priority, max_attempts, context, self._sync_adopt(), conn
+            )
+            return _drive(plain)
         start = ChainStart(
             job_type,
             input,
@@ -86,6 +101,10 @@ class SyncEnqueueMixin:
         """``start_chains`` on a blocking connection (see ``start_chain_sync``)."""
         if not items:
             return []
+        return _drive(self._start_chains(items, self._sync_adopt(), conn))
+
+    def _sync_adopt(self) -> Callable[[object], Awaitable[TransactionHandle]]:
+        """The state adapter's ``adopt_sync`` as the coroutine the enqueue awaits."""
         state = self.state
         if not isinstance(state, SyncAdopter):
             raise ConfigurationError(
@@ -96,7 +115,7 @@ class SyncEnqueueMixin:
         async def adopt(tx: object) -> TransactionHandle:
             return state.adopt_sync(tx)
 
-        return _drive(self._start_chains(items, adopt, conn))
+        return adopt
 
 
 def _drive(coroutine: Coroutine[Any, Any, T]) -> T:

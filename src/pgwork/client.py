@@ -17,7 +17,7 @@ from pgwork._client_control import ControlMixin
 from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._client_sync import SyncEnqueueMixin
-from pgwork._ids import new_ids
+from pgwork._ids import new_id, new_ids
 from pgwork._limits import (
     check_context,
     check_dedup_key,
@@ -48,6 +48,7 @@ I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 
 _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
+_NOW: _Schedule = (None, None)
 
 
 class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
@@ -103,6 +104,10 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
         encoded) stored with the job, inherited by its chain's continuations, returned
         as ``Job.context`` and bound to every log line of its attempts.
         """
+        if schedule is None and dedup is None and not blockers:
+            return await self._start_plain(
+                job_type, input, queue, priority, max_attempts, context, self.state.adopt, tx
+            )
         started = await self.start_chains(
             tx,
             [
@@ -170,6 +175,75 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
             for item, result in zip(items, inserted, strict=True)
         ]
 
+    async def _start_plain(
+        self,
+        job_type: JobType[I, O],
+        input: I,
+        queue: str | None,
+        priority: int | None,
+        max_attempts: int | None,
+        context: Mapping[str, str] | None,
+        adopt: Callable[[object], Awaitable[TransactionHandle]],
+        tx: object,
+    ) -> StartedChain[I, O]:
+        """``_start_chains`` for one chain runnable now (no schedule, no dedup key, no
+        blocker), the commonest enqueue: the same checks in the same order, then one
+        job built and inserted, without the batch's lists and iterators."""
+        name = job_type.name if isinstance(job_type, JobType) else str(job_type)
+        with self._events.trace_enqueue([name]) as trace:
+            resolved = self.registry.entry(job_type)
+            input_json = resolved.input_codec.encode(input, max_bytes=self.max_payload_bytes)
+            if queue is None:
+                queue = resolved.queue
+            else:
+                check_queue_name(queue)
+            if priority is None:
+                priority = resolved.priority
+            else:
+                check_priority(priority)
+            if max_attempts is not None:
+                check_max_attempts(max_attempts)
+            if context is not None:
+                check_context(context)
+            job_id = new_id()
+            job = NewJob(
+                id=job_id,
+                type_name=resolved.name,
+                chain_id=job_id,
+                chain_type_name=resolved.name,
+                chain_index=0,
+                input_json=input_json,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts or resolved.max_attempts,
+                run_at=None,
+                run_after=None,
+                dedup=None,
+                trace_context=trace,
+                blockers=(),
+                blocker_failure=resolved.blocker_failure,
+                context=context,
+            )
+            handle = await adopt(tx)
+            (result,) = await self.state.insert_jobs(handle, jobs=[job], notify=self.notify)
+            if self._events and self._events.wants(JOB_ENQUEUED):
+                self._events.emit(
+                    JOB_ENQUEUED,
+                    job_id=result.job_id,
+                    chain_id=result.chain_id,
+                    job_type=resolved.name,
+                    queue=queue,
+                    deduplicated=result.deduplicated,
+                    scheduled=False,
+                )
+        return StartedChain(
+            id=result.chain_id,
+            job_id=result.job_id,
+            job_type=job_type,
+            deduplicated=result.deduplicated,
+            status=result.status,
+        )
+
     def _new_chains(
         self, items: Sequence[ChainStart[Any]], trace: Mapping[str, str] | None
     ) -> Iterator[NewJob]:
@@ -194,9 +268,19 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
                 job_type = types[id(item.job_type)] = self.registry.entry(item.job_type)
             resolved.append(job_type)
             inputs.append(job_type.input_codec.encode(item.input, max_bytes=max_bytes))
-            schedules.append(split_schedule(item.schedule))
-            dedups.append(_dedup_spec(item.dedup))
-            _check_options(item)
+            # The checks below, skipped for what most items leave out (a call each).
+            schedule = item.schedule
+            schedules.append(_NOW if schedule is None else split_schedule(schedule))
+            dedup = item.dedup
+            dedups.append(None if dedup is None else _dedup_spec(dedup))
+            if (
+                item.queue is not None
+                or item.priority is not None
+                or item.max_attempts is not None
+                or item.context is not None
+                or item.blockers
+            ):
+                _check_options(item)
         checked = zip(resolved, inputs, schedules, dedups, strict=True)
         return _build_jobs(items, checked, new_ids(len(items)), trace)
 

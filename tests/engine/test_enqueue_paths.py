@@ -171,6 +171,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
             max_attempts=7,
             dedup=DedupSpec(f"key {awkward} {job_id}") if dedup else None,
             trace_context={"traceparent": awkward},
+            context={"tenant": awkward},
         )
 
     # Chain roots, and later jobs of chains (continuations are inserted in batches too).
@@ -188,6 +189,11 @@ async def test_copy_and_statement_paths_write_identical_rows(
         await state.insert_jobs(tx, jobs=[job(root=False)])
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job(), job(root=False)])
+    # One plain job (no dedup key: INSERT_PLAIN_JOB), a root and a later job.
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(dedup=False)])
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(root=False, dedup=False)])
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
         cur = await c.execute(
             "SELECT DISTINCT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at'"
@@ -201,7 +207,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
         )
         assert await cur.fetchone() == (2 * BIG + 4,)
         cur = await c.execute("SELECT count(*) FROM pgwork.jobs WHERE dedup_key IS NULL")
-        assert await cur.fetchone() == (2 * BIG,)
+        assert await cur.fetchone() == (2 * BIG + 2,)
     assert len(rows) == 2, rows
     (later, later_due, _), (row, due_at_creation, _) = rows
     assert due_at_creation
@@ -213,6 +219,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
     assert row["input"] == {"data": {"text": awkward, "n": [1, 2.5, None, True]}}
     assert row["queue"] == f"q {awkward}"
     assert row["trace_context"] == {"traceparent": awkward}
+    assert row["context"] == {"tenant": awkward}
     assert (row["status"], row["chain_status"], row["priority"]) == ("pending", "active", -3)
 
 
@@ -285,3 +292,57 @@ async def test_a_job_iterator_that_fails_while_streamed_writes_nothing(
         async with state.transaction() as tx:
             await state.insert_jobs(tx, jobs=failing())
     assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 0
+
+
+async def test_a_single_start_chain_writes_the_row_a_batch_of_one_writes(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """``start_chain`` of a job runnable now takes its own lean path (one statement of
+    its own); ``start_chains`` of one item takes the batch's. Same options, same row."""
+    client = await make_client(registry())
+    work = client.registry.get("work")
+    options: dict[str, Any] = {
+        "queue": 'q "quoted" \\ back',
+        "priority": 5,
+        "max_attempts": 2,
+        "context": {"tenant": "a\tb"},
+    }
+    single = await client.start_chain(conn, work, Payload(data={"x": [1, "é"]}), **options)
+    [batched] = await client.start_chains(
+        conn, [ChainStart(work, Payload(data={"x": [1, "é"]}), **options)]
+    )
+    await conn.commit()
+    assert (single.deduplicated, single.status) == (batched.deduplicated, batched.status)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
+        cur = await c.execute(
+            "SELECT to_jsonb(j) - 'id' - 'chain_id' - 'created_at' - 'scheduled_at',"
+            " scheduled_at = created_at FROM pgwork.jobs AS j WHERE id = ANY(%s) ORDER BY id",
+            ([single.id, batched.id],),
+        )
+        (one, one_due), (other, other_due) = await cur.fetchall()
+    assert one == other
+    assert one_due
+    assert other_due
+    assert (one["queue"], one["priority"], one["max_attempts"]) == (options["queue"], 5, 2)
+    assert (one["chain_status"], one["status"], one["context"]) == (
+        "active",
+        "pending",
+        {"tenant": "a\tb"},
+    )
+
+
+async def test_single_enqueues_of_one_transaction_wake_their_queue_once(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Each ``start_chain`` announces its queue in its own statement; the notices are
+    the same text, so PostgreSQL delivers one per queue on commit."""
+    client = await make_client(registry())
+    work = client.registry.get("work")
+    async with client.notify.listen() as listener:
+        for i in range(5):
+            await client.start_chain(conn, work, Payload(data={"i": i}))
+        await client.start_chain(conn, work, Payload(data={}), queue="other")
+        await conn.commit()
+        notices = await listener.wait(5.0)
+        notices += await listener.wait(0.3)
+    assert sorted(n.queue or "" for n in notices) == ["default", "other"]

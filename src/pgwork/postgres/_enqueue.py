@@ -2,11 +2,14 @@
 
 Three paths give identical rows (a test holds them to it):
 
-- ``INSERT_JOBS`` takes one array per column in binary format (psycopg dumps a binary
-  array of a thousand values several times faster than a text one, and the parameter
-  count stays fixed). The same statement announces the ready queues with
+- ``INSERT_JOBS`` takes one array per column, each an array literal formatted here as
+  one text parameter (cheaper than psycopg's dumping of lists, and the same for every
+  driver; the parameter count stays fixed). The same statement announces the ready queues with
   ``pg_notify``, so enqueue and wake-up cost one round trip, delivered only on commit.
-  ``INSERT_JOB`` is the same for a single job, with scalar parameters.
+  ``INSERT_JOB`` is the same for a single job, with scalar parameters, and
+  ``INSERT_PLAIN_JOB`` for a single plain job (``write_plain_job``): the commonest
+  enqueue, one ``start_chain`` of a job runnable now, with as little as possible
+  between the caller and its one statement.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
@@ -25,9 +28,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC
+from functools import lru_cache
 from itertools import chain, islice
 from typing import Any
 
@@ -49,8 +53,10 @@ __all__ = [
     "insert_params",
     "insert_streamed",
     "is_plain",
+    "ready_notice",
     "ready_queues",
     "write_jobs",
+    "write_plain_job",
 ]
 
 # Rows per INSERT statement: the statement has a fixed number of (array) parameters,
@@ -58,8 +64,13 @@ __all__ = [
 INSERT_CHUNK = 5000
 
 # Below this many rows COPY's extra round trips (start, finish, a separate pg_notify)
-# cost more than they save (A/B runs: COPY already wins at 100 rows).
-COPY_MIN_ROWS = 64
+# cost more than they save. Against INSERT_JOBS with array literals (session 7, client
+# and server CPU per job measured in one process, alternating): at 10 and 100 rows the
+# INSERT costs the client 15-25 % less and the server no more; at 300 they cost the
+# same; at 1,000 COPY costs the server a quarter less per row (no arrays to parse and
+# unnest) and its streaming (the server inserts while the client formats) keeps its
+# wall clock ahead.
+COPY_MIN_ROWS = 250
 
 
 def is_plain(job: NewJob) -> bool:
@@ -98,29 +109,59 @@ def due_notices(jobs: Iterable[NewJob]) -> list[Notice]:
 def insert_params(
     jobs: Sequence[NewJob], *, channel: str | None = None, ready: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Parameters of ``INSERT_JOBS``: one list per column, plus the ``ready`` queues to
-    announce on ``channel`` (none without one)."""
+    """Parameters of ``INSERT_JOBS``: one array literal per column, plus the ``ready``
+    queues to announce on ``channel`` (none without one)."""
+    jsons: dict[int, str] = {}
+
+    def as_json(value: Mapping[str, str]) -> str:
+        return jsons.get(id(value)) or jsons.setdefault(
+            id(value), _element(json.dumps(dict(value)))
+        )
+
     return {
-        "ids": [j.id for j in jobs],
-        "type_names": [j.type_name for j in jobs],
-        "chain_ids": [j.chain_id for j in jobs],
-        "chain_type_names": [j.chain_type_name for j in jobs],
-        "chain_indexes": [j.chain_index for j in jobs],
-        "inputs": [j.input_json for j in jobs],
-        "queues": [j.queue for j in jobs],
-        "priorities": [j.priority for j in jobs],
-        "max_attempts": [j.max_attempts for j in jobs],
-        "run_ats": [j.run_at for j in jobs],
-        "run_afters": [j.run_after.total_seconds() if j.run_after else None for j in jobs],
-        "dedup_keys": [j.dedup.key if j.dedup else None for j in jobs],
-        "statuses": ["blocked" if j.blockers else "pending" for j in jobs],
-        "trace_contexts": [
-            json.dumps(dict(j.trace_context)) if j.trace_context else None for j in jobs
-        ],
-        "contexts": [json.dumps(dict(j.context)) if j.context else None for j in jobs],
+        "ids": _array([format(j.id.int, "032x") for j in jobs]),
+        "type_names": _repeated([j.type_name for j in jobs]),
+        "chain_ids": _array([format(j.chain_id.int, "032x") for j in jobs]),
+        "chain_type_names": _repeated([j.chain_type_name for j in jobs]),
+        "chain_indexes": _array([str(j.chain_index) for j in jobs]),
+        "inputs": _array([_element(j.input_json) for j in jobs]),
+        "queues": _repeated([j.queue for j in jobs]),
+        "priorities": _array([str(j.priority) for j in jobs]),
+        "max_attempts": _array([str(j.max_attempts) for j in jobs]),
+        "run_ats": _array(
+            ["NULL" if j.run_at is None else _element(j.run_at.isoformat()) for j in jobs]
+        ),
+        "run_afters": _array(
+            ["NULL" if j.run_after is None else repr(j.run_after.total_seconds()) for j in jobs]
+        ),
+        "dedup_keys": _array(["NULL" if j.dedup is None else _element(j.dedup.key) for j in jobs]),
+        "statuses": _array(["blocked" if j.blockers else "pending" for j in jobs]),
+        "trace_contexts": _array(
+            [as_json(j.trace_context) if j.trace_context else "NULL" for j in jobs]
+        ),
+        "contexts": _array([as_json(j.context) if j.context else "NULL" for j in jobs]),
         "channel": channel,
-        "ready": _encoded(ready) if channel else [],
+        "ready": _array([_element(notice) for notice in _encoded(ready)] if channel else []),
     }
+
+
+def _array(elements: list[str]) -> str:
+    """A one-dimensional array literal of ``elements`` (each already an element)."""
+    return "{" + ",".join(elements) + "}"
+
+
+def _repeated(values: list[str]) -> str:
+    """An array literal of ``values``, strings a batch repeats (each quoted once)."""
+    quoted = {value: _element(value) for value in set(values)}
+    return _array([quoted[value] for value in values])
+
+
+def _element(value: str) -> str:
+    """``value`` as a double-quoted element of an array literal: inside the quotes only
+    a backslash and a double quote need escaping."""
+    if "\\" in value or '"' in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
 
 
 # COPY's text format: backslash escapes for the four characters that would end a
@@ -232,6 +273,42 @@ async def write_jobs(
     if meanwhile is not None:
         meanwhile()
     return announced
+
+
+async def write_plain_job(
+    conn: DbConn, statements: Statements, schema: str, job: NewJob, *, channel: str | None
+) -> None:
+    """Insert one plain job (see ``is_plain``) in ``conn``'s transaction; with
+    ``channel``, announce its queue on it in the same statement."""
+    context = job.context
+    trace = job.trace_context
+    with translate_errors(schema):
+        await execute(
+            conn,
+            statements.insert_plain_job,
+            {
+                "id": job.id,
+                "type_name": job.type_name,
+                "chain_id": job.chain_id,
+                "chain_type_name": job.chain_type_name,
+                "chain_index": job.chain_index,
+                "input": job.input_json,
+                "queue": job.queue,
+                "priority": job.priority,
+                "max_attempts": job.max_attempts,
+                "trace_context": json.dumps(dict(trace)) if trace else None,
+                "context": json.dumps(dict(context)) if context else None,
+                "channel": channel,
+                "ready": ready_notice(job.queue) if channel is not None else None,
+            },
+        )
+
+
+@lru_cache(maxsize=256)
+def ready_notice(queue: str) -> str:
+    """The encoded ``ready`` notice of ``queue``: the same text every time, so that
+    PostgreSQL folds a transaction's notices for one queue into one."""
+    return encode_notice(Notice(kind="ready", queue=queue))
 
 
 @dataclass(slots=True)
@@ -349,7 +426,7 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
 
 
 def _encoded(ready: Sequence[str]) -> list[str]:
-    return [encode_notice(Notice(kind="ready", queue=q)) for q in ready]
+    return [ready_notice(q) for q in ready]
 
 
 async def _execute(conn: DbConn, query: bytes, params: dict[str, Any]) -> None:

@@ -30,9 +30,10 @@ from pgwork.postgres._enqueue import (
     is_plain,
     ready_queues,
     write_jobs,
+    write_plain_job,
 )
 from pgwork.postgres._statements import Statements
-from pgwork.postgres._transactions import unwrap
+from pgwork.postgres._transactions import PgTransaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.records import Job, JobStatus
 
@@ -73,6 +74,8 @@ class EnqueueOps:
         jobs: Iterable[NewJob],
         notify: NotifyAdapter | None = None,
     ) -> list[InsertedJob]:
+        if type(jobs) is list and len(jobs) == 1 and is_plain(jobs[0]):
+            return await self._insert_plain(tx, jobs[0], notify)
         stream = iter(jobs)
         head = list(islice(stream, COPY_MIN_ROWS))
         copies = can_copy(await unwrap(tx))
@@ -80,6 +83,18 @@ class EnqueueOps:
             return await self._insert_streamed(tx, head, stream, notify)
         head.extend(stream)
         return await self._insert_listed(tx, head, notify)
+
+    async def _insert_plain(
+        self, tx: TransactionHandle, job: NewJob, notify: NotifyAdapter | None
+    ) -> list[InsertedJob]:
+        """One plain job, the commonest enqueue: one statement that also announces its
+        queue, and nothing else to decide."""
+        conn = tx.connection if isinstance(tx, PgTransaction) else await unwrap(tx)
+        channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
+        await write_plain_job(conn, self._sql, self.schema, job, channel=channel)
+        if notify is not None and channel is None:
+            await notify.publish(tx, notices=[Notice(kind="ready", queue=job.queue)])
+        return [InsertedJob(job.id, job.chain_id, JobStatus.PENDING, False)]
 
     async def _insert_streamed(
         self,

@@ -62,11 +62,14 @@ def _last_job(root: str) -> str:
     )"""
 
 
-# Arrays go in binary (``%(x)b``), which psycopg dumps several times faster than text;
-# inputs and trace contexts travel as text and are parsed as jsonb here. The outer
-# SELECT announces the ready queues (``%(ready)s``, already encoded; empty or a NULL
-# channel: none) in the same round trip; a data-modifying CTE always runs to
-# completion, and PostgreSQL delivers the notices on commit, once per transaction.
+# Each array is one text parameter holding an array literal written by pgwork
+# (``_enqueue.insert_params``), cast here: formatting a hundred rows of literals costs
+# less than psycopg's dumping of fifteen lists, the parameter count stays fixed
+# whatever the batch size, and a string is a string to every driver. Inputs and
+# contexts travel as text and are parsed as jsonb here. The outer SELECT announces the
+# ready queues (``%(ready)s``, already encoded; empty or a NULL channel: none) in the
+# same round trip; a data-modifying CTE always runs to completion, and PostgreSQL
+# delivers the notices on commit, once per transaction.
 INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
@@ -81,17 +84,19 @@ WITH inserted AS (
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
         n.dedup_key, n.trace_context::jsonb, n.context::jsonb
     FROM unnest(
-        %(ids)b::uuid[], %(type_names)b::text[], %(chain_ids)b::uuid[],
-        %(chain_type_names)b::text[], %(chain_indexes)b::int[], %(inputs)b::text[],
-        %(queues)b::text[], %(priorities)b::smallint[], %(max_attempts)b::int[],
-        %(run_ats)b::timestamptz[], %(run_afters)b::float8[], %(dedup_keys)b::text[],
-        %(trace_contexts)b::text[], %(statuses)b::text[], %(contexts)b::text[]
+        %(ids)s::text::uuid[], %(type_names)s::text::text[], %(chain_ids)s::text::uuid[],
+        %(chain_type_names)s::text::text[], %(chain_indexes)s::text::int[],
+        %(inputs)s::text::text[], %(queues)s::text::text[],
+        %(priorities)s::text::smallint[], %(max_attempts)s::text::int[],
+        %(run_ats)s::text::timestamptz[], %(run_afters)s::text::float8[],
+        %(dedup_keys)s::text::text[], %(trace_contexts)s::text::text[],
+        %(statuses)s::text::text[], %(contexts)s::text::text[]
     ) AS n(
         id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
         max_attempts, run_at, run_after, dedup_key, trace_context, status, context
     )
 )
-SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
+SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 """
 
 # INSERT_JOBS for one job, with scalar parameters: psycopg dumps fourteen one-element
@@ -113,6 +118,27 @@ WITH inserted AS (
         ),
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
         %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb
+    )
+)
+SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
+"""
+
+# INSERT_JOB for the commonest enqueue, one job runnable now (no schedule, no blocker,
+# no dedup key): what the others compute from NULLs is written as constants, so the
+# client sends thirteen parameters, not seventeen, and the server has no GREATEST/CASE over
+# them to evaluate. ``%(ready)s``: the one encoded notice, or NULL for none.
+INSERT_PLAIN_JOB = """
+WITH inserted AS (
+    INSERT INTO {jobs} (
+        id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+        priority, max_attempts, chain_status, trace_context, context
+    )
+    VALUES (
+        %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
+        %(chain_index)s::int, %(input)s::jsonb, 'pending', %(queue)s::text,
+        %(priority)s::smallint, %(max_attempts)s::int,
+        CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
+        %(trace_context)s::jsonb, %(context)s::jsonb
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
@@ -615,6 +641,7 @@ class Statements:
 
     insert_jobs: bytes
     insert_job: bytes
+    insert_plain_job: bytes
     copy_jobs: bytes
     notify_ready: bytes
     lock_dedup_keys: bytes
