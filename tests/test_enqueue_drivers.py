@@ -38,6 +38,7 @@ from pgwork import (
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
+    SchemaMissingError,
     StartedChain,
     UnsupportedConnectionError,
     create_client,
@@ -408,3 +409,18 @@ def test_psycopg_placeholders_become_numbered_once_per_name() -> None:
     sql, names = to_numbered(b"SELECT %(a)s, %(b)b::uuid[], %(a)s, 100%% FROM t WHERE x = %(c)t")
     assert sql == "SELECT $1, $2::uuid[], $1, 100% FROM t WHERE x = $3"
     assert names == ("a", "b", "c")
+
+
+@pytest.mark.parametrize("kind", ["psycopg", "asyncpg", "psycopg-sync", "sa-async-asyncpg-begin"])
+async def test_a_database_without_the_schema_is_reported_alike_on_every_driver(
+    client: Client, empty_database_dsn: str, kind: str
+) -> None:
+    """asyncpg raises its own exception classes; pgwork translates by SQLSTATE, so the
+    caller catches the same ``SchemaMissingError`` (with the next step) whatever it
+    drives. Control: translating by psycopg's classes let asyncpg's
+    ``UndefinedTableError`` through."""
+    send = client.registry.get("send_email")
+    async with _kinds(kind, empty_database_dsn) as opener, opener() as tx:
+        with pytest.raises(SchemaMissingError, match="pgwork migrate"):
+            await tx.start_chains(client, [ChainStart(send, Email(to="x"))])
+        await tx.rollback()

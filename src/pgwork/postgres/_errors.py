@@ -1,35 +1,34 @@
-"""Translating driver errors into pgwork's own, at the adapter edge."""
+"""Translating driver errors into pgwork's own, at the adapter edge.
+
+By SQLSTATE, not by exception class, so that an error raised by asyncpg (a caller's
+connection, ``_callers.AsyncpgCaller``) is translated exactly as psycopg's is: both
+drivers put the server's code on the exception as ``sqlstate``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import psycopg
-from psycopg import errors as pg_errors
-
 from pgwork.errors import SchemaMissingError
 
 __all__ = ["translate_errors"]
 
+# undefined_table, undefined_object (a type), invalid_schema_name, undefined_function
+_MISSING = frozenset({"42P01", "42704", "3F000", "42883"})
+
 
 @contextmanager
 def translate_errors(schema: str) -> Iterator[None]:
-    """Turn "relation/type/schema does not exist" into SchemaMissingError.
+    """Turn "relation/type/schema does not exist" naming ``schema`` into
+    SchemaMissingError.
 
     Other driver errors pass through unchanged: they are real faults (connection lost,
     serialization failure) that the caller handles or retries.
     """
     try:
         yield
-    except (
-        pg_errors.UndefinedTable,
-        pg_errors.UndefinedObject,
-        pg_errors.InvalidSchemaName,
-        pg_errors.UndefinedFunction,
-    ) as exc:
-        if schema in str(exc):
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) in _MISSING and schema in str(exc):
             raise SchemaMissingError(schema) from exc
-        raise
-    except psycopg.Error:
         raise
