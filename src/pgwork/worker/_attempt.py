@@ -70,11 +70,12 @@ class Attempt(Generic[I, O]):
         max_payload_bytes: int,
         transaction: Any | None,
         state: StateAdapter,
+        cancel_scope: anyio.CancelScope | None = None,
     ) -> None:
         self.job = job
         self.job_type = job_type
         self.worker_id = worker_id
-        self.cancel_scope = anyio.CancelScope()
+        self.cancel_scope = anyio.CancelScope() if cancel_scope is None else cancel_scope
         self.abort_reason: AbortReason | None = None
         self.transaction = transaction
         self.connection: Any = getattr(transaction, "connection", None)

@@ -40,7 +40,7 @@ from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
-from pgwork.worker._slot import Abandoned, Slot
+from pgwork.worker._slot import Abandoned, Slot, scope_type
 from pgwork.worker._watchdog import Watchdog
 
 log = logging.getLogger("pgwork.worker")
@@ -83,6 +83,7 @@ class SlotRunner:
         self._on_returned = on_returned
         # Atomic attempts share transactions (``atomic_group`` > 1), else None.
         self.groups = groups
+        self._scope: type[anyio.CancelScope] | None = None  # found on the first attempt
 
     async def run(self, slot: Slot) -> None:
         reason = slot.pending_abort
@@ -137,6 +138,9 @@ class SlotRunner:
             dedup_key=acquired.dedup_key,
             context=acquired.context,
         )
+        scope = self._scope
+        if scope is None:
+            scope = self._scope = scope_type()
         attempt = Attempt(
             job=job,
             job_type=slot.job_type,
@@ -146,6 +150,7 @@ class SlotRunner:
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
             state=self.state,
+            cancel_scope=scope(),
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:
