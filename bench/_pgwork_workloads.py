@@ -32,6 +32,8 @@ from bench._pgwork_app import (
     wait_drained,
 )
 from bench._plan import (
+    BEST_SETTINGS,
+    ROW_DRAIN_BEST,
     row_backlog,
     row_chains,
     row_drain,
@@ -122,16 +124,23 @@ async def _drain_in_process(
 
 
 async def _drain_processes(
-    ctx: Context, processes: int, type_name: str = "noop", row: str | None = None
+    ctx: Context,
+    processes: int,
+    type_name: str = "noop",
+    row: str | None = None,
+    *,
+    slots: int | None = None,
 ) -> Measurement:
-    """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)."""
+    """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)
+    of ``slots`` slots each (default: the run's)."""
     n = ctx.sizes.drain
-    row = row or row_drain(ctx.sizes.slots, "2 processes")
+    slots = slots or ctx.sizes.slots
+    row = row or row_drain(slots, "2 processes")
     bar = ctx.bars.bar(f"pgwork: {row}", n)
     with ctx.dbs.fresh() as dsn:
         await bulk_load(dsn, n, type_name=type_name)
         children = [
-            await WorkerProcess.start(dsn, type_name=type_name, slots=ctx.sizes.slots)
+            await WorkerProcess.start(dsn, type_name=type_name, slots=slots)
             for _ in range(processes)
         ]
         try:
@@ -168,6 +177,19 @@ async def drain(ctx: Context) -> list[Measurement]:
         ctx, "noop_atomic", f"{atomic}, groups of {ATOMIC_GROUP}", atomic_group=ATOMIC_GROUP
     )
     return [*rows, grouped, await _drain_processes(ctx, 2)]
+
+
+async def best(ctx: Context) -> list[Measurement]:
+    """The staged drain at each of ``BEST_SETTINGS`` slots (one worker process each, as
+    the peers run); the fastest is the row's figure, its note says which it was."""
+    tried = [
+        (slots, await _drain_processes(ctx, 1, row=row_drain(slots), slots=slots))
+        for slots in BEST_SETTINGS
+    ]
+    slots, fastest = max(tried, key=lambda t: t[1].value)
+    rates = ", ".join(f"{s}: {m.value:,.0f}" for s, m in tried)
+    note = f"max_slots={slots}, the best of max_slots {rates} jobs/s"
+    return [dataclasses.replace(fastest, row=ROW_DRAIN_BEST, note=note)]
 
 
 # --- 3. drain rate vs backlog --------------------------------------------------------
@@ -314,6 +336,7 @@ async def chains(ctx: Context) -> list[Measurement]:
 PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] = {
     "enqueue": enqueue,
     "drain": drain,
+    "best": best,
     "latency": latency,
     "backlog": backlog,
     "rss": rss,

@@ -22,7 +22,7 @@ from bench.peers import Peers, prepare_peers, run_peer
 
 __all__ = ["main"]
 
-PEER_WORKLOADS = ("enqueue", "drain", "latency")
+PEER_WORKLOADS = ("enqueue", "drain", "best", "latency")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,20 +1,21 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
-    python -m bench.cpu --dsn DSN [--jobs 20000] [--only drain,enqueue] [--profile FILE]
+    python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10] [--only drain,enqueue]
+                        [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
 spends per job moves much less, and it is what a change to pgwork's Python side can
-shrink. The drain row is one in-process worker (10 slots, staged, no-op handler) on a
-pre-loaded queue, measured from its 1,000th handler start to its last (start-up and the
-first turns are not counted). The enqueue rows are ``start_chain`` + ``commit`` per job,
-and ``start_chains`` of 100 + ``commit``, each next to the same work done with bare SQL
-on the same psycopg connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row
-``INSERT`` of 100 rows + ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb``
-payload (the raw floor's table, ``bench/peers/run_raw.py``). Each enqueue row also
-gives its wall-clock time per job (on a shared machine, compare it within one run
-only). ``--profile`` runs cProfile over the measured part and writes its statistics
-(``pstats``) to FILE.drain, FILE.enqueue (``start_chain``) and FILE.enqueue100
-(``start_chains`` of 100).
+shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged,
+no-op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
+(start-up and the first turns are not counted). The enqueue rows are ``start_chain`` +
+``commit`` per job, and ``start_chains`` of 100 + ``commit``, each next to the same work
+done with bare SQL on the same psycopg connection: a single-row ``INSERT`` + ``COMMIT``
+and a multi-row ``INSERT`` of 100 rows + ``COMMIT`` into a table of a ``bigserial`` id
+and a ``jsonb`` payload (the raw floor's table, ``bench/peers/run_raw.py``). Each
+enqueue row also gives its wall-clock time per job (on a shared machine, compare it
+within one run only). ``--profile`` runs cProfile over the measured part and writes its
+statistics (``pstats``) to FILE.drain, FILE.enqueue (``start_chain``) and
+FILE.enqueue100 (``start_chains`` of 100).
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ class _CpuCounter(Counter):
                 self.profile.disable()
 
 
-async def drain(dsn: str, jobs: int, profile: cProfile.Profile | None) -> float:
+async def drain(dsn: str, jobs: int, profile: cProfile.Profile | None, *, slots: int = 10) -> float:
     """Microseconds of this process's CPU per drained job (after the first ``SKIP``)."""
     await bulk_load(dsn, jobs)
     async with open_client(dsn) as client:
         counter = _CpuCounter(jobs)
         counter.profile = profile
         worker = create_in_process_worker(
-            client=client, processors={"noop": counter.handler()}, max_slots=10
+            client=client, processors={"noop": counter.handler()}, max_slots=slots
         )
         stop = await worker.start()
         try:
@@ -144,8 +145,8 @@ async def _run(args: argparse.Namespace) -> None:
             if "drain" in only:
                 profile = cProfile.Profile(time.process_time) if args.profile else None
                 with dbs.fresh() as dsn:
-                    us = await drain(dsn, args.jobs, profile)
-                print(f"drain, 1 worker x 10 slots: {us:.1f} µs CPU per job")
+                    us = await drain(dsn, args.jobs, profile, slots=args.slots)
+                print(f"drain, 1 worker x {args.slots} slots: {us:.1f} µs CPU per job")
                 if profile is not None:
                     profile.dump_stats(f"{args.profile}.drain")
             if "enqueue" in only:
@@ -170,6 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.cpu", description=__doc__)
     parser.add_argument("--dsn", help="admin DSN (default: an embedded PostgreSQL)")
     parser.add_argument("--jobs", type=int, default=20000, help="jobs to drain")
+    parser.add_argument("--slots", type=int, default=10, help="the drain's max_slots")
     parser.add_argument("--enqueue-jobs", type=int, default=3000)
     parser.add_argument("--only", default="drain,enqueue")
     parser.add_argument("--profile", metavar="FILE")

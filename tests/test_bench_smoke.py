@@ -33,6 +33,7 @@ EXPECTED_ROWS = [
     "| drain, 1 worker x 10 slots |",
     "| drain, 1 worker x 10 slots, atomic mode |",
     "| drain, 2 worker processes x 10 slots |",
+    "| drain, best setting |",
     "| idle pickup latency p50 |",
     "| idle pickup latency p99 |",
     "| idle pickup latency p50, 30 s poll |",

@@ -70,11 +70,12 @@ class Attempt(Generic[I, O]):
         max_payload_bytes: int,
         transaction: Any | None,
         state: StateAdapter,
+        cancel_scope: anyio.CancelScope | None = None,
     ) -> None:
         self.job = job
         self.job_type = job_type
         self.worker_id = worker_id
-        self.cancel_scope = anyio.CancelScope()
+        self.cancel_scope = anyio.CancelScope() if cancel_scope is None else cancel_scope
         self.abort_reason: AbortReason | None = None
         self.transaction = transaction
         self.connection: Any = getattr(transaction, "connection", None)
@@ -99,6 +100,9 @@ class Attempt(Generic[I, O]):
     ) -> None:
         """Complete the job with ``output``; with ``continue_with``, the chain goes on
         with that job, inserted in the transaction that completes this one."""
+        self._complete(output, continue_with)
+
+    def _complete(self, output: O | None, continue_with: Continuation | None) -> None:
         self._ensure_open("complete")
         if output is None and continue_with is not None:
             # A job that hands its chain on need not produce an output of its own.
@@ -152,10 +156,11 @@ class Attempt(Generic[I, O]):
         """Turn a handler's return value into the outcome when it set none itself."""
         if self.outcome is not None:
             return
+        # Not through ``complete``: a coroutine fewer per job.
         if isinstance(result, Continuation):
-            await self.complete(None, continue_with=result)
+            self._complete(None, result)
         else:
-            await self.complete(result)
+            self._complete(result, None)
 
     def __repr__(self) -> str:
         return f"Attempt({self.job.type_name} {self.job.id} #{self.job.attempt})"

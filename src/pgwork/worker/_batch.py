@@ -15,6 +15,7 @@ it keeps failing, every waiting slot gets the error and its job is left to be re
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -36,10 +37,13 @@ FINAL_FLUSH_S = 5.0
 @dataclass(slots=True)
 class Pending:
     """One completion waiting to be written. ``written`` is shared by every completion
-    that joined the same batch: one event per batch, not per job."""
+    that joined the same batch: one event per batch, not per job. (asyncio's events,
+    not anyio's, here and below: every job waits on one, and anyio's wrapper cost
+    several times the event itself; both are cancelled the same way, by the task's
+    cancellation.)"""
 
     completion: Completion
-    written: anyio.Event
+    written: asyncio.Event
     result: CompletionResult | None = None
     error: BaseException | None = None
 
@@ -62,9 +66,9 @@ class CompletionBatcher:
         self.max_size = max_size
         self.max_delay = max_delay
         self._waiting: list[Pending] = []
-        self._written = anyio.Event()
-        self._arrived = anyio.Event()
-        self._full = anyio.Event()
+        self._written = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._full = asyncio.Event()
         # Set by the worker: returns once no acquire that could take the waiting
         # completions along is in flight or about to go out.
         self.hold: Callable[[], Awaitable[None]] | None = None
@@ -99,14 +103,14 @@ class CompletionBatcher:
         if self._waiting:
             # The rest move to a fresh event; they wake once more when this batch is
             # delivered, see no result of their own, and wait on the fresh one.
-            fresh = anyio.Event()
+            fresh = asyncio.Event()
             for pending in self._waiting:
                 pending.written = fresh
             self._written = fresh
         else:
-            self._written = anyio.Event()
-            self._arrived = anyio.Event()
-            self._full = anyio.Event()
+            self._written = asyncio.Event()
+            self._arrived = asyncio.Event()
+            self._full = asyncio.Event()
         return batch
 
     @staticmethod

@@ -21,6 +21,7 @@ own) and leaves its error for the main loop, which backs off.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
@@ -64,7 +65,7 @@ class Fetcher:
         self._back = back
         self._done = done
         self._in_flight = 0
-        self._idle = anyio.Event()
+        self._idle = asyncio.Event()
         self._idle.set()
         self.asked = 0
         self.error: BaseException | None = None
@@ -73,7 +74,7 @@ class Fetcher:
         self.group: anyio.abc.TaskGroup | None = None  # where acquires run (the loop's)
         # Set (and replaced) each time the loop decided whether to acquire, with how
         # many acquires had come back then; ``filling`` ends when the loop stops.
-        self._filled = anyio.Event()
+        self._filled = asyncio.Event()
         self._decided_after = 0
         self.filling = True
 
@@ -85,7 +86,7 @@ class Fetcher:
         finally:
             self._decided_after = self.finished
             self._filled.set()
-            self._filled = anyio.Event()
+            self._filled = asyncio.Event()
 
     def stop_filling(self) -> None:
         self.filling = False
@@ -108,7 +109,7 @@ class Fetcher:
         self.asked += free
         self._in_flight += 1
         if self._idle.is_set():
-            self._idle = anyio.Event()
+            self._idle = asyncio.Event()
         # Taken now, not when the task first runs: the batcher, seeing an acquire go
         # out, leaves the completions waiting at this moment to it.
         batch = self._batcher.take()

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import Completion, Failure
+from pgwork.adapters.state import Completion, CompletionResult, Failure
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
 from pgwork.errors import ContinuationNotAllowedError, HandlerAbandonedError, PgworkError
@@ -40,7 +40,7 @@ from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher
-from pgwork.worker._slot import Abandoned, Slot
+from pgwork.worker._slot import Abandoned, Slot, scope_type
 from pgwork.worker._watchdog import Watchdog
 
 log = logging.getLogger("pgwork.worker")
@@ -83,6 +83,7 @@ class SlotRunner:
         self._on_returned = on_returned
         # Atomic attempts share transactions (``atomic_group`` > 1), else None.
         self.groups = groups
+        self._scope: type[anyio.CancelScope] | None = None  # found on the first attempt
 
     async def run(self, slot: Slot) -> None:
         reason = slot.pending_abort
@@ -137,6 +138,9 @@ class SlotRunner:
             dedup_key=acquired.dedup_key,
             context=acquired.context,
         )
+        scope = self._scope
+        if scope is None:
+            scope = self._scope = scope_type()
         attempt = Attempt(
             job=job,
             job_type=slot.job_type,
@@ -146,6 +150,7 @@ class SlotRunner:
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
             state=self.state,
+            cancel_scope=scope(),
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:
@@ -257,8 +262,20 @@ class SlotRunner:
         ):
             # Not shielded (a shield cost more than the rest of a no-op attempt): the
             # completion joins the batcher's queue before the first await, and the
-            # batcher writes it even if this task is cancelled while it waits.
-            self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+            # batcher writes it even if this task is cancelled while it waits. Straight
+            # to the batcher, not through ``_write_outcome``: two coroutines fewer a job.
+            acquired = slot.acquired
+            result = await self._batcher.complete(
+                Completion(
+                    job_id=acquired.id,
+                    lease_token=acquired.lease_token,
+                    output_json=outcome.output_json,
+                    continuation=None,
+                )
+            )
+            if result.ready_queues or result.chain_awaited:
+                await self._announce(result, acquired.chain_id, None)
+            self._report_outcome(slot, attempt, result.accepted)
             return
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
@@ -378,12 +395,16 @@ class SlotRunner:
             result = await self._batcher.complete(completion)
         else:
             result = (await self.state.complete(tx, completions=[completion]))[0]
+        if result.ready_queues or result.chain_awaited:
+            await self._announce(result, chain_id, tx)
+        return result.accepted
+
+    async def _announce(self, result: CompletionResult, chain_id: Any, tx: Any | None) -> None:
+        """Announce what a completion made ready and, for an awaited chain, its end."""
         notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
         if result.chain_awaited:
             notices.append(Notice(kind="chain_done", chain_id=chain_id))
-        if notices:
-            await self.notify.publish(tx, notices=notices)
-        return result.accepted
+        await self.notify.publish(tx, notices=notices)
 
     async def _settle_failure(
         self, slot: Slot, error: BaseException | None, *, terminal: bool

@@ -20,7 +20,16 @@ from pgwork.records import AbortReason
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._watchdog import Watchdog
 
-__all__ = ["Abandoned", "Slot"]
+__all__ = ["Abandoned", "Slot", "scope_type"]
+
+
+def scope_type() -> type[anyio.CancelScope]:
+    """The class of anyio's cancel scopes on the running event loop.
+
+    ``anyio.CancelScope()`` looks the event loop's library up (sniffio) every time it
+    builds one; the worker builds two per job, and the lookup cost more than entering
+    and leaving the scope. The class found once builds the same scope directly."""
+    return type(anyio.CancelScope())
 
 
 class Abandoned(Exception):
@@ -49,7 +58,12 @@ class Slot:
         "watchdog",
     )
 
-    def __init__(self, acquired: AcquiredJob, job_type: JobType[Any, Any]) -> None:
+    def __init__(
+        self,
+        acquired: AcquiredJob,
+        job_type: JobType[Any, Any],
+        guard: anyio.CancelScope | None = None,
+    ) -> None:
         self.acquired = acquired
         self.job_type = job_type
         self.attempt: Attempt[Any, Any] | None = None
@@ -69,7 +83,7 @@ class Slot:
         # on, so that the cancelled scopes around it stop cancelling it again on every
         # turn of the event loop (a handler that swallows CancelledError otherwise
         # spins a whole core for as long as it lives).
-        self.guard = anyio.CancelScope()
+        self.guard = anyio.CancelScope() if guard is None else guard
         self.task: asyncio.Task[None] | None = None
         self.watchdog: Watchdog[Slot] | None = None
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
+import anyio
+
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import AcquiredJob, Lease, StateAdapter
 from pgwork.job_types import JobType
@@ -24,7 +26,7 @@ from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import error_record
 from pgwork.worker._runner import SlotRunner
-from pgwork.worker._slot import Slot
+from pgwork.worker._slot import Slot, scope_type
 from pgwork.worker._slot_tasks import SlotTasks
 from pgwork.worker._watchdog import Watchdog, keep_abandoned
 
@@ -64,6 +66,7 @@ class Slots:
         self.watchdog: Watchdog[Slot] = Watchdog(self.by_token.values, self._abandon)
         self.unsettled: list[Lease] = []
         self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
+        self._scope: type[anyio.CancelScope] | None = None  # found on the first arrival
 
     def __len__(self) -> int:
         return len(self.by_token)
@@ -79,8 +82,11 @@ class Slots:
             # for a slot must start in the queue's order.
             rank = self._queue_rank
             acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
+        scope = self._scope
+        if scope is None:
+            scope = self._scope = scope_type()
         for job in acquired:
-            slot = Slot(job, self._types[job.type_name])
+            slot = Slot(job, self._types[job.type_name], scope())
             self.by_token[job.lease_token] = slot
             slot.watchdog = self.watchdog
             self.admission.arrived(slot)
