@@ -31,7 +31,11 @@ class Context:
 
     @property
     def where(self) -> str:
-        return "a process of its own" if self.isolated else "the harness's process"
+        return (
+            "a process of its own (garbage collector tuned as `pgwork worker` does)"
+            if self.isolated
+            else "the harness's process"
+        )
 
 
 async def follow(counter: Counter, bar: Bar, count: Callable[[], int] | None = None) -> None:

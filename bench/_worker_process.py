@@ -50,6 +50,7 @@ async def _go() -> bool:
 
 async def _child(args: argparse.Namespace) -> None:
     from pgwork import create_in_process_worker
+    from pgwork.worker import tune_gc
 
     counter = Counter(target=2**62)
     options: dict[str, Any] = {}
@@ -61,6 +62,8 @@ async def _child(args: argparse.Namespace) -> None:
         worker = create_in_process_worker(
             client=client, processors={args.type: counter.handler()}, **options
         )
+        if not args.no_gc_tuning:
+            tune_gc()  # as the `pgwork worker` program does once the application is loaded
         _say(event="ready")
         if not await _go():
             return
@@ -212,6 +215,11 @@ def main() -> None:
     parser.add_argument("--type", default="noop")
     parser.add_argument("--slots", type=int, default=None)
     parser.add_argument("--poll-interval", type=float, default=None)
+    parser.add_argument(
+        "--no-gc-tuning",
+        action="store_true",
+        help="leave the garbage collector as it is (default: tune_gc, as `pgwork worker`)",
+    )
     parser.add_argument("--report-every", type=float, default=REPORT_EVERY)
     parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
     parser.add_argument("--batch", type=int, default=0)

@@ -19,6 +19,7 @@ from pgwork.cli._app import EXIT_ABANDONED
 from pgwork.cli._common import dsn_option, stop_on_signals
 from pgwork.cli._worker_target import build_worker
 from pgwork.errors import ConfigurationError
+from pgwork.worker import tune_gc
 
 __all__ = ["worker"]
 
@@ -52,6 +53,13 @@ __all__ = ["worker"]
     "transaction pooler behind --dsn needs.",
 )
 @click.option(
+    "--no-gc-tuning",
+    is_flag=True,
+    help="Leave Python's garbage collector as it is (by default the worker freezes what "
+    "the application allocated at start and collects young objects less often: "
+    "pgwork.worker.tune_gc).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -67,6 +75,7 @@ def worker(
     poll_interval: float | None,
     notify_dsn: str | None,
     no_prepare: bool,
+    no_gc_tuning: bool,
     log_level: str,
 ) -> None:
     """Run the worker MODULE:ATTR until SIGTERM or Ctrl-C.
@@ -98,6 +107,8 @@ def worker(
     async def serve() -> None:
         built = await build_worker(factory, target, dsn, options)
         _configure_worker_logging(log_level)
+        if not no_gc_tuning:
+            tune_gc()  # the application is loaded: what it allocated stays for good
         try:
             await _run_until_signalled(built)
         finally:

@@ -14,9 +14,10 @@ from pgwork.middleware import Middleware
 from pgwork.observability import Observer
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt
+from pgwork.worker._gc import tune_gc
 from pgwork.worker._loop import Handler, InProcessWorker
 
-__all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker"]
+__all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker", "tune_gc"]
 
 
 def _seconds(value: float | timedelta, name: str) -> float:
