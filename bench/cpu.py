@@ -9,10 +9,11 @@ shrink. The drain row is one in-process worker (10 slots, staged, no-op handler)
 pre-loaded queue, measured from its 1,000th handler start to its last (start-up and the
 first turns are not counted). The atomic rows drain the same way with the job type
 ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of 32
-(``atomic32``); next to the worker's CPU they give the CPU of the server's backends
-serving this database (from ``/proc``, so only for a server on this machine) and its
-commits per job (``pg_stat_database``), over the same window. The enqueue rows are ``start_chain`` + ``commit`` per job,
-and ``start_chains`` of 100 + ``commit``, each next to the same work done with bare SQL
+(``atomic32``). Next to the worker's CPU every drain row gives the CPU of the
+server's backends serving its database (from ``/proc``, so only for a server on this
+machine) and its commits per job (``pg_stat_database``), over the same window. The
+enqueue rows are ``start_chain`` + ``commit`` per job, and ``start_chains`` of 100 +
+``commit``, each next to the same work done with bare SQL
 on the same psycopg connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row
 ``INSERT`` of 100 rows + ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb``
 payload (the raw floor's table, ``bench/peers/run_raw.py``). ``--profile`` runs
@@ -81,10 +82,13 @@ class _CpuCounter(Counter):
     server_first: dict[int, float] | None = None
     server_last: dict[int, float] | None = None
     profile: cProfile.Profile | None = None
+    warm: asyncio.Event | None = None  # set at the SKIP-th handler
 
     def hit(self, n: int | None = None) -> None:
         super().hit(n)
         if self.count == SKIP:
+            if self.warm is not None:
+                self.warm.set()
             if self.profile is not None:
                 self.profile.enable()
             self.cpu_first = time.process_time()
@@ -135,6 +139,7 @@ async def drain(
         counter.profile = profile
         counter.database = str(database)
         counter.marks = frozenset({SKIP, jobs})
+        counter.warm = asyncio.Event()
         worker = create_in_process_worker(
             client=client,
             processors={type_name: counter.handler()},
@@ -143,8 +148,7 @@ async def drain(
         )
         stop = await worker.start()
         try:
-            while counter.count < SKIP:
-                await asyncio.sleep(0.001)
+            await counter.warm.wait()
             commits_first = await _commits(stats)
             await counter.done.wait()
             await asyncio.sleep(0.05)  # the last group's commit

@@ -293,9 +293,7 @@ async def _run(args: argparse.Namespace) -> tuple[str, Any]:
         dbs = PgworkDatabases(admin_dsn)
         try:
             with dbs.fresh() as dsn, traced(trace):
-                timing = await _drain(
-                    dsn, args.jobs, args.mode, trace, profile, args.atomic_group
-                )
+                timing = await _drain(dsn, args.jobs, args.mode, trace, profile, args.atomic_group)
         finally:
             dbs.close()
     return _report(trace, args.jobs, args.mode, timing), profile

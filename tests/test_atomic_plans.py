@@ -102,4 +102,3 @@ def test_the_same_lock_testing_the_status_as_an_enum_reads_the_lease_index(
     assert enum_test != lock
     plans = _plans(pgwork_dsn, {"lock": enum_test})
     assert "jobs_lease_expiry_idx" in plans["lock"], plans
-

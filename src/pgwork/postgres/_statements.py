@@ -369,6 +369,7 @@ SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
 FROM completed AS r
 """
 
+
 def _by_primary_key(ctes: str) -> str:
     """``ctes`` with the completion's status test written as BEGIN_ATOMIC's, so that a
     single completion finds its row by primary key (see BEGIN_ATOMIC)."""

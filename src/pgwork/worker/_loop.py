@@ -425,9 +425,12 @@ class InProcessWorker:
         error, fetcher.error = fetcher.error, None
         admission = self._slots.admission
         free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
-        if error is not None or not self._heartbeat.healthy or not self._wakeups.may_have_work:
-            free = 0
-        elif self._acquire_later(free - fetcher.asked, waiting=len(admission.queued) + incoming):
+        blocked = error is not None or not self._heartbeat.healthy
+        if (
+            blocked
+            or not self._wakeups.may_have_work
+            or self._acquire_later(free - fetcher.asked, waiting=len(admission.queued) + incoming)
+        ):
             free = 0
         fetcher.fill(free)
         if error is not None:
