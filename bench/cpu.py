@@ -1,21 +1,26 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
-    python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10] [--only drain,enqueue]
-                        [--profile FILE]
+    python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10] [--only drain,atomic,atomic32,enqueue]
+        [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
 spends per job moves much less, and it is what a change to pgwork's Python side can
-shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged,
-no-op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
-(start-up and the first turns are not counted). The enqueue rows are ``start_chain`` +
-``commit`` per job, and ``start_chains`` of 100 + ``commit``, each next to the same work
-done with bare SQL on the same psycopg connection: a single-row ``INSERT`` + ``COMMIT``
-and a multi-row ``INSERT`` of 100 rows + ``COMMIT`` into a table of a ``bigserial`` id
-and a ``jsonb`` payload (the raw floor's table, ``bench/peers/run_raw.py``). Each
-enqueue row also gives its wall-clock time per job (on a shared machine, compare it
-within one run only). ``--profile`` runs cProfile over the measured part and writes its
-statistics (``pstats``) to FILE.drain, FILE.enqueue (``start_chain``) and
-FILE.enqueue100 (``start_chains`` of 100).
+shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged, no-
+op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
+(start-up and the first turns are not counted). The atomic rows drain the same way with
+the job type ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of
+32 (``atomic32``). Next to the worker's CPU every drain row gives the CPU of the
+server's backends serving its database (from ``/proc``, so only for a server on this
+machine) and its commits per job (``pg_stat_database``), over the same window. The
+enqueue rows are ``start_chain`` + ``commit`` per job, and ``start_chains`` of 100 +
+``commit``, each next to the same work done with bare SQL on the same psycopg
+connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row ``INSERT`` of 100 rows
++ ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb`` payload (the raw floor's
+table, ``bench/peers/run_raw.py``); each also gives its wall-clock time per job (on a
+shared machine, compare it within one run only). ``--profile`` runs cProfile over the
+measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
+FILE.atomic32, FILE.enqueue (``start_chain``) and FILE.enqueue100 (``start_chains`` of
+100).
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import Counter, Item, bulk_load, open_client
@@ -35,42 +43,132 @@ from pgwork import ChainStart, create_in_process_worker
 __all__ = ["main"]
 
 SKIP = 1000
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def backends_cpu(database: str) -> dict[int, float]:
+    """CPU seconds (user + system) of each server process serving ``database``, read
+    from ``/proc`` (a backend's title names its database); empty when the server runs
+    elsewhere."""
+    out: dict[int, float] = {}
+    marker = f" {database} ".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                title = f.read()
+            if not title.startswith(b"postgres: ") or marker not in title:
+                continue
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def _spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """Server CPU between two ``backends_cpu`` readings (a backend that ended in
+    between is not counted; one that began is counted from zero)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
 
 
 class _CpuCounter(Counter):
-    """A Counter that notes the process time at its ``SKIP``-th and last handler."""
+    """A Counter that notes the process time (and its database's backends' CPU) at its
+    ``SKIP``-th and last handler."""
 
     cpu_first: float = 0.0
     cpu_last: float = 0.0
+    database: str = ""
+    server_first: dict[int, float] | None = None
+    server_last: dict[int, float] | None = None
     profile: cProfile.Profile | None = None
+    warm: asyncio.Event | None = None  # set at the SKIP-th handler
 
     def hit(self, n: int | None = None) -> None:
         super().hit(n)
         if self.count == SKIP:
+            if self.warm is not None:
+                self.warm.set()
             if self.profile is not None:
                 self.profile.enable()
             self.cpu_first = time.process_time()
+            self.server_first = backends_cpu(self.database)
         elif self.count == self.target:
             self.cpu_last = time.process_time()
             if self.profile is not None:
                 self.profile.disable()
+            self.server_last = backends_cpu(self.database)
 
 
-async def drain(dsn: str, jobs: int, profile: cProfile.Profile | None, *, slots: int = 10) -> float:
-    """Microseconds of this process's CPU per drained job (after the first ``SKIP``)."""
-    await bulk_load(dsn, jobs)
-    async with open_client(dsn) as client:
+@dataclass(frozen=True)
+class DrainCpu:
+    """Per drained job, after the first ``SKIP``."""
+
+    client_us: float
+    server_us: float | None  # None: no backend of the database seen in /proc
+    commits: float
+    jobs_per_s: float
+
+
+async def _commits(conn: psycopg.AsyncConnection[Any]) -> int:
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    cur = await conn.execute(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def drain(
+    dsn: str,
+    jobs: int,
+    profile: cProfile.Profile | None,
+    *,
+    type_name: str = "noop",
+    atomic_group: int = 1,
+    slots: int = 10,
+) -> DrainCpu:
+    """CPU per drained job (after the first ``SKIP``): this process's and the server's."""
+    await bulk_load(dsn, jobs, type_name=type_name)
+    database = conninfo_to_dict(dsn)["dbname"]
+    async with (
+        open_client(dsn) as client,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as stats,
+    ):
         counter = _CpuCounter(jobs)
         counter.profile = profile
+        counter.database = str(database)
+        counter.marks = frozenset({SKIP, jobs})
+        counter.warm = asyncio.Event()
         worker = create_in_process_worker(
-            client=client, processors={"noop": counter.handler()}, max_slots=slots
+            client=client,
+            processors={type_name: counter.handler()},
+            max_slots=slots,
+            atomic_group=atomic_group,
         )
         stop = await worker.start()
         try:
+            await counter.warm.wait()
+            commits_first = await _commits(stats)
             await counter.done.wait()
+            await asyncio.sleep(0.05)  # the last group's commit
+            commits = await _commits(stats) - commits_first - 2
         finally:
             await stop()
-    return (counter.cpu_last - counter.cpu_first) / (jobs - SKIP) * 1e6
+    n = jobs - SKIP
+    server = None
+    if counter.server_first and counter.server_last:
+        server = _spent(counter.server_first, counter.server_last) / n * 1e6
+    wall = counter.marked[jobs] - counter.marked[SKIP]
+    return DrainCpu(
+        client_us=(counter.cpu_last - counter.cpu_first) / n * 1e6,
+        server_us=server,
+        commits=commits / n,
+        jobs_per_s=n / wall,
+    )
 
 
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
@@ -137,18 +235,41 @@ async def enqueue(
     return out
 
 
+# --only name, job type, atomic_group, row title
+_DRAINS = (
+    ("drain", "noop", 1, "drain, 1 worker x {slots} slots"),
+    ("atomic", "noop_atomic", 1, "atomic drain, 1 worker x {slots} slots"),
+    ("atomic32", "noop_atomic", 32, "atomic drain, 1 worker x {slots} slots, groups of 32"),
+)
+
+
 async def _run(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
     with server(args.dsn) as (admin, _kind):
         dbs = PgworkDatabases(admin)
         try:
-            if "drain" in only:
+            for name, type_name, group, title in _DRAINS:
+                if name not in only:
+                    continue
                 profile = cProfile.Profile(time.process_time) if args.profile else None
                 with dbs.fresh() as dsn:
-                    us = await drain(dsn, args.jobs, profile, slots=args.slots)
-                print(f"drain, 1 worker x {args.slots} slots: {us:.1f} µs CPU per job")
+                    row = await drain(
+                        dsn,
+                        args.jobs,
+                        profile,
+                        type_name=type_name,
+                        atomic_group=group,
+                        slots=args.slots,
+                    )
+                server_us = "?" if row.server_us is None else f"{row.server_us:.1f}"
+                print(
+                    f"{title.format(slots=args.slots)}: {row.client_us:.1f} µs CPU per job, "
+                    "server backends "
+                    f"{server_us} µs, {row.commits:.2f} commits per job, "
+                    f"{row.jobs_per_s:,.0f} jobs/s"
+                )
                 if profile is not None:
-                    profile.dump_stats(f"{args.profile}.drain")
+                    profile.dump_stats(f"{args.profile}.{name}")
             if "enqueue" in only:
                 profiles = None
                 if args.profile:
@@ -173,7 +294,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20000, help="jobs to drain")
     parser.add_argument("--slots", type=int, default=10, help="the drain's max_slots")
     parser.add_argument("--enqueue-jobs", type=int, default=3000)
-    parser.add_argument("--only", default="drain,enqueue")
+    parser.add_argument("--only", default="drain,atomic,atomic32,enqueue")
     parser.add_argument("--profile", metavar="FILE")
     asyncio.run(_run(parser.parse_args()))
 

@@ -1,7 +1,7 @@
 """Where a drain's time goes: every statement pgwork sends, by name, task and cost.
 
     python -m bench.roundtrips [--dsn DSN] [--jobs 5000] [--pyinstrument FILE]
-        [--mode staged|atomic|chains|enqueue|enqueue-batch]
+        [--mode staged|atomic|chains|enqueue|enqueue-batch] [--atomic-group N]
 
 Drains ``--jobs`` no-op jobs with one in-process worker (10 slots) (or, in the enqueue
 modes, enqueues them one per transaction or 1,000 per batch) while psycopg is
@@ -9,7 +9,8 @@ traced from inside: each round trip (cursor statement, BEGIN/COMMIT) is recorded
 the statement's name (from ``pgwork.postgres._statements``), the asyncio task that sent
 it (the worker's main loop, a slot, the lease renewer) and its duration. Prints round
 trips per job, time spent waiting on PostgreSQL per task vs wall time, and the worker
-process's CPU time. ``--pyinstrument`` also profiles the Python side (needs
+process's CPU time. ``--atomic-group`` sets the worker's ``atomic_group`` (atomic
+mode). ``--pyinstrument`` also profiles the Python side (needs
 ``pip install pyinstrument``) and writes its text report to FILE.
 
 Tracing costs a few microseconds per statement: compare rates with ``python -m bench``,
@@ -199,7 +200,9 @@ async def _enqueue(dsn: str, jobs: int, batch: int, trace: Trace, profile: Any) 
             return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
 
 
-async def _drain(dsn: str, jobs: int, mode: str, trace: Trace, profile: Any) -> dict[str, float]:
+async def _drain(
+    dsn: str, jobs: int, mode: str, trace: Trace, profile: Any, atomic_group: int = 1
+) -> dict[str, float]:
     if mode == "enqueue":
         return await _enqueue(dsn, jobs, 1, trace, profile)
     if mode == "enqueue-batch":
@@ -220,7 +223,9 @@ async def _drain(dsn: str, jobs: int, mode: str, trace: Trace, profile: Any) -> 
         processors = (
             counter.chain_handlers(client.registry) if chains else {type_name: counter.handler()}
         )
-        worker = create_in_process_worker(client=client, processors=processors, max_slots=10)
+        worker = create_in_process_worker(
+            client=client, processors=processors, max_slots=10, atomic_group=atomic_group
+        )
         cpu, wall = time.process_time(), time.perf_counter()
         trace.on = True
         if profile is not None:
@@ -288,7 +293,7 @@ async def _run(args: argparse.Namespace) -> tuple[str, Any]:
         dbs = PgworkDatabases(admin_dsn)
         try:
             with dbs.fresh() as dsn, traced(trace):
-                timing = await _drain(dsn, args.jobs, args.mode, trace, profile)
+                timing = await _drain(dsn, args.jobs, args.mode, trace, profile, args.atomic_group)
         finally:
             dbs.close()
     return _report(trace, args.jobs, args.mode, timing), profile
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=("staged", "atomic", "chains", "enqueue", "enqueue-batch"),
         default="staged",
     )
+    parser.add_argument("--atomic-group", type=int, default=1)
     parser.add_argument("--pyinstrument", metavar="FILE")
     args = parser.parse_args(argv)
     report, profile = asyncio.run(_run(args))

@@ -82,7 +82,7 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         ),
         (
             "COMPLETE_ATOMIC",
-            "ELSE j.lease_token = c.token AND j.status = 'running' END",
+            "ELSE j.lease_token = c.token AND j.status::text = 'running' END",
             "ELSE true END",
         ),
         (
@@ -100,12 +100,12 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),
         (
             "BEGIN_ATOMIC",
-            "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),
         (
             "BEGIN_ATOMIC_BOUNDED",
-            "AND j.lease_token = %(lease_token)s AND j.status = 'running'\nFOR UPDATE OF j",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
             "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
         ),
     ],

@@ -295,11 +295,17 @@ WHERE p.priority IS NOT NULL
 # Locks the row for an atomic attempt; the lock is held until the attempt's
 # transaction ends. The session-local idle timeout ends a transaction whose handler
 # stopped talking to the database, releasing the lock even if the worker is stuck.
+# The status is compared as text on purpose: ``status = 'running'`` lets the planner
+# read the row through the partial index of running jobs' leases
+# (``jobs_lease_expiry_idx``, which the statistics show nearly empty) and filter it by
+# id, walking every entry there, dead ones included: each job a drain finished leaves
+# one until a vacuum, so the lock cost 0.5 ms of server CPU after 3,000 jobs instead
+# of a primary key lookup's ~20 µs. A predicate on ``status::text`` matches no index.
 BEGIN_ATOMIC = """
 SELECT j.id
 FROM {jobs} AS j,
      (SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)) AS cfg(v)
-WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'running'
+WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
 FOR UPDATE OF j
 """
 
@@ -420,6 +426,15 @@ SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
 FROM completed AS r
 """
 
+
+def _by_primary_key(ctes: str) -> str:
+    """``ctes`` with the completion's status test written as BEGIN_ATOMIC's, so that a
+    single completion finds its row by primary key (see BEGIN_ATOMIC)."""
+    fenced = "ELSE j.lease_token = c.token AND j.status = 'running' END"
+    assert fenced in ctes
+    return ctes.replace(fenced, "ELSE j.lease_token = c.token AND j.status::text = 'running' END")
+
+
 # An atomic attempt's completion, which travels with the COMMIT right behind it (one
 # round trip). Its job's row has been locked since the attempt began, so it cannot be
 # refused — unless the handler itself changed that row in the same transaction. Then,
@@ -430,7 +445,7 @@ FROM completed AS r
 ATOMIC_REFUSED = "pgwork: atomic completion refused, the lease no longer holds its job"
 
 COMPLETE_ATOMIC = f"""
-WITH {_COMPLETE_CTES_ONE},
+WITH {_by_primary_key(_COMPLETE_CTES_ONE)},
 result AS ({_COMPLETE_RESULT})
 SELECT r.* FROM result AS r
 UNION ALL

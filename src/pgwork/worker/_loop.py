@@ -148,6 +148,8 @@ class InProcessWorker:
         # durable), so writing one batch of outcomes overlaps acquiring and running the
         # next.
         self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
+        # While prefetched jobs wait, acquire no fewer than this many at a time.
+        self._least_acquire = max(1, max_slots // 2)
         self._wake = asyncio.Event()
         self._wakeups = Wakeups()
         self._failures = 0  # turns failed in a row
@@ -437,11 +439,29 @@ class InProcessWorker:
         error, fetcher.error = fetcher.error, None
         admission = self._slots.admission
         free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
-        if error is not None or not self._heartbeat.healthy or not self._wakeups.may_have_work:
+        blocked = error is not None or not self._heartbeat.healthy
+        if (
+            blocked
+            or not self._wakeups.may_have_work
+            or self._acquire_later(free - fetcher.asked, waiting=len(admission.queued) + incoming)
+        ):
             free = 0
         fetcher.fill(free)
         if error is not None:
             raise error
+
+    def _acquire_later(self, wanted: int, *, waiting: int) -> bool:
+        """Whether an acquire for ``wanted`` jobs can wait: enough prefetched jobs wait
+        for a slot to keep the slots busy, and no completion would ride along. Slots
+        whose attempts free them one at a time (atomic ones: each waits for its own
+        round trips) otherwise send an acquire, and a commit, for every job or two."""
+        least = self._least_acquire
+        return (
+            wanted < least
+            and waiting >= least
+            and self._slots.admission.prefetching
+            and not self._batcher.waiting
+        )
 
     def _refill(self, incoming: int) -> None:
         """An acquire came back with ``incoming`` jobs: while prefetching, send the next
