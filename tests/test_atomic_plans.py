@@ -1,4 +1,5 @@
-"""An atomic attempt's row lock and completion find their row by primary key.
+"""An atomic attempt's row lock and completion, and a lease's renewal, failure,
+rescheduling and release, find their rows by primary key.
 
 Both name the job by id and test ``status = 'running'``, which the partial index of
 running jobs' leases (``jobs_lease_expiry_idx``) also has as its predicate. With
@@ -67,6 +68,14 @@ def _plans(dsn: str, statements: dict[str, bytes]) -> dict[str, set[str]]:
             "token": token,
             "output": "null",
             "ends_chain": True,
+            "ids": [job_id],
+            "tokens": [token],
+            "seconds": [30.0],
+            "errors": ["{}"],
+            "retry_seconds": [None],
+            "run_at": None,
+            "run_after": 0.0,
+            "count_attempt": True,
         }
         out = {}
         for name, statement in statements.items():
@@ -77,7 +86,7 @@ def _plans(dsn: str, statements: dict[str, bytes]) -> dict[str, set[str]]:
     return out
 
 
-def test_the_atomic_lock_and_completion_read_the_job_by_primary_key(pgwork_dsn: str) -> None:
+def test_statements_on_leased_jobs_read_them_by_primary_key(pgwork_dsn: str) -> None:
     statements = render("pgwork")
     plans = _plans(
         pgwork_dsn,
@@ -85,6 +94,10 @@ def test_the_atomic_lock_and_completion_read_the_job_by_primary_key(pgwork_dsn: 
             "lock": statements.begin_atomic,
             "bounded lock": statements.begin_atomic_bounded,
             "completion": statements.complete_atomic,
+            "renewal": statements.renew,
+            "failure": statements.fail,
+            "rescheduling": statements.reschedule,
+            "release": statements.release,
         },
     )
     for name, indexes in plans.items():
@@ -92,13 +105,16 @@ def test_the_atomic_lock_and_completion_read_the_job_by_primary_key(pgwork_dsn: 
         assert "jobs_lease_expiry_idx" not in indexes, (name, indexes)
 
 
-def test_the_same_lock_testing_the_status_as_an_enum_reads_the_lease_index(
+def test_the_same_statements_testing_the_status_as_an_enum_read_the_lease_index(
     pgwork_dsn: str,
 ) -> None:
     # Control: the trap is real on this table. Written with ``status = 'running'`` the
-    # lock is planned on the partial index of running leases.
-    lock = render("pgwork").begin_atomic
-    enum_test = lock.replace(b"j.status::text = 'running'", b"j.status = 'running'")
-    assert enum_test != lock
-    plans = _plans(pgwork_dsn, {"lock": enum_test})
-    assert "jobs_lease_expiry_idx" in plans["lock"], plans
+    # lock and the renewal are planned on the partial index of running leases.
+    statements = render("pgwork")
+    enum_tests = {}
+    for name, statement in (("lock", statements.begin_atomic), ("renewal", statements.renew)):
+        enum_tests[name] = statement.replace(b"j.status::text = 'running'", b"j.status = 'running'")
+        assert enum_tests[name] != statement
+    plans = _plans(pgwork_dsn, enum_tests)
+    for name, indexes in plans.items():
+        assert "jobs_lease_expiry_idx" in indexes, (name, plans)

@@ -318,6 +318,10 @@ BEGIN_ATOMIC_BOUNDED = BEGIN_ATOMIC.replace(
     "idle_in_transaction_session_timeout", "transaction_timeout"
 )
 
+# RENEW, FAIL, RESCHEDULE and RELEASE name their rows by id and test the status as
+# text, as BEGIN_ATOMIC does and for the same reason: with ``status = 'running'`` the
+# planner may read the partial index of running leases whole instead of the primary
+# key (52 ms for a renewal after 30,000 jobs were drained and before a vacuum).
 RENEW = """
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
@@ -327,7 +331,7 @@ renewed AS (
     UPDATE {jobs} AS j
     SET leased_until = now() + r.seconds * interval '1 second'
     FROM r
-    WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
     RETURNING j.id, j.lease_token, j.leased_until
 )
 SELECT r.id, r.token, u.leased_until, j.status::text
@@ -507,7 +511,7 @@ failed AS (
         chain_completed_at = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
                                   THEN now() ELSE j.chain_completed_at END
     FROM f
-    WHERE j.id = f.id AND j.lease_token = f.token AND j.status = 'running'
+    WHERE j.id = f.id AND j.lease_token = f.token AND j.status::text = 'running'
     RETURNING j.id, j.chain_id, f.retry_seconds IS NULL AS terminal,
         j.chain_has_dependants AS has_dependants
 ),
@@ -534,7 +538,7 @@ SET status = 'pending',
     leased_by = NULL,
     leased_until = NULL,
     lease_token = NULL
-WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status = 'running'
+WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
 RETURNING j.id
 """
 
@@ -548,7 +552,7 @@ SET status = 'pending',
     leased_until = NULL,
     lease_token = NULL
 FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS r(id, token)
-WHERE j.id = r.id AND j.lease_token = r.token AND j.status = 'running'
+WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
 RETURNING j.id
 """
 
