@@ -36,6 +36,7 @@ from pgwork.postgres._arrays import completion_arrays, turn_constants
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._pool import check_soon
 from pgwork.postgres._rows import acquired_from_row
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, own_connection
@@ -108,7 +109,7 @@ class WorkerOps:
                 broken = conn.broken
                 await self.pool.putconn(conn)
                 if broken:
-                    await self.pool.check()
+                    check_soon(self.pool)
 
         try:
             if not await self._begin_and_lock(conn, lease, deadline):
@@ -143,7 +144,7 @@ class WorkerOps:
                 broken = conn.broken or conn.closed
                 await self.pool.putconn(conn)
                 if broken:
-                    await self.pool.check()
+                    check_soon(self.pool)
 
         return PgAtomicGroup(self, conn, give_back)
 
