@@ -18,7 +18,7 @@ import time
 import pytest
 from tests.faults._cluster import PrivateCluster
 from tests.faults._db import fetch
-from tests.faults._fleet import WorkerProcess, start_worker
+from tests.faults._fleet import start_worker
 from tests.faults._jobs import Spec
 from tests.faults._load import enqueue
 from tests.faults._oracle import wait_settled
@@ -33,22 +33,16 @@ OPERATION_TIMEOUT = "2"
 WITHIN = 10.0
 
 
-def _run_second_job(fault_dsn: str, worker: WorkerProcess, proxy: Proxy) -> tuple[bool, float]:
-    """A first job through the proxy (the pool and the listener hold connections),
-    then the proxy black-holes them all and a second job is enqueued directly: whether
-    it settled within WITHIN, and how long it took."""
-    enqueue(fault_dsn, [("work", Spec(n=0, ms=10))])
-    assert wait_settled(fault_dsn, WITHIN)
-    proxy.blackhole()
-    started = time.monotonic()
-    enqueue(fault_dsn, [("work", Spec(n=1, ms=10))])
-    settled = wait_settled(fault_dsn, WITHIN)
-    return settled, time.monotonic() - started
-
-
-def _worker(fault_dsn: str, proxy: Proxy, **options: object) -> WorkerProcess:
+def _second_job_after_blackhole(
+    fault_dsn: str, cluster: PrivateCluster, **options: object
+) -> tuple[bool, float, list[str]]:
+    """A worker through a proxy runs a first job (its pool and listener now hold
+    connections); then the proxy black-holes them all and a second job is enqueued
+    directly: whether it settled within WITHIN, how long that took, and the worker's
+    last lines."""
+    proxy = Proxy(cluster.port).start()
     # The handlers' ledger goes direct: the test's own bookkeeping is not on trial.
-    return start_worker(
+    worker = start_worker(
         via(fault_dsn, proxy.port),
         "blackholed",
         types="work",
@@ -57,6 +51,18 @@ def _worker(fault_dsn: str, proxy: Proxy, **options: object) -> WorkerProcess:
         ledger_dsn=fault_dsn,
         **options,
     )
+    try:
+        enqueue(fault_dsn, [("work", Spec(n=0, ms=10))])
+        assert wait_settled(fault_dsn, WITHIN)
+        proxy.blackhole()
+        started = time.monotonic()
+        enqueue(fault_dsn, [("work", Spec(n=1, ms=10))])
+        settled = wait_settled(fault_dsn, WITHIN)
+        took = time.monotonic() - started
+        return settled, took, [line.text for line in worker.lines[-10:]]
+    finally:
+        worker.close()
+        proxy.close()
 
 
 @pytest.mark.parametrize(
@@ -65,14 +71,9 @@ def _worker(fault_dsn: str, proxy: Proxy, **options: object) -> WorkerProcess:
 def test_worker_whose_connections_blackhole_still_runs_new_jobs(
     fault_dsn: str, cluster: PrivateCluster, build: str, operation_timeout: str
 ) -> None:
-    proxy = Proxy(cluster.port).start()
-    worker = _worker(fault_dsn, proxy, poll=POLL, operation_timeout=operation_timeout)
-    try:
-        settled, took = _run_second_job(fault_dsn, worker, proxy)
-        tail = [line.text for line in worker.lines[-10:]]
-    finally:
-        worker.close()
-        proxy.close()
+    settled, took, tail = _second_job_after_blackhole(
+        fault_dsn, cluster, poll=POLL, operation_timeout=operation_timeout
+    )
     left = fetch(fault_dsn, "SELECT status::text FROM pgwork.jobs WHERE status <> 'completed'")
     if build == "bounded":
         assert settled, (left, tail)
@@ -90,20 +91,13 @@ def test_listener_whose_connection_blackholes_is_replaced(
 ) -> None:
     """With a 30 s poll the second job can only be found through a notification, so
     only a listener that noticed its connection went silent picks it up in time."""
-    proxy = Proxy(cluster.port).start()
-    worker = _worker(
+    settled, took, tail = _second_job_after_blackhole(
         fault_dsn,
-        proxy,
+        cluster,
         poll=30.0,
         operation_timeout=OPERATION_TIMEOUT,
         listener_check=listener_check,
     )
-    try:
-        settled, took = _run_second_job(fault_dsn, worker, proxy)
-        tail = [line.text for line in worker.lines[-10:]]
-    finally:
-        worker.close()
-        proxy.close()
     if build == "checked":
         assert settled, tail
         assert any("reconnecting" in line for line in tail), tail
