@@ -107,7 +107,12 @@ def _run_as() -> list[str]:
 
 
 def _write_config(
-    directory: Path, server_dsn: str, port: int, pool_mode: str, version: tuple[int, int]
+    directory: Path,
+    server_dsn: str,
+    port: int,
+    pool_mode: str,
+    pool_size: int,
+    version: tuple[int, int],
 ) -> Path:
     server = conninfo_to_dict(server_dsn)
     user = str(server.get("user") or "postgres")
@@ -122,7 +127,7 @@ def _write_config(
         "auth_type": "trust",
         "auth_file": str(directory / "userlist.txt"),
         "pool_mode": pool_mode,
-        "default_pool_size": "20",
+        "default_pool_size": str(pool_size),
         "max_client_conn": "500",
         "logfile": str(directory / "pgbouncer.log"),
         "pidfile": str(directory / "pgbouncer.pid"),
@@ -167,15 +172,20 @@ def _let_reach_socket(server_dsn: str, run_as: list[str]) -> None:
 
 
 @contextmanager
-def pgbouncer(server_dsn: str, *, pool_mode: str = "transaction") -> Iterator[PgBouncer]:
-    """Run a PgBouncer in front of the server of ``server_dsn`` for the context's life."""
+def pgbouncer(
+    server_dsn: str, *, pool_mode: str = "transaction", pool_size: int = 20
+) -> Iterator[PgBouncer]:
+    """Run a PgBouncer in front of the server of ``server_dsn`` for the context's life.
+
+    ``pool_size`` is its ``default_pool_size``: the server connections each database
+    and user may use at once (1 makes every client share one server session)."""
     binary, version = find_pgbouncer()
     run_as = _run_as()
     _let_reach_socket(server_dsn, run_as)
     directory = Path(tempfile.mkdtemp(prefix="pgwork-pgbouncer-"))
     directory.chmod(0o777)  # the unprivileged user it drops to writes its log here
     port = _free_port()
-    ini = _write_config(directory, server_dsn, port, pool_mode, version)
+    ini = _write_config(directory, server_dsn, port, pool_mode, pool_size, version)
     bouncer = PgBouncer("127.0.0.1", port, pool_mode, version, directory)
     process = subprocess.Popen(
         [binary, *run_as, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
