@@ -99,6 +99,35 @@ WITH inserted AS (
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 """
 
+# INSERT_JOBS for a batch of new chains' first jobs that run now (no schedule, no
+# blocker, no dedup key): what the general statement takes as six more arrays (chain
+# ids, chain indexes, statuses, run_at, run_after, dedup keys) or computes per row
+# (GREATEST of the schedule, CASE of the chain status) is the row's own id, a constant
+# or a column default here, as in COPY_JOBS. Batches of 100 are the commonest: the
+# server's CPU per row fell from 11.3 to 9.7 µs (session 8, one backend, alternating).
+INSERT_PLAIN_JOBS = """
+WITH inserted AS (
+    INSERT INTO {jobs} (
+        id, type_name, chain_id, chain_type_name, input, status, queue, priority,
+        max_attempts, chain_status, trace_context, context
+    )
+    SELECT
+        n.id, n.type_name, n.id, n.chain_type_name, n.input::jsonb, 'pending', n.queue,
+        n.priority, n.max_attempts, 'active', n.trace_context::jsonb, n.context::jsonb
+    FROM unnest(
+        %(ids)s::text::uuid[], %(type_names)s::text::text[],
+        %(chain_type_names)s::text::text[], %(inputs)s::text::text[],
+        %(queues)s::text::text[], %(priorities)s::text::smallint[],
+        %(max_attempts)s::text::int[], %(trace_contexts)s::text::text[],
+        %(contexts)s::text::text[]
+    ) AS n(
+        id, type_name, chain_type_name, input, queue, priority, max_attempts,
+        trace_context, context
+    )
+)
+SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
+"""
+
 # INSERT_JOBS for one job, with scalar parameters: psycopg dumps fourteen one-element
 # arrays about ten times slower than fourteen values, and a single start_chain is the
 # commonest enqueue. ``%(ready)s``: the one encoded notice, or NULL for none.
@@ -663,6 +692,7 @@ class Statements:
     """
 
     insert_jobs: bytes
+    insert_plain_jobs: bytes
     insert_job: bytes
     insert_plain_job: bytes
     copy_jobs: bytes
