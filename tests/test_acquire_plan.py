@@ -150,3 +150,50 @@ def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn
     control = statement.replace(b"done.chain_id <> done.id", b"r.id <> done.id")
     assert control != statement
     assert _roots_probes(pgwork_dsn, control) == RUNNING
+
+
+def _lease_scans(dsn: str, statement: bytes) -> list[str]:
+    """The scans of ``jobs`` under the acquire's ``UPDATE`` (not its candidates')."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
+        conn.execute("ANALYZE pgwork.jobs")
+        params = {
+            "worker_id": "plan-test-worker",
+            "type_names": ["noop"],
+            "lease_seconds": [60.0],
+            "queues": ["default"],
+            "limit": 10,
+        }
+        [(document,)] = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchall()
+    if isinstance(document, str):
+        document = json.loads(document)
+    [update] = [n for n in _nodes(document[0]["Plan"]) if n.get("Node Type") == "ModifyTable"]
+    return [
+        f"{n['Node Type']}:{n.get('Index Name', '')}"
+        for n in _own_nodes(update)
+        if n.get("Relation Name") == "jobs" and n is not update
+    ]
+
+
+def _own_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``plan``'s nodes, leaving out the CTEs and subplans it evaluates."""
+    yield plan
+    for child in plan.get("Plans", []):
+        if child.get("Parent Relationship") not in ("InitPlan", "SubPlan"):
+            yield from _own_nodes(child)
+
+
+def test_the_acquire_finds_its_locked_candidates_again_by_row_version(
+    pgwork_dsn: str,
+) -> None:
+    # The lease update re-reads each locked candidate by its ctid (one page), not by a
+    # primary-key probe (three or four).
+    assert _lease_scans(pgwork_dsn, render("pgwork").acquire) == ["Tid Scan:"]
+
+
+def test_the_acquire_matching_candidates_by_id_probes_the_primary_key(pgwork_dsn: str) -> None:
+    # Control: matched by id alone, the lease update probes jobs_pkey for each candidate.
+    statement = render("pgwork").acquire
+    control = statement.replace(b"j.ctid = c.ctid AND ", b"")
+    assert control != statement
+    assert _lease_scans(pgwork_dsn, control) == ["Index Scan:jobs_pkey"]

@@ -220,7 +220,13 @@ CROSS JOIN LATERAL (
 """
 
 # The second half of every acquire statement: lease the chosen candidates, each for
-# its own type's duration.
+# its own type's duration. A candidate is found again by the row version its lock
+# returned (``ctid``, a TID scan: one page read) rather than by its id (a primary-key
+# probe, three or four page reads a job): the candidate is locked, so that version is
+# its last until this statement's commit. Should the lock have followed a concurrent
+# update to a version this statement's snapshot cannot see, the TID scan finds no
+# row and the job is not leased this time (its lock ends at commit); ``j.id = c.id``
+# makes sure the version found is the candidate's.
 _LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])
@@ -236,7 +242,7 @@ SET status = 'running',
     leased_until = now() + l.seconds * interval '1 second',
     started_at = COALESCE(j.started_at, now())
 FROM candidates AS c, leases AS l
-WHERE j.id = c.id AND l.type_name = j.type_name
+WHERE j.ctid = c.ctid AND j.id = c.id AND l.type_name = j.type_name
 RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input::text,
     j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
     j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context,
@@ -251,10 +257,10 @@ ACQUIRED_WIDTH = 20
 # beyond the outer LIMIT are released at commit, a few milliseconds later.
 _CANDIDATES_BY_QUEUE = """
 candidates AS (
-    SELECT c.id
+    SELECT c.id, c.ctid
     FROM unnest(%(queues)b::text[]) WITH ORDINALITY AS q(name, rank)
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.scheduled_at
+        SELECT j.id, j.ctid, j.priority, j.scheduled_at
         FROM {jobs} AS j
         WHERE j.status = 'pending'
           AND j.queue = q.name
@@ -274,7 +280,7 @@ ACQUIRE = f"WITH {_CANDIDATES_BY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
 # ``queues=None``: any queue not paused, best priority then oldest first across all.
 _CANDIDATES_ANY_QUEUE = """
 candidates AS (
-    SELECT j.id
+    SELECT j.id, j.ctid
     FROM {jobs} AS j
     WHERE j.status = 'pending'
       AND j.scheduled_at <= now()
