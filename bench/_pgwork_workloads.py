@@ -203,35 +203,44 @@ async def backlog(ctx: Context) -> list[Measurement]:
     the same thing at either depth: a freshly started worker on a settled queue. The
     deep backlog is loaded once (a window takes 1 % of it), the shallow one for each
     window, which fits in it with a tenth to spare.
+
+    The two depths take turns, window by window (deep, shallow, deep, ...), so that
+    both rows are measured in the same minutes. Until session 8 the five deep windows
+    ran first and the five shallow ones after them: on a machine whose other load
+    changes from minute to minute that compared two different minutes, not two
+    depths, while the CPU a job costs the worker and the server was the same at both
+    depths (docs/performance.md, "server, session 8").
     """
     sizes = ctx.sizes
     skip, window, count = sizes.backlog_skip, sizes.backlog_window, sizes.backlog_windows
-    out = []
-    for depth in (sizes.backlog_big, sizes.backlog_small):
-        row = row_backlog(depth)
-        deep = depth == sizes.backlog_big
-        bar = ctx.bars.bar(f"pgwork: {row}", count * (skip + window))
-        rates: list[float] = []
-        with contextlib.ExitStack() as stack:
-            for _ in range(count):
-                if deep and not rates:
-                    dsn = stack.enter_context(ctx.dbs.fresh())
-                    load = ctx.bars.bar(f"pgwork: loading a {depth:,}-job backlog", depth)
-                    await bulk_load(dsn, depth, on_chunk=load.advance)
-                    load.finish()
-                elif not deep:
-                    dsn = stack.enter_context(ctx.dbs.fresh())
-                    await bulk_load(dsn, depth)
-                await settle(dsn)
-                rates.append(await _backlog_window(ctx, dsn, skip, window, bar))
-        rate = statistics.median(rates)
-        bar.finish(f"{rate:,.0f} jobs/s")
-        note = (
-            f"median of {len(rates)} windows of {window:,} jobs, each after the first "
-            f"{skip:,} of a worker started on a vacuumed table: "
-            + ", ".join(f"{r:,.0f}" for r in rates)
+    depths = (sizes.backlog_big, sizes.backlog_small)
+    bars = {d: ctx.bars.bar(f"pgwork: {row_backlog(d)}", count * (skip + window)) for d in depths}
+    rates: dict[int, list[float]] = {d: [] for d in depths}
+    with ctx.dbs.fresh() as deep_dsn:
+        load = ctx.bars.bar(
+            f"pgwork: loading a {sizes.backlog_big:,}-job backlog", sizes.backlog_big
         )
-        out.append(Measurement(row, LIB, rate, "jobs/s", note=note))
+        await bulk_load(deep_dsn, sizes.backlog_big, on_chunk=load.advance)
+        load.finish()
+        for _ in range(count):
+            for depth in depths:
+                with contextlib.ExitStack() as stack:
+                    dsn = deep_dsn
+                    if depth != sizes.backlog_big:
+                        dsn = stack.enter_context(ctx.dbs.fresh())
+                        await bulk_load(dsn, depth)
+                    await settle(dsn)
+                    rates[depth].append(await _backlog_window(ctx, dsn, skip, window, bars[depth]))
+    out = []
+    for depth in depths:
+        rate = statistics.median(rates[depth])
+        bars[depth].finish(f"{rate:,.0f} jobs/s")
+        note = (
+            f"median of {count} windows of {window:,} jobs, each after the first "
+            f"{skip:,} of a worker started on a vacuumed table, the two depths taking "
+            "turns: " + ", ".join(f"{r:,.0f}" for r in rates[depth])
+        )
+        out.append(Measurement(row_backlog(depth), LIB, rate, "jobs/s", note=note))
     return out
 
 

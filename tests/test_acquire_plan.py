@@ -79,3 +79,121 @@ def test_acquire_reads_pending_jobs_through_the_acquire_index(
     on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
     assert not [n for n in on_jobs if n["Node Type"] == "Seq Scan"], on_jobs
     assert any(n.get("Index Name") == "jobs_acquire_idx" for n in on_jobs), on_jobs
+
+
+# --- a worker's turn: completions of one-job chains probe no chain root -------------
+
+TURN_LOAD = """
+INSERT INTO pgwork.jobs (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, scheduled_at, chain_status, lease_token, leased_by, leased_until
+)
+SELECT u, 'noop', u, 'noop', 0, '{}'::jsonb, s::pgwork.job_status, 'default', 0, 5,
+       now() - interval '1 minute', 'active',
+       CASE WHEN s = 'running' THEN gen_random_uuid() END,
+       CASE WHEN s = 'running' THEN 'plan-test-worker' END,
+       CASE WHEN s = 'running' THEN now() + interval '1 minute' END
+FROM (
+    SELECT gen_random_uuid() AS u, CASE WHEN g < %(running)s THEN 'running' ELSE 'pending' END AS s
+    FROM generate_series(0, %(total)s - 1) AS g
+) AS rows
+"""
+
+RUNNING = 20
+
+
+def _roots_probes(dsn: str, statement: bytes) -> int:
+    """How many times the turn's ``roots`` update probed the primary key for a chain
+    root, completing ``RUNNING`` one-job chains (run under EXPLAIN ANALYZE, rolled
+    back)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(TURN_LOAD, {"running": RUNNING, "total": RUNNING + 1_000})
+        conn.execute("ANALYZE pgwork.jobs")
+        rows = conn.execute(
+            "SELECT id, lease_token FROM pgwork.jobs WHERE status = 'running'"
+        ).fetchall()
+        conn.commit()
+        params = {
+            "ids": [r[0] for r in rows],
+            "tokens": [r[1] for r in rows],
+            "outputs": ["null"] * len(rows),
+            "ends_chain": [True] * len(rows),
+            "worker_id": "plan-test-worker",
+            "type_names": ["noop"],
+            "lease_seconds": [60.0],
+            "queues": ["default"],
+            "limit": 10,
+        }
+        explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement
+        [(document,)] = conn.execute(explain, params).fetchall()
+        conn.rollback()
+    if isinstance(document, str):
+        document = json.loads(document)
+    [roots] = [n for n in _nodes(document[0]["Plan"]) if n.get("Subplan Name") == "CTE roots"]
+    return sum(
+        int(n["Actual Loops"])
+        for n in _nodes(roots)
+        if n.get("Index Name") == "jobs_pkey" and n.get("Relation Name") == "jobs"
+    )
+
+
+def test_a_turn_completing_one_job_chains_probes_no_chain_root(pgwork_dsn: str) -> None:
+    # A one-job chain's job is its own root, already updated by the completion: the
+    # ``roots`` update skips it on the completion's own columns, before any probe.
+    assert _roots_probes(pgwork_dsn, render("pgwork").complete_and_acquire) == 0
+
+
+def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn: str) -> None:
+    # Control: with the test written on the probed row (``r.id <> done.id``), as before
+    # session 8, the primary key is probed once per completion.
+    statement = render("pgwork").complete_and_acquire
+    control = statement.replace(b"done.chain_id <> done.id", b"r.id <> done.id")
+    assert control != statement
+    assert _roots_probes(pgwork_dsn, control) == RUNNING
+
+
+def _lease_scans(dsn: str, statement: bytes) -> list[str]:
+    """The scans of ``jobs`` under the acquire's ``UPDATE`` (not its candidates')."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
+        conn.execute("ANALYZE pgwork.jobs")
+        params = {
+            "worker_id": "plan-test-worker",
+            "type_names": ["noop"],
+            "lease_seconds": [60.0],
+            "queues": ["default"],
+            "limit": 10,
+        }
+        [(document,)] = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchall()
+    if isinstance(document, str):
+        document = json.loads(document)
+    [update] = [n for n in _nodes(document[0]["Plan"]) if n.get("Node Type") == "ModifyTable"]
+    return [
+        f"{n['Node Type']}:{n.get('Index Name', '')}"
+        for n in _own_nodes(update)
+        if n.get("Relation Name") == "jobs" and n is not update
+    ]
+
+
+def _own_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``plan``'s nodes, leaving out the CTEs and subplans it evaluates."""
+    yield plan
+    for child in plan.get("Plans", []):
+        if child.get("Parent Relationship") not in ("InitPlan", "SubPlan"):
+            yield from _own_nodes(child)
+
+
+def test_the_acquire_finds_its_locked_candidates_again_by_row_version(
+    pgwork_dsn: str,
+) -> None:
+    # The lease update re-reads each locked candidate by its ctid (one page), not by a
+    # primary-key probe (three or four).
+    assert _lease_scans(pgwork_dsn, render("pgwork").acquire) == ["Tid Scan:"]
+
+
+def test_the_acquire_matching_candidates_by_id_probes_the_primary_key(pgwork_dsn: str) -> None:
+    # Control: matched by id alone, the lease update probes jobs_pkey for each candidate.
+    statement = render("pgwork").acquire
+    control = statement.replace(b"j.ctid = c.ctid AND ", b"")
+    assert control != statement
+    assert _lease_scans(pgwork_dsn, control) == ["Index Scan:jobs_pkey"]

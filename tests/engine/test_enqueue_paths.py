@@ -31,6 +31,7 @@ from pgwork import (
     PostgresStateAdapter,
 )
 from pgwork.adapters.state import NewJob
+from pgwork.postgres import _enqueue
 from pgwork.postgres._enqueue import COPY_MIN_ROWS
 
 from .conftest import ClientFactory, scalar
@@ -189,6 +190,9 @@ async def test_copy_and_statement_paths_write_identical_rows(
         await state.insert_jobs(tx, jobs=[job(root=False)])
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job(), job(root=False)])
+    # A few new chains runnable now, no dedup key (INSERT_PLAIN_JOBS).
+    async with state.transaction() as tx:
+        await state.insert_jobs(tx, jobs=[job(dedup=False), job(dedup=False)])
     # One plain job (no dedup key: INSERT_PLAIN_JOB), a root and a later job.
     async with state.transaction() as tx:
         await state.insert_jobs(tx, jobs=[job(dedup=False)])
@@ -207,7 +211,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
         )
         assert await cur.fetchone() == (2 * BIG + 4,)
         cur = await c.execute("SELECT count(*) FROM pgwork.jobs WHERE dedup_key IS NULL")
-        assert await cur.fetchone() == (2 * BIG + 2,)
+        assert await cur.fetchone() == (2 * BIG + 4,)
     assert len(rows) == 2, rows
     (later, later_due, _), (row, due_at_creation, _) = rows
     assert due_at_creation
@@ -346,3 +350,28 @@ async def test_single_enqueues_of_one_transaction_wake_their_queue_once(
         notices = await listener.wait(5.0)
         notices += await listener.wait(0.3)
     assert sorted(n.queue or "" for n in notices) == ["default", "other"]
+
+
+async def test_a_small_batch_of_new_chains_runnable_now_takes_the_plain_statement(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], monkeypatch: Any
+) -> None:
+    # INSERT_PLAIN_JOBS leaves out the arrays such jobs do not need; anything else in
+    # the batch (a schedule here) takes the general INSERT_JOBS.
+    client = await make_client(registry())
+    state = client.state
+    assert isinstance(state, PostgresStateAdapter)
+    sent: list[bytes] = []
+    real = _enqueue._execute
+
+    async def spy(c: Any, query: bytes, params: dict[str, Any]) -> None:
+        sent.append(query)
+        await real(c, query, params)
+
+    monkeypatch.setattr(_enqueue, "_execute", spy)
+    await client.start_chains(conn, batch(client, 100))
+    await client.start_chains(
+        conn, batch(client, 99) + batch(client, 1, schedule=timedelta(seconds=1))
+    )
+    await conn.commit()
+    statements = state._sql
+    assert sent == [statements.insert_plain_jobs, statements.insert_jobs]

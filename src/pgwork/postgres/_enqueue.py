@@ -9,7 +9,8 @@ Three paths give identical rows (a test holds them to it):
   ``INSERT_JOB`` is the same for a single job, with scalar parameters, and
   ``INSERT_PLAIN_JOB`` for a single plain job (``write_plain_job``): the commonest
   enqueue, one ``start_chain`` of a job runnable now, with as little as possible
-  between the caller and its one statement.
+  between the caller and its one statement. ``INSERT_PLAIN_JOBS`` is ``INSERT_JOBS``
+  for a batch of such jobs (each a new chain's first job): six arrays fewer.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
@@ -107,10 +108,17 @@ def due_notices(jobs: Iterable[NewJob]) -> list[Notice]:
 
 
 def insert_params(
-    jobs: Sequence[NewJob], *, channel: str | None = None, ready: Sequence[str] = ()
+    jobs: Sequence[NewJob],
+    *,
+    channel: str | None = None,
+    ready: Sequence[str] = (),
+    plain: bool = False,
 ) -> dict[str, Any]:
     """Parameters of ``INSERT_JOBS``: one array literal per column, plus the ``ready``
-    queues to announce on ``channel`` (none without one)."""
+    queues to announce on ``channel`` (none without one). With ``plain``, those of
+    ``INSERT_PLAIN_JOBS``: the jobs are all plain (``is_plain``) and each the first job
+    of a new chain, so their chain ids, indexes, statuses, schedules and dedup keys go
+    without saying."""
     jsons: dict[int, str] = {}
 
     def as_json(value: Mapping[str, str]) -> str:
@@ -118,24 +126,14 @@ def insert_params(
             id(value), _element(json.dumps(dict(value)))
         )
 
-    return {
+    params = {
         "ids": _array([format(j.id.int, "032x") for j in jobs]),
         "type_names": _repeated([j.type_name for j in jobs]),
-        "chain_ids": _array([format(j.chain_id.int, "032x") for j in jobs]),
         "chain_type_names": _repeated([j.chain_type_name for j in jobs]),
-        "chain_indexes": _array([str(j.chain_index) for j in jobs]),
         "inputs": _array([_element(j.input_json) for j in jobs]),
         "queues": _repeated([j.queue for j in jobs]),
         "priorities": _array([str(j.priority) for j in jobs]),
         "max_attempts": _array([str(j.max_attempts) for j in jobs]),
-        "run_ats": _array(
-            ["NULL" if j.run_at is None else _element(j.run_at.isoformat()) for j in jobs]
-        ),
-        "run_afters": _array(
-            ["NULL" if j.run_after is None else repr(j.run_after.total_seconds()) for j in jobs]
-        ),
-        "dedup_keys": _array(["NULL" if j.dedup is None else _element(j.dedup.key) for j in jobs]),
-        "statuses": _array(["blocked" if j.blockers else "pending" for j in jobs]),
         "trace_contexts": _array(
             [as_json(j.trace_context) if j.trace_context else "NULL" for j in jobs]
         ),
@@ -143,6 +141,21 @@ def insert_params(
         "channel": channel,
         "ready": _array([_element(notice) for notice in _encoded(ready)] if channel else []),
     }
+    if plain:
+        return params
+    params["chain_ids"] = _array([format(j.chain_id.int, "032x") for j in jobs])
+    params["chain_indexes"] = _array([str(j.chain_index) for j in jobs])
+    params["run_ats"] = _array(
+        ["NULL" if j.run_at is None else _element(j.run_at.isoformat()) for j in jobs]
+    )
+    params["run_afters"] = _array(
+        ["NULL" if j.run_after is None else repr(j.run_after.total_seconds()) for j in jobs]
+    )
+    params["dedup_keys"] = _array(
+        ["NULL" if j.dedup is None else _element(j.dedup.key) for j in jobs]
+    )
+    params["statuses"] = _array(["blocked" if j.blockers else "pending" for j in jobs])
+    return params
 
 
 def _array(elements: list[str]) -> str:
@@ -263,12 +276,13 @@ async def write_jobs(
             await _execute(conn, statements.insert_job, _one(rest[0], channel, ready))
             announced = channel is not None
         for start in range(0, 0 if single else len(rest), INSERT_CHUNK):
+            chunk = rest[start : start + INSERT_CHUNK]
+            roots_now = all(is_plain(j) and j.id == j.chain_id for j in chunk)
             params = insert_params(
-                rest[start : start + INSERT_CHUNK],
-                channel=channel if start == 0 else None,
-                ready=ready,
+                chunk, channel=channel if start == 0 else None, ready=ready, plain=roots_now
             )
-            await _execute(conn, statements.insert_jobs, params)
+            query = statements.insert_plain_jobs if roots_now else statements.insert_jobs
+            await _execute(conn, query, params)
             announced = channel is not None
     if meanwhile is not None:
         meanwhile()
