@@ -181,7 +181,13 @@ class PgAtomicGroup:
     async def discard(self) -> None:
         conn = self._conn
         try:
-            if self._savepoint != _NOT_BEGUN and not conn.closed and not conn.broken:
+            # By the connection's state, not ours: a first member's query that failed
+            # after its BEGIN left a transaction open (aborted).
+            if (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
                 await conn.execute(b"ROLLBACK")
         except psycopg.Error:
             pass
