@@ -34,6 +34,7 @@ from bench._pgwork_app import (
 from bench._plan import (
     BEST_SETTINGS,
     ROW_DRAIN_BEST,
+    ROW_DRAIN_BEST_ATOMIC,
     row_backlog,
     row_chains,
     row_drain,
@@ -130,6 +131,7 @@ async def _drain_processes(
     row: str | None = None,
     *,
     slots: int | None = None,
+    atomic_group: int = 1,
 ) -> Measurement:
     """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)
     of ``slots`` slots each (default: the run's)."""
@@ -140,7 +142,9 @@ async def _drain_processes(
     with ctx.dbs.fresh() as dsn:
         await bulk_load(dsn, n, type_name=type_name)
         children = [
-            await WorkerProcess.start(dsn, type_name=type_name, slots=slots)
+            await WorkerProcess.start(
+                dsn, type_name=type_name, slots=slots, atomic_group=atomic_group
+            )
             for _ in range(processes)
         ]
         try:
@@ -181,15 +185,34 @@ async def drain(ctx: Context) -> list[Measurement]:
 
 async def best(ctx: Context) -> list[Measurement]:
     """The staged drain at each of ``BEST_SETTINGS`` slots (one worker process each, as
-    the peers run); the fastest is the row's figure, its note says which it was."""
-    tried = [
+    the peers run); the fastest is the row's figure, its note says which it was. Then
+    the same for the atomic drain in groups of ``ATOMIC_GROUP``."""
+    staged = [
         (slots, await _drain_processes(ctx, 1, row=row_drain(slots), slots=slots))
         for slots in BEST_SETTINGS
     ]
+    grouped = [
+        (
+            slots,
+            await _drain_processes(
+                ctx,
+                1,
+                "noop_atomic",
+                row=f"{row_drain(slots, 'atomic')}, groups of {ATOMIC_GROUP}",
+                slots=slots,
+                atomic_group=ATOMIC_GROUP,
+            ),
+        )
+        for slots in BEST_SETTINGS
+    ]
+    return [_fastest(staged, ROW_DRAIN_BEST), _fastest(grouped, ROW_DRAIN_BEST_ATOMIC)]
+
+
+def _fastest(tried: list[tuple[int, Measurement]], row: str) -> Measurement:
     slots, fastest = max(tried, key=lambda t: t[1].value)
     rates = ", ".join(f"{s}: {m.value:,.0f}" for s, m in tried)
     note = f"max_slots={slots}, the best of max_slots {rates} jobs/s"
-    return [dataclasses.replace(fastest, row=ROW_DRAIN_BEST, note=note)]
+    return dataclasses.replace(fastest, row=row, note=note)
 
 
 # --- 3. drain rate vs backlog --------------------------------------------------------

@@ -14,8 +14,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from bench._env import Environment
+from bench._plan import ROW_DRAIN_BEST, ROW_DRAIN_BEST_ATOMIC
 
 __all__ = ["LIBRARIES", "Measurement", "render_json", "render_markdown"]
+
+# Rows whose pgwork figure is compared with the peers' (and the floor's) of another row:
+# the atomic drain's target is the peers' at-least-once drain.
+COMPARED_WITH = {ROW_DRAIN_BEST_ATOMIC: ROW_DRAIN_BEST}
 
 # Column order of the table; the floor comes last.
 FLOOR = "raw"
@@ -85,10 +90,11 @@ def render_markdown(
             found = by_key.get((row, lib))
             cells.append(found.cell() if found else "")
         ours = by_key.get((row, "pgwork"))
+        against = COMPARED_WITH.get(row, row)
         if peers:
-            cells.append(_ratio(ours, [by_key.get((row, p)) for p in peers]))
+            cells.append(_ratio(ours, [by_key.get((against, p)) for p in peers]))
         if FLOOR in libraries:
-            floor = by_key.get((row, FLOOR))
+            floor = by_key.get((against, FLOOR))
             cells.append(_ratio(ours, [floor], name=False) if floor else "")
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {TITLES[m.library]}, {m.row}: {m.note}" for m in measurements if m.note]

@@ -11,6 +11,7 @@ every ``--report-every`` seconds (0: never, for an idle worker whose CPU is meas
 on ``stop`` it stops the worker, prints ``{"event": "stopped", ...}`` and exits.
 
     python -m bench._worker_process --dsn DSN --type noop [--slots 10] [--poll-interval S]
+        [--atomic-group N]
 
 Without ``--slots`` and ``--poll-interval`` the worker has pgwork's defaults.
 Enqueuer: ``--enqueue N --batch B`` (B 0: one job per transaction) enqueues N jobs on
@@ -58,6 +59,8 @@ async def _child(args: argparse.Namespace) -> None:
         options["max_slots"] = args.slots
     if args.poll_interval is not None:
         options["poll_interval"] = args.poll_interval
+    if args.atomic_group != 1:
+        options["atomic_group"] = args.atomic_group
     async with open_client(args.dsn) as client:
         worker = create_in_process_worker(
             client=client, processors={args.type: counter.handler()}, **options
@@ -117,6 +120,7 @@ class WorkerProcess:
         slots: int | None = 10,
         poll_interval: float | None = None,
         report_every: float = REPORT_EVERY,
+        atomic_group: int = 1,
     ) -> WorkerProcess:
         """A worker process, ready (its client open); ``go()`` starts the worker.
         ``slots`` / ``poll_interval`` None: pgwork's defaults."""
@@ -125,6 +129,8 @@ class WorkerProcess:
             args += ["--slots", str(slots)]
         if poll_interval is not None:
             args += ["--poll-interval", str(poll_interval)]
+        if atomic_group != 1:
+            args += ["--atomic-group", str(atomic_group)]
         return await cls._spawn(dsn, args)
 
     @classmethod
@@ -215,6 +221,7 @@ def main() -> None:
     parser.add_argument("--type", default="noop")
     parser.add_argument("--slots", type=int, default=None)
     parser.add_argument("--poll-interval", type=float, default=None)
+    parser.add_argument("--atomic-group", type=int, default=1, help="the worker's atomic_group")
     parser.add_argument(
         "--no-gc-tuning",
         action="store_true",

@@ -34,6 +34,7 @@ EXPECTED_ROWS = [
     "| drain, 1 worker x 10 slots, atomic mode |",
     "| drain, 2 worker processes x 10 slots |",
     "| drain, best setting |",
+    "| drain, best setting, atomic groups of 32 |",
     "| idle pickup latency p50 |",
     "| idle pickup latency p99 |",
     "| idle pickup latency p50, 30 s poll |",

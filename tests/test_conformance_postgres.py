@@ -15,6 +15,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
+from pgwork.adapters.state import Completion
 from pgwork.postgres import _atomic_group as pg_atomic_group
 from pgwork.postgres import _state_worker as pg_worker_ops
 from pgwork.postgres._transactions import PgTransaction
@@ -104,6 +105,41 @@ class TestPostgresStateAdapter(StateAdapterConformance):
                 (held.id,),
             )
             assert await cur.fetchall() == [(held.id,)]
+
+    async def test_the_server_ends_a_group_whose_worker_went_silent_after_a_completion(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        pgwork_dsn: str,
+        pgwork_schema: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A group's lane sits idle in its transaction between members, holding the
+        rows of those already kept: the server must be able to end it there too, not
+        only while a handler runs. (Control: the completion pipelined with the next
+        savepoint, as before, leaves the lane idle with the timer disarmed.)"""
+        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        group = await state_adapter.open_atomic_group()
+        assert isinstance(group, pg_atomic_group.PgAtomicGroup)
+        tx = await group.enter(lease=held.lease, deadline=timedelta(milliseconds=200))
+        assert isinstance(tx, PgTransaction)
+        result = await group.complete(Completion(held.id, held.lease.lease_token, "null"))
+        assert result.accepted
+        # Frozen before the group's commit: the server must end it, and the kept
+        # member's completion with it.
+        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
+            await group.commit()
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn) as other:
+            cur = await other.execute(
+                sql.SQL("SELECT status::text FROM {} WHERE id = %s FOR UPDATE NOWAIT").format(
+                    sql.Identifier(pgwork_schema, "jobs")
+                ),
+                (held.id,),
+            )
+            assert await cur.fetchall() == [("running",)]
 
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str

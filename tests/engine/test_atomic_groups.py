@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
@@ -170,7 +171,58 @@ async def test_a_slow_job_type_runs_alone_once_its_handlers_outlast_the_wait(
         state=client.state, notify=client.notify, size=8, wait=0.01, max_slots=8
     )
     assert groups is not None
-    slot: Any = type("S", (), {"job_type": slow, "started": time.monotonic() - 0.5})()
+    slot: Any = type("S", (), {"job_type": slow})()
     assert groups.takes(slot)
-    groups._learn(slot)
+    groups._learn("slow", 0.05)  # one slow call weighs a tenth: still grouped
+    assert groups.takes(slot)
+    groups._learn("slow", 0.5)
     assert not groups.takes(slot)
+
+
+async def test_a_job_type_sent_alone_by_a_slow_start_comes_back_to_the_groups(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The first handler call is slow (a cold start), the rest quick: the type runs
+    alone for a while, and its lone attempts keep its mean current, so later jobs
+    share transactions again. (Control: lone attempts that do not report their
+    handler's time leave the type alone for good, one transaction per job.)"""
+    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    calls = 0
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await anyio.sleep(1.0)  # ten times the wait: its mean alone outlasts it
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
+        )
+
+    jobs = 60
+    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=1,
+        atomic_group=32,
+        atomic_group_wait=0.05,
+    )
+
+    async def all_done() -> bool:
+        jobs = [await client.get_job(s.job_id) for s in started]
+        return all(job.status is JobStatus.COMPLETED for job in jobs)
+
+    await eventually(all_done, what="every job completed")
+    cur = await conn.execute("SELECT count(*), count(DISTINCT xid) FROM effects")
+    row = await cur.fetchone()
+    await conn.commit()
+    assert row is not None
+    effects, transactions = row
+    assert effects == jobs
+    assert transactions <= jobs // 2, transactions

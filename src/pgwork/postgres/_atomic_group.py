@@ -2,21 +2,29 @@
 
 One transaction per atomic job caps an atomic drain at the server's commit rate (a
 WAL flush each). A group runs its members one after another on one connection, each
-in the savepoint ``pgwork_member``, and commits once. Round trips per member, with a
-savepoint already open for it (the usual case inside a group):
+in the savepoint ``pgwork_member``, and commits once. Round trips per member:
 
-1. ``enter``: the row lock (``BEGIN_ATOMIC``), alone: not pipelined, so the server
-   arms the lock's ``idle_in_transaction_session_timeout`` before the handler runs
-   (see ``BEGIN_ATOMIC_BOUNDED`` on why a pipeline leaves it disarmed);
-2. ``complete``: the completion (``COMPLETE_ATOMIC``), ``RELEASE`` and the next
-   member's ``SAVEPOINT``, in one pipeline. A refused completion makes the statement
-   fail on purpose, so nothing behind it in the pipeline runs, and the member is
-   rolled back to its savepoint (``ROLLBACK TO`` keeps the savepoint, ready for the
-   next member).
+1. ``enter``: the row lock, behind what the savepoint needs (``RELEASE`` of the last
+   member's and a new ``SAVEPOINT``; for the group's first member ``BEGIN`` and
+   ``SAVEPOINT``), all in one simple-protocol query;
+2. ``complete``: the completion (``COMPLETE_ATOMIC``), alone. A refused completion
+   makes the statement fail on purpose, and the member is rolled back to its
+   savepoint (``ROLLBACK TO`` keeps the savepoint, ready for the next member).
 
-The group's first member also sends ``BEGIN; SAVEPOINT`` (one simple query); the
-group one ``COMMIT``. A rolled-back savepoint also releases the row lock taken in it,
-so a member that failed can record its failure on its own connection at once.
+The group one ``COMMIT``. A rolled-back savepoint also releases the row lock taken in
+it, so a member that failed can record its failure on its own connection at once.
+
+Whenever the lane's connection is left idle in the transaction, the server must be
+able to end it (a worker that froze must not hold its members' rows for ever): every
+statement here ends with the server's ReadyForQuery as the last message, which arms
+the ``idle_in_transaction_session_timeout`` the lock set. Nothing here is pipelined:
+psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
+(``BEGIN_ATOMIC_BOUNDED``). The completion used to travel in a pipeline with the next
+``SAVEPOINT``, leaving the lane unbounded until its next statement. A simple query
+cannot carry bound parameters, so the lock's are written into its text: the lease's
+job id and token (uuids of the worker's own acquire, never a user value) and the
+idle timeout in milliseconds; the completion, which carries the handler's output,
+keeps its bound parameters.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
+from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -40,11 +49,18 @@ __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 # deadline (once idle before PostgreSQL 17; in all, from 17 on).
 ATOMIC_SLACK = timedelta(seconds=5)
 
-_BEGIN = b"BEGIN; SAVEPOINT pgwork_member"
-_SAVEPOINT = b"SAVEPOINT pgwork_member"
 _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 _KEEP = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+
+# What goes before a member's row lock, by the state of the group's savepoint.
+_NOT_BEGUN, _FRESH, _USED, _NONE = range(4)
+_BEFORE_LOCK = {
+    _NOT_BEGUN: b"BEGIN; SAVEPOINT pgwork_member; ",
+    _FRESH: b"",  # open, nothing written in it
+    _USED: b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; ",  # a member kept
+    _NONE: b"SAVEPOINT pgwork_member; ",  # released, none open
+}
 
 
 class GroupLostError(psycopg.OperationalError):
@@ -73,7 +89,7 @@ class _Ops(Protocol):
 class PgAtomicGroup:
     """``AtomicGroup`` on one pooled psycopg connection (autocommit, so BEGIN by hand)."""
 
-    __slots__ = ("_begun", "_conn", "_fresh", "_give_back", "_ops", "members")
+    __slots__ = ("_conn", "_give_back", "_ops", "_savepoint", "members")
 
     def __init__(
         self,
@@ -84,8 +100,7 @@ class PgAtomicGroup:
         self._ops = ops
         self._conn = conn
         self._give_back = give_back
-        self._begun = False
-        self._fresh = False  # a savepoint is open and nothing was written in it yet
+        self._savepoint = _NOT_BEGUN
         self.members = 0
 
     def _usable(self) -> psycopg.AsyncConnection[Any]:
@@ -97,14 +112,13 @@ class PgAtomicGroup:
     async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle | None:
         conn = self._usable()
         ops = self._ops
+        query = _BEFORE_LOCK[self._savepoint] + lock_query(ops._sql.begin_atomic, lease, deadline)
         with translate_errors(ops.schema):
-            if not self._begun:
-                await conn.execute(_BEGIN)
-                self._begun = True
-            elif not self._fresh:
-                await conn.execute(_SAVEPOINT)
-            self._fresh = False
-        rows = await ops._fetch(conn, ops._sql.begin_atomic, atomic_params(lease, deadline))
+            cur = await conn.execute(query)
+            self._savepoint = _FRESH
+            while cur.nextset():  # the lock's rows come last
+                pass
+            rows = await cur.fetchall()
         if not rows:
             await self.undo()
             return None
@@ -117,20 +131,14 @@ class PgAtomicGroup:
         ops = self._ops
         params = atomic_completion_params(completion)
         try:
-            with translate_errors(ops.schema):
-                async with conn.pipeline():
-                    cur = conn.cursor()
-                    await cur.execute(ops._sql.complete_atomic, params)
-                    await conn.execute(_RELEASE)
-                    await conn.execute(_SAVEPOINT)
-                rows = await cur.fetchall()
+            rows = await ops._fetch(conn, ops._sql.complete_atomic, params)
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
             await self.undo()
             return CompletionResult(job_id=completion.job_id, accepted=False)
         self.members += 1
-        self._fresh = True
+        self._savepoint = _USED
         return await self._settle_dependants(completion, rows)
 
     async def _settle_dependants(
@@ -144,7 +152,7 @@ class PgAtomicGroup:
         ends_with_dependants = any(row[3] and row[4] for row in rows)
         if ends_with_dependants:
             await conn.execute(_RELEASE)
-            self._fresh = False
+            self._savepoint = _NONE
         [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
 
@@ -153,18 +161,18 @@ class PgAtomicGroup:
         with translate_errors(self._ops.schema):
             await conn.execute(_KEEP)
         self.members += 1
-        self._fresh = True
+        self._savepoint = _FRESH
 
     async def undo(self) -> None:
         conn = self._usable()
         with translate_errors(self._ops.schema):
             await conn.execute(_UNDO)
-        self._fresh = True
+        self._savepoint = _FRESH
 
     async def commit(self) -> None:
         try:
             conn = self._usable()
-            if self._begun:
+            if self._savepoint != _NOT_BEGUN:
                 with translate_errors(self._ops.schema):
                     await conn.execute(b"COMMIT")
         finally:
@@ -173,12 +181,32 @@ class PgAtomicGroup:
     async def discard(self) -> None:
         conn = self._conn
         try:
-            if self._begun and not conn.closed and not conn.broken:
+            # By the connection's state, not ours: a first member's query that failed
+            # after its BEGIN left a transaction open (aborted).
+            if (
+                not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            ):
                 await conn.execute(b"ROLLBACK")
         except psycopg.Error:
             pass
         finally:
             await self._give_back()
+
+
+def lock_query(begin_atomic: bytes, lease: Lease, deadline: timedelta) -> bytes:
+    """``begin_atomic`` with its parameters written in (for a simple-protocol query):
+    two uuids, checked as such, and a number; no user value."""
+    params = atomic_params(lease, deadline)
+    job_id = str(UUID(str(params["job_id"]))).encode()
+    token = str(UUID(str(params["lease_token"]))).encode()
+    idle_ms = str(int(params["idle_ms"])).encode()
+    return (
+        begin_atomic.replace(b"%(job_id)s", b"'" + job_id + b"'::uuid")
+        .replace(b"%(lease_token)s", b"'" + token + b"'::uuid")
+        .replace(b"%(idle_ms)s", b"'" + idle_ms + b"'")
+    )
 
 
 def atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:

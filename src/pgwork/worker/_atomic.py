@@ -11,6 +11,7 @@ rolled back; the failure is then recorded on its own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
@@ -67,8 +68,11 @@ class AttemptSteps(Protocol):
     ) -> None: ...
 
 
-async def run_atomic(runner: AttemptSteps, slot: Slot) -> None:
-    """Run ``slot``'s job as an atomic attempt and settle it."""
+async def run_atomic(
+    runner: AttemptSteps, slot: Slot, *, timed: Callable[[str, float], None] | None = None
+) -> None:
+    """Run ``slot``'s job as an atomic attempt and settle it. ``timed`` is told the job
+    type's name and how long its handler took (the grouping worker's running mean)."""
     # Atomic attempts pin a row lock, so they always have a deadline.
     deadline = slot.job_type.timeout or slot.job_type.lease
     attempt: Attempt[Any, Any] | None = None
@@ -86,7 +90,10 @@ async def run_atomic(runner: AttemptSteps, slot: Slot) -> None:
                 raise _Rollback
             # A handler given up on raises Abandoned here once it ends; the
             # watchdog's task closed this connection and settled the attempt.
+            began = time.monotonic()
             failure = await runner._call_handler(slot, attempt, deadline)
+            if timed is not None:
+                timed(slot.job_type.name, time.monotonic() - began)
             if failure is not None or attempt.aborted:
                 raise _Rollback
             with anyio.CancelScope(shield=True):

@@ -22,7 +22,12 @@ members' jobs are handed back without counting an attempt.
 
 A member holds its lane while its handler runs, so a slow handler would hold its
 group's commit back. So a job type whose handlers took longer than the wait on
-average runs alone, in a transaction of its own, as with ``atomic_group=1``.
+average runs alone, in a transaction of its own, as with ``atomic_group=1``. The
+average is of the handler's own time (not of the wait for a lane, which a cold worker
+opening its lanes' connections makes long), starts at zero (a type is taken for
+short until its handlers show otherwise, so a slow first call weighs a tenth), and
+goes on learning from the attempts that run alone, so a type sent alone by a slow
+start comes back to the groups once its handlers are quick again.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import AtomicGroup, Completion, StateAdapter, TransactionHandle
 from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
-from pgwork.worker._atomic import AttemptSteps
+from pgwork.worker._atomic import AttemptSteps, run_atomic
 from pgwork.worker._attempt import Attempt, Completed
 from pgwork.worker._slot import Slot
 
@@ -49,6 +54,11 @@ __all__ = ["AtomicGroups", "atomic_groups"]
 
 # Weight of the newest handler duration in a job type's running mean.
 _SMOOTHING = 0.1
+
+# Lanes at most. Each holds a pooled connection while its group is open, and more
+# lanes split a drain into more, smaller groups: on 2 cores 8 lanes drained no faster
+# than 4 at 50 and 100 slots, with 20-40 % more commits (docs/performance.md).
+_MAX_LANES = 4
 
 
 def atomic_groups(
@@ -63,8 +73,10 @@ def atomic_groups(
     if size == 1:
         return None
     # Enough lanes that the database works on one lane's statements while Python
-    # runs another's handler; each holds a connection while its group is open.
-    lanes = max(1, min(4, max_slots // 4))
+    # runs another's handler (a lane runs its members' round trips one after another,
+    # so the lanes bound a grouped drain): half the slots, 4 at 10 slots (2 measured
+    # 40-60 % slower).
+    lanes = max(1, min(_MAX_LANES, max_slots // 2))
     return AtomicGroups(state=state, notify=notify, size=size, wait=wait, lanes=lanes)
 
 
@@ -135,14 +147,17 @@ class AtomicGroups:
         """Whether ``slot``'s attempt joins a group (its type's handlers are short)."""
         return self._mean_s.get(slot.job_type.name, 0.0) <= self.wait
 
-    def _learn(self, slot: Slot) -> None:
-        name = slot.job_type.name
-        took = time.monotonic() - slot.started
-        mean = self._mean_s.get(name)
-        self._mean_s[name] = took if mean is None else mean + _SMOOTHING * (took - mean)
+    def _learn(self, name: str, took: float) -> None:
+        """A handler of job type ``name`` ran for ``took`` seconds."""
+        mean = self._mean_s.get(name, 0.0)
+        self._mean_s[name] = mean + _SMOOTHING * (took - mean)
 
     async def run(self, runner: AttemptSteps, slot: Slot) -> None:
-        """Run ``slot``'s job as a member of a group, and settle it."""
+        """Run ``slot``'s job as a member of a group, or alone if its type's handlers
+        are slow, and settle it."""
+        if not self.takes(slot):
+            await run_atomic(runner, slot, timed=self._learn)
+            return
         deadline = slot.job_type.timeout or slot.job_type.lease
         lane = min(self._lanes, key=lambda lane: lane.load)
         await lane.take(slot)
@@ -166,8 +181,9 @@ class AtomicGroups:
                 # A handler given up on raises Abandoned here once it ends; the
                 # watchdog's task closed the connection, lost the group and gave the
                 # lane back.
+                began = time.monotonic()
                 failure = await runner._call_handler(slot, attempt, deadline)
-                self._learn(slot)
+                self._learn(slot.job_type.name, time.monotonic() - began)
             with anyio.CancelScope(shield=True):
                 if attempt is not None and failure is None and not attempt.aborted:
                     kept = await self._keep(runner, slot, attempt, group, tx)

@@ -97,7 +97,7 @@ class SlotRunner:
             return
         if slot.job_type.mode == "atomic":
             groups = self.groups
-            if groups is not None and groups.takes(slot):
+            if groups is not None:  # grouped, or alone if its handlers are slow
                 await groups.run(self, slot)
             else:
                 await run_atomic(self, slot)
