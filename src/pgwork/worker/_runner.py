@@ -205,7 +205,7 @@ class SlotRunner:
                     else:
                         with slot.guard:
                             result = await handler(attempt)
-                    await attempt._finish_with(result)
+                    attempt._finish_with(result)
                 except Exception as exc:
                     error = exc
         finally:
