@@ -635,6 +635,52 @@ async def test_a_staged_slot_takes_its_next_job_while_the_last_outcome_is_writte
     assert calls == [(0, 1), *[(1, 1)] * 4, (1, 0)]
 
 
+async def test_a_staged_slot_task_ends_once_its_completion_is_queued_and_the_job_stays_held(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """A plain completion is left with the batcher and its slot's task ends at once (no
+    task waits for the write); the job still counts as held until the write commits,
+    and is let go (and reported) after it."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    returned = anyio.Event()
+
+    async def handle(attempt: Attempt[Num, None]) -> None:
+        returned.set()
+
+    client = await make_client(reg)
+    release = anyio.Event()
+    real = client.state.complete_and_acquire
+
+    async def gated(**kwargs: Any) -> Any:
+        if kwargs["completions"]:
+            await release.wait()  # the completion's write is held up here
+        return await real(**kwargs)
+
+    client.state.complete_and_acquire = gated  # type: ignore[method-assign]
+    await client.start_chain(conn, step, Num(n=1))
+    await conn.commit()
+    worker = await workers(client=client, processors={step: handle}, max_slots=1, prefetch=0)
+    try:
+        with anyio.fail_after(10):
+            await returned.wait()
+            await worker._slots.tasks.wait()  # the slot's task ended
+        assert worker.active_slots == 1  # held: its completion is not written yet
+    finally:
+        release.set()
+
+    async def completed() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
+        return bool(await scalar(pgwork_dsn, done) == 1)
+
+    await eventually(completed, what="the job completed")
+
+    async def let_go() -> bool:
+        return worker.active_slots == 0
+
+    await eventually(let_go, what="the job let go")
+
+
 def test_tune_gc_freezes_the_loaded_objects_and_raises_the_young_threshold() -> None:
     """``pgwork worker`` calls it once the application is loaded (docs/performance.md):
     what exists then is no longer walked by the collector, and young objects are

@@ -152,8 +152,9 @@ class Attempt(Generic[I, O]):
                 outputs.append(blocker.output)
         return outputs
 
-    async def _finish_with(self, result: Any) -> None:
-        """Turn a handler's return value into the outcome when it set none itself."""
+    def _finish_with(self, result: Any) -> None:
+        """Turn a handler's return value into the outcome when it set none itself (not a
+        coroutine: nothing here awaits, and building one cost a coroutine per job)."""
         if self.outcome is not None:
             return
         # Not through ``complete``: a coroutine fewer per job.

@@ -1,6 +1,8 @@
 """Grouping staged completions that finish close together into one statement.
 
-A slot hands its completion here and waits. Usually the worker's next acquire takes
+A slot hands its completion here and waits (``complete``), or leaves it here with a
+callback that reports what came of it (``submit``: the slot's task ends at once, which
+saves a wake-up of that task per job). Usually the worker's next acquire takes
 the waiting completions and writes them in its own statement (one round trip, one
 commit; see ``_fetch``); when no acquire is going out (no free slot, or the worker is
 backing off), the batcher writes them itself, within ``max_delay`` (plus the time an
@@ -19,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -40,12 +43,16 @@ class Pending:
     that joined the same batch: one event per batch, not per job. (asyncio's events,
     not anyio's, here and below: every job waits on one, and anyio's wrapper cost
     several times the event itself; both are cancelled the same way, by the task's
-    cancellation.)"""
+    cancellation.) A completion given with ``submit`` has nobody waiting: ``written_to``
+    is called with it (and ``owner``, what the caller handed in) once its result or
+    error is known."""
 
     completion: Completion
     written: asyncio.Event
     result: CompletionResult | None = None
     error: BaseException | None = None
+    written_to: Callable[[Pending], None] | None = None
+    owner: Any = None
 
 
 class CompletionBatcher:
@@ -93,6 +100,17 @@ class CompletionBatcher:
         assert pending.result is not None
         return pending.result
 
+    def submit(
+        self, completion: Completion, owner: Any, written_to: Callable[[Pending], None]
+    ) -> None:
+        """Queue ``completion`` without waiting for it: ``written_to(pending)`` is called
+        once it is committed (``pending.result``) or its write gave up
+        (``pending.error``); ``pending.owner`` is ``owner``."""
+        self._waiting.append(Pending(completion, self._written, None, None, written_to, owner))
+        self._arrived.set()
+        if len(self._waiting) >= self.max_size:
+            self._full.set()
+
     def take(self, limit: int | None = None) -> list[Pending]:
         """Hand the waiting completions (up to ``limit``) to a caller that writes them
         and then calls ``deliver`` or ``fail``. Every completion taken shares one event."""
@@ -119,6 +137,7 @@ class CompletionBatcher:
             pending.result = result
         if batch:
             batch[0].written.set()
+            _call_back_soon(batch)
 
     @staticmethod
     def fail(batch: Sequence[Pending], error: BaseException) -> None:
@@ -126,6 +145,7 @@ class CompletionBatcher:
             pending.error = error
         if batch:
             batch[0].written.set()
+            _call_back_soon(batch)
 
     def give_back(self, batch: Sequence[Pending]) -> None:
         """Return a taken batch whose write failed: the batcher retries it."""
@@ -184,3 +204,24 @@ class CompletionBatcher:
             return
         assert error is not None
         self.fail(batch, error)
+
+
+def _call_back_soon(batch: Sequence[Pending]) -> None:
+    """Call the submitters back on the event loop's next round, as it woke the waiters:
+    the jobs an acquire brought along with these results start first (what is written
+    frees room, and the worker's loop, woken before they ran, would send its next
+    acquire without their completions)."""
+    asyncio.get_running_loop().call_soon(_call_back, batch)
+
+
+def _call_back(batch: Sequence[Pending]) -> None:
+    """Tell the submitters of ``batch`` what came of their completions; one failing
+    callback does not keep the others from theirs."""
+    for pending in batch:
+        written_to = pending.written_to
+        if written_to is None:
+            continue
+        try:
+            written_to(pending)
+        except Exception:
+            log.exception("pgwork could not settle job %s", pending.completion.job_id)

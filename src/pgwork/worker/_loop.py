@@ -214,6 +214,7 @@ class InProcessWorker:
             abandon_after=abandon_after,
             watchdog=self._slots.watchdog,
             on_returned=self._slots.returned,
+            on_settled=self._slots.settled,
             groups=atomic_groups(
                 state=client.state,
                 notify=client.notify,

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -39,7 +39,7 @@ from pgwork.worker._announce import announce_ready, due_epoch
 from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
-from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._slot import Abandoned, Slot, scope_type
 from pgwork.worker._watchdog import Watchdog
 
@@ -66,6 +66,7 @@ class SlotRunner:
         abandon_after: float,
         watchdog: Watchdog[Slot],
         on_returned: Callable[[Slot], None] = lambda slot: None,
+        on_settled: Callable[[Slot, Coroutine[Any, Any, None] | None], None],
         groups: AtomicGroups | None = None,
     ) -> None:
         self.client = client
@@ -81,11 +82,17 @@ class SlotRunner:
         # Handlers given up on that have not ended yet (see _watchdog).
         self.abandoned: set[asyncio.Task[Any]] = set()
         self._on_returned = on_returned
+        # A plain staged completion was written: the slot is done (with a coroutine
+        # still to run for it, or None).
+        self._on_settled = on_settled
         # Atomic attempts share transactions (``atomic_group`` > 1), else None.
         self.groups = groups
         self._scope: type[anyio.CancelScope] | None = None  # found on the first attempt
 
-    async def run(self, slot: Slot) -> None:
+    async def run(self, slot: Slot) -> bool:
+        """Run ``slot``'s attempt. True when its plain completion was left with the
+        batcher: ``on_settled`` is called once it is written (the slot is held until
+        then)."""
         reason = slot.pending_abort
         if reason is None and time.monotonic() >= slot.lease_deadline:
             reason = AbortReason.OWNERSHIP_LOST
@@ -94,15 +101,15 @@ class SlotRunner:
             # may own the job by now, so its handler must not start at all.
             with anyio.CancelScope(shield=True):
                 await self._settle_abort(slot, reason)
-            return
+            return False
         if slot.job_type.mode == "atomic":
             groups = self.groups
             if groups is not None:  # grouped, or alone if its handlers are slow
                 await groups.run(self, slot)
             else:
                 await run_atomic(self, slot)
-        else:
-            await self._run_staged(slot)
+            return False
+        return await self._run_staged(slot)
 
     def _attempt(
         self, slot: Slot, transaction: object | None
@@ -198,7 +205,7 @@ class SlotRunner:
                     else:
                         with slot.guard:
                             result = await handler(attempt)
-                    await attempt._finish_with(result)
+                    attempt._finish_with(result)
                 except Exception as exc:
                     error = exc
         finally:
@@ -242,12 +249,12 @@ class SlotRunner:
                     await self.groups.lost(slot, error)
             await self._settle(slot, attempt, error)
 
-    async def _run_staged(self, slot: Slot) -> None:
+    async def _run_staged(self, slot: Slot) -> bool:
         attempt, decode_error = self._attempt(slot, None)
         if attempt is None:
             with anyio.CancelScope(shield=True):
                 await self._settle_failure(slot, decode_error, terminal=True)
-            return
+            return False
         error = await self._call_handler(slot, attempt, slot.job_type.timeout)
         slot.settling = True
         # The handler is done: its slot may take the next job while this outcome is
@@ -260,25 +267,47 @@ class SlotRunner:
             and type(outcome) is Completed
             and outcome.continuation is None
         ):
-            # Not shielded (a shield cost more than the rest of a no-op attempt): the
-            # completion joins the batcher's queue before the first await, and the
-            # batcher writes it even if this task is cancelled while it waits. Straight
-            # to the batcher, not through ``_write_outcome``: two coroutines fewer a job.
+            # Left with the batcher, and this task ends: ``_written`` reports the
+            # outcome once it is committed (waiting here for it cost a wake-up of this
+            # task per job). Nothing to shield: the completion is queued before any
+            # await, and a cancelled batcher still writes what waits.
             acquired = slot.acquired
-            result = await self._batcher.complete(
+            self._batcher.submit(
                 Completion(
                     job_id=acquired.id,
                     lease_token=acquired.lease_token,
                     output_json=outcome.output_json,
                     continuation=None,
-                )
+                ),
+                slot,
+                self._written,
             )
-            if result.ready_queues or result.chain_awaited:
-                await self._announce(result, acquired.chain_id, None)
-            self._report_outcome(slot, attempt, result.accepted)
-            return
+            return True
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
+        return False
+
+    def _written(self, pending: Pending) -> None:
+        """A plain staged completion was committed (or its write gave up): report it,
+        then let the slot go (``on_settled``). Announcing what it made ready needs a
+        round trip, so that, and a write that failed, finish in a task."""
+        slot: Slot = pending.owner
+        result = pending.result
+        if result is None or result.ready_queues or result.chain_awaited:
+            self._on_settled(slot, self._written_later(slot, pending))
+            return
+        assert slot.attempt is not None
+        self._report_outcome(slot, slot.attempt, result.accepted)
+        self._on_settled(slot, None)
+
+    async def _written_later(self, slot: Slot, pending: Pending) -> None:
+        if pending.error is not None:
+            raise pending.error
+        result = pending.result
+        assert result is not None
+        assert slot.attempt is not None
+        await self._announce(result, slot.acquired.chain_id, None)
+        self._report_outcome(slot, slot.attempt, result.accepted)
 
     # --- settling an attempt -----------------------------------------------------------
 

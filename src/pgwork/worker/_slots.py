@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -95,6 +95,16 @@ class Slots:
         """A staged handler returned: its slot takes the next job while the outcome is
         written."""
         self.admission.freed(slot, time.monotonic())
+        self._wake()
+
+    def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None:
+        """A staged attempt whose completion the batcher wrote after its task ended
+        (``SlotRunner._written``) is done; ``then`` is what is left to do for it (in a
+        task of its own), before the slot is let go."""
+        if then is not None:
+            self.tasks.start(self._run(slot, then=then), name="pgwork-settle")
+            return
+        self.by_token.pop(slot.acquired.lease_token, None)
         self._wake()
 
     def abort_all(self, reason: AbortReason) -> None:
@@ -194,15 +204,25 @@ class Slots:
         self.tasks.start(self._run(slot, abandoned=True), name="pgwork-abandoned")
         self._wake()
 
-    async def _run(self, slot: Slot, *, abandoned: bool = False) -> None:
-        """Run ``slot``'s attempt (or, ``abandoned``, settle it without its handler)
-        and free the slot. The task of a handler given up on frees nothing when it
-        ends at last: the task that settled its attempt did."""
+    async def _run(
+        self,
+        slot: Slot,
+        *,
+        abandoned: bool = False,
+        then: Coroutine[Any, Any, None] | None = None,
+    ) -> None:
+        """Run ``slot``'s attempt (or, ``abandoned``, settle it without its handler;
+        or run ``then``, what is left of settling it) and free the slot, unless the
+        batcher settles it later (``settled``). The task of a handler given up on
+        frees nothing when it ends at last: the task that settled its attempt did."""
+        later = False
         try:
-            if abandoned:
+            if then is not None:
+                await then
+            elif abandoned:
                 await self.runner.settle_abandoned(slot)
             else:
-                await self.runner.run(slot)
+                later = await self.runner.run(slot)
         except Exception as exc:
             if slot.abandoned and not abandoned:
                 return
@@ -223,7 +243,7 @@ class Slots:
             # soon as it is reachable again, instead of leaving it to a reaper.
             self.unsettled.append(slot.lease)
         finally:
-            if abandoned or not slot.abandoned:
+            if not later and (abandoned or not slot.abandoned):
                 if not slot.settling:
                     self.admission.freed(slot, time.monotonic())
                 self.by_token.pop(slot.acquired.lease_token, None)
