@@ -65,6 +65,8 @@ Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
 
 # Failed loop turns (database unreachable) back off up to this many seconds.
 LOOP_BACKOFF_MAX = 5.0
+# A cancelled worker waits this long for the reports of its batcher's last write.
+LATE_SETTLE_S = 2.0
 
 
 class InProcessWorker:
@@ -290,6 +292,7 @@ class InProcessWorker:
             self._startup_error = exc
             raise
         finally:
+            await self._end_late_settling()
             self._phase = "stopped"
             self._running.set()
             self._stopped.set()
@@ -299,6 +302,19 @@ class InProcessWorker:
                 worker_id=self.worker_id,
                 error=repr(error) if isinstance(error, Exception) else None,
             )
+
+    async def _end_late_settling(self) -> None:
+        """Cancelled, the worker's batcher still writes the completions that wait, and
+        reports them on the event loop's next round; one that made work ready announces
+        it in a slot task of its own. Let those end (briefly) so that nothing of the
+        worker outlives ``run``."""
+        with anyio.CancelScope(shield=True):
+            await anyio.lowlevel.checkpoint()
+            tasks = self._slots.tasks
+            if tasks:
+                with anyio.move_on_after(LATE_SETTLE_S):
+                    await tasks.wait()
+                await tasks.cancel_and_wait(LATE_SETTLE_S)
 
     async def start(self) -> Callable[[], Awaitable[None]]:
         """Run the worker in the background (asyncio) and return its ``stop``.
