@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from pgwork import (
     Attempt,
+    ChainStart,
     JobStatus,
     JobTypeRegistry,
     PostgresStateAdapter,
@@ -276,3 +278,54 @@ async def test_events_no_observer_wants_are_not_delivered_and_the_logger_level_d
     assert observer.wants(ATTEMPT_ABORTED)  # a released abort logs at INFO
     caplog.set_level(logging.DEBUG, logger="pgwork.events")
     assert observer.wants(ATTEMPT_STARTED)
+
+
+class ContextSetter:
+    """An observer that makes something current for the attempt, as a tracing observer
+    makes its span current: set at the attempt's start, reset with its token at the end.
+    Resetting from another context than the one that set it raises (``ValueError``)."""
+
+    current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+        "pgwork_test_attempt", default=None
+    )
+
+    def __init__(self) -> None:
+        self.tokens: dict[Any, contextvars.Token[str | None]] = {}
+        self.errors: list[BaseException] = []
+        self.reset = 0
+
+    def on_event(self, event: Event) -> None:
+        key = (event.fields.get("job_id"), event.fields.get("lease_token"))
+        if event.name == ATTEMPT_STARTED:
+            self.tokens[key] = self.current.set(str(event["job_id"]))
+        elif event.name == ATTEMPT_COMPLETED:
+            try:
+                self.current.reset(self.tokens.pop(key))
+            except ValueError as exc:
+                self.errors.append(exc)
+            else:
+                self.reset += 1
+
+
+async def test_an_attempt_ends_in_the_context_it_started_in(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A plain staged completion is reported after its slot's task ended (once the
+    batcher wrote it), still in that task's context: an observer's context variable set
+    at the start is reset at the end without error. Control: reporting it in the
+    batcher's context makes every reset fail."""
+    reg, ok, _ = _registry()
+    setter = ContextSetter()
+    recorder = Recorder()
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Num]) -> Num:
+        assert ContextSetter.current.get() == str(attempt.job.id)
+        return attempt.job.input
+
+    await client.start_chains(conn, [ChainStart(ok, Num(n=n)) for n in range(20)])
+    await conn.commit()
+    await workers(client=client, processors={ok: handle}, observers=[setter, recorder], max_slots=5)
+    await recorder.wait_for(ATTEMPT_COMPLETED, 20)
+    assert setter.errors == []
+    assert setter.reset == 20

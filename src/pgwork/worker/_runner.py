@@ -292,6 +292,13 @@ class SlotRunner:
         then let the slot go (``on_settled``). Announcing what it made ready needs a
         round trip, so that, and a write that failed, finish in a task."""
         slot: Slot = pending.owner
+        if slot.context is not None:
+            slot.context.run(self._report_written, slot, pending)
+        else:
+            self._report_written(slot, pending)
+
+    def _report_written(self, slot: Slot, pending: Pending) -> None:
+        """``_written``, in the context the slot's task ran in."""
         result = pending.result
         if result is None or result.ready_queues or result.chain_awaited:
             self._on_settled(slot, self._written_later(slot, pending))

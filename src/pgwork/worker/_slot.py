@@ -8,6 +8,7 @@ one of them can import it without importing each other.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from datetime import timedelta
 from typing import Any
@@ -45,6 +46,7 @@ class Slot:
         "abandoned",
         "acquired",
         "attempt",
+        "context",
         "guard",
         "handler_running",
         "job_type",
@@ -85,6 +87,11 @@ class Slot:
         # spins a whole core for as long as it lives).
         self.guard = anyio.CancelScope() if guard is None else guard
         self.task: asyncio.Task[None] | None = None
+        # The context the slot's task runs in, kept so that what is reported after
+        # the task ended (a completion the batcher wrote later) is reported in it too:
+        # an observer that set a context variable at the attempt's start (a tracing
+        # span made current) resets it in the same context at its end.
+        self.context: contextvars.Context | None = None
         self.watchdog: Watchdog[Slot] | None = None
 
     @property

@@ -11,6 +11,7 @@ cancelled it cancels them and waits for them to end.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -35,8 +36,14 @@ class SlotTasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def start(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
+    def start(
+        self,
+        coro: Coroutine[Any, Any, None],
+        *,
+        name: str,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=name, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
         return task

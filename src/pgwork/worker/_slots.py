@@ -9,6 +9,7 @@ cancellation. A job whose outcome could not be written at all is remembered in
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -102,7 +103,7 @@ class Slots:
         (``SlotRunner._written``) is done; ``then`` is what is left to do for it (in a
         task of its own), before the slot is let go."""
         if then is not None:
-            self.tasks.start(self._run(slot, then=then), name="pgwork-settle")
+            self.tasks.start(self._run(slot, then=then), name="pgwork-settle", context=slot.context)
             return
         self.by_token.pop(slot.acquired.lease_token, None)
         self._wake()
@@ -181,7 +182,8 @@ class Slots:
 
     def _launch(self, slot: Slot) -> None:
         # A fixed name: formatting the job id into it cost more than the no-op job.
-        slot.task = self.tasks.start(self._run(slot), name="pgwork-slot")
+        slot.context = context = contextvars.copy_context()
+        slot.task = self.tasks.start(self._run(slot), name="pgwork-slot", context=context)
 
     def _abandon(self, slot: Slot) -> None:
         """The watchdog gave up on ``slot``'s handler: free the slot now, let the
