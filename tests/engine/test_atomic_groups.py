@@ -7,6 +7,7 @@ Each handler writes an effect row with the id of the transaction it ran in
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,16 @@ JOBS = 40
 
 class Num(BaseModel):
     n: int
+
+
+async def _all_completed(client: Any, started: Sequence[Any]) -> None:
+    """Wait until every chain ``started`` has its job completed."""
+
+    async def all_done() -> bool:
+        jobs = [await client.get_job(s.job_id) for s in started]
+        return all(job.status is JobStatus.COMPLETED for job in jobs)
+
+    await eventually(all_done, what="every job completed")
 
 
 async def _drain(
@@ -77,11 +88,7 @@ async def _drain(
         atomic_group_wait=0.05,
     )
 
-    async def all_done() -> bool:
-        jobs = [await client.get_job(s.job_id) for s in started]
-        return all(job.status is JobStatus.COMPLETED for job in jobs)
-
-    await eventually(all_done, what="every job completed")
+    await _all_completed(client, started)
     cur = await conn.execute("SELECT n, attempt, xid FROM effects ORDER BY n, attempt")
     rows = [(int(n), int(a), int(x)) for n, a, x in await cur.fetchall()]
     await conn.commit()
@@ -214,11 +221,7 @@ async def test_a_job_type_sent_alone_by_a_slow_start_comes_back_to_the_groups(
         atomic_group_wait=0.05,
     )
 
-    async def all_done() -> bool:
-        jobs = [await client.get_job(s.job_id) for s in started]
-        return all(job.status is JobStatus.COMPLETED for job in jobs)
-
-    await eventually(all_done, what="every job completed")
+    await _all_completed(client, started)
     cur = await conn.execute("SELECT count(*), count(DISTINCT xid) FROM effects")
     row = await cur.fetchone()
     await conn.commit()
