@@ -210,7 +210,7 @@ class SlotRunner:
                     attempt._finish_with(result)
                 except Exception as exc:
                     error = exc
-            if scope.cancelled_caught and attempt.abort_reason is None:
+            if timeout is not None and scope.cancelled_caught and attempt.abort_reason is None:
                 # Cancelled and not aborted: only its deadline cancels it. As with
                 # ``fail_after``: the handler ended by that cancellation (one that
                 # swallowed it and returned keeps its result).
