@@ -551,6 +551,49 @@ async def test_atomic_attempt_past_its_deadline_is_rolled_back_and_retried(
     assert job.last_attempt_error.type.endswith("TimeoutError")
 
 
+async def test_staged_handler_past_its_timeout_fails_with_a_timeout_error(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    hang = reg.job_type("hang", input=Num, timeout=timedelta(milliseconds=200), max_attempts=1)
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        await anyio.sleep_forever()
+
+    await workers(client=client, processors={hang: handle})
+    started = await client.start_chain(conn, hang, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.FAILED), what="timeout")
+    job = await client.get_job(started.job_id)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type == "builtins.TimeoutError"
+
+
+async def test_a_handler_that_swallows_its_timeout_and_returns_completes_with_its_result(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """As with ``anyio.fail_after``: a timeout is a failure only when the handler ended by
+    its cancellation."""
+    reg = JobTypeRegistry()
+    slow = reg.job_type("slow", input=Num, timeout=timedelta(milliseconds=100))
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Num, Any]) -> str:
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            return "caught"
+        return "unreachable"
+
+    await workers(client=client, processors={slow: handle})
+    started = await client.start_chain(conn, slow, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _is(client, started.job_id, JobStatus.COMPLETED), what="completed")
+    job = await client.get_job(started.job_id)
+    assert (job.attempt, job.output) == (1, "caught")
+
+
 async def test_a_job_type_no_processor_handles_is_never_acquired(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
 ) -> None:

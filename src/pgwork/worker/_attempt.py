@@ -52,8 +52,10 @@ class Attempt(Generic[I, O]):
     """Handed to ``async def handler(attempt)``.
 
     ``job`` is the typed job (``job.input`` is an ``I``). ``cancel_scope`` is the anyio
-    scope the handler runs in; when the worker aborts the attempt (lease lost, job
-    cancelled, timeout, worker stopping) it sets ``abort_reason`` and cancels it.
+    scope the handler runs in. Its deadline is the job type's timeout (an atomic
+    attempt's, else its lease): past it the attempt fails with ``TimeoutError``. When
+    the worker aborts the attempt (lease lost, job cancelled, worker stopping) it sets
+    ``abort_reason`` and cancels the scope.
     ``connection`` is the open database connection of an *atomic* attempt: rows the
     handler writes through it commit together with the job's completion (``None`` in
     staged mode).
