@@ -155,30 +155,30 @@ class PgAtomicGroup:
         conn = self._conn
         ends_with_dependants = any(row[3] and row[4] for row in rows)
         if ends_with_dependants:
-            await conn.execute(_RELEASE)
+            await self._cur.execute(_RELEASE)
             self._savepoint = _NONE
         [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
 
     async def keep(self) -> None:
-        conn = self._usable()
+        self._usable()
         with translate_errors(self._ops.schema):
-            await conn.execute(_KEEP)
+            await self._cur.execute(_KEEP)
         self.members += 1
         self._savepoint = _FRESH
 
     async def undo(self) -> None:
-        conn = self._usable()
+        self._usable()
         with translate_errors(self._ops.schema):
-            await conn.execute(_UNDO)
+            await self._cur.execute(_UNDO)
         self._savepoint = _FRESH
 
     async def commit(self) -> None:
         try:
-            conn = self._usable()
+            self._usable()
             if self._savepoint != _NOT_BEGUN:
                 with translate_errors(self._ops.schema):
-                    await conn.execute(b"COMMIT")
+                    await self._cur.execute(b"COMMIT")
         finally:
             await self._give_back()
 
