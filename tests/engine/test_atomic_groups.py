@@ -229,3 +229,42 @@ async def test_a_job_type_sent_alone_by_a_slow_start_comes_back_to_the_groups(
     effects, transactions = row
     assert effects == jobs
     assert transactions <= jobs // 2, transactions
+
+
+async def test_a_cancelled_member_holding_the_groups_timer_hands_it_to_another(
+    make_client: ClientFactory,
+) -> None:
+    """Of a group's kept members waiting for its commit, one holds a timer for the due
+    time and the others wait to be woken. If that one is cancelled and cannot commit
+    (here its lane stays busy longer than it tries), another waiting member takes the
+    timer and commits the group once the lane is free. (Control: a cancelled timer
+    holder that does not wake the others leaves them waiting for ever.)"""
+    client = await make_client(JobTypeRegistry())
+    groups = worker_groups.AtomicGroups(
+        state=client.state, notify=client.notify, size=8, wait=0.05, lanes=1
+    )
+    lane = groups._lanes[0]
+    group = lane.group = worker_groups._Group(await client.state.open_atomic_group())
+    group.due = time.monotonic() + groups.wait
+    busy = object()
+    await lane.take(busy)
+    first = anyio.CancelScope()
+
+    async def first_member() -> None:
+        with first:
+            await groups._committed(lane, group)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first_member)
+        await anyio.sleep(0.01)
+        assert group.timed
+        tg.start_soon(groups._committed, lane, group)
+        await anyio.sleep(0.01)
+        first.cancel()
+        await anyio.sleep(groups.wait + 5.0 + 0.3)  # its commit gave up on the lane
+        assert not group.done.is_set()
+        lane.give(busy)
+        with anyio.fail_after(5):
+            await group.done.wait()
+    assert group.error is None
+    assert lane.group is None

@@ -29,7 +29,8 @@ keeps its bound parameters.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 from uuid import UUID
@@ -74,10 +75,6 @@ class _Ops(Protocol):
     schema: str
     _sql: Statements
 
-    async def _fetch(
-        self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
-    ) -> list[tuple[Any, ...]]: ...
-
     async def _completion_results(
         self,
         tx: TransactionHandle | None,
@@ -89,7 +86,7 @@ class _Ops(Protocol):
 class PgAtomicGroup:
     """``AtomicGroup`` on one pooled psycopg connection (autocommit, so BEGIN by hand)."""
 
-    __slots__ = ("_conn", "_give_back", "_ops", "_savepoint", "members")
+    __slots__ = ("_conn", "_cur", "_give_back", "_ops", "_savepoint", "members")
 
     def __init__(
         self,
@@ -99,6 +96,8 @@ class PgAtomicGroup:
     ) -> None:
         self._ops = ops
         self._conn = conn
+        # One cursor for all the group's statements (they run one after another).
+        self._cur = conn.cursor()
         self._give_back = give_back
         self._savepoint = _NOT_BEGUN
         self.members = 0
@@ -113,8 +112,10 @@ class PgAtomicGroup:
         conn = self._usable()
         ops = self._ops
         query = _BEFORE_LOCK[self._savepoint] + lock_query(ops._sql.begin_atomic, lease, deadline)
+        cur = self._cur
         with translate_errors(ops.schema):
-            cur = await conn.execute(query)
+            # Never prepared: the text is the member's own (its lease written in).
+            await cur.execute(query, prepare=False)
             self._savepoint = _FRESH
             while cur.nextset():  # the lock's rows come last
                 pass
@@ -127,11 +128,14 @@ class PgAtomicGroup:
     async def complete(self, completion: Completion) -> CompletionResult:
         if completion.continuation is not None:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
-        conn = self._usable()
+        self._usable()
         ops = self._ops
         params = atomic_completion_params(completion)
+        cur = self._cur
         try:
-            rows = await ops._fetch(conn, ops._sql.complete_atomic, params)
+            with translate_errors(ops.schema):
+                await cur.execute(ops._sql.complete_atomic, params)
+                rows = await cur.fetchall()
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
@@ -151,30 +155,30 @@ class PgAtomicGroup:
         conn = self._conn
         ends_with_dependants = any(row[3] and row[4] for row in rows)
         if ends_with_dependants:
-            await conn.execute(_RELEASE)
+            await self._cur.execute(_RELEASE)
             self._savepoint = _NONE
         [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
 
     async def keep(self) -> None:
-        conn = self._usable()
+        self._usable()
         with translate_errors(self._ops.schema):
-            await conn.execute(_KEEP)
+            await self._cur.execute(_KEEP)
         self.members += 1
         self._savepoint = _FRESH
 
     async def undo(self) -> None:
-        conn = self._usable()
+        self._usable()
         with translate_errors(self._ops.schema):
-            await conn.execute(_UNDO)
+            await self._cur.execute(_UNDO)
         self._savepoint = _FRESH
 
     async def commit(self) -> None:
         try:
-            conn = self._usable()
+            self._usable()
             if self._savepoint != _NOT_BEGUN:
                 with translate_errors(self._ops.schema):
-                    await conn.execute(b"COMMIT")
+                    await self._cur.execute(b"COMMIT")
         finally:
             await self._give_back()
 
@@ -198,15 +202,42 @@ class PgAtomicGroup:
 def lock_query(begin_atomic: bytes, lease: Lease, deadline: timedelta) -> bytes:
     """``begin_atomic`` with its parameters written in (for a simple-protocol query):
     two uuids, checked as such, and a number; no user value."""
-    params = atomic_params(lease, deadline)
-    job_id = str(UUID(str(params["job_id"]))).encode()
-    token = str(UUID(str(params["lease_token"]))).encode()
-    idle_ms = str(int(params["idle_ms"])).encode()
-    return (
-        begin_atomic.replace(b"%(job_id)s", b"'" + job_id + b"'::uuid")
-        .replace(b"%(lease_token)s", b"'" + token + b"'::uuid")
-        .replace(b"%(idle_ms)s", b"'" + idle_ms + b"'")
+    head, between, tail = _lock_parts(begin_atomic)
+    idle_ms = _idle_ms(deadline)
+    return b"".join(
+        (
+            head[0],
+            idle_ms,
+            head[1],
+            _uuid_literal(lease.job_id),
+            between,
+            _uuid_literal(lease.lease_token),
+            tail,
+        )
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _lock_parts(begin_atomic: bytes) -> tuple[tuple[bytes, bytes], bytes, bytes]:
+    """``begin_atomic`` cut around its placeholders, which appear in this order:
+    ``idle_ms``, ``job_id``, ``lease_token`` (each once)."""
+    before_idle, rest = begin_atomic.split(b"%(idle_ms)s")
+    before_id, rest = rest.split(b"%(job_id)s")
+    between, tail = rest.split(b"%(lease_token)s")
+    return (before_idle, before_id), between, tail
+
+
+def _uuid_literal(value: object) -> bytes:
+    """A uuid as an SQL literal: checked as a uuid (its canonical text is hex digits
+    and dashes only)."""
+    if type(value) is not UUID:
+        value = UUID(str(value))
+    return b"'" + str(value).encode() + b"'::uuid"
+
+
+@functools.lru_cache(maxsize=64)
+def _idle_ms(deadline: timedelta) -> bytes:
+    return b"'" + str(int((deadline + ATOMIC_SLACK).total_seconds() * 1000)).encode() + b"'"
 
 
 def atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:

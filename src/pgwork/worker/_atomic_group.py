@@ -83,7 +83,7 @@ def atomic_groups(
 class _Group:
     """One transaction of a lane; its kept members wait for ``done``."""
 
-    __slots__ = ("done", "due", "error", "notices", "store")
+    __slots__ = ("done", "due", "error", "notices", "store", "timed", "wake")
 
     def __init__(self, store: AtomicGroup) -> None:
         self.store = store
@@ -91,6 +91,17 @@ class _Group:
         self.done = asyncio.Event()
         self.error: BaseException | None = None
         self.notices: list[Notice] = []
+        # Whether a kept member waits for ``due`` with a timer: one is enough (a timer
+        # per member cost a cancel scope and a timer handle each). The others wait
+        # for ``wake``: set when the group is done, or when the timed member left
+        # without seeing it done (cancelled), so that another one takes the timer.
+        self.timed = False
+        self.wake = asyncio.Event()
+
+    def finish(self) -> None:
+        """The group is committed or lost."""
+        self.done.set()
+        self.wake.set()
 
 
 class _Lane:
@@ -281,7 +292,7 @@ class AtomicGroups:
                     await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
                 except Exception as exc:  # the pollers find the work anyway
                     log.warning("pgwork could not announce a group's notices: %r", exc)
-        group.done.set()
+        group.finish()
 
     async def _lose(self, lane: _Lane, group: _Group, error: BaseException) -> None:
         """``group`` can no longer commit (its connection was closed or broke)."""
@@ -293,7 +304,7 @@ class AtomicGroups:
                 await group.store.discard()
             except Exception as exc:
                 log.warning("pgwork could not end a lost group of atomic attempts: %r", exc)
-            group.done.set()
+            group.finish()
 
     async def lost(self, slot: Slot, error: BaseException) -> None:
         """``slot``'s handler was given up on and its connection closed: its group is
@@ -305,11 +316,17 @@ class AtomicGroups:
                 lane.give(slot)
 
     async def _committed(self, lane: _Lane, group: _Group) -> None:
-        """Wait until ``group`` is committed (or lost); once it is due, commit it."""
+        """Wait until ``group`` is committed (or lost); once it is due, commit it. One
+        waiting member holds the timer for the due time; the others wait to be woken."""
+        timing = False
         try:
             while not group.done.is_set():
                 delay = group.due - time.monotonic()
                 if delay > 0:
+                    if group.timed and not timing:
+                        await group.wake.wait()
+                        continue
+                    group.timed = timing = True
                     with anyio.move_on_after(delay):
                         await group.done.wait()
                     continue
@@ -331,6 +348,11 @@ class AtomicGroups:
                             await self._commit(lane, group)
                     finally:
                         await self._leave(lane, group)
+            if timing and not group.done.is_set():
+                # Still open: another waiting member takes the timer.
+                group.timed = False
+                wake, group.wake = group.wake, asyncio.Event()
+                wake.set()
             raise
 
     async def _hand_back(self, slot: Slot, error: BaseException) -> None:
