@@ -529,6 +529,14 @@ async def test_atomic_completion_refused_in_its_own_transaction_commits_nothing(
     assert job.output is None
 
 
+async def _failed(client: Any, job_id: Any) -> Any:
+    """Wait until the job failed; its last attempt's error."""
+    await eventually(lambda: _is(client, job_id, JobStatus.FAILED), what="timeout")
+    job = await client.get_job(job_id)
+    assert job.last_attempt_error is not None
+    return job.last_attempt_error
+
+
 async def test_atomic_attempt_past_its_deadline_is_rolled_back_and_retried(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
@@ -545,10 +553,8 @@ async def test_atomic_attempt_past_its_deadline_is_rolled_back_and_retried(
     await workers(client=client, processors={hang: handle})
     started = await client.start_chain(conn, hang, Num(n=1))
     await conn.commit()
-    await eventually(lambda: _is(client, started.job_id, JobStatus.FAILED), what="timeout")
-    job = await client.get_job(started.job_id)
-    assert job.last_attempt_error is not None
-    assert job.last_attempt_error.type.endswith("TimeoutError")
+    error = await _failed(client, started.job_id)
+    assert error.type.endswith("TimeoutError")
 
 
 async def test_staged_handler_past_its_timeout_fails_with_a_timeout_error(
@@ -564,10 +570,8 @@ async def test_staged_handler_past_its_timeout_fails_with_a_timeout_error(
     await workers(client=client, processors={hang: handle})
     started = await client.start_chain(conn, hang, Num(n=1))
     await conn.commit()
-    await eventually(lambda: _is(client, started.job_id, JobStatus.FAILED), what="timeout")
-    job = await client.get_job(started.job_id)
-    assert job.last_attempt_error is not None
-    assert job.last_attempt_error.type == "builtins.TimeoutError"
+    error = await _failed(client, started.job_id)
+    assert error.type == "builtins.TimeoutError"
 
 
 async def test_a_handler_that_swallows_its_timeout_and_returns_completes_with_its_result(
