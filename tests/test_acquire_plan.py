@@ -103,9 +103,9 @@ RUNNING = 20
 
 
 def _roots_probes(dsn: str, statement: bytes) -> int:
-    """How many times the turn's ``roots`` update probed the primary key for a chain
-    root, completing ``RUNNING`` one-job chains (run under EXPLAIN ANALYZE, rolled
-    back)."""
+    """How many times the statement's ``roots`` update probed the primary key for a
+    chain root, ending ``RUNNING`` one-job chains — completed by a turn, or failed for
+    good by ``FAIL`` (run under EXPLAIN ANALYZE, rolled back)."""
     with psycopg.connect(dsn) as conn:
         conn.execute(TURN_LOAD, {"running": RUNNING, "total": RUNNING + 1_000})
         conn.execute("ANALYZE pgwork.jobs")
@@ -123,6 +123,8 @@ def _roots_probes(dsn: str, statement: bytes) -> int:
             "lease_seconds": [60.0],
             "queues": ["default"],
             "limit": 10,
+            "errors": ['{"type": "Boom"}'] * len(rows),
+            "retry_seconds": [None] * len(rows),
         }
         explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement
         [(document,)] = conn.execute(explain, params).fetchall()
@@ -148,6 +150,22 @@ def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn
     # session 8, the primary key is probed once per completion.
     statement = render("pgwork").complete_and_acquire
     control = statement.replace(b"done.chain_id <> done.id", b"r.id <> done.id")
+    assert control != statement
+    assert _roots_probes(pgwork_dsn, control) == RUNNING
+
+
+def test_a_terminal_failure_of_one_job_chains_probes_no_chain_root(pgwork_dsn: str) -> None:
+    # ``FAIL`` ends a chain the same way when an attempt fails for good: the one-job
+    # chain's job is its own root, skipped on the failed row's own columns.
+    assert _roots_probes(pgwork_dsn, render("pgwork").fail) == 0
+
+
+def test_the_failure_testing_the_root_on_the_probed_row_probes_every_one(
+    pgwork_dsn: str,
+) -> None:
+    # Control: written on the probed row, the failure probes the primary key once per job.
+    statement = render("pgwork").fail
+    control = statement.replace(b"failed.chain_id <> failed.id", b"r.id <> failed.id")
     assert control != statement
     assert _roots_probes(pgwork_dsn, control) == RUNNING
 

@@ -554,11 +554,13 @@ failed AS (
     RETURNING j.id, j.chain_id, f.retry_seconds IS NULL AS terminal,
         j.chain_has_dependants AS has_dependants
 ),
+-- A one-job chain's root is the job itself: tested on failed's own columns, no
+-- primary-key probe (as in COMPLETE).
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM failed
-    WHERE r.id = failed.chain_id AND r.id <> failed.id AND failed.terminal
+    WHERE r.id = failed.chain_id AND failed.chain_id <> failed.id AND failed.terminal
     RETURNING r.id, r.chain_has_dependants AS has_dependants
 )
 SELECT f.id, f.chain_id,
@@ -654,11 +656,13 @@ reaped AS (
     RETURNING j.id, j.chain_id, j.type_name, e.leased_by, j.attempt, j.status::text,
         j.chain_has_dependants AS has_dependants
 ),
+-- A one-job chain's root is the job itself: tested on reaped's own columns, no
+-- primary-key probe (as in COMPLETE).
 roots AS (
     UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM reaped
-    WHERE r.id = reaped.chain_id AND r.id <> reaped.id AND reaped.status = 'failed'
+    WHERE r.id = reaped.chain_id AND reaped.chain_id <> reaped.id AND reaped.status = 'failed'
     RETURNING r.id, r.chain_has_dependants AS has_dependants
 )
 SELECT p.id, p.type_name, p.leased_by, p.attempt, p.status, p.chain_id,
