@@ -294,6 +294,29 @@ async def test_a_resolved_blocker_wakes_the_idle_worker_of_the_dependant(
 
 
 @pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_job_an_acquire_skipped_while_a_dependant_was_enqueued_wakes_its_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    # Enqueueing a job blocked on a chain locks the chain's root until commit. A worker
+    # acquiring meanwhile skips that root (SKIP LOCKED) and takes its queues for
+    # drained; the enqueue must announce the root's queue, or the job waits for the
+    # poll. Here the worker's first acquire runs inside the enqueue's transaction.
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    client = await clients(reg)
+    first = await enqueue(pgwork_dsn, client, blocker)
+    starts = Starts()
+    drop = None if build == "notified" else no_ready
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.start_chain(conn, dependant, Num(n=2), blockers=[first])
+        await start_worker(client=await clients(reg, drop=drop), processors={blocker: starts})
+        assert not starts.times  # the root was locked: the first acquire found nothing
+        await conn.commit()
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
 async def test_a_job_handed_back_by_a_stopping_worker_wakes_an_idle_one(
     pgwork_dsn: str, clients: Any, start_worker: Any, build: str
 ) -> None:

@@ -21,7 +21,10 @@ from pgwork.postgres._statements import _in_chain, _last_job
 # Mark the blocker chains' roots as having dependants, in the enqueueing transaction.
 # Writing the row makes a concurrent end of that chain wait for us and then read the
 # flag from our committed version (see migration 0002); roots are taken in id order so
-# two enqueues cannot deadlock.
+# two enqueues cannot deadlock. A root still pending stays locked until we commit, so
+# an acquire meanwhile skips it (SKIP LOCKED) and its worker may take the queue for
+# drained: such roots' queues are returned (with the due time of one not yet due,
+# as epoch seconds) for the enqueue to announce, delivered as the lock ends.
 LOCK_BLOCKER_CHAINS = """
 WITH target AS (
     SELECT r.id FROM {jobs} AS r
@@ -33,7 +36,10 @@ UPDATE {jobs} AS r
 SET chain_has_dependants = true
 FROM target AS t
 WHERE r.id = t.id
-RETURNING r.id, r.chain_status::text
+RETURNING r.id, r.chain_status::text,
+    CASE WHEN r.status = 'pending' THEN r.queue END,
+    CASE WHEN r.status = 'pending' AND r.scheduled_at > now()
+         THEN extract(epoch FROM r.scheduled_at)::float8 END
 """
 
 INSERT_BLOCKERS = """

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import (
     BlockerOutput,
     CancelledChain,
@@ -52,14 +53,18 @@ class ChainOps:
 
     # --- blockers ----------------------------------------------------------------------
 
-    async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> None:
-        """Lock the blocker chains' roots (see LOCK_BLOCKER_CHAINS) and refuse unknown ones."""
+    async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> list[Notice]:
+        """Lock the blocker chains' roots (see LOCK_BLOCKER_CHAINS) and refuse unknown
+        ones. Returns the notices that announce the pending roots among them: an
+        acquire skips a locked row, so one that ran meanwhile may have left its worker
+        idle until the poll."""
         wanted = sorted({b for job in jobs for b in job.blockers})
         rows = await self._fetch(conn, self._csql.lock_blocker_chains, {"ids": wanted})
         found = {row[0] for row in rows}
         missing = [chain_id for chain_id in wanted if chain_id not in found]
         if missing:
             raise ChainNotFoundError(missing)
+        return [Notice(kind="ready", queue=row[2], at=row[3]) for row in rows if row[2]]
 
     async def _insert_blocker_edges(self, conn: DbConn, jobs: Sequence[NewJob]) -> Resolution:
         """Record the edges of freshly inserted blocked jobs, then settle any whose

@@ -57,7 +57,7 @@ class EnqueueOps:
             self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
-        async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> None: ...
+        async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> list[Notice]: ...
 
         async def _insert_blocker_edges(
             self, conn: DbConn, jobs: Sequence[NewJob]
@@ -134,8 +134,8 @@ class EnqueueOps:
             await self._deduplicate(conn, jobs, results)
             fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
         blocked = [job for job in fresh if job.blockers]
-        if blocked:
-            await self._check_blockers(conn, blocked)
+        # Pending blocker roots, locked until commit: announced then (see LOCK_BLOCKER_CHAINS).
+        skipped = await self._check_blockers(conn, blocked) if blocked else []
         ready = ready_queues(fresh) if notify is not None else []
         # The notices ride in the insert itself when they go to the same database.
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
@@ -174,6 +174,7 @@ class EnqueueOps:
             queues = late if announced else late.union(ready)
             notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
             notices += due_notices(fresh)
+            notices += skipped
             if notices:
                 await notify.publish(tx, notices=notices)
         if not blocked:

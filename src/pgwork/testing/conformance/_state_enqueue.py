@@ -190,7 +190,7 @@ class EnqueueConformance(StateSuiteBase):
         # before it has seen them all, so the jobs needing more than a plain insert
         # come late here, after enough plain ones to fill any bulk path's first write.
         first = store.new_job(dedup=DedupSpec("once"))
-        blocker = store.new_job()
+        blocker = store.new_job(queue="blocking")
         await store.seed(first, blocker)
         plain = [store.new_job(queue="bulk") for _ in range(300)]
         again = store.again(first)
@@ -213,7 +213,8 @@ class EnqueueConformance(StateSuiteBase):
         assert [r.deduplicated for r in results] == [j is again for j in jobs]
         blocked = [r.job_id for r in results if r.status is JobStatus.BLOCKED]
         assert blocked == [waiting.id]
-        assert notify.ready_queues == ["bulk", "last"]
+        # "blocking": the blocker still waits, see test_a_blocker_still_pending_is_announced.
+        assert notify.ready_queues == ["blocking", "bulk", "last"]
         for job in (plain[0], plain[-1], waiting, delayed, last):
             assert await store.exists(job.id)
         assert not await store.exists(again.id)
@@ -232,6 +233,7 @@ class EnqueueConformance(StateSuiteBase):
     ) -> None:
         first = store.new_job(dedup=DedupSpec("k"))
         await store.seed(first)
+        await store.acquire_one()  # a blocker that runs: nothing of it to announce
         again = store.again(first)
         waiting = store.new_job(queue="merge", blockers=[first.id])
         notify = RecordingNotify()
@@ -240,6 +242,30 @@ class EnqueueConformance(StateSuiteBase):
         assert dup.deduplicated
         assert blocked.status is JobStatus.BLOCKED
         assert notify.published == []
+
+    async def test_a_blocker_still_pending_is_announced(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        # An adapter may hold a blocker chain's root while it records the dependant
+        # (PostgreSQL locks the row until commit), hiding a job that was ready from a
+        # concurrent acquire, whose worker then takes its queues for drained. So an
+        # enqueue announces the blocker roots still pending that it names: ready now,
+        # or at their due time.
+        now_ready = store.new_job(queue="early")
+        later = store.new_job(queue="late", run_after=timedelta(hours=1))
+        running = store.new_job(queue="busy")
+        await store.seed(running)
+        await store.acquire_one(queues=["busy"])
+        await store.seed(now_ready, later)
+        waiting = store.new_job(queue="merge", blockers=[now_ready.id, later.id, running.id])
+        notify = RecordingNotify()
+        async with state_adapter.transaction() as tx:
+            [blocked] = await state_adapter.insert_jobs(tx, jobs=[waiting], notify=notify)
+        assert blocked.status is JobStatus.BLOCKED
+        assert notify.ready_queues == ["early"]
+        [(queue, at)] = [(n.queue, n.at) for n in notify.published if n.at is not None]
+        assert queue == "late"
+        assert abs(at - (datetime.now(UTC) + timedelta(hours=1)).timestamp()) < 60
 
     async def test_job_whose_blockers_already_ended_is_announced(
         self, state_adapter: StateAdapter, store: StateHarness
