@@ -170,8 +170,9 @@ def test_the_failure_testing_the_root_on_the_probed_row_probes_every_one(
     assert _roots_probes(pgwork_dsn, control) == RUNNING
 
 
-def _lease_scans(dsn: str, statement: bytes) -> list[str]:
-    """The scans of ``jobs`` under the acquire's ``UPDATE`` (not its candidates')."""
+def _lease_scans(dsn: str, statement: bytes, cte: str = "leased") -> list[str]:
+    """The scans of ``jobs`` under the acquire's lease update ``cte`` (not its
+    candidates')."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
         conn.execute("ANALYZE pgwork.jobs")
@@ -185,7 +186,8 @@ def _lease_scans(dsn: str, statement: bytes) -> list[str]:
         [(document,)] = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchall()
     if isinstance(document, str):
         document = json.loads(document)
-    [update] = [n for n in _nodes(document[0]["Plan"]) if n.get("Node Type") == "ModifyTable"]
+    [update] = [n for n in _nodes(document[0]["Plan"]) if n.get("Subplan Name") == f"CTE {cte}"]
+    assert update["Node Type"] == "ModifyTable"
     return [
         f"{n['Node Type']}:{n.get('Index Name', '')}"
         for n in _own_nodes(update)
@@ -215,3 +217,61 @@ def test_the_acquire_matching_candidates_by_id_probes_the_primary_key(pgwork_dsn
     control = statement.replace(b"j.ctid = c.ctid AND ", b"")
     assert control != statement
     assert _lease_scans(pgwork_dsn, control) == ["Index Scan:jobs_pkey"]
+
+
+def test_the_acquire_finds_a_candidate_its_lock_moved_by_primary_key(pgwork_dsn: str) -> None:
+    # A candidate the row-version match missed (its lock followed a concurrent update,
+    # see tests/test_acquire_races.py) is found by id: a probe, never a table scan.
+    assert _lease_scans(pgwork_dsn, render("pgwork").acquire, "followed") == [
+        "Index Scan:jobs_pkey"
+    ]
+
+
+# --- ... and probes nothing more when every candidate was found by row version ---
+
+FOLLOWED_MATCH = b"j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"
+
+
+def _followed_probes(dsn: str, statement: bytes) -> tuple[int, int]:
+    """Jobs an acquire of 10 leased, and the primary-key probes its ``followed`` update
+    made, with nothing concurrent (under EXPLAIN ANALYZE, rolled back)."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
+        conn.execute("ANALYZE pgwork.jobs")
+        conn.commit()
+        params = {
+            "worker_id": "plan-test-worker",
+            "type_names": ["noop"],
+            "lease_seconds": [60.0],
+            "queues": ["default"],
+            "limit": 10,
+        }
+        explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.replace(b"%(limit)s", b"10")
+        [(document,)] = conn.execute(explain, params).fetchall()
+        conn.rollback()
+    if isinstance(document, str):
+        document = json.loads(document)
+    plan = document[0]["Plan"]
+    [leased] = [n for n in _nodes(plan) if n.get("Subplan Name") == "CTE leased"]
+    [followed] = [n for n in _nodes(plan) if n.get("Subplan Name") == "CTE followed"]
+    probes = sum(
+        int(n["Actual Loops"])
+        for n in _own_nodes(followed)
+        if n.get("Index Name") == "jobs_pkey" and n.get("Relation Name") == "jobs"
+    )
+    return int(leased["Actual Rows"]), probes
+
+
+def test_the_acquire_probes_no_primary_key_when_every_candidate_kept_its_row(
+    pgwork_dsn: str,
+) -> None:
+    assert _followed_probes(pgwork_dsn, render("pgwork").acquire) == (10, 0)
+
+
+def test_the_acquire_probing_every_candidate_by_id_probes_each_once(pgwork_dsn: str) -> None:
+    # Control: without the anti-join on what ``leased`` found, the fallback probes the
+    # primary key for every candidate (and finds each already updated by ``leased``).
+    statement = render("pgwork").acquire
+    control = statement.replace(FOLLOWED_MATCH, b"j.id = c.id")
+    assert control != statement
+    assert _followed_probes(pgwork_dsn, control) == (10, 10)

@@ -223,30 +223,49 @@ CROSS JOIN LATERAL (
 # its own type's duration. A candidate is found again by the row version its lock
 # returned (``ctid``, a TID scan: one page read) rather than by its id (a primary-key
 # probe, three or four page reads a job): the candidate is locked, so that version is
-# its last until this statement's commit. Should the lock have followed a concurrent
-# update to a version this statement's snapshot cannot see, the TID scan finds no
-# row and the job is not leased this time (its lock ends at commit); ``j.id = c.id``
-# makes sure the version found is the candidate's.
+# its last until this statement's commit; ``j.id = c.id`` makes sure the version found
+# is the candidate's. But when a candidate's row was updated and committed after this
+# statement's snapshot and before its lock (marking the chain awaited, enqueueing a
+# job blocked on it), the lock followed the update to a version the snapshot cannot
+# see, and the TID scan finds no row. Such candidates, and only they, are leased by
+# ``followed``: found by id, the update follows the row to the version we hold. On the
+# common path its anti-join with ``leased`` is empty and it reads no index. Left
+# locked but not leased, the job was skipped until the worker's next poll: its short
+# acquire had marked the queues drained.
 _LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])
         AS l(type_name, seconds)
 )"""
 
+_LEASE = """
+    UPDATE {jobs} AS j
+    SET status = 'running',
+        attempt = j.attempt + 1,
+        leased_by = %(worker_id)s,
+        lease_token = gen_random_uuid(),
+        leased_until = now() + l.seconds * interval '1 second',
+        started_at = COALESCE(j.started_at, now())
+    FROM candidates AS c, leases AS l
+    WHERE {match} AND l.type_name = j.type_name
+    RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index,
+        j.input::text, j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token,
+        j.leased_until, j.created_at, j.scheduled_at, j.last_attempt_error,
+        j.trace_context, j.started_at, j.last_attempt_at, j.dedup_key, j.context
+"""
+
+_LEASED = f"""
+leased AS ({_LEASE.replace("{match}", "j.ctid = c.ctid AND j.id = c.id")}),
+followed AS ({
+    _LEASE.replace(
+        "{match}", "j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"
+    )
+})"""
+
 _LEASE_CANDIDATES = """
-UPDATE {jobs} AS j
-SET status = 'running',
-    attempt = j.attempt + 1,
-    leased_by = %(worker_id)s,
-    lease_token = gen_random_uuid(),
-    leased_until = now() + l.seconds * interval '1 second',
-    started_at = COALESCE(j.started_at, now())
-FROM candidates AS c, leases AS l
-WHERE j.ctid = c.ctid AND j.id = c.id AND l.type_name = j.type_name
-RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index, j.input::text,
-    j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token, j.leased_until,
-    j.created_at, j.scheduled_at, j.last_attempt_error, j.trace_context,
-    j.started_at, j.last_attempt_at, j.dedup_key, j.context
+SELECT * FROM leased
+UNION ALL
+SELECT * FROM followed
 """
 # Columns of an acquired row (``_rows.acquired_from_row``): a handler sees every field
 # ``get_job`` returns, so the acquire hands them all back.
@@ -275,7 +294,7 @@ candidates AS (
     LIMIT %(limit)s
 )"""
 
-ACQUIRE = f"WITH {_CANDIDATES_BY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
+ACQUIRE = f"WITH {_CANDIDATES_BY_QUEUE},{_LEASES},{_LEASED}{_LEASE_CANDIDATES}"
 
 # ``queues=None``: any queue not paused, best priority then oldest first across all.
 _CANDIDATES_ANY_QUEUE = """
@@ -291,7 +310,7 @@ candidates AS (
     FOR UPDATE OF j SKIP LOCKED
 )"""
 
-ACQUIRE_ANY_QUEUE = f"WITH {_CANDIDATES_ANY_QUEUE},{_LEASES}{_LEASE_CANDIDATES}"
+ACQUIRE_ANY_QUEUE = f"WITH {_CANDIDATES_ANY_QUEUE},{_LEASES},{_LEASED}{_LEASE_CANDIDATES}"
 
 # When the next not-yet-due pending job becomes due. A loose index scan on
 # jobs_acquire_idx (queue, priority, scheduled_at): for each queue, hop from one
@@ -517,7 +536,8 @@ FROM acquired AS a
 def _complete_and_acquire(candidates: str) -> str:
     return (
         f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
-        f"\nacquired AS ({_LEASE_CANDIDATES})\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
+        f"{_LEASED},\nacquired AS ({_LEASE_CANDIDATES})"
+        f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
 
