@@ -229,7 +229,10 @@ def test_the_acquire_finds_a_candidate_its_lock_moved_by_primary_key(pgwork_dsn:
 
 # --- ... and probes nothing more when every candidate was found by row version ---
 
-FOLLOWED_MATCH = b"j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"
+FOLLOWED_MATCH = (
+    b"(SELECT count(*) FROM leased) < (SELECT count(*) FROM candidates)\n"
+    b"      AND j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"
+)
 
 
 def _followed_probes(dsn: str, statement: bytes) -> tuple[int, int]:
@@ -269,8 +272,9 @@ def test_the_acquire_probes_no_primary_key_when_every_candidate_kept_its_row(
 
 
 def test_the_acquire_probing_every_candidate_by_id_probes_each_once(pgwork_dsn: str) -> None:
-    # Control: without the anti-join on what ``leased`` found, the fallback probes the
-    # primary key for every candidate (and finds each already updated by ``leased``).
+    # Control: without the test of the counts and the anti-join on what ``leased``
+    # found, the fallback probes the primary key for every candidate (and finds each
+    # already updated by ``leased``).
     statement = render("pgwork").acquire
     control = statement.replace(FOLLOWED_MATCH, b"j.id = c.id")
     assert control != statement

@@ -229,9 +229,10 @@ CROSS JOIN LATERAL (
 # job blocked on it), the lock followed the update to a version the snapshot cannot
 # see, and the TID scan finds no row. Such candidates, and only they, are leased by
 # ``followed``: found by id, the update follows the row to the version we hold. On the
-# common path its anti-join with ``leased`` is empty and it reads no index. Left
-# locked but not leased, the job was skipped until the worker's next poll: its short
-# acquire had marked the queues drained.
+# common path ``leased`` has every candidate, the one-time test of the two counts
+# fails and ``followed`` reads nothing more. Left locked but not leased, the job was
+# skipped until the worker's next poll: its short acquire had marked the queues
+# drained.
 _LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])
@@ -254,13 +255,12 @@ _LEASE = """
         j.trace_context, j.started_at, j.last_attempt_at, j.dedup_key, j.context
 """
 
+_FOLLOWED = """(SELECT count(*) FROM leased) < (SELECT count(*) FROM candidates)
+      AND j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"""
+
 _LEASED = f"""
 leased AS ({_LEASE.replace("{match}", "j.ctid = c.ctid AND j.id = c.id")}),
-followed AS ({
-    _LEASE.replace(
-        "{match}", "j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"
-    )
-})"""
+followed AS ({_LEASE.replace("{match}", _FOLLOWED)})"""
 
 _LEASE_CANDIDATES = """
 SELECT * FROM leased
