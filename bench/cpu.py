@@ -16,8 +16,10 @@ enqueue rows are ``start_chain`` + ``commit`` per job, and ``start_chains`` of 1
 ``commit``, each next to the same work done with bare SQL on the same psycopg
 connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row ``INSERT`` of 100 rows
 + ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb`` payload (the raw floor's
-table, ``bench/peers/run_raw.py``); each also gives its wall-clock time per job (on a
-shared machine, compare it within one run only). ``--profile`` runs cProfile over the
+table, ``bench/peers/run_raw.py``), the two taking turns every 500 jobs (the batch
+rows over ten times as many jobs as the single ones); each also
+gives its wall-clock time per job (on a shared machine, compare it within one run
+only) and the CPU of the connection's server backend per job. ``--profile`` runs cProfile over the
 measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
 FILE.atomic32, FILE.enqueue (``start_chain``) and FILE.enqueue100 (``start_chains`` of
 100).
@@ -174,27 +176,71 @@ async def drain(
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
 
 
-async def _timed(n: int, step: Any, profile: cProfile.Profile | None = None) -> tuple[float, float]:
-    """Process time and wall-clock time of ``n`` calls of ``step``, after a warm-up."""
-    for i in range(min(n, 200)):  # warm up: prepared statements, caches
-        await step(i)
+# Jobs per block: the pgwork row and its bare-SQL twin take turns block by block, so
+# that both see the same minutes of a shared machine (run one after the other, the
+# two rows of one run differed by more than the difference being measured).
+BLOCK = 500
+
+
+@dataclass
+class _Tally:
+    """Process CPU, wall clock and the connection's backend CPU, summed over blocks."""
+
+    cpu: float = 0.0
+    wall: float = 0.0
+    server: float = 0.0
+    jobs: int = 0
+
+    def per_job(self) -> tuple[float, float, float]:
+        n = max(1, self.jobs)
+        return self.cpu / n * 1e6, self.wall / n * 1e6, self.server / n * 1e6
+
+
+def _backend_cpu(pid: int) -> float:
+    """CPU seconds of one server process (0.0 when it is not on this machine)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+async def _block(
+    tally: _Tally,
+    calls: int,
+    per_call: int,
+    step: Any,
+    pid: int,
+    profile: cProfile.Profile | None,
+) -> None:
+    """Run ``calls`` calls of ``step`` (``per_call`` jobs each) into ``tally``."""
+    first = tally.jobs
     if profile is not None:
         profile.enable()
+    server = _backend_cpu(pid)
     cpu, wall = time.process_time(), time.perf_counter()
-    for i in range(n):
-        await step(i)
-    spent = time.process_time() - cpu, time.perf_counter() - wall
+    for i in range(calls):
+        await step(first + i * per_call)
+    tally.cpu += time.process_time() - cpu
+    tally.wall += time.perf_counter() - wall
+    tally.server += _backend_cpu(pid) - server
     if profile is not None:
         profile.disable()
-    return spent
+    tally.jobs += calls * per_call
 
 
 async def enqueue(
-    dsn: str, jobs: int, profiles: tuple[cProfile.Profile, cProfile.Profile] | None
-) -> dict[str, tuple[float, float]]:
-    """Microseconds of CPU and of wall clock per job: pgwork's enqueue and bare SQL, one
-    and 100 a time; ``profiles`` (one for each pgwork row) watch pgwork's rows."""
-    out: dict[str, tuple[float, float]] = {}
+    dsn: str,
+    jobs: int,
+    profiles: tuple[cProfile.Profile, cProfile.Profile] | None,
+    batch_jobs: int | None = None,
+) -> dict[str, tuple[float, float, float]]:
+    """Microseconds of CPU, of wall clock and of the connection's backend CPU per job:
+    pgwork's enqueue and bare SQL, one (``jobs`` jobs) and 100 a time (``batch_jobs``,
+    default ten times ``jobs``: the backend's CPU is read in clock ticks), taking turns
+    every ``BLOCK`` jobs; ``profiles`` (one for each pgwork row) watch pgwork's rows."""
+    batch_jobs = batch_jobs or 10 * jobs
     one_profile, batch_profile = profiles or (None, None)
     async with (
         open_client(dsn, pool_size=2) as client,
@@ -202,6 +248,10 @@ async def enqueue(
     ):
         await conn.execute(RAW_TABLE)
         await conn.commit()
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        await conn.commit()
+        assert row is not None
+        pid = int(row[0])
         noop = client.registry.get("noop")
 
         async def one(i: int) -> None:
@@ -222,17 +272,21 @@ async def enqueue(
             await conn.execute(multi, [f'{{"n": {i + k}}}' for k in range(100)])
             await conn.commit()
 
-        def per_job(spent: tuple[float, float], count: int) -> tuple[float, float]:
-            return spent[0] / count * 1e6, spent[1] / count * 1e6
-
-        out["start_chain + commit"] = per_job(await _timed(jobs, one, one_profile), jobs)
-        out["INSERT + COMMIT"] = per_job(await _timed(jobs, raw_one), jobs)
-        rounds = max(1, jobs // 100)
-        out["start_chains(100) + commit"] = per_job(
-            await _timed(rounds, batch, batch_profile), rounds * 100
+        rows = (
+            ("start_chain + commit", one, 1, one_profile),
+            ("INSERT + COMMIT", raw_one, 1, None),
+            ("start_chains(100) + commit", batch, 100, batch_profile),
+            ("INSERT of 100 rows + COMMIT", raw_batch, 100, None),
         )
-        out["INSERT of 100 rows + COMMIT"] = per_job(await _timed(rounds, raw_batch), rounds * 100)
-    return out
+        tallies = {name: _Tally() for name, *_ in rows}
+        for _name, step, size, _profile in rows:  # warm up: prepared statements, caches
+            for i in range(max(1, 200 // size)):
+                await step(i * size)
+        for pair, count in ((rows[:2], jobs), (rows[2:], batch_jobs)):
+            for _ in range(max(1, count // BLOCK)):
+                for name, step, size, profile in pair:
+                    await _block(tallies[name], max(1, BLOCK // size), size, step, pid, profile)
+    return {name: tally.per_job() for name, tally in tallies.items()}
 
 
 # --only name, job type, atomic_group, row title
@@ -278,9 +332,12 @@ async def _run(args: argparse.Namespace) -> None:
                         cProfile.Profile(time.process_time),
                     )
                 with dbs.fresh() as dsn:
-                    rows = await enqueue(dsn, args.enqueue_jobs, profiles)
-                for name, (us, wall) in rows.items():
-                    print(f"enqueue, {name}: {us:.1f} µs CPU per job ({wall:.1f} µs wall)")
+                    rows = await enqueue(dsn, args.enqueue_jobs, profiles, args.enqueue_batch_jobs)
+                for name, (us, wall, backend) in rows.items():
+                    print(
+                        f"enqueue, {name}: {us:.1f} µs CPU per job ({wall:.1f} µs wall, "
+                        f"server backend {backend:.1f} µs)"
+                    )
                 if profiles is not None:
                     profiles[0].dump_stats(f"{args.profile}.enqueue")
                     profiles[1].dump_stats(f"{args.profile}.enqueue100")
@@ -294,6 +351,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20000, help="jobs to drain")
     parser.add_argument("--slots", type=int, default=10, help="the drain's max_slots")
     parser.add_argument("--enqueue-jobs", type=int, default=3000)
+    parser.add_argument(
+        "--enqueue-batch-jobs", type=int, default=None, help="default: 10 x --enqueue-jobs"
+    )
     parser.add_argument("--only", default="drain,atomic,atomic32,enqueue")
     parser.add_argument("--profile", metavar="FILE")
     asyncio.run(_run(parser.parse_args()))

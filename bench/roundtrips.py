@@ -1,10 +1,10 @@
 """Where a drain's time goes: every statement pgwork sends, by name, task and cost.
 
     python -m bench.roundtrips [--dsn DSN] [--jobs 5000] [--pyinstrument FILE]
-        [--mode staged|atomic|chains|enqueue|enqueue-batch] [--atomic-group N]
+        [--mode staged|atomic|chains|enqueue|enqueue-batch] [--atomic-group N] [--batch N]
 
 Drains ``--jobs`` no-op jobs with one in-process worker (10 slots) (or, in the enqueue
-modes, enqueues them one per transaction or 1,000 per batch) while psycopg is
+modes, enqueues them one per transaction or ``--batch`` (default 1,000) per batch) while psycopg is
 traced from inside: each round trip (cursor statement, BEGIN/COMMIT) is recorded with
 the statement's name (from ``pgwork.postgres._statements``), the asyncio task that sent
 it (the worker's main loop, a slot, the lease renewer) and its duration. Prints round
@@ -201,12 +201,18 @@ async def _enqueue(dsn: str, jobs: int, batch: int, trace: Trace, profile: Any) 
 
 
 async def _drain(
-    dsn: str, jobs: int, mode: str, trace: Trace, profile: Any, atomic_group: int = 1
+    dsn: str,
+    jobs: int,
+    mode: str,
+    trace: Trace,
+    profile: Any,
+    atomic_group: int = 1,
+    batch: int = 1000,
 ) -> dict[str, float]:
     if mode == "enqueue":
         return await _enqueue(dsn, jobs, 1, trace, profile)
     if mode == "enqueue-batch":
-        return await _enqueue(dsn, jobs, 1000, trace, profile)
+        return await _enqueue(dsn, jobs, batch, trace, profile)
     chains = mode == "chains"
     type_name = {"staged": "noop", "atomic": "noop_atomic", "chains": "step1"}[mode]
     if not chains:
@@ -242,13 +248,13 @@ async def _drain(
         return {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
 
 
-def _report(trace: Trace, jobs: int, mode: str, timing: dict[str, float]) -> str:
+def _report(trace: Trace, jobs: int, mode: str, timing: dict[str, float], batch: int) -> str:
     wall, cpu = timing["wall"], timing["cpu"]
     per = "chain" if mode == "chains" else "job"
     what = {
         "chains": "3-step chains, 1 worker x 10 slots",
         "enqueue": "jobs enqueued, one start_chain per transaction",
-        "enqueue-batch": "jobs enqueued, start_chains in batches of 1,000",
+        "enqueue-batch": f"jobs enqueued, start_chains in batches of {batch:,}",
     }.get(mode, f"no-op jobs drained, {mode}, 1 worker x 10 slots")
     lines = [
         f"## {jobs:,} {what}",
@@ -293,10 +299,12 @@ async def _run(args: argparse.Namespace) -> tuple[str, Any]:
         dbs = PgworkDatabases(admin_dsn)
         try:
             with dbs.fresh() as dsn, traced(trace):
-                timing = await _drain(dsn, args.jobs, args.mode, trace, profile, args.atomic_group)
+                timing = await _drain(
+                    dsn, args.jobs, args.mode, trace, profile, args.atomic_group, args.batch
+                )
         finally:
             dbs.close()
-    return _report(trace, args.jobs, args.mode, timing), profile
+    return _report(trace, args.jobs, args.mode, timing, args.batch), profile
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         default="staged",
     )
     parser.add_argument("--atomic-group", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1000, help="jobs per enqueue-batch")
     parser.add_argument("--pyinstrument", metavar="FILE")
     args = parser.parse_args(argv)
     report, profile = asyncio.run(_run(args))

@@ -69,7 +69,10 @@ def _last_job(root: str) -> str:
 # contexts travel as text and are parsed as jsonb here. The outer SELECT announces the
 # ready queues (``%(ready)s``, already encoded; empty or a NULL channel: none) in the
 # same round trip; a data-modifying CTE always runs to completion, and PostgreSQL
-# delivers the notices on commit, once per transaction.
+# delivers the notices on commit, once per transaction. The arrays are unnested in a
+# select list (a ProjectSet node, which hands each row on as it makes it), not in FROM
+# (a Function Scan, which first copies every row into a tuplestore): in lockstep all
+# the same, and 5-7 % less server CPU per row (session 9, "Enqueue batches").
 INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
@@ -83,18 +86,24 @@ WITH inserted AS (
         GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
         n.dedup_key, n.trace_context::jsonb, n.context::jsonb
-    FROM unnest(
-        %(ids)s::text::uuid[], %(type_names)s::text::text[], %(chain_ids)s::text::uuid[],
-        %(chain_type_names)s::text::text[], %(chain_indexes)s::text::int[],
-        %(inputs)s::text::text[], %(queues)s::text::text[],
-        %(priorities)s::text::smallint[], %(max_attempts)s::text::int[],
-        %(run_ats)s::text::timestamptz[], %(run_afters)s::text::float8[],
-        %(dedup_keys)s::text::text[], %(trace_contexts)s::text::text[],
-        %(statuses)s::text::text[], %(contexts)s::text::text[]
-    ) AS n(
-        id, type_name, chain_id, chain_type_name, chain_index, input, queue, priority,
-        max_attempts, run_at, run_after, dedup_key, trace_context, status, context
-    )
+    FROM (
+        SELECT
+            unnest(%(ids)s::text::uuid[]) AS id,
+            unnest(%(type_names)s::text::text[]) AS type_name,
+            unnest(%(chain_ids)s::text::uuid[]) AS chain_id,
+            unnest(%(chain_type_names)s::text::text[]) AS chain_type_name,
+            unnest(%(chain_indexes)s::text::int[]) AS chain_index,
+            unnest(%(inputs)s::text::text[]) AS input,
+            unnest(%(queues)s::text::text[]) AS queue,
+            unnest(%(priorities)s::text::smallint[]) AS priority,
+            unnest(%(max_attempts)s::text::int[]) AS max_attempts,
+            unnest(%(run_ats)s::text::timestamptz[]) AS run_at,
+            unnest(%(run_afters)s::text::float8[]) AS run_after,
+            unnest(%(dedup_keys)s::text::text[]) AS dedup_key,
+            unnest(%(trace_contexts)s::text::text[]) AS trace_context,
+            unnest(%(statuses)s::text::text[]) AS status,
+            unnest(%(contexts)s::text::text[]) AS context
+    ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 """
@@ -114,16 +123,18 @@ WITH inserted AS (
     SELECT
         n.id, n.type_name, n.id, n.chain_type_name, n.input::jsonb, 'pending', n.queue,
         n.priority, n.max_attempts, 'active', n.trace_context::jsonb, n.context::jsonb
-    FROM unnest(
-        %(ids)s::text::uuid[], %(type_names)s::text::text[],
-        %(chain_type_names)s::text::text[], %(inputs)s::text::text[],
-        %(queues)s::text::text[], %(priorities)s::text::smallint[],
-        %(max_attempts)s::text::int[], %(trace_contexts)s::text::text[],
-        %(contexts)s::text::text[]
-    ) AS n(
-        id, type_name, chain_type_name, input, queue, priority, max_attempts,
-        trace_context, context
-    )
+    FROM (
+        SELECT
+            unnest(%(ids)s::text::uuid[]) AS id,
+            unnest(%(type_names)s::text::text[]) AS type_name,
+            unnest(%(chain_type_names)s::text::text[]) AS chain_type_name,
+            unnest(%(inputs)s::text::text[]) AS input,
+            unnest(%(queues)s::text::text[]) AS queue,
+            unnest(%(priorities)s::text::smallint[]) AS priority,
+            unnest(%(max_attempts)s::text::int[]) AS max_attempts,
+            unnest(%(trace_contexts)s::text::text[]) AS trace_context,
+            unnest(%(contexts)s::text::text[]) AS context
+    ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 """
