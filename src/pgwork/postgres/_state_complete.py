@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
+from pgwork._frozen import frozen_builder
 from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     Completion,
@@ -34,6 +35,19 @@ from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
 __all__ = ["CompletionOps", "atomic_completion_params", "completion_params"]
+
+# One result per completed job, a batch of them per worker turn (``_frozen``).
+_build_result = frozen_builder(
+    CompletionResult,
+    (
+        "job_id",
+        "accepted",
+        "chain_completed",
+        "continuation_id",
+        "ready_queues",
+        "chain_awaited",
+    ),
+)
 
 
 class CompletionOps:
@@ -215,13 +229,13 @@ class CompletionOps:
             if c.continuation and not scheduled(c.continuation):
                 ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
             results.append(
-                CompletionResult(
-                    job_id=c.job_id,
-                    accepted=True,
-                    chain_completed=ends,
-                    continuation_id=c.continuation.id if c.continuation else None,
-                    ready_queues=ready_queues,
-                    chain_awaited=awaited or chain_id in resolution.awaited_chain_ids,
+                _build_result(
+                    c.job_id,
+                    True,  # accepted
+                    ends,  # chain_completed
+                    c.continuation.id if c.continuation else None,  # continuation_id
+                    ready_queues,
+                    awaited or chain_id in resolution.awaited_chain_ids,  # chain_awaited
                 )
             )
         return results
