@@ -208,9 +208,11 @@ class CompletionOps:
         """Insert the accepted completions' continuations, settle dependants of chains
         that ended, and say what each completion did."""
         # id -> (chain_id, ends_chain, has_dependants, awaited)
-        accepted = {row[0]: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
+        # Keyed by the ids' integers: ``UUID.__hash__`` and ``__eq__`` are Python methods,
+        # and a worker's turn looks up every one of its completions here.
+        accepted = {row[0].int: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
         continuations = [
-            c.continuation for c in completions if c.continuation and c.job_id in accepted
+            c.continuation for c in completions if c.continuation and c.job_id.int in accepted
         ]
         if continuations:
             assert tx is not None
@@ -220,7 +222,7 @@ class CompletionOps:
         unblocked = tuple(sorted(set(resolution.ready_queues)))
         results = []
         for c in completions:
-            found = accepted.get(c.job_id)
+            found = accepted.get(c.job_id.int)
             if found is None:
                 results.append(CompletionResult(job_id=c.job_id, accepted=False))
                 continue
