@@ -143,7 +143,13 @@ async def _drain_processes(
         await bulk_load(dsn, n, type_name=type_name)
         children = [
             await WorkerProcess.start(
-                dsn, type_name=type_name, slots=slots, atomic_group=atomic_group
+                dsn,
+                type_name=type_name,
+                slots=slots,
+                atomic_group=atomic_group,
+                # One process runs every job: it says so the moment its last handler
+                # starts, as the peers' runners learn it from their own counter.
+                target=n if processes == 1 else None,
             )
             for _ in range(processes)
         ]
@@ -155,7 +161,11 @@ async def _drain_processes(
                 bar.set(sum(c.count for c in children))
                 if time.monotonic() > deadline:
                     raise TimeoutError("worker processes did not drain the queue")
-                await anyio.sleep(0.05)
+                # The counts arrive over pipes; looking at them is no database query.
+                # (At 0.05 s this loop, with the children's 0.1 s reports, took up to
+                # 0.15 s, 75 ms on average, to see the last handler start: a tenth of
+                # a 10,000-job drain at 13,000 jobs/s.)
+                await anyio.sleep(0.005)
             finished = await wait_drained(dsn)
         finally:
             for child in children:

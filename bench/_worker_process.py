@@ -7,11 +7,14 @@ that no library is measured inside the harness while the others are not.
 
 Worker protocol: the child prints JSON lines. ``{"event": "ready"}`` once its client is
 open; it starts the worker on the line ``go``, then prints ``{"event": "count", ...}``
-every ``--report-every`` seconds (0: never, for an idle worker whose CPU is measured);
-on ``stop`` it stops the worker, prints ``{"event": "stopped", ...}`` and exits.
+every ``--report-every`` seconds (0: never, for an idle worker whose CPU is measured),
+and at once when its handlers' count reaches ``--target`` (the harness then looks for
+the drained queue right away, as the peers' runners do on their own last handler,
+instead of up to a report interval later); on ``stop`` it stops the worker, prints
+``{"event": "stopped", ...}`` and exits.
 
     python -m bench._worker_process --dsn DSN --type noop [--slots 10] [--poll-interval S]
-        [--atomic-group N]
+        [--atomic-group N] [--target N]
 
 Without ``--slots`` and ``--poll-interval`` the worker has pgwork's defaults.
 Enqueuer: ``--enqueue N --batch B`` (B 0: one job per transaction) enqueues N jobs on
@@ -53,7 +56,7 @@ async def _child(args: argparse.Namespace) -> None:
     from pgwork import create_in_process_worker
     from pgwork.worker import tune_gc
 
-    counter = Counter(target=2**62)
+    counter = Counter(target=args.target or 2**62)
     options: dict[str, Any] = {}
     if args.slots is not None:
         options["max_slots"] = args.slots
@@ -75,7 +78,11 @@ async def _child(args: argparse.Namespace) -> None:
         async def report() -> None:
             while args.report_every > 0:
                 _say(event="count", count=counter.count, first=counter.first)
-                await anyio.sleep(args.report_every)
+                if counter.done.is_set():
+                    await anyio.sleep(args.report_every)
+                    continue
+                with anyio.move_on_after(args.report_every):
+                    await counter.done.wait()  # the target: say so now
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(report)
@@ -121,10 +128,14 @@ class WorkerProcess:
         poll_interval: float | None = None,
         report_every: float = REPORT_EVERY,
         atomic_group: int = 1,
+        target: int | None = None,
     ) -> WorkerProcess:
         """A worker process, ready (its client open); ``go()`` starts the worker.
-        ``slots`` / ``poll_interval`` None: pgwork's defaults."""
+        ``slots`` / ``poll_interval`` None: pgwork's defaults. ``target``: the count of
+        handler starts it reports as soon as it is reached."""
         args = ["--type", type_name, "--report-every", str(report_every)]
+        if target is not None:
+            args += ["--target", str(target)]
         if slots is not None:
             args += ["--slots", str(slots)]
         if poll_interval is not None:
@@ -228,6 +239,9 @@ def main() -> None:
         help="leave the garbage collector as it is (default: tune_gc, as `pgwork worker`)",
     )
     parser.add_argument("--report-every", type=float, default=REPORT_EVERY)
+    parser.add_argument(
+        "--target", type=int, default=None, help="report at once when this many handlers ran"
+    )
     parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
     parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()

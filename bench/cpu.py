@@ -1,13 +1,17 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
     python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10] [--only drain,atomic,atomic32,enqueue]
-        [--profile FILE]
+        [--tune-gc] [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
 spends per job moves much less, and it is what a change to pgwork's Python side can
 shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged, no-
 op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
-(start-up and the first turns are not counted). The atomic rows drain the same way with
+(start-up and the first turns are not counted). ``--tune-gc`` sets the garbage
+collector up as ``pgwork worker`` and the benchmark's worker processes do
+(``pgwork.worker.tune_gc``, once everything is imported); without it the collector
+keeps CPython's defaults, and at 50 slots or more its collections are a fifth to a
+third of the drain's CPU. The atomic rows drain the same way with
 the job type ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of
 32 (``atomic32``). Next to the worker's CPU every drain row gives the CPU of the
 server's backends serving its database (from ``/proc``, so only for a server on this
@@ -41,6 +45,7 @@ from psycopg.conninfo import conninfo_to_dict
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import Counter, Item, bulk_load, open_client
 from pgwork import ChainStart, create_in_process_worker
+from pgwork.worker import tune_gc
 
 __all__ = ["main"]
 
@@ -299,6 +304,8 @@ _DRAINS = (
 
 async def _run(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
+    if args.tune_gc:
+        tune_gc()
     with server(args.dsn) as (admin, _kind):
         dbs = PgworkDatabases(admin)
         try:
@@ -355,6 +362,12 @@ def main() -> None:
         "--enqueue-batch-jobs", type=int, default=None, help="default: 10 x --enqueue-jobs"
     )
     parser.add_argument("--only", default="drain,atomic,atomic32,enqueue")
+    parser.add_argument(
+        "--tune-gc",
+        action="store_true",
+        help="freeze and tune the garbage collector first (pgwork.worker.tune_gc), as "
+        "`pgwork worker` and the benchmark's worker processes do",
+    )
     parser.add_argument("--profile", metavar="FILE")
     asyncio.run(_run(parser.parse_args()))
 

@@ -108,8 +108,11 @@ class Codec(Generic[T]):
         # The fast path is one serialisation in Rust. Only when the output could hide a
         # problem — pydantic writes NaN/Infinity as null (or as bare NaN for plain
         # dicts), and a NUL character as \u0000, which jsonb rejects — is the value
-        # walked in Python to find (and name) the culprit.
-        if b"null" in data or b"NaN" in data or b"Infinity" in data or b"\\u0000" in data:
+        # walked in Python to find (and name) the culprit. ``None`` itself (every
+        # handler that returns nothing) has nothing to hide, and no walk to pay for.
+        if validated is not None and (
+            b"null" in data or b"NaN" in data or b"Infinity" in data or b"\\u0000" in data
+        ):
             path, reason = _find_unstorable(validated, "$")
             if reason:
                 raise PayloadNotSerializableError(self.type_name, self.what, path, reason)

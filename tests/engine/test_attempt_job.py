@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import Attempt, Job, JobTypeRegistry, RetryPolicy
+from pgwork import Attempt, Continue, Job, JobStatus, JobTypeRegistry, RetryPolicy
 
 from .conftest import ClientFactory
 
@@ -61,3 +61,45 @@ async def test_attempt_job_matches_get_job_on_a_first_attempt_and_on_a_retry(
     assert retry.last_attempt_at is not None
     assert retry.last_attempt_error is not None
     assert retry.last_attempt_error.message == "first attempt fails"
+
+
+async def test_attempt_job_of_a_scheduled_continuation_has_every_field_in_its_place(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], workers: Any
+) -> None:
+    """The worker builds ``attempt.job`` field by field from the acquired row: on a
+    job whose fields mostly differ from one another (a continuation: its own id, type,
+    index; scheduled after it was created; a priority, a queue, a context), a value
+    put in the wrong field shows as a difference from ``get_job``."""
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False, queue="q-second", priority=4)
+    first = reg.job_type("first", input=Num, continue_with=[second], max_attempts=6)
+    client = await make_client(reg)
+    await client.start_chain(conn, first, Num(n=1), dedup="chain-1", context={"tenant": "t"})
+    await conn.commit()
+    seen: list[tuple[Job[Any], Job[Any]]] = []
+    done = anyio.Event()
+
+    async def hand_on(attempt: Attempt[Num, Any]) -> Any:
+        return Continue(second, Num(n=2), after=timedelta(milliseconds=300))
+
+    async def check(attempt: Attempt[Num, Any]) -> None:
+        seen.append((attempt.job, await client.get_job(attempt.job.id)))
+        done.set()
+
+    await workers(client=client, processors={first: hand_on, second: check})
+    with anyio.fail_after(20):
+        await done.wait()
+    [(job, stored)] = seen
+    assert differences(job, stored) == {}
+    assert job.id != job.chain_id
+    assert (job.type_name, job.chain_type_name, job.chain_index) == ("second", "first", 1)
+    assert (job.queue, job.priority, job.attempt) == ("q-second", 4, 1)
+    assert job.scheduled_at > job.created_at
+    assert job.started_at is not None
+    assert job.started_at >= job.scheduled_at
+    assert job.leased_until is not None
+    assert job.leased_until > job.started_at
+    assert job.context == {"tenant": "t"}
+    assert job.status is JobStatus.RUNNING
+    assert job.output is None
+    assert job.completed_at is None

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
+from pgwork._frozen import frozen_builder
 from pgwork.adapters.state import AcquiredJob
 from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus, UndecodablePayload
 
@@ -59,28 +60,58 @@ def chain_from_row(row: Sequence[Any]) -> Chain:
     )
 
 
+# The acquire's columns, in order (``_statements``' acquire statements return them
+# after their own leading columns). A worker builds one ``AcquiredJob`` per job: the
+# builder sets its fields without the frozen ``__init__``'s ``object.__setattr__``.
+_build_acquired = frozen_builder(
+    AcquiredJob,
+    (
+        "id",
+        "type_name",
+        "chain_id",
+        "chain_type_name",
+        "chain_index",
+        "input",
+        "queue",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "lease_token",
+        "leased_until",
+        "created_at",
+        "scheduled_at",
+        "last_attempt_error",
+        "trace_context",
+        "started_at",
+        "last_attempt_at",
+        "dedup_key",
+        "context",
+    ),
+)
+
+
 def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
-    return AcquiredJob(
-        id=row[0],
-        type_name=row[1],
-        chain_id=row[2],
-        chain_type_name=row[3],
-        chain_index=row[4],
-        input=parse_stored_json(row[5]),
-        queue=row[6],
-        priority=row[7],
-        attempt=row[8],
-        max_attempts=row[9],
-        lease_token=row[10],
-        leased_until=row[11],
-        created_at=row[12],
-        scheduled_at=row[13],
-        last_attempt_error=AttemptError.from_json(row[14]),
-        trace_context=row[15],
-        started_at=row[16],
-        last_attempt_at=row[17],
-        dedup_key=row[18],
-        context=row[19],
+    return _build_acquired(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        parse_stored_json(row[5]),
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        AttemptError.from_json(row[14]),
+        row[15],
+        row[16],
+        row[17],
+        row[18],
+        row[19],
     )
 
 

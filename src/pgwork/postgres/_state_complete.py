@@ -17,6 +17,7 @@ from uuid import UUID
 import psycopg
 from psycopg import errors as pg_errors
 
+from pgwork._frozen import frozen_builder
 from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     Completion,
@@ -34,6 +35,19 @@ from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
 __all__ = ["CompletionOps", "atomic_completion_params", "completion_params"]
+
+# One result per completed job, a batch of them per worker turn (``_frozen``).
+_build_result = frozen_builder(
+    CompletionResult,
+    (
+        "job_id",
+        "accepted",
+        "chain_completed",
+        "continuation_id",
+        "ready_queues",
+        "chain_awaited",
+    ),
+)
 
 
 class CompletionOps:
@@ -194,9 +208,11 @@ class CompletionOps:
         """Insert the accepted completions' continuations, settle dependants of chains
         that ended, and say what each completion did."""
         # id -> (chain_id, ends_chain, has_dependants, awaited)
-        accepted = {row[0]: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
+        # Keyed by the ids' integers: ``UUID.__hash__`` and ``__eq__`` are Python methods,
+        # and a worker's turn looks up every one of its completions here.
+        accepted = {row[0].int: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
         continuations = [
-            c.continuation for c in completions if c.continuation and c.job_id in accepted
+            c.continuation for c in completions if c.continuation and c.job_id.int in accepted
         ]
         if continuations:
             assert tx is not None
@@ -206,7 +222,7 @@ class CompletionOps:
         unblocked = tuple(sorted(set(resolution.ready_queues)))
         results = []
         for c in completions:
-            found = accepted.get(c.job_id)
+            found = accepted.get(c.job_id.int)
             if found is None:
                 results.append(CompletionResult(job_id=c.job_id, accepted=False))
                 continue
@@ -215,13 +231,13 @@ class CompletionOps:
             if c.continuation and not scheduled(c.continuation):
                 ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
             results.append(
-                CompletionResult(
-                    job_id=c.job_id,
-                    accepted=True,
-                    chain_completed=ends,
-                    continuation_id=c.continuation.id if c.continuation else None,
-                    ready_queues=ready_queues,
-                    chain_awaited=awaited or chain_id in resolution.awaited_chain_ids,
+                _build_result(
+                    c.job_id,
+                    True,  # accepted
+                    ends,  # chain_completed
+                    c.continuation.id if c.continuation else None,  # continuation_id
+                    ready_queues,
+                    awaited or chain_id in resolution.awaited_chain_ids,  # chain_awaited
                 )
             )
         return results

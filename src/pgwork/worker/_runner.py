@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from pgwork._frozen import frozen_builder
 from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import Completion, CompletionResult, Failure
 from pgwork.backoff import backoff_delay
@@ -46,6 +47,40 @@ from pgwork.worker._watchdog import Watchdog
 log = logging.getLogger("pgwork.worker")
 
 __all__ = ["SlotRunner"]
+
+# Every attempt builds its ``Job``; the builder sets its 22 fields without the frozen
+# ``__init__``'s ``object.__setattr__`` (``_frozen``). The values go in this order.
+_build_job = frozen_builder(
+    Job,
+    (
+        "id",
+        "type_name",
+        "chain_id",
+        "chain_type_name",
+        "chain_index",
+        "input",
+        "output",
+        "status",
+        "queue",
+        "priority",
+        "created_at",
+        "scheduled_at",
+        "started_at",
+        "completed_at",
+        "attempt",
+        "max_attempts",
+        "last_attempt_error",
+        "last_attempt_at",
+        "leased_by",
+        "leased_until",
+        "dedup_key",
+        "context",
+    ),
+)
+# A plain staged completion: job_id, lease_token, output_json, continuation.
+_build_completion = frozen_builder(
+    Completion, ("job_id", "lease_token", "output_json", "continuation")
+)
 
 
 class SlotRunner:
@@ -121,29 +156,29 @@ class SlotRunner:
             job_input = slot.job_type.input_codec.decode(acquired.input)
         except PgworkError as exc:
             return None, exc
-        job: Job[Any] = Job(
-            id=acquired.id,
-            type_name=acquired.type_name,
-            chain_id=acquired.chain_id,
-            chain_type_name=acquired.chain_type_name,
-            chain_index=acquired.chain_index,
-            input=job_input,
-            output=None,
-            status=JobStatus.RUNNING,
-            queue=acquired.queue,
-            priority=acquired.priority,
-            created_at=acquired.created_at,
-            scheduled_at=acquired.scheduled_at,
-            started_at=acquired.started_at,
-            completed_at=None,
-            attempt=acquired.attempt,
-            max_attempts=acquired.max_attempts,
-            last_attempt_error=acquired.last_attempt_error,
-            last_attempt_at=acquired.last_attempt_at,
-            leased_by=self.worker_id,
-            leased_until=acquired.leased_until,
-            dedup_key=acquired.dedup_key,
-            context=acquired.context,
+        job: Job[Any] = _build_job(
+            acquired.id,
+            acquired.type_name,
+            acquired.chain_id,
+            acquired.chain_type_name,
+            acquired.chain_index,
+            job_input,
+            None,  # output
+            JobStatus.RUNNING,
+            acquired.queue,
+            acquired.priority,
+            acquired.created_at,
+            acquired.scheduled_at,
+            acquired.started_at,
+            None,  # completed_at
+            acquired.attempt,
+            acquired.max_attempts,
+            acquired.last_attempt_error,
+            acquired.last_attempt_at,
+            self.worker_id,  # leased_by
+            acquired.leased_until,
+            acquired.dedup_key,
+            acquired.context,
         )
         scope = self._scope
         if scope is None:
@@ -280,12 +315,7 @@ class SlotRunner:
             # await, and a cancelled batcher still writes what waits.
             acquired = slot.acquired
             self._batcher.submit(
-                Completion(
-                    job_id=acquired.id,
-                    lease_token=acquired.lease_token,
-                    output_json=outcome.output_json,
-                    continuation=None,
-                ),
+                _build_completion(acquired.id, acquired.lease_token, outcome.output_json, None),
                 slot,
                 self._written,
             )

@@ -6,6 +6,12 @@ costs about six times what ``loop.create_task`` does (measured here: ~97 µs aga
 no-op handlers it was a fifth of the worker's CPU. Ownership stays structured: the
 worker waits for every slot task before it returns, and when the worker itself is
 cancelled it cancels them and waits for them to end.
+
+A task's coroutine reports its own end (``ended``, from its outermost ``finally``)
+rather than a done callback: asyncio runs a done callback in a round of the event
+loop of its own, one more per job. Nothing runs between that ``finally`` and the
+task's end (the coroutine does not wait again), so whoever ``wait``s sees the task
+finished.
 """
 
 from __future__ import annotations
@@ -43,25 +49,36 @@ class SlotTasks:
         name: str,
         context: contextvars.Context | None = None,
     ) -> asyncio.Task[None]:
+        """Run ``coro`` in a task of its own; the coroutine must call ``ended`` as it
+        ends, whatever it ends with."""
         task = asyncio.get_running_loop().create_task(coro, name=name, context=context)
         self._tasks.add(task)
-        task.add_done_callback(self._ended)
         return task
 
     def detach(self, task: asyncio.Task[None]) -> None:
         """Stop owning ``task`` (a handler given up on): nobody waits for it."""
         self._tasks.discard(task)
-        task.remove_done_callback(self._ended)
         if self._changed is not None:
             self._changed.set()
 
-    def _ended(self, task: asyncio.Task[None]) -> None:
+    def ended(self, error: BaseException | None) -> None:
+        """The running task's coroutine is ending (with ``error``, when it raises).
+
+        The slot coroutine catches ``Exception``; a ``BaseException`` other than a
+        cancellation is logged here, unless the task was detached (given up on)."""
+        task = asyncio.current_task()
+        if task not in self._tasks:
+            return
         self._tasks.discard(task)
         if self._changed is not None:
             self._changed.set()
-        if not task.cancelled() and task.exception() is not None:
-            # _run_slot catches Exception; only BaseExceptions get here.
-            log.error("pgwork slot task %s ended with %r", task.get_name(), task.exception())
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            log.error("pgwork slot task %s ended with %r", task.get_name(), error)
+
+    def _gone(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._changed is not None:
+            self._changed.set()
 
     async def wait(self) -> None:
         """Return once every slot task has ended (or was detached)."""
@@ -74,6 +91,9 @@ class SlotTasks:
         """Cancel every slot task and wait for them (shielded from our own cancel) at
         most ``limit`` seconds; detach and return those that ignored it."""
         for task in self._tasks:
+            # One cancelled before its first step never runs its coroutine, nor the
+            # ``finally`` that calls ``ended``.
+            task.add_done_callback(self._gone)
             task.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(limit):
             await self.wait()

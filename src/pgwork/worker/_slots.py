@@ -218,35 +218,42 @@ class Slots:
         batcher settles it later (``settled``). The task of a handler given up on
         frees nothing when it ends at last: the task that settled its attempt did."""
         later = False
+        error: BaseException | None = None
         try:
-            if then is not None:
-                await then
-            elif abandoned:
-                await self.runner.settle_abandoned(slot)
-            else:
-                later = await self.runner.run(slot)
-        except Exception as exc:
-            if slot.abandoned and not abandoned:
-                return
-            log.exception(
-                "pgwork worker %s: unexpected error settling job %s",
-                self.worker_id,
-                slot.acquired.id,
-            )
-            record = error_record(exc)
-            self.runner.emit(
-                ATTEMPT_FAILED,
-                slot,
-                error_type=record.type,
-                error_message=record.message,
-                settled=False,
-            )
-            # Nothing could be written (the database went away): hand the job back as
-            # soon as it is reachable again, instead of leaving it to a reaper.
-            self.unsettled.append(slot.lease)
+            try:
+                if then is not None:
+                    await then
+                elif abandoned:
+                    await self.runner.settle_abandoned(slot)
+                else:
+                    later = await self.runner.run(slot)
+            except Exception as exc:
+                if slot.abandoned and not abandoned:
+                    return
+                log.exception(
+                    "pgwork worker %s: unexpected error settling job %s",
+                    self.worker_id,
+                    slot.acquired.id,
+                )
+                record = error_record(exc)
+                self.runner.emit(
+                    ATTEMPT_FAILED,
+                    slot,
+                    error_type=record.type,
+                    error_message=record.message,
+                    settled=False,
+                )
+                # Nothing could be written (the database went away): hand the job back
+                # as soon as it is reachable again, instead of leaving it to a reaper.
+                self.unsettled.append(slot.lease)
+            finally:
+                if not later and (abandoned or not slot.abandoned):
+                    if not slot.settling:
+                        self.admission.freed(slot, time.monotonic())
+                    self.by_token.pop(slot.acquired.lease_token, None)
+                    self._wake()
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
-            if not later and (abandoned or not slot.abandoned):
-                if not slot.settling:
-                    self.admission.freed(slot, time.monotonic())
-                self.by_token.pop(slot.acquired.lease_token, None)
-                self._wake()
+            self.tasks.ended(error)  # the task's own end (see ``_slot_tasks``)

@@ -1,0 +1,46 @@
+"""Building frozen, slotted dataclasses the worker makes one of per job, for less.
+
+A frozen dataclass's generated ``__init__`` sets every field through
+``object.__setattr__`` (the class's own ``__setattr__`` refuses), which looks the
+name up on the type each time: a ``Job`` (22 fields) took 2.7-3.4 µs to build with
+keywords, and a worker builds four such records per job. The fields' own slot
+descriptors set them directly: 1.1 µs for a ``Job``. Nothing else differs: the object
+is of the same class, compares, hashes and pickles the same, and stays frozen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ["frozen_builder"]
+
+T = TypeVar("T")
+
+
+def frozen_builder(cls: type[T], names: Sequence[str]) -> Callable[..., T]:
+    """A function that builds a ``cls`` from positional values, one for each field
+    in ``names`` (the caller's order, not necessarily the declaration's).
+
+    ``names`` must be every field of ``cls``, each once: a field added to the class
+    later fails here, at import, instead of being left unset. ``cls`` must be a
+    slotted dataclass without ``__post_init__`` (nothing would run it)."""
+    if not dataclasses.is_dataclass(cls) or "__slots__" not in vars(cls):
+        raise TypeError(f"{cls.__name__} is not a slotted dataclass")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} has a __post_init__, which the builder would skip")
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if sorted(names) != sorted(fields):
+        raise TypeError(f"{cls.__name__}'s builder must name each of its fields once: {fields}")
+    # One line per field, as ``dataclasses`` writes ``__init__`` itself: a loop over
+    # the setters cost two thirds more.
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    lines = [f"def build_{cls.__name__}({', '.join(names)}):", "    obj = _new(_cls)"]
+    for name in names:
+        scope[f"_set_{name}"] = getattr(cls, name).__set__
+        lines.append(f"    _set_{name}(obj, {name})")
+    lines.append("    return obj")
+    exec("\n".join(lines), scope)  # the names are the dataclass's own fields
+    build: Callable[..., T] = scope[f"build_{cls.__name__}"]
+    return build
