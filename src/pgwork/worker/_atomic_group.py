@@ -36,12 +36,19 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from typing import Any
 
 import anyio
 
 from pgwork.adapters.notify import Notice, NotifyAdapter
-from pgwork.adapters.state import AtomicGroup, Completion, StateAdapter, TransactionHandle
+from pgwork.adapters.state import (
+    AtomicGroup,
+    Completion,
+    NextMember,
+    StateAdapter,
+    TransactionHandle,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._atomic import AttemptSteps, run_atomic
@@ -105,34 +112,58 @@ class _Group:
 
 
 class _Lane:
-    """A connection's turn: held by one member (or a committer) at a time."""
+    """A connection's turn: held by one member (or a committer) at a time, handed to
+    those waiting in the order they came (so a member can start the entry of the one
+    it hands the lane to: ``AtomicGroup.complete``'s ``then``)."""
 
-    __slots__ = ("group", "lock", "owner", "waiting")
+    __slots__ = ("group", "owner", "queue")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
         self.group: _Group | None = None
         self.owner: object | None = None
-        self.waiting = 0
+        # Waiting: who, the member's entry (None for a committer), and its turn.
+        self.queue: deque[tuple[object, NextMember | None, asyncio.Future[None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue)
 
     @property
     def load(self) -> int:
-        return self.waiting + (self.owner is not None)
+        return len(self.queue) + (self.owner is not None)
 
-    async def take(self, owner: object) -> None:
-        self.waiting += 1
+    def next_member(self) -> NextMember | None:
+        """The entry of the member the lane goes to next, if that is a member."""
+        return self.queue[0][1] if self.queue else None
+
+    async def take(self, owner: object, entry: NextMember | None = None) -> None:
+        if self.owner is None and not self.queue:
+            self.owner = owner
+            return
+        turn = asyncio.get_running_loop().create_future()
+        waiter = (owner, entry, turn)
+        self.queue.append(waiter)
         try:
-            await self.lock.acquire()
-        finally:
-            self.waiting -= 1
-        self.owner = owner
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(owner)  # handed the lane as it was cancelled: pass it on
+            else:
+                self.queue.remove(waiter)
+            raise
 
     def give(self, owner: object) -> None:
-        """Let the next one in, unless ``owner`` no longer holds the lane (a member
-        given up on: the watchdog's task gave it back already)."""
-        if self.owner is owner:
-            self.owner = None
-            self.lock.release()
+        """Hand the lane to the first one waiting, unless ``owner`` no longer holds it
+        (a member given up on: the watchdog's task gave it back already)."""
+        if self.owner is not owner:
+            return
+        while self.queue:
+            nxt, _, turn = self.queue.popleft()
+            if not turn.done():  # (a cancelled waiter takes itself off the queue)
+                self.owner = nxt
+                turn.set_result(None)
+                return
+        self.owner = None
 
 
 class AtomicGroups:
@@ -171,7 +202,7 @@ class AtomicGroups:
             return
         deadline = slot.job_type.timeout or slot.job_type.lease
         lane = min(self._lanes, key=lambda lane: lane.load)
-        await lane.take(slot)
+        await lane.take(slot, NextMember(slot.lease, deadline))
         attempt: Attempt[Any, Any] | None = None
         failure: BaseException | None = None
         group: _Group | None = None
@@ -197,7 +228,7 @@ class AtomicGroups:
                 self._learn(slot.job_type.name, time.monotonic() - began)
             with anyio.CancelScope(shield=True):
                 if attempt is not None and failure is None and not attempt.aborted:
-                    kept = await self._keep(runner, slot, attempt, group, tx)
+                    kept = await self._keep(runner, slot, attempt, lane, group, tx)
                     refused = not kept
                 else:
                     await group.store.undo()
@@ -241,16 +272,22 @@ class AtomicGroups:
         runner: AttemptSteps,
         slot: Slot,
         attempt: Attempt[Any, Any],
+        lane: _Lane,
         group: _Group,
         tx: TransactionHandle,
     ) -> bool:
         """Write the member's outcome in its savepoint and keep it; False (rolled back)
-        when its lease no longer held."""
+        when its lease no longer held. A plain completion starts the entry of the member
+        the lane goes to next, unless the group commits first."""
         outcome = attempt.outcome
         lease = slot.lease
         if isinstance(outcome, Completed) and outcome.continuation is None:
-            result = await group.store.complete(
-                Completion(lease.job_id, lease.lease_token, outcome.output_json)
+            store = group.store
+            then = None
+            if store.members + 1 < self.size and time.monotonic() < group.due:
+                then = lane.next_member()
+            result = await store.complete(
+                Completion(lease.job_id, lease.lease_token, outcome.output_json), then=then
             )
             group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
             if result.chain_awaited:
