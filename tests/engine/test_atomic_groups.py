@@ -6,6 +6,7 @@ Each handler writes an effect row with the id of the transaction it ran in
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -268,3 +269,94 @@ async def test_a_cancelled_member_holding_the_groups_timer_hands_it_to_another(
             await group.done.wait()
     assert group.error is None
     assert lane.group is None
+
+
+async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One lane, two slots: while a member's handler runs, the next job waits for the
+    lane, and the member's completion names it (``then``), so that its entry travels
+    with that completion. Each handler returns once the next member waits (the last
+    one at once). (Control: a lane that never names its next member: no completion
+    carries an entry.)"""
+    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    jobs = 6
+    lanes: set[Any] = set()
+    queued = [anyio.Event()]  # set when a member queues for a busy lane
+    take = worker_groups._Lane.take
+
+    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
+        lanes.add(self)
+        if entry is not None and self.owner is not None:
+            queued[0].set()  # (it is in the queue before anyone wakes)
+        await take(self, owner, entry)
+
+    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
+    thens: list[bool] = []
+    complete = _atomic_group.PgAtomicGroup.complete
+
+    async def noted(self: Any, completion: Any, *, then: Any = None) -> Any:
+        thens.append(then is not None)
+        return await complete(self, completion, then=then)
+
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
+    started = 0
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        nonlocal started
+        started += 1
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
+        )
+        if started < jobs:
+            with anyio.fail_after(10):
+                await queued[0].wait()
+            queued[0] = anyio.Event()
+
+    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=jobs,  # committed when full
+        atomic_group_wait=60.0,
+    )
+    await _all_completed(client, chains)
+    assert len(lanes) == 1
+    cur = await conn.execute("SELECT count(DISTINCT n), count(*), count(DISTINCT xid) FROM effects")
+    assert await cur.fetchone() == (jobs, jobs, 1)
+    await conn.commit()
+    # Each but the last names the next; the last fills the group, which commits.
+    assert thens == [True] * (jobs - 1) + [False], thens
+
+
+async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:
+    """A lane goes to those waiting in turn; one cancelled in the moment it was handed
+    the lane (before it ran again) passes it to the next, or the lane would stay taken
+    by no one. (Control: a cancelled waiter that only leaves the queue: the third one
+    waits for ever.)"""
+    lane = worker_groups._Lane()
+    first, second, third = object(), object(), object()
+    await lane.take(first)
+    second_task = asyncio.ensure_future(lane.take(second))
+    third_task = asyncio.ensure_future(lane.take(third))
+    await asyncio.sleep(0)  # both queued
+    assert lane.waiting == 2
+    lane.give(first)
+    assert lane.owner is second
+    second_task.cancel()  # before it could run
+    with anyio.fail_after(10):
+        await third_task
+    assert lane.owner is third
+    assert second_task.cancelled()
+    lane.give(third)
+    assert lane.owner is None
