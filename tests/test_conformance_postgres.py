@@ -145,16 +145,19 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             )
             assert await cur.fetchall() == [("running",)]
 
+    @pytest.mark.parametrize("commit", [False, True], ids=["same-group", "next-group"])
     async def test_the_server_ends_a_group_whose_worker_went_silent_after_an_entry_ahead(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         pgwork_dsn: str,
         monkeypatch: pytest.MonkeyPatch,
+        commit: bool,
     ) -> None:
         """As above, with the completion carrying the next member's entry in the same
-        query: the lane is then idle holding two rows, and must be bounded all the
-        same."""
+        query (and, ``commit``, the group's commit and the next group's start): the
+        lane is then idle holding the rows, and must be bounded all the same.
+        (Control: a Flush sent after that query, the server never ends the lane.)"""
         monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
         deadline = timedelta(milliseconds=200)
         await store.seed(store.new_job(), store.new_job())
@@ -165,12 +168,13 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         result = await group.complete(
             Completion(held.id, held.lease.lease_token, "null"),
             then=NextMember(named.lease, deadline),
+            commit=commit,
         )
         assert result.accepted
         await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
-        for job in (held, named):
+        for job in (named,) if commit else (held, named):
             with anyio.fail_after(10):
                 [again] = await state_adapter.complete(
                     None, completions=[Completion(job.id, job.lease_token, '"later"')]

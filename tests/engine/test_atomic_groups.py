@@ -279,9 +279,11 @@ async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
 ) -> None:
     """One lane, two slots: while a member's handler runs, the next job waits for the
     lane, and the member's completion names it (``then``), so that its entry travels
-    with that completion. Each handler returns once the next member waits (the last
-    one at once). (Control: a lane that never names its next member: no completion
-    carries an entry.)"""
+    with that completion; the completion that fills a group carries its commit too
+    (``commit``), and the next group begins with the entry. Each handler returns once
+    the next member waits (the last one at once). (Controls: a lane that never names
+    its next member: no completion carries an entry; a group committed on its own:
+    no completion carries a commit.)"""
     await conn.execute("CREATE TABLE effects (n int, xid bigint)")
     await conn.commit()
     reg = JobTypeRegistry()
@@ -299,12 +301,12 @@ async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
         await take(self, owner, entry)
 
     monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
-    thens: list[bool] = []
+    sent: list[tuple[bool, bool]] = []  # (with an entry, with the commit)
     complete = _atomic_group.PgAtomicGroup.complete
 
-    async def noted(self: Any, completion: Any, *, then: Any = None) -> Any:
-        thens.append(then is not None)
-        return await complete(self, completion, then=then)
+    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
+        sent.append((then is not None, commit))
+        return await complete(self, completion, then=then, commit=commit)
 
     monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
     started = 0
@@ -327,16 +329,17 @@ async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
         processors={pay: handle},
         poll_interval=0.05,
         max_slots=2,  # one lane
-        atomic_group=jobs,  # committed when full
+        atomic_group=jobs // 2,  # two groups, each committed when full
         atomic_group_wait=60.0,
     )
     await _all_completed(client, chains)
     assert len(lanes) == 1
     cur = await conn.execute("SELECT count(DISTINCT n), count(*), count(DISTINCT xid) FROM effects")
-    assert await cur.fetchone() == (jobs, jobs, 1)
+    assert await cur.fetchone() == (jobs, jobs, 2)
     await conn.commit()
-    # Each but the last names the next; the last fills the group, which commits.
-    assert thens == [True] * (jobs - 1) + [False], thens
+    # Each but the last names the next; the third and sixth fill their groups.
+    entry, commit = (True, False), (True, True)
+    assert sent == [entry, entry, commit, entry, entry, (False, True)], sent
 
 
 async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:

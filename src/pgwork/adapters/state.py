@@ -135,7 +135,7 @@ class AtomicGroup(Protocol):
         ...
 
     async def complete(
-        self, completion: Completion, *, then: NextMember | None = None
+        self, completion: Completion, *, then: NextMember | None = None, commit: bool = False
     ) -> CompletionResult:
         """Complete the current member's job (no continuation) in its savepoint, fenced
         by its lease, and keep the member; when refused, undo it instead (the result is
@@ -146,7 +146,15 @@ class AtomicGroup(Protocol):
         start its entry with this completion (one round trip for both); the next
         ``enter`` with that lease then returns its outcome. What the store did ahead
         for ``then`` is dropped (its row freed, nothing of it kept) if another member
-        enters instead or the group ends first."""
+        enters instead or the group ends first.
+
+        ``commit``: the group commits right behind an accepted completion, in the
+        same round trip (dependants of a chain it ended are then settled after the
+        commit, on their own); raises, nothing committed, when that fails. With
+        ``then`` a new group goes on on the same connection (``members`` back to 0)
+        with ``then``'s entry started; without it the connection goes back, as after
+        ``commit()``. A refused completion is undone and commits nothing: the group
+        stays open for the caller to commit."""
         ...
 
     async def keep(self) -> None:

@@ -9,6 +9,11 @@ member, already waiting for the lane, needs to start (``complete``'s ``then``):
     EXECUTE <complete k>; RELEASE SAVEPOINT pgwork_member;
     SAVEPOINT pgwork_member; EXECUTE <lock k+1>
 
+and the completion that fills the group (or comes after its due time) carries the
+group's commit and the next group's start (``complete``'s ``commit``):
+
+    EXECUTE <complete k>; COMMIT; BEGIN; SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+
 A member that had no one waiting behind it completes alone, and the next one's
 ``enter`` sends the savepoint commands and its lock (for the group's first member
 ``BEGIN`` and ``SAVEPOINT``). A refused completion makes its statement fail on
@@ -72,6 +77,8 @@ _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 _KEEP = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
 _NEXT = b"; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; "
+_COMMIT = b"; COMMIT"
+_COMMIT_BEGIN = b"; COMMIT; BEGIN; SAVEPOINT pgwork_member; "
 # A lock taken ahead for a member that did not enter: undone, savepoint kept.
 _DROP_AHEAD = b"ROLLBACK TO SAVEPOINT pgwork_member; RELEASE SAVEPOINT pgwork_member"
 
@@ -195,7 +202,11 @@ class PgAtomicGroup:
         return PgTransaction(conn, self._give_back)
 
     async def complete(
-        self, completion: Completion, *, then: NextMember | None = None
+        self,
+        completion: Completion,
+        *,
+        then: NextMember | None = None,
+        commit: bool = False,
     ) -> CompletionResult:
         if completion.continuation is not None:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
@@ -211,8 +222,12 @@ class PgAtomicGroup:
                 b"true",  # ends its chain (no continuation)
             )
         )
+        if commit:
+            query += _COMMIT if then is None else _COMMIT_BEGIN
+        elif then is not None:
+            query += _NEXT
         if then is not None:
-            query += _NEXT + self._lock_text(then.lease, then.deadline)
+            query += self._lock_text(then.lease, then.deadline)
         cur = self._cur
         try:
             with translate_errors(ops.schema):
@@ -228,9 +243,20 @@ class PgAtomicGroup:
             # Nothing after the completion ran: roll the member back (no one ahead).
             await self.undo()
             return CompletionResult(job_id=completion.job_id, accepted=False)
-        self.members += 1
-        self._savepoint = _USED if then is None else _FRESH
-        return await self._settle_dependants(completion, rows)
+        if not commit:
+            self.members += 1
+            self._savepoint = _USED if then is None else _FRESH
+            return await self._settle_dependants(completion, rows)
+        # Committed: a new group goes on with ``then``'s entry, or the connection goes
+        # back. Dependants are settled on their own, as after ``complete_atomic``.
+        self.members = 0
+        if then is None:
+            self._savepoint = _NOT_BEGUN
+            await self._give_back()
+        else:
+            self._savepoint = _FRESH
+        [result] = await ops._completion_results(None, [completion], rows)
+        return result
 
     async def _settle_dependants(
         self, completion: Completion, rows: Sequence[tuple[Any, ...]]

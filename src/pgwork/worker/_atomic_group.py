@@ -33,6 +33,7 @@ start comes back to the groups once its handlers are quick again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -232,10 +233,11 @@ class AtomicGroups:
                     refused = not kept
                 else:
                     await group.store.undo()
-                store = group.store
                 if kept and group.due == math.inf:
                     group.due = time.monotonic() + self.wait
-                if store.members >= self.size or time.monotonic() >= group.due:
+                if not group.done.is_set() and (  # (done: committed with its completion)
+                    group.store.members >= self.size or time.monotonic() >= group.due
+                ):
                     await self._commit(lane, group)
         except BaseException as exc:
             if lane.owner is slot and group is not None:
@@ -278,20 +280,34 @@ class AtomicGroups:
     ) -> bool:
         """Write the member's outcome in its savepoint and keep it; False (rolled back)
         when its lease no longer held. A plain completion starts the entry of the member
-        the lane goes to next, unless the group commits first."""
+        the lane goes to next and, when the group is full or due, commits it: all in
+        the completion's round trip."""
         outcome = attempt.outcome
         lease = slot.lease
         if isinstance(outcome, Completed) and outcome.continuation is None:
             store = group.store
-            then = None
-            if store.members + 1 < self.size and time.monotonic() < group.due:
-                then = lane.next_member()
-            result = await store.complete(
-                Completion(lease.job_id, lease.lease_token, outcome.output_json), then=then
-            )
+            commit = store.members + 1 >= self.size or time.monotonic() >= group.due
+            then = lane.next_member()
+            completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
+            try:
+                result = await store.complete(completion, then=then, commit=commit)
+            except Exception as exc:
+                if not commit:
+                    raise
+                # The commit (or what went before it) failed: as for ``_commit``.
+                lane.group = None
+                group.error = exc
+                log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
+                with contextlib.suppress(Exception):
+                    await store.discard()
+                group.finish()
+                return True  # it waits for its group, lost, and is handed back
             group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
+            if commit and result.accepted:  # committed, a new group begun if ``then``
+                lane.group = None if then is None else _Group(store)
+                await self._committed_now(group)
             return result.accepted
         # A continuation or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
@@ -323,12 +339,17 @@ class AtomicGroups:
         except Exception as exc:
             group.error = exc
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
+            group.finish()
         else:
-            if group.notices:
-                try:
-                    await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
-                except Exception as exc:  # the pollers find the work anyway
-                    log.warning("pgwork could not announce a group's notices: %r", exc)
+            await self._committed_now(group)
+
+    async def _committed_now(self, group: _Group) -> None:
+        """``group`` committed: announce what its members made ready, let them go."""
+        if group.notices:
+            try:
+                await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
+            except Exception as exc:  # the pollers find the work anyway
+                log.warning("pgwork could not announce a group's notices: %r", exc)
         group.finish()
 
     async def _lose(self, lane: _Lane, group: _Group, error: BaseException) -> None:

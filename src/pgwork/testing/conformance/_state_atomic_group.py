@@ -275,3 +275,67 @@ class AtomicGroupConformance(StateSuiteBase):
         assert (await store.job(first.id)).output == "grouped"
         assert (await store.job(last.id)).output == "grouped"
         assert (await store.job(other.id)).status is JobStatus.RUNNING
+
+    async def test_a_completion_that_commits_its_group_and_begins_the_next(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(*(store.new_job() for _ in range(4)))
+        first, second, *sides = await store.acquire(limit=4)
+        group = await state_adapter.open_atomic_group()
+        tx = await group.enter(lease=first.lease, deadline=DEADLINE)
+        assert tx is not None
+        await state_adapter.complete(tx, completions=[_done(sides[0], '"side"')])
+        done = await group.complete(_done(first), then=_next(second), commit=True)
+        assert done.accepted
+        assert group.members == 0  # a new group
+        # Committed with the completion: visible at once.
+        assert (await store.job(first.id)).output == "grouped"
+        assert (await store.job(sides[0].id)).output == "side"
+        tx = await group.enter(lease=second.lease, deadline=DEADLINE)
+        assert tx is not None
+        await state_adapter.complete(tx, completions=[_done(sides[1], '"side"')])
+        assert (await group.complete(_done(second))).accepted
+        assert group.members == 1
+        assert (await store.job(second.id)).status is JobStatus.RUNNING
+        await group.commit()
+        assert (await store.job(second.id)).output == "grouped"
+        assert (await store.job(sides[1].id)).output == "side"
+
+    async def test_a_completion_that_commits_its_group_with_no_one_next(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        first, second = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(first))).accepted
+        assert await group.enter(lease=second.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(second), commit=True)).accepted
+        for job in (first, second):
+            assert (await store.job(job.id)).output == "grouped"
+
+    async def test_a_refused_completion_commits_nothing_of_its_group(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """The completion that was to commit its group is refused: it is undone, the
+        group stays open with what it kept, for the caller to commit."""
+        await store.seed(*(store.new_job() for _ in range(4)))
+        kept, spoiled, named, side = await store.acquire(limit=4)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=kept.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(kept))).accepted
+        tx = await group.enter(lease=spoiled.lease, deadline=DEADLINE)
+        assert tx is not None
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
+        refused = await group.complete(_done(spoiled), then=_next(named), commit=True)
+        assert not refused.accepted
+        assert group.members == 1
+        assert (await store.job(kept.id)).status is JobStatus.RUNNING  # not committed
+        assert await group.enter(lease=named.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(named))).accepted
+        await group.commit()
+        for job in (kept, named):
+            assert (await store.job(job.id)).output == "grouped"
+        for untouched in (spoiled, side):
+            assert (await store.job(untouched.id)).status is JobStatus.RUNNING
