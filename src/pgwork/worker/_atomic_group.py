@@ -134,8 +134,13 @@ class _Lane:
         return len(self.queue) + (self.owner is not None)
 
     def next_member(self) -> NextMember | None:
-        """The entry of the member the lane goes to next, if that is a member."""
-        return self.queue[0][1] if self.queue else None
+        """The entry of the first member waiting for the lane. Committers waiting
+        before it pass the lane on without a statement: each waits for a group that
+        was due, so the member handing the lane over commits that group itself."""
+        for _, entry, _ in self.queue:
+            if entry is not None:
+                return entry
+        return None
 
     async def take(self, owner: object, entry: NextMember | None = None) -> None:
         if self.owner is None and not self.queue:
