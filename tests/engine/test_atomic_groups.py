@@ -363,3 +363,79 @@ async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> Non
     assert second_task.cancelled()
     lane.give(third)
     assert lane.owner is None
+
+
+async def test_a_group_due_while_its_next_member_was_entered_commits_with_that_one(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group falls due while the second member's completion is on its way (held
+    here past the due time), and that completion had entered the third member in the
+    group: the group is committed with the third one's completion, not on its own
+    with the third left to begin another. (Control: a due group committed at once
+    after its member: a separate commit, two transactions.)"""
+    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    jobs, wait = 3, 1.0
+    queued = [anyio.Event()]  # set when a member queues for a busy lane
+    take = worker_groups._Lane.take
+
+    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
+        if entry is not None and self.owner is not None:
+            queued[0].set()
+        await take(self, owner, entry)
+
+    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
+    sent: list[tuple[bool, bool]] = []
+    commits = 0
+    complete = _atomic_group.PgAtomicGroup.complete
+    commit = _atomic_group.PgAtomicGroup.commit
+
+    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
+        sent.append((then is not None, commit))
+        result = await complete(self, completion, then=then, commit=commit)
+        if len(sent) == 2:
+            await anyio.sleep(wait * 1.5)  # the group falls due meanwhile
+        return result
+
+    async def counted_commit(self: Any) -> None:
+        nonlocal commits
+        commits += 1
+        await commit(self)
+
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "commit", counted_commit)
+    started = 0
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        nonlocal started
+        started += 1
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
+        )
+        if started < jobs:
+            with anyio.fail_after(10):
+                await queued[0].wait()
+            queued[0] = anyio.Event()
+
+    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=32,
+        atomic_group_wait=wait,
+    )
+    await _all_completed(client, chains)
+    cur = await conn.execute("SELECT count(DISTINCT n), count(DISTINCT xid) FROM effects")
+    assert await cur.fetchone() == (jobs, 1)
+    await conn.commit()
+    assert sent == [(True, False), (True, False), (False, True)], sent
+    assert commits == 0

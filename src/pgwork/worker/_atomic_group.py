@@ -91,7 +91,7 @@ def atomic_groups(
 class _Group:
     """One transaction of a lane; its kept members wait for ``done``."""
 
-    __slots__ = ("done", "due", "error", "notices", "store", "timed", "wake")
+    __slots__ = ("done", "due", "error", "handed_on", "notices", "store", "timed", "wake")
 
     def __init__(self, store: AtomicGroup) -> None:
         self.store = store
@@ -105,6 +105,9 @@ class _Group:
         # without seeing it done (cancelled), so that another one takes the timer.
         self.timed = False
         self.wake = asyncio.Event()
+        # The last member kept started the next one's entry in this group: a due
+        # group is then committed with that member's completion, not on its own.
+        self.handed_on = False
 
     def finish(self) -> None:
         """The group is committed or lost."""
@@ -233,6 +236,7 @@ class AtomicGroups:
                 failure = await runner._call_handler(slot, attempt, deadline)
                 self._learn(slot.job_type.name, time.monotonic() - began)
             with anyio.CancelScope(shield=True):
+                group.handed_on = False
                 if attempt is not None and failure is None and not attempt.aborted:
                     kept = await self._keep(runner, slot, attempt, lane, group, tx)
                     refused = not kept
@@ -240,8 +244,12 @@ class AtomicGroups:
                     await group.store.undo()
                 if kept and group.due == math.inf:
                     group.due = time.monotonic() + self.wait
-                if not group.done.is_set() and (  # (done: committed with its completion)
-                    group.store.members >= self.size or time.monotonic() >= group.due
+                # Done: committed with its completion. Due while the next member was
+                # entered in it: committed with that one's completion (or after it,
+                # by a waiting member's timer, if it is not kept).
+                if not group.done.is_set() and (
+                    group.store.members >= self.size
+                    or (time.monotonic() >= group.due and not group.handed_on)
                 ):
                     await self._commit(lane, group)
         except BaseException as exc:
@@ -313,6 +321,8 @@ class AtomicGroups:
             if commit and result.accepted:  # committed, a new group begun if ``then``
                 lane.group = None if then is None else _Group(store)
                 await self._committed_now(group)
+            else:
+                group.handed_on = then is not None and result.accepted
             return result.accepted
         # A continuation or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
