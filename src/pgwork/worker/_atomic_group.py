@@ -10,9 +10,13 @@ back to its savepoint (the others' writes stay) and its failure is recorded righ
 after, on its own connection. Concurrency comes from the lanes: a slot takes the
 least busy one.
 
-A group commits once it has N kept members, or ``atomic_group_wait`` after its first
-member was kept, whichever comes first: by the member that filled it, else by the
-first member waking at the due time (or the next member to leave the lane after it).
+A lane goes to the members waiting for it in turn, and a member's completion starts
+the entry of the member it hands the lane to (one round trip for both). A group
+commits once it has N kept members, or ``atomic_group_wait`` after its first member
+was kept, whichever comes first: with the completion of the member that filled it or
+found it due (which then begins the next group with the next member's entry), else by
+the first member waking at the due time, once the lane is free. A group that fell due
+while its next member was already entered in it commits with that member's outcome.
 A kept member's slot is free at once (like a staged slot whose handler returned), but
 the member counts as done, is reported and has what it made ready announced only
 after the commit. A crash before the commit rolls the whole group back: every member
