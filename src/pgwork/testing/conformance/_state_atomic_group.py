@@ -24,7 +24,7 @@ from pgwork.adapters.state import (
     StateAdapter,
 )
 from pgwork.records import AttemptError, JobStatus
-from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
 
 BOOM = AttemptError(type="RuntimeError", message="member failed")
 DEADLINE = timedelta(seconds=30)
@@ -339,3 +339,31 @@ class AtomicGroupConformance(StateSuiteBase):
             assert (await store.job(job.id)).output == "grouped"
         for untouched in (spoiled, side):
             assert (await store.job(untouched.id)).status is JobStatus.RUNNING
+
+    async def test_members_that_end_chains_others_wait_on_make_them_ready(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """A chain's dependants are settled whether its member's completion names the
+        next member or commits the group: in the group's transaction, or after its
+        commit."""
+        members = [store.new_job() for _ in range(3)]
+        await store.seed(*members)
+        waiting = [store.new_job(BETA, queue=f"q{i}", blockers=[members[i].id]) for i in range(2)]
+        await store.seed(*waiting)
+        first, second, third = await store.acquire(limit=3)
+        assert [first.id, second.id] == [members[0].id, members[1].id]
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
+        done = await group.complete(_done(first), then=_next(second))
+        assert done.accepted
+        assert done.ready_queues == ("q0",)
+        assert await group.enter(lease=second.lease, deadline=DEADLINE) is not None
+        done = await group.complete(_done(second), then=_next(third), commit=True)
+        assert done.accepted
+        assert done.ready_queues == ("q1",)
+        for dependant in waiting:
+            assert (await store.job(dependant.id)).status is JobStatus.PENDING
+        assert await group.enter(lease=third.lease, deadline=DEADLINE) is not None
+        assert (await group.complete(_done(third))).accepted
+        await group.commit()
+        assert (await store.job(third.id)).output == "grouped"
