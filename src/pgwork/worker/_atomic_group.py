@@ -311,7 +311,10 @@ class AtomicGroups:
             except Exception as exc:
                 if not commit:
                     raise
-                # The commit (or what went before it) failed: as for ``_commit``.
+                # The commit (or what went before it) failed: as for ``_commit``. (A
+                # failure of the next member's lock, after the commit, counts the
+                # group as lost too; handing its members back then finds their rows
+                # completed, fenced: nothing runs twice.)
                 lane.group = None
                 group.error = exc
                 log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
