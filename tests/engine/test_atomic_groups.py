@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import anyio
 import psycopg
@@ -24,6 +25,7 @@ from pgwork import (
     JobTypeRegistry,
     RetryPolicy,
 )
+from pgwork.adapters.state import Lease, NextMember
 from pgwork.postgres import _atomic_group
 from pgwork.worker import _atomic_group as worker_groups
 
@@ -32,6 +34,7 @@ from .conftest import ClientFactory, eventually, scalar
 pytestmark = pytest.mark.anyio
 
 JOBS = 40
+DAY = timedelta(days=1)
 
 
 class Num(BaseModel):
@@ -345,8 +348,8 @@ async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
 async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:
     """A lane goes to those waiting in turn; one cancelled in the moment it was handed
     the lane (before it ran again) passes it to the next, or the lane would stay taken
-    by no one. (Control: a cancelled waiter that only leaves the queue: the third one
-    waits for ever.)"""
+    by no one. (Controls: a cancelled waiter that only leaves the queue: the third one
+    waits for ever; ``waiting`` as the queue's length: the fourth still counts.)"""
     lane = worker_groups._Lane()
     first, second, third = object(), object(), object()
     await lane.take(first)
@@ -361,6 +364,16 @@ async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> Non
         await third_task
     assert lane.owner is third
     assert second_task.cancelled()
+    # One cancelled while it waits no longer counts, nor is it named as next, even
+    # before it has run to take itself off the queue.
+    fourth = asyncio.ensure_future(lane.take(object(), NextMember(Lease(uuid4(), uuid4()), DAY)))
+    await asyncio.sleep(0)
+    assert lane.waiting == 1
+    assert lane.next_member() is not None
+    fourth.cancel()
+    assert lane.waiting == 0
+    assert lane.next_member() is None
+    await asyncio.gather(fourth, return_exceptions=True)
     lane.give(third)
     assert lane.owner is None
 

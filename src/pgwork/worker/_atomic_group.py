@@ -134,7 +134,8 @@ class _Lane:
 
     @property
     def waiting(self) -> int:
-        return len(self.queue)
+        """How many wait for the lane (not counting one cancelled, on its way out)."""
+        return sum(not turn.done() for _, _, turn in self.queue)
 
     @property
     def load(self) -> int:
@@ -144,8 +145,8 @@ class _Lane:
         """The entry of the first member waiting for the lane. Committers waiting
         before it pass the lane on without a statement: each waits for a group that
         was due, so the member handing the lane over commits that group itself."""
-        for _, entry, _ in self.queue:
-            if entry is not None:
+        for _, entry, turn in self.queue:
+            if entry is not None and not turn.done():
                 return entry
         return None
 

@@ -168,7 +168,7 @@ class AtomicGroupConformance(StateSuiteBase):
         group = await state_adapter.open_atomic_group()
         assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
         # An output that must travel as a value, quotes and backslashes included.
-        tricky = '"it\'s \\\\ a \\"quote\\"; COMMIT; --"'
+        tricky = '"it\'s \\\\ a \\"quote\\"; COMMIT; -- \u00e9\u2603"'
         assert (await group.complete(_done(first, tricky), then=_next(second))).accepted
         tx = await group.enter(lease=second.lease, deadline=DEADLINE)
         assert tx is not None
@@ -186,7 +186,7 @@ class AtomicGroupConformance(StateSuiteBase):
         for job in (first, second, sides[0]):  # nothing is visible before the commit
             assert (await store.job(job.id)).status is JobStatus.RUNNING
         await group.commit()
-        assert (await store.job(first.id)).output == 'it\'s \\ a "quote"; COMMIT; --'
+        assert (await store.job(first.id)).output == 'it\'s \\ a "quote"; COMMIT; -- \u00e9\u2603'
         assert (await store.job(second.id)).output == "grouped"
         assert (await store.job(sides[0].id)).output == "side"
         assert (await store.job(third.id)).status is JobStatus.FAILED
