@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import psycopg
@@ -15,7 +16,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
-from pgwork.adapters.state import Completion
+from pgwork.adapters.state import Completion, NextMember
 from pgwork.postgres import _atomic_group as pg_atomic_group
 from pgwork.postgres import _state_worker as pg_worker_ops
 from pgwork.postgres._transactions import PgTransaction
@@ -26,8 +27,11 @@ from pgwork.testing.conformance import (
     StateHarness,
     TransactionFactory,
 )
+from pgwork.testing.conformance._state_atomic_group import AtomicGroupConformance
 
 pytestmark = pytest.mark.anyio
+
+DEADLINE = timedelta(seconds=30)
 
 
 async def _backend_ended(dsn: str, pid: int) -> None:
@@ -141,6 +145,75 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             )
             assert await cur.fetchall() == [("running",)]
 
+    @pytest.mark.parametrize("commit", [False, True], ids=["same-group", "next-group"])
+    async def test_the_server_ends_a_group_whose_worker_went_silent_after_an_entry_ahead(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        pgwork_dsn: str,
+        monkeypatch: pytest.MonkeyPatch,
+        commit: bool,
+    ) -> None:
+        """As above, with the completion carrying the next member's entry in the same
+        query (and, ``commit``, the group's commit and the next group's start): the
+        lane is then idle holding the rows, and must be bounded all the same.
+        (Control: a Flush sent after that query, the server never ends the lane.)"""
+        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+        deadline = timedelta(milliseconds=200)
+        await store.seed(store.new_job(), store.new_job())
+        held, named = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        tx = await group.enter(lease=held.lease, deadline=deadline)
+        assert isinstance(tx, PgTransaction)
+        result = await group.complete(
+            Completion(held.id, held.lease.lease_token, "null"),
+            then=NextMember(named.lease, deadline),
+            commit=commit,
+        )
+        assert result.accepted
+        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
+            await group.commit()
+        for job in (named,) if commit else (held, named):
+            with anyio.fail_after(10):
+                [again] = await state_adapter.complete(
+                    None, completions=[Completion(job.id, job.lease_token, '"later"')]
+                )
+            assert again.accepted
+
+    async def test_a_member_entered_ahead_costs_no_round_trip_of_its_own(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Three members, each completion naming the next: one query per member (the
+        first's ``BEGIN`` and lock, then a completion with the next one's entry each),
+        the last completion alone, the ``COMMIT``. (Control: a completion that ignores
+        ``then``, so that each member enters on its own: two more queries.)"""
+        await store.seed(*(store.new_job() for _ in range(3)))
+        jobs = await store.acquire(limit=3)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=jobs[0].lease, deadline=DEADLINE) is not None
+        sent: list[bytes] = []
+        execute = psycopg.AsyncCursor.execute
+
+        async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+            sent.append(query)
+            return await execute(cur, query, *args, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+        for job, after in zip(jobs, [*jobs[1:], None], strict=True):
+            if job is not jobs[0]:
+                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
+            then = None if after is None else NextMember(after.lease, DEADLINE)
+            done = Completion(job.id, job.lease_token, '"grouped"')
+            assert (await group.complete(done, then=then)).accepted
+        await group.commit()
+        assert len(sent) == 4, sent
+        for job in jobs:
+            assert (await store.job(job.id)).output == "grouped"
+
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str
     ) -> None:
@@ -154,6 +227,38 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             await conn.commit()
         assert await store.exists(kept.id)
         assert not await store.exists(dropped.id)
+
+
+class TestPostgresAtomicGroupWithoutPreparedStatements(AtomicGroupConformance):
+    """The atomic group's suite on connections that prepare nothing (``prepare_threshold``
+    None, as through a pooler in transaction mode): its statements travel as full
+    text, literals written in."""
+
+    @pytest.fixture
+    async def state_adapter(
+        self, pgwork_dsn: str, pgwork_schema: str
+    ) -> AsyncIterator[PostgresStateAdapter]:
+        adapter = await PostgresStateAdapter.connect(
+            pgwork_dsn, schema=pgwork_schema, max_size=20, prepare_threshold=None
+        )
+        try:
+            yield adapter
+        finally:
+            await adapter.close()
+
+    async def test_nothing_is_prepared_on_the_groups_connection(
+        self, state_adapter: PostgresStateAdapter, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(), store.new_job())
+        first, second = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        tx = await group.enter(lease=first.lease, deadline=DEADLINE)
+        assert isinstance(tx, PgTransaction)
+        done = Completion(first.id, first.lease_token, '"grouped"')
+        assert (await group.complete(done, then=NextMember(second.lease, DEADLINE))).accepted
+        cur = await tx.connection.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert await cur.fetchall() == [(0,)]
+        await group.commit()
 
 
 def caller_transactions(dsn: str) -> TransactionFactory:

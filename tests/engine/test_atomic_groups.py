@@ -6,10 +6,12 @@ Each handler writes an effect row with the id of the transaction it ran in
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import anyio
 import psycopg
@@ -23,6 +25,7 @@ from pgwork import (
     JobTypeRegistry,
     RetryPolicy,
 )
+from pgwork.adapters.state import Lease, NextMember
 from pgwork.postgres import _atomic_group
 from pgwork.worker import _atomic_group as worker_groups
 
@@ -31,6 +34,7 @@ from .conftest import ClientFactory, eventually, scalar
 pytestmark = pytest.mark.anyio
 
 JOBS = 40
+DAY = timedelta(days=1)
 
 
 class Num(BaseModel):
@@ -268,3 +272,183 @@ async def test_a_cancelled_member_holding_the_groups_timer_hands_it_to_another(
             await group.done.wait()
     assert group.error is None
     assert lane.group is None
+
+
+async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One lane, two slots: while a member's handler runs, the next job waits for the
+    lane, and the member's completion names it (``then``), so that its entry travels
+    with that completion; the completion that fills a group carries its commit too
+    (``commit``), and the next group begins with the entry. Each handler returns once
+    the next member waits (the last one at once). (Controls: a lane that never names
+    its next member: no completion carries an entry; a group committed on its own:
+    no completion carries a commit.)"""
+    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    jobs = 6
+    lanes: set[Any] = set()
+    queued = [anyio.Event()]  # set when a member queues for a busy lane
+    take = worker_groups._Lane.take
+
+    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
+        lanes.add(self)
+        if entry is not None and self.owner is not None:
+            queued[0].set()  # (it is in the queue before anyone wakes)
+        await take(self, owner, entry)
+
+    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
+    sent: list[tuple[bool, bool]] = []  # (with an entry, with the commit)
+    complete = _atomic_group.PgAtomicGroup.complete
+
+    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
+        sent.append((then is not None, commit))
+        return await complete(self, completion, then=then, commit=commit)
+
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
+    started = 0
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        nonlocal started
+        started += 1
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
+        )
+        if started < jobs:
+            with anyio.fail_after(10):
+                await queued[0].wait()
+            queued[0] = anyio.Event()
+
+    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=jobs // 2,  # two groups, each committed when full
+        atomic_group_wait=60.0,
+    )
+    await _all_completed(client, chains)
+    assert len(lanes) == 1
+    cur = await conn.execute("SELECT count(DISTINCT n), count(*), count(DISTINCT xid) FROM effects")
+    assert await cur.fetchone() == (jobs, jobs, 2)
+    await conn.commit()
+    # Each but the last names the next; the third and sixth fill their groups.
+    entry, commit = (True, False), (True, True)
+    assert sent == [entry, entry, commit, entry, entry, (False, True)], sent
+
+
+async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:
+    """A lane goes to those waiting in turn; one cancelled in the moment it was handed
+    the lane (before it ran again) passes it to the next, or the lane would stay taken
+    by no one. (Controls: a cancelled waiter that only leaves the queue: the third one
+    waits for ever; ``waiting`` as the queue's length: the fourth still counts.)"""
+    lane = worker_groups._Lane()
+    first, second, third = object(), object(), object()
+    await lane.take(first)
+    second_task = asyncio.ensure_future(lane.take(second))
+    third_task = asyncio.ensure_future(lane.take(third))
+    await asyncio.sleep(0)  # both queued
+    assert lane.waiting == 2
+    lane.give(first)
+    assert lane.owner is second
+    second_task.cancel()  # before it could run
+    with anyio.fail_after(10):
+        await third_task
+    assert lane.owner is third
+    assert second_task.cancelled()
+    # One cancelled while it waits no longer counts, nor is it named as next, even
+    # before it has run to take itself off the queue.
+    fourth = asyncio.ensure_future(lane.take(object(), NextMember(Lease(uuid4(), uuid4()), DAY)))
+    await asyncio.sleep(0)
+    assert lane.waiting == 1
+    assert lane.next_member() is not None
+    fourth.cancel()
+    assert lane.waiting == 0
+    assert lane.next_member() is None
+    await asyncio.gather(fourth, return_exceptions=True)
+    lane.give(third)
+    assert lane.owner is None
+
+
+async def test_a_group_due_while_its_next_member_was_entered_commits_with_that_one(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The group falls due while the second member's completion is on its way (held
+    here past the due time), and that completion had entered the third member in the
+    group: the group is committed with the third one's completion, not on its own
+    with the third left to begin another. (Control: a due group committed at once
+    after its member: a separate commit, two transactions.)"""
+    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    jobs, wait = 3, 1.0
+    queued = [anyio.Event()]  # set when a member queues for a busy lane
+    take = worker_groups._Lane.take
+
+    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
+        if entry is not None and self.owner is not None:
+            queued[0].set()
+        await take(self, owner, entry)
+
+    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
+    sent: list[tuple[bool, bool]] = []
+    commits = 0
+    complete = _atomic_group.PgAtomicGroup.complete
+    commit = _atomic_group.PgAtomicGroup.commit
+
+    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
+        sent.append((then is not None, commit))
+        result = await complete(self, completion, then=then, commit=commit)
+        if len(sent) == 2:
+            await anyio.sleep(wait * 1.5)  # the group falls due meanwhile
+        return result
+
+    async def counted_commit(self: Any) -> None:
+        nonlocal commits
+        commits += 1
+        await commit(self)
+
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
+    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "commit", counted_commit)
+    started = 0
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        nonlocal started
+        started += 1
+        await attempt.connection.execute(
+            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
+        )
+        if started < jobs:
+            with anyio.fail_after(10):
+                await queued[0].wait()
+            queued[0] = anyio.Event()
+
+    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=32,
+        atomic_group_wait=wait,
+    )
+    await _all_completed(client, chains)
+    cur = await conn.execute("SELECT count(DISTINCT n), count(DISTINCT xid) FROM effects")
+    assert await cur.fetchone() == (jobs, 1)
+    await conn.commit()
+    assert sent == [(True, False), (True, False), (False, True)], sent
+    assert commits == 0

@@ -115,10 +115,10 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
-async def _commit_early(self: PgAtomicGroup, completion: Any) -> Any:
+async def _commit_early(self: PgAtomicGroup, completion: Any, **next_steps: Any) -> Any:
     conn = self._conn
     await conn.execute(b"RELEASE SAVEPOINT pgwork_member; COMMIT; BEGIN; SAVEPOINT pgwork_member")
-    return await _complete_in_group(self, completion)
+    return await _complete_in_group(self, completion, **next_steps)
 
 
 _complete_in_group = PgAtomicGroup.complete

@@ -35,6 +35,7 @@ __all__ = [
     "JobFilter",
     "Lease",
     "NewJob",
+    "NextMember",
     "PageKey",
     "QueueCount",
     "ReapedJob",
@@ -124,6 +125,15 @@ class Lease:
 
     job_id: UUID
     lease_token: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class NextMember:
+    """The member of an atomic group that enters after the current one
+    (``AtomicGroup.complete``'s ``then``): what ``AtomicGroup.enter`` takes."""
+
+    lease: Lease
+    deadline: timedelta
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from pgwork.adapters._state_records import (
     JobFilter,
     Lease,
     NewJob,
+    NextMember,
     PageKey,
     QueueCount,
     ReapedJob,
@@ -81,6 +82,7 @@ __all__ = [
     "JobFilter",
     "Lease",
     "NewJob",
+    "NextMember",
     "PageKey",
     "QueueCount",
     "ReadStore",
@@ -132,11 +134,27 @@ class AtomicGroup(Protocol):
         a process that stopped talking to the store."""
         ...
 
-    async def complete(self, completion: Completion) -> CompletionResult:
+    async def complete(
+        self, completion: Completion, *, then: NextMember | None = None, commit: bool = False
+    ) -> CompletionResult:
         """Complete the current member's job (no continuation) in its savepoint, fenced
         by its lease, and keep the member; when refused, undo it instead (the result is
         not accepted). What the result reports ready is announced by the caller after
-        ``commit``."""
+        ``commit``.
+
+        ``then`` names the member that enters next, if one is waiting: the store may
+        start its entry with this completion (one round trip for both); the next
+        ``enter`` with that lease then returns its outcome. What the store did ahead
+        for ``then`` is dropped (its row freed, nothing of it kept) if another member
+        enters instead or the group ends first.
+
+        ``commit``: the group commits right behind an accepted completion, in the
+        same round trip (dependants of a chain it ended are then settled after the
+        commit, on their own); raises, nothing committed, when that fails. With
+        ``then`` a new group goes on on the same connection (``members`` back to 0)
+        with ``then``'s entry started; without it the connection goes back, as after
+        ``commit()``. A refused completion is undone and commits nothing: the group
+        stays open for the caller to commit."""
         ...
 
     async def keep(self) -> None:

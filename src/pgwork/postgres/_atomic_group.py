@@ -2,34 +2,51 @@
 
 One transaction per atomic job caps an atomic drain at the server's commit rate (a
 WAL flush each). A group runs its members one after another on one connection, each
-in the savepoint ``pgwork_member``, and commits once. Round trips per member:
+in the savepoint ``pgwork_member``, and commits once. Under load one round trip per
+member: its completion travels in one simple-protocol query with what the next
+member, already waiting for the lane, needs to start (``complete``'s ``then``):
 
-1. ``enter``: the row lock, behind what the savepoint needs (``RELEASE`` of the last
-   member's and a new ``SAVEPOINT``; for the group's first member ``BEGIN`` and
-   ``SAVEPOINT``), all in one simple-protocol query;
-2. ``complete``: the completion (``COMPLETE_ATOMIC``), alone. A refused completion
-   makes the statement fail on purpose, and the member is rolled back to its
-   savepoint (``ROLLBACK TO`` keeps the savepoint, ready for the next member).
+    EXECUTE <complete k>; RELEASE SAVEPOINT pgwork_member;
+    SAVEPOINT pgwork_member; EXECUTE <lock k+1>
 
-The group one ``COMMIT``. A rolled-back savepoint also releases the row lock taken in
-it, so a member that failed can record its failure on its own connection at once.
+and the completion that fills the group (or comes after its due time) carries the
+group's commit and the next group's start (``complete``'s ``commit``):
+
+    EXECUTE <complete k>; COMMIT; BEGIN; SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+
+A member that had no one waiting behind it completes alone, and the next one's
+``enter`` sends the savepoint commands and its lock (for the group's first member
+``BEGIN`` and ``SAVEPOINT``). A refused completion makes its statement fail on
+purpose; the rest of the query is then skipped, the member is rolled back to its
+savepoint (``ROLLBACK TO`` keeps the savepoint, ready for the next member), and the
+next member enters on its own. A lock taken ahead for a member that does not enter
+next is rolled back in front of whatever comes next. The group one ``COMMIT``. A
+rolled-back savepoint also releases the row lock taken in it, so a member that failed
+can record its failure on its own connection at once.
 
 Whenever the lane's connection is left idle in the transaction, the server must be
 able to end it (a worker that froze must not hold its members' rows for ever): every
-statement here ends with the server's ReadyForQuery as the last message, which arms
-the ``idle_in_transaction_session_timeout`` the lock set. Nothing here is pipelined:
+query here ends with the server's ReadyForQuery as the last message, which arms the
+``idle_in_transaction_session_timeout`` the lock set. Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
-(``BEGIN_ATOMIC_BOUNDED``). The completion used to travel in a pipeline with the next
-``SAVEPOINT``, leaving the lane unbounded until its next statement. A simple query
-cannot carry bound parameters, so the lock's are written into its text: the lease's
-job id and token (uuids of the worker's own acquire, never a user value) and the
-idle timeout in milliseconds; the completion, which carries the handler's output,
-keeps its bound parameters.
+(``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
+values are written in as literals: the lease's uuids (checked as uuids), the idle
+timeout in milliseconds, and the handler's output escaped by libpq
+(``PQescapeLiteral``), never formatted by hand. The lock and the completion are
+prepared once per connection (SQL ``PREPARE``) and run by ``EXECUTE``, so the server
+parses and plans neither per member (their full text cost ~220 µs more server CPU
+each, measured); on a connection without prepared statements (``prepare_threshold``
+None: a pooler in transaction mode, where a named statement lives in one server
+session) their full text goes instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import re
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -37,10 +54,16 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import Escaping
 
-from pgwork.adapters.state import Completion, CompletionResult, Lease, TransactionHandle
+from pgwork.adapters.state import (
+    Completion,
+    CompletionResult,
+    Lease,
+    NextMember,
+    TransactionHandle,
+)
 from pgwork.postgres._errors import translate_errors
-from pgwork.postgres._state_complete import atomic_completion_params
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import PgTransaction
 
@@ -53,15 +76,37 @@ ATOMIC_SLACK = timedelta(seconds=5)
 _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 _KEEP = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+_NEXT = b"; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; "
+_COMMIT = b"; COMMIT"
+_COMMIT_BEGIN = b"; COMMIT; BEGIN; SAVEPOINT pgwork_member; "
+# A lock taken ahead for a member that did not enter: undone, savepoint kept.
+_DROP_AHEAD = b"ROLLBACK TO SAVEPOINT pgwork_member; RELEASE SAVEPOINT pgwork_member"
 
 # What goes before a member's row lock, by the state of the group's savepoint.
-_NOT_BEGUN, _FRESH, _USED, _NONE = range(4)
+_NOT_BEGUN, _FRESH, _USED, _NONE, _STALE = range(5)
 _BEFORE_LOCK = {
     _NOT_BEGUN: b"BEGIN; SAVEPOINT pgwork_member; ",
     _FRESH: b"",  # open, nothing written in it
     _USED: b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; ",  # a member kept
     _NONE: b"SAVEPOINT pgwork_member; ",  # released, none open
+    # Open, and only a lock in it that no member uses: one taken ahead for a member
+    # that did not enter, or one whose lease no longer held.
+    _STALE: b"ROLLBACK TO SAVEPOINT pgwork_member; ",
 }
+
+# The prepared statements' parameters, in order, with their types.
+_LOCK_PARAMS = ((b"idle_ms", b"text"), (b"job_id", b"uuid"), (b"lease_token", b"uuid"))
+_COMPLETE_PARAMS = (
+    (b"id", b"uuid"),
+    (b"token", b"uuid"),
+    (b"output", b"text"),
+    (b"ends_chain", b"bool"),
+)
+
+# The names (statement texts) prepared on each connection, as long as it lives.
+_prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class GroupLostError(psycopg.OperationalError):
@@ -86,7 +131,19 @@ class _Ops(Protocol):
 class PgAtomicGroup:
     """``AtomicGroup`` on one pooled psycopg connection (autocommit, so BEGIN by hand)."""
 
-    __slots__ = ("_conn", "_cur", "_give_back", "_ops", "_savepoint", "members")
+    __slots__ = (
+        "_ahead",
+        "_complete",
+        "_conn",
+        "_cur",
+        "_encoding",
+        "_escaping",
+        "_give_back",
+        "_lock",
+        "_ops",
+        "_savepoint",
+        "members",
+    )
 
     def __init__(
         self,
@@ -100,6 +157,15 @@ class PgAtomicGroup:
         self._cur = conn.cursor()
         self._give_back = give_back
         self._savepoint = _NOT_BEGUN
+        # The member whose lock a completion took ahead, and whether its lease held.
+        self._ahead: tuple[Lease, bool] | None = None
+        self._escaping = Escaping(conn.pgconn)
+        self._encoding = conn.info.encoding
+        prepared = conn.prepare_threshold is not None
+        self._lock = _Statement(ops._sql.begin_atomic, _LOCK_PARAMS, b"lock", prepared)
+        self._complete = _Statement(
+            ops._sql.complete_atomic, _COMPLETE_PARAMS, b"complete", prepared
+        )
         self.members = 0
 
     def _usable(self) -> psycopg.AsyncConnection[Any]:
@@ -110,52 +176,104 @@ class PgAtomicGroup:
 
     async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle | None:
         conn = self._usable()
-        ops = self._ops
-        query = _BEFORE_LOCK[self._savepoint] + lock_query(ops._sql.begin_atomic, lease, deadline)
+        ahead = self._ahead
+        if ahead is not None:
+            self._ahead = None
+            if ahead[0] == lease:  # entered ahead with the last completion
+                if ahead[1]:
+                    return PgTransaction(conn, self._give_back)
+                self._savepoint = _STALE
+                return None
+            self._savepoint = _STALE
+        if self._savepoint == _NOT_BEGUN:
+            await self._prepare(conn)
+        query = _BEFORE_LOCK[self._savepoint] + self._lock_text(lease, deadline)
         cur = self._cur
-        with translate_errors(ops.schema):
-            # Never prepared: the text is the member's own (its lease written in).
+        with translate_errors(self._ops.schema):
+            # Never prepared by psycopg: the text is the member's own.
             await cur.execute(query, prepare=False)
             self._savepoint = _FRESH
             while cur.nextset():  # the lock's rows come last
                 pass
             rows = await cur.fetchall()
         if not rows:
-            await self.undo()
+            self._savepoint = _STALE  # rolled back in front of what comes next
             return None
         return PgTransaction(conn, self._give_back)
 
-    async def complete(self, completion: Completion) -> CompletionResult:
+    async def complete(
+        self,
+        completion: Completion,
+        *,
+        then: NextMember | None = None,
+        commit: bool = False,
+    ) -> CompletionResult:
         if completion.continuation is not None:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
         self._usable()
         ops = self._ops
-        params = atomic_completion_params(completion)
+        token = completion.lease_token
+        output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
+        query = self._complete.text(
+            (
+                _uuid_literal(completion.job_id),
+                b"NULL" if token is None else _uuid_literal(token),
+                output,
+                b"true",  # ends its chain (no continuation)
+            )
+        )
+        if commit:
+            query += _COMMIT if then is None else _COMMIT_BEGIN
+        elif then is not None:
+            query += _NEXT
+        if then is not None:
+            query += self._lock_text(then.lease, then.deadline)
         cur = self._cur
         try:
             with translate_errors(ops.schema):
-                await cur.execute(ops._sql.complete_atomic, params)
+                await cur.execute(query, prepare=False)
                 rows = await cur.fetchall()
+                if then is not None:
+                    while cur.nextset():
+                        pass
+                    self._ahead = (then.lease, bool(await cur.fetchall()))
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
+            # Nothing after the completion ran: roll the member back (no one ahead).
             await self.undo()
             return CompletionResult(job_id=completion.job_id, accepted=False)
-        self.members += 1
-        self._savepoint = _USED
-        return await self._settle_dependants(completion, rows)
+        if not commit:
+            self.members += 1
+            self._savepoint = _USED if then is None else _FRESH
+            return await self._settle_dependants(completion, rows)
+        # Committed: a new group goes on with ``then``'s entry, or the connection goes
+        # back. Dependants are settled on their own, as after ``complete_atomic``.
+        self.members = 0
+        if then is None:
+            self._savepoint = _NOT_BEGUN
+            await self._give_back()
+        else:
+            self._savepoint = _FRESH
+        [result] = await ops._completion_results(None, [completion], rows)
+        return result
 
     async def _settle_dependants(
         self, completion: Completion, rows: Sequence[tuple[Any, ...]]
     ) -> CompletionResult:
         """The completion's result; a chain it ended that others wait on is resolved in
         the group's transaction, outside the next member's savepoint (rare: one more
-        round trip each way)."""
+        round trip each way; a lock taken ahead is dropped, the next member enters on
+        its own)."""
         ops = self._ops
         conn = self._conn
         ends_with_dependants = any(row[3] and row[4] for row in rows)
         if ends_with_dependants:
-            await self._cur.execute(_RELEASE)
+            if self._ahead is not None:
+                self._ahead = None
+                await self._cur.execute(_DROP_AHEAD)
+            else:
+                await self._cur.execute(_RELEASE)
             self._savepoint = _NONE
         [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
@@ -165,12 +283,14 @@ class PgAtomicGroup:
         with translate_errors(self._ops.schema):
             await self._cur.execute(_KEEP)
         self.members += 1
+        self._ahead = None
         self._savepoint = _FRESH
 
     async def undo(self) -> None:
         self._usable()
         with translate_errors(self._ops.schema):
             await self._cur.execute(_UNDO)
+        self._ahead = None
         self._savepoint = _FRESH
 
     async def commit(self) -> None:
@@ -180,10 +300,12 @@ class PgAtomicGroup:
                 with translate_errors(self._ops.schema):
                     await self._cur.execute(b"COMMIT")
         finally:
+            self._ahead = None
             await self._give_back()
 
     async def discard(self) -> None:
         conn = self._conn
+        self._ahead = None
         try:
             # By the connection's state, not ours: a first member's query that failed
             # after its BEGIN left a transaction open (aborted).
@@ -198,33 +320,81 @@ class PgAtomicGroup:
         finally:
             await self._give_back()
 
-
-def lock_query(begin_atomic: bytes, lease: Lease, deadline: timedelta) -> bytes:
-    """``begin_atomic`` with its parameters written in (for a simple-protocol query):
-    two uuids, checked as such, and a number; no user value."""
-    head, between, tail = _lock_parts(begin_atomic)
-    idle_ms = _idle_ms(deadline)
-    return b"".join(
-        (
-            head[0],
-            idle_ms,
-            head[1],
-            _uuid_literal(lease.job_id),
-            between,
-            _uuid_literal(lease.lease_token),
-            tail,
+    def _lock_text(self, lease: Lease, deadline: timedelta) -> bytes:
+        return self._lock.text(
+            (_idle_ms(deadline), _uuid_literal(lease.job_id), _uuid_literal(lease.lease_token))
         )
-    )
+
+    async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Prepare the group's statements on ``conn`` unless done already (once per
+        connection: a name is taken until the session ends, whatever the transaction
+        it was prepared in did). Each alone, so that one that fails leaves nothing."""
+        done = _prepared.setdefault(conn, set())
+        for statement in (self._lock, self._complete):
+            if statement.prepare is None or statement.prepare in done:
+                continue
+            # (Taken already: prepared on this session by an earlier group.)
+            with (
+                translate_errors(self._ops.schema),
+                contextlib.suppress(pg_errors.DuplicatePreparedStatement),
+            ):
+                await self._cur.execute(statement.prepare, prepare=False)
+            done.add(statement.prepare)
 
 
-@functools.lru_cache(maxsize=8)
-def _lock_parts(begin_atomic: bytes) -> tuple[tuple[bytes, bytes], bytes, bytes]:
-    """``begin_atomic`` cut around its placeholders, which appear in this order:
-    ``idle_ms``, ``job_id``, ``lease_token`` (each once)."""
-    before_idle, rest = begin_atomic.split(b"%(idle_ms)s")
-    before_id, rest = rest.split(b"%(job_id)s")
-    between, tail = rest.split(b"%(lease_token)s")
-    return (before_idle, before_id), between, tail
+class _Statement:
+    """One of the group's statements as simple-protocol text, with literals written
+    in: ``EXECUTE`` of its prepared form, or (``prepared`` False) its full text."""
+
+    __slots__ = ("_execute", "_order", "_parts", "prepare")
+
+    def __init__(
+        self,
+        template: bytes,
+        params: tuple[tuple[bytes, bytes], ...],
+        kind: bytes,
+        prepared: bool,
+    ) -> None:
+        names = [name for name, _ in params]
+        parts, order = _cut(template)
+        if sorted(order) != sorted(names):
+            raise ValueError(f"{kind!r}: placeholders {order} are not {names}")
+        # For each placeholder in the text, its parameter's position.
+        self._order = tuple(names.index(name) for name in order)
+        self._parts = parts
+        self.prepare: bytes | None = None
+        self._execute: bytes | None = None
+        if prepared:
+            # Named after its text: another schema's or version's is another statement.
+            name = b"pgwork_atomic_%s_%s" % (kind, hashlib.sha1(template).hexdigest()[:12].encode())
+            body = [parts[0]]
+            for at, part in zip(self._order, parts[1:], strict=True):
+                body += (b"$%d" % (at + 1), part)
+            types = b", ".join(type_name for _, type_name in params)
+            self.prepare = b"PREPARE %s(%s) AS %s" % (name, types, b"".join(body))
+            self._execute = b"EXECUTE " + name + b"("
+
+    def text(self, values: tuple[bytes, ...]) -> bytes:
+        """The statement with ``values`` (SQL literals, in the parameters' order)."""
+        if self._execute is not None:
+            return self._execute + b", ".join(values) + b")"
+        parts = self._parts
+        out = [parts[0]]
+        for at, part in zip(self._order, parts[1:], strict=True):
+            out += (values[at], part)
+        return b"".join(out)
+
+
+_PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=16)
+def _cut(template: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """``template`` (psycopg's ``%(name)s`` placeholders) cut around its placeholders:
+    the texts between them (``%%`` unescaped) and the placeholders' names in order."""
+    pieces = _PLACEHOLDER.split(template)
+    texts = tuple(piece.replace(b"%%", b"%") for piece in pieces[0::2])
+    return texts, tuple(pieces[1::2])
 
 
 def _uuid_literal(value: object) -> bytes:

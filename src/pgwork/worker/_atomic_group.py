@@ -10,9 +10,13 @@ back to its savepoint (the others' writes stay) and its failure is recorded righ
 after, on its own connection. Concurrency comes from the lanes: a slot takes the
 least busy one.
 
-A group commits once it has N kept members, or ``atomic_group_wait`` after its first
-member was kept, whichever comes first: by the member that filled it, else by the
-first member waking at the due time (or the next member to leave the lane after it).
+A lane goes to the members waiting for it in turn, and a member's completion starts
+the entry of the member it hands the lane to (one round trip for both). A group
+commits once it has N kept members, or ``atomic_group_wait`` after its first member
+was kept, whichever comes first: with the completion of the member that filled it or
+found it due (which then begins the next group with the next member's entry), else by
+the first member waking at the due time, once the lane is free. A group that fell due
+while its next member was already entered in it commits with that member's outcome.
 A kept member's slot is free at once (like a staged slot whose handler returned), but
 the member counts as done, is reported and has what it made ready announced only
 after the commit. A crash before the commit rolls the whole group back: every member
@@ -33,15 +37,23 @@ start comes back to the groups once its handlers are quick again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
+from collections import deque
 from typing import Any
 
 import anyio
 
 from pgwork.adapters.notify import Notice, NotifyAdapter
-from pgwork.adapters.state import AtomicGroup, Completion, StateAdapter, TransactionHandle
+from pgwork.adapters.state import (
+    AtomicGroup,
+    Completion,
+    NextMember,
+    StateAdapter,
+    TransactionHandle,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._atomic import AttemptSteps, run_atomic
@@ -83,7 +95,7 @@ def atomic_groups(
 class _Group:
     """One transaction of a lane; its kept members wait for ``done``."""
 
-    __slots__ = ("done", "due", "error", "notices", "store", "timed", "wake")
+    __slots__ = ("done", "due", "error", "handed_on", "notices", "store", "timed", "wake")
 
     def __init__(self, store: AtomicGroup) -> None:
         self.store = store
@@ -97,6 +109,9 @@ class _Group:
         # without seeing it done (cancelled), so that another one takes the timer.
         self.timed = False
         self.wake = asyncio.Event()
+        # The last member kept started the next one's entry in this group: a due
+        # group is then committed with that member's completion, not on its own.
+        self.handed_on = False
 
     def finish(self) -> None:
         """The group is committed or lost."""
@@ -105,34 +120,64 @@ class _Group:
 
 
 class _Lane:
-    """A connection's turn: held by one member (or a committer) at a time."""
+    """A connection's turn: held by one member (or a committer) at a time, handed to
+    those waiting in the order they came (so a member can start the entry of the one
+    it hands the lane to: ``AtomicGroup.complete``'s ``then``)."""
 
-    __slots__ = ("group", "lock", "owner", "waiting")
+    __slots__ = ("group", "owner", "queue")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
         self.group: _Group | None = None
         self.owner: object | None = None
-        self.waiting = 0
+        # Waiting: who, the member's entry (None for a committer), and its turn.
+        self.queue: deque[tuple[object, NextMember | None, asyncio.Future[None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """How many wait for the lane (not counting one cancelled, on its way out)."""
+        return sum(not turn.done() for _, _, turn in self.queue)
 
     @property
     def load(self) -> int:
-        return self.waiting + (self.owner is not None)
+        return len(self.queue) + (self.owner is not None)
 
-    async def take(self, owner: object) -> None:
-        self.waiting += 1
+    def next_member(self) -> NextMember | None:
+        """The entry of the first member waiting for the lane. Committers waiting
+        before it pass the lane on without a statement: each waits for a group that
+        was due, so the member handing the lane over commits that group itself."""
+        for _, entry, turn in self.queue:
+            if entry is not None and not turn.done():
+                return entry
+        return None
+
+    async def take(self, owner: object, entry: NextMember | None = None) -> None:
+        if self.owner is None and not self.queue:
+            self.owner = owner
+            return
+        turn = asyncio.get_running_loop().create_future()
+        waiter = (owner, entry, turn)
+        self.queue.append(waiter)
         try:
-            await self.lock.acquire()
-        finally:
-            self.waiting -= 1
-        self.owner = owner
+            await turn
+        except BaseException:
+            if turn.done() and not turn.cancelled():
+                self.give(owner)  # handed the lane as it was cancelled: pass it on
+            else:
+                self.queue.remove(waiter)
+            raise
 
     def give(self, owner: object) -> None:
-        """Let the next one in, unless ``owner`` no longer holds the lane (a member
-        given up on: the watchdog's task gave it back already)."""
-        if self.owner is owner:
-            self.owner = None
-            self.lock.release()
+        """Hand the lane to the first one waiting, unless ``owner`` no longer holds it
+        (a member given up on: the watchdog's task gave it back already)."""
+        if self.owner is not owner:
+            return
+        while self.queue:
+            nxt, _, turn = self.queue.popleft()
+            if not turn.done():  # (a cancelled waiter takes itself off the queue)
+                self.owner = nxt
+                turn.set_result(None)
+                return
+        self.owner = None
 
 
 class AtomicGroups:
@@ -171,7 +216,7 @@ class AtomicGroups:
             return
         deadline = slot.job_type.timeout or slot.job_type.lease
         lane = min(self._lanes, key=lambda lane: lane.load)
-        await lane.take(slot)
+        await lane.take(slot, NextMember(slot.lease, deadline))
         attempt: Attempt[Any, Any] | None = None
         failure: BaseException | None = None
         group: _Group | None = None
@@ -196,15 +241,21 @@ class AtomicGroups:
                 failure = await runner._call_handler(slot, attempt, deadline)
                 self._learn(slot.job_type.name, time.monotonic() - began)
             with anyio.CancelScope(shield=True):
+                group.handed_on = False
                 if attempt is not None and failure is None and not attempt.aborted:
-                    kept = await self._keep(runner, slot, attempt, group, tx)
+                    kept = await self._keep(runner, slot, attempt, lane, group, tx)
                     refused = not kept
                 else:
                     await group.store.undo()
-                store = group.store
                 if kept and group.due == math.inf:
                     group.due = time.monotonic() + self.wait
-                if store.members >= self.size or time.monotonic() >= group.due:
+                # Done: committed with its completion. Due while the next member was
+                # entered in it: committed with that one's completion (or after it,
+                # by a waiting member's timer, if it is not kept).
+                if not group.done.is_set() and (
+                    group.store.members >= self.size
+                    or (time.monotonic() >= group.due and not group.handed_on)
+                ):
                     await self._commit(lane, group)
         except BaseException as exc:
             if lane.owner is slot and group is not None:
@@ -241,20 +292,45 @@ class AtomicGroups:
         runner: AttemptSteps,
         slot: Slot,
         attempt: Attempt[Any, Any],
+        lane: _Lane,
         group: _Group,
         tx: TransactionHandle,
     ) -> bool:
         """Write the member's outcome in its savepoint and keep it; False (rolled back)
-        when its lease no longer held."""
+        when its lease no longer held. A plain completion starts the entry of the member
+        the lane goes to next and, when the group is full or due, commits it: all in
+        the completion's round trip."""
         outcome = attempt.outcome
         lease = slot.lease
         if isinstance(outcome, Completed) and outcome.continuation is None:
-            result = await group.store.complete(
-                Completion(lease.job_id, lease.lease_token, outcome.output_json)
-            )
+            store = group.store
+            commit = store.members + 1 >= self.size or time.monotonic() >= group.due
+            then = lane.next_member()
+            completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
+            try:
+                result = await store.complete(completion, then=then, commit=commit)
+            except Exception as exc:
+                if not commit:
+                    raise
+                # The commit (or what went before it) failed: as for ``_commit``. (A
+                # failure of the next member's lock, after the commit, counts the
+                # group as lost too; handing its members back then finds their rows
+                # completed, fenced: nothing runs twice.)
+                lane.group = None
+                group.error = exc
+                log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
+                with contextlib.suppress(Exception):
+                    await store.discard()
+                group.finish()
+                return True  # it waits for its group, lost, and is handed back
             group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
+            if commit and result.accepted:  # committed, a new group begun if ``then``
+                lane.group = None if then is None else _Group(store)
+                await self._committed_now(group)
+            else:
+                group.handed_on = then is not None and result.accepted
             return result.accepted
         # A continuation or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
@@ -286,12 +362,17 @@ class AtomicGroups:
         except Exception as exc:
             group.error = exc
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
+            group.finish()
         else:
-            if group.notices:
-                try:
-                    await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
-                except Exception as exc:  # the pollers find the work anyway
-                    log.warning("pgwork could not announce a group's notices: %r", exc)
+            await self._committed_now(group)
+
+    async def _committed_now(self, group: _Group) -> None:
+        """``group`` committed: announce what its members made ready, let them go."""
+        if group.notices:
+            try:
+                await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
+            except Exception as exc:  # the pollers find the work anyway
+                log.warning("pgwork could not announce a group's notices: %r", exc)
         group.finish()
 
     async def _lose(self, lane: _Lane, group: _Group, error: BaseException) -> None:

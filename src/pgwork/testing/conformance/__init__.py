@@ -37,6 +37,7 @@ pytest.register_assert_rewrite(
             "_notify",
             "_rollback",
             "_state_acquire",
+            "_state_atomic_group",
             "_state_blockers",
             "_state_complete",
             "_state_control",
