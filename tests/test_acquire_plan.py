@@ -45,6 +45,16 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
+# An acquire of up to 10 ``noop`` jobs by the plan tests' worker.
+ACQUIRE_PARAMS: dict[str, Any] = {
+    "worker_id": "plan-test-worker",
+    "type_names": ["noop"],
+    "lease_seconds": [60.0],
+    "queues": ["default"],
+    "limit": 10,
+}
+
+
 def _acquire_plan(dsn: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
@@ -118,11 +128,7 @@ def _roots_probes(dsn: str, statement: bytes) -> int:
             "tokens": [r[1] for r in rows],
             "outputs": ["null"] * len(rows),
             "ends_chain": [True] * len(rows),
-            "worker_id": "plan-test-worker",
-            "type_names": ["noop"],
-            "lease_seconds": [60.0],
-            "queues": ["default"],
-            "limit": 10,
+            **ACQUIRE_PARAMS,  # the turn's acquire
             "errors": ['{"type": "Boom"}'] * len(rows),
             "retry_seconds": [None] * len(rows),
         }
@@ -176,14 +182,8 @@ def _lease_scans(dsn: str, statement: bytes, cte: str = "leased") -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
         conn.execute("ANALYZE pgwork.jobs")
-        params = {
-            "worker_id": "plan-test-worker",
-            "type_names": ["noop"],
-            "lease_seconds": [60.0],
-            "queues": ["default"],
-            "limit": 10,
-        }
-        [(document,)] = conn.execute(b"EXPLAIN (FORMAT JSON) " + statement, params).fetchall()
+        explain = b"EXPLAIN (FORMAT JSON) " + statement
+        [(document,)] = conn.execute(explain, ACQUIRE_PARAMS).fetchall()
     if isinstance(document, str):
         document = json.loads(document)
     [update] = [n for n in _nodes(document[0]["Plan"]) if n.get("Subplan Name") == f"CTE {cte}"]
@@ -242,15 +242,8 @@ def _followed_probes(dsn: str, statement: bytes) -> tuple[int, int]:
         conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
         conn.execute("ANALYZE pgwork.jobs")
         conn.commit()
-        params = {
-            "worker_id": "plan-test-worker",
-            "type_names": ["noop"],
-            "lease_seconds": [60.0],
-            "queues": ["default"],
-            "limit": 10,
-        }
         explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement.replace(b"%(limit)s", b"10")
-        [(document,)] = conn.execute(explain, params).fetchall()
+        [(document,)] = conn.execute(explain, ACQUIRE_PARAMS).fetchall()
         conn.rollback()
     if isinstance(document, str):
         document = json.loads(document)
