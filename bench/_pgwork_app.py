@@ -119,12 +119,17 @@ class Counter:
     # Counts at which to note the time (into ``marked``), for rates over windows.
     marks: frozenset[int] = frozenset()
     marked: dict[int, float] = field(default_factory=dict)
+    # Called as the first handler starts (a worker process tells the harness, which
+    # starts reading what the run costs).
+    on_first: Callable[[], None] | None = None
 
     def touch(self) -> float:
         """Note that a handler started (without counting it); return the time."""
         now = time.time()
         if self.first is None:
             self.first = now
+            if self.on_first is not None:
+                self.on_first()
         return now
 
     def hit(self, n: int | None = None) -> None:

@@ -65,15 +65,18 @@ async def enqueue(ctx: Context) -> list[Measurement]:
         row = row_enqueue(batch)
         bar = ctx.bars.bar(f"pgwork: {row}", n)
         with ctx.dbs.fresh() as dsn:
+            cost = None
             if ctx.isolated:
                 child = await WorkerProcess.enqueuer(dsn, jobs=n, batch=batch)
                 try:
+                    await child.start_metering(dsn, ctx.dbs.admin_dsn)
                     await child.go()
                     finished = asyncio.ensure_future(child.finished(WAIT_LIMIT))
                     while not finished.done():
                         bar.set(child.count)
                         await asyncio.wait([finished], timeout=0.1)
                     seconds = finished.result()
+                    cost = await child.cost(n)
                 finally:
                     await child.stop()
             else:
@@ -84,7 +87,8 @@ async def enqueue(ctx: Context) -> list[Measurement]:
                     seconds = await enqueue_jobs(client, conn, n, batch, bar.set)
         rate = n / seconds
         bar.finish(f"{rate:,.0f} jobs/s")
-        out.append(Measurement(row, LIB, rate, "jobs/s", note=_where_note(ctx, batch is None)))
+        note = _where_note(ctx, batch is None)
+        out.append(Measurement(row, LIB, rate, "jobs/s", note=note, cost=cost))
     return out
 
 
@@ -154,6 +158,8 @@ async def _drain_processes(
             for _ in range(processes)
         ]
         try:
+            if processes == 1:  # one process: what its jobs cost is its own
+                await children[0].start_metering(dsn, ctx.dbs.admin_dsn)
             for child in children:
                 await child.go()
             deadline = time.monotonic() + WAIT_LIMIT
@@ -167,13 +173,14 @@ async def _drain_processes(
                 # a 10,000-job drain at 13,000 jobs/s.)
                 await anyio.sleep(0.005)
             finished = await wait_drained(dsn)
+            cost = await children[0].cost(n)
         finally:
             for child in children:
                 await child.stop()
     firsts = [c.first for c in children if c.first is not None]
     rate = _rate(n, min(firsts) if firsts else None, finished)
     bar.finish(f"{rate:,.0f} jobs/s")
-    return Measurement(row, LIB, rate, "jobs/s")
+    return Measurement(row, LIB, rate, "jobs/s", cost=cost)
 
 
 async def drain(ctx: Context) -> list[Measurement]:

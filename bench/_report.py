@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from bench._env import Environment
 from bench._plan import ROW_DRAIN_BEST, ROW_DRAIN_BEST_ATOMIC
 
-__all__ = ["LIBRARIES", "Measurement", "render_json", "render_markdown"]
+__all__ = ["LIBRARIES", "Cost", "Measurement", "render_json", "render_markdown"]
 
 # Rows whose pgwork figure is compared with the peers' (and the floor's) of another row:
 # the atomic drain's target is the peers' at-least-once drain.
@@ -36,9 +36,21 @@ TITLES = {
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What one job of a timed run cost (bench/_cost.py): µs of CPU of the library's
+    process and of the server's backends (None: the server is not on this machine), and
+    transaction ids taken (by transactions and savepoints that wrote)."""
+
+    library_us: float
+    server_us: float | None
+    writes: float
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One number: ``row`` names what was measured (shared by all libraries);
-    ``detail`` is shown in brackets after it (the same figure in another unit)."""
+    ``detail`` is shown in brackets after it (the same figure in another unit);
+    ``cost``, what each job of the run cost, becomes rows of its own under ``row``."""
 
     row: str
     library: str
@@ -47,6 +59,35 @@ class Measurement:
     higher_is_better: bool = True
     note: str = ""
     detail: str = ""
+    cost: Cost | None = None
+
+    def cost_rows(self) -> list[Measurement]:
+        """The rows ``cost`` adds under this one: CPU per job (library + server) and
+        transaction ids taken per job, both lower is better."""
+        cost = self.cost
+        if cost is None:
+            return []
+        if cost.server_us is None:
+            cpu = Measurement(
+                f"{self.row}: CPU per job, library (server n/a)",
+                self.library,
+                cost.library_us,
+                "µs",
+                False,
+            )
+        else:
+            cpu = Measurement(
+                f"{self.row}: CPU per job, library + server",
+                self.library,
+                cost.library_us + cost.server_us,
+                "µs",
+                False,
+                detail=f"{cost.library_us:.0f} + {cost.server_us:.0f}",
+            )
+        writes = Measurement(
+            f"{self.row}: transaction ids taken, per job", self.library, cost.writes, "ids", False
+        )
+        return [cpu, writes]
 
     def cell(self) -> str:
         if self.value != self.value:  # NaN: measured nothing
@@ -69,6 +110,7 @@ def render_markdown(
     failures: Sequence[str] = (),
 ) -> str:
     libraries = [lib for lib in LIBRARIES if any(m.library == lib for m in measurements)]
+    measurements = [row for m in measurements for row in (m, *m.cost_rows())]
     rows: list[str] = []
     for m in measurements:
         if m.row not in rows:
@@ -90,7 +132,7 @@ def render_markdown(
             found = by_key.get((row, lib))
             cells.append(found.cell() if found else "")
         ours = by_key.get((row, "pgwork"))
-        against = COMPARED_WITH.get(row, row)
+        against = _compared_with(row)
         if peers:
             cells.append(_ratio(ours, [by_key.get((against, p)) for p in peers]))
         if FLOOR in libraries:
@@ -119,6 +161,15 @@ def render_json(
         },
         indent=2,
     )
+
+
+def _compared_with(row: str) -> str:
+    """The row whose peers (and floor) ``row``'s pgwork figure is compared with; a cost
+    row follows the row it is under."""
+    for ours, theirs in COMPARED_WITH.items():
+        if row == ours or row.startswith(ours + ": "):
+            return theirs + row[len(ours) :]
+    return row
 
 
 def _ratio(ours: Measurement | None, theirs: list[Measurement | None], *, name: bool = True) -> str:

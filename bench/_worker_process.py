@@ -6,7 +6,9 @@ when peers run (each in a process of its own), pgwork's enqueue and drain rows, 
 that no library is measured inside the harness while the others are not.
 
 Worker protocol: the child prints JSON lines. ``{"event": "ready"}`` once its client is
-open; it starts the worker on the line ``go``, then prints ``{"event": "count", ...}``
+open; it starts the worker on the line ``go``, prints ``{"event": "first"}`` as its
+first handler starts (the enqueuer: as its loop starts), for the harness to start
+reading what the run costs (bench/_cost.py), then prints ``{"event": "count", ...}``
 every ``--report-every`` seconds (0: never, for an idle worker whose CPU is measured),
 and at once when its handlers' count reaches ``--target`` (the harness then looks for
 the drained queue right away, as the peers' runners do on their own last handler,
@@ -34,7 +36,9 @@ from typing import Any
 import anyio
 import psycopg
 
+from bench._cost import CostMeter
 from bench._pgwork_app import Counter, enqueue_jobs, open_client
+from bench._report import Cost
 
 __all__ = ["WorkerProcess"]
 
@@ -56,7 +60,7 @@ async def _child(args: argparse.Namespace) -> None:
     from pgwork import create_in_process_worker
     from pgwork.worker import tune_gc
 
-    counter = Counter(target=args.target or 2**62)
+    counter = Counter(target=args.target or 2**62, on_first=lambda: _say(event="first"))
     options: dict[str, Any] = {}
     if args.slots is not None:
         options["max_slots"] = args.slots
@@ -100,6 +104,7 @@ async def _enqueuer(args: argparse.Namespace) -> None:
         _say(event="ready")
         if not await _go():
             return
+        _say(event="first")
         seconds = await enqueue_jobs(
             client, conn, args.enqueue, args.batch or None, lambda n: _say(event="count", count=n)
         )
@@ -114,6 +119,7 @@ class WorkerProcess:
         self.count = 0
         self.first: float | None = None
         self.seconds: float | None = None
+        self.meter: CostMeter | None = None
         self._ready = asyncio.Event()
         self._stopped = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -178,16 +184,34 @@ class WorkerProcess:
             kind = event.get("event")
             if kind == "ready":
                 self._ready.set()
+            elif kind == "first":
+                if self.meter is not None:
+                    await self.meter.open()
             elif kind in ("count", "stopped"):
                 self.count = int(event["count"])
                 self.first = event.get("first")
                 if kind == "stopped":
                     self._stopped.set()
             elif kind == "enqueued":
+                if self.meter is not None:
+                    await self.meter.close()
                 self.seconds = float(event["seconds"])
                 self._stopped.set()
         self._ready.set()
         self._stopped.set()
+
+    async def start_metering(self, dsn: str, admin_dsn: str) -> None:
+        """Read what the run costs (this process and ``dsn``'s backends) from the
+        child's first mark until ``cost``."""
+        self.meter = CostMeter(self.proc.pid, dsn, admin_dsn)
+        await self.meter.connect()
+
+    async def cost(self, jobs: int) -> Cost | None:
+        """The run is over: what each of its ``jobs`` cost (None when not metered)."""
+        if self.meter is None:
+            return None
+        await self.meter.close()
+        return self.meter.per_job(jobs)
 
     async def _send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -207,6 +231,8 @@ class WorkerProcess:
         return self.seconds
 
     async def stop(self) -> None:
+        if self.meter is not None:
+            await self.meter.close()
         if self.proc.returncode is None:
             await self._send("stop")
             try:

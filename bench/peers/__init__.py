@@ -12,6 +12,7 @@ needs no virtualenv: it runs under the benchmark's own Python, in its own proces
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench._cost import CostMeter
 from bench._env import fresh_database
 from bench._plan import (
     BEST_SETTINGS,
@@ -33,7 +35,7 @@ from bench._plan import (
     row_latency,
 )
 from bench._progress import Bars
-from bench._report import Measurement
+from bench._report import Cost, Measurement
 
 __all__ = [
     "FLOOR",
@@ -158,9 +160,17 @@ def ensure_venv(venv: Path, log: Callable[[str], None]) -> tuple[str, dict[str, 
 
 
 async def _run_script(
-    python: str, spec: PeerSpec, dsn: str, arguments: list[str], progress: Callable[[int], None]
-) -> tuple[dict[str, Any], str]:
-    """Run ``run_<script>.py`` on ``dsn``; return its result and note."""
+    python: str,
+    spec: PeerSpec,
+    dsn: str,
+    arguments: list[str],
+    progress: Callable[[int], None],
+    *,
+    metered: tuple[str, int] | None = None,
+) -> tuple[dict[str, Any], str, Cost | None]:
+    """Run ``run_<script>.py`` on ``dsn``; return its result, note and, when ``metered``
+    (the admin DSN and the run's job count), what each job cost from the runner's mark
+    to its result."""
     script = f"run_{spec.script}.py"
     proc = await asyncio.create_subprocess_exec(
         python,
@@ -175,6 +185,9 @@ async def _run_script(
     )
     result: dict[str, Any] | None = None
     note = ""
+    meter = None if metered is None else CostMeter(proc.pid, dsn, metered[0])
+    if meter is not None:
+        await meter.connect()
 
     async def read() -> None:
         nonlocal result, note
@@ -186,8 +199,13 @@ async def _run_script(
                 continue
             if "progress" in event:
                 progress(int(event["progress"]))
+            elif "mark" in event:
+                if meter is not None:
+                    await meter.open()
             elif "result" in event:
                 result = event["result"]
+                if meter is not None:
+                    await meter.close()
             elif "note" in event:
                 note = str(event["note"])
 
@@ -201,10 +219,14 @@ async def _run_script(
         proc.kill()
         await proc.wait()
         raise
+    finally:
+        if meter is not None:
+            await meter.close()
     if proc.returncode != 0 or result is None:
         tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
         raise RuntimeError(f"{script} exited {proc.returncode}: {' | '.join(tail)}")
-    return result, note
+    cost = None if meter is None or metered is None else meter.per_job(metered[1])
+    return result, note, cost
 
 
 async def _peer_workload(
@@ -220,33 +242,37 @@ async def _peer_workload(
             bar = bars.bar(f"{peer}: {row}", n)
             with fresh_database(admin_dsn) as dsn:
                 args = ["--workload", "enqueue", "--jobs", str(n), "--batch", str(batch or 0)]
-                result, note = await _run_script(python, spec, dsn, args, bar.set)
+                result, note, cost = await _run_script(
+                    python, spec, dsn, args, bar.set, metered=(admin_dsn, n)
+                )
             rate = n / result["seconds"]
             bar.finish(f"{rate:,.0f} jobs/s")
-            out.append(Measurement(row, peer, rate, "jobs/s"))
+            out.append(Measurement(row, peer, rate, "jobs/s", cost=cost))
     elif workload == "drain":
-        rate, note = await _peer_drain(python, peer, admin_dsn, bars, sizes, sizes.slots)
-        out.append(Measurement(row_drain(sizes.slots), peer, rate, "jobs/s", note=note))
+        drained = await _peer_drain(python, peer, admin_dsn, bars, sizes, sizes.slots)
+        out.append(drained)
     elif workload == "best":
         if spec.knob is None:
-            rate, note = await _peer_drain(python, peer, admin_dsn, bars, sizes, sizes.slots)
-            out.append(Measurement(ROW_DRAIN_BEST, peer, rate, "jobs/s", note=f"as is: {note}"))
+            drained = await _peer_drain(python, peer, admin_dsn, bars, sizes, sizes.slots)
+            out.append(
+                dataclasses.replace(drained, row=ROW_DRAIN_BEST, note=f"as is: {drained.note}")
+            )
         else:
             tried = [
-                (s, (await _peer_drain(python, peer, admin_dsn, bars, sizes, s))[0])
+                (s, await _peer_drain(python, peer, admin_dsn, bars, sizes, s))
                 for s in BEST_SETTINGS
             ]
-            setting, rate = max(tried, key=lambda t: t[1])
-            rates = ", ".join(f"{s}: {r:,.0f}" for s, r in tried)
+            setting, fastest = max(tried, key=lambda t: t[1].value)
+            rates = ", ".join(f"{s}: {m.value:,.0f}" for s, m in tried)
             note = f"{spec.knob}={setting}, the best of {spec.knob} {rates} jobs/s"
-            out.append(Measurement(ROW_DRAIN_BEST, peer, rate, "jobs/s", note=note))
+            out.append(dataclasses.replace(fastest, row=ROW_DRAIN_BEST, note=note))
     elif workload == "latency":
         n = sizes.latency
         bar = bars.bar(f"{peer}: idle pickup latency", n)
         with fresh_database(admin_dsn) as dsn:
             args = ["--workload", "latency", "--jobs", str(n), *slots]
             args += ["--interval", str(sizes.latency_interval)]
-            result, note = await _run_script(python, spec, dsn, args, bar.set)
+            result, note, _ = await _run_script(python, spec, dsn, args, bar.set)
         samples = [float(x) for x in result["latencies_ms"]]
         bar.finish(f"p50 {percentile(samples, 50):.1f} ms")
         out += [
@@ -258,16 +284,20 @@ async def _peer_workload(
 
 async def _peer_drain(
     python: str, peer: str, admin_dsn: str, bars: Bars, sizes: Sizes, concurrency: int
-) -> tuple[float, str]:
-    """One drain of ``sizes.drain`` jobs at ``--concurrency``: jobs/s and the note."""
+) -> Measurement:
+    """One drain of ``sizes.drain`` jobs at ``--concurrency``: its row, with jobs/s, the
+    runner's note and what each job cost."""
     n = sizes.drain
-    bar = bars.bar(f"{peer}: {row_drain(concurrency)}", n)
+    row = row_drain(concurrency)
+    bar = bars.bar(f"{peer}: {row}", n)
     with fresh_database(admin_dsn) as dsn:
         args = ["--workload", "drain", "--jobs", str(n), "--concurrency", str(concurrency)]
-        result, note = await _run_script(python, PEERS[peer], dsn, args, bar.set)
+        result, note, cost = await _run_script(
+            python, PEERS[peer], dsn, args, bar.set, metered=(admin_dsn, n)
+        )
     rate = n / (result["finished"] - result["first"])
     bar.finish(f"{rate:,.0f} jobs/s")
-    return rate, note
+    return Measurement(row, peer, rate, "jobs/s", note=note, cost=cost)
 
 
 @dataclass

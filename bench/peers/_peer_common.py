@@ -3,7 +3,10 @@ only, never pgwork.
 
 A runner is called as ``python run_<peer>.py --dsn DSN --workload W --jobs N ...`` on a
 fresh empty database, installs its library's schema, and prints JSON lines:
-``{"progress": n}`` while it works and ``{"result": {...}}`` at the end.
+``{"progress": n}`` while it works and ``{"result": {...}}`` at the end, and
+``{"mark": "first"}`` the moment its timed interval starts (the first handler start,
+or the enqueuing loop's start), so that the harness reads what the run costs from
+then on (bench/_cost.py).
 
 The clocks are pgwork's (see bench/_pgwork_workloads.py): enqueue is timed around the
 enqueuing loop; a drain runs from the first handler start until the database shows no
@@ -63,6 +66,7 @@ class Counter:
         now = time.time()
         if self.first is None:
             self.first = now
+            emit(mark="first")
         self.starts[n] = now
         self.count += 1
         if self.count >= self.target:
@@ -103,6 +107,7 @@ async def timed_enqueue(
     """Call ``enqueue`` with batches of job numbers (one number when batch is 0); emit the
     elapsed seconds."""
     size = batch or 1
+    emit(mark="first")
     started = time.perf_counter()
     for first in range(0, jobs, size):
         await enqueue(list(range(first, min(jobs, first + size))))
