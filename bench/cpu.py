@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from bench._cost import backends_cpu, process_cpu
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import Counter, Item, bulk_load, open_client
 from pgwork import ChainStart, create_in_process_worker
@@ -50,29 +50,6 @@ from pgwork.worker import tune_gc
 __all__ = ["main"]
 
 SKIP = 1000
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def backends_cpu(database: str) -> dict[int, float]:
-    """CPU seconds (user + system) of each server process serving ``database``, read
-    from ``/proc`` (a backend's title names its database); empty when the server runs
-    elsewhere."""
-    out: dict[int, float] = {}
-    marker = f" {database} ".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                title = f.read()
-            if not title.startswith(b"postgres: ") or marker not in title:
-                continue
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / _TICK
-    return out
 
 
 def _spent(before: dict[int, float], after: dict[int, float]) -> float:
@@ -203,12 +180,7 @@ class _Tally:
 
 def _backend_cpu(pid: int) -> float:
     """CPU seconds of one server process (0.0 when it is not on this machine)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return process_cpu(pid) or 0.0
 
 
 async def _block(
