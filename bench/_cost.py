@@ -19,7 +19,11 @@ raw-SQL floor included, get cost rows measured the same way over the same interv
   group's member); a read-only poll takes none. So for a plain queue it counts the
   commits that wrote. It is counted server-wide, so it is this library's only while
   nothing else writes on the server (the benchmark runs one thing at a time;
-  autovacuum is recorded with the run).
+  autovacuum is recorded with the run);
+- **WAL per job**: bytes of write-ahead log the server wrote over the interval
+  (``pg_current_wal_insert_lsn``), server-wide like the ids: what the library's rows,
+  index entries and commits cost the disk, and the one figure here that does not move
+  with the machine's load (full-page images after a checkpoint do add to it).
 
 The interval opens when the harness reads the child's first mark (its first handler
 start, or the start of its enqueuing loop) and closes when the run is over (the
@@ -42,7 +46,11 @@ from bench._report import Cost
 
 __all__ = ["CostMeter", "backends_cpu", "process_cpu"]
 
-_NEXT_XID = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+# The next transaction id (reading it takes none) and the WAL written so far, in bytes.
+_COUNTERS = (
+    "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
+    " (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
+)
 
 
 def process_cpu(pid: int) -> float | None:
@@ -111,7 +119,7 @@ class CostMeter:
         self._library: list[float] = []
         self._server_start: dict[int, float] = {}
         self._server: dict[int, float] = {}
-        self._xids: list[int] = []
+        self._counters: list[tuple[int, int]] = []
 
     async def connect(self) -> None:
         """Open the connection the readings use, ahead of the run (connecting at the
@@ -119,11 +127,12 @@ class CostMeter:
         if self._conn is None:
             self._conn = await psycopg.AsyncConnection.connect(self.admin_dsn, autocommit=True)
 
-    async def _next_xid(self) -> int | None:
+    async def _read_counters(self) -> tuple[int, int] | None:
+        """The next transaction id and the WAL position."""
         await self.connect()
         assert self._conn is not None
-        row = await (await self._conn.execute(_NEXT_XID)).fetchone()
-        return None if row is None else int(row[0])
+        row = await (await self._conn.execute(_COUNTERS)).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
 
     def _sample(self, *, rescan: bool) -> None:
         library = process_cpu(self.pid)
@@ -150,13 +159,13 @@ class CostMeter:
             return
         self._opened = True
         library = process_cpu(self.pid)
-        xid = await self._next_xid()
-        if library is None or xid is None:
+        counters = await self._read_counters()
+        if library is None or counters is None:
             return
         self._library = [library]
         self._server_start = backends_cpu(self.database)
         self._server = dict(self._server_start)
-        self._xids = [xid]
+        self._counters = [counters]
         self._poller = asyncio.get_running_loop().create_task(self._poll())
 
     async def close(self) -> None:
@@ -168,16 +177,16 @@ class CostMeter:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._poller
                 self._sample(rescan=True)
-                xid = await self._next_xid()
-                if xid is not None:
-                    self._xids.append(xid)
+                counters = await self._read_counters()
+                if counters is not None:
+                    self._counters.append(counters)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
 
     def per_job(self, jobs: int) -> Cost | None:
         """What each of ``jobs`` cost (None when the interval was not read whole)."""
-        if len(self._xids) != 2 or not self._library or jobs <= 0:
+        if len(self._counters) != 2 or not self._library or jobs <= 0:
             return None
         server = None
         if self._server:  # (none seen: the server runs elsewhere)
@@ -186,5 +195,6 @@ class CostMeter:
         return Cost(
             library_us=(self._library[-1] - self._library[0]) / jobs * 1e6,
             server_us=server,
-            writes=(self._xids[1] - self._xids[0]) / jobs,
+            writes=(self._counters[1][0] - self._counters[0][0]) / jobs,
+            wal_bytes=(self._counters[1][1] - self._counters[0][1]) / jobs,
         )

@@ -39,11 +39,13 @@ TITLES = {
 class Cost:
     """What one job of a timed run cost (bench/_cost.py): µs of CPU of the library's
     process and of the server's backends (None: the server is not on this machine), and
-    transaction ids taken (by transactions and savepoints that wrote)."""
+    transaction ids taken (by transactions and savepoints that wrote), and bytes of
+    WAL."""
 
     library_us: float
     server_us: float | None
     writes: float
+    wal_bytes: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,8 @@ class Measurement:
     cost: Cost | None = None
 
     def cost_rows(self) -> list[Measurement]:
-        """The rows ``cost`` adds under this one: CPU per job (library + server) and
-        transaction ids taken per job, both lower is better."""
+        """The rows ``cost`` adds under this one: CPU per job (library + server),
+        transaction ids taken per job and WAL per job, all lower is better."""
         cost = self.cost
         if cost is None:
             return []
@@ -87,7 +89,8 @@ class Measurement:
         writes = Measurement(
             f"{self.row}: transaction ids taken, per job", self.library, cost.writes, "ids", False
         )
-        return [cpu, writes]
+        wal = Measurement(f"{self.row}: WAL per job", self.library, cost.wal_bytes, "B", False)
+        return [cpu, writes, wal]
 
     def cell(self) -> str:
         if self.value != self.value:  # NaN: measured nothing

@@ -38,6 +38,7 @@ EXPECTED_ROWS = [
     # a worker process of their own, so they are metered even without peers.
     "| drain, best setting: CPU per job, library + server |",
     "| drain, best setting: transaction ids taken, per job |",
+    "| drain, best setting: WAL per job |",
     "| drain, best setting, atomic groups of 32 |",
     "| idle pickup latency p50 |",
     "| idle pickup latency p99 |",
