@@ -183,8 +183,23 @@ class WorkerOps:
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
-            rows = await self._fetch(conn, query, params)
+            rows = await self._fetch_binary(conn, query, params)
         return [acquired_from_row(row) for row in rows]
+
+    async def _fetch_binary(
+        self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of a worker's acquire or turn, in binary format.
+
+        PostgreSQL then sends each value as it holds it instead of writing it out as
+        text (for a turn of 200: 600 uuids, 800 timestamps, the head's arrays of 400
+        uuids), and psycopg's binary loaders (all in C for these types, where the text
+        one of a ``uuid[]`` is Python) read them back.
+        """
+        with translate_errors(self.schema):
+            async with conn.cursor(binary=True) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall()
 
     def _acquire_query(
         self, queues: Sequence[str] | None, limit: int, *, by_queue: bytes, any_queue: bytes
@@ -227,7 +242,7 @@ class WorkerOps:
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
             params.update(completion_arrays(completions, conn.info.encoding))
-            rows = await self._fetch(conn, query, params)
+            rows = await self._fetch_binary(conn, query, params)
         head = next(row for row in rows if row[0])
         completed_rows = [
             (job_id, chain_id, None, True, has_dependants, awaited)
