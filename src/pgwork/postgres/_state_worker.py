@@ -176,15 +176,22 @@ class WorkerOps:
         queues: Sequence[str] | None,
         limit: int,
     ) -> list[AcquiredJob]:
-        if limit <= 0 or not leases:
-            return []
-        query = self._acquire_query(
-            queues, limit, by_queue=self._sql.acquire, any_queue=self._sql.acquire_any_queue
-        )
-        async with self._pooled() as conn:
-            params = _turn_params(conn, worker_id, leases, queues)
-            rows = await self._fetch_binary(conn, query, params)
-        return [acquired_from_row(row) for row in rows]
+        jobs: list[AcquiredJob] = []
+        for _ in range(_ACQUIRES_AFTER_A_MISS + 1):
+            if limit - len(jobs) <= 0 or not leases:
+                break
+            query = self._acquire_query(
+                queues,
+                limit - len(jobs),
+                by_queue=self._sql.acquire,
+                any_queue=self._sql.acquire_any_queue,
+            )
+            async with self._pooled() as conn:
+                params = _turn_params(conn, worker_id, leases, queues)
+                rows = await self._fetch_binary(conn, query, params)
+            if not _add_acquired(jobs, rows):
+                break
+        return jobs
 
     async def _fetch_binary(
         self, conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any]
@@ -251,7 +258,12 @@ class WorkerOps:
             )
         ]
         results = await self._completion_results(None, completions, completed_rows)
-        return results, [acquired_from_row(row[5:]) for row in rows if not row[0]]
+        acquired: list[AcquiredJob] = []
+        if _add_acquired(acquired, [row[5:] for row in rows if not row[0]]):
+            acquired += await self.acquire(
+                worker_id=worker_id, leases=leases, queues=queues, limit=limit - len(acquired)
+            )
+        return results, acquired
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
@@ -367,6 +379,21 @@ class WorkerOps:
             )
             for r in rows
         ]
+
+
+# How many more acquires follow one whose lease missed candidates (see ``_LEASE`` in
+# ``_statements``): each needs a write to a pending row committed in the instant
+# between its statement's snapshot and its row lock.
+_ACQUIRES_AFTER_A_MISS = 3
+
+
+def _add_acquired(jobs: list[AcquiredJob], rows: Sequence[Sequence[Any]]) -> bool:
+    """Append the jobs of an acquire's ``rows`` to ``jobs``; True if they end with the
+    marker of candidates it locked but could not lease (a row whose id is NULL):
+    those are pending again, and another acquire can take them."""
+    before = len(jobs)
+    jobs += [acquired_from_row(row) for row in rows if row[0] is not None]
+    return len(jobs) - before < len(rows)
 
 
 @functools.lru_cache(maxsize=256)
