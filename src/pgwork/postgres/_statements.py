@@ -244,7 +244,7 @@ CROSS JOIN LATERAL (
 # unsaid, the worker took the short acquire for a drained queue and the job waited for
 # its next poll. A second ``UPDATE`` in the statement leasing the missed candidates by
 # id did the same (session 9) but cost its initialisation on every execution (two
-# dozen µs of server CPU a turn with a cached plan, ~300 µs of planning without one)
+# dozen µs of server CPU a turn with a cached plan, 100-300 µs of planning without)
 # for a race that needs a write to a pending row at the very moment it is acquired.
 _LEASES = """
 leases AS (
