@@ -238,12 +238,14 @@ CROSS JOIN LATERAL (
 # is the candidate's. But when a candidate's row was updated and committed after this
 # statement's snapshot and before its lock (marking the chain awaited, enqueueing a
 # job blocked on it), the lock followed the update to a version the snapshot cannot
-# see, and the TID scan finds no row. Such candidates, and only they, are leased by
-# ``followed``: found by id, the update follows the row to the version we hold. On the
-# common path ``leased`` has every candidate, the one-time test of the two counts
-# fails and ``followed`` reads nothing more. Left locked but not leased, the job was
-# skipped until the worker's next poll: its short acquire had marked the queues
-# drained.
+# see, and the TID scan finds no row: the job is locked but not leased, and pending
+# again at commit. Then, and only then, the statement adds one row of NULLs after the
+# leased ones (``missed``), and the adapter acquires again (``_state_worker``): left
+# unsaid, the worker took the short acquire for a drained queue and the job waited for
+# its next poll. A second ``UPDATE`` in the statement leasing the missed candidates by
+# id did the same (session 9) but cost its initialisation on every execution (two
+# dozen µs of server CPU a turn with a cached plan, 100-300 µs of planning without)
+# for a race that needs a write to a pending row at the very moment it is acquired.
 _LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])
@@ -259,28 +261,28 @@ _LEASE = """
         leased_until = now() + l.seconds * interval '1 second',
         started_at = COALESCE(j.started_at, now())
     FROM candidates AS c, leases AS l
-    WHERE {match} AND l.type_name = j.type_name
+    WHERE j.ctid = c.ctid AND j.id = c.id AND l.type_name = j.type_name
     RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index,
         j.input::text, j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token,
         j.leased_until, j.created_at, j.scheduled_at, j.last_attempt_error,
         j.trace_context, j.started_at, j.last_attempt_at, j.dedup_key, j.context
 """
 
-_FOLLOWED = """(SELECT count(*) FROM leased) < (SELECT count(*) FROM candidates)
-      AND j.id = c.id AND NOT EXISTS (SELECT 1 FROM leased AS x WHERE x.id = c.id)"""
-
 _LEASED = f"""
-leased AS ({_LEASE.replace("{match}", "j.ctid = c.ctid AND j.id = c.id")}),
-followed AS ({_LEASE.replace("{match}", _FOLLOWED)})"""
+leased AS ({_LEASE})"""
 
-_LEASE_CANDIDATES = """
-SELECT * FROM leased
-UNION ALL
-SELECT * FROM followed
-"""
 # Columns of an acquired row (``_rows.acquired_from_row``): a handler sees every field
 # ``get_job`` returns, so the acquire hands them all back.
 ACQUIRED_WIDTH = 20
+
+# The leased rows, then the ``missed`` marker (a row whose id is NULL) when the lease
+# found fewer candidates than were locked.
+_LEASE_CANDIDATES = f"""
+SELECT * FROM leased
+UNION ALL
+SELECT {", ".join(["NULL"] * ACQUIRED_WIDTH)}
+WHERE (SELECT count(*) FROM leased) < (SELECT count(*) FROM candidates)
+"""
 
 # Queues are drained in the order given (strictly), each on its own index range, so a
 # deep low-priority queue never slows acquiring from a high-priority one. Rows locked
