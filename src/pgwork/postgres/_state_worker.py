@@ -37,7 +37,7 @@ from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import check_soon
-from pgwork.postgres._rows import acquired_from_row
+from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, own_connection
 from pgwork.records import JobStatus
@@ -66,7 +66,7 @@ class WorkerOps:
         ) -> AbstractAsyncContextManager[DbConn]: ...
 
         async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any], *, binary: bool = False
         ) -> list[tuple[Any, ...]]: ...
 
         async def complete(
@@ -183,8 +183,8 @@ class WorkerOps:
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
-            rows = await self._fetch(conn, query, params)
-        return [acquired_from_row(row) for row in rows]
+            rows = await self._fetch(conn, query, params, binary=True)
+        return acquired_from_rows(rows)
 
     def _acquire_query(
         self, queues: Sequence[str] | None, limit: int, *, by_queue: bytes, any_queue: bytes
@@ -227,7 +227,7 @@ class WorkerOps:
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
             params.update(completion_arrays(completions, conn.info.encoding))
-            rows = await self._fetch(conn, query, params)
+            rows = await self._fetch(conn, query, params, binary=True)
         head = next(row for row in rows if row[0])
         completed_rows = [
             (job_id, chain_id, None, True, has_dependants, awaited)
@@ -236,7 +236,7 @@ class WorkerOps:
             )
         ]
         results = await self._completion_results(None, completions, completed_rows)
-        return results, [acquired_from_row(row[5:]) for row in rows if not row[0]]
+        return results, acquired_from_rows([row for row in rows if not row[0]], skip=5)
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
