@@ -12,7 +12,7 @@ worker takes it at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from uuid import UUID
 
 from pgwork.adapters.notify import NotifyAdapter
@@ -50,9 +50,11 @@ class Reaper:
         self._idle_interval = idle_interval
         self._last = -REAP_INTERVAL
 
-    async def reap_one(self, *, held: Sequence[UUID], idle: bool) -> None:
+    async def reap_one(self, *, held: Collection[UUID], idle: bool) -> None:
         """Take back at most one expired lease of this worker's types (not one of the
-        ``held`` tokens), if it is time to look."""
+        ``held`` tokens), if it is time to look. ``held`` may be a live view: it is
+        copied only when the reaper looks (every loop turn asks, and a busy worker
+        holds up to twice its slots)."""
         now = time.monotonic()
         if now - self._last < (self._idle_interval if idle else REAP_INTERVAL):
             return
