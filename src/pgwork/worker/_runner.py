@@ -338,7 +338,18 @@ class SlotRunner:
         then let the slot go (``on_settled``). Announcing what it made ready needs a
         round trip, so that, and a write that failed, finish in a task."""
         slot: Slot = pending.owner
-        if slot.context is not None:
+        result = pending.result
+        if (
+            result is not None
+            and result.accepted
+            and not result.ready_queues
+            and not result.chain_awaited
+            and not self._events.wants(ATTEMPT_COMPLETED)
+        ):
+            # Nothing to report and nothing to announce (the usual staged job, with no
+            # observer at DEBUG): no need to enter the slot's context for it.
+            self._on_settled(slot, None)
+        elif slot.context is not None:
             slot.context.run(self._report_written, slot, pending)
         else:
             self._report_written(slot, pending)
