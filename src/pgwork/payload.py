@@ -96,13 +96,14 @@ class Codec(Generic[T]):
         if self._is_instance and isinstance(value, self.model):
             return cast(T, value)
         try:
-            return cast(T, self._validator.validate_python(value))
+            validated: T = self._validator.validate_python(value)  # (``cast`` is a call)
         except pydantic.ValidationError as exc:
             # ``from None``: pydantic's own message quotes the input values, and a chained
             # traceback ends up in logs, stored attempt errors and traces.
             raise PayloadValidationError(self.type_name, self.what, _describe(exc)) from None
         except RecursionError:
             raise PayloadTooDeepError(self.type_name, self.what, MAX_PAYLOAD_DEPTH) from None
+        return validated
 
     def encode(self, value: Any, *, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
         """Validate ``value`` and return its JSON text, ready for a ``jsonb`` parameter."""
@@ -136,7 +137,7 @@ class Codec(Generic[T]):
         if isinstance(data, UndecodablePayload):
             raise PayloadUndecodableError(self.type_name, f"stored {self.what}", data.reason)
         try:
-            return cast(T, self._validator.validate_python(data))
+            decoded: T = self._validator.validate_python(data)
         except pydantic.ValidationError as exc:
             raise PayloadValidationError(
                 self.type_name, f"stored {self.what}", _describe(exc)
@@ -145,6 +146,7 @@ class Codec(Generic[T]):
             raise PayloadTooDeepError(
                 self.type_name, f"stored {self.what}", MAX_PAYLOAD_DEPTH
             ) from None
+        return decoded
 
 
 def _describe(exc: pydantic.ValidationError) -> str:
