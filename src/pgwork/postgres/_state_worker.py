@@ -34,7 +34,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.postgres._arrays import completion_arrays, turn_constants
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
-from pgwork.postgres._callers import DbConn
+from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import check_soon
 from pgwork.postgres._rows import acquired_from_rows
@@ -66,7 +66,7 @@ class WorkerOps:
         ) -> AbstractAsyncContextManager[DbConn]: ...
 
         async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any], *, binary: bool = False
+            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
         ) -> list[tuple[Any, ...]]: ...
 
         async def complete(
@@ -183,7 +183,7 @@ class WorkerOps:
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
-            rows = await self._fetch(conn, query, params, binary=True)
+            rows = await _fetch_turn(conn, query, params, self.schema)
         return acquired_from_rows(rows)
 
     def _acquire_query(
@@ -227,7 +227,7 @@ class WorkerOps:
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
             params.update(completion_arrays(completions, conn.info.encoding))
-            rows = await self._fetch(conn, query, params, binary=True)
+            rows = await _fetch_turn(conn, query, params, self.schema)
         head = next(row for row in rows if row[0])
         completed_rows = [
             (job_id, chain_id, None, True, has_dependants, awaited)
@@ -364,6 +364,32 @@ def _with_limit(query: bytes, limit: int) -> bytes:
     A worker only ever asks for 1..2*max_slots jobs, so there are few variants.
     """
     return query.replace(b"%(limit)s", str(int(limit)).encode())
+
+
+async def _fetch_turn(
+    conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any], schema: str
+) -> list[tuple[Any, ...]]:
+    """The rows of an acquire statement, sent with ``$n`` placeholders and read in
+    binary.
+
+    psycopg parses a statement's ``%(name)s`` placeholders on every call once its text
+    is longer than 4 KiB (shorter ones it caches), and the turn statement is: ~30 µs per
+    turn, more than a job's share of it at fifty jobs a turn. Numbered once
+    (``to_numbered``, cached like the limit's variants), it goes through a raw cursor
+    as it is. Binary uuids, integers and timestamps load faster than their text (2.4
+    against 2.9 µs for an acquired row); the values are the same."""
+    numbered, names = _numbered(query)
+    with translate_errors(schema):
+        async with psycopg.AsyncRawCursor(conn) as cur:
+            await cur.execute(numbered, [params[name] for name in names], binary=True)
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+    return rows
+
+
+@functools.lru_cache(maxsize=256)
+def _numbered(query: bytes) -> tuple[bytes, tuple[str, ...]]:
+    text, names = to_numbered(query)
+    return text.encode(), names
 
 
 def _turn_params(

@@ -180,10 +180,10 @@ class PostgresStateAdapter(
             yield await unwrap(tx)
 
     async def _fetch(
-        self, conn: DbConn, query: bytes, params: Mapping[str, Any], *, binary: bool = False
+        self, conn: DbConn, query: bytes, params: Mapping[str, Any]
     ) -> list[tuple[Any, ...]]:
         with translate_errors(self.schema):
-            return await fetch(conn, query, params, binary=binary)  # type: ignore[return-value]
+            return await fetch(conn, query, params)  # type: ignore[return-value]
 
 
 def _check_operation_timeout(value: float | None) -> None:
