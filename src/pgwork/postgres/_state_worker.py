@@ -82,6 +82,8 @@ class WorkerOps:
             tx: TransactionHandle | None,
             completions: Sequence[Completion],
             rows: Sequence[tuple[Any, ...]],
+            *,
+            accepted: dict[int, tuple[Any, bool, bool, bool]] | None = None,
         ) -> list[CompletionResult]: ...
 
         async def resolve_dependants(
@@ -229,13 +231,15 @@ class WorkerOps:
             params.update(completion_arrays(completions, conn.info.encoding))
             rows = await _fetch_turn(conn, query, params, self.schema)
         head = next(row for row in rows if row[0])
-        completed_rows = [
-            (job_id, chain_id, None, True, has_dependants, awaited)
+        # What ``_completion_results`` makes of completed rows, straight from the head's
+        # arrays (every completion here ends its chain's step; a NULL flag is false).
+        accepted = {
+            job_id.int: (chain_id, True, has_dependants is True, awaited is True)
             for job_id, chain_id, has_dependants, awaited in zip(
                 head[1] or (), head[2] or (), head[3] or (), head[4] or (), strict=True
             )
-        ]
-        results = await self._completion_results(None, completions, completed_rows)
+        }
+        results = await self._completion_results(None, completions, (), accepted=accepted)
         return results, acquired_from_rows([row for row in rows if not row[0]], skip=5)
 
     async def begin_atomic(
