@@ -83,3 +83,24 @@ async def test_a_base_exception_is_logged_unless_the_task_was_detached(
     assert len(tasks) == 0
     for task in (owned, detached):
         assert isinstance(task.exception(), Fatal)
+
+
+def test_slot_tasks_follow_a_worker_onto_another_event_loop() -> None:
+    """The event loop is looked up once while tasks run, not per task; once none runs
+    it is looked up again, so the same ``SlotTasks`` serves a worker run on a second
+    loop (a process that ``asyncio.run``s twice)."""
+    tasks = SlotTasks()
+
+    async def one_run() -> asyncio.AbstractEventLoop:
+        gate = asyncio.Event()
+        task = tasks.start(_slot_coroutine(tasks, gate), name="slot")
+        gate.set()
+        await asyncio.wait_for(tasks.wait(), timeout=10)
+        assert task.done()
+        assert task.exception() is None
+        assert len(tasks) == 0
+        return task.get_loop()
+
+    first = asyncio.run(one_run())
+    second = asyncio.run(one_run())
+    assert first is not second

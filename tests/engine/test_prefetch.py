@@ -231,7 +231,7 @@ async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
     await conn.commit()
 
     async def abort_heard() -> bool:
-        waiting = [s for s in worker._slots.by_token.values() if s.acquired.id == started[1].id]
+        waiting = [s for s in worker._slots.held if s.acquired.id == started[1].id]
         return all(s.pending_abort is not None for s in waiting)
 
     await eventually(abort_heard, what="the abort notice to reach the worker")

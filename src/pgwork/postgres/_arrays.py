@@ -90,13 +90,17 @@ def _head(oid: int, length: int) -> bytes:
 def uuids(values: Sequence[UUID | None]) -> UuidArray:
     """A ``uuid[]``; ``None`` is a NULL element (a completion from outside any lease
     has no lease token)."""
-    if None in values:
+    try:
+        # Not ``UUID.bytes`` (a property over ``int``) nor ``None in values`` (which
+        # compares every uuid through ``UUID.__eq__``): both Python calls per element,
+        # two arrays of them per job a worker completes. A NULL element has no ``int``.
+        elements = [_UUID_LEN + v.int.to_bytes(16, "big") for v in values]  # type: ignore[union-attr]
+    except AttributeError:
         head = _HEAD.pack(1, 1, _UUID, len(values), 1)
         return UuidArray(
             head + b"".join([_NULL if v is None else _UUID_LEN + v.bytes for v in values])
         )
-    head = _head(_UUID, len(values))
-    return UuidArray(head + b"".join([_UUID_LEN + v.bytes for v in values]))  # type: ignore[union-attr]
+    return UuidArray(_head(_UUID, len(values)) + b"".join(elements))
 
 
 def texts(values: Sequence[str], encoding: str) -> TextArray:

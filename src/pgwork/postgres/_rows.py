@@ -91,28 +91,66 @@ _build_acquired = frozen_builder(
 
 
 def acquired_from_row(row: Sequence[Any]) -> AcquiredJob:
-    return _build_acquired(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        parse_stored_json(row[5]),
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        AttemptError.from_json(row[14]),
-        row[15],
-        row[16],
-        row[17],
-        row[18],
-        row[19],
-    )
+    return acquired_from_rows([row])[0]
+
+
+def acquired_from_rows(rows: Sequence[Sequence[Any]], skip: int = 0) -> list[AcquiredJob]:
+    """The acquired jobs of an acquire's rows, each row's first ``skip`` columns left
+    out (the turn statement leads with its head's).
+
+    A worker decodes one row per job it runs: each row is unpacked in one step (twenty
+    subscripts cost more than the record they fill) and the usual empty
+    ``last_attempt_error`` skips its parser."""
+    build = _build_acquired
+    jobs = []
+    for row in rows:
+        (
+            job_id,
+            type_name,
+            chain_id,
+            chain_type_name,
+            chain_index,
+            input_text,
+            queue,
+            priority,
+            attempt,
+            max_attempts,
+            lease_token,
+            leased_until,
+            created_at,
+            scheduled_at,
+            last_error,
+            trace_context,
+            started_at,
+            last_attempt_at,
+            dedup_key,
+            context,
+        ) = row[skip:] if skip else row
+        jobs.append(
+            build(
+                job_id,
+                type_name,
+                chain_id,
+                chain_type_name,
+                chain_index,
+                parse_stored_json(input_text),
+                queue,
+                priority,
+                attempt,
+                max_attempts,
+                lease_token,
+                leased_until,
+                created_at,
+                scheduled_at,
+                None if last_error is None else AttemptError.from_json(last_error),
+                trace_context,
+                started_at,
+                last_attempt_at,
+                dedup_key,
+                context,
+            )
+        )
+    return jobs
 
 
 def parse_stored_json(text: str | None) -> Any:

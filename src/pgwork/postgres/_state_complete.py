@@ -204,13 +204,19 @@ class CompletionOps:
         tx: TransactionHandle | None,
         completions: Sequence[Completion],
         rows: Sequence[tuple[Any, ...]],
+        *,
+        accepted: dict[int, tuple[Any, bool, bool, bool]] | None = None,
     ) -> list[CompletionResult]:
         """Insert the accepted completions' continuations, settle dependants of chains
-        that ended, and say what each completion did."""
-        # id -> (chain_id, ends_chain, has_dependants, awaited)
-        # Keyed by the ids' integers: ``UUID.__hash__`` and ``__eq__`` are Python methods,
-        # and a worker's turn looks up every one of its completions here.
-        accepted = {row[0].int: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows}
+        that ended, and say what each completion did. ``accepted`` (the mapping built
+        from ``rows`` below) may be given instead: the turn builds it from its arrays."""
+        if accepted is None:
+            # id -> (chain_id, ends_chain, has_dependants, awaited)
+            # Keyed by the ids' integers: ``UUID.__hash__`` and ``__eq__`` are Python
+            # methods, and a worker's turn looks up every one of its completions here.
+            accepted = {
+                row[0].int: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows
+            }
         continuations = [
             c.continuation for c in completions if c.continuation and c.job_id.int in accepted
         ]

@@ -387,7 +387,7 @@ class InProcessWorker:
                 self._wake = asyncio.Event()
                 try:
                     await self._slots.hand_back_unsettled()
-                    await self._reaper.reap_one(held=list(self._slots.by_token), idle=self._idle)
+                    await self._reaper.reap_one(held=self._slots.held_tokens, idle=self._idle)
                     self._fill()
                     await self._look_ahead()
                 except DatabaseTimeoutError as exc:

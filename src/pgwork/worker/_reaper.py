@@ -12,7 +12,7 @@ worker takes it at once.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from uuid import UUID
 
 from pgwork.adapters.notify import NotifyAdapter
@@ -50,14 +50,16 @@ class Reaper:
         self._idle_interval = idle_interval
         self._last = -REAP_INTERVAL
 
-    async def reap_one(self, *, held: Sequence[UUID], idle: bool) -> None:
+    async def reap_one(self, *, held: Callable[[], Sequence[UUID]], idle: bool) -> None:
         """Take back at most one expired lease of this worker's types (not one of the
-        ``held`` tokens), if it is time to look."""
+        tokens ``held()`` returns), if it is time to look. ``held`` is asked only when
+        the reaper looks: every loop turn calls this, and a busy worker holds up to
+        twice its slots."""
         now = time.monotonic()
         if now - self._last < (self._idle_interval if idle else REAP_INTERVAL):
             return
         reaped = await self.state.reap(
-            type_names=self.type_names, exclude_worker=self.worker_id, limit=1, held=list(held)
+            type_names=self.type_names, exclude_worker=self.worker_id, limit=1, held=held()
         )
         self._last = -REAP_INTERVAL if reaped else now
         if any(job.status is JobStatus.PENDING for job in reaped):

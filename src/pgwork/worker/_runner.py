@@ -124,27 +124,36 @@ class SlotRunner:
         self.groups = groups
         self._scope: type[anyio.CancelScope] | None = None  # found on the first attempt
 
-    async def run(self, slot: Slot) -> bool:
-        """Run ``slot``'s attempt. True when its plain completion was left with the
-        batcher: ``on_settled`` is called once it is written (the slot is held until
-        then)."""
+    def run(self, slot: Slot) -> Coroutine[Any, Any, bool]:
+        """Run ``slot``'s attempt (the coroutine to await). True when its plain
+        completion was left with the batcher: ``on_settled`` is called once it is
+        written (the slot is held until then).
+
+        Not a coroutine itself: it picks the one to run, and the slot's task awaits
+        that one directly (a coroutine fewer per job)."""
         reason = slot.pending_abort
         if reason is None and time.monotonic() >= slot.lease_deadline:
             reason = AbortReason.OWNERSHIP_LOST
         if reason is not None:
             # Aborted (or its lease ran out) while it waited for a slot: another worker
             # may own the job by now, so its handler must not start at all.
-            with anyio.CancelScope(shield=True):
-                await self._settle_abort(slot, reason)
-            return False
+            return self._refuse(slot, reason)
         if slot.job_type.mode == "atomic":
-            groups = self.groups
-            if groups is not None:  # grouped, or alone if its handlers are slow
-                await groups.run(self, slot)
-            else:
-                await run_atomic(self, slot)
-            return False
-        return await self._run_staged(slot)
+            return self._run_atomic(slot)
+        return self._run_staged(slot)
+
+    async def _refuse(self, slot: Slot, reason: AbortReason) -> bool:
+        with anyio.CancelScope(shield=True):
+            await self._settle_abort(slot, reason)
+        return False
+
+    async def _run_atomic(self, slot: Slot) -> bool:
+        groups = self.groups
+        if groups is not None:  # grouped, or alone if its handlers are slow
+            await groups.run(self, slot)
+        else:
+            await run_atomic(self, slot)
+        return False
 
     def _attempt(
         self, slot: Slot, transaction: object | None
@@ -329,7 +338,18 @@ class SlotRunner:
         then let the slot go (``on_settled``). Announcing what it made ready needs a
         round trip, so that, and a write that failed, finish in a task."""
         slot: Slot = pending.owner
-        if slot.context is not None:
+        result = pending.result
+        if (
+            result is not None
+            and result.accepted
+            and not result.ready_queues
+            and not result.chain_awaited
+            and not self._events.wants(ATTEMPT_COMPLETED)
+        ):
+            # Nothing to report and nothing to announce (the usual staged job, with no
+            # observer at DEBUG): no need to enter the slot's context for it.
+            self._on_settled(slot, None)
+        elif slot.context is not None:
             slot.context.run(self._report_written, slot, pending)
         else:
             self._report_written(slot, pending)

@@ -65,7 +65,10 @@ class Slot:
         acquired: AcquiredJob,
         job_type: JobType[Any, Any],
         guard: anyio.CancelScope | None = None,
+        now: float | None = None,
     ) -> None:
+        if now is None:
+            now = time.monotonic()
         self.acquired = acquired
         self.job_type = job_type
         self.attempt: Attempt[Any, Any] | None = None
@@ -73,8 +76,8 @@ class Slot:
         # The handler returned and its outcome is being written: renewing the lease now
         # could only race the write (and misread the completed job as a lost lease).
         self.settling = False
-        self.lease_deadline = time.monotonic() + job_type.lease.total_seconds()
-        self.started = time.monotonic()
+        self.lease_deadline = now + job_type.lease.total_seconds()
+        self.started = now
         # Set while the handler runs, for the watchdog (see ``abandon_deadline``).
         self.handler_running = False
         self.timeout: timedelta | None = None

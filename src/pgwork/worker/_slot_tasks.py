@@ -12,6 +12,10 @@ rather than a done callback: asyncio runs a done callback in a round of the even
 loop of its own, one more per job. Nothing runs between that ``finally`` and the
 task's end (the coroutine does not wait again), so whoever ``wait``s sees the task
 finished.
+
+The event loop is looked up once, not per task: on Python 3.11
+``asyncio.get_running_loop()`` (and ``current_task()`` without a loop) asks the kernel
+for the process id on every call, to notice a fork.
 """
 
 from __future__ import annotations
@@ -32,10 +36,11 @@ __all__ = ["SlotTasks"]
 class SlotTasks:
     """The set of running slot tasks (asyncio holds tasks only weakly)."""
 
-    __slots__ = ("_changed", "_tasks")
+    __slots__ = ("_changed", "_loop", "_tasks")
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the first task's
         # Made only while someone waits for the set to empty.
         self._changed: asyncio.Event | None = None
 
@@ -51,7 +56,11 @@ class SlotTasks:
     ) -> asyncio.Task[None]:
         """Run ``coro`` in a task of its own; the coroutine must call ``ended`` as it
         ends, whatever it ends with."""
-        task = asyncio.get_running_loop().create_task(coro, name=name, context=context)
+        loop = self._loop
+        if loop is None or not self._tasks:
+            # Looked up again whenever none runs: a worker runs on one loop at a time.
+            loop = self._loop = asyncio.get_running_loop()
+        task = loop.create_task(coro, name=name, context=context)
         self._tasks.add(task)
         return task
 
@@ -66,7 +75,7 @@ class SlotTasks:
 
         The slot coroutine catches ``Exception``; a ``BaseException`` other than a
         cancellation is logged here, unless the task was detached (given up on)."""
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task not in self._tasks:
             return
         self._tasks.discard(task)

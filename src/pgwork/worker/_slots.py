@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import operator
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
@@ -35,11 +36,15 @@ log = logging.getLogger("pgwork.worker")
 
 __all__ = ["Slots"]
 
+_PRIORITY_THEN_DUE = operator.attrgetter("priority", "scheduled_at")
+
 
 class Slots:
-    """Every job this worker holds, keyed by lease token (the same job can come back to
+    """Every job this worker holds, one ``Slot`` each (the same job can come back to
     this worker, reaped then re-acquired, while a stale attempt on it is still being
-    aborted)."""
+    aborted: two slots then). ``held`` is keyed by the slots themselves rather than by
+    their lease tokens: ``UUID.__hash__`` is a Python method, and every job went in and
+    out once."""
 
     def __init__(
         self,
@@ -59,18 +64,18 @@ class Slots:
         self._types = types
         self._queue_rank = {name: rank for rank, name in enumerate(queues)}
         self._wake = wake
-        self.by_token: dict[UUID, Slot] = {}
+        self.held: dict[Slot, None] = {}
         self.admission: Admission[Slot] = Admission(
             max_slots=max_slots, prefetch=prefetch, start=self._launch, rank=self._rank
         )
         self.tasks = SlotTasks()
-        self.watchdog: Watchdog[Slot] = Watchdog(self.by_token.values, self._abandon)
+        self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon)
         self.unsettled: list[Lease] = []
         self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
         self._scope: type[anyio.CancelScope] | None = None  # found on the first arrival
 
     def __len__(self) -> int:
-        return len(self.by_token)
+        return len(self.held)
 
     def _rank(self, slot: Slot) -> tuple[int, int, Any]:
         job = slot.acquired
@@ -82,15 +87,25 @@ class Slots:
             # The statement returns its rows in no particular order; jobs that wait
             # for a slot must start in the queue's order.
             rank = self._queue_rank
-            acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
+            if len(rank) > 1:
+                acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
+            else:  # one queue: the same order, without a Python call per job
+                acquired.sort(key=_PRIORITY_THEN_DUE)
         scope = self._scope
         if scope is None:
             scope = self._scope = scope_type()
+        now = time.monotonic()
+        types, held, watchdog, admit = (
+            self._types,
+            self.held,
+            self.watchdog,
+            self.admission.arrived,
+        )
         for job in acquired:
-            slot = Slot(job, self._types[job.type_name], scope())
-            self.by_token[job.lease_token] = slot
-            slot.watchdog = self.watchdog
-            self.admission.arrived(slot)
+            slot = Slot(job, types[job.type_name], scope(), now)
+            held[slot] = None
+            slot.watchdog = watchdog
+            admit(slot)
 
     def returned(self, slot: Slot) -> None:
         """A staged handler returned: its slot takes the next job while the outcome is
@@ -105,26 +120,26 @@ class Slots:
         if then is not None:
             self.tasks.start(self._run(slot, then=then), name="pgwork-settle", context=slot.context)
             return
-        self.by_token.pop(slot.acquired.lease_token, None)
+        self.held.pop(slot, None)
         self._wake()
 
     def abort_all(self, reason: AbortReason) -> None:
-        for slot in list(self.by_token.values()):
+        for slot in list(self.held):
             slot.abort(reason)
 
     def abort_job(self, job_id: UUID, reason: AbortReason) -> None:
-        for slot in list(self.by_token.values()):
+        for slot in list(self.held):
             if slot.acquired.id == job_id:
                 slot.abort(reason)
+
+    def held_tokens(self) -> list[UUID]:
+        """The lease tokens of the jobs held (the reaper leaves them alone)."""
+        return [slot.acquired.lease_token for slot in self.held]
 
     def lease_holders(self) -> list[Slot]:
         """Attempts whose lease the renewer keeps alive: running staged ones, and the
         prefetched jobs (of either mode) waiting for a slot."""
-        holders = [
-            s
-            for s in self.by_token.values()
-            if s.staged and s.attempt is not None and not s.settling
-        ]
+        holders = [s for s in self.held if s.staged and s.attempt is not None and not s.settling]
         holders.extend(self.admission.queued)
         return holders
 
@@ -138,7 +153,7 @@ class Slots:
         """Hand the jobs still waiting for a slot back (the worker is stopping)."""
         waiting = self.admission.take_queued()
         for slot in waiting:
-            self.by_token.pop(slot.acquired.lease_token, None)
+            self.held.pop(slot, None)
         if not waiting:
             return
         try:
@@ -250,7 +265,7 @@ class Slots:
                 if not later and (abandoned or not slot.abandoned):
                     if not slot.settling:
                         self.admission.freed(slot, time.monotonic())
-                    self.by_token.pop(slot.acquired.lease_token, None)
+                    self.held.pop(slot, None)
                     self._wake()
         except BaseException as exc:
             error = exc
