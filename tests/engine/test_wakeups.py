@@ -213,9 +213,11 @@ async def test_an_idle_worker_with_default_settings_costs_almost_nothing(
         assert transactions > 500, f"the control build made only {transactions} transactions"
         return
     # Start and stop (schema check, register, first acquire, look-ahead, stop mark)
-    # take about ten; idling 5 s: two or three polls, a heartbeat, a reap.
+    # take about ten; idling 5 s: two or three polls, a heartbeat, a reap. Counted
+    # 22-26 run alone, and 30 in two loaded full-suite runs; the spinning control makes
+    # hundreds, so the bound has room without letting a busy loop through.
     print(f"idle {IDLE_S}s: {transactions} transactions, {cpu:.3f}s CPU")
-    assert transactions < 30, f"{transactions} transactions for {IDLE_S}s idle"
+    assert transactions < 45, f"{transactions} transactions for {IDLE_S}s idle"
     assert cpu < 0.02 * IDLE_S, f"{cpu:.3f}s CPU in {IDLE_S}s idle"
 
 
