@@ -12,7 +12,9 @@ member, already waiting for the lane, needs to start (``complete``'s ``then``):
 and the completion that fills the group (or comes after its due time) carries the
 group's commit and the next group's start (``complete``'s ``commit``):
 
-    EXECUTE <complete k>; COMMIT; BEGIN; SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+    EXECUTE <complete k>; COMMIT; BEGIN;
+    SET LOCAL idle_in_transaction_session_timeout = <ms>;
+    SAVEPOINT pgwork_member; EXECUTE <lock k+1>
 
 A member that had no one waiting behind it completes alone, and the next one's
 ``enter`` sends the savepoint commands and its lock (for the group's first member
@@ -27,7 +29,14 @@ can record its failure on its own connection at once.
 Whenever the lane's connection is left idle in the transaction, the server must be
 able to end it (a worker that froze must not hold its members' rows for ever): every
 query here ends with the server's ReadyForQuery as the last message, which arms the
-``idle_in_transaction_session_timeout`` the lock set. Nothing here is pipelined:
+``idle_in_transaction_session_timeout`` of the transaction. That bound (the member's
+deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its first
+savepoint, so that no member rolled back takes it with it; a member whose deadline
+asks for another sets its own in its savepoint (kept with it, undone with it). The
+member's lock sets nothing (a ``set_config`` in every lock cost the server ~10-20 µs
+per member) and says whether its job is its chain's root: such a member, the common
+one-job chain, completes through ``COMPLETE_ATOMIC_ROOT``, one ``UPDATE`` without the
+general completion's CTEs. Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 values are written in as literals: the lease's uuids (checked as uuids), the idle
