@@ -181,6 +181,118 @@ class TestPostgresStateAdapter(StateAdapterConformance):
                 )
             assert again.accepted
 
+    async def test_a_group_whose_first_member_was_undone_stays_bounded(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        pgwork_dsn: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The idle bound is set once per group, outside the members' savepoints: a
+        first member rolled back does not take it with it, and the next member, whose
+        lock sets nothing, is bounded all the same. (Control: the bound set in the
+        first member's savepoint, the server never ends the lane.)"""
+        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+        pg_atomic_group._idle_ms.cache_clear()
+        deadline = timedelta(milliseconds=210)
+        await store.seed(store.new_job(), store.new_job())
+        undone, held = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=undone.lease, deadline=deadline) is not None
+        await group.undo()
+        tx = await group.enter(lease=held.lease, deadline=deadline)
+        assert isinstance(tx, PgTransaction)
+        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
+            await group.commit()
+        pg_atomic_group._idle_ms.cache_clear()
+
+    @pytest.mark.parametrize("ahead", [True, False], ids=["entered-ahead", "alone"])
+    async def test_a_member_whose_deadline_differs_from_the_first_gets_its_own_bound(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        pgwork_dsn: str,
+        monkeypatch: pytest.MonkeyPatch,
+        ahead: bool,
+    ) -> None:
+        """A member with a longer deadline than the group's first is not ended at the
+        first one's bound, and one with a shorter deadline after it is ended at its
+        own. (Control: a lock that sets no bound after the group's first: the second
+        member's connection is ended while it runs.)"""
+        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+        pg_atomic_group._idle_ms.cache_clear()
+        short, long = timedelta(milliseconds=220), timedelta(milliseconds=1900)
+        await store.seed(*(store.new_job() for _ in range(3)))
+        first, slow, last = await store.acquire(limit=3)
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=first.lease, deadline=short) is not None
+        then = NextMember(slow.lease, long) if ahead else None
+        assert (
+            await group.complete(Completion(first.id, first.lease_token, "1"), then=then)
+        ).accepted
+        tx = await group.enter(lease=slow.lease, deadline=long)
+        assert isinstance(tx, PgTransaction)
+        await anyio.sleep(1.0)  # twice the first member's bound, half its own
+        then = NextMember(last.lease, short) if ahead else None
+        assert (
+            await group.complete(Completion(slow.id, slow.lease_token, "2"), then=then)
+        ).accepted
+        assert await group.enter(lease=last.lease, deadline=short) is not None
+        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
+            await group.commit()
+        pg_atomic_group._idle_ms.cache_clear()
+
+    async def test_a_group_sets_its_idle_bound_once_and_completes_roots_leanly(
+        self,
+        state_adapter: PostgresStateAdapter,
+        store: StateHarness,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Members with the same deadline: the bound goes once, with the group's
+        ``BEGIN``, and no member's lock sets it again; a one-job chain's member
+        completes through the lean statement, a later job of a chain through the
+        general one. (Controls: the bound set with every lock; every member completed
+        through the general statement.)"""
+        await store.seed(store.new_job())
+        root = await store.acquire_one()
+        following = store.continuation(root)
+        [handed_on] = await state_adapter.complete(
+            None, completions=[Completion(root.id, root.lease_token, '"r"', following)]
+        )
+        assert handed_on.accepted
+        await store.seed(store.new_job(), store.new_job())
+        jobs = sorted(await store.acquire(limit=3), key=lambda job: job.chain_index)
+        group = await state_adapter.open_atomic_group()
+        assert isinstance(group, pg_atomic_group.PgAtomicGroup)
+        sent: list[bytes] = []
+        execute = psycopg.AsyncCursor.execute
+
+        async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+            sent.append(bytes(query))
+            return await execute(cur, query, *args, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+        assert await group.enter(lease=jobs[0].lease, deadline=DEADLINE) is not None
+        for job, after in zip(jobs, [*jobs[1:], None], strict=True):
+            if job is not jobs[0]:
+                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
+            then = None if after is None else NextMember(after.lease, DEADLINE)
+            assert (
+                await group.complete(Completion(job.id, job.lease_token, "0"), then=then)
+            ).accepted
+        await group.commit()
+        sent = [query for query in sent if not query.startswith(b"PREPARE")]
+        text = b"".join(sent)
+        assert text.count(b"idle_in_transaction_session_timeout") == 1, sent
+        assert b"set_config" not in text
+        lean, general = (group._complete_root, group._complete)
+        [*roots, later] = [sent[i] for i in (1, 2, 3)]  # the completions, the later job last
+        for query in roots:
+            assert query.startswith(lean.text((b"x", b"x", b"x")).split(b"x")[0]), query
+        assert later.startswith(general.text((b"x", b"x", b"x", b"x")).split(b"x")[0]), later
+
     async def test_a_member_entered_ahead_costs_no_round_trip_of_its_own(
         self,
         state_adapter: PostgresStateAdapter,

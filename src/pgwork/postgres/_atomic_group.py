@@ -12,7 +12,9 @@ member, already waiting for the lane, needs to start (``complete``'s ``then``):
 and the completion that fills the group (or comes after its due time) carries the
 group's commit and the next group's start (``complete``'s ``commit``):
 
-    EXECUTE <complete k>; COMMIT; BEGIN; SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+    EXECUTE <complete k>; COMMIT; BEGIN;
+    SET LOCAL idle_in_transaction_session_timeout = <ms>;
+    SAVEPOINT pgwork_member; EXECUTE <lock k+1>
 
 A member that had no one waiting behind it completes alone, and the next one's
 ``enter`` sends the savepoint commands and its lock (for the group's first member
@@ -27,7 +29,14 @@ can record its failure on its own connection at once.
 Whenever the lane's connection is left idle in the transaction, the server must be
 able to end it (a worker that froze must not hold its members' rows for ever): every
 query here ends with the server's ReadyForQuery as the last message, which arms the
-``idle_in_transaction_session_timeout`` the lock set. Nothing here is pipelined:
+``idle_in_transaction_session_timeout`` of the transaction. That bound (the member's
+deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its first
+savepoint, so that no member rolled back takes it with it; a member whose deadline
+asks for another sets its own in its savepoint (kept with it, undone with it). The
+member's lock sets nothing (a ``set_config`` in every lock cost the server ~10-20 µs
+per member) and says whether its job is its chain's root: such a member, the common
+one-job chain, completes through ``COMPLETE_ATOMIC_ROOT``, one ``UPDATE`` without the
+general completion's CTEs. Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 values are written in as literals: the lease's uuids (checked as uuids), the idle
@@ -78,14 +87,18 @@ _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 _KEEP = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
 _NEXT = b"; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; "
 _COMMIT = b"; COMMIT"
-_COMMIT_BEGIN = b"; COMMIT; BEGIN; SAVEPOINT pgwork_member; "
+_COMMIT_BEGIN = b"; COMMIT; BEGIN; "
+_SAVEPOINT = b"SAVEPOINT pgwork_member; "
+# The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
+# it, and one set in a member's savepoint is undone with the savepoint.
+_SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
 # A lock taken ahead for a member that did not enter: undone, savepoint kept.
 _DROP_AHEAD = b"ROLLBACK TO SAVEPOINT pgwork_member; RELEASE SAVEPOINT pgwork_member"
 
 # What goes before a member's row lock, by the state of the group's savepoint.
 _NOT_BEGUN, _FRESH, _USED, _NONE, _STALE = range(5)
 _BEFORE_LOCK = {
-    _NOT_BEGUN: b"BEGIN; SAVEPOINT pgwork_member; ",
+    _NOT_BEGUN: b"BEGIN; ",  # then the idle bound, then the savepoint
     _FRESH: b"",  # open, nothing written in it
     _USED: b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; ",  # a member kept
     _NONE: b"SAVEPOINT pgwork_member; ",  # released, none open
@@ -95,13 +108,14 @@ _BEFORE_LOCK = {
 }
 
 # The prepared statements' parameters, in order, with their types.
-_LOCK_PARAMS = ((b"idle_ms", b"text"), (b"job_id", b"uuid"), (b"lease_token", b"uuid"))
+_LOCK_PARAMS = ((b"job_id", b"uuid"), (b"lease_token", b"uuid"))
 _COMPLETE_PARAMS = (
     (b"id", b"uuid"),
     (b"token", b"uuid"),
     (b"output", b"text"),
     (b"ends_chain", b"bool"),
 )
+_COMPLETE_ROOT_PARAMS = _COMPLETE_PARAMS[:3]
 
 # The names (statement texts) prepared on each connection, as long as it lives.
 _prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
@@ -134,13 +148,16 @@ class PgAtomicGroup:
     __slots__ = (
         "_ahead",
         "_complete",
+        "_complete_root",
         "_conn",
         "_cur",
         "_encoding",
         "_escaping",
         "_give_back",
+        "_idle",
         "_lock",
         "_ops",
+        "_root",
         "_savepoint",
         "members",
     )
@@ -157,14 +174,22 @@ class PgAtomicGroup:
         self._cur = conn.cursor()
         self._give_back = give_back
         self._savepoint = _NOT_BEGUN
-        # The member whose lock a completion took ahead, and whether its lease held.
-        self._ahead: tuple[Lease, bool] | None = None
+        # The member whose lock a completion took ahead, whether its lease held, and
+        # whether its job is its chain's root.
+        self._ahead: tuple[Lease, bool, bool] | None = None
+        # Whether the current member's job is its chain's root (its lock said so).
+        self._root = False
+        # The idle bound in force (SQL literal, ms): in the transaction outside the
+        # savepoint, and set in the open savepoint (None: not set there).
+        self._idle: tuple[bytes | None, bytes | None] = (None, None)
         self._escaping = Escaping(conn.pgconn)
         self._encoding = conn.info.encoding
         prepared = conn.prepare_threshold is not None
-        self._lock = _Statement(ops._sql.begin_atomic, _LOCK_PARAMS, b"lock", prepared)
-        self._complete = _Statement(
-            ops._sql.complete_atomic, _COMPLETE_PARAMS, b"complete", prepared
+        sql = ops._sql
+        self._lock = _Statement(sql.atomic_member_lock, _LOCK_PARAMS, b"lock", prepared)
+        self._complete = _Statement(sql.complete_atomic, _COMPLETE_PARAMS, b"complete", prepared)
+        self._complete_root = _Statement(
+            sql.complete_atomic_root, _COMPLETE_ROOT_PARAMS, b"complete_root", prepared
         )
         self.members = 0
 
@@ -181,24 +206,29 @@ class PgAtomicGroup:
             self._ahead = None
             if ahead[0] == lease:  # entered ahead with the last completion
                 if ahead[1]:
+                    self._root = ahead[2]
                     return PgTransaction(conn, self._give_back)
                 self._savepoint = _STALE
                 return None
             self._savepoint = _STALE
         if self._savepoint == _NOT_BEGUN:
             await self._prepare(conn)
-        query = _BEFORE_LOCK[self._savepoint] + self._lock_text(lease, deadline)
+        savepoint = self._savepoint
+        idle = self._idle_after(savepoint)
+        entry, idle = self._entry(idle, savepoint == _NOT_BEGUN, lease, deadline)
         cur = self._cur
         with translate_errors(self._ops.schema):
             # Never prepared by psycopg: the text is the member's own.
-            await cur.execute(query, prepare=False)
+            await cur.execute(_BEFORE_LOCK[savepoint] + entry, prepare=False)
             self._savepoint = _FRESH
+            self._idle = idle
             while cur.nextset():  # the lock's rows come last
                 pass
             rows = await cur.fetchall()
         if not rows:
             self._savepoint = _STALE  # rolled back in front of what comes next
             return None
+        self._root = bool(rows[0][0])
         return PgTransaction(conn, self._give_back)
 
     async def complete(
@@ -214,29 +244,33 @@ class PgAtomicGroup:
         ops = self._ops
         token = completion.lease_token
         output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
-        query = self._complete.text(
-            (
-                _uuid_literal(completion.job_id),
-                b"NULL" if token is None else _uuid_literal(token),
-                output,
-                b"true",  # ends its chain (no continuation)
-            )
-        )
+        job_id = _uuid_literal(completion.job_id)
+        fence = b"NULL" if token is None else _uuid_literal(token)
+        if self._root:  # ends its chain (no continuation), of which it is the root
+            query = self._complete_root.text((job_id, fence, output))
+        else:
+            query = self._complete.text((job_id, fence, output, b"true"))
+        idle = self._idle
         if commit:
             query += _COMMIT if then is None else _COMMIT_BEGIN
+            idle = (None, None)
         elif then is not None:
             query += _NEXT
+            idle = (idle[1] or idle[0], None)
         if then is not None:
-            query += self._lock_text(then.lease, then.deadline)
+            entry, idle = self._entry(idle, commit, then.lease, then.deadline)
+            query += entry
         cur = self._cur
         try:
             with translate_errors(ops.schema):
                 await cur.execute(query, prepare=False)
                 rows = await cur.fetchall()
                 if then is not None:
+                    self._idle = idle
                     while cur.nextset():
                         pass
-                    self._ahead = (then.lease, bool(await cur.fetchall()))
+                    ahead = await cur.fetchall()
+                    self._ahead = (then.lease, bool(ahead), bool(ahead and ahead[0][0]))
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
@@ -251,6 +285,7 @@ class PgAtomicGroup:
         # back. Dependants are settled on their own, as after ``complete_atomic``.
         self.members = 0
         if then is None:
+            self._idle = (None, None)
             self._savepoint = _NOT_BEGUN
             await self._give_back()
         else:
@@ -272,8 +307,10 @@ class PgAtomicGroup:
             if self._ahead is not None:
                 self._ahead = None
                 await self._cur.execute(_DROP_AHEAD)
+                self._idle = (self._idle[0], None)
             else:
                 await self._cur.execute(_RELEASE)
+                self._idle = self._idle_after(_USED)
             self._savepoint = _NONE
         [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
@@ -285,6 +322,7 @@ class PgAtomicGroup:
         self.members += 1
         self._ahead = None
         self._savepoint = _FRESH
+        self._idle = self._idle_after(_USED)
 
     async def undo(self) -> None:
         self._usable()
@@ -292,6 +330,7 @@ class PgAtomicGroup:
             await self._cur.execute(_UNDO)
         self._ahead = None
         self._savepoint = _FRESH
+        self._idle = (self._idle[0], None)
 
     async def commit(self) -> None:
         try:
@@ -301,11 +340,13 @@ class PgAtomicGroup:
                     await self._cur.execute(b"COMMIT")
         finally:
             self._ahead = None
+            self._idle = (None, None)
             await self._give_back()
 
     async def discard(self) -> None:
         conn = self._conn
         self._ahead = None
+        self._idle = (None, None)
         try:
             # By the connection's state, not ours: a first member's query that failed
             # after its BEGIN left a transaction open (aborted).
@@ -320,17 +361,45 @@ class PgAtomicGroup:
         finally:
             await self._give_back()
 
-    def _lock_text(self, lease: Lease, deadline: timedelta) -> bytes:
-        return self._lock.text(
-            (_idle_ms(deadline), _uuid_literal(lease.job_id), _uuid_literal(lease.lease_token))
-        )
+    def _idle_after(self, savepoint: int) -> tuple[bytes | None, bytes | None]:
+        """The idle bound in force once ``_BEFORE_LOCK[savepoint]`` has run: a released
+        savepoint's setting joins the transaction's, a rolled-back one's is gone."""
+        outside, inside = self._idle
+        if savepoint == _NOT_BEGUN:
+            return (None, None)
+        if savepoint == _USED:
+            return (inside or outside, None)
+        if savepoint == _FRESH:
+            return (outside, inside)
+        return (outside, None)  # _NONE (none open), _STALE (rolled back)
+
+    def _entry(
+        self,
+        idle: tuple[bytes | None, bytes | None],
+        begun: bool,
+        lease: Lease,
+        deadline: timedelta,
+    ) -> tuple[bytes, tuple[bytes | None, bytes | None]]:
+        """A member's entry after what opens its savepoint (``begun``: after a BEGIN,
+        before its savepoint), and the idle bound in force after it. The bound is
+        set once per transaction, outside the members' savepoints (a member rolled
+        back cannot take it with it), and again, in the member's savepoint, only for
+        a member whose deadline asks for another one."""
+        ms = _idle_ms(deadline)
+        lock = self._lock.text((_uuid_literal(lease.job_id), _uuid_literal(lease.lease_token)))
+        if begun:
+            return b"%s%s; %s%s" % (_SET_IDLE, ms, _SAVEPOINT, lock), (ms, None)
+        outside, inside = idle
+        if (inside or outside) == ms:
+            return lock, idle
+        return b"%s%s; %s" % (_SET_IDLE, ms, lock), (outside, ms)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Prepare the group's statements on ``conn`` unless done already (once per
         connection: a name is taken until the session ends, whatever the transaction
         it was prepared in did). Each alone, so that one that fails leaves nothing."""
         done = _prepared.setdefault(conn, set())
-        for statement in (self._lock, self._complete):
+        for statement in (self._lock, self._complete, self._complete_root):
             if statement.prepare is None or statement.prepare in done:
                 continue
             # (Taken already: prepared on this session by an earlier group.)

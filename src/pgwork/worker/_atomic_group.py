@@ -138,6 +138,12 @@ class _Lane:
         return sum(not turn.done() for _, _, turn in self.queue)
 
     @property
+    def awaited(self) -> bool:
+        """Whether anyone waits for the lane: ``waiting`` without counting them all
+        (asked as each member leaves it)."""
+        return any(not turn.done() for _, _, turn in self.queue)
+
+    @property
     def load(self) -> int:
         return len(self.queue) + (self.owner is not None)
 
@@ -344,7 +350,7 @@ class AtomicGroups:
         """Give the lane back; a group left without members and without anyone to
         join it is rolled back, so its connection goes back to the pool."""
         group = lane.group
-        if group is not None and not group.store.members and not lane.waiting:
+        if group is not None and not group.store.members and not lane.awaited:
             lane.group = None
             with anyio.CancelScope(shield=True):
                 try:

@@ -23,7 +23,7 @@ from pgwork.adapters.state import (
     NextMember,
     StateAdapter,
 )
-from pgwork.records import AttemptError, JobStatus
+from pgwork.records import AttemptError, ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
 
 BOOM = AttemptError(type="RuntimeError", message="member failed")
@@ -367,3 +367,39 @@ class AtomicGroupConformance(StateSuiteBase):
         assert (await group.complete(_done(third))).accepted
         await group.commit()
         assert (await store.job(third.id)).output == "grouped"
+
+    async def test_members_that_end_their_chains_complete_them_first_job_or_later(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """A member ending a one-job chain, one ending a longer chain (its job not the
+        chain's first), and a one-job chain's again, each entered ahead of the next:
+        every chain completes with its last job's output."""
+        await store.seed(store.new_job())
+        root = await store.acquire_one()
+        following = store.continuation(root)
+        [handed_on] = await state_adapter.complete(
+            None, completions=[Completion(root.id, root.lease_token, '"r"', following)]
+        )
+        assert handed_on.accepted
+        first_new, last_new = store.new_job(), store.new_job()
+        await store.seed(first_new, last_new)
+        held = {job.id: job for job in await store.acquire(limit=3)}
+        first, later, last = (held[new.id] for new in (first_new, following, last_new))
+        assert later.chain_index == 1
+        members = [first, later, last]
+        group = await state_adapter.open_atomic_group()
+        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
+        for job, after in zip(members, [*members[1:], None], strict=True):
+            if job is not first:
+                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
+            then = None if after is None else _next(after)
+            done = await group.complete(_done(job, f'"{job.chain_index}"'), then=then)
+            assert done.accepted
+            assert done.chain_completed
+        await group.commit()
+        for job in members:
+            chain = await store.chain(job.chain_id)
+            assert chain.status is ChainStatus.COMPLETED, job
+            assert chain.output == str(job.chain_index)
+            assert chain.completed_at is not None
+            assert (await store.job(job.id)).status is JobStatus.COMPLETED
