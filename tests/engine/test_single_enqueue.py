@@ -163,3 +163,26 @@ def test_a_connection_that_takes_no_attribute_gets_a_new_cursor_each_time() -> N
 
 class _Open:
     closed = False
+
+
+async def test_single_sync_enqueues_on_one_connection_share_one_cursor(
+    make_client: ClientFactory, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = await make_client(registry())
+    work = client.registry.get("work")
+    made: list[Any] = []
+    real = psycopg.Connection.cursor
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cursor = real(self, *args, **kwargs)
+        made.append(cursor)
+        return cursor
+
+    with psycopg.connect(pgwork_dsn) as caller:
+        monkeypatch.setattr(psycopg.Connection, "cursor", counting)
+        for i in range(3):
+            client.start_chain_sync(caller, work, Payload(data={"i": i}))
+            caller.commit()
+        monkeypatch.undo()
+    assert len(made) == 1
+    assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 3

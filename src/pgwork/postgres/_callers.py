@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 import psycopg
 
@@ -79,8 +79,17 @@ async def execute(conn: DbConn, query: bytes, params: Mapping[str, Any]) -> None
 _KEPT_CURSOR = "_pgwork_cursor"
 
 
-def kept_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
-    """A cursor kept on ``conn`` for pgwork's single-job insert, made on first use.
+@overload
+def kept_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]: ...
+
+
+@overload
+def kept_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]: ...
+
+
+def kept_cursor(conn: Any) -> Any:
+    """A cursor kept on ``conn`` (async or not) for pgwork's statements whose rows
+    nobody reads, made on first use.
 
     A new cursor builds an adapters map and a transformer, whose dumpers are then
     looked up anew; psycopg keeps a cursor's transformer while it runs the same query
@@ -94,7 +103,7 @@ def kept_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
     when it was made (pgwork's parameters are uuids, strings and ints with explicit
     casts). Where the connection takes no attribute, a new cursor each time.
     """
-    cursor: psycopg.AsyncCursor[Any] | None = getattr(conn, _KEPT_CURSOR, None)
+    cursor = getattr(conn, _KEPT_CURSOR, None)
     if cursor is None or cursor.closed:
         cursor = conn.cursor()
         with contextlib.suppress(AttributeError):
@@ -124,8 +133,7 @@ class SyncPsycopgCaller:
             return list(cur.fetchall()) if result is not None and result.nfields else []
 
     async def execute(self, query: bytes, params: Mapping[str, Any]) -> None:
-        with self.connection.cursor() as cur:
-            cur.execute(query, params)
+        kept_cursor(self.connection).execute(query, params)
 
     @property
     def copy(self) -> Callable[[bytes, Iterable[str]], Coroutine[Any, Any, None]]:
