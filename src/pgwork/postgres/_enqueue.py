@@ -7,10 +7,11 @@ Three paths give identical rows (a test holds them to it):
   driver; the parameter count stays fixed). The same statement announces the ready queues with
   ``pg_notify``, so enqueue and wake-up cost one round trip, delivered only on commit.
   ``INSERT_JOB`` is the same for a single job, with scalar parameters, and
-  ``INSERT_PLAIN_JOB`` for a single plain job (``write_plain_job``): the commonest
-  enqueue, one ``start_chain`` of a job runnable now, with as little as possible
-  between the caller and its one statement. ``INSERT_PLAIN_JOBS`` is ``INSERT_JOBS``
-  for a batch of such jobs (each a new chain's first job): six arrays fewer.
+  ``INSERT_PLAIN_JOB`` for a single plain job, and ``INSERT_PLAIN_ROOT`` for the
+  commonest of them (``plain_job_statement``): one ``start_chain`` of a job runnable
+  now, with as little as possible between the caller and its one statement.
+  ``INSERT_PLAIN_JOBS`` is ``INSERT_JOBS`` for a batch of such jobs (each a new chain's
+  first job): six arrays fewer.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
