@@ -307,3 +307,15 @@ async def test_otel_traces_enqueue_and_attempts_in_one_trace_with_metrics(
     # Drained, the queue's gauge reads 0 rather than vanishing.
     depth = {dp.attributes["queue"]: dp.value for dp in metrics["pgwork.queue.depth"]}
     assert depth == {"default": 0}
+
+
+def test_enqueue_tracing_without_a_tracer_is_one_shared_no_op() -> None:
+    """``start_chain`` enters ``trace_enqueue`` on every call; without a tracer it must
+    not build a generator context each time (and must still yield no carrier)."""
+    emitter = catalogue.Emitter([LoggingObserver()])
+    first = emitter.trace_enqueue(["a"])
+    assert emitter.trace_enqueue(["b"]) is first
+    with first as carrier:
+        assert carrier is None
+    with pytest.raises(ValueError, match="through"), emitter.trace_enqueue(["c"]):
+        raise ValueError("passes through")

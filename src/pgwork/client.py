@@ -233,12 +233,9 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
                     deduplicated=result.deduplicated,
                     scheduled=False,
                 )
+        # Positional, as in _start_chains.
         return StartedChain(
-            id=result.chain_id,
-            job_id=result.job_id,
-            job_type=job_type,
-            deduplicated=result.deduplicated,
-            status=result.status,
+            result.chain_id, result.job_id, job_type, result.deduplicated, result.status
         )
 
     def _new_chains(

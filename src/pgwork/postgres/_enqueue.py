@@ -7,10 +7,11 @@ Three paths give identical rows (a test holds them to it):
   driver; the parameter count stays fixed). The same statement announces the ready queues with
   ``pg_notify``, so enqueue and wake-up cost one round trip, delivered only on commit.
   ``INSERT_JOB`` is the same for a single job, with scalar parameters, and
-  ``INSERT_PLAIN_JOB`` for a single plain job (``write_plain_job``): the commonest
-  enqueue, one ``start_chain`` of a job runnable now, with as little as possible
-  between the caller and its one statement. ``INSERT_PLAIN_JOBS`` is ``INSERT_JOBS``
-  for a batch of such jobs (each a new chain's first job): six arrays fewer.
+  ``INSERT_PLAIN_JOB`` for a single plain job, and ``INSERT_PLAIN_ROOT`` for the
+  commonest of them (``plain_job_statement``): one ``start_chain`` of a job runnable
+  now, with as little as possible between the caller and its one statement.
+  ``INSERT_PLAIN_JOBS`` is ``INSERT_JOBS`` for a batch of such jobs (each a new chain's
+  first job): six arrays fewer.
 - ``COPY ... FROM STDIN`` for at least ``COPY_MIN_ROWS`` jobs that need nothing the
   database clock must compute (no schedule) and no blocker bookkeeping: PostgreSQL
   skips the executor, and psycopg streams rows while the batch is still being
@@ -54,10 +55,10 @@ __all__ = [
     "insert_params",
     "insert_streamed",
     "is_plain",
+    "plain_job_statement",
     "ready_notice",
     "ready_queues",
     "write_jobs",
-    "write_plain_job",
 ]
 
 # Rows per INSERT statement: the statement has a fixed number of (array) parameters,
@@ -324,33 +325,53 @@ async def write_jobs(
     return announced
 
 
-async def write_plain_job(
-    conn: DbConn, statements: Statements, schema: str, job: NewJob, *, channel: str | None
-) -> None:
-    """Insert one plain job (see ``is_plain``) in ``conn``'s transaction; with
-    ``channel``, announce its queue on it in the same statement."""
+def plain_job_statement(
+    statements: Statements, job: NewJob, *, channel: str | None
+) -> tuple[bytes, dict[str, Any]]:
+    """The statement and parameters that insert one plain job (see ``is_plain``) and,
+    with ``channel``, announce its queue on it.
+
+    The commonest of them, a new chain's first job with no trace or logging context,
+    takes ``INSERT_PLAIN_ROOT``: eight parameters instead of thirteen and no result
+    row; any other plain job ``INSERT_PLAIN_JOB``. The caller runs it (on
+    ``start_chain``'s path every call between the caller's statements counts: this
+    one is plain code, not a coroutine).
+    """
     context = job.context
     trace = job.trace_context
-    with translate_errors(schema):
-        await execute(
-            conn,
-            statements.insert_plain_job,
-            {
-                "id": job.id,
-                "type_name": job.type_name,
-                "chain_id": job.chain_id,
-                "chain_type_name": job.chain_type_name,
-                "chain_index": job.chain_index,
-                "input": job.input_json,
-                "queue": job.queue,
-                "priority": job.priority,
-                "max_attempts": job.max_attempts,
-                "trace_context": json.dumps(dict(trace)) if trace else None,
-                "context": json.dumps(dict(context)) if context else None,
-                "channel": channel,
-                "ready": ready_notice(job.queue) if channel is not None else None,
-            },
-        )
+    if (
+        channel is not None
+        and not context
+        and not trace
+        and job.chain_index == 0
+        and (job.chain_id is job.id or job.chain_id == job.id)
+        and job.chain_type_name == job.type_name
+    ):
+        return statements.insert_plain_root, {
+            "id": job.id,
+            "type_name": job.type_name,
+            "input": job.input_json,
+            "queue": job.queue,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "channel": channel,
+            "ready": ready_notice(job.queue),
+        }
+    return statements.insert_plain_job, {
+        "id": job.id,
+        "type_name": job.type_name,
+        "chain_id": job.chain_id,
+        "chain_type_name": job.chain_type_name,
+        "chain_index": job.chain_index,
+        "input": job.input_json,
+        "queue": job.queue,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "trace_context": json.dumps(dict(trace)) if trace else None,
+        "context": json.dumps(dict(context)) if context else None,
+        "channel": channel,
+        "ready": ready_notice(job.queue) if channel is not None else None,
+    }
 
 
 @lru_cache(maxsize=256)

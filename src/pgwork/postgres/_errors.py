@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from pgwork.errors import SchemaMissingError
 
-__all__ = ["translate_errors"]
+__all__ = ["missing_schema", "translate_errors"]
 
 # undefined_table, undefined_object (a type), invalid_schema_name, undefined_function
 _MISSING = frozenset({"42P01", "42704", "3F000", "42883"})
@@ -29,6 +29,15 @@ def translate_errors(schema: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if getattr(exc, "sqlstate", None) in _MISSING and schema in str(exc):
-            raise SchemaMissingError(schema) from exc
+        missing = missing_schema(exc, schema)
+        if missing is not None:
+            raise missing from exc
         raise
+
+
+def missing_schema(exc: BaseException, schema: str) -> SchemaMissingError | None:
+    """The SchemaMissingError ``exc`` means, if it says ``schema`` is missing (for a hot
+    path's own ``except``, where ``translate_errors``'s generator would cost a call)."""
+    if getattr(exc, "sqlstate", None) in _MISSING and schema in str(exc):
+        return SchemaMissingError(schema)
+    return None

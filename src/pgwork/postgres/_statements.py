@@ -184,6 +184,24 @@ WITH inserted AS (
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
 """
 
+# INSERT_PLAIN_JOB for the first job of a new chain with no trace or logging context
+# (``start_chain``'s commonest call) that announces its queue: the chain's id and type
+# are the job's own (one parameter each, used twice), its index, status and chain status
+# constants, so the client sends eight parameters, not thirteen. The notice is sent from
+# the FROM clause, which yields one row, so the insert runs once, and the statement
+# returns no row for the driver to describe and load. ``%(ready)s``: the encoded notice.
+INSERT_PLAIN_ROOT = """
+INSERT INTO {jobs} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, chain_status
+)
+SELECT
+    %(id)s::uuid, %(type_name)s::text, %(id)s::uuid, %(type_name)s::text, 0,
+    %(input)s::jsonb, 'pending', %(queue)s::text, %(priority)s::smallint,
+    %(max_attempts)s::int, 'active'
+FROM (SELECT pg_notify(%(channel)s::text, %(ready)s::text)) AS announced
+"""
+
 # INSERT_JOBS's announcement alone, for batches written with COPY.
 NOTIFY_READY = """
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
@@ -781,6 +799,7 @@ class Statements:
     insert_plain_jobs: bytes
     insert_job: bytes
     insert_plain_job: bytes
+    insert_plain_root: bytes
     copy_jobs: bytes
     notify_ready: bytes
     lock_dedup_keys: bytes

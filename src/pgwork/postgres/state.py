@@ -164,6 +164,9 @@ class PostgresStateAdapter(
             yield PgTransaction(conn)
 
     async def adopt(self, tx: object) -> TransactionHandle:
+        if isinstance(tx, psycopg.AsyncConnection) and not tx.closed:
+            # The commonest caller, without ``unwrap``'s coroutine (see _insert_plain).
+            return PgTransaction(tx)
         return PgTransaction(await unwrap(tx))
 
     def adopt_sync(self, tx: object) -> TransactionHandle:
