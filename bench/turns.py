@@ -96,6 +96,19 @@ class Run:
     unfinished: int  # jobs not completed at the end: 0 unless a turn lost some
 
 
+async def _flushed(probe: psycopg.AsyncConnection[Any], lsn: str) -> None:
+    """Wait until the WAL up to ``lsn`` is on disk: pg_walinspect reads only that far,
+    and with ``synchronous_commit=off`` (the embedded test server) the WAL writer
+    flushes it a moment after the commits."""
+    for _ in range(200):
+        cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
+        [(done,)] = await cur.fetchall()
+        if done:
+            return
+        await asyncio.sleep(0.025)
+    raise RuntimeError(f"the server did not flush its WAL up to {lsn} within 5 s")
+
+
 def _cpu(pid: int) -> float:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
 
@@ -162,15 +175,16 @@ async def _drain(dsn: str, jobs: int, turn: Turn, prepare: bool) -> Run:
         for _ in range(SKIP):
             held = await turn(conn, held)
         await probe.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
-        cur = await probe.execute("SELECT pg_current_wal_flush_lsn()::text")
+        cur = await probe.execute("SELECT pg_current_wal_insert_lsn()::text")
         [(start,)] = await cur.fetchall()
         cpu, wall, done = _cpu(pid), time.perf_counter(), 0
         while held:
             done += len(held)
             held = await turn(conn, held)
         cpu, wall = _cpu(pid) - cpu, time.perf_counter() - wall
-        cur = await probe.execute("SELECT pg_current_wal_flush_lsn()::text")
+        cur = await probe.execute("SELECT pg_current_wal_insert_lsn()::text")
         [(end,)] = await cur.fetchall()
+        await _flushed(probe, end)
         cur = await probe.execute(_WAL, {"start": start, "end": end, "db": str(db)})
         [(wal,)] = await cur.fetchall()
         cur = await probe.execute(
