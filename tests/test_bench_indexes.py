@@ -9,14 +9,9 @@ does not.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from _bench_runs import needs_walinspect, run_bench
 
 
 def _phase(output: str, name: str) -> str:
@@ -33,34 +28,17 @@ def _phase(output: str, name: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_each_phase_reports_the_wal_of_the_indexes_it_wrote(pg_server_dsn: str) -> None:
-    with psycopg.connect(pg_server_dsn) as conn:
-        available = conn.execute(
-            "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_walinspect'"
-        ).fetchone()
-    if available is None:
-        pytest.skip("pg_walinspect is not installed on this server")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.indexes",
-            "--dsn",
-            pg_server_dsn,
-            "--jobs",
-            "300",
-            "--renewals",
-            "50",
-            "--variants",
-            "head/-jobs_created_idx",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
+    needs_walinspect(pg_server_dsn)
+    out = run_bench(
+        "bench.indexes",
+        pg_server_dsn,
+        "--jobs",
+        "300",
+        "--renewals",
+        "50",
+        "--variants",
+        "head/-jobs_created_idx",
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
     enqueue, drain, renew = (_phase(out, name) for name in ("enqueue", "drain", "renew"))
 
     for index in ("jobs_pkey", "jobs_acquire_idx", "jobs_chains_idx", "jobs_created_idx"):

@@ -7,48 +7,19 @@ end and read its WAL back.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from _bench_runs import needs_walinspect, run_bench
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_turn_and_the_writes_alone_each_drain_the_queue(pg_server_dsn: str) -> None:
-    with psycopg.connect(pg_server_dsn) as conn:
-        available = conn.execute(
-            "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_walinspect'"
-        ).fetchone()
-    if available is None:
-        pytest.skip("pg_walinspect is not installed on this server")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.turns",
-            "--dsn",
-            pg_server_dsn,
-            "--jobs",
-            "600",
-            "--batch",
-            "50",
-            "--repeat",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    needs_walinspect(pg_server_dsn)
+    out = run_bench("bench.turns", pg_server_dsn, "--jobs", "600", "--batch", "50", "--repeat", "1")
     for name in ("pgwork's turn", "the writes alone"):
-        [line] = [x for x in done.stdout.splitlines() if x.startswith(f"{name}, turns of 50")]
+        [line] = [x for x in out.splitlines() if x.startswith(f"{name}, turns of 50")]
         wal = re.search(r"WAL ([\d,]+) B/job", line)
         assert wal is not None, line
         assert int(wal.group(1).replace(",", "")) > 0, line

@@ -255,13 +255,7 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         completes through the lean statement, a later job of a chain through the
         general one. (Controls: the bound set with every lock; every member completed
         through the general statement.)"""
-        await store.seed(store.new_job())
-        root = await store.acquire_one()
-        following = store.continuation(root)
-        [handed_on] = await state_adapter.complete(
-            None, completions=[Completion(root.id, root.lease_token, '"r"', following)]
-        )
-        assert handed_on.accepted
+        await store.handed_on()
         await store.seed(store.new_job(), store.new_job())
         jobs = sorted(await store.acquire(limit=3), key=lambda job: job.chain_index)
         group = await state_adapter.open_atomic_group()

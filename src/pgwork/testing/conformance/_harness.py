@@ -176,6 +176,18 @@ class StateHarness:
         assert len(acquired) == 1, f"expected one acquirable job, got {acquired}"
         return acquired[0]
 
+    async def handed_on(self) -> NewJob:
+        """A chain whose first job completed and handed on: its second job (chain
+        index 1), pending in the store and returned as it was inserted."""
+        await self.seed(self.new_job())
+        root = await self.acquire_one()
+        following = self.continuation(root)
+        [result] = await self.adapter.complete(
+            None, completions=[Completion(root.id, root.lease_token, '"r"', following)]
+        )
+        assert result.accepted, f"the hand-on of {root.id} was refused"
+        return following
+
     async def acquire_when_due(
         self, *type_names: str, timeout: float = 10.0, **kwargs: Any
     ) -> AcquiredJob:

@@ -374,13 +374,7 @@ class AtomicGroupConformance(StateSuiteBase):
         """A member ending a one-job chain, one ending a longer chain (its job not the
         chain's first), and a one-job chain's again, each entered ahead of the next:
         every chain completes with its last job's output."""
-        await store.seed(store.new_job())
-        root = await store.acquire_one()
-        following = store.continuation(root)
-        [handed_on] = await state_adapter.complete(
-            None, completions=[Completion(root.id, root.lease_token, '"r"', following)]
-        )
-        assert handed_on.accepted
+        following = await store.handed_on()
         first_new, last_new = store.new_job(), store.new_job()
         await store.seed(first_new, last_new)
         held = {job.id: job for job in await store.acquire(limit=3)}
