@@ -166,19 +166,25 @@ class Counter:
         return {"step1": step1, "step2": step2, "step3": step3}
 
 
+def uuid7_sql(moment: str) -> str:
+    """SQL (PostgreSQL 13+) for a UUIDv7 of the timestamp expression ``moment`` with
+    random bits, as pgwork makes its ids: rows generated server-side keep the primary
+    key in time order, which job listings read newest first."""
+    return f"""encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+               placing substring(int8send(floor(extract(epoch FROM {moment})
+                   * 1000)::bigint) FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid"""
+
+
 # Server-side generation is the fastest way to a big backlog: no client encoding, one
 # statement per chunk. Rows are what start_chains would write for a fresh chain: its own
 # root, pending, ids time-ordered like pgwork's UUIDv7 (so the primary key stays append-
-# mostly), built from clock_timestamp() in SQL that works on PostgreSQL 13+.
-_BULK_INSERT = """
+# mostly), built from clock_timestamp().
+_BULK_INSERT = f"""
 WITH s AS (
-    SELECT g,
-           encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-               placing substring(int8send(floor(extract(epoch FROM clock_timestamp())
-                   * 1000)::bigint) FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid AS u
+    SELECT g, {uuid7_sql("clock_timestamp()")} AS u
     FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
 )
-INSERT INTO {jobs} (
+INSERT INTO {{jobs}} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
     priority, max_attempts, scheduled_at, chain_status
 )

@@ -22,13 +22,15 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from bench._pgwork_app import uuid7_sql
+
 __all__ = ["load_statements", "main"]
 
 # One row per job, in creation order over the last week; ``g`` numbers them (the newest
 # is ``jobs - 1``). Status by ``g % 1000``: 1% failed, 0.5% blocked, 0.1% running, 4%
 # pending (half of them scheduled for later), 2% cancelled, the rest completed.
-_JOBS = """
-INSERT INTO {jobs} (
+_JOBS = f"""
+INSERT INTO {{jobs}} (
     id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
     priority, created_at, scheduled_at, started_at, completed_at, attempt, max_attempts,
     last_attempt_error, last_attempt_at, leased_by, leased_until, chain_status,
@@ -37,7 +39,7 @@ INSERT INTO {jobs} (
 SELECT u, t, u, t, 0,
        jsonb_build_object('n', g, 'email', 'user' || g || '@example.com'),
        CASE WHEN s = 'completed' THEN jsonb_build_object('sent', true) END,
-       s::{job_status}, q, 0, created, scheduled,
+       s::{{job_status}}, q, 0, created, scheduled,
        CASE WHEN s NOT IN ('pending', 'blocked') THEN scheduled END,
        CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
        CASE WHEN s IN ('pending', 'blocked') THEN 0 WHEN s = 'failed' THEN 3 ELSE 1 END,
@@ -50,15 +52,15 @@ SELECT u, t, u, t, 0,
        CASE WHEN s = 'running' THEN 'bench-worker-' || (g % 4) END,
        CASE WHEN s = 'running' THEN now() + interval '1 minute' END,
        CASE WHEN s IN ('pending', 'running', 'blocked') THEN 'active' ELSE s END
-           ::{chain_status},
+           ::{{chain_status}},
        CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
        CASE WHEN g % 100 = 0 THEN 'key-' || g END
 FROM (
-    SELECT g, u, t, q, s, created,
+    SELECT g, {uuid7_sql("created")} AS u, t, q, s, created,
            CASE WHEN s = 'pending' AND g % 2 = 0 THEN now() + interval '1 hour'
                 ELSE created END AS scheduled
     FROM (
-        SELECT g, gen_random_uuid() AS u,
+        SELECT g,
                'bench.' || (ARRAY['email', 'resize', 'report', 'sync', 'charge', 'export',
                                   'notify', 'index'])[1 + g % 8] AS t,
                (ARRAY['default', 'mail', 'reports', 'slow'])[1 + (g / 7) % 4] AS q,
@@ -75,16 +77,17 @@ FROM (
 """
 
 # A second job for one completed chain in ten (its continuation, completed too).
-_CONTINUATIONS = """
-INSERT INTO {jobs} (
+_CONTINUATIONS = f"""
+INSERT INTO {{jobs}} (
     id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
     created_at, scheduled_at, started_at, completed_at, attempt, max_attempts
 )
-SELECT gen_random_uuid(), r.type_name || '.next', r.id, r.type_name, 1, '{{}}',
-       '{{"done": true}}', 'completed', r.queue, r.created_at + interval '1 s',
+SELECT {uuid7_sql("r.created_at + interval '1 s'")}, r.type_name || '.next', r.id,
+       r.type_name, 1, '{{{{}}}}',
+       '{{{{"done": true}}}}', 'completed', r.queue, r.created_at + interval '1 s',
        r.created_at + interval '1 s', r.created_at + interval '1 s', r.completed_at, 1, 3
-FROM {jobs} AS r
-WHERE r.status = 'completed' AND r.chain_index = 0 AND get_byte(uuid_send(r.id), 0) < 26
+FROM {{jobs}} AS r
+WHERE r.status = 'completed' AND r.chain_index = 0 AND get_byte(uuid_send(r.id), 15) < 26
 """
 
 # Each blocked job waits for one pending chain.

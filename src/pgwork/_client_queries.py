@@ -3,7 +3,8 @@
 Mixed into ``Client``; relies on ``self.state`` (of which it needs only the ``ReadStore``
 role: it changes nothing), ``self.registry`` and the client's decoding helpers.
 
-Listings are newest first by ``(created_at, id)``. A page's ``next_cursor`` encodes its
+Listings are newest first: jobs by id (UUIDv7, the order they were made in), chains and
+blocked jobs by ``(created_at, id)``. A page's ``next_cursor`` encodes its
 last row's position, and the next page starts strictly after it, so pages never repeat
 or skip a row that existed when the first page was read, however many jobs are
 enqueued meanwhile (new jobs are newer than any cursor, and sort before it).

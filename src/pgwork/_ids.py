@@ -6,13 +6,15 @@ letting the client build a whole chain batch, root ids included, in one statemen
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 
-__all__ = ["new_id", "new_ids"]
+__all__ = ["first_id_at", "new_id", "new_ids"]
 
 
 # Seeded from the OS, re-seeded in every forked child so two processes never share a
@@ -59,6 +61,13 @@ def new_id() -> uuid.UUID:
     value |= 0b10 << 62  # variant
     value |= rand & _RAND_B  # rand_b (62 bits)
     return _make(_monotonic(value))
+
+
+def first_id_at(at: datetime) -> uuid.UUID:
+    """The smallest UUIDv7 of the millisecond ``at`` falls in (timezone-aware): every id
+    made at or after ``at`` by a clock that agrees with the caller's is not smaller."""
+    millis = max(0, math.floor(at.timestamp() * 1000))  # year 9999 still fits 48 bits
+    return uuid.UUID(int=millis << 80)
 
 
 _new = object.__new__

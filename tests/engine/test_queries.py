@@ -9,6 +9,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from bench._pgwork_app import uuid7_sql
 from pydantic import BaseModel
 
 from pgwork import (
@@ -24,6 +25,7 @@ from pgwork import (
     PostgresStateAdapter,
 )
 from pgwork._client_queries import encode_cursor
+from pgwork._ids import first_id_at
 from pgwork.adapters.state import PageKey
 from pgwork.postgres._query_statements import render_query_statements
 
@@ -432,9 +434,10 @@ async def test_count_jobs_gives_each_queues_unfinished_work_and_pause_state(
 
 # --- plans -----------------------------------------------------------------------------
 
+
 # ~5k rows as the engine writes them: mostly finished one-job chains, some continuations,
 # a few hundred pending / running / blocked / failed, in two queues and four types.
-LOAD = """
+LOAD = f"""
 INSERT INTO pgwork.jobs (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
     priority, max_attempts, created_at, scheduled_at, chain_status, completed_at,
@@ -448,7 +451,7 @@ SELECT u, t, u, t, 0, jsonb_build_object('n', g), s::pgwork.job_status, q, 0, 5,
        CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN now() END,
        CASE WHEN s = 'running' THEN now() + interval '1 minute' END
 FROM (
-    SELECT g, gen_random_uuid() AS u,
+    SELECT g, {uuid7_sql("now() - (5000 - g) * interval '1 minute'")} AS u,
            (ARRAY['email', 'resize', 'report', 'sync'])[1 + g % 4] AS t,
            CASE WHEN g % 10 = 0 THEN 'mail' ELSE 'default' END AS q,
            CASE WHEN g % 50 = 1 THEN 'failed' WHEN g % 50 = 2 THEN 'blocked'
@@ -460,7 +463,8 @@ INSERT INTO pgwork.jobs (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
     max_attempts, created_at, scheduled_at, completed_at
 )
-SELECT gen_random_uuid(), r.type_name || '.next', r.id, r.type_name, 1, '{}', 'completed',
+SELECT {uuid7_sql("r.created_at + interval '1 second'")}, r.type_name || '.next', r.id,
+       r.type_name, 1, '{{}}', 'completed',
        r.queue, 5, r.created_at + interval '1 second', r.created_at, now()
 FROM pgwork.jobs AS r
 WHERE r.status = 'completed' AND r.chain_index = 0
@@ -520,6 +524,9 @@ def _indexes(nodes: list[dict[str, Any]]) -> set[str]:
     return {n["Index Name"] for n in nodes if "Index Name" in n}
 
 
+# A cursor two days back, halfway through LOAD's rows (job listings page by id).
+MIDWAY = PageKey(datetime.now(UTC), first_id_at(datetime.now(UTC) - timedelta(days=2)))
+
 LIST_JOBS_WITH_AN_INDEX = {
     "chain": ({"chain_id": UUID(int=7)}, "jobs_chain_idx"),
     "failed-of-type": ({"status": JobStatus.FAILED, "type_name": "email"}, "jobs_attention_idx"),
@@ -542,7 +549,7 @@ async def test_list_jobs_reads_through_an_index(
     index: str,
     paged: bool,
 ) -> None:
-    cursor = encode_cursor("j", PageKey(datetime.now(UTC), UUID(int=0))) if paged else None
+    cursor = encode_cursor("j", MIDWAY) if paged else None
 
     nodes = await _plan_of(
         loaded_client,
@@ -555,25 +562,77 @@ async def test_list_jobs_reads_through_an_index(
     assert index in _indexes(nodes), nodes
 
 
-# These walk jobs newest first with no partial index to narrow them: they need an index
-# on jobs (created_at, id), which the schema does not have yet.
+# These walk jobs newest first with no partial index to narrow them: the primary key,
+# read backwards (ids are UUIDv7), from the cursor when there is one; ``created_after``
+# bounds the range read.
 LIST_JOBS_WITHOUT_AN_INDEX = {
     "unfiltered": {},
     "of-type": {"type_name": "email"},
     "in-queue": {"queue": "mail"},
     "completed": {"status": JobStatus.COMPLETED},
+    "created-after": {"created_after": datetime.now(UTC) - timedelta(hours=3)},
 }
 
 
 @pytest.mark.parametrize(
     "filters", LIST_JOBS_WITHOUT_AN_INDEX.values(), ids=LIST_JOBS_WITHOUT_AN_INDEX.keys()
 )
-async def test_list_jobs_newest_first_reads_through_an_index(
-    loaded_client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch, filters: Any
+@pytest.mark.parametrize("paged", [False, True], ids=["first-page", "next-page"])
+async def test_list_jobs_newest_first_reads_the_primary_key_backwards(
+    loaded_client: Client,
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    filters: Any,
+    paged: bool,
 ) -> None:
-    nodes = await _plan_of(loaded_client, pgwork_dsn, monkeypatch, lambda c: c.list_jobs(**filters))
+    cursor = encode_cursor("j", MIDWAY) if paged else None
 
-    assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
+    nodes = await _plan_of(
+        loaded_client, pgwork_dsn, monkeypatch, lambda c: c.list_jobs(cursor=cursor, **filters)
+    )
+
+    scans = [n for n in nodes if n.get("Relation Name") == "jobs"]
+    assert [n["Node Type"] for n in scans] == ["Index Scan"], nodes
+    assert (scans[0]["Index Name"], scans[0]["Scan Direction"]) == ("jobs_pkey", "Backward")
+    assert "Sort" not in {n["Node Type"] for n in nodes}, nodes
+
+
+async def test_created_after_finds_a_job_whose_enqueuer_clock_ran_behind(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    """The filter reads ids from an hour before ``created_after``: a job enqueued by a
+    machine whose clock is half an hour behind the database's is still found."""
+    client = await make_client(registry())
+    [on_time] = await start_batch(client, pgwork_dsn, "email", 1)
+    since = (await client.get_job(on_time)).created_at
+    behind = UUID(int=first_id_at(datetime.now(UTC) - timedelta(minutes=30)).int | 1)
+    await execute(
+        pgwork_dsn,
+        """
+        INSERT INTO pgwork.jobs (id, type_name, chain_id, chain_type_name, input, status,
+                                 max_attempts, chain_status)
+        VALUES (%(id)s, 'email', %(id)s, 'email', '{"to": "late@x"}', 'pending', 3, 'active')
+        """,
+        {"id": behind},
+    )
+
+    found = await client.list_jobs(created_after=since - timedelta(microseconds=1))
+
+    assert [j.id for j in found.items] == [on_time, behind]
+
+
+async def test_list_jobs_created_after_reads_only_ids_from_an_hour_before(
+    loaded_client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    since = datetime.now(UTC) - timedelta(hours=3)
+
+    nodes = await _plan_of(
+        loaded_client, pgwork_dsn, monkeypatch, lambda c: c.list_jobs(created_after=since)
+    )
+
+    (scan,) = (n for n in nodes if n.get("Relation Name") == "jobs")
+    assert scan["Index Name"] == "jobs_pkey", scan
+    assert "id >=" in scan["Index Cond"], scan
 
 
 LIST_CHAINS_FILTERS = {

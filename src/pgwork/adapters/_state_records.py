@@ -79,6 +79,10 @@ class NewJob:
     each field through ``object.__setattr__``, which makes building one 2.5 times
     slower, and a batch builds thousands.
 
+    ``id`` is a UUIDv7 made just before the insert (``pgwork._ids.new_id``, as the
+    client does): ids are time-ordered, and job listings rely on it (newest first by
+    id; ``created_after`` bounds the range of ids read).
+
     ``run_at`` / ``run_after`` schedule it (the later of the two wins; both ``None``
     means now, on the database clock; a past ``run_at`` is clamped to now).
     """
@@ -337,7 +341,9 @@ class ChainFilter:
 
 @dataclass(frozen=True, slots=True)
 class PageKey:
-    """A position in a newest-first listing: rows strictly older than this come next."""
+    """A position in a newest-first listing: rows strictly older than this come next
+    (by ``id`` alone for job listings, ids being time-ordered; by ``(created_at, id)``
+    for the others)."""
 
     created_at: datetime
     id: UUID

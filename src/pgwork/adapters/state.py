@@ -451,7 +451,7 @@ class ReadStore(Store, Protocol):
         after: PageKey | None,
         limit: int,
     ) -> list[Job[Any]]:
-        """Jobs matching ``where``, newest first by (created_at, id), strictly after
+        """Jobs matching ``where``, newest first by id (UUIDv7: creation order), strictly after
         ``after`` in that order; at most ``limit``."""
         ...
 

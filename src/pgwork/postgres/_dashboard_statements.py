@@ -16,8 +16,8 @@ from psycopg import sql
 from pgwork.postgres._names import validate_schema_name
 from pgwork.postgres._statements import _in_chain
 
-# Completions among the newest ``sample`` jobs by creation (jobs_created_idx, read
-# backwards), failures from jobs_attention_idx (failed jobs are few), both capped at
+# Completions among the newest ``sample`` jobs by creation (the primary key read
+# backwards: ids are UUIDv7), failures from jobs_attention_idx (failed jobs are few), both capped at
 # ``sample`` rows; bucketed by ``bucket_s`` seconds of completed_at. The first row
 # (kind 0) carries the database clock, how many jobs the sample read and the planner's
 # estimate of the table's rows; the others (kind 1) one bucket each.
@@ -25,7 +25,7 @@ RECENT_ACTIVITY = """
 WITH sample AS (
     SELECT j.queue, j.status, j.completed_at
     FROM {jobs} AS j
-    ORDER BY j.created_at DESC, j.id DESC
+    ORDER BY j.id DESC
     LIMIT %(sample)s
 ),
 failed AS (

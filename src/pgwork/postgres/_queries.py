@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from pgwork._ids import first_id_at
 from pgwork.adapters.state import (
     BlockedJob,
     BlockerStatus,
@@ -110,8 +111,14 @@ class QueryOps:
             "status": where.status.value if where.status is not None else None,
             "chain_id": where.chain_id,
             "created_after": where.created_after,
+            "created_since_id": (
+                first_id_at(where.created_after - _CLOCK_MARGIN)
+                if where.created_after is not None
+                else None
+            ),
             "created_before": where.created_before,
-            **_page_params(after, limit),
+            "after_id": after.id if after is not None else None,
+            "limit": limit,
         }
         rows = await self._read(tx, self._qsql.list_jobs, params)
         return [job_from_row(row) for row in rows]
@@ -229,6 +236,11 @@ class QueryOps:
                 return 0
             rows = await self._fetch(conn, self._qsql.delete_expired_chains, {"ids": ids})
             return int(rows[0][0])
+
+
+# How far behind the database's clock an enqueuing machine's may be for a job to still
+# match ``created_after`` (see LIST_JOBS).
+_CLOCK_MARGIN = timedelta(hours=1)
 
 
 def _page_params(after: PageKey | None, limit: int) -> dict[str, Any]:

@@ -6,9 +6,12 @@ are written ``(%(x)s IS NULL OR ...)``; the adapter sends these statements unpre
 so each is planned with its actual parameters and a NULL filter folds away, leaving the
 planner free to pick the partial index the remaining filters match.
 
-Listings are newest first by ``(created_at, id)``; a page continues strictly after the
-previous page's last row (``after_at``, ``after_id``). The redundant
-``created_at <= after_at`` lets an index on ``created_at`` start at the cursor.
+Job listings are newest first by id: ids are UUIDv7, so the primary key reads them in
+the order they were made (migration 0006 dropped the creation-time index this took
+before). Chain and blocked-job listings are newest first by ``(created_at, id)``, read
+from their partial indexes. A page continues strictly after the previous page's last
+row (``after_id``, and ``after_at`` where the order starts with ``created_at``: the
+redundant ``created_at <= after_at`` lets the index start at the cursor).
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ from pgwork.postgres._statements import _columns, _in_chain, _last_job
 # outputs: while one exists, the chains it waits for are kept.
 _MAY_STILL_RUN = "('blocked', 'pending', 'running', 'failed')"
 
+# ``created_since_id`` is the smallest id made an hour before ``created_after``: a job's
+# id is made by the enqueuing process just before its insert, so unless that machine's
+# clock is an hour behind the database's, every job created after ``created_after``
+# has a larger id, and the range of the primary key read is bounded by it (the filter
+# on ``created_at`` itself still decides). ``created_before`` has no such bound: a
+# transaction may insert long after it began, which ``created_at`` (its start) records.
 LIST_JOBS = f"""
 SELECT {_columns("j")}
 FROM {{jobs}} AS j
@@ -32,52 +41,18 @@ WHERE (%(type_name)s::text IS NULL OR j.type_name = %(type_name)s::text)
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
   AND (%(status)s::{{job_status}} IS NULL OR j.status = %(status)s::{{job_status}})
   AND (%(chain_id)s::uuid IS NULL OR {_in_chain("j", "%(chain_id)s::uuid")})
-  AND (%(created_after)s::timestamptz IS NULL OR j.created_at > %(created_after)s::timestamptz)
+  AND (%(created_after)s::timestamptz IS NULL
+       OR (j.created_at > %(created_after)s::timestamptz
+           AND j.id >= %(created_since_id)s::uuid))
   AND (%(created_before)s::timestamptz IS NULL
        OR j.created_at < %(created_before)s::timestamptz)
-  AND (%(after_at)s::timestamptz IS NULL
-       OR (j.created_at <= %(after_at)s::timestamptz
-           AND (j.created_at, j.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))
-ORDER BY j.created_at DESC, j.id DESC
+  AND (%(after_id)s::uuid IS NULL OR j.id < %(after_id)s::uuid)
+ORDER BY j.id DESC
 LIMIT %(limit)s
 """
 
-# Chains come from jobs_chains_idx (chain_type_name, chain_status, created_at) over root
-# rows. Without a type filter the chain types present are found by skipping through
-# that index (one probe per type); then each (type, status) range is read newest first,
-# at most ``limit`` rows each, and the ranges merged. A page costs probes proportional
-# to types x statuses x limit, whatever the table size. A dedup key narrows each range
-# to jobs_dedup_idx. (No queue filter: no index has the queue of finished chains, and a
-# filter checked row by row reads a whole range when nothing matches.)
-LIST_CHAINS = f"""
-WITH RECURSIVE present_types AS (
-    (SELECT r.chain_type_name AS name
-     FROM {{jobs}} AS r
-     WHERE r.id = r.chain_id AND %(type_name)s::text IS NULL
-     ORDER BY r.chain_type_name
-     LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.chain_type_name
-            FROM {{jobs}} AS r
-            WHERE r.id = r.chain_id AND r.chain_type_name > t.name
-            ORDER BY r.chain_type_name
-            LIMIT 1)
-    FROM present_types AS t
-    WHERE t.name IS NOT NULL
-),
-type_names AS (
-    SELECT name FROM present_types WHERE name IS NOT NULL
-    UNION ALL
-    SELECT %(type_name)s::text WHERE %(type_name)s::text IS NOT NULL
-),
-page AS (
-    SELECT c.*
-    FROM type_names AS t
-    CROSS JOIN unnest(%(statuses)s::{{chain_status}}[]) AS s(status)
-    CROSS JOIN LATERAL (
-        SELECT r.*
-        FROM {{jobs}} AS r
-        WHERE r.id = r.chain_id
+# The filters of a chain listing on root rows ``r`` within one (type, status) range.
+_CHAIN_RANGE = """
           AND r.chain_type_name = t.name
           AND r.chain_status = s.status
           AND (%(created_after)s::timestamptz IS NULL
@@ -89,7 +64,58 @@ page AS (
                OR (r.created_at <= %(after_at)s::timestamptz
                    AND (r.created_at, r.id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)))
         ORDER BY r.created_at DESC, r.id DESC
-        LIMIT %(limit)s
+        LIMIT %(limit)s"""
+
+# Chains come from jobs_chains_idx (chain_type_name, chain_status, created_at) over root
+# rows, except roots that are running: those are among the running jobs, the few rows
+# of jobs_lease_expiry_idx (at most the workers' slots), read once (``running_roots``)
+# and listed beside it (migration 0006). Without a type filter the chain types present
+# are found by skipping through that index (one probe per type), plus the running
+# roots' types; then each (type, status) range is read newest first, at most ``limit``
+# rows each, and the ranges merged. A page costs probes proportional to types x
+# statuses x limit, whatever the table size. A dedup key narrows each range to
+# jobs_dedup_idx. (No queue filter: no index has the queue of finished chains, and a
+# filter checked row by row reads a whole range when nothing matches.)
+LIST_CHAINS = f"""
+WITH RECURSIVE present_types AS (
+    (SELECT r.chain_type_name AS name
+     FROM {{jobs}} AS r
+     WHERE r.id = r.chain_id AND r.status <> 'running' AND %(type_name)s::text IS NULL
+     ORDER BY r.chain_type_name
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.chain_type_name
+            FROM {{jobs}} AS r
+            WHERE r.id = r.chain_id AND r.status <> 'running' AND r.chain_type_name > t.name
+            ORDER BY r.chain_type_name
+            LIMIT 1)
+    FROM present_types AS t
+    WHERE t.name IS NOT NULL
+),
+running_roots AS MATERIALIZED (
+    SELECT r.*
+    FROM {{jobs}} AS r
+    WHERE r.status = 'running' AND r.id = r.chain_id
+),
+type_names AS (
+    SELECT name FROM present_types WHERE name IS NOT NULL
+    UNION
+    SELECT r.chain_type_name FROM running_roots AS r WHERE %(type_name)s::text IS NULL
+    UNION
+    SELECT %(type_name)s::text WHERE %(type_name)s::text IS NOT NULL
+),
+page AS (
+    SELECT c.*
+    FROM type_names AS t
+    CROSS JOIN unnest(%(statuses)s::{{chain_status}}[]) AS s(status)
+    CROSS JOIN LATERAL (
+        (SELECT r.*
+        FROM {{jobs}} AS r
+        WHERE r.id = r.chain_id AND r.status <> 'running'{_CHAIN_RANGE})
+        UNION ALL
+        (SELECT r.*
+        FROM running_roots AS r
+        WHERE true{_CHAIN_RANGE})
     ) AS c
     ORDER BY c.created_at DESC, c.id DESC
     LIMIT %(limit)s
@@ -205,8 +231,10 @@ SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s::text, 0))
 
 # Ended chains past their type's retention, oldest first within each type. A chain
 # ends after it starts, so ``created_at`` before the cutoff bounds the range read from
-# jobs_chains_idx. Locked with SKIP LOCKED: a chain someone is changing waits for the
-# next sweep. Chains with dependants are kept (they would take the limit every time).
+# jobs_chains_idx. A chain cancelled while its root still runs waits for that job to end
+# (a running root is not in that index). Locked with SKIP LOCKED: a chain someone is
+# changing waits for the next sweep. Chains with dependants are kept (they would take
+# the limit every time).
 LOCK_EXPIRED_CHAINS = f"""
 SELECT e.id
 FROM unnest(%(type_names)s::text[], %(seconds)s::float8[]) AS p(type_name, seconds)
@@ -214,6 +242,7 @@ CROSS JOIN LATERAL (
     SELECT r.id
     FROM {{jobs}} AS r
     WHERE r.id = r.chain_id
+      AND r.status <> 'running'
       AND r.chain_type_name = p.type_name
       AND r.chain_status IN ('completed', 'failed', 'cancelled')
       AND r.created_at < now() - p.seconds * interval '1 second'

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import anyio
 import pytest
 
+from pgwork._ids import new_id
 from pgwork.adapters.notify import Listener, Notice
 from pgwork.adapters.state import (
     AcquiredJob,
@@ -102,7 +103,7 @@ class StateHarness:
     ) -> NewJob:
         """A new chain's first job (``id == chain_id``, ``chain_index == 0``), blocked
         on the chains ``blockers`` when given."""
-        job_id = uuid.uuid4()
+        job_id = new_id()
         return NewJob(
             id=job_id,
             type_name=type_name,
@@ -130,7 +131,7 @@ class StateHarness:
     ) -> NewJob:
         """The next job of ``of``'s chain (``chain_index + 1``), in the same queue."""
         return NewJob(
-            id=uuid.uuid4(),
+            id=new_id(),
             type_name=type_name,
             chain_id=of.chain_id,
             chain_type_name=of.chain_type_name,
@@ -144,7 +145,7 @@ class StateHarness:
     @staticmethod
     def again(job: NewJob) -> NewJob:
         """``job`` with a fresh id: the same request, enqueued a second time."""
-        job_id = uuid.uuid4()
+        job_id = new_id()
         return replace(job, id=job_id, chain_id=job_id)
 
     # --- steps -------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The read side: job, chain and blocked-job listings (filters and keyset pages) and
 per-queue counts.
 
-Listings are newest first by ``(created_at, id)``; a ``PageKey`` built from the last
-row of a page asks for the rows strictly after it. Jobs seeded in one transaction share
-their ``created_at``, so the ties are broken by id — the suite seeds ties on purpose.
+Job listings are newest first by id (ids are UUIDv7, made just before the insert);
+chain and blocked-job listings by ``(created_at, id)``. A ``PageKey`` built from the
+last row of a page asks for the rows strictly after it. Jobs seeded in one transaction
+share their ``created_at``, so the ties are broken by id — the suite seeds ties on
+purpose.
 
 Role exercised: ``ReadStore``.
 """
@@ -68,6 +70,10 @@ def newest_first(rows: Sequence[L]) -> list[UUID]:
     return [r.id for r in sorted(rows, key=lambda r: (r.created_at, r.id), reverse=True)]
 
 
+def newest_id_first(rows: Sequence[L]) -> list[UUID]:
+    return sorted((r.id for r in rows), reverse=True)
+
+
 class QueryConformance(StateSuiteBase):
     async def test_list_jobs_pages_walk_every_job_newest_first_once_across_ties(
         self, store: StateHarness
@@ -80,7 +86,7 @@ class QueryConformance(StateSuiteBase):
 
         everything = await page(None, 100)
         assert len(everything) == 9
-        assert [j.id for j in everything] == newest_first(everything)
+        assert [j.id for j in everything] == newest_id_first(everything)
         for size in (1, 3, 9):
             walked = await all_pages(page, size=size)
             assert [j.id for j in walked] == [j.id for j in everything]
@@ -136,6 +142,35 @@ class QueryConformance(StateSuiteBase):
             assert [j.id for j in seen] == [uncommitted.id, report.id]
         assert await ids(queue="reports") == {report.id}
 
+    async def test_list_jobs_go_by_id_the_order_jobs_were_enqueued_in(
+        self, store: StateHarness
+    ) -> None:
+        """``created_at`` is the enqueuing transaction's start; the id is made when the
+        job is enqueued. A job enqueued late in a long transaction lists before one
+        enqueued earlier from elsewhere, and the creation-time filters still go by
+        ``created_at``."""
+        async with store.adapter.transaction() as tx:
+            await store.adapter.list_jobs(tx, where=JobFilter(), after=None, limit=1)
+            elsewhere = store.new_job(queue="order")
+            await store.seed(elsewhere)
+            late = store.new_job(queue="order")
+            await store.adapter.insert_jobs(tx, jobs=[late])
+        first, second = await store.job(elsewhere.id), await store.job(late.id)
+        assert second.created_at < first.created_at
+        assert late.id > elsewhere.id
+
+        listed = await store.adapter.list_jobs(
+            None, where=JobFilter(queue="order"), after=None, limit=10
+        )
+        assert [j.id for j in listed] == [late.id, elsewhere.id]
+        after_late = await store.adapter.list_jobs(
+            None,
+            where=JobFilter(queue="order", created_after=second.created_at),
+            after=None,
+            limit=10,
+        )
+        assert [j.id for j in after_late] == [elsewhere.id]
+
     async def test_list_chains_filters_by_type_and_status_and_pages_newest_first(
         self, store: StateHarness
     ) -> None:
@@ -182,6 +217,45 @@ class QueryConformance(StateSuiteBase):
         [finished] = await page(None, 10, status=ChainStatus.COMPLETED)
         assert finished.output == "ok"
         assert finished.completed_at is not None
+
+    async def test_list_chains_shows_a_chain_while_its_first_job_runs(
+        self, store: StateHarness
+    ) -> None:
+        """A running root is listed like any other: by its type, its status, and among
+        the types present (the only chain of its type here is the running one)."""
+        waiting = store.new_job(queue="run")
+        await store.seed(waiting)
+        running = store.new_job(queue="run", chain_type_name=OTHER_CHAIN)
+        await store.seed(running)
+        held = await store.acquire_one(queues=["run"])
+        assert held.id == waiting.id
+        held = await store.acquire_one(queues=["run"])
+        assert held.id == running.id
+        newer = store.new_job(queue="later")
+        await store.seed(newer)
+
+        async def ids(after: PageKey | None = None, **where: Any) -> list[UUID]:
+            found = await store.adapter.list_chains(
+                None, where=ChainFilter(**where), after=after, limit=100
+            )
+            return [c.id for c in found]
+
+        everything = [newer.id, running.id, waiting.id]
+        assert await ids() == everything
+        assert await ids(status=ChainStatus.ACTIVE) == everything
+        assert await ids(type_name=OTHER_CHAIN) == [running.id]
+        assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.ACTIVE) == [running.id]
+        assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.COMPLETED) == []
+        listed = await store.chain(newer.id)
+        assert await ids(PageKey(listed.created_at, listed.id)) == [running.id, waiting.id]
+        [chain] = await store.adapter.list_chains(
+            None, where=ChainFilter(type_name=OTHER_CHAIN), after=None, limit=1
+        )
+        assert chain.current_job.status is JobStatus.RUNNING
+
+        await store.finish(running.id, "done")
+        assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.COMPLETED) == [running.id]
+        assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.ACTIVE) == []
 
     async def test_list_blocked_jobs_gives_each_blockers_status_in_declaration_order(
         self, store: StateHarness
