@@ -122,7 +122,10 @@ class InProcessWorker:
         if len(set(names)) != len(names):
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
-        self._batcher = CompletionBatcher(client.state)
+        # A turn carries a completion for every slot: with a batch smaller than the
+        # slots, the rest waited for a write of their own (400 slots: 30,000-31,000
+        # against 34,500 jobs/s, bench.cpu).
+        self._batcher = CompletionBatcher(client.state, max_size=max(200, max_slots))
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
