@@ -42,7 +42,7 @@ from pgwork.adapters.state import Completion
 from pgwork.postgres._arrays import completion_arrays, turn_constants
 from pgwork.postgres._statements import render
 
-__all__ = ["main"]
+__all__ = ["flush_to", "main"]
 
 SKIP = 5
 
@@ -96,17 +96,27 @@ class Run:
     unfinished: int  # jobs not completed at the end: 0 unless a turn lost some
 
 
-async def _flushed(probe: psycopg.AsyncConnection[Any], lsn: str) -> None:
-    """Wait until the WAL up to ``lsn`` is on disk: pg_walinspect reads only that far,
-    and with ``synchronous_commit=off`` (the embedded test server) the WAL writer
-    flushes it a moment after the commits."""
-    for _ in range(200):
-        cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
-        [(done,)] = await cur.fetchall()
-        if done:
-            return
-        await asyncio.sleep(0.025)
-    raise RuntimeError(f"the server did not flush its WAL up to {lsn} within 5 s")
+async def flush_to(probe: psycopg.AsyncConnection[Any], lsn: str) -> None:
+    """Have the WAL up to ``lsn`` on disk: pg_walinspect reads only that far.
+
+    Nothing else may push it there. A record no commit follows (a page pruned by the
+    last scan, the background writer's snapshot of running transactions) waits for the
+    WAL writer, which flushes only whole pages or asynchronous commits and, on an idle
+    server, sleeps for seconds at a time; with ``synchronous_commit=off`` (the embedded
+    test server) even the commits wait for it. So the probe commits a transaction that
+    wrote WAL, synchronously: its commit is flushed, and everything before it with it.
+    """
+    cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
+    [(done,)] = await cur.fetchall()
+    if done:
+        return
+    async with probe.transaction():
+        await probe.execute("SET LOCAL synchronous_commit = on")
+        await probe.execute("SELECT pg_logical_emit_message(true, 'pgwork-bench', '')")
+    cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
+    [(done,)] = await cur.fetchall()
+    if not done:
+        raise RuntimeError(f"the server did not flush its WAL up to {lsn}")
 
 
 def _cpu(pid: int) -> float:
@@ -184,7 +194,7 @@ async def _drain(dsn: str, jobs: int, turn: Turn, prepare: bool) -> Run:
         cpu, wall = _cpu(pid) - cpu, time.perf_counter() - wall
         cur = await probe.execute("SELECT pg_current_wal_insert_lsn()::text")
         [(end,)] = await cur.fetchall()
-        await _flushed(probe, end)
+        await flush_to(probe, end)
         cur = await probe.execute(_WAL, {"start": start, "end": end, "db": str(db)})
         [(wal,)] = await cur.fetchall()
         cur = await probe.execute(
