@@ -22,6 +22,7 @@ from tests.faults._proxy import Proxy
 __all__ = [
     "hang_server",
     "kill_random_worker",
+    "kill_worker_mid_group",
     "outage",
     "recovery_bound",
     "restart_server",
@@ -80,6 +81,52 @@ def kill_random_worker(
         victim.proc.wait(10)
         # And after the kill: a statement the victim sent before it froze (an acquire)
         # may have committed since; its fresh lease cannot have been reaped yet.
+        held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
+        figures.notes.setdefault("victims", []).append(victim.worker_id)
+        _probe(dsn, figures, held, stopped_at, timeout)
+
+    return inject
+
+
+# A job whose handler began this long ago and that is still running: with handlers of a
+# few milliseconds, it has finished and waits for its group's commit.
+_WAITING_MEMBER = """
+SELECT j.leased_by FROM pgwork.jobs AS j
+JOIN faults_ledger AS l
+  ON l.job_id = j.id AND l.attempt = j.attempt AND l.worker = j.leased_by
+WHERE j.status = 'running' AND l.at < clock_timestamp() - %s * interval '1 ms'
+LIMIT 1
+"""
+
+
+def kill_worker_mid_group(
+    dsn: str, load: Load, *, finished_ms: int = 15, probe_timeout: float | None = None
+) -> Inject:
+    """SIGKILL a worker at a moment one of its jobs began more than ``finished_ms`` ago
+    (its ledger row) and is still running: for handlers shorter than that, a member
+    waiting in an open group. A kill at a random moment can find none (CI once saw two
+    kills in a row land where every job held was still to start), so this one waits
+    for such a member, up to 2 s, and then kills a worker anyway. It reads nothing a
+    build could change (the ledger and the jobs' leases), so a correct build and a
+    broken one are killed alike."""
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 3
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        index, deadline = 0, time.monotonic() + 2.0
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                row = conn.execute(_WAITING_MEMBER, (finished_ms,)).fetchone()
+                ids = [w.worker_id for w in fleet.workers]
+                if row is not None and row[0] in ids:
+                    index = ids.index(row[0])
+                    figures.notes["kills_mid_group"] = figures.notes.get("kills_mid_group", 0) + 1
+                    break
+                time.sleep(0.002)
+        victim = fleet.kill(index, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        frozen = held_leases(dsn, worker=victim.worker_id)  # as in kill_random_worker
+        victim.send(signal.SIGKILL)
+        victim.proc.wait(10)
         held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
         figures.notes.setdefault("victims", []).append(victim.worker_id)
         _probe(dsn, figures, held, stopped_at, timeout)

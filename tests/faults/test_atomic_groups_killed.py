@@ -2,10 +2,11 @@
 commit runs again, every member of it, and no member's effect is committed twice.
 
 The jobs are short atomic ``effect`` jobs (their handlers take under the group wait,
-so they are grouped), and a kill lands while most of a worker's jobs sit in an open
-group. The control build commits each member's writes on their own, before the
-group's commit of its completion: a kill in between runs the job again, and its
-effect is committed twice."""
+so they are grouped), and a kill waits for a worker one of whose members has finished
+its handler and waits in an open group (a kill after the queue drained finds none).
+The control build commits each member's writes on their own, before the group's
+commit of its completion: a kill in between runs the job again, and its effect is
+committed twice."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from tests.faults._inject import kill_random_worker
+from tests.faults._inject import kill_worker_mid_group
 from tests.faults._jobs import Spec
 from tests.faults._load import Load, run_under_faults
 from tests.faults._oracle import Figures
@@ -55,7 +56,7 @@ def _run(dsn: str, breakage: str) -> Figures:
         dsn,
         f"SIGKILL grouped atomic workers, build: {breakage or 'correct'}",
         GROUPED,
-        kill_random_worker(dsn, GROUPED, probe_timeout=_recovery_bound(GROUPED) + 0.5),
+        kill_worker_mid_group(dsn, GROUPED, probe_timeout=_recovery_bound(GROUPED) + 0.5),
         env={BROKEN_ENV: breakage} if breakage else None,
         jobs=_short_atomic_jobs(GROUPED.jobs),
     )
@@ -68,6 +69,7 @@ def test_sigkilled_grouping_workers_lose_no_job_and_duplicate_no_effect(
 ) -> None:
     figures = report(_run(fault_dsn, ""))
     assert figures.faults >= 1
+    assert figures.notes.get("kills_mid_group", 0) >= 1
     assert figures.lost == 0
     assert figures.completed == figures.jobs
     assert figures.duplicate_effects == 0
@@ -82,4 +84,5 @@ def test_committing_members_before_their_group_duplicates_effects(
     by the run after the kill."""
     figures = report(_run(fault_dsn, "early-commit"))
     assert figures.faults >= 1
+    assert figures.notes.get("kills_mid_group", 0) >= 1
     assert figures.duplicate_effects > 0
