@@ -86,6 +86,46 @@ async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     assert gate.most_concurrent == 1
 
 
+async def test_a_single_slot_runs_its_jobs_strictly_in_queue_order(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    jobs = 12
+    await client.start_chains(conn, [ChainStart(step, Num(n=n), priority=n) for n in range(jobs)])
+    await conn.commit()
+    seen: list[int] = []
+
+    async def handle(attempt: Attempt[Num, None]) -> None:
+        seen.append(attempt.job.input.n)
+
+    # Every other acquire answers late, after its statement committed. Were a second
+    # acquire sent meanwhile (a slot freed), it would skip the jobs the first leased,
+    # take the next ones and come back first: one slot, one acquire at a time.
+    real = client.state.complete_and_acquire
+    calls = 0
+
+    async def every_other_late(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        late = calls % 2 == 0
+        answer = await real(**kwargs)
+        if late:
+            await anyio.sleep(0.1)
+        return answer
+
+    client.state.complete_and_acquire = every_other_late  # type: ignore[method-assign]
+    await workers(client=client, processors={step: handle}, max_slots=1, prefetch=1)
+
+    async def all_done() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
+        return bool(await scalar(pgwork_dsn, done) == jobs)
+
+    await eventually(all_done, what="every job completed")
+    assert seen == list(range(jobs))
+
+
 async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:

@@ -46,7 +46,7 @@ from pgwork.schedules import CronSchedule
 from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
-from pgwork.worker._fetch import Fetcher
+from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
@@ -175,6 +175,9 @@ class InProcessWorker:
             arrived=self._start_slots,
             back=self._refill,
             done=self._wake_up,
+            # One slot runs its jobs strictly in order: no second acquire to race the
+            # first (see ``_fetch``).
+            max_in_flight=1 if max_slots == 1 else MAX_IN_FLIGHT,
         )
         self._heartbeat = Heartbeat(
             client.state,
