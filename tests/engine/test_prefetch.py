@@ -61,6 +61,16 @@ async def _one_running_two_prefetched(gate: _Gate, dsn: str) -> None:
     await eventually(three_leased, what="two jobs prefetched beside the running one")
 
 
+async def _completed(dsn: str, count: int) -> None:
+    """Wait until ``count`` jobs are completed."""
+
+    async def all_done() -> bool:
+        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
+        return bool(await scalar(dsn, done) == count)
+
+    await eventually(all_done, what=f"{count} jobs completed")
+
+
 async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
@@ -77,11 +87,7 @@ async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     assert gate.seen == [0]
     gate.release.set()
 
-    async def all_done() -> bool:
-        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
-        return bool(await scalar(pgwork_dsn, done) == 6)
-
-    await eventually(all_done, what="six jobs completed")
+    await _completed(pgwork_dsn, 6)
     assert gate.seen == [0, 1, 2, 3, 4, 5]
     assert gate.most_concurrent == 1
 
@@ -118,11 +124,7 @@ async def test_a_single_slot_runs_its_jobs_strictly_in_queue_order(
     client.state.complete_and_acquire = every_other_late  # type: ignore[method-assign]
     await workers(client=client, processors={step: handle}, max_slots=1, prefetch=1)
 
-    async def all_done() -> bool:
-        done = "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'"
-        return bool(await scalar(pgwork_dsn, done) == jobs)
-
-    await eventually(all_done, what="every job completed")
+    await _completed(pgwork_dsn, jobs)
     assert seen == list(range(jobs))
 
 

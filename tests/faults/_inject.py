@@ -70,22 +70,28 @@ def kill_random_worker(
     timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 3
 
     def inject(fleet: Fleet, figures: Figures) -> None:
-        victim = fleet.kill(rng.randrange(len(fleet.workers)), signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        # Read while the victim is frozen: it changes nothing, and its open transactions
-        # keep their row locks. Read only after the kill, an atomic job whose lease had
-        # already expired (legal: its row lock holds it) could be reaped in the moment
-        # between the kill releasing that lock and the read, and go uncounted.
-        frozen = held_leases(dsn, worker=victim.worker_id)
-        victim.send(signal.SIGKILL)
-        victim.proc.wait(10)
-        # And after the kill: a statement the victim sent before it froze (an acquire)
-        # may have committed since; its fresh lease cannot have been reaped yet.
-        held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
-        figures.notes.setdefault("victims", []).append(victim.worker_id)
-        _probe(dsn, figures, held, stopped_at, timeout)
+        _kill(dsn, fleet, rng.randrange(len(fleet.workers)), figures, timeout)
 
     return inject
+
+
+def _kill(dsn: str, fleet: Fleet, index: int, figures: Figures, timeout: float) -> None:
+    """SIGKILL worker ``index``, frozen first (SIGSTOP) while the leases it holds are
+    read, then probe how long until they all moved on."""
+    victim = fleet.kill(index, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    # Read while the victim is frozen: it changes nothing, and its open transactions
+    # keep their row locks. Read only after the kill, an atomic job whose lease had
+    # already expired (legal: its row lock holds it) could be reaped in the moment
+    # between the kill releasing that lock and the read, and go uncounted.
+    frozen = held_leases(dsn, worker=victim.worker_id)
+    victim.send(signal.SIGKILL)
+    victim.proc.wait(10)
+    # And after the kill: a statement the victim sent before it froze (an acquire)
+    # may have committed since; its fresh lease cannot have been reaped yet.
+    held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
+    figures.notes.setdefault("victims", []).append(victim.worker_id)
+    _probe(dsn, figures, held, stopped_at, timeout)
 
 
 # A job whose handler began this long ago and that is still running: with handlers of a
@@ -122,14 +128,7 @@ def kill_worker_mid_group(
                     figures.notes["kills_mid_group"] = figures.notes.get("kills_mid_group", 0) + 1
                     break
                 time.sleep(0.002)
-        victim = fleet.kill(index, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        frozen = held_leases(dsn, worker=victim.worker_id)  # as in kill_random_worker
-        victim.send(signal.SIGKILL)
-        victim.proc.wait(10)
-        held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
-        figures.notes.setdefault("victims", []).append(victim.worker_id)
-        _probe(dsn, figures, held, stopped_at, timeout)
+        _kill(dsn, fleet, index, figures, timeout)
 
     return inject
 
