@@ -106,17 +106,19 @@ async def flush_to(probe: psycopg.AsyncConnection[Any], lsn: str) -> None:
     test server) even the commits wait for it. So the probe commits a transaction that
     wrote WAL, synchronously: its commit is flushed, and everything before it with it.
     """
-    cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
-    [(done,)] = await cur.fetchall()
-    if done:
+    if await _flushed(probe, lsn):
         return
     async with probe.transaction():
         await probe.execute("SET LOCAL synchronous_commit = on")
         await probe.execute("SELECT pg_logical_emit_message(true, 'pgwork-bench', '')")
+    if not await _flushed(probe, lsn):
+        raise RuntimeError(f"the server did not flush its WAL up to {lsn}")
+
+
+async def _flushed(probe: psycopg.AsyncConnection[Any], lsn: str) -> bool:
     cur = await probe.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (lsn,))
     [(done,)] = await cur.fetchall()
-    if not done:
-        raise RuntimeError(f"the server did not flush its WAL up to {lsn}")
+    return bool(done)
 
 
 def _cpu(pid: int) -> float:

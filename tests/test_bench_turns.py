@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
 import psycopg
 import pytest
 
-from _bench_runs import needs_walinspect, run_bench
+from _bench_runs import REPO, needs_walinspect, run_bench
 
-REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.turns import flush_to  # noqa: E402
+from bench.turns import flush_to
 
 
 @pytest.mark.slow
