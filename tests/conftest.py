@@ -2,16 +2,21 @@
 
 The PostgreSQL fixtures (``pgwork_dsn``, ``empty_database_dsn``, ``pg_server_dsn``, ...)
 come from pgwork's own pytest plugin, ``pgwork.testing.plugin``. Async tests run on
-anyio's pytest plugin with the asyncio backend.
+anyio's pytest plugin with the asyncio backend, on asyncio's own event loop, or on
+uvloop's when ``PGWORK_TEST_LOOP=uvloop`` (as ``pgwork worker`` runs where uvloop is
+installed; ``.ci/run`` runs one of its two passes so).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from tests._loop import TEST_LOOP
 
 pytest_plugins = ["pytester", "tests._skips"]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {"use_uvloop": TEST_LOOP == "uvloop"})

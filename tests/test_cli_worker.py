@@ -37,6 +37,7 @@ registry = JobTypeRegistry()
 block = registry.job_type("block", input=Num)
 quick = registry.job_type("quick", input=Num)
 stubborn = registry.job_type("stubborn", input=Num)
+loop_of = registry.job_type("loop_of", input=Num, output=str)
 
 async def handle_block(attempt):
     await anyio.sleep_forever()
@@ -52,6 +53,10 @@ async def handle_stubborn(attempt):
 async def handle_quick(attempt):
     return None
 
+async def handle_loop_of(attempt):
+    import asyncio
+    return type(asyncio.get_running_loop()).__module__
+
 async def worker(dsn, max_slots=2, queues=None, poll_interval=0.2, abandon_after=5.0):
     state = await PostgresStateAdapter.connect(dsn)
     client = create_client(
@@ -59,7 +64,10 @@ async def worker(dsn, max_slots=2, queues=None, poll_interval=0.2, abandon_after
     )
     return create_in_process_worker(
         client=client,
-        processors={block: handle_block, quick: handle_quick, stubborn: handle_stubborn},
+        processors={
+            block: handle_block, quick: handle_quick, stubborn: handle_stubborn,
+            loop_of: handle_loop_of,
+        },
         max_slots=max_slots,
         queues=queues,
         poll_interval=poll_interval,
@@ -268,6 +276,13 @@ def _enqueue(dsn: str, type_name: str) -> str:
     return done.stdout.strip()
 
 
+def _output(dsn: str, job_id: str) -> object:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT output FROM pgwork.jobs WHERE id = %s", [job_id]).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def _job(dsn: str, job_id: str) -> tuple[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
@@ -301,6 +316,40 @@ def test_sigterm_stops_the_worker_gracefully_with_exit_zero(targets: Path, pgwor
     assert "SIGTERM: stopping" in log
     assert "worker.stopped" in log
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("args", "loop"),
+    [
+        ((), "uvloop"),  # auto: uvloop is installed here (the dev extra)
+        (("--loop", "uvloop"), "uvloop"),
+        (("--loop", "asyncio"), "asyncio"),
+    ],
+)
+def test_the_worker_runs_its_handlers_on_the_event_loop_chosen(
+    targets: Path, pgwork_dsn: str, args: tuple[str, ...], loop: str
+) -> None:
+    worker = WorkerProcess(targets, pgwork_dsn, "cli_targets:worker", *args)
+    try:
+        worker.wait_for_output("worker.started")
+        job_id = _enqueue(pgwork_dsn, "loop_of")
+        _wait_for_status(pgwork_dsn, job_id, "completed")
+        worker.signal(signal.SIGTERM)
+        assert worker.wait() == 0
+    finally:
+        worker.kill()
+    assert str(_output(pgwork_dsn, job_id)).split(".")[0] == loop
+
+
+def test_asking_for_uvloop_where_it_is_missing_is_a_usage_error(
+    targets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    result = CliRunner().invoke(
+        main, ["worker", "cli_targets:worker", "--dsn", REFUSED, "--loop", "uvloop"]
+    )
+    assert result.exit_code == 2
+    assert "pgwork[uvloop]" in result.stderr
 
 
 def test_a_second_signal_aborts_in_flight_jobs_and_hands_them_back(

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from pydantic import BaseModel
+from tests._loop import run as run_on_test_loop
 
 from pgwork import (
     Attempt,
@@ -69,4 +70,4 @@ async def main(dsn: str) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="log %(message)s")
-    asyncio.run(main(sys.argv[1]))
+    run_on_test_loop(main, sys.argv[1])

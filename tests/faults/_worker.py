@@ -47,6 +47,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
+from tests._loop import run as run_on_test_loop
 from tests.faults._jobs import Spec, registry
 
 from pgwork import (
@@ -370,4 +371,4 @@ if __name__ == "__main__":
     logging.getLogger("pgwork").setLevel(logging.WARNING)
     logging.getLogger("pgwork").addHandler(_Echo())
     logging.getLogger("psycopg").setLevel(logging.ERROR)
-    sys.exit(asyncio.run(main(parse(sys.argv[1:]))))
+    sys.exit(run_on_test_loop(main, parse(sys.argv[1:])))

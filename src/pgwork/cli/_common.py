@@ -22,8 +22,10 @@ from rich.console import Console
 from pgwork.postgres._names import DEFAULT_SCHEMA
 
 __all__ = [
+    "LOOPS",
     "dsn_option",
     "load_migrations",
+    "loop_options",
     "require_dsn",
     "schema_option",
     "stderr",
@@ -60,6 +62,30 @@ schema_option = click.option(
     show_default=True,
     help="Schema holding pgwork's tables.",
 )
+
+
+# ``--loop``: the event loop a long-running command runs on.
+LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def loop_options(choice: str) -> dict[str, Any]:
+    """anyio's backend options for ``--loop CHOICE``.
+
+    ``auto`` takes uvloop when it is installed (``pgwork[uvloop]``) and asyncio's own
+    loop otherwise, as uvicorn, PgQueuer's and oban-py's command lines do, so a worker
+    runs on the loop a user of those would expect; ``uvloop`` insists on it."""
+    if choice == "asyncio":
+        return {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise click.UsageError(
+                "--loop uvloop: uvloop is not installed (pip install 'pgwork[uvloop]'; "
+                "it has no Windows build)"
+            ) from None
+        return {}
+    return {"use_uvloop": True}
 
 
 def load_migrations() -> ModuleType:

@@ -16,7 +16,7 @@ import anyio
 import click
 
 from pgwork.cli._app import EXIT_ABANDONED
-from pgwork.cli._common import dsn_option, stop_on_signals
+from pgwork.cli._common import LOOPS, dsn_option, loop_options, stop_on_signals
 from pgwork.cli._worker_target import build_worker
 from pgwork.errors import ConfigurationError
 from pgwork.worker import tune_gc
@@ -60,6 +60,14 @@ __all__ = ["worker"]
     "pgwork.worker.tune_gc).",
 )
 @click.option(
+    "--loop",
+    type=click.Choice(LOOPS),
+    default="auto",
+    show_default=True,
+    help="The event loop: uvloop (pip install 'pgwork[uvloop]'), asyncio's own, or "
+    "auto: uvloop when it is installed.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     default="INFO",
@@ -76,6 +84,7 @@ def worker(
     notify_dsn: str | None,
     no_prepare: bool,
     no_gc_tuning: bool,
+    loop: str,
     log_level: str,
 ) -> None:
     """Run the worker MODULE:ATTR until SIGTERM or Ctrl-C.
@@ -102,6 +111,7 @@ def worker(
     }
     if no_prepare:
         options["prepare_threshold"] = None
+    backend_options = loop_options(loop)
     factory = _load_target(target)
 
     async def serve() -> None:
@@ -127,7 +137,7 @@ def worker(
             sys.stderr.flush()
             os._exit(EXIT_ABANDONED)
 
-    anyio.run(serve)
+    anyio.run(serve, backend_options=backend_options)
 
 
 def _queue_list(values: tuple[str, ...]) -> list[str]:
