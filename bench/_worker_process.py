@@ -5,10 +5,11 @@ reading a worker's resident memory or CPU time without the benchmark's own in it
 when peers run (each in a process of its own), pgwork's enqueue and drain rows, so
 that no library is measured inside the harness while the others are not.
 
-Worker protocol: the child prints JSON lines. ``{"event": "ready"}`` once its client is
-open; it starts the worker on the line ``go``, prints ``{"event": "first"}`` as its
-first handler starts (the enqueuer: as its loop starts), for the harness to start
-reading what the run costs (bench/_cost.py), then prints ``{"event": "count", ...}``
+Worker protocol: the child prints JSON lines. ``{"event": "ready", "loop": ...}`` once
+its client is open (``loop``: the event loop it runs on, the harness's); it starts the
+worker on the line ``go``, prints ``{"event": "first"}`` as its first handler starts
+(the enqueuer: as its loop starts), for the harness to start reading what the run
+costs (bench/_cost.py), then prints ``{"event": "count", ...}``
 every ``--report-every`` seconds (0: never, for an idle worker whose CPU is measured),
 and at once when its handlers' count reaches ``--target`` (the harness then looks for
 the drained queue right away, as the peers' runners do on their own last handler,
@@ -37,6 +38,7 @@ import anyio
 import psycopg
 
 from bench._cost import CostMeter
+from bench._loop import current, run
 from bench._pgwork_app import Counter, enqueue_jobs, open_client
 from bench._report import Cost
 
@@ -74,7 +76,7 @@ async def _child(args: argparse.Namespace) -> None:
         )
         if not args.no_gc_tuning:
             tune_gc()  # as the `pgwork worker` program does once the application is loaded
-        _say(event="ready")
+        _say(event="ready", loop=current())
         if not await _go():
             return
         stop = await worker.start()
@@ -101,7 +103,7 @@ async def _enqueuer(args: argparse.Namespace) -> None:
         open_client(args.dsn, pool_size=2) as client,
         await psycopg.AsyncConnection.connect(args.dsn) as conn,
     ):
-        _say(event="ready")
+        _say(event="ready", loop=current())
         if not await _go():
             return
         _say(event="first")
@@ -120,6 +122,7 @@ class WorkerProcess:
         self.first: float | None = None
         self.seconds: float | None = None
         self.meter: CostMeter | None = None
+        self.loop: str | None = None  # the event loop the child said it runs on
         self._ready = asyncio.Event()
         self._stopped = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -163,6 +166,8 @@ class WorkerProcess:
             "bench._worker_process",
             "--dsn",
             dsn,
+            "--loop",
+            current(),  # the harness's: pgwork runs on one loop throughout a run
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -183,6 +188,7 @@ class WorkerProcess:
                 continue
             kind = event.get("event")
             if kind == "ready":
+                self.loop = event.get("loop")
                 self._ready.set()
             elif kind == "first":
                 if self.meter is not None:
@@ -269,9 +275,10 @@ def main() -> None:
         "--target", type=int, default=None, help="report at once when this many handlers ran"
     )
     parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()
-    asyncio.run(_enqueuer(args) if args.enqueue is not None else _child(args))
+    run(_enqueuer(args) if args.enqueue is not None else _child(args), args.loop)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import subprocess
@@ -14,6 +13,7 @@ from rich.logging import RichHandler
 
 from bench._context import Context
 from bench._env import PgworkDatabases, describe_environment, server
+from bench._loop import LOOPS, current, resolve, run
 from bench._pgwork_workloads import PGWORK_WORKLOADS
 from bench._plan import WORKLOADS, Sizes
 from bench._progress import Bars
@@ -72,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json", type=Path, help="also write the results with the environment as JSON"
     )
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="auto",
+        help="pgwork's event loop, in the harness and in its worker and enqueuer processes "
+        "(default auto: uvloop when installed, as `pgwork worker` picks it); the raw floor "
+        "runs on the same, each peer on the one its own command line picks",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
         "--fail-fast", action="store_true", help="stop at the first workload that fails"
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"unknown workload(s) {', '.join(unknown)}; choose from {list(WORKLOADS)}")
     if args.size <= 0:
         _parser().error("--size must be positive")
-    return asyncio.run(_run(args))
+    return run(_run(args), resolve(args.loop))
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -99,6 +107,7 @@ async def _run(args: argparse.Namespace) -> int:
             "workloads": ",".join(args.only),
             "jobs": sizes.describe(),
             "handlers": "no-op",
+            "pgwork's event loop": f"{current()} (--loop {args.loop})",
             "load average (1 min) at the start": f"{os.getloadavg()[0]:.2f}",
         }
         env = describe_environment(admin_dsn, kind, options)

@@ -43,6 +43,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bench._cost import backends_cpu, process_cpu
 from bench._env import PgworkDatabases, server
+from bench._loop import LOOPS, current, resolve, run
 from bench._pgwork_app import Counter, Item, bulk_load, open_client
 from pgwork import ChainStart, create_in_process_worker
 from pgwork.worker import tune_gc
@@ -278,6 +279,7 @@ async def _run(args: argparse.Namespace) -> None:
     only = set(args.only.split(","))
     if args.tune_gc:
         tune_gc()
+    print(f"event loop: {current()}")
     with server(args.dsn) as (admin, _kind):
         dbs = PgworkDatabases(admin)
         try:
@@ -341,7 +343,11 @@ def main() -> None:
         "`pgwork worker` and the benchmark's worker processes do",
     )
     parser.add_argument("--profile", metavar="FILE")
-    asyncio.run(_run(parser.parse_args()))
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="auto", help="the event loop (auto: uvloop if installed)"
+    )
+    args = parser.parse_args()
+    run(_run(args), resolve(args.loop))
 
 
 if __name__ == "__main__":

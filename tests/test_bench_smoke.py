@@ -88,6 +88,7 @@ def test_bench_runs_every_workload_at_a_tiny_size(pg_server_dsn: str, tmp_path: 
     assert "Did not run" not in table
     assert "PostgreSQL:" in table
     assert "wal_level=" in table
+    assert "pgwork's event loop=uvloop (--loop auto)" in table
     assert '"synchronous_commit"' in results.read_text()
 
 

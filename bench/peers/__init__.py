@@ -25,6 +25,7 @@ from typing import Any
 
 from bench._cost import CostMeter
 from bench._env import fresh_database
+from bench._loop import current
 from bench._plan import (
     BEST_SETTINGS,
     ROW_DRAIN_BEST,
@@ -63,27 +64,43 @@ class PeerSpec:
     # What ``--concurrency`` sets, for the "best" row's note; None: the script has no
     # such knob, and its one drain is its best.
     knob: str | None = None
+    # The event loop the library's own command line runs its worker on, where uvloop
+    # is installed (the peers' virtualenv has it: PgQueuer depends on it); None: the
+    # harness's, which pgwork runs on (the raw floor's, so floor and pgwork share one).
+    loop: str | None = None
 
 
 FLOOR = "raw"
 _USUAL = ("enqueue", "drain", "latency")
 # Column name -> how to run it. oban-py needs Python 3.12+.
+# The loops: `oban start` and `pgq run` run on uvloop when it can be imported (oban-py's
+# and PgQueuer's cli.py), `procrastinate worker` on asyncio.run.
 PEERS = {
-    "oban": PeerSpec("oban", "oban"),
+    "oban": PeerSpec("oban", "oban", loop="uvloop"),
     "pgqueuer-asyncpg": PeerSpec(
-        "pgqueuer", "pgqueuer", ("--driver", "asyncpg"), (*_USUAL, "best"), "batch_size"
+        "pgqueuer",
+        "pgqueuer",
+        ("--driver", "asyncpg"),
+        (*_USUAL, "best"),
+        "batch_size",
+        loop="uvloop",
     ),
     "pgqueuer-psycopg": PeerSpec(
-        "pgqueuer", "pgqueuer", ("--driver", "psycopg"), (*_USUAL, "best"), "batch_size"
+        "pgqueuer",
+        "pgqueuer",
+        ("--driver", "psycopg"),
+        (*_USUAL, "best"),
+        "batch_size",
+        loop="uvloop",
     ),
-    "procrastinate": PeerSpec("procrastinate", "procrastinate"),
+    "procrastinate": PeerSpec("procrastinate", "procrastinate", loop="asyncio"),
     # The floor's drain is already its best (4 connections, claims of 100): as is.
     FLOOR: PeerSpec("raw", None, workloads=("enqueue", "drain", "best")),
 }
 DISTRIBUTIONS = ("oban", "pgqueuer", "procrastinate")
 # Drivers whose versions the report names (PgQueuer runs on both).
 DRIVERS = ("asyncpg", "psycopg")
-COMMON = ["psycopg[binary]>=3.2", "psycopg-pool>=3.2", "asyncpg"]
+COMMON = ["psycopg[binary]>=3.2", "psycopg-pool>=3.2", "asyncpg", "uvloop"]
 RUN_LIMIT = 1200.0
 
 
@@ -177,6 +194,8 @@ async def _run_script(
         str(HERE / script),
         "--dsn",
         dsn,
+        "--loop",
+        spec.loop or current(),
         *spec.args,
         *arguments,
         stdout=asyncio.subprocess.PIPE,
@@ -320,7 +339,13 @@ class Peers:
     def describe(self) -> str:
         names = [*DISTRIBUTIONS, *DRIVERS]
         installed = ", ".join(f"{d} {self.versions[d]}" for d in names if d in self.versions)
-        return f"{installed or 'none installed'}; the raw-SQL floor under psycopg {_psycopg()}"
+        loops = ", ".join(
+            f"{peer} on {spec.loop}" for peer, spec in PEERS.items() if spec.loop is not None
+        )
+        return (
+            f"{installed or 'none installed'}; the raw-SQL floor under psycopg {_psycopg()} "
+            f"on pgwork's event loop ({current()}); {loops}"
+        )
 
 
 def _psycopg() -> str:

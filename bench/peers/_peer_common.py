@@ -21,7 +21,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,24 @@ WAIT_LIMIT = 900.0
 def emit(**event: Any) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
+
+
+LOOPS = ("asyncio", "uvloop")
+
+
+def run_on_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main()`` on the event loop ``--loop`` names: the one the library's own
+    command line runs its worker on (``bench.peers.PEERS``)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--loop", choices=LOOPS, default="asyncio")
+    loop = pre.parse_known_args()[0].loop
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
 
 
 def parse_args(
@@ -47,6 +65,7 @@ def parse_args(
     parser.add_argument("--batch", type=int, default=0, help="0: one job per transaction")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--interval", type=float, default=0.02)
+    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
     if drivers:
         parser.add_argument("--driver", choices=drivers, default=drivers[0])
     return parser.parse_args(argv)

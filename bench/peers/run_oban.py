@@ -12,6 +12,7 @@ from _peer_common import (
     follow,
     paced_enqueue,
     parse_args,
+    run_on_loop,
     timed_enqueue,
     wait_empty,
 )
@@ -71,4 +72,4 @@ async def run(args, pool: AsyncConnectionPool) -> None:  # type: ignore[no-untyp
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_on_loop(main)

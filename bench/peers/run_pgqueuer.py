@@ -23,6 +23,7 @@ from _peer_common import (
     follow,
     paced_enqueue,
     parse_args,
+    run_on_loop,
     timed_enqueue,
     wait_empty,
 )
@@ -109,4 +110,4 @@ async def _work(args: Any, counter: Counter, enqueue: Callable[[list[int]], Any]
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_on_loop(main)

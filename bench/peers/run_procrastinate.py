@@ -13,6 +13,7 @@ from _peer_common import (
     follow,
     paced_enqueue,
     parse_args,
+    run_on_loop,
     timed_enqueue,
     wait_empty,
 )
@@ -71,4 +72,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_on_loop(main)

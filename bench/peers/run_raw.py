@@ -27,7 +27,16 @@ import asyncio
 import sys
 
 import psycopg
-from _peer_common import Counter, drained, emit, follow, parse_args, timed_enqueue, wait_empty
+from _peer_common import (
+    Counter,
+    drained,
+    emit,
+    follow,
+    parse_args,
+    run_on_loop,
+    timed_enqueue,
+    wait_empty,
+)
 
 SCHEMA = """
 CREATE TABLE raw_jobs (
@@ -110,4 +119,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_on_loop(main)
