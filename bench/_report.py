@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from bench._env import Environment
 from bench._plan import ROW_DRAIN_BEST, ROW_DRAIN_BEST_ATOMIC
@@ -186,3 +186,28 @@ def _ratio(ours: Measurement | None, theirs: list[Measurement | None], *, name: 
         best = min(peers, key=lambda m: m.value)
         ratio = best.value / ours.value
     return f"{ratio:.2f}x ({TITLES[best.library]})" if name else f"{ratio:.2f}x"
+
+
+def medians(measurements: list[Measurement]) -> list[Measurement]:
+    """One measurement per row and library: where a workload ran several times
+    (``--repeat``), the run whose figure is the median (the lower middle one of an even
+    count), its cost rows with it, and a note giving every run's figure in run order;
+    the table keeps the order of first appearance."""
+    runs: dict[tuple[str, str], list[Measurement]] = {}
+    for m in measurements:
+        runs.setdefault((m.row, m.library), []).append(m)
+    out = []
+    for tried in runs.values():
+        if len(tried) == 1:
+            out.append(tried[0])
+            continue
+        ranked = sorted(tried, key=lambda m: m.value)
+        middle = ranked[(len(ranked) - 1) // 2]
+        figures = ", ".join(_figure(m.value) for m in tried)
+        note = f"median of {len(tried)} runs ({figures} {middle.unit})"
+        out.append(replace(middle, note=f"{note}; {middle.note}" if middle.note else note))
+    return out
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"

@@ -7,7 +7,9 @@ import logging
 import os
 import subprocess
 import traceback
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from rich.logging import RichHandler
 
@@ -17,7 +19,7 @@ from bench._loop import LOOPS, current, resolve, run
 from bench._pgwork_workloads import PGWORK_WORKLOADS
 from bench._plan import WORKLOADS, Sizes
 from bench._progress import Bars
-from bench._report import Measurement, render_json, render_markdown
+from bench._report import Measurement, medians, render_json, render_markdown
 from bench.peers import Peers, prepare_peers, run_peer
 
 __all__ = ["main"]
@@ -80,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
         "(default auto: uvloop when installed, as `pgwork worker` picks it); the raw floor "
         "runs on the same, each peer on the one its own command line picks",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each workload this many times, pgwork and the peers taking turns, and "
+        "report each row's median run (its note gives every run's figure): on a shared "
+        "machine one run's rate can move by a third",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument(
         "--fail-fast", action="store_true", help="stop at the first workload that fails"
@@ -94,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error(f"unknown workload(s) {', '.join(unknown)}; choose from {list(WORKLOADS)}")
     if args.size <= 0:
         _parser().error("--size must be positive")
+    if args.repeat < 1:
+        _parser().error("--repeat must be at least 1")
     return run(_run(args), resolve(args.loop))
 
 
@@ -105,6 +117,7 @@ async def _run(args: argparse.Namespace) -> int:
         options = {
             "size": f"{args.size:g}",
             "workloads": ",".join(args.only),
+            "repeats": str(args.repeat),
             "jobs": sizes.describe(),
             "handlers": "no-op",
             "pgwork's event loop": f"{current()} (--loop {args.loop})",
@@ -124,24 +137,17 @@ async def _run(args: argparse.Namespace) -> int:
                 # Workload by workload, pgwork then each peer, so a disturbance on the
                 # machine hits neighbours in the table alike.
                 for name in args.only:
-                    runs = [("pgwork", PGWORK_WORKLOADS[name](ctx))]
-                    if peers is not None and name in PEER_WORKLOADS:
-                        runs += [
-                            (peer, run_peer(peers, peer, name, admin_dsn, bars, sizes))
-                            for peer in peers.available(name)
-                        ]
-                    for library, run in runs:
-                        try:
-                            measurements += await run
-                        except Exception as exc:
-                            if args.fail_fast:
-                                raise
-                            bars.log(f"[red]{library} {name} failed: {exc!r}")
-                            failures.append(f"{library} {name}: {exc!r}")
-                            if os.environ.get("PGWORK_BENCH_DEBUG"):
-                                traceback.print_exc()
+                    for _ in range(args.repeat):
+                        runs = [("pgwork", PGWORK_WORKLOADS[name](ctx))]
+                        if peers is not None and name in PEER_WORKLOADS:
+                            runs += [
+                                (peer, run_peer(peers, peer, name, admin_dsn, bars, sizes))
+                                for peer in peers.available(name)
+                            ]
+                        await _measure(runs, name, args, bars, measurements, failures)
         finally:
             dbs.close()
+    measurements = medians(measurements)
     env.options["load average (1 min) at the end"] = f"{os.getloadavg()[0]:.2f}"
     table = render_markdown(env, measurements, failures=failures)
     print(table)
@@ -150,6 +156,28 @@ async def _run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(render_json(env, measurements, failures=failures) + "\n")
     return 1 if failures else 0
+
+
+async def _measure(
+    runs: list[tuple[str, Coroutine[Any, Any, list[Measurement]]]],
+    name: str,
+    args: argparse.Namespace,
+    bars: Bars,
+    measurements: list[Measurement],
+    failures: list[str],
+) -> None:
+    """Await each library's run of workload ``name`` in turn, adding what it measured
+    to ``measurements`` or, if it failed, why to ``failures``."""
+    for library, pending in runs:
+        try:
+            measurements += await pending
+        except Exception as exc:
+            if args.fail_fast:
+                raise
+            bars.log(f"[red]{library} {name} failed: {exc!r}")
+            failures.append(f"{library} {name}: {exc!r}")
+            if os.environ.get("PGWORK_BENCH_DEBUG"):
+                traceback.print_exc()
 
 
 async def _prepare_peers(args: argparse.Namespace, bars: Bars, failures: list[str]) -> Peers | None:
