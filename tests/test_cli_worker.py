@@ -300,17 +300,25 @@ def _wait_for_status(dsn: str, job_id: str, status: str, timeout: float = 30.0) 
         time.sleep(0.05)
 
 
-def test_sigterm_stops_the_worker_gracefully_with_exit_zero(targets: Path, pgwork_dsn: str) -> None:
-    worker = WorkerProcess(targets, pgwork_dsn, "cli_targets:worker", "--slots", "3")
+def _one_job_then_sigterm(
+    cwd: Path, dsn: str, type_name: str, *args: str
+) -> tuple[WorkerProcess, str]:
+    """Start ``pgwork worker cli_targets:worker ARGS``, have it complete one job of
+    ``type_name``, stop it with SIGTERM and check it exits 0; the process and job id."""
+    worker = WorkerProcess(cwd, dsn, "cli_targets:worker", *args)
     try:
         worker.wait_for_output("worker.started")
-        job_id = _enqueue(pgwork_dsn, "quick")
-        _wait_for_status(pgwork_dsn, job_id, "completed")
+        job_id = _enqueue(dsn, type_name)
+        _wait_for_status(dsn, job_id, "completed")
         worker.signal(signal.SIGTERM)
         assert worker.wait() == 0
     finally:
         worker.kill()
+    return worker, job_id
 
+
+def test_sigterm_stops_the_worker_gracefully_with_exit_zero(targets: Path, pgwork_dsn: str) -> None:
+    worker, _ = _one_job_then_sigterm(targets, pgwork_dsn, "quick", "--slots", "3")
     log = worker.stderr_path.read_text()
     assert "max_slots=3" in log
     assert "SIGTERM: stopping" in log
@@ -329,15 +337,7 @@ def test_sigterm_stops_the_worker_gracefully_with_exit_zero(targets: Path, pgwor
 def test_the_worker_runs_its_handlers_on_the_event_loop_chosen(
     targets: Path, pgwork_dsn: str, args: tuple[str, ...], loop: str
 ) -> None:
-    worker = WorkerProcess(targets, pgwork_dsn, "cli_targets:worker", *args)
-    try:
-        worker.wait_for_output("worker.started")
-        job_id = _enqueue(pgwork_dsn, "loop_of")
-        _wait_for_status(pgwork_dsn, job_id, "completed")
-        worker.signal(signal.SIGTERM)
-        assert worker.wait() == 0
-    finally:
-        worker.kill()
+    _, job_id = _one_job_then_sigterm(targets, pgwork_dsn, "loop_of", *args)
     assert str(_output(pgwork_dsn, job_id)).split(".")[0] == loop
 
 
