@@ -3,7 +3,9 @@ _peer_common.py.
 
 ``--driver asyncpg`` is PgQueuer's strongest documented setup: its performance guide
 asks for a direct asyncpg connection (``AsyncpgDriver``, not the pool driver) for the
-``QueueManager``, and its own benchmark finds asyncpg ~1.7x psycopg. The enqueuing side
+``QueueManager``, and its own benchmark finds asyncpg ~1.7x psycopg. Both drivers run on
+uvloop (``--loop uvloop``, given by ``bench.peers.PEERS``), as ``pgq run`` does wherever
+uvloop is installed (PgQueuer depends on it). The enqueuing side
 also uses one direct connection: the benchmark enqueues from one connection, one call
 after another, where a pool (``AsyncpgPoolDriver``, which the guide suggests for many
 concurrent producers) would only add a checkout per call. ``--driver psycopg`` is
