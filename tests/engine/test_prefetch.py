@@ -6,14 +6,14 @@ stop without burning an attempt."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import Attempt, ChainStart, JobStatus, JobTypeRegistry
+from pgwork import Attempt, ChainStart, Client, JobStatus, JobType, JobTypeRegistry, StartedChain
 from pgwork.worker._admission import SHORT_HANDLER_S, Admission
 
 from .conftest import ClientFactory, eventually, scalar
@@ -23,6 +23,33 @@ pytestmark = pytest.mark.anyio
 
 class Num(BaseModel):
     n: int
+
+
+class _Steps(NamedTuple):
+    """A client with one job type, ``step``, and the chains it started."""
+
+    client: Client
+    step: JobType[Num, None]
+    started: list[StartedChain[Num, None]]
+
+
+async def _steps(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    count: int,
+    *,
+    lease: timedelta = timedelta(seconds=60),  # the job type's default
+    by_priority: bool = False,
+) -> _Steps:
+    """Enqueue and commit ``count`` ``step`` jobs, ``Num(n=0..count-1)`` (with
+    ``priority=n`` when ``by_priority``)."""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num, lease=lease)
+    client = await make_client(reg)
+    starts = [ChainStart(step, Num(n=n), priority=n if by_priority else None) for n in range(count)]
+    started = await client.start_chains(conn, starts)
+    await conn.commit()
+    return _Steps(client, step, list(started))
 
 
 RUNNING = "SELECT count(*) FROM pgwork.jobs WHERE status = 'running'"
@@ -74,12 +101,8 @@ async def _completed(dsn: str, count: int) -> None:
 async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
+    client, step, _ = await _steps(make_client, conn, 6)
     gate = _Gate()
-    await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(6)])
-    await conn.commit()
 
     await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
     # One handler runs; two more jobs are leased to the worker, waiting for its slot.
@@ -95,12 +118,8 @@ async def test_a_busy_slot_keeps_its_next_jobs_acquired_and_runs_them_in_order(
 async def test_a_single_slot_runs_its_jobs_strictly_in_queue_order(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
     jobs = 12
-    await client.start_chains(conn, [ChainStart(step, Num(n=n), priority=n) for n in range(jobs)])
-    await conn.commit()
+    client, step, _ = await _steps(make_client, conn, jobs, by_priority=True)
     seen: list[int] = []
 
     async def handle(attempt: Attempt[Num, None]) -> None:
@@ -133,12 +152,8 @@ async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
 ) -> None:
     from pgwork import create_in_process_worker
 
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
+    client, step, started = await _steps(make_client, conn, 3)
     gate = _Gate()
-    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
-    await conn.commit()
     worker = create_in_process_worker(
         client=client, processors={step: gate}, max_slots=1, prefetch=2, poll_interval=0.2
     )
@@ -167,12 +182,8 @@ async def test_stop_hands_prefetched_jobs_back_without_burning_an_attempt(
 async def test_prefetched_jobs_keep_their_leases_while_they_wait(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num, lease=timedelta(seconds=1))
-    client = await make_client(reg)
+    client, step, started = await _steps(make_client, conn, 2, lease=timedelta(seconds=1))
     gate = _Gate()
-    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(2)])
-    await conn.commit()
     await workers(client=client, processors={step: gate}, max_slots=1, prefetch=1)
     with anyio.fail_after(20):
         await gate.first_running.wait()
@@ -261,12 +272,8 @@ def test_an_explicit_prefetch_ignores_handler_durations(prefetch: int) -> None:
 async def test_a_prefetched_job_cancelled_while_it_waits_never_starts(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    reg = JobTypeRegistry()
-    step = reg.job_type("step", input=Num)
-    client = await make_client(reg)
+    client, step, started = await _steps(make_client, conn, 3)
     gate = _Gate()
-    started = await client.start_chains(conn, [ChainStart(step, Num(n=n)) for n in range(3)])
-    await conn.commit()
     worker = await workers(client=client, processors={step: gate}, max_slots=1, prefetch=2)
     await _one_running_two_prefetched(gate, pgwork_dsn)
     await client.cancel(conn, [started[1].id])
