@@ -15,8 +15,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-import anyio
-
 from pgwork._client_control import continuation_job
 from pgwork.adapters.state import AcquiredJob, NewJob, StateAdapter
 from pgwork.client import split_schedule
@@ -51,11 +49,14 @@ Outcome = Completed | Rescheduled
 class Attempt(Generic[I, O]):
     """Handed to ``async def handler(attempt)``.
 
-    ``job`` is the typed job (``job.input`` is an ``I``). ``cancel_scope`` is the anyio
-    scope the handler runs in. Its deadline is the job type's timeout (an atomic
-    attempt's, else its lease): past it the attempt fails with ``TimeoutError``. When
-    the worker aborts the attempt (lease lost, job cancelled, worker stopping) it sets
-    ``abort_reason`` and cancels the scope.
+    ``job`` is the typed job (``job.input`` is an ``I``). ``deadline`` is when the
+    handler is cancelled for overrunning its job type's timeout (an atomic attempt's,
+    else its lease), in the event loop's clock (``loop.time()``,
+    ``anyio.current_time()``), or None without a timeout: past it the attempt fails
+    with ``TimeoutError``. When the worker aborts the attempt (lease lost, job
+    cancelled, worker stopping) it sets ``abort_reason`` and cancels the handler.
+    Either cancellation is asyncio's own ``CancelledError``, raised once where the
+    handler waits (not inside a shielded anyio scope: once it has left it).
     ``connection`` is the open database connection of an *atomic* attempt: rows the
     handler writes through it commit together with the job's completion (``None`` in
     staged mode).
@@ -72,12 +73,11 @@ class Attempt(Generic[I, O]):
         max_payload_bytes: int,
         transaction: Any | None,
         state: StateAdapter,
-        cancel_scope: anyio.CancelScope | None = None,
     ) -> None:
         self.job = job
         self.job_type = job_type
         self.worker_id = worker_id
-        self.cancel_scope = anyio.CancelScope() if cancel_scope is None else cancel_scope
+        self.deadline: float | None = None
         self.abort_reason: AbortReason | None = None
         self.transaction = transaction
         self.connection: Any = getattr(transaction, "connection", None)
@@ -92,10 +92,10 @@ class Attempt(Generic[I, O]):
         return self.abort_reason is not None
 
     def abort(self, reason: AbortReason) -> None:
-        """Stop the handler (first reason wins). Called by the worker."""
+        """Record why the attempt was aborted (first reason wins). Called by the
+        worker, which then cancels the handler."""
         if self.abort_reason is None:
             self.abort_reason = reason
-        self.cancel_scope.cancel()
 
     async def complete(
         self, output: O | None = None, *, continue_with: Continuation | None = None

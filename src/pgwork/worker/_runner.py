@@ -41,7 +41,7 @@ from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher, Pending
-from pgwork.worker._slot import Abandoned, Slot, scope_type
+from pgwork.worker._slot import Abandoned, Slot
 from pgwork.worker._watchdog import Watchdog
 
 log = logging.getLogger("pgwork.worker")
@@ -83,6 +83,14 @@ _build_completion = frozen_builder(
 )
 
 
+def _take_back(task: asyncio.Task[Any], cancels: int) -> int:
+    """Undo ``cancels`` cancellations of ``task``; return how many are left pending."""
+    left = task.cancelling()
+    for _ in range(cancels):
+        left = task.uncancel()
+    return left
+
+
 class SlotRunner:
     """Runs one acquired job through its handler and writes what came of it.
 
@@ -122,7 +130,6 @@ class SlotRunner:
         self._on_settled = on_settled
         # Atomic attempts share transactions (``atomic_group`` > 1), else None.
         self.groups = groups
-        self._scope: type[anyio.CancelScope] | None = None  # found on the first attempt
 
     def run(self, slot: Slot) -> Coroutine[Any, Any, bool]:
         """Run ``slot``'s attempt (the coroutine to await). True when its plain
@@ -189,9 +196,6 @@ class SlotRunner:
             acquired.dedup_key,
             acquired.context,
         )
-        scope = self._scope
-        if scope is None:
-            scope = self._scope = scope_type()
         attempt = Attempt(
             job=job,
             job_type=slot.job_type,
@@ -201,7 +205,6 @@ class SlotRunner:
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
             state=self.state,
-            cancel_scope=scope(),
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:
@@ -214,7 +217,12 @@ class SlotRunner:
         """Run the handler through the middlewares; return the exception it ended with
         (a deadline overrun is a ``TimeoutError``). An abort returns None with
         ``attempt.abort_reason`` set. A handler the watchdog gave up on raises
-        ``Abandoned`` here once it ends: its attempt was settled without it."""
+        ``Abandoned`` here once it ends: its attempt was settled without it.
+
+        The handler is stopped by cancelling this task (``Slot.interrupt``); the
+        cancellation is taken back here (``uncancel``) once the handler ended, so
+        nothing after it is cancelled. A cancellation of the task from elsewhere
+        (the worker itself cancelled) goes on up."""
         handler = self._handlers[slot.job_type.name]
         slot.started = started = time.monotonic()
         acquired = slot.acquired
@@ -233,34 +241,50 @@ class SlotRunner:
         slot.abandon_after = (
             self.abandon_after if abandon_after is None else abandon_after.total_seconds()
         )
-        slot.handler_running = True
         if attempt.aborted:
-            slot._stop_requested()
+            # Aborted before its handler could start (an atomic one while its
+            # transaction opened): the handler does not run at all.
+            return None
+        task = slot.task
+        if task is None:  # the runner driven outside a worker's slot task
+            task = asyncio.current_task()
+        slot.handler_task = task
+        # Cancellations of the task not yet taken back (none, unless a caller up the
+        # task swallowed one): the interruption's is told apart from them.
+        pending = task.cancelling() if task is not None else 0
         error: BaseException | None = None
-        scope = attempt.cancel_scope
+        if timeout is not None:
+            slot.timeout = timeout
+            seconds = timeout.total_seconds()
+            self.watchdog.watch(started + seconds + slot.abandon_after)
+            loop = asyncio.get_running_loop()
+            attempt.deadline = deadline = loop.time() + seconds
+            slot.timer = loop.call_at(deadline, slot.time_out)
+        slot.handler_running = True
         try:
-            if timeout is not None:
-                slot.timeout = timeout
-                seconds = timeout.total_seconds()
-                self.watchdog.watch(started + seconds + slot.abandon_after)
-                # The deadline on the attempt's own scope rather than a scope of
-                # ``fail_after`` inside it: one anyio scope fewer per timed attempt
-                # (every atomic one), each entry and exit a few µs.
-                scope.deadline = asyncio.get_running_loop().time() + seconds
-            with scope:
-                try:
-                    with slot.guard:
-                        result = await handler(attempt)
-                    attempt._finish_with(result)
-                except Exception as exc:
-                    error = exc
-            if timeout is not None and scope.cancelled_caught and attempt.abort_reason is None:
-                # Cancelled and not aborted: only its deadline cancels it. As with
-                # ``fail_after``: the handler ended by that cancellation (one that
-                # swallowed it and returned keeps its result).
+            result = await handler(attempt)
+            attempt._finish_with(result)
+        except Exception as exc:
+            error = exc
+        except asyncio.CancelledError:
+            interrupts = slot.interrupts
+            if not interrupts:
+                raise
+            slot.interrupts = 0
+            if task is not None and _take_back(task, interrupts) > pending:
+                raise  # cancelled from elsewhere as well
+            # The handler ended by the interruption (one that swallowed it and
+            # returned keeps its result).
+            if attempt.abort_reason is None and slot.timed_out:
                 error = TimeoutError()
         finally:
             slot.handler_running = False
+            if slot.timer is not None or slot.recheck is not None:
+                slot.stop_cancelling()
+            if slot.interrupts and task is not None:
+                # Interrupted, and the handler swallowed it: take it back all the same.
+                _take_back(task, slot.interrupts)
+                slot.interrupts = 0
         if slot.abandoned:
             raise Abandoned
         return error

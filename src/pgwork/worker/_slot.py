@@ -3,6 +3,17 @@
 What the lease renewer, the watchdog, admission and the attempt's runner
 (``_runner``) all read and write about one attempt, and nothing that runs it, so every
 one of them can import it without importing each other.
+
+Stopping a handler (its timeout, an abort) is asyncio's own cancellation of the slot's
+task, delivered once (``Slot.interrupt``), not an anyio cancel scope around the
+handler. A cancelled anyio scope cancels its task again on every turn of the event
+loop until the task leaves it, so a handler that swallowed the cancellation span a
+core, and the worker needed a second, shieldable scope inside the first to stop that
+once it gave up on the handler; entering and leaving the two scopes was a sixth of the
+worker's CPU per no-op job (docs/performance.md, session 14). The one thing a scope
+gave that a plain ``Task.cancel`` does not, respecting an anyio ``CancelScope(shield=
+True)`` the handler is inside, ``interrupt`` keeps by itself: it waits for the shield to
+be left.
 """
 
 from __future__ import annotations
@@ -13,24 +24,36 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import anyio
-
 from pgwork.adapters.state import AcquiredJob, Lease
 from pgwork.job_types import JobType
 from pgwork.records import AbortReason
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._watchdog import Watchdog
 
-__all__ = ["Abandoned", "Slot", "scope_type"]
+_task_states: Any
+try:  # where anyio keeps each task's innermost cancel scope (asyncio backend)
+    from anyio._backends._asyncio import _task_states
+except ImportError:  # pragma: no cover - a future anyio: shields are then not seen
+    _task_states = None
+
+__all__ = ["SHIELD_RECHECK_S", "Abandoned", "Slot", "in_anyio_shield"]
+
+# How often an interruption waiting for a handler to leave an anyio shield looks again.
+SHIELD_RECHECK_S = 0.005
 
 
-def scope_type() -> type[anyio.CancelScope]:
-    """The class of anyio's cancel scopes on the running event loop.
-
-    ``anyio.CancelScope()`` looks the event loop's library up (sniffio) every time it
-    builds one; the worker builds two per job, and the lookup cost more than entering
-    and leaving the scope. The class found once builds the same scope directly."""
-    return type(anyio.CancelScope())
+def in_anyio_shield(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` is inside a shielded anyio cancel scope just now (which
+    anyio's own cancellation would not reach, while ``Task.cancel`` would)."""
+    if _task_states is None:
+        return False
+    state = _task_states.get(task)
+    scope = state.cancel_scope if state is not None else None
+    while scope is not None:
+        if scope.shield:
+            return True
+        scope = getattr(scope, "_parent_scope", None)
+    return False
 
 
 class Abandoned(Exception):
@@ -47,16 +70,20 @@ class Slot:
         "acquired",
         "attempt",
         "context",
-        "guard",
         "handler_running",
+        "handler_task",
+        "interrupts",
         "job_type",
         "lease_deadline",
         "pending_abort",
+        "recheck",
         "settling",
         "started",
         "stopped_at",
         "task",
+        "timed_out",
         "timeout",
+        "timer",
         "watchdog",
     )
 
@@ -64,7 +91,6 @@ class Slot:
         self,
         acquired: AcquiredJob,
         job_type: JobType[Any, Any],
-        guard: anyio.CancelScope | None = None,
         now: float | None = None,
     ) -> None:
         if now is None:
@@ -84,12 +110,14 @@ class Slot:
         self.abandon_after = 0.0
         self.stopped_at: float | None = None  # when the running handler was told to stop
         self.abandoned = False
-        # The scope right around the handler: shielded once the handler is given up
-        # on, so that the cancelled scopes around it stop cancelling it again on every
-        # turn of the event loop (a handler that swallows CancelledError otherwise
-        # spins a whole core for as long as it lives).
-        self.guard = anyio.CancelScope() if guard is None else guard
         self.task: asyncio.Task[None] | None = None
+        # The task the handler runs in (the slot's), and how often it was cancelled to
+        # stop the handler and not yet taken back (at most once, see ``interrupt``).
+        self.handler_task: asyncio.Task[Any] | None = None
+        self.interrupts = 0
+        self.timed_out = False  # the handler overran its timeout
+        self.timer: asyncio.TimerHandle | None = None  # fires at the timeout
+        self.recheck: asyncio.TimerHandle | None = None  # see ``interrupt``
         # The context the slot's task runs in, kept so that what is reported after
         # the task ended (a completion the batcher wrote later) is reported in it too:
         # an observer that set a context variable at the attempt's start (a tracing
@@ -110,8 +138,43 @@ class Slot:
         return self.job_type.mode == "staged"
 
     def stop_cancelling(self) -> None:
-        """The handler was given up on: it was told to stop; stop telling it."""
-        self.guard.shield = True
+        """The handler ended, or was given up on: nothing is to stop it any more."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.recheck is not None:
+            self.recheck.cancel()
+            self.recheck = None
+
+    def time_out(self) -> None:
+        """The handler's timeout passed (a timer's callback): stop it."""
+        self.timer = None
+        self.timed_out = True
+        self._stop_requested()
+        self.interrupt()
+
+    def interrupt(self) -> None:
+        """Cancel the running handler's task, once: asyncio's own cancellation, which
+        a handler that swallows it is not given again (the watchdog gives up on it
+        after ``abandon_after`` instead).
+
+        Only while the handler runs, and so only while its task waits inside it
+        (``handler_running`` is cleared, without a wait in between, as it returns):
+        the worker's own code after the handler is never what is cancelled. From
+        within the handler's own task, or while the handler is inside a shielded
+        anyio scope, the cancellation waits (looked at again every
+        ``SHIELD_RECHECK_S``) for the task to wait outside it.
+        """
+        self.recheck = None
+        task = self.handler_task
+        if not self.handler_running or self.abandoned or self.interrupts or task is None:
+            return
+        loop = task.get_loop()
+        if in_anyio_shield(task) or task is asyncio.current_task(loop):
+            self.recheck = loop.call_later(SHIELD_RECHECK_S, self.interrupt)
+            return
+        self.interrupts = 1
+        task.cancel()
 
     def renewed(self, deadline: float) -> None:
         self.lease_deadline = deadline
@@ -123,6 +186,7 @@ class Slot:
             self.pending_abort = reason
         if self.handler_running:
             self._stop_requested()
+            self.interrupt()
 
     def _stop_requested(self) -> None:
         if self.stopped_at is None:

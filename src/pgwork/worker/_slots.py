@@ -17,8 +17,6 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-import anyio
-
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import AcquiredJob, Lease, StateAdapter
 from pgwork.job_types import JobType
@@ -28,7 +26,7 @@ from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import error_record
 from pgwork.worker._runner import SlotRunner
-from pgwork.worker._slot import Slot, scope_type
+from pgwork.worker._slot import Slot
 from pgwork.worker._slot_tasks import SlotTasks
 from pgwork.worker._watchdog import Watchdog, keep_abandoned
 
@@ -72,7 +70,6 @@ class Slots:
         self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon)
         self.unsettled: list[Lease] = []
         self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
-        self._scope: type[anyio.CancelScope] | None = None  # found on the first arrival
 
     def __len__(self) -> int:
         return len(self.held)
@@ -91,9 +88,6 @@ class Slots:
                 acquired.sort(key=lambda j: (rank.get(j.queue, 0), j.priority, j.scheduled_at))
             else:  # one queue: the same order, without a Python call per job
                 acquired.sort(key=_PRIORITY_THEN_DUE)
-        scope = self._scope
-        if scope is None:
-            scope = self._scope = scope_type()
         now = time.monotonic()
         types, held, watchdog, admit = (
             self._types,
@@ -102,7 +96,7 @@ class Slots:
             self.admission.arrived,
         )
         for job in acquired:
-            slot = Slot(job, types[job.type_name], scope(), now)
+            slot = Slot(job, types[job.type_name], now)
             held[slot] = None
             slot.watchdog = watchdog
             admit(slot)
