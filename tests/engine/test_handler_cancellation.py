@@ -178,7 +178,7 @@ class _CancellingsAtCompletion:
 
 
 @pytest.mark.parametrize("build", ["taken-back", "control-left-pending"])
-async def test_a_handler_that_swallows_its_timeout_keeps_its_result_and_nothing_after_it_is_cancelled(
+async def test_a_handler_that_swallows_its_timeout_keeps_its_result_and_nothing_after_is_cancelled(
     make_client: ClientFactory,
     conn: psycopg.AsyncConnection[Any],
     build: str,
