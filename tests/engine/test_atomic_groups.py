@@ -26,8 +26,10 @@ from pgwork import (
     RetryPolicy,
 )
 from pgwork.adapters.state import Lease, NextMember
+from pgwork.observability import ATTEMPT_FAILED, Event
 from pgwork.postgres import _atomic_group
 from pgwork.worker import _atomic_group as worker_groups
+from pgwork.worker._runner import SlotRunner
 
 from .conftest import ClientFactory, eventually, scalar
 
@@ -170,6 +172,68 @@ async def test_a_lone_job_commits_once_the_group_wait_is_over(
     assert wait * 0.9 <= committed - returned[0] <= wait + 2.0
     status = await scalar(pgwork_dsn, "SELECT status FROM pgwork.jobs WHERE id = %s", started.id)
     assert status == "completed"
+
+
+@pytest.mark.parametrize("build", ["in-the-group", "control-on-its-own"])
+async def test_a_failing_members_failure_commits_with_its_group(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member whose handler raises is rolled back to its savepoint and its failure is
+    written in the group's transaction: it becomes visible, and is reported, only when
+    the group commits (here at its wait, the job being alone). The control records it
+    in a transaction of its own, right after the rollback, as pgwork did until
+    session 14."""
+    if build == "control-on-its-own":
+        monkeypatch.setattr(SlotRunner, "_failure_of", lambda self, slot, attempt, error: None)
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic", max_attempts=1)
+    client = await make_client(reg)
+    raised: list[float] = []
+    reported: list[tuple[str, float]] = []
+
+    class Failures:
+        def on_event(self, event: Event) -> None:
+            if event.name == ATTEMPT_FAILED:
+                reported.append((event.fields["error_type"], time.monotonic()))
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        await attempt.connection.execute("SELECT 1")
+        raised.append(time.monotonic())
+        raise RuntimeError("declined")
+
+    wait = 1.0
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        atomic_group=32,
+        atomic_group_wait=wait,
+        observers=[Failures()],
+    )
+    started = await client.start_chain(conn, pay, Num(n=1))
+    await conn.commit()
+
+    async def failed() -> bool:
+        job = await client.get_job(started.job_id)
+        return job.status is JobStatus.FAILED
+
+    await eventually(failed, what="the job to fail")
+    visible = time.monotonic()
+    job = await client.get_job(started.job_id)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type == "builtins.RuntimeError"
+    assert len(raised) == 1
+    assert [kind for kind, _ in reported] == ["builtins.RuntimeError"]
+    if build == "control-on-its-own":
+        assert visible - raised[0] < wait / 2
+        return
+    assert visible - raised[0] >= wait * 0.9
+    assert reported[0][1] - raised[0] >= wait * 0.9
 
 
 async def test_a_slow_job_type_runs_alone_once_its_handlers_outlast_the_wait(

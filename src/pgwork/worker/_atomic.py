@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import anyio
 
 from pgwork.adapters.notify import Notice, NotifyAdapter
-from pgwork.adapters.state import Completion, StateAdapter, TransactionHandle
+from pgwork.adapters.state import Completion, Failure, StateAdapter, TransactionHandle
 from pgwork.worker._attempt import Attempt, Completed
 from pgwork.worker._slot import Slot
 
@@ -66,6 +66,12 @@ class AttemptSteps(Protocol):
     async def _settle_failure(
         self, slot: Slot, error: BaseException | None, *, terminal: bool
     ) -> None: ...
+
+    def _failure_of(
+        self, slot: Slot, attempt: Attempt[Any, Any] | None, error: BaseException | None
+    ) -> Failure | None: ...
+
+    def _report_failure(self, slot: Slot, failure: Failure, accepted: bool) -> None: ...
 
 
 async def run_atomic(

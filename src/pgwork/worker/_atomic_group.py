@@ -5,10 +5,11 @@ One transaction per atomic job caps an atomic drain at the server's commit rate.
 a group's members run one after another (one psycopg connection runs one statement at
 a time), each in a savepoint of its own (``AtomicGroup``): its row locked by id and
 lease token, its handler's writes and its completion in the savepoint. A member that
-succeeds is kept; one that fails, is aborted or whose completion is refused is rolled
-back to its savepoint (the others' writes stay) and its failure is recorded right
-after, on its own connection. Concurrency comes from the lanes: a slot takes the
-least busy one.
+succeeds is kept. One that fails is rolled back to its savepoint (the others' writes
+stay) and its failure (retry or final) is written in the savepoint and kept: it commits
+with the group, and a crash before the commit runs the job again, like every other
+member's. One that is aborted or whose completion is refused is rolled back and
+settled on its own. Concurrency comes from the lanes: a slot takes the least busy one.
 
 A lane goes to the members waiting for it in turn, and a member's completion starts
 the entry of the member it hands the lane to (one round trip for both). A group
@@ -50,6 +51,7 @@ from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     AtomicGroup,
     Completion,
+    Failure,
     NextMember,
     StateAdapter,
     TransactionHandle,
@@ -227,6 +229,8 @@ class AtomicGroups:
         failure: BaseException | None = None
         group: _Group | None = None
         kept = refused = False
+        # A member that failed: its failure, written in the group (committed with it).
+        failed: Failure | None = None
         try:
             group = lane.group
             if group is None:
@@ -253,6 +257,9 @@ class AtomicGroups:
                     refused = not kept
                 else:
                     await group.store.undo()
+                    failed = runner._failure_of(slot, attempt, failure)
+                    if failed is not None:
+                        kept = await self._record_failure(slot, failed, group, tx)
                 if kept and group.due == math.inf:
                     group.due = time.monotonic() + self.wait
                 # Done: committed with its completion. Due while the next member was
@@ -272,26 +279,46 @@ class AtomicGroups:
             if lane.owner is slot:
                 await self._leave(lane, slot)
         if kept:
-            assert attempt is not None
             assert group is not None
             slot.settling = True
             runner._on_returned(slot)  # the slot takes its next job meanwhile
             await self._committed(lane, group)
-            if group.error is None:
-                runner._report_outcome(slot, attempt, True)
-            else:
+            if group.error is not None:
                 await self._hand_back(slot, group.error)
+            elif failed is not None:
+                runner._report_failure(slot, failed, True)
+            else:
+                assert attempt is not None
+                runner._report_outcome(slot, attempt, True)
+            return
+        if failed is not None:  # its lease no longer held: nothing was written
+            runner._report_failure(slot, failed, False)
             return
         if refused:
             assert attempt is not None
             runner._report_outcome(slot, attempt, False)
             return
-        # Rolled back to its savepoint; record what happened on its own.
+        # Aborted, and rolled back to its savepoint: settled on its own (a stopping
+        # worker hands the job back; a lost lease writes nothing).
         with anyio.CancelScope(shield=True):
-            if attempt is None:
-                await runner._settle_failure(slot, failure, terminal=True)
-            else:
-                await runner._settle(slot, attempt, failure)
+            assert attempt is not None
+            await runner._settle(slot, attempt, failure)
+
+    async def _record_failure(
+        self, slot: Slot, failure: Failure, group: _Group, tx: TransactionHandle
+    ) -> bool:
+        """Write a failed member's failure in its savepoint, rolled back already, and
+        keep the member: the failure commits with the group (and is lost with it, when
+        the job runs again). False, with nothing kept, when its lease no longer held.
+        The retry's due time is announced after the commit."""
+        [accepted] = await self.state.fail(tx, failures=[failure])
+        if not accepted:
+            return False
+        await group.store.keep()
+        if failure.retry_after is not None:
+            due = time.time() + failure.retry_after.total_seconds()
+            group.notices.append(Notice(kind="ready", queue=slot.acquired.queue, at=due))
+        return True
 
     async def _keep(
         self,

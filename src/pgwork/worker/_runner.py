@@ -523,26 +523,46 @@ class SlotRunner:
             notices.append(Notice(kind="chain_done", chain_id=chain_id))
         await self.notify.publish(tx, notices=notices)
 
-    async def _settle_failure(
-        self, slot: Slot, error: BaseException | None, *, terminal: bool
-    ) -> None:
+    def _failure(self, slot: Slot, error: BaseException | None, *, terminal: bool) -> Failure:
+        """What to write for an attempt that failed with ``error``: retry it after its
+        backoff, or (``terminal``, or its last attempt) fail the job for good."""
         error = error or RuntimeError("attempt failed without an exception")
         acquired = slot.acquired
         terminal = terminal or acquired.attempt >= acquired.max_attempts
         retry_after = (
             None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
         )
-        record = error_record(error)
-        accepted = await self.state.fail(
-            None,
-            failures=[Failure(acquired.id, acquired.lease_token, record, retry_after)],
-        )
-        if accepted[0] and retry_after is not None:
-            due = time.time() + retry_after.total_seconds()
-            await announce_ready(self.notify, [acquired.queue], at=due)
-        if not accepted[0]:
+        return Failure(acquired.id, acquired.lease_token, error_record(error), retry_after)
+
+    def _failure_of(
+        self, slot: Slot, attempt: Attempt[Any, Any] | None, error: BaseException | None
+    ) -> Failure | None:
+        """The failure to record for an attempt that ended with ``error`` (``attempt``
+        None: its input could not be decoded), or None when it did not fail (it was
+        aborted, or succeeded). A continuation the type does not declare, or an input
+        that cannot be decoded, fails the same way on every retry: for good at once."""
+        if attempt is None:
+            return self._failure(slot, error, terminal=True)
+        if attempt.abort_reason is not None or error is None:
+            return None
+        return self._failure(slot, error, terminal=isinstance(error, ContinuationNotAllowedError))
+
+    async def _settle_failure(
+        self, slot: Slot, error: BaseException | None, *, terminal: bool
+    ) -> None:
+        failure = self._failure(slot, error, terminal=terminal)
+        accepted = await self.state.fail(None, failures=[failure])
+        if accepted[0] and failure.retry_after is not None:
+            due = time.time() + failure.retry_after.total_seconds()
+            await announce_ready(self.notify, [slot.acquired.queue], at=due)
+        self._report_failure(slot, failure, accepted[0])
+
+    def _report_failure(self, slot: Slot, failure: Failure, accepted: bool) -> None:
+        """Report a failure once it was written (``accepted``: its lease still held)."""
+        record = failure.error
+        if not accepted:
             self.emit(LEASE_LOST, slot, action="failure")
-        elif terminal:
+        elif failure.retry_after is None:
             self.emit(
                 ATTEMPT_FAILED,
                 slot,
@@ -556,5 +576,5 @@ class SlotRunner:
                 slot,
                 error_type=record.type,
                 error_message=record.message,
-                retry_in_s=retry_after.total_seconds() if retry_after else 0.0,
+                retry_in_s=failure.retry_after.total_seconds(),
             )
