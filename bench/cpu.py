@@ -21,7 +21,9 @@ enqueue rows are ``start_chain`` + ``commit`` per job, and ``start_chains`` of 1
 connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row ``INSERT`` of 100 rows
 + ``COMMIT`` into a table of a ``bigserial`` id and a ``jsonb`` payload (the raw floor's
 table, ``bench/peers/run_raw.py``), the two taking turns every 500 jobs (the batch
-rows over ten times as many jobs as the single ones); each also
+rows over ten times as many jobs as the single ones), and the batch also next to a
+multi-row ``INSERT`` of the same 100 rows ``start_chains`` writes, into pgwork's own
+table (``PGWORK_ROWS``: what the row itself costs, without pgwork's code); each also
 gives its wall-clock time per job (on a shared machine, compare it within one run
 only) and the CPU of the connection's server backend per job. ``--profile`` runs cProfile over the
 measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
@@ -35,6 +37,7 @@ import argparse
 import asyncio
 import cProfile
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +161,16 @@ async def drain(
 
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
 
+# The rows ``start_chains`` writes for 100 plain jobs (each the first of its own
+# chain), written by a bare multi-row INSERT into pgwork's own table: the same columns
+# given, the same defaults and indexes, without pgwork's Python, its array parameters
+# or its notice. Ids are uuid4 from the client (pgwork's are time-ordered uuid7).
+PGWORK_ROWS = (
+    "INSERT INTO pgwork.jobs (id, type_name, chain_id, chain_type_name, chain_index, input,"
+    " status, queue, priority, max_attempts, chain_status) VALUES "
+    + ", ".join(["(%s, 'noop', %s, 'noop', 0, %s, 'pending', 'default', 0, 5, 'active')"] * 100)
+)
+
 
 # Jobs per block: the pgwork row and its bare-SQL twin take turns block by block, so
 # that both see the same minutes of a shared machine (run one after the other, the
@@ -250,17 +263,26 @@ async def enqueue(
             await conn.execute(multi, [f'{{"n": {i + k}}}' for k in range(100)])
             await conn.commit()
 
+        async def same_rows(i: int) -> None:
+            params: list[Any] = []
+            for k in range(100):
+                job_id = uuid.uuid4()
+                params += (job_id, job_id, f'{{"n": {i + k}}}')
+            await conn.execute(PGWORK_ROWS, params)
+            await conn.commit()
+
         rows = (
             ("start_chain + commit", one, 1, one_profile),
             ("INSERT + COMMIT", raw_one, 1, None),
             ("start_chains(100) + commit", batch, 100, batch_profile),
             ("INSERT of 100 rows + COMMIT", raw_batch, 100, None),
+            ("INSERT of 100 pgwork rows + COMMIT", same_rows, 100, None),
         )
         tallies = {name: _Tally() for name, *_ in rows}
         for _name, step, size, _profile in rows:  # warm up: prepared statements, caches
             for i in range(max(1, 200 // size)):
                 await step(i * size)
-        for pair, count in ((rows[:2], jobs), (rows[2:], batch_jobs)):
+        for pair, count in ((rows[:2], jobs), (rows[2:], batch_jobs)):  # taking turns
             for _ in range(max(1, count // BLOCK)):
                 for name, step, size, profile in pair:
                     await _block(tallies[name], max(1, BLOCK // size), size, step, pid, profile)
