@@ -110,6 +110,15 @@ async def _commits(conn: psycopg.AsyncConnection[Any]) -> int:
     return int(row[0])
 
 
+def pgwork_rows_params(first: int) -> list[Any]:
+    """``PGWORK_ROWS``'s parameters for the jobs of inputs ``first`` .. ``first + 99``."""
+    params: list[Any] = []
+    for k in range(100):
+        job_id = uuid.uuid4()
+        params += (job_id, job_id, f'{{"n": {first + k}}}')
+    return params
+
+
 async def drain(
     dsn: str,
     jobs: int,
@@ -264,11 +273,7 @@ async def enqueue(
             await conn.commit()
 
         async def same_rows(i: int) -> None:
-            params: list[Any] = []
-            for k in range(100):
-                job_id = uuid.uuid4()
-                params += (job_id, job_id, f'{{"n": {i + k}}}')
-            await conn.execute(PGWORK_ROWS, params)
+            await conn.execute(PGWORK_ROWS, pgwork_rows_params(i))
             await conn.commit()
 
         rows = (

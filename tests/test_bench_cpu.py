@@ -11,7 +11,6 @@ writes, comes out as ``start_chains`` has it (ids and clocks aside).
 from __future__ import annotations
 
 import sys
-import uuid
 from typing import Any
 
 import psycopg
@@ -23,7 +22,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._pgwork_app import Item, open_client
-from bench.cpu import PGWORK_ROWS
+from bench.cpu import PGWORK_ROWS, pgwork_rows_params
 
 from pgwork import ChainStart
 
@@ -50,11 +49,7 @@ async def test_the_bare_insert_writes_the_rows_start_chains_writes(pgwork_dsn: s
         await client.start_chains(conn, [ChainStart(noop, Item(n=k)) for k in range(100)])
         await conn.commit()
         pgwork = await _rows(conn)
-        params: list[Any] = []
-        for k in range(100):
-            job_id = uuid.uuid4()
-            params += (job_id, job_id, f'{{"n": {k}}}')
-        await conn.execute(PGWORK_ROWS, params)
+        await conn.execute(PGWORK_ROWS, pgwork_rows_params(0))
         await conn.commit()
         bare = await _rows(conn)
     assert len(pgwork) == len(bare) == 100

@@ -140,6 +140,33 @@ async def test_without_savepoint_rollback_a_failing_members_effect_commits(
     assert [n for n, _, _ in effects].count(5) == 2
 
 
+# A group wait long enough to see a lone member's commit held by it.
+LONE_WAIT = 1.0
+
+
+async def _start_alone(
+    workers: Any,
+    client: Any,
+    conn: psycopg.AsyncConnection[Any],
+    job_type: Any,
+    handle: Any,
+    **options: Any,
+) -> Any:
+    """Start a worker grouping atomic attempts by 32 with a ``LONE_WAIT`` wait, and one
+    chain of ``job_type`` for it: the group's only member."""
+    await workers(
+        client=client,
+        processors={job_type: handle},
+        poll_interval=0.05,
+        atomic_group=32,
+        atomic_group_wait=LONE_WAIT,
+        **options,
+    )
+    started = await client.start_chain(conn, job_type, Num(n=1))
+    await conn.commit()
+    return started
+
+
 async def test_a_lone_job_commits_once_the_group_wait_is_over(
     make_client: ClientFactory,
     workers: Any,
@@ -156,20 +183,11 @@ async def test_a_lone_job_commits_once_the_group_wait_is_over(
     async def handle(attempt: Attempt[Num, Any]) -> None:
         returned.append(time.monotonic())
 
-    wait = 1.0
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
-        atomic_group=32,
-        atomic_group_wait=wait,
-    )
-    started = await client.start_chain(conn, pay, Num(n=1))
-    await conn.commit()
+    started = await _start_alone(workers, client, conn, pay, handle)
     await client.await_chain(started.id, timeout=30)
     committed = time.monotonic()
     assert len(returned) == 1
-    assert wait * 0.9 <= committed - returned[0] <= wait + 2.0
+    assert LONE_WAIT * 0.9 <= committed - returned[0] <= LONE_WAIT + 2.0
     status = await scalar(pgwork_dsn, "SELECT status FROM pgwork.jobs WHERE id = %s", started.id)
     assert status == "completed"
 
@@ -206,17 +224,7 @@ async def test_a_failing_members_failure_commits_with_its_group(
         raised.append(time.monotonic())
         raise RuntimeError("declined")
 
-    wait = 1.0
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
-        atomic_group=32,
-        atomic_group_wait=wait,
-        observers=[Failures()],
-    )
-    started = await client.start_chain(conn, pay, Num(n=1))
-    await conn.commit()
+    started = await _start_alone(workers, client, conn, pay, handle, observers=[Failures()])
 
     async def failed() -> bool:
         job = await client.get_job(started.job_id)
@@ -230,10 +238,10 @@ async def test_a_failing_members_failure_commits_with_its_group(
     assert len(raised) == 1
     assert [kind for kind, _ in reported] == ["builtins.RuntimeError"]
     if build == "control-on-its-own":
-        assert visible - raised[0] < wait / 2
+        assert visible - raised[0] < LONE_WAIT / 2
         return
-    assert visible - raised[0] >= wait * 0.9
-    assert reported[0][1] - raised[0] >= wait * 0.9
+    assert visible - raised[0] >= LONE_WAIT * 0.9
+    assert reported[0][1] - raised[0] >= LONE_WAIT * 0.9
 
 
 async def test_a_slow_job_type_runs_alone_once_its_handlers_outlast_the_wait(

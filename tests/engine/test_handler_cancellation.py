@@ -98,6 +98,12 @@ async def _run_one(
         return await client.get_job(started.job_id)
 
 
+def _assert_timed_out(job: Any) -> None:
+    assert job.status is JobStatus.FAILED
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type == "builtins.TimeoutError"
+
+
 @pytest.mark.parametrize("build", ["once", "control-every-turn"])
 async def test_a_timed_out_handler_is_cancelled_once_so_its_cleanup_may_wait(
     make_client: ClientFactory,
@@ -120,10 +126,7 @@ async def test_a_timed_out_handler_is_cancelled_once_so_its_cleanup_may_wait(
                 cleaned_up.append(False)
             raise
 
-    job = await _run_one(make_client, conn, handler)
-    assert job.status is JobStatus.FAILED
-    assert job.last_attempt_error is not None
-    assert job.last_attempt_error.type == "builtins.TimeoutError"
+    _assert_timed_out(await _run_one(make_client, conn, handler))
     if build == "control-every-turn":
         assert cleaned_up == [False]
         return
@@ -153,10 +156,7 @@ async def test_a_handler_inside_a_shielded_anyio_scope_is_cancelled_once_it_leav
         await anyio.sleep(10)
         steps.append("not cancelled at all")
 
-    job = await _run_one(make_client, conn, handler)
-    assert job.status is JobStatus.FAILED
-    assert job.last_attempt_error is not None
-    assert job.last_attempt_error.type == "builtins.TimeoutError"
+    _assert_timed_out(await _run_one(make_client, conn, handler))
     if build == "control-ignores-shield":
         assert steps == ["shielded work cancelled"]
         return
