@@ -65,6 +65,7 @@ async def _run_one(
     *,
     mode: str = "staged",
     observers: list[Any] | None = None,
+    abandon_after: timedelta = timedelta(seconds=5),
 ) -> Any:
     """Run one job of a type with a 100 ms timeout and one attempt through ``handler``
     in a worker; return the job once it settled."""
@@ -74,7 +75,7 @@ async def _run_one(
         input=Num,
         mode=mode,  # type: ignore[arg-type]
         timeout=TIMEOUT,
-        abandon_after=timedelta(seconds=5),
+        abandon_after=abandon_after,
         max_attempts=1,
         retry=NO_BACKOFF,
     )
@@ -161,6 +162,55 @@ async def test_a_handler_inside_a_shielded_anyio_scope_is_cancelled_once_it_leav
         assert steps == ["shielded work cancelled"]
         return
     assert steps == ["shielded work done", "left the shield"]
+
+
+@pytest.mark.parametrize("build", ["interrupted", "control-not-interrupted"])
+@pytest.mark.parametrize("group", ["anyio", "asyncio"])
+async def test_a_timed_out_handler_waiting_on_a_task_group_has_its_children_cancelled(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    build: str,
+    group: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cancellation reaches the handler where it waits for its task group (anyio's
+    or asyncio's), which cancels its children and passes it on: the attempt times out.
+    The control never interrupts the handler: the watchdog gives up on it instead, with
+    the children still running."""
+    if build == "control-not-interrupted":
+        monkeypatch.setattr(Slot, "interrupt", lambda self: None)
+    children: list[str] = []
+    release = anyio.Event()
+
+    async def child() -> None:
+        try:
+            await release.wait()
+            children.append("released")
+        except asyncio.CancelledError:
+            children.append("cancelled")
+            raise
+
+    async def handler(attempt: Attempt[Num, Any]) -> None:
+        if group == "anyio":
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(child)
+                tg.start_soon(child)
+        else:
+            async with asyncio.TaskGroup() as atg:
+                atg.create_task(child())
+                atg.create_task(child())
+
+    try:
+        job = await _run_one(make_client, conn, handler, abandon_after=timedelta(milliseconds=300))
+        if build == "control-not-interrupted":
+            assert job.last_attempt_error is not None
+            assert job.last_attempt_error.type == "pgwork.errors.HandlerAbandonedError"
+            assert children == []
+            return
+        _assert_timed_out(job)
+        assert children == ["cancelled", "cancelled"]
+    finally:
+        release.set()
 
 
 class _CancellingsAtCompletion:
