@@ -7,10 +7,10 @@ one of them can import it without importing each other.
 Stopping a handler (its timeout, an abort) is asyncio's own cancellation of the slot's
 task, delivered once (``Slot.interrupt``), not an anyio cancel scope around the
 handler. A cancelled anyio scope cancels its task again on every turn of the event
-loop until the task leaves it, so a handler that swallowed the cancellation span a
+loop until the task leaves it, so a handler that swallowed the cancellation spun a
 core, and the worker needed a second, shieldable scope inside the first to stop that
-once it gave up on the handler; entering and leaving the two scopes was a sixth of the
-worker's CPU per no-op job (docs/performance.md, session 14). The one thing a scope
+once it gave up on the handler; entering and leaving the two scopes was a quarter of
+the worker's CPU per no-op job (docs/performance.md, session 14). The one thing a scope
 gave that a plain ``Task.cancel`` does not, respecting an anyio ``CancelScope(shield=
 True)`` the handler is inside, ``interrupt`` keeps by itself: it waits for the shield to
 be left.
