@@ -94,8 +94,6 @@ def test_statements_on_leased_jobs_read_them_by_primary_key(pgwork_dsn: str) -> 
             "lock": statements.begin_atomic,
             "bounded lock": statements.begin_atomic_bounded,
             "completion": statements.complete_atomic,
-            "group member's lock": statements.atomic_member_lock,
-            "root's completion": statements.complete_atomic_root,
             "renewal": statements.renew,
             "failure": statements.fail,
             "rescheduling": statements.reschedule,

@@ -11,7 +11,6 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
 
 import anyio
 import psycopg
@@ -25,7 +24,6 @@ from pgwork import (
     JobTypeRegistry,
     RetryPolicy,
 )
-from pgwork.adapters.state import Lease, NextMember
 from pgwork.observability import ATTEMPT_FAILED, Event
 from pgwork.postgres import _atomic_group
 from pgwork.worker import _atomic_group as worker_groups
@@ -36,7 +34,6 @@ from .conftest import ClientFactory, eventually, scalar
 pytestmark = pytest.mark.anyio
 
 JOBS = 40
-DAY = timedelta(days=1)
 
 
 class Num(BaseModel):
@@ -346,77 +343,6 @@ async def test_a_cancelled_member_holding_the_groups_timer_hands_it_to_another(
     assert lane.group is None
 
 
-async def test_a_member_starts_the_entry_of_the_one_waiting_for_its_lane(
-    make_client: ClientFactory,
-    workers: Any,
-    conn: psycopg.AsyncConnection[Any],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """One lane, two slots: while a member's handler runs, the next job waits for the
-    lane, and the member's completion names it (``then``), so that its entry travels
-    with that completion; the completion that fills a group carries its commit too
-    (``commit``), and the next group begins with the entry. Each handler returns once
-    the next member waits (the last one at once). (Controls: a lane that never names
-    its next member: no completion carries an entry; a group committed on its own:
-    no completion carries a commit.)"""
-    await conn.execute("CREATE TABLE effects (n int, xid bigint)")
-    await conn.commit()
-    reg = JobTypeRegistry()
-    pay = reg.job_type("pay", input=Num, mode="atomic")
-    client = await make_client(reg)
-    jobs = 6
-    lanes: set[Any] = set()
-    queued = [anyio.Event()]  # set when a member queues for a busy lane
-    take = worker_groups._Lane.take
-
-    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
-        lanes.add(self)
-        if entry is not None and self.owner is not None:
-            queued[0].set()  # (it is in the queue before anyone wakes)
-        await take(self, owner, entry)
-
-    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
-    sent: list[tuple[bool, bool]] = []  # (with an entry, with the commit)
-    complete = _atomic_group.PgAtomicGroup.complete
-
-    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
-        sent.append((then is not None, commit))
-        return await complete(self, completion, then=then, commit=commit)
-
-    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
-    started = 0
-
-    async def handle(attempt: Attempt[Num, Any]) -> None:
-        nonlocal started
-        started += 1
-        await attempt.connection.execute(
-            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
-        )
-        if started < jobs:
-            with anyio.fail_after(10):
-                await queued[0].wait()
-            queued[0] = anyio.Event()
-
-    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
-    await conn.commit()
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
-        max_slots=2,  # one lane
-        atomic_group=jobs // 2,  # two groups, each committed when full
-        atomic_group_wait=60.0,
-    )
-    await _all_completed(client, chains)
-    assert len(lanes) == 1
-    cur = await conn.execute("SELECT count(DISTINCT n), count(*), count(DISTINCT xid) FROM effects")
-    assert await cur.fetchone() == (jobs, jobs, 2)
-    await conn.commit()
-    # Each but the last names the next; the third and sixth fill their groups.
-    entry, commit = (True, False), (True, True)
-    assert sent == [entry, entry, commit, entry, entry, (False, True)], sent
-
-
 async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:
     """A lane goes to those waiting in turn; one cancelled in the moment it was handed
     the lane (before it ran again) passes it to the next, or the lane would stay taken
@@ -436,91 +362,166 @@ async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> Non
         await third_task
     assert lane.owner is third
     assert second_task.cancelled()
-    # One cancelled while it waits no longer counts, nor is it named as next, even
-    # before it has run to take itself off the queue.
-    fourth = asyncio.ensure_future(lane.take(object(), NextMember(Lease(uuid4(), uuid4()), DAY)))
+    # One cancelled while it waits no longer counts, even before it has run to take
+    # itself off the queue.
+    fourth = asyncio.ensure_future(lane.take(object()))
     await asyncio.sleep(0)
     assert lane.waiting == 1
-    assert lane.next_member() is not None
     fourth.cancel()
     assert lane.waiting == 0
-    assert lane.next_member() is None
+    assert not lane.awaited
     await asyncio.gather(fourth, return_exceptions=True)
     lane.give(third)
     assert lane.owner is None
 
 
-async def test_a_group_due_while_its_next_member_was_entered_commits_with_that_one(
+async def _open_transactions(dsn: str) -> int:
+    """Backends of this database idle inside a transaction, other than the asker's."""
+    count = await scalar(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()",
+    )
+    return int(count)
+
+
+@pytest.mark.parametrize("build", ["lazy", "control-eager"])
+async def test_a_member_that_writes_nothing_holds_no_transaction_open(
     make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    build: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The group falls due while the second member's completion is on its way (held
-    here past the due time), and that completion had entered the third member in the
-    group: the group is committed with the third one's completion, not on its own
-    with the third left to begin another. (Control: a due group committed at once
-    after its member: a separate commit, two transactions.)"""
+    """A member's savepoint, and its group's transaction, open when the member first
+    uses its connection: while a handler that writes nothing runs, no transaction is
+    open for it, and its completion is written by the group's commit. (Control: a
+    group that opens the member's savepoint as it enters, as pgwork did until
+    session 15: the lane sits idle in its transaction while the handler runs.)"""
+    if build == "control-eager":
+        enter = _atomic_group.PgAtomicGroup.enter
+
+        async def eager(self: Any, **kw: Any) -> Any:
+            tx = await enter(self, **kw)
+            await tx.connection.execute("SELECT 1")  # its first use opens it
+            self._touched = False  # (and it still counts as a member that wrote nothing)
+            return tx
+
+        monkeypatch.setattr(_atomic_group.PgAtomicGroup, "enter", eager)
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    running, release = anyio.Event(), anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> int:
+        running.set()
+        await release.wait()
+        return attempt.job.input.n * 10
+
+    started = await _start_alone(workers, client, conn, pay, handle)
+    with anyio.fail_after(10):
+        await running.wait()
+    held_open = await _open_transactions(pgwork_dsn)
+    release.set()
+    await client.await_chain(started.id, timeout=30)
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.COMPLETED
+    assert job.output == 10
+    assert held_open == (1 if build == "control-eager" else 0)
+
+
+async def test_members_that_write_and_members_that_do_not_share_groups(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Half the handlers write, half do not: every job completes with its output, each
+    writer's effect is there once, and the writers still share transactions (the
+    others' completions join whichever group they were in)."""
     await conn.execute("CREATE TABLE effects (n int, xid bigint)")
     await conn.commit()
     reg = JobTypeRegistry()
     pay = reg.job_type("pay", input=Num, mode="atomic")
     client = await make_client(reg)
-    jobs, wait = 3, 1.0
-    queued = [anyio.Event()]  # set when a member queues for a busy lane
-    take = worker_groups._Lane.take
 
-    async def noted_take(self: Any, owner: object, entry: Any = None) -> None:
-        if entry is not None and self.owner is not None:
-            queued[0].set()
-        await take(self, owner, entry)
+    async def handle(attempt: Attempt[Num, Any]) -> int:
+        n = attempt.job.input.n
+        if n % 2 == 0:
+            await attempt.connection.execute(
+                "INSERT INTO effects VALUES (%s, txid_current())", (n,)
+            )
+        return n
 
-    monkeypatch.setattr(worker_groups._Lane, "take", noted_take)
-    sent: list[tuple[bool, bool]] = []
-    commits = 0
-    complete = _atomic_group.PgAtomicGroup.complete
-    commit = _atomic_group.PgAtomicGroup.commit
-
-    async def noted(self: Any, completion: Any, *, then: Any = None, commit: bool = False) -> Any:
-        sent.append((then is not None, commit))
-        result = await complete(self, completion, then=then, commit=commit)
-        if len(sent) == 2:
-            await anyio.sleep(wait * 1.5)  # the group falls due meanwhile
-        return result
-
-    async def counted_commit(self: Any) -> None:
-        nonlocal commits
-        commits += 1
-        await commit(self)
-
-    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "complete", noted)
-    monkeypatch.setattr(_atomic_group.PgAtomicGroup, "commit", counted_commit)
-    started = 0
-
-    async def handle(attempt: Attempt[Num, Any]) -> None:
-        nonlocal started
-        started += 1
-        await attempt.connection.execute(
-            "INSERT INTO effects VALUES (%s, txid_current())", (attempt.job.input.n,)
-        )
-        if started < jobs:
-            with anyio.fail_after(10):
-                await queued[0].wait()
-            queued[0] = anyio.Event()
-
-    chains = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
+    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(JOBS)])
     await conn.commit()
     await workers(
         client=client,
         processors={pay: handle},
         poll_interval=0.05,
-        max_slots=2,  # one lane
-        atomic_group=32,
-        atomic_group_wait=wait,
+        max_slots=8,
+        atomic_group=8,
+        atomic_group_wait=0.05,
     )
-    await _all_completed(client, chains)
-    cur = await conn.execute("SELECT count(DISTINCT n), count(DISTINCT xid) FROM effects")
-    assert await cur.fetchone() == (jobs, 1)
+    await _all_completed(client, started)
+    outputs = [(await client.get_job(s.job_id)).output for s in started]
+    assert outputs == list(range(JOBS))
+    cur = await conn.execute("SELECT n, xid FROM effects ORDER BY n")
+    rows = await cur.fetchall()
     await conn.commit()
-    assert sent == [(True, False), (True, False), (False, True)], sent
-    assert commits == 0
+    assert [n for n, _ in rows] == list(range(0, JOBS, 2))
+    assert len({xid for _, xid in rows}) < JOBS // 2
+
+
+@pytest.mark.parametrize("build", ["renewed", "control-not-renewed"])
+async def test_a_grouped_members_lease_is_renewed_while_its_handler_runs(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A grouped member's row is not locked while its handler runs, so nothing but its
+    lease keeps another worker's reaper off it: the worker renews it as it renews a
+    staged attempt's. Here the handler outlasts its lease twice over and its lease is
+    still ahead of the clock. (Control: grouped members left out of the renewals, as
+    atomic attempts were while their row was locked: the lease runs out.)"""
+    if build == "control-not-renewed":
+        from pgwork.worker._slots import Slots
+
+        holders = Slots.lease_holders
+
+        def staged_only(self: Any) -> list[Any]:
+            return [s for s in holders(self) if s.staged or s.attempt is None]
+
+        monkeypatch.setattr(Slots, "lease_holders", staged_only)
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        lease=timedelta(seconds=1),
+        timeout=timedelta(seconds=30),
+    )
+    client = await make_client(reg)
+    running, release = anyio.Event(), anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        running.set()
+        await release.wait()
+
+    started = await _start_alone(workers, client, conn, pay, handle)
+    with anyio.fail_after(10):
+        await running.wait()
+    await anyio.sleep(2.0)
+    ahead = await scalar(
+        pgwork_dsn, "SELECT leased_until > now() FROM pgwork.jobs WHERE id = %s", started.job_id
+    )
+    release.set()
+    if build == "control-not-renewed":
+        assert ahead is False
+        return
+    assert ahead is True
+    await client.await_chain(started.id, timeout=30)
+    job = await client.get_job(started.job_id)
+    assert job.status is JobStatus.COMPLETED
+    assert job.attempt == 1

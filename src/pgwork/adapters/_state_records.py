@@ -35,7 +35,6 @@ __all__ = [
     "JobFilter",
     "Lease",
     "NewJob",
-    "NextMember",
     "PageKey",
     "QueueCount",
     "ReapedJob",
@@ -129,15 +128,6 @@ class Lease:
 
     job_id: UUID
     lease_token: UUID
-
-
-@dataclass(frozen=True, slots=True)
-class NextMember:
-    """The member of an atomic group that enters after the current one
-    (``AtomicGroup.complete``'s ``then``): what ``AtomicGroup.enter`` takes."""
-
-    lease: Lease
-    deadline: timedelta
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,6 @@ from pgwork.adapters._state_records import (
     JobFilter,
     Lease,
     NewJob,
-    NextMember,
     PageKey,
     QueueCount,
     ReapedJob,
@@ -82,7 +81,6 @@ __all__ = [
     "JobFilter",
     "Lease",
     "NewJob",
-    "NextMember",
     "PageKey",
     "QueueCount",
     "ReadStore",
@@ -114,12 +112,15 @@ class AtomicGroup(Protocol):
     """Several atomic attempts in one transaction, one after another, each in a savepoint
     of its own, committed once (``WorkerStore.open_atomic_group``).
 
-    A member ``enter``s (its job's row is locked, fenced by its lease), its handler
-    writes through the handle ``enter`` returned, then the member is either kept
-    (``complete`` or ``keep``: its writes join the group) or undone (``undo``: rolled
-    back to its savepoint, nothing of it stays, the other members' writes are untouched).
-    ``commit`` makes every kept member durable at once; until then a crash, or
-    ``discard``, loses the whole group. Members never overlap: one connection.
+    A member ``enter``s and its handler writes through the handle ``enter`` returned;
+    the member's savepoint (and the group's transaction, first) opens when the member
+    first uses that handle, so a member that writes nothing costs no round trip. Then
+    the member is either kept (``complete`` or ``keep``: its writes join the group)
+    or undone (``undo``: rolled back to its savepoint, nothing of it stays, the other
+    members' writes are untouched). ``commit`` makes every kept member durable at
+    once; until then a crash, or ``discard``, loses the whole group. Members never
+    overlap: one connection. A member's job is fenced by its lease when its outcome
+    is written, not locked while it runs: the worker keeps its lease renewed.
     """
 
     @property
@@ -127,34 +128,18 @@ class AtomicGroup(Protocol):
         """How many members were kept so far."""
         ...
 
-    async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle | None:
-        """Start a member: open its savepoint (and the group's transaction, first) and
-        lock its job's row; None, with nothing of the member left, when ``lease`` no
-        longer holds the job. ``deadline`` bounds how long the row may stay locked by
-        a process that stopped talking to the store."""
+    async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle:
+        """Start a member (``lease``'s job); its savepoint opens on the handle's first
+        use. ``deadline`` bounds how long the group's transaction may stay open, idle,
+        once this member is in it, should the process stop talking to the store."""
         ...
 
-    async def complete(
-        self, completion: Completion, *, then: NextMember | None = None, commit: bool = False
-    ) -> CompletionResult:
-        """Complete the current member's job (no continuation) in its savepoint, fenced
-        by its lease, and keep the member; when refused, undo it instead (the result is
-        not accepted). What the result reports ready is announced by the caller after
-        ``commit``.
-
-        ``then`` names the member that enters next, if one is waiting: the store may
-        start its entry with this completion (one round trip for both); the next
-        ``enter`` with that lease then returns its outcome. What the store did ahead
-        for ``then`` is dropped (its row freed, nothing of it kept) if another member
-        enters instead or the group ends first.
-
-        ``commit``: the group commits right behind an accepted completion, in the
-        same round trip (dependants of a chain it ended are then settled after the
-        commit, on their own); raises, nothing committed, when that fails. With
-        ``then`` a new group goes on on the same connection (``members`` back to 0)
-        with ``then``'s entry started; without it the connection goes back, as after
-        ``commit()``. A refused completion is undone and commits nothing: the group
-        stays open for the caller to commit."""
+    async def complete(self, completion: Completion) -> CompletionResult | None:
+        """Keep the current member with its job's completion (no continuation), fenced
+        by its lease. A member that used its transaction has it written now, in its
+        savepoint, and gets the result (refused: the member is undone instead). One
+        that did not has it written by ``commit``, which returns its result: None here.
+        What a result reports ready is announced by the caller after ``commit``."""
         ...
 
     async def keep(self) -> None:
@@ -163,12 +148,14 @@ class AtomicGroup(Protocol):
         ...
 
     async def undo(self) -> None:
-        """Roll the current member back to its savepoint: nothing it wrote stays."""
+        """Roll the current member back to its savepoint: nothing it wrote stays. It may
+        then write again (its failure), in a savepoint of its own, and be kept."""
         ...
 
-    async def commit(self) -> None:
-        """Commit every kept member and give the connection back; raises when the
-        group was lost (its connection closed or broken): then nothing committed."""
+    async def commit(self) -> list[CompletionResult]:
+        """Write the completions ``complete`` left for it (their results, in order),
+        commit every kept member, and give the connection back; raises when the group
+        was lost (its connection closed or broken): then nothing committed."""
         ...
 
     async def discard(self) -> None:

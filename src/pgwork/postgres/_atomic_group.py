@@ -1,52 +1,48 @@
 """A group of atomic attempts in one transaction: ``PgAtomicGroup``.
 
 One transaction per atomic job caps an atomic drain at the server's commit rate (a
-WAL flush each). A group runs its members one after another on one connection, each
-in the savepoint ``pgwork_member``, and commits once. Under load one round trip per
-member: its completion travels in one simple-protocol query with what the next
-member, already waiting for the lane, needs to start (``complete``'s ``then``):
+WAL flush each). A group runs its members one after another on one connection and
+commits once. A member costs a round trip only if it uses its transaction:
 
-    EXECUTE <complete k>; RELEASE SAVEPOINT pgwork_member;
-    SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+- Its savepoint (``pgwork_member``), and the group's ``BEGIN`` before the first one,
+  are opened when the member first uses the connection, not before. For the time a
+  member may use it, the connection's ``wait`` (the one door every psycopg operation
+  goes through: a cursor's statement, ``transaction()``, ``pipeline()``, ``copy``) is
+  this group's ``_first_use``, which sends what opens the savepoint ahead of the
+  member's first statement and steps aside. So ``conn.transaction()`` in a handler
+  nests inside the member's savepoint, as it would inside an open transaction.
+- A member that wrote (its savepoint open) has its completion written in its savepoint
+  at once, fenced by its lease, with the next member's savepoint opened behind it:
 
-and the completion that fills the group (or comes after its due time) carries the
-group's commit and the next group's start (``complete``'s ``commit``):
+      EXECUTE <complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
 
-    EXECUTE <complete k>; COMMIT; BEGIN;
-    SET LOCAL idle_in_transaction_session_timeout = <ms>;
-    SAVEPOINT pgwork_member; EXECUTE <lock k+1>
+  A refused completion (the lease no longer holds) makes the statement fail on
+  purpose; the rest is skipped and the member is rolled back to its savepoint.
+- A member that never used its transaction wrote nothing, so nothing of it needs
+  undoing: its completion waits for the group's ``commit``, which writes all of them
+  in one statement (fenced by their leases: one whose lease was lost meanwhile is not
+  written, and is reported refused) ahead of the ``COMMIT``. A group none of whose
+  members wrote never opens a transaction at that: the completions' statement is
+  the group's one transaction. That is the cost of an at-least-once batch.
 
-A member that had no one waiting behind it completes alone, and the next one's
-``enter`` sends the savepoint commands and its lock (for the group's first member
-``BEGIN`` and ``SAVEPOINT``). A refused completion makes its statement fail on
-purpose; the rest of the query is then skipped, the member is rolled back to its
-savepoint (``ROLLBACK TO`` keeps the savepoint, ready for the next member), and the
-next member enters on its own. A lock taken ahead for a member that does not enter
-next is rolled back in front of whatever comes next. The group one ``COMMIT``. A
-rolled-back savepoint also releases the row lock taken in it, so a member that failed
-can record its failure on its own connection at once.
-
+A member's row is not locked while its handler runs: the worker renews a grouped
+member's lease as it does a staged attempt's, and the completion's fence decides.
 Whenever the lane's connection is left idle in the transaction, the server must be
-able to end it (a worker that froze must not hold its members' rows for ever): every
-query here ends with the server's ReadyForQuery as the last message, which arms the
-``idle_in_transaction_session_timeout`` of the transaction. That bound (the member's
-deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its first
-savepoint, so that no member rolled back takes it with it; a member whose deadline
-asks for another sets its own in its savepoint (kept with it, undone with it). The
-member's lock sets nothing (a ``set_config`` in every lock cost the server ~10-20 µs
-per member) and says whether its job is its chain's root: such a member, the common
-one-job chain, completes through ``COMPLETE_ATOMIC_ROOT``, one ``UPDATE`` without the
-general completion's CTEs. Nothing here is pipelined:
+able to end it (a worker that froze must not hold the kept members' rows for ever):
+every query here ends with the server's ReadyForQuery as the last message, which arms
+the ``idle_in_transaction_session_timeout`` of the transaction. That bound (the
+member's deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its
+first savepoint, so that no member rolled back takes it with it; a later member whose
+deadline asks for a longer one raises it as it enters (one round trip, in its
+savepoint if one is open: kept with it, undone with it). Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
-values are written in as literals: the lease's uuids (checked as uuids), the idle
-timeout in milliseconds, and the handler's output escaped by libpq
-(``PQescapeLiteral``), never formatted by hand. The lock and the completion are
-prepared once per connection (SQL ``PREPARE``) and run by ``EXECUTE``, so the server
-parses and plans neither per member (their full text cost ~220 µs more server CPU
-each, measured); on a connection without prepared statements (``prepare_threshold``
-None: a pooler in transaction mode, where a named statement lives in one server
-session) their full text goes instead.
+completion's values are written in as literals: the lease's uuids (checked as
+uuids) and the handler's output escaped by libpq (``PQescapeLiteral``), never
+formatted by hand. The completion is prepared once per connection (SQL ``PREPARE``)
+and run by ``EXECUTE``; on a connection without prepared statements
+(``prepare_threshold`` None: a pooler in transaction mode, where a named statement
+lives in one server session) its full text goes instead.
 """
 
 from __future__ import annotations
@@ -63,13 +59,13 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.pq import Escaping
+from psycopg import generators
+from psycopg.pq import Escaping, ExecStatus
 
 from pgwork.adapters.state import (
     Completion,
     CompletionResult,
     Lease,
-    NextMember,
     TransactionHandle,
 )
 from pgwork.postgres._errors import translate_errors
@@ -82,40 +78,23 @@ __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 # deadline (once idle before PostgreSQL 17; in all, from 17 on).
 ATOMIC_SLACK = timedelta(seconds=5)
 
+_BEGIN = b"BEGIN; "
+_SAVEPOINT = b"SAVEPOINT pgwork_member"
 _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
-_KEEP = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
-_NEXT = b"; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; "
-_COMMIT = b"; COMMIT"
-_COMMIT_BEGIN = b"; COMMIT; BEGIN; "
-_SAVEPOINT = b"SAVEPOINT pgwork_member; "
+# Keep the member that wrote, and open the next one's savepoint.
+_NEXT = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
 # The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
 # it, and one set in a member's savepoint is undone with the savepoint.
 _SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
-# A lock taken ahead for a member that did not enter: undone, savepoint kept.
-_DROP_AHEAD = b"ROLLBACK TO SAVEPOINT pgwork_member; RELEASE SAVEPOINT pgwork_member"
 
-# What goes before a member's row lock, by the state of the group's savepoint.
-_NOT_BEGUN, _FRESH, _USED, _NONE, _STALE = range(5)
-_BEFORE_LOCK = {
-    _NOT_BEGUN: b"BEGIN; ",  # then the idle bound, then the savepoint
-    _FRESH: b"",  # open, nothing written in it
-    _USED: b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member; ",  # a member kept
-    _NONE: b"SAVEPOINT pgwork_member; ",  # released, none open
-    # Open, and only a lock in it that no member uses: one taken ahead for a member
-    # that did not enter, or one whose lease no longer held.
-    _STALE: b"ROLLBACK TO SAVEPOINT pgwork_member; ",
-}
-
-# The prepared statements' parameters, in order, with their types.
-_LOCK_PARAMS = ((b"job_id", b"uuid"), (b"lease_token", b"uuid"))
+# The prepared statement's parameters, in order, with their types.
 _COMPLETE_PARAMS = (
     (b"id", b"uuid"),
     (b"token", b"uuid"),
     (b"output", b"text"),
     (b"ends_chain", b"bool"),
 )
-_COMPLETE_ROOT_PARAMS = _COMPLETE_PARAMS[:3]
 
 # The names (statement texts) prepared on each connection, as long as it lives.
 _prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
@@ -134,6 +113,10 @@ class _Ops(Protocol):
     schema: str
     _sql: Statements
 
+    async def complete(
+        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
+    ) -> list[CompletionResult]: ...
+
     async def _completion_results(
         self,
         tx: TransactionHandle | None,
@@ -146,19 +129,20 @@ class PgAtomicGroup:
     """``AtomicGroup`` on one pooled psycopg connection (autocommit, so BEGIN by hand)."""
 
     __slots__ = (
-        "_ahead",
+        "_begun",
         "_complete",
-        "_complete_root",
         "_conn",
         "_cur",
+        "_deferred",
         "_encoding",
         "_escaping",
+        "_fresh",
         "_give_back",
         "_idle",
-        "_lock",
+        "_opening_ms",
         "_ops",
-        "_root",
-        "_savepoint",
+        "_pending",
+        "_touched",
         "members",
     )
 
@@ -173,25 +157,29 @@ class PgAtomicGroup:
         # One cursor for all the group's statements (they run one after another).
         self._cur = conn.cursor()
         self._give_back = give_back
-        self._savepoint = _NOT_BEGUN
-        # The member whose lock a completion took ahead, whether its lease held, and
-        # whether its job is its chain's root.
-        self._ahead: tuple[Lease, bool, bool] | None = None
-        # Whether the current member's job is its chain's root (its lock said so).
-        self._root = False
-        # The idle bound in force (SQL literal, ms): in the transaction outside the
-        # savepoint, and set in the open savepoint (None: not set there).
-        self._idle: tuple[bytes | None, bytes | None] = (None, None)
+        # The group's transaction was begun; a savepoint is open with nothing in it
+        # (ready for the next member that writes).
+        self._begun = False
+        self._fresh = False
+        # The current member used its transaction (its savepoint is open), and what
+        # its first use must send ahead of it (None: nothing).
+        self._touched = False
+        self._pending: bytes | None = None
+        # The bound the pending ``BEGIN`` sets (ms).
+        self._opening_ms = 0
+        # The idle bound in force (ms): in the transaction outside the open
+        # savepoint, and set in that savepoint (None: not set there).
+        self._idle: tuple[int | None, int | None] = (None, None)
+        # Kept members that wrote nothing: their completions, written by ``commit``.
+        self._deferred: list[Completion] = []
         self._escaping = Escaping(conn.pgconn)
         self._encoding = conn.info.encoding
-        prepared = conn.prepare_threshold is not None
-        sql = ops._sql
-        self._lock = _Statement(sql.atomic_member_lock, _LOCK_PARAMS, b"lock", prepared)
-        self._complete = _Statement(sql.complete_atomic, _COMPLETE_PARAMS, b"complete", prepared)
-        self._complete_root = _Statement(
-            sql.complete_atomic_root, _COMPLETE_ROOT_PARAMS, b"complete_root", prepared
-        )
+        self._complete = _completion(ops._sql.complete_atomic, conn.prepare_threshold is not None)
         self.members = 0
+
+    @property
+    def touched(self) -> bool:
+        return self._touched
 
     def _usable(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
@@ -199,157 +187,145 @@ class PgAtomicGroup:
             raise GroupLostError("the atomic group's connection was closed")
         return conn
 
-    async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle | None:
-        conn = self._usable()
-        ahead = self._ahead
-        if ahead is not None:
-            self._ahead = None
-            if ahead[0] == lease:  # entered ahead with the last completion
-                if ahead[1]:
-                    self._root = ahead[2]
-                    return PgTransaction(conn, self._give_back)
-                self._savepoint = _STALE
-                return None
-            self._savepoint = _STALE
-        if self._savepoint == _NOT_BEGUN:
-            await self._prepare(conn)
-        savepoint = self._savepoint
-        idle = self._idle_after(savepoint)
-        entry, idle = self._entry(idle, savepoint == _NOT_BEGUN, lease, deadline)
-        cur = self._cur
-        with translate_errors(self._ops.schema):
-            # Never prepared by psycopg: the text is the member's own.
-            await cur.execute(_BEFORE_LOCK[savepoint] + entry, prepare=False)
-            self._savepoint = _FRESH
-            self._idle = idle
-            while cur.nextset():  # the lock's rows come last
-                pass
-            rows = await cur.fetchall()
-        if not rows:
-            self._savepoint = _STALE  # rolled back in front of what comes next
-            return None
-        self._root = bool(rows[0][0])
-        return PgTransaction(conn, self._give_back)
+    # --- a member ------------------------------------------------------------------
 
-    async def complete(
-        self,
-        completion: Completion,
-        *,
-        then: NextMember | None = None,
-        commit: bool = False,
-    ) -> CompletionResult:
+    async def enter(self, *, lease: Lease, deadline: timedelta) -> TransactionHandle:
+        conn = self._usable()
+        self._disarm()
+        ms = _idle_ms(deadline)
+        self._touched = False
+        if not self._begun:
+            self._pending = b"%s%s%d; %s" % (_BEGIN, _SET_IDLE, ms, _SAVEPOINT)
+            self._opening_ms = ms
+        else:
+            outside, inside = self._idle
+            if ms > (inside or outside or 0):
+                # Held in the transaction while this member runs, maybe for longer
+                # than the bound in force: raise it now.
+                await self._run(b"%s%d" % (_SET_IDLE, ms))
+                self._idle = (outside, ms) if self._fresh else (ms, None)
+            self._pending = None if self._fresh else _SAVEPOINT
+        conn.wait = self._first_use  # type: ignore[method-assign]
+        return PgTransaction(conn, self._give_back_conn)
+
+    async def _first_use(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        """The connection's ``wait`` until the member first uses it: open the member's
+        savepoint (the group's transaction first), then run what was asked."""
+        conn = self._conn
+        self._disarm()
+        pending, self._pending = self._pending, None
+        self._touched = True
+        self._fresh = False
+        if pending is not None:
+            begins = not self._begun
+            await _send(conn, pending)
+            if begins:
+                self._begun = True
+                self._idle = (self._opening_ms, None)
+        return await conn.wait(gen, *args, **kwargs)
+
+    def _disarm(self) -> None:
+        self._conn.__dict__.pop("wait", None)
+
+    async def complete(self, completion: Completion) -> CompletionResult | None:
         if completion.continuation is not None:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
         self._usable()
-        ops = self._ops
+        self._disarm()
+        if not self._touched:
+            self._deferred.append(completion)
+            self.members += 1
+            return None
+        conn = self._conn
+        await self._prepare(conn)
         token = completion.lease_token
         output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
-        if self._root:  # ends its chain (no continuation), of which it is the root
-            query = self._complete_root.text((job_id, fence, output))
-        else:
-            query = self._complete.text((job_id, fence, output, b"true"))
-        idle = self._idle
-        if commit:
-            query += _COMMIT if then is None else _COMMIT_BEGIN
-            idle = (None, None)
-        elif then is not None:
-            query += _NEXT
-            idle = (idle[1] or idle[0], None)
-        if then is not None:
-            entry, idle = self._entry(idle, commit, then.lease, then.deadline)
-            query += entry
+        query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
         cur = self._cur
         try:
-            with translate_errors(ops.schema):
+            with translate_errors(self._ops.schema):
                 await cur.execute(query, prepare=False)
                 rows = await cur.fetchall()
-                if then is not None:
-                    self._idle = idle
-                    while cur.nextset():
-                        pass
-                    ahead = await cur.fetchall()
-                    self._ahead = (then.lease, bool(ahead), bool(ahead and ahead[0][0]))
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
-            # Nothing after the completion ran: roll the member back (no one ahead).
-            await self.undo()
+            # Nothing after the completion ran: roll the member back.
+            await self._run(_UNDO)
+            self._member_undone()
             return CompletionResult(job_id=completion.job_id, accepted=False)
-        if not commit:
-            self.members += 1
-            self._savepoint = _USED if then is None else _FRESH
-            return await self._settle_dependants(completion, rows)
-        # Committed: a new group goes on with ``then``'s entry, or the connection goes
-        # back. Dependants are settled on their own, as after ``complete_atomic``.
-        self.members = 0
-        if then is None:
-            self._idle = (None, None)
-            self._savepoint = _NOT_BEGUN
-            await self._give_back()
-        else:
-            self._savepoint = _FRESH
-        [result] = await ops._completion_results(None, [completion], rows)
-        return result
-
-    async def _settle_dependants(
-        self, completion: Completion, rows: Sequence[tuple[Any, ...]]
-    ) -> CompletionResult:
-        """The completion's result; a chain it ended that others wait on is resolved in
-        the group's transaction, outside the next member's savepoint (rare: one more
-        round trip each way; a lock taken ahead is dropped, the next member enters on
-        its own)."""
-        ops = self._ops
-        conn = self._conn
-        ends_with_dependants = any(row[3] and row[4] for row in rows)
-        if ends_with_dependants:
-            if self._ahead is not None:
-                self._ahead = None
-                await self._cur.execute(_DROP_AHEAD)
-                self._idle = (self._idle[0], None)
-            else:
-                await self._cur.execute(_RELEASE)
-                self._idle = self._idle_after(_USED)
-            self._savepoint = _NONE
-        [result] = await ops._completion_results(PgTransaction(conn), [completion], rows)
+        self.members += 1
+        self._member_kept()
+        if any(row[3] and row[4] for row in rows):
+            # It ended a chain others wait on: settle them in the group's transaction,
+            # outside any member's savepoint (rare: one more round trip).
+            await self._run(_RELEASE)
+            self._fresh = False
+            self._idle = (self._idle[0], None)
+            self._pending = _SAVEPOINT
+        [result] = await self._ops._completion_results(PgTransaction(conn), [completion], rows)
         return result
 
     async def keep(self) -> None:
         self._usable()
-        with translate_errors(self._ops.schema):
-            await self._cur.execute(_KEEP)
+        self._disarm()
         self.members += 1
-        self._ahead = None
-        self._savepoint = _FRESH
-        self._idle = self._idle_after(_USED)
+        if self._touched:
+            await self._run(_NEXT)
+            self._member_kept()
 
     async def undo(self) -> None:
         self._usable()
-        with translate_errors(self._ops.schema):
-            await self._cur.execute(_UNDO)
-        self._ahead = None
-        self._savepoint = _FRESH
-        self._idle = (self._idle[0], None)
+        self._disarm()
+        if self._touched:
+            await self._run(_UNDO)
+            self._member_undone()
+        # The member may go on to write its failure: its first use opens a savepoint.
+        self._touched = False
+        if self._begun:
+            self._pending = None if self._fresh else _SAVEPOINT
+        self._conn.wait = self._first_use  # type: ignore[method-assign]
 
-    async def commit(self) -> None:
+    def _member_kept(self) -> None:
+        """The member's savepoint was released and a fresh one opened."""
+        outside, inside = self._idle
+        self._idle = (inside or outside, None)
+        self._fresh = True
+        self._touched = False
+
+    def _member_undone(self) -> None:
+        """The member was rolled back to its savepoint (kept open, empty)."""
+        self._idle = (self._idle[0], None)
+        self._fresh = True
+        self._touched = False
+
+    # --- the group -----------------------------------------------------------------
+
+    async def commit(self) -> list[CompletionResult]:
+        self._disarm()
+        deferred, self._deferred = self._deferred, []
         try:
-            self._usable()
-            if self._savepoint != _NOT_BEGUN:
-                with translate_errors(self._ops.schema):
+            conn = self._usable()
+            results: list[CompletionResult] = []
+            with translate_errors(self._ops.schema):
+                if deferred:
+                    # In the group's transaction if it was begun, else on its own.
+                    results = await self._ops.complete(PgTransaction(conn), completions=deferred)
+                if self._begun:
                     await self._cur.execute(b"COMMIT")
+            return results
         finally:
-            self._ahead = None
-            self._idle = (None, None)
-            await self._give_back()
+            self._reset()
+            await self._give_back_conn()
 
     async def discard(self) -> None:
         conn = self._conn
-        self._ahead = None
-        self._idle = (None, None)
+        self._disarm()
+        self._deferred = []
         try:
-            # By the connection's state, not ours: a first member's query that failed
-            # after its BEGIN left a transaction open (aborted).
+            # By the connection's state, not ours: a first use that failed after its
+            # BEGIN left a transaction open (aborted).
             if (
                 not conn.closed
                 and not conn.broken
@@ -359,61 +335,57 @@ class PgAtomicGroup:
         except psycopg.Error:
             pass
         finally:
-            await self._give_back()
+            self._reset()
+            await self._give_back_conn()
 
-    def _idle_after(self, savepoint: int) -> tuple[bytes | None, bytes | None]:
-        """The idle bound in force once ``_BEFORE_LOCK[savepoint]`` has run: a released
-        savepoint's setting joins the transaction's, a rolled-back one's is gone."""
-        outside, inside = self._idle
-        if savepoint == _NOT_BEGUN:
-            return (None, None)
-        if savepoint == _USED:
-            return (inside or outside, None)
-        if savepoint == _FRESH:
-            return (outside, inside)
-        return (outside, None)  # _NONE (none open), _STALE (rolled back)
+    def _reset(self) -> None:
+        self._begun = self._fresh = self._touched = False
+        self._pending = None
+        self._idle = (None, None)
+        self.members = 0
 
-    def _entry(
-        self,
-        idle: tuple[bytes | None, bytes | None],
-        begun: bool,
-        lease: Lease,
-        deadline: timedelta,
-    ) -> tuple[bytes, tuple[bytes | None, bytes | None]]:
-        """A member's entry after what opens its savepoint (``begun``: after a BEGIN,
-        before its savepoint), and the idle bound in force after it. The bound is
-        set once per transaction, outside the members' savepoints (a member rolled
-        back cannot take it with it), and again, in the member's savepoint, only for
-        a member whose deadline asks for another one."""
-        ms = _idle_ms(deadline)
-        lock = self._lock.text((_uuid_literal(lease.job_id), _uuid_literal(lease.lease_token)))
-        if begun:
-            return b"%s%s; %s%s" % (_SET_IDLE, ms, _SAVEPOINT, lock), (ms, None)
-        outside, inside = idle
-        if (inside or outside) == ms:
-            return lock, idle
-        return b"%s%s; %s" % (_SET_IDLE, ms, lock), (outside, ms)
+    async def _give_back_conn(self) -> None:
+        self._disarm()
+        await self._give_back()
+
+    async def _run(self, query: bytes) -> None:
+        with translate_errors(self._ops.schema):
+            await self._cur.execute(query, prepare=False)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Prepare the group's statements on ``conn`` unless done already (once per
-        connection: a name is taken until the session ends, whatever the transaction
-        it was prepared in did). Each alone, so that one that fails leaves nothing."""
+        """Prepare the completion on ``conn`` unless done already (once per connection:
+        a name is taken until the session ends, whatever the transaction it was
+        prepared in did)."""
+        statement = self._complete.prepare
+        if statement is None:
+            return
         done = _prepared.setdefault(conn, set())
-        for statement in (self._lock, self._complete, self._complete_root):
-            if statement.prepare is None or statement.prepare in done:
-                continue
-            # (Taken already: prepared on this session by an earlier group.)
-            with (
-                translate_errors(self._ops.schema),
-                contextlib.suppress(pg_errors.DuplicatePreparedStatement),
-            ):
-                await self._cur.execute(statement.prepare, prepare=False)
-            done.add(statement.prepare)
+        if statement in done:
+            return
+        # (Taken already: prepared on this session by an earlier group.)
+        with (
+            translate_errors(self._ops.schema),
+            contextlib.suppress(pg_errors.DuplicatePreparedStatement),
+        ):
+            await self._cur.execute(statement, prepare=False)
+        done.add(statement)
+
+
+async def _send(conn: psycopg.AsyncConnection[Any], query: bytes) -> None:
+    """Run ``query`` (simple protocol, several statements) under a psycopg operation
+    already in progress: the connection's lock is held by it, so no cursor can be
+    used; its ``wait`` is the real one again."""
+    pgconn = conn.pgconn
+    pgconn.send_query(query)
+    results = await conn.wait(generators.execute(pgconn))
+    for result in results:
+        if result.status == ExecStatus.FATAL_ERROR:
+            raise pg_errors.error_from_result(result, encoding=conn.info.encoding)
 
 
 class _Statement:
-    """One of the group's statements as simple-protocol text, with literals written
-    in: ``EXECUTE`` of its prepared form, or (``prepared`` False) its full text."""
+    """The group's completion as simple-protocol text, with literals written in:
+    ``EXECUTE`` of its prepared form, or (``prepared`` False) its full text."""
 
     __slots__ = ("_execute", "_order", "_parts", "prepare")
 
@@ -454,6 +426,13 @@ class _Statement:
         return b"".join(out)
 
 
+@functools.lru_cache(maxsize=16)
+def _completion(template: bytes, prepared: bool) -> _Statement:
+    """The group's completion statement (one per schema, built once: a group is made
+    for every commit)."""
+    return _Statement(template, _COMPLETE_PARAMS, b"complete", prepared)
+
+
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
 
 
@@ -475,8 +454,8 @@ def _uuid_literal(value: object) -> bytes:
 
 
 @functools.lru_cache(maxsize=64)
-def _idle_ms(deadline: timedelta) -> bytes:
-    return b"'" + str(int((deadline + ATOMIC_SLACK).total_seconds() * 1000)).encode() + b"'"
+def _idle_ms(deadline: timedelta) -> int:
+    return int((deadline + ATOMIC_SLACK).total_seconds() * 1000)
 
 
 def atomic_params(lease: Lease, deadline: timedelta) -> dict[str, Any]:

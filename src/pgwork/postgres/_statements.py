@@ -548,49 +548,6 @@ WHERE CASE WHEN f.n = 0 THEN ('{ATOMIC_REFUSED} (' || f.n || ')')::int IS NULL
            ELSE false END
 """
 
-# A member's row lock in a group of atomic attempts (``PgAtomicGroup``): BEGIN_ATOMIC
-# without its ``set_config``, which cost the server ~10-20 µs per member (a join with
-# the subquery, a GUC change in every member's savepoint). The group sets the idle
-# timeout once per transaction instead, with ``SET LOCAL`` before its first savepoint
-# (and again in a member's savepoint only when that member's bound differs). It says
-# whether the job is its chain's root, so that the member's completion can take the
-# lean statement below.
-ATOMIC_MEMBER_LOCK = """
-SELECT j.id = j.chain_id AS root
-FROM {jobs} AS j
-WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
-FOR UPDATE OF j
-"""
-
-# COMPLETE_ATOMIC for a job that is its chain's root (a one-job chain, the common case),
-# ending its chain: one UPDATE of its own row, without the ``c`` and ``roots`` CTEs (an
-# UPDATE of its own in every call, set up even when it changes nothing: ~15-20 µs of
-# server CPU per member). The same columns out, the same refusal: no row (the lease no
-# longer holds it, or the job is not a root after all) fails the statement.
-COMPLETE_ATOMIC_ROOT = f"""
-WITH done AS (
-    UPDATE {{jobs}} AS j
-    SET status = 'completed',
-        output = %(output)s::text::jsonb,
-        completed_at = now(),
-        leased_by = NULL,
-        leased_until = NULL,
-        lease_token = NULL,
-        chain_status = 'completed',
-        chain_completed_at = now()
-    WHERE j.id = %(id)s::uuid AND j.lease_token = %(token)s::uuid
-      AND j.status::text = 'running' AND j.chain_id = j.id
-    RETURNING j.id, j.chain_id, j.chain_index, true AS ends_chain,
-        j.chain_has_dependants AS has_dependants, j.chain_awaited AS awaited
-)
-SELECT d.* FROM done AS d
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL
-FROM (SELECT count(*) AS n FROM done) AS f
-WHERE CASE WHEN f.n = 0 THEN ('{ATOMIC_REFUSED} (' || f.n || ')')::int IS NULL
-           ELSE false END
-"""
-
 # A worker's turn in one statement: complete the finished batch and lease the next
 # one. The two touch disjoint rows (running vs pending), so one snapshot serves both.
 # The first row (``head``) carries the completions' results as parallel arrays, one
@@ -816,8 +773,6 @@ class Statements:
     complete_one: bytes
     complete_and_continue: bytes
     complete_atomic: bytes
-    atomic_member_lock: bytes
-    complete_atomic_root: bytes
     fail: bytes
     reschedule: bytes
     release: bytes

@@ -3,27 +3,27 @@
 One transaction per atomic job caps an atomic drain at the server's commit rate. With
 ``atomic_group=N`` (N > 1) the worker keeps a few *lanes*, each a connection on which
 a group's members run one after another (one psycopg connection runs one statement at
-a time), each in a savepoint of its own (``AtomicGroup``): its row locked by id and
-lease token, its handler's writes and its completion in the savepoint. A member that
-succeeds is kept. One that fails is rolled back to its savepoint (the others' writes
-stay) and its failure (retry or final) is written in the savepoint and kept: it commits
-with the group, and a crash before the commit runs the job again, like every other
-member's. One that is aborted or whose completion is refused is rolled back and
-settled on its own. Concurrency comes from the lanes: a slot takes the least busy one.
+a time), each in a savepoint of its own (``AtomicGroup``), opened when the member
+first uses its transaction: a member that writes nothing costs no round trip, and its
+completion is written with the group's commit. A member that succeeds is kept. One
+that fails is rolled back to its savepoint (the others' writes stay) and its failure
+(retry or final) is written in a savepoint and kept: it commits with the group, and a
+crash before the commit runs the job again, like every other member's. One that is
+aborted or whose completion is refused is rolled back and settled on its own. A
+member's row is not locked while its handler runs, so its lease is renewed like a
+staged attempt's until its outcome is being written; the completion is fenced by it.
+Concurrency comes from the lanes: a slot takes the least busy one.
 
-A lane goes to the members waiting for it in turn, and a member's completion starts
-the entry of the member it hands the lane to (one round trip for both). A group
-commits once it has N kept members, or ``atomic_group_wait`` after its first member
-was kept, whichever comes first: with the completion of the member that filled it or
-found it due (which then begins the next group with the next member's entry), else by
-the first member waking at the due time, once the lane is free. A group that fell due
-while its next member was already entered in it commits with that member's outcome.
-A kept member's slot is free at once (like a staged slot whose handler returned), but
-the member counts as done, is reported and has what it made ready announced only
-after the commit. A crash before the commit rolls the whole group back: every member
-runs again, none twice in effect. A member whose handler is given up on closes the
-lane's connection (as an atomic attempt's is), which loses its group: the other
-members' jobs are handed back without counting an attempt.
+A lane goes to the members waiting for it in turn. A group commits once it has N kept
+members, or ``atomic_group_wait`` after its first member was kept, whichever comes
+first: by the member that filled it or found it due, else by the first member waking
+at the due time, once the lane is free. A kept member's slot is free at once (like a
+staged slot whose handler returned), but the member counts as done, is reported and
+has what it made ready announced only after the commit. A crash before the commit
+rolls the whole group back: every member runs again, none twice in effect. A member
+whose handler is given up on closes the lane's connection (as an atomic attempt's
+is), which loses its group: the other members' jobs are handed back without counting
+an attempt.
 
 A member holds its lane while its handler runs, so a slow handler would hold its
 group's commit back. So a job type whose handlers took longer than the wait on
@@ -38,7 +38,6 @@ start comes back to the groups once its handlers are quick again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -51,8 +50,8 @@ from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     AtomicGroup,
     Completion,
+    CompletionResult,
     Failure,
-    NextMember,
     StateAdapter,
     TransactionHandle,
 )
@@ -97,7 +96,7 @@ def atomic_groups(
 class _Group:
     """One transaction of a lane; its kept members wait for ``done``."""
 
-    __slots__ = ("done", "due", "error", "handed_on", "notices", "store", "timed", "wake")
+    __slots__ = ("chains", "done", "due", "error", "notices", "results", "store", "timed", "wake")
 
     def __init__(self, store: AtomicGroup) -> None:
         self.store = store
@@ -111,9 +110,10 @@ class _Group:
         # without seeing it done (cancelled), so that another one takes the timer.
         self.timed = False
         self.wake = asyncio.Event()
-        # The last member kept started the next one's entry in this group: a due
-        # group is then committed with that member's completion, not on its own.
-        self.handed_on = False
+        # The members whose completions the commit writes: their chains (by job id's
+        # int), for the notices, and once committed their results.
+        self.chains: dict[int, Any] = {}
+        self.results: dict[int, CompletionResult] = {}
 
     def finish(self) -> None:
         """The group is committed or lost."""
@@ -123,47 +123,37 @@ class _Group:
 
 class _Lane:
     """A connection's turn: held by one member (or a committer) at a time, handed to
-    those waiting in the order they came (so a member can start the entry of the one
-    it hands the lane to: ``AtomicGroup.complete``'s ``then``)."""
+    those waiting in the order they came."""
 
     __slots__ = ("group", "owner", "queue")
 
     def __init__(self) -> None:
         self.group: _Group | None = None
         self.owner: object | None = None
-        # Waiting: who, the member's entry (None for a committer), and its turn.
-        self.queue: deque[tuple[object, NextMember | None, asyncio.Future[None]]] = deque()
+        # Waiting: who, and its turn.
+        self.queue: deque[tuple[object, asyncio.Future[None]]] = deque()
 
     @property
     def waiting(self) -> int:
         """How many wait for the lane (not counting one cancelled, on its way out)."""
-        return sum(not turn.done() for _, _, turn in self.queue)
+        return sum(not turn.done() for _, turn in self.queue)
 
     @property
     def awaited(self) -> bool:
         """Whether anyone waits for the lane: ``waiting`` without counting them all
         (asked as each member leaves it)."""
-        return any(not turn.done() for _, _, turn in self.queue)
+        return any(not turn.done() for _, turn in self.queue)
 
     @property
     def load(self) -> int:
         return len(self.queue) + (self.owner is not None)
 
-    def next_member(self) -> NextMember | None:
-        """The entry of the first member waiting for the lane. Committers waiting
-        before it pass the lane on without a statement: each waits for a group that
-        was due, so the member handing the lane over commits that group itself."""
-        for _, entry, turn in self.queue:
-            if entry is not None and not turn.done():
-                return entry
-        return None
-
-    async def take(self, owner: object, entry: NextMember | None = None) -> None:
+    async def take(self, owner: object) -> None:
         if self.owner is None and not self.queue:
             self.owner = owner
             return
         turn = asyncio.get_running_loop().create_future()
-        waiter = (owner, entry, turn)
+        waiter = (owner, turn)
         self.queue.append(waiter)
         try:
             await turn
@@ -180,7 +170,7 @@ class _Lane:
         if self.owner is not owner:
             return
         while self.queue:
-            nxt, _, turn = self.queue.popleft()
+            nxt, turn = self.queue.popleft()
             if not turn.done():  # (a cancelled waiter takes itself off the queue)
                 self.owner = nxt
                 turn.set_result(None)
@@ -223,8 +213,10 @@ class AtomicGroups:
             await run_atomic(runner, slot, timed=self._learn)
             return
         deadline = slot.job_type.timeout or slot.job_type.lease
+        # Its row is not locked while it runs: its lease is renewed meanwhile.
+        slot.grouped = True
         lane = min(self._lanes, key=lambda lane: lane.load)
-        await lane.take(slot, NextMember(slot.lease, deadline))
+        await lane.take(slot)
         attempt: Attempt[Any, Any] | None = None
         failure: BaseException | None = None
         group: _Group | None = None
@@ -236,12 +228,6 @@ class AtomicGroups:
             if group is None:
                 group = lane.group = _Group(await self.state.open_atomic_group())
             tx = await group.store.enter(lease=slot.lease, deadline=deadline)
-            if tx is None:
-                log.warning(
-                    "pgwork job %s was taken from this worker before it started",
-                    slot.acquired.id,
-                )
-                return
             attempt, failure = runner._attempt(slot, tx)
             if attempt is not None:
                 # A handler given up on raises Abandoned here once it ends; the
@@ -250,25 +236,25 @@ class AtomicGroups:
                 began = time.monotonic()
                 failure = await runner._call_handler(slot, attempt, deadline)
                 self._learn(slot.job_type.name, time.monotonic() - began)
-            with anyio.CancelScope(shield=True):
-                group.handed_on = False
-                if attempt is not None and failure is None and not attempt.aborted:
-                    kept = await self._keep(runner, slot, attempt, lane, group, tx)
-                    refused = not kept
-                else:
+            slot.grouped = False  # no longer renewed: its outcome is being written
+            if attempt is not None and failure is None and not attempt.aborted:
+                # Not shielded: a member that wrote nothing has its completion left to
+                # the commit (no I/O here), and one cancelled while it writes loses its
+                # group, of which nothing then commits.
+                kept = await self._keep(runner, slot, attempt, group, tx)
+                refused = not kept
+            else:
+                with anyio.CancelScope(shield=True):
                     await group.store.undo()
                     failed = runner._failure_of(slot, attempt, failure)
                     if failed is not None:
                         kept = await self._record_failure(slot, failed, group, tx)
-                if kept and group.due == math.inf:
-                    group.due = time.monotonic() + self.wait
-                # Done: committed with its completion. Due while the next member was
-                # entered in it: committed with that one's completion (or after it,
-                # by a waiting member's timer, if it is not kept).
-                if not group.done.is_set() and (
-                    group.store.members >= self.size
-                    or (time.monotonic() >= group.due and not group.handed_on)
-                ):
+            if kept and group.due == math.inf:
+                group.due = time.monotonic() + self.wait
+            if not group.done.is_set() and (
+                group.store.members >= self.size or time.monotonic() >= group.due
+            ):
+                with anyio.CancelScope(shield=True):
                     await self._commit(lane, group)
         except BaseException as exc:
             if lane.owner is slot and group is not None:
@@ -289,7 +275,9 @@ class AtomicGroups:
                 runner._report_failure(slot, failed, True)
             else:
                 assert attempt is not None
-                runner._report_outcome(slot, attempt, True)
+                # Written at the commit (its result), or in its savepoint (accepted).
+                result = group.results.get(slot.acquired.id.int)
+                runner._report_outcome(slot, attempt, result is None or result.accepted)
             return
         if failed is not None:  # its lease no longer held: nothing was written
             runner._report_failure(slot, failed, False)
@@ -325,45 +313,23 @@ class AtomicGroups:
         runner: AttemptSteps,
         slot: Slot,
         attempt: Attempt[Any, Any],
-        lane: _Lane,
         group: _Group,
         tx: TransactionHandle,
     ) -> bool:
-        """Write the member's outcome in its savepoint and keep it; False (rolled back)
-        when its lease no longer held. A plain completion starts the entry of the member
-        the lane goes to next and, when the group is full or due, commits it: all in
-        the completion's round trip."""
+        """Write the member's outcome and keep it; False (rolled back) when its lease no
+        longer held. A plain completion of a member that wrote nothing is left to the
+        group's commit."""
         outcome = attempt.outcome
-        lease = slot.lease
         if isinstance(outcome, Completed) and outcome.continuation is None:
-            store = group.store
-            commit = store.members + 1 >= self.size or time.monotonic() >= group.due
-            then = lane.next_member()
+            lease = slot.lease
             completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
-            try:
-                result = await store.complete(completion, then=then, commit=commit)
-            except Exception as exc:
-                if not commit:
-                    raise
-                # The commit (or what went before it) failed: as for ``_commit``. (A
-                # failure of the next member's lock, after the commit, counts the
-                # group as lost too; handing its members back then finds their rows
-                # completed, fenced: nothing runs twice.)
-                lane.group = None
-                group.error = exc
-                log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
-                with contextlib.suppress(Exception):
-                    await store.discard()
-                group.finish()
-                return True  # it waits for its group, lost, and is handed back
+            result = await group.store.complete(completion)
+            if result is None:  # written by the commit
+                group.chains[lease.job_id.int] = slot.acquired.chain_id
+                return True
             group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
-            if commit and result.accepted:  # committed, a new group begun if ``then``
-                lane.group = None if then is None else _Group(store)
-                await self._committed_now(group)
-            else:
-                group.handed_on = then is not None and result.accepted
             return result.accepted
         # A continuation or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
@@ -391,16 +357,19 @@ class AtomicGroups:
         """Commit ``group`` (its lane held), then announce what its members made ready."""
         lane.group = None
         try:
-            await group.store.commit()
+            results = await group.store.commit()
         except Exception as exc:
             group.error = exc
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
             group.finish()
-        else:
-            await self._committed_now(group)
-
-    async def _committed_now(self, group: _Group) -> None:
-        """``group`` committed: announce what its members made ready, let them go."""
+            return
+        chains = group.chains
+        for result in results:
+            key = result.job_id.int
+            group.results[key] = result
+            group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
+            if result.chain_awaited:
+                group.notices.append(Notice(kind="chain_done", chain_id=chains[key]))
         if group.notices:
             try:
                 await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))

@@ -256,10 +256,9 @@ class SlotRunner:
         if timeout is not None:
             slot.timeout = timeout
             seconds = timeout.total_seconds()
-            self.watchdog.watch(started + seconds + slot.abandon_after)
-            loop = asyncio.get_running_loop()
-            attempt.deadline = deadline = loop.time() + seconds
-            slot.timer = loop.call_at(deadline, slot.time_out)
+            slot.stop_at = stop_at = started + seconds
+            self.watchdog.watch(stop_at)  # which stops the handler then
+            attempt.deadline = asyncio.get_running_loop().time() + seconds
         slot.handler_running = True
         try:
             result = await handler(attempt)
@@ -279,7 +278,7 @@ class SlotRunner:
                 error = TimeoutError()
         finally:
             slot.handler_running = False
-            if slot.timer is not None or slot.recheck is not None:
+            if slot.stop_at is not None or slot.recheck is not None:
                 slot.stop_cancelling()
             if slot.interrupts and task is not None:
                 # Interrupted, and the handler swallowed it: take it back all the same.

@@ -70,6 +70,7 @@ class Slot:
         "acquired",
         "attempt",
         "context",
+        "grouped",
         "handler_running",
         "handler_task",
         "interrupts",
@@ -79,11 +80,11 @@ class Slot:
         "recheck",
         "settling",
         "started",
+        "stop_at",
         "stopped_at",
         "task",
         "timed_out",
         "timeout",
-        "timer",
         "watchdog",
     )
 
@@ -102,6 +103,9 @@ class Slot:
         # The handler returned and its outcome is being written: renewing the lease now
         # could only race the write (and misread the completed job as a lost lease).
         self.settling = False
+        # A grouped atomic member whose handler runs: its row is not locked, so its
+        # lease is renewed like a staged attempt's (``_atomic_group``).
+        self.grouped = False
         self.lease_deadline = now + job_type.lease.total_seconds()
         self.started = now
         # Set while the handler runs, for the watchdog (see ``abandon_deadline``).
@@ -116,7 +120,10 @@ class Slot:
         self.handler_task: asyncio.Task[Any] | None = None
         self.interrupts = 0
         self.timed_out = False  # the handler overran its timeout
-        self.timer: asyncio.TimerHandle | None = None  # fires at the timeout
+        # When the running handler's timeout passes (monotonic; None: no timeout, or
+        # not running): the watchdog stops it then (one timer per worker, not one per
+        # attempt: uvloop's per-call timers were a tenth of a no-op atomic job's CPU).
+        self.stop_at: float | None = None
         self.recheck: asyncio.TimerHandle | None = None  # see ``interrupt``
         # The context the slot's task runs in, kept so that what is reported after
         # the task ended (a completion the batcher wrote later) is reported in it too:
@@ -139,16 +146,14 @@ class Slot:
 
     def stop_cancelling(self) -> None:
         """The handler ended, or was given up on: nothing is to stop it any more."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.stop_at = None
         if self.recheck is not None:
             self.recheck.cancel()
             self.recheck = None
 
     def time_out(self) -> None:
-        """The handler's timeout passed (a timer's callback): stop it."""
-        self.timer = None
+        """The handler's timeout passed (told by the watchdog): stop it."""
+        self.stop_at = None
         self.timed_out = True
         self._stop_requested()
         self.interrupt()
@@ -193,6 +198,11 @@ class Slot:
             self.stopped_at = time.monotonic()
             if self.watchdog is not None:
                 self.watchdog.poke()
+
+    def timeout_deadline(self) -> float | None:
+        """When the running handler's timeout passes and it is to be stopped (None: no
+        timeout, or it was stopped already)."""
+        return self.stop_at if self.handler_running and not self.abandoned else None
 
     def abandon_deadline(self) -> float | None:
         """When the watchdog gives up on this handler: ``abandon_after`` after it was

@@ -67,7 +67,7 @@ class Slots:
             max_slots=max_slots, prefetch=prefetch, start=self._launch, rank=self._rank
         )
         self.tasks = SlotTasks()
-        self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon)
+        self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon, Slot.time_out)
         self.unsettled: list[Lease] = []
         self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
 
@@ -131,9 +131,13 @@ class Slots:
         return [slot.acquired.lease_token for slot in self.held]
 
     def lease_holders(self) -> list[Slot]:
-        """Attempts whose lease the renewer keeps alive: running staged ones, and the
-        prefetched jobs (of either mode) waiting for a slot."""
-        holders = [s for s in self.held if s.staged and s.attempt is not None and not s.settling]
+        """Attempts whose lease the renewer keeps alive: running staged ones and grouped
+        atomic ones, and the prefetched jobs (of either mode) waiting for a slot."""
+        holders = [
+            s
+            for s in self.held
+            if ((s.staged and s.attempt is not None) or s.grouped) and not s.settling
+        ]
         holders.extend(self.admission.queued)
         return holders
 

@@ -39,6 +39,11 @@ __all__ = ["Watchdog", "Watched", "keep_abandoned"]
 class Watched(Protocol):
     """What the watchdog reads of one running attempt."""
 
+    def timeout_deadline(self) -> float | None:
+        """Monotonic time at which the handler's timeout passes and it is stopped
+        (None: no timeout, or stopped already)."""
+        ...
+
     def abandon_deadline(self) -> float | None:
         """Monotonic time after which the handler is given up on (None: no limit)."""
         ...
@@ -48,21 +53,29 @@ W = TypeVar("W", bound=Watched)
 
 
 class Watchdog(Generic[W]):
-    """Calls ``abandon(attempt)`` for each attempt in ``running()`` whose handler is
-    past its deadline. ``poke`` after making a deadline earlier (an abort, or a handler
-    that starts with a timeout shorter than the watchdog's current sleep)."""
+    """Calls ``time_out(attempt)`` for each attempt in ``running()`` whose handler is
+    past its timeout, and ``abandon(attempt)`` for each one past the deadline to give
+    up on it. ``poke`` after making a deadline earlier (an abort, or a handler that
+    starts with a timeout shorter than the watchdog's current sleep)."""
 
-    __slots__ = ("_abandon", "_next", "_poked", "_running")
+    __slots__ = ("_abandon", "_next", "_poked", "_running", "_time_out")
 
-    def __init__(self, running: Callable[[], Iterable[W]], abandon: Callable[[W], None]) -> None:
+    def __init__(
+        self,
+        running: Callable[[], Iterable[W]],
+        abandon: Callable[[W], None],
+        time_out: Callable[[W], None],
+    ) -> None:
         self._running = running
         self._abandon = abandon
+        self._time_out = time_out
         # asyncio's event, not anyio's: an anyio Event looks the backend up when made.
         self._poked = asyncio.Event()
         self._next = math.inf
 
     def watch(self, deadline: float) -> None:
-        """A handler started with a time limit ending at ``deadline``."""
+        """A handler started with a time limit (a timeout, or one to give up on it)
+        ending at ``deadline``."""
         if deadline < self._next:
             self._poked.set()
 
@@ -74,6 +87,12 @@ class Watchdog(Generic[W]):
             now = time.monotonic()
             earliest = math.inf
             for attempt in list(self._running()):
+                stop_at = attempt.timeout_deadline()
+                if stop_at is not None:
+                    if stop_at <= now:
+                        self._time_out(attempt)
+                    else:
+                        earliest = min(earliest, stop_at)
                 deadline = attempt.abandon_deadline()
                 if deadline is None:
                     continue
