@@ -4,7 +4,7 @@ suite see a blocked writer instead of timing it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -16,10 +16,11 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
-from pgwork.adapters.state import Completion, NextMember
+from pgwork.adapters.state import Completion
 from pgwork.postgres import _atomic_group as pg_atomic_group
 from pgwork.postgres import _state_worker as pg_worker_ops
-from pgwork.postgres._transactions import PgTransaction
+from pgwork.postgres._transactions import own_connection
+from pgwork.records import JobStatus
 from pgwork.testing.conformance import (
     LockWaiters,
     NotifyAdapterConformance,
@@ -43,6 +44,69 @@ async def _backend_ended(dsn: str, pid: int) -> None:
                 if not await cur.fetchall():
                     return
                 await anyio.sleep(0.05)
+
+
+async def _backend_runs(dsn: str, pid: int) -> bool:
+    """Whether the server still runs backend ``pid``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return bool(await cur.fetchall())
+
+
+@pytest.fixture
+def short_slack(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Atomic transactions bounded 300 ms past their deadlines (the bounds, cached per
+    deadline, computed afresh)."""
+    monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+    pg_atomic_group._idle_ms.cache_clear()
+    yield
+    pg_atomic_group._idle_ms.cache_clear()
+
+
+def _record(monkeypatch: pytest.MonkeyPatch, group: pg_atomic_group.PgAtomicGroup) -> list[bytes]:
+    """What goes to the server on ``group``'s connection from now on, one query (a
+    round trip) an item: through a cursor (the group's statements and the members'
+    own), or ahead of a member's first statement (what opens its savepoint)."""
+    conn = group._conn
+    sent: list[bytes] = []
+    execute = psycopg.AsyncCursor.execute
+    send = pg_atomic_group._send
+
+    async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return await execute(cur, query, *args, **kw)
+        finally:  # behind what opened the member's savepoint ahead of it, if anything
+            if cur.connection is conn:
+                sent.append(query.encode() if isinstance(query, str) else bytes(query))
+
+    async def sending(on: psycopg.AsyncConnection[Any], query: bytes) -> None:
+        if on is conn:
+            sent.append(query)
+        await send(on, query)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    monkeypatch.setattr(pg_atomic_group, "_send", sending)
+    return sent
+
+
+def _shape(query: bytes) -> bytes:
+    """``query`` with the group's prepared completion shown as ``<complete>``."""
+    if query.startswith(b"EXECUTE pgwork_atomic_complete_"):
+        return b"<complete>; " + query.partition(b"); ")[2]
+    return query
+
+
+async def _create_scratch(dsn: str) -> None:
+    """A table for the members' own writes (the test's database is its own)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE pgwork_scratch (member text NOT NULL)")
+
+
+async def _scratch(dsn: str) -> list[str]:
+    """What the members wrote to the scratch table, as committed."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT member FROM pgwork_scratch ORDER BY member")
+        return [row[0] for row in await cur.fetchall()]
 
 
 class TestPostgresStateAdapter(StateAdapterConformance):
@@ -89,12 +153,12 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             async with state_adapter.atomic_transaction(
                 lease=held.lease, deadline=timedelta(milliseconds=200)
             ) as tx:
-                assert isinstance(tx, PgTransaction)
-                if pipelined and tx.connection.info.server_version < 170000:
+                conn = own_connection(tx)
+                if pipelined and conn.info.server_version < 170000:
                     pytest.skip("one round trip needs PostgreSQL 17")
                 # Frozen (SIGSTOP, a blocked event loop): the server must end it.
-                await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
-                await tx.connection.execute("SELECT 1")
+                await _backend_ended(pgwork_dsn, conn.info.backend_pid)
+                await conn.execute("SELECT 1")
 
         with pytest.raises(
             (pg_errors.TransactionTimeout, pg_errors.IdleInTransactionSessionTimeout)
@@ -116,24 +180,24 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         store: StateHarness,
         pgwork_dsn: str,
         pgwork_schema: str,
-        monkeypatch: pytest.MonkeyPatch,
+        short_slack: None,
     ) -> None:
         """A group's lane sits idle in its transaction between members, holding the
-        rows of those already kept: the server must be able to end it there too, not
-        only while a handler runs. (Control: the completion pipelined with the next
-        savepoint, as before, leaves the lane idle with the timer disarmed.)"""
-        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
+        rows of those kept that wrote: the server must be able to end it there too,
+        not only while a handler runs. (Control: the group's ``BEGIN`` without its idle
+        bound: the server never ends the lane.)"""
         await store.seed(store.new_job())
         held = await store.acquire_one()
         group = await state_adapter.open_atomic_group()
-        assert isinstance(group, pg_atomic_group.PgAtomicGroup)
         tx = await group.enter(lease=held.lease, deadline=timedelta(milliseconds=200))
-        assert isinstance(tx, PgTransaction)
-        result = await group.complete(Completion(held.id, held.lease.lease_token, "null"))
+        conn = own_connection(tx)
+        await conn.execute("SELECT 1")
+        result = await group.complete(Completion(held.id, held.lease_token, "null"))
+        assert result is not None
         assert result.accepted
         # Frozen before the group's commit: the server must end it, and the kept
         # member's completion with it.
-        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        await _backend_ended(pgwork_dsn, conn.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
         async with await psycopg.AsyncConnection.connect(pgwork_dsn) as other:
@@ -145,180 +209,176 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             )
             assert await cur.fetchall() == [("running",)]
 
-    @pytest.mark.parametrize("commit", [False, True], ids=["same-group", "next-group"])
-    async def test_the_server_ends_a_group_whose_worker_went_silent_after_an_entry_ahead(
-        self,
-        state_adapter: PostgresStateAdapter,
-        store: StateHarness,
-        pgwork_dsn: str,
-        monkeypatch: pytest.MonkeyPatch,
-        commit: bool,
-    ) -> None:
-        """As above, with the completion carrying the next member's entry in the same
-        query (and, ``commit``, the group's commit and the next group's start): the
-        lane is then idle holding the rows, and must be bounded all the same.
-        (Control: a Flush sent after that query, the server never ends the lane.)"""
-        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
-        deadline = timedelta(milliseconds=200)
-        await store.seed(store.new_job(), store.new_job())
-        held, named = await store.acquire(limit=2)
-        group = await state_adapter.open_atomic_group()
-        tx = await group.enter(lease=held.lease, deadline=deadline)
-        assert isinstance(tx, PgTransaction)
-        result = await group.complete(
-            Completion(held.id, held.lease.lease_token, "null"),
-            then=NextMember(named.lease, deadline),
-            commit=commit,
-        )
-        assert result.accepted
-        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
-        with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
-            await group.commit()
-        for job in (named,) if commit else (held, named):
-            with anyio.fail_after(10):
-                [again] = await state_adapter.complete(
-                    None, completions=[Completion(job.id, job.lease_token, '"later"')]
-                )
-            assert again.accepted
-
     async def test_a_group_whose_first_member_was_undone_stays_bounded(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         pgwork_dsn: str,
-        monkeypatch: pytest.MonkeyPatch,
+        short_slack: None,
     ) -> None:
-        """The idle bound is set once per group, outside the members' savepoints: a
-        first member rolled back does not take it with it, and the next member, whose
-        lock sets nothing, is bounded all the same. (Control: the bound set in the
-        first member's savepoint, the server never ends the lane.)"""
-        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
-        pg_atomic_group._idle_ms.cache_clear()
+        """The idle bound is set with the group's ``BEGIN``, outside the members'
+        savepoints: a first member that used its transaction and was rolled back does
+        not take it with it, and the next member, whose entry sends nothing (the same
+        deadline), is bounded all the same. (Control: the bound set in the first
+        member's savepoint: the server never ends the lane.)"""
         deadline = timedelta(milliseconds=210)
         await store.seed(store.new_job(), store.new_job())
         undone, held = await store.acquire(limit=2)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=undone.lease, deadline=deadline) is not None
+        conn = own_connection(await group.enter(lease=undone.lease, deadline=deadline))
+        await conn.execute("SELECT 1")
         await group.undo()
-        tx = await group.enter(lease=held.lease, deadline=deadline)
-        assert isinstance(tx, PgTransaction)
-        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        await group.enter(lease=held.lease, deadline=deadline)
+        assert await group.complete(Completion(held.id, held.lease_token, "null")) is None
+        await _backend_ended(pgwork_dsn, conn.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
-        pg_atomic_group._idle_ms.cache_clear()
+        for job in (undone, held):  # nothing of the group was written
+            assert (await store.job(job.id)).status is JobStatus.RUNNING
 
-    @pytest.mark.parametrize("ahead", [True, False], ids=["entered-ahead", "alone"])
-    async def test_a_member_whose_deadline_differs_from_the_first_gets_its_own_bound(
+    async def test_a_longer_deadline_raises_the_groups_bound_and_a_shorter_one_keeps_it(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         pgwork_dsn: str,
-        monkeypatch: pytest.MonkeyPatch,
-        ahead: bool,
+        short_slack: None,
     ) -> None:
-        """A member with a longer deadline than the group's first is not ended at the
-        first one's bound, and one with a shorter deadline after it is ended at its
-        own. (Control: a lock that sets no bound after the group's first: the second
-        member's connection is ended while it runs.)"""
-        monkeypatch.setattr(pg_atomic_group, "ATOMIC_SLACK", timedelta(milliseconds=300))
-        pg_atomic_group._idle_ms.cache_clear()
+        """A member whose deadline asks for a longer bound than the one in force raises
+        it as it enters: its connection is not ended at the first member's bound while
+        its handler runs. One with a shorter deadline after it leaves the bound as it
+        is (the group's transaction holds the slower member's rows): the lane is ended
+        at the longer bound. (Controls: an entry that never raises the bound: the slow
+        member's connection is ended while it runs; one that lowers it to its own: the
+        lane is ended at the last member's bound.)"""
         short, long = timedelta(milliseconds=220), timedelta(milliseconds=1900)
         await store.seed(*(store.new_job() for _ in range(3)))
         first, slow, last = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=short) is not None
-        then = NextMember(slow.lease, long) if ahead else None
-        assert (
-            await group.complete(Completion(first.id, first.lease_token, "1"), then=then)
-        ).accepted
-        tx = await group.enter(lease=slow.lease, deadline=long)
-        assert isinstance(tx, PgTransaction)
-        await anyio.sleep(1.0)  # twice the first member's bound, half its own
-        then = NextMember(last.lease, short) if ahead else None
-        assert (
-            await group.complete(Completion(slow.id, slow.lease_token, "2"), then=then)
-        ).accepted
-        assert await group.enter(lease=last.lease, deadline=short) is not None
-        await _backend_ended(pgwork_dsn, tx.connection.info.backend_pid)
+        conn = own_connection(await group.enter(lease=first.lease, deadline=short))
+        await conn.execute("SELECT 1")
+        done = await group.complete(Completion(first.id, first.lease_token, "1"))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=slow.lease, deadline=long)
+        await anyio.sleep(1.0)  # twice the first member's bound, under half its own
+        await conn.execute("SELECT 1")
+        done = await group.complete(Completion(slow.id, slow.lease_token, "2"))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=last.lease, deadline=short)
+        assert await group.complete(Completion(last.id, last.lease_token, "3")) is None
+        await anyio.sleep(1.0)  # twice the last member's bound
+        assert await _backend_runs(pgwork_dsn, conn.info.backend_pid)
+        await _backend_ended(pgwork_dsn, conn.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
-        pg_atomic_group._idle_ms.cache_clear()
 
-    async def test_a_group_sets_its_idle_bound_once_and_completes_roots_leanly(
+    async def test_members_that_write_nothing_cost_the_group_one_statement(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Members with the same deadline: the bound goes once, with the group's
-        ``BEGIN``, and no member's lock sets it again; a one-job chain's member
-        completes through the lean statement, a later job of a chain through the
-        general one. (Controls: the bound set with every lock; every member completed
-        through the general statement.)"""
-        await store.handed_on()
-        await store.seed(store.new_job(), store.new_job())
-        jobs = sorted(await store.acquire(limit=3), key=lambda job: job.chain_index)
+        """Three members that never use their transaction, and one undone without
+        having used it: nothing goes to the server before the commit, which sends one
+        statement, their completions; no ``BEGIN``, no ``COMMIT``: that statement is
+        the group's one transaction. (Control: the group's transaction begun as its
+        first member enters, as before: ``BEGIN`` ahead, ``COMMIT`` behind.)"""
+        await store.seed(*(store.new_job() for _ in range(4)))
+        *jobs, undone = await store.acquire(limit=4)
         group = await state_adapter.open_atomic_group()
         assert isinstance(group, pg_atomic_group.PgAtomicGroup)
-        sent: list[bytes] = []
-        execute = psycopg.AsyncCursor.execute
+        sent = _record(monkeypatch, group)
+        for job in jobs:
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert await group.complete(Completion(job.id, job.lease_token, '"grouped"')) is None
+        await group.enter(lease=undone.lease, deadline=DEADLINE)
+        await group.undo()
+        assert sent == []
+        results = await group.commit()
+        assert sent == [state_adapter._sql.complete]
+        assert [(r.job_id, r.accepted) for r in results] == [(job.id, True) for job in jobs]
+        for job in jobs:
+            assert (await store.job(job.id)).output == "grouped"
+        assert (await store.job(undone.id)).status is JobStatus.RUNNING
 
-        async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
-            sent.append(bytes(query))
-            return await execute(cur, query, *args, **kw)
-
-        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
-        assert await group.enter(lease=jobs[0].lease, deadline=DEADLINE) is not None
-        for job, after in zip(jobs, [*jobs[1:], None], strict=True):
-            if job is not jobs[0]:
-                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
-            then = None if after is None else NextMember(after.lease, DEADLINE)
-            assert (
-                await group.complete(Completion(job.id, job.lease_token, "0"), then=then)
-            ).accepted
-        await group.commit()
-        sent = [query for query in sent if not query.startswith(b"PREPARE")]
-        text = b"".join(sent)
-        assert text.count(b"idle_in_transaction_session_timeout") == 1, sent
-        assert b"set_config" not in text
-        lean, general = (group._complete_root, group._complete)
-        [*roots, later] = [sent[i] for i in (1, 2, 3)]  # the completions, the later job last
-        for query in roots:
-            assert query.startswith(lean.text((b"x", b"x", b"x")).split(b"x")[0]), query
-        assert later.startswith(general.text((b"x", b"x", b"x", b"x")).split(b"x")[0]), later
-
-    async def test_a_member_entered_ahead_costs_no_round_trip_of_its_own(
+    async def test_a_member_that_uses_its_transaction_costs_its_savepoint_and_completion(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Three members, each completion naming the next: one query per member (the
-        first's ``BEGIN`` and lock, then a completion with the next one's entry each),
-        the last completion alone, the ``COMMIT``. (Control: a completion that ignores
-        ``then``, so that each member enters on its own: two more queries.)"""
+        """Two members that use their transaction, then one that does not, all with
+        the same deadline. The first one's first statement is preceded by one query
+        that begins the group's transaction, sets its idle bound and opens the member's
+        savepoint; each completion is one query that also opens the next member's
+        savepoint, so the second member's use costs nothing more; the commit sends the
+        third one's completion, then ``COMMIT``. The bound goes once. (Controls: a
+        completion that does not open the next member's savepoint: the second member's
+        use sends ``SAVEPOINT`` first; an entry that sets the bound again.)"""
         await store.seed(*(store.new_job() for _ in range(3)))
-        jobs = await store.acquire(limit=3)
+        first, second, quiet = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=jobs[0].lease, deadline=DEADLINE) is not None
-        sent: list[bytes] = []
-        execute = psycopg.AsyncCursor.execute
-
-        async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
-            sent.append(query)
-            return await execute(cur, query, *args, **kw)
-
-        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
-        for job, after in zip(jobs, [*jobs[1:], None], strict=True):
-            if job is not jobs[0]:
-                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
-            then = None if after is None else NextMember(after.lease, DEADLINE)
-            done = Completion(job.id, job.lease_token, '"grouped"')
-            assert (await group.complete(done, then=then)).accepted
-        await group.commit()
-        assert len(sent) == 4, sent
-        for job in jobs:
+        assert isinstance(group, pg_atomic_group.PgAtomicGroup)
+        sent = _record(monkeypatch, group)
+        for job in (first, second):
+            conn = own_connection(await group.enter(lease=job.lease, deadline=DEADLINE))
+            await conn.execute("SELECT 1")
+            done = await group.complete(Completion(job.id, job.lease_token, '"grouped"'))
+            assert done is not None
+            assert done.accepted
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert await group.complete(Completion(quiet.id, quiet.lease_token, '"grouped"')) is None
+        [result] = await group.commit()
+        assert result.accepted
+        # (The completion is prepared once per connection: one more query, the first
+        # time only.)
+        sent = [query for query in sent if not query.startswith(b"PREPARE")]
+        bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
+        kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        assert [_shape(query) for query in sent] == [
+            b"BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
+            + b"SAVEPOINT pgwork_member",
+            b"SELECT 1",
+            kept_and_next,
+            b"SELECT 1",
+            kept_and_next,
+            state_adapter._sql.complete_one,
+            b"COMMIT",
+        ]
+        for job in (first, second, quiet):
             assert (await store.job(job.id)).output == "grouped"
+
+    async def test_a_transaction_block_in_a_member_nests_in_the_members_savepoint(
+        self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str
+    ) -> None:
+        """A handler's ``conn.transaction()`` as its member's first use: the member's
+        savepoint is opened ahead of it, so psycopg makes the block a savepoint inside
+        it rather than the outermost transaction (whose end would commit the group's
+        transaction): a kept member's block commits with the group, an undone one's
+        goes with it. (Control: the member's savepoint opened after its first
+        operation: the first block, taken for the outermost, commits at once.)"""
+        await _create_scratch(pgwork_dsn)
+        await store.seed(store.new_job(), store.new_job())
+        kept, undone = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        for job in (kept, undone):
+            conn = own_connection(await group.enter(lease=job.lease, deadline=DEADLINE))
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO pgwork_scratch (member) VALUES (%s)", (str(job.id),)
+                )
+            assert await _scratch(pgwork_dsn) == []  # nothing committed yet
+            if job is kept:
+                done = await group.complete(Completion(job.id, job.lease_token, '"kept"'))
+                assert done is not None
+                assert done.accepted
+            else:
+                await group.undo()
+        await group.commit()
+        assert await _scratch(pgwork_dsn) == [str(kept.id)]
+        assert (await store.job(kept.id)).output == "kept"
+        assert (await store.job(undone.id)).status is JobStatus.RUNNING
 
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str
@@ -355,16 +415,22 @@ class TestPostgresAtomicGroupWithoutPreparedStatements(AtomicGroupConformance):
     async def test_nothing_is_prepared_on_the_groups_connection(
         self, state_adapter: PostgresStateAdapter, store: StateHarness
     ) -> None:
+        """Members that used their transaction have their completions written at once,
+        as text: nothing is prepared on the connection, before or after. (Control: the
+        completion prepared all the same: the second member finds it.)"""
         await store.seed(store.new_job(), store.new_job())
         first, second = await store.acquire(limit=2)
         group = await state_adapter.open_atomic_group()
-        tx = await group.enter(lease=first.lease, deadline=DEADLINE)
-        assert isinstance(tx, PgTransaction)
-        done = Completion(first.id, first.lease_token, '"grouped"')
-        assert (await group.complete(done, then=NextMember(second.lease, DEADLINE))).accepted
-        cur = await tx.connection.execute("SELECT count(*) FROM pg_prepared_statements")
-        assert await cur.fetchall() == [(0,)]
-        await group.commit()
+        for job in (first, second):
+            conn = own_connection(await group.enter(lease=job.lease, deadline=DEADLINE))
+            cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert await cur.fetchall() == [(0,)]  # (after the first one's completion)
+            done = await group.complete(Completion(job.id, job.lease_token, '"grouped"'))
+            assert done is not None
+            assert done.accepted
+        assert await group.commit() == []
+        for job in (first, second):
+            assert (await store.job(job.id)).output == "grouped"
 
 
 def caller_transactions(dsn: str) -> TransactionFactory:

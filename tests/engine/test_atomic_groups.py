@@ -403,7 +403,7 @@ async def test_a_member_that_writes_nothing_holds_no_transaction_open(
         enter = _atomic_group.PgAtomicGroup.enter
 
         async def eager(self: Any, **kw: Any) -> Any:
-            tx = await enter(self, **kw)
+            tx: Any = await enter(self, **kw)
             await tx.connection.execute("SELECT 1")  # its first use opens it
             self._touched = False  # (and it still counts as a member that wrote nothing)
             return tx

@@ -22,8 +22,9 @@ commits once. A member costs a round trip only if it uses its transaction:
   undoing: its completion waits for the group's ``commit``, which writes all of them
   in one statement (fenced by their leases: one whose lease was lost meanwhile is not
   written, and is reported refused) ahead of the ``COMMIT``. A group none of whose
-  members wrote never opens a transaction at that: the completions' statement is
-  the group's one transaction. That is the cost of an at-least-once batch.
+  members wrote never opens a transaction at that: its connection goes back, and the
+  completions are written as a staged worker's are, one statement its own
+  transaction. That is the cost of an at-least-once batch.
 
 A member's row is not locked while its handler runs: the worker renews a grouped
 member's lease as it does a staged attempt's, and the completion's fence decides.
@@ -305,19 +306,25 @@ class PgAtomicGroup:
     async def commit(self) -> list[CompletionResult]:
         self._disarm()
         deferred, self._deferred = self._deferred, []
+        begun = self._begun
+        results: list[CompletionResult] = []
         try:
             conn = self._usable()
-            results: list[CompletionResult] = []
-            with translate_errors(self._ops.schema):
-                if deferred:
-                    # In the group's transaction if it was begun, else on its own.
-                    results = await self._ops.complete(PgTransaction(conn), completions=deferred)
-                if self._begun:
+            if begun:
+                with translate_errors(self._ops.schema):
+                    if deferred:
+                        tx = PgTransaction(conn)
+                        results = await self._ops.complete(tx, completions=deferred)
                     await self._cur.execute(b"COMMIT")
-            return results
         finally:
             self._reset()
             await self._give_back_conn()
+        if deferred and not begun:
+            # No member wrote: the completions are all there is to commit, written as
+            # a staged worker's are (a statement its own transaction, the dependants of
+            # chains they ended settled in one of theirs).
+            results = await self._ops.complete(None, completions=deferred)
+        return results
 
     async def discard(self) -> None:
         conn = self._conn

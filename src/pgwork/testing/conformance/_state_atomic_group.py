@@ -1,8 +1,14 @@
 """Groups of atomic attempts: several members in one transaction, each in a savepoint.
 
 A member's own writes stand in for a handler's: it completes a *side* job in its
-transaction. Kept members commit together and only on ``commit``; an undone or
-refused member leaves nothing, and its job's row is free at once.
+transaction; one that only reads its own job through its handle stands for a handler
+that uses its transaction without writing. A member that never uses its handle wrote
+nothing: ``complete`` leaves its completion to the group's ``commit``, which writes it
+and returns its result; a member that did use it has its completion written at once,
+in its savepoint, and gets its result back. Kept members commit together and only on
+``commit``; an undone or refused member leaves nothing, and the rows it wrote are free
+at once. A member's job is fenced by its lease when its outcome is written, not locked
+while it runs.
 
 Role exercised: ``WorkerStore`` (``open_atomic_group``).
 """
@@ -20,22 +26,31 @@ from pgwork.adapters.state import (
     Completion,
     Failure,
     Lease,
-    NextMember,
     StateAdapter,
+    TransactionHandle,
 )
 from pgwork.records import AttemptError, ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
 
 BOOM = AttemptError(type="RuntimeError", message="member failed")
 DEADLINE = timedelta(seconds=30)
+# An output that must travel as a value, quotes and backslashes included.
+TRICKY = '"it\'s \\\\ a \\"quote\\"; COMMIT; -- \u00e9\u2603"'
+TRICKY_VALUE = 'it\'s \\ a "quote"; COMMIT; -- \u00e9\u2603'
 
 
 def _done(job: AcquiredJob, output: str = '"grouped"') -> Completion:
     return Completion(job.id, job.lease_token, output)
 
 
-def _next(job: AcquiredJob) -> NextMember:
-    return NextMember(job.lease, DEADLINE)
+def _failed(job: AcquiredJob) -> Failure:
+    return Failure(job.id, job.lease_token, BOOM, None)
+
+
+async def _use(state_adapter: StateAdapter, tx: TransactionHandle, job: AcquiredJob) -> None:
+    """Use the member's transaction without writing: read its own job through it."""
+    [read] = await state_adapter.get_jobs(tx, job_ids=[job.id])
+    assert read.status is JobStatus.RUNNING
 
 
 class AtomicGroupConformance(StateSuiteBase):
@@ -48,72 +63,242 @@ class AtomicGroupConformance(StateSuiteBase):
         group = await state_adapter.open_atomic_group()
         for job, side in zip(jobs, sides, strict=True):
             tx = await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert tx is not None
             await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-            assert (await group.complete(_done(job))).accepted
+            done = await group.complete(_done(job))
+            assert done is not None
+            assert done.accepted
         assert group.members == 3
         for job in held:  # nothing is visible before the commit
             assert (await store.job(job.id)).status is JobStatus.RUNNING
-        await group.commit()
+        assert await group.commit() == []  # every completion was written already
         for job in jobs:
             assert (await store.job(job.id)).output == "grouped"
         for side in sides:
             assert (await store.job(side.id)).output == "side"
 
-    async def test_an_undone_member_leaves_nothing_and_frees_its_row_at_once(
+    async def test_members_that_write_nothing_have_their_completions_written_by_the_commit(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
+        """Members that never use their transaction: ``complete`` keeps each (None: no
+        result yet) and ``commit`` writes them, returning their results in the order
+        the members completed. (Control: a commit that drops the completions left to
+        it: it returns no results, and the jobs stay running.)"""
+        await store.seed(*(store.new_job() for _ in range(3)))
+        jobs = await store.acquire(limit=3)
+        outputs = [TRICKY, '{"n": 2}', '"grouped"']
+        group = await state_adapter.open_atomic_group()
+        for job, output in zip(jobs, outputs, strict=True):
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert await group.complete(_done(job, output)) is None
+        assert group.members == 3
+        for job in jobs:  # nothing is written before the commit
+            stored = await store.job(job.id)
+            assert stored.status is JobStatus.RUNNING
+            assert stored.output is None
+        results = await group.commit()
+        assert [result.job_id for result in results] == [job.id for job in jobs]
+        for result in results:
+            assert result.accepted
+            assert result.chain_completed
+        assert [(await store.job(job.id)).output for job in jobs] == [
+            TRICKY_VALUE,
+            {"n": 2},
+            "grouped",
+        ]
+        for job in jobs:
+            assert (await store.job(job.id)).status is JobStatus.COMPLETED
+
+    async def test_a_member_that_used_its_transaction_has_its_completion_written_at_once(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """A member that wrote has its completion written in its savepoint as it is
+        kept: the result comes back at once, and the group's transaction (the next
+        member's handle) sees the job completed while nothing shows outside before the
+        commit. Members that wrote nothing around it still wait for the commit, which
+        returns only theirs. (Control: a group that leaves every completion to the
+        commit: the writer gets None, and the next member reads its job running.)"""
+        await store.seed(*(store.new_job() for _ in range(5)))
+        quiet, writer, reader, last, side = await store.acquire(limit=5)
+        group = await state_adapter.open_atomic_group()
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert await group.complete(_done(quiet)) is None
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        done = await group.complete(_done(writer, TRICKY))
+        assert done is not None
+        assert done.accepted
+        assert done.chain_completed
+        tx = await group.enter(lease=reader.lease, deadline=DEADLINE)
+        [seen] = await state_adapter.get_jobs(tx, job_ids=[writer.id])
+        assert seen.status is JobStatus.COMPLETED
+        assert seen.output == TRICKY_VALUE
+        done = await group.complete(_done(reader))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=last.lease, deadline=DEADLINE)
+        assert await group.complete(_done(last)) is None
+        assert group.members == 4
+        for job in (quiet, writer, reader, last, side):  # nothing is visible outside
+            assert (await store.job(job.id)).status is JobStatus.RUNNING
+        results = await group.commit()
+        assert [result.job_id for result in results] == [quiet.id, last.id]
+        assert all(result.accepted for result in results)
+        assert (await store.job(writer.id)).output == TRICKY_VALUE
+        for job in (quiet, reader, last):
+            assert (await store.job(job.id)).output == "grouped"
+        assert (await store.job(side.id)).output == "side"
+
+    async def test_an_undone_member_leaves_nothing_and_frees_what_it_wrote_at_once(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """(Control: an undo that keeps what the member wrote: its side job's
+        completion commits with the group, and its row stays locked until then.)"""
         await store.seed(*(store.new_job() for _ in range(6)))
         first, failing, last, *sides = await store.acquire(limit=6)
         group = await state_adapter.open_atomic_group()
         for job, side in zip((first, failing, last), sides, strict=True):
             tx = await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert tx is not None
             await state_adapter.complete(tx, completions=[_done(side, '"side"')])
             if job is failing:
                 await group.undo()
             else:
-                assert (await group.complete(_done(job))).accepted
+                done = await group.complete(_done(job))
+                assert done is not None
+                assert done.accepted
         assert group.members == 2
-        # Its failure can be recorded on its own, while the group is still open: the
-        # savepoint's rollback released its row lock (else this would wait for the
-        # group's commit; bounded, so a store that keeps the lock fails here).
+        # What it wrote is gone, its locks with it: the side job can be completed on
+        # its own while the group is still open (bounded: a store that kept the lock
+        # until the group's commit fails here).
         with anyio.fail_after(10):
-            assert await state_adapter.fail(
-                None, failures=[Failure(failing.id, failing.lease_token, BOOM, None)]
-            ) == [True]
+            [alone] = await state_adapter.complete(None, completions=[_done(sides[1], '"alone"')])
+        assert alone.accepted
+        # And the member's job is its worker's to settle on its own.
+        with anyio.fail_after(10):
+            assert await state_adapter.fail(None, failures=[_failed(failing)]) == [True]
         await group.commit()
         assert (await store.job(first.id)).output == "grouped"
         assert (await store.job(last.id)).output == "grouped"
         assert (await store.job(failing.id)).status is JobStatus.FAILED
         assert (await store.job(sides[0].id)).output == "side"
-        assert (await store.job(sides[1].id)).status is JobStatus.RUNNING
+        assert (await store.job(sides[1].id)).output == "alone"
         assert (await store.job(sides[2].id)).output == "side"
+
+    async def test_a_failed_member_writes_its_failure_after_undo_and_commits_with_the_group(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """A member whose handler failed is undone, then writes its failure through its
+        handle and is kept: the failure commits with the group, and nothing the handler
+        wrote stays. The first such member had used nothing before failing, the second
+        had written. (Control: an undo after which the member's next use opens no
+        savepoint of its own: the first member's failure, written outside the group's
+        transaction, shows before the commit.)"""
+        await store.seed(*(store.new_job() for _ in range(4)))
+        quiet, wrote, kept, side = await store.acquire(limit=4)
+        group = await state_adapter.open_atomic_group()
+        tx = await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        await group.undo()
+        assert await state_adapter.fail(tx, failures=[_failed(quiet)]) == [True]
+        await group.keep()
+        tx = await group.enter(lease=wrote.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        await group.undo()
+        assert await state_adapter.fail(tx, failures=[_failed(wrote)]) == [True]
+        await group.keep()
+        await group.enter(lease=kept.lease, deadline=DEADLINE)
+        assert await group.complete(_done(kept)) is None
+        assert group.members == 3
+        for job in (quiet, wrote, kept, side):  # nothing is visible before the commit
+            assert (await store.job(job.id)).status is JobStatus.RUNNING
+        [result] = await group.commit()
+        assert result.job_id == kept.id
+        assert result.accepted
+        for job in (quiet, wrote):
+            stored = await store.job(job.id)
+            assert stored.status is JobStatus.FAILED
+            assert stored.last_attempt_error == BOOM
+        assert (await store.job(kept.id)).output == "grouped"
+        stored = await store.job(side.id)
+        assert stored.status is JobStatus.RUNNING
+        assert stored.output is None
 
     async def test_a_member_whose_lease_no_longer_holds_is_refused_and_leaves_nothing(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        await store.seed(*(store.new_job() for _ in range(4)))
-        job, spoiled, kept, side = await store.acquire(limit=4)
+        """The handler ends its own job: the completion behind it is refused, and the
+        member is rolled back with everything it wrote; the group goes on. (Control: a
+        member that wrote whose completion is left to the commit, as if it had written
+        nothing: no refusal to report, and what it wrote would commit regardless.)"""
+        await store.seed(*(store.new_job() for _ in range(3)))
+        spoiled, kept, side = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=Lease(job.id, uuid.uuid4()), deadline=DEADLINE) is None
         tx = await group.enter(lease=spoiled.lease, deadline=DEADLINE)
-        assert tx is not None
         await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        # The handler ends its own job: the completion behind it is refused, and the
-        # member is rolled back with everything it wrote.
         await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
-        assert not (await group.complete(_done(spoiled))).accepted
-        tx = await group.enter(lease=kept.lease, deadline=DEADLINE)
-        assert tx is not None
-        assert (await group.complete(_done(kept))).accepted
+        refused = await group.complete(_done(spoiled))
+        assert refused is not None
+        assert not refused.accepted
+        assert group.members == 0
+        await group.enter(lease=kept.lease, deadline=DEADLINE)
+        assert await group.complete(_done(kept)) is None
         assert group.members == 1
-        await group.commit()
+        [result] = await group.commit()
+        assert result.accepted
         assert (await store.job(kept.id)).output == "grouped"
-        for untouched in (job, spoiled, side):
+        for untouched in (spoiled, side):
             stored = await store.job(untouched.id)
             assert stored.status is JobStatus.RUNNING
             assert stored.output is None
+
+    async def test_a_commit_refuses_completions_whose_leases_no_longer_hold_and_keeps_the_rest(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """Completions left to the commit are fenced by their leases when it writes
+        them: one whose lease never held (another token), one whose job was completed
+        elsewhere meanwhile, one whose lease ran out and was reaped meanwhile: each is
+        reported not accepted and changes nothing, and the other members commit all
+        the same. (Controls: completions written without their fence: the stranger's
+        is accepted; a commit that gives up when one is refused: nothing commits.)"""
+        await store.seed(*(store.new_job() for _ in range(6)))
+        stranger, taken, writer, kept, side = await store.acquire(limit=5)
+        reaped = await store.acquire_one(lease=self.short_lease)
+        group = await state_adapter.open_atomic_group()
+        await group.enter(lease=Lease(stranger.id, uuid.uuid4()), deadline=DEADLINE)
+        assert await group.complete(Completion(stranger.id, uuid.uuid4(), '"grouped"')) is None
+        for job in (taken, reaped):
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert await group.complete(_done(job)) is None
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        done = await group.complete(_done(writer))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=kept.lease, deadline=DEADLINE)
+        assert await group.complete(_done(kept)) is None
+        # Meanwhile (its row is not locked): one job completed elsewhere, one reaped.
+        with anyio.fail_after(10):
+            [elsewhere] = await state_adapter.complete(
+                None, completions=[_done(taken, '"elsewhere"')]
+            )
+        assert elsewhere.accepted
+        taken_back = await store.reap_when_expired(timeout=self.expiry_timeout)
+        assert [job.job_id for job in taken_back] == [reaped.id]
+        results = await group.commit()
+        assert [(r.job_id, r.accepted) for r in results] == [
+            (stranger.id, False),
+            (taken.id, False),
+            (reaped.id, False),
+            (kept.id, True),
+        ]
+        stored = await store.job(stranger.id)
+        assert stored.status is JobStatus.RUNNING
+        assert stored.output is None
+        assert (await store.job(taken.id)).output == "elsewhere"
+        stored = await store.job(reaped.id)
+        assert stored.status is JobStatus.PENDING
+        assert stored.output is None
+        for job in (writer, kept):
+            assert (await store.job(job.id)).output == "grouped"
+        assert (await store.job(side.id)).output == "side"
 
     async def test_a_kept_member_with_its_own_outcome_commits_with_the_group(
         self, state_adapter: StateAdapter, store: StateHarness
@@ -122,258 +307,146 @@ class AtomicGroupConformance(StateSuiteBase):
         job, side = await store.acquire(limit=2)
         group = await state_adapter.open_atomic_group()
         tx = await group.enter(lease=job.lease, deadline=DEADLINE)
-        assert tx is not None
         await state_adapter.complete(tx, completions=[_done(side, '"side"'), _done(job)])
         await group.keep()
         assert group.members == 1
-        await group.commit()
+        for held in (job, side):
+            assert (await store.job(held.id)).status is JobStatus.RUNNING
+        assert await group.commit() == []
         assert (await store.job(job.id)).output == "grouped"
         assert (await store.job(side.id)).output == "side"
 
     async def test_a_discarded_group_commits_nothing(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
+        """Discarding drops what was written and the completions left to the commit
+        alike: every job is still running, its worker's to settle. (Control: a discard
+        that commits the group's transaction: the member that wrote commits.)"""
+        await store.seed(*(store.new_job() for _ in range(3)))
+        writer, quiet, side = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(job))).accepted
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        done = await group.complete(_done(writer))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert await group.complete(_done(quiet)) is None
         await group.discard()
-        assert (await store.job(job.id)).status is JobStatus.RUNNING
-        [again] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
-        assert again.accepted
+        for job in (writer, quiet, side):
+            stored = await store.job(job.id)
+            assert stored.status is JobStatus.RUNNING
+            assert stored.output is None
+            with anyio.fail_after(10):
+                [again] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
+            assert again.accepted
+
+    async def test_a_discarded_group_whose_members_wrote_nothing_commits_nothing(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """No member used its transaction: the completions left to the commit are
+        dropped all the same. (Control: a discard that writes them: they commit.)"""
+        await store.seed(store.new_job(), store.new_job())
+        jobs = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        for job in jobs:
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert await group.complete(_done(job)) is None
+        await group.discard()
+        for job in jobs:
+            stored = await store.job(job.id)
+            assert stored.status is JobStatus.RUNNING
+            assert stored.output is None
 
     async def test_a_group_whose_connection_a_member_discarded_cannot_commit(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(), store.new_job())
-        kept, abandoned = await store.acquire(limit=2)
+        await store.seed(*(store.new_job() for _ in range(4)))
+        writer, quiet, abandoned, side = await store.acquire(limit=4)
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=kept.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(kept))).accepted
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        done = await group.complete(_done(writer))
+        assert done is not None
+        assert done.accepted
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert await group.complete(_done(quiet)) is None
         tx = await group.enter(lease=abandoned.lease, deadline=DEADLINE)
-        assert tx is not None
         await tx.discard()  # what the worker does to a handler it gave up on
         with pytest.raises(Exception):  # noqa: B017, PT011 - the adapter's own error type
             await group.commit()
-        with anyio.fail_after(10):
-            [result] = await state_adapter.complete(None, completions=[_done(kept, '"later"')])
-        assert result.accepted  # nothing committed, nothing left locked
-
-    async def test_a_completion_that_names_the_next_member_lets_it_enter(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        await store.seed(*(store.new_job() for _ in range(5)))
-        first, second, third, *sides = await store.acquire(limit=5)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        # An output that must travel as a value, quotes and backslashes included.
-        tricky = '"it\'s \\\\ a \\"quote\\"; COMMIT; -- \u00e9\u2603"'
-        assert (await group.complete(_done(first, tricky), then=_next(second))).accepted
-        tx = await group.enter(lease=second.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(sides[0], '"side"')])
-        assert (await group.complete(_done(second), then=_next(third))).accepted
-        tx = await group.enter(lease=third.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(sides[1], '"side"')])
-        await group.undo()  # the third fails: its side effect goes, the others stay
-        assert group.members == 2
-        with anyio.fail_after(10):
-            assert await state_adapter.fail(
-                None, failures=[Failure(third.id, third.lease_token, BOOM, None)]
-            ) == [True]
-        for job in (first, second, sides[0]):  # nothing is visible before the commit
-            assert (await store.job(job.id)).status is JobStatus.RUNNING
-        await group.commit()
-        assert (await store.job(first.id)).output == 'it\'s \\ a "quote"; COMMIT; -- \u00e9\u2603'
-        assert (await store.job(second.id)).output == "grouped"
-        assert (await store.job(sides[0].id)).output == "side"
-        assert (await store.job(third.id)).status is JobStatus.FAILED
-        assert (await store.job(sides[1].id)).status is JobStatus.RUNNING
-
-    async def test_a_next_member_that_does_not_enter_leaves_its_row_free(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        """The member named as next is not the one that enters (it was cancelled
-        while waiting): whatever the store did for it ahead is dropped at once, and
-        its job stays its worker's to settle on its own."""
-        await store.seed(*(store.new_job() for _ in range(4)))
-        first, named, entering, side = await store.acquire(limit=4)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(first), then=_next(named))).accepted
-        tx = await group.enter(lease=entering.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        assert (await group.complete(_done(entering))).accepted
-        assert group.members == 2
-        # Bounded: a store that kept the named member's row locked fails here.
-        with anyio.fail_after(10):
-            assert await state_adapter.fail(
-                None, failures=[Failure(named.id, named.lease_token, BOOM, None)]
-            ) == [True]
-        await group.commit()
-        for job in (first, entering):
-            assert (await store.job(job.id)).output == "grouped"
-        assert (await store.job(side.id)).output == "side"
-        assert (await store.job(named.id)).status is JobStatus.FAILED
-
-    async def test_a_group_that_commits_before_its_named_next_member_enters(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        await store.seed(store.new_job(), store.new_job())
-        first, named = await store.acquire(limit=2)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(first), then=_next(named))).accepted
-        await group.commit()
-        assert (await store.job(first.id)).output == "grouped"
-        stored = await store.job(named.id)
-        assert stored.status is JobStatus.RUNNING
-        assert stored.output is None
-        with anyio.fail_after(10):
-            [result] = await state_adapter.complete(None, completions=[_done(named, '"alone"')])
-        assert result.accepted
-
-    async def test_a_refused_completion_that_names_the_next_member(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        """The completion is refused (its handler ended its own job): it is rolled back
-        alone, and the member named as next enters all the same."""
-        await store.seed(*(store.new_job() for _ in range(3)))
-        spoiled, named, side = await store.acquire(limit=3)
-        group = await state_adapter.open_atomic_group()
-        tx = await group.enter(lease=spoiled.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
-        assert not (await group.complete(_done(spoiled), then=_next(named))).accepted
-        assert await group.enter(lease=named.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(named))).accepted
-        assert group.members == 1
-        await group.commit()
-        assert (await store.job(named.id)).output == "grouped"
-        for untouched in (spoiled, side):
-            stored = await store.job(untouched.id)
-            assert stored.status is JobStatus.RUNNING
-            assert stored.output is None
-
-    async def test_a_named_next_member_whose_lease_no_longer_holds_enters_as_none(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        await store.seed(*(store.new_job() for _ in range(3)))
-        first, other, last = await store.acquire(limit=3)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        gone = NextMember(Lease(other.id, uuid.uuid4()), DEADLINE)
-        assert (await group.complete(_done(first), then=gone)).accepted
-        assert await group.enter(lease=gone.lease, deadline=DEADLINE) is None
-        assert await group.enter(lease=last.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(last))).accepted
-        await group.commit()
-        assert (await store.job(first.id)).output == "grouped"
-        assert (await store.job(last.id)).output == "grouped"
-        assert (await store.job(other.id)).status is JobStatus.RUNNING
-
-    async def test_a_completion_that_commits_its_group_and_begins_the_next(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        await store.seed(*(store.new_job() for _ in range(4)))
-        first, second, *sides = await store.acquire(limit=4)
-        group = await state_adapter.open_atomic_group()
-        tx = await group.enter(lease=first.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(sides[0], '"side"')])
-        done = await group.complete(_done(first), then=_next(second), commit=True)
-        assert done.accepted
-        assert group.members == 0  # a new group
-        # Committed with the completion: visible at once.
-        assert (await store.job(first.id)).output == "grouped"
-        assert (await store.job(sides[0].id)).output == "side"
-        tx = await group.enter(lease=second.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(sides[1], '"side"')])
-        assert (await group.complete(_done(second))).accepted
-        assert group.members == 1
-        assert (await store.job(second.id)).status is JobStatus.RUNNING
-        await group.commit()
-        assert (await store.job(second.id)).output == "grouped"
-        assert (await store.job(sides[1].id)).output == "side"
-
-    async def test_a_completion_that_commits_its_group_with_no_one_next(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        await store.seed(store.new_job(), store.new_job())
-        first, second = await store.acquire(limit=2)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(first))).accepted
-        assert await group.enter(lease=second.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(second), commit=True)).accepted
-        for job in (first, second):
-            assert (await store.job(job.id)).output == "grouped"
-
-    async def test_a_refused_completion_commits_nothing_of_its_group(
-        self, state_adapter: StateAdapter, store: StateHarness
-    ) -> None:
-        """The completion that was to commit its group is refused: it is undone, the
-        group stays open with what it kept, for the caller to commit."""
-        await store.seed(*(store.new_job() for _ in range(4)))
-        kept, spoiled, named, side = await store.acquire(limit=4)
-        group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=kept.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(kept))).accepted
-        tx = await group.enter(lease=spoiled.lease, deadline=DEADLINE)
-        assert tx is not None
-        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
-        refused = await group.complete(_done(spoiled), then=_next(named), commit=True)
-        assert not refused.accepted
-        assert group.members == 1
-        assert (await store.job(kept.id)).status is JobStatus.RUNNING  # not committed
-        assert await group.enter(lease=named.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(named))).accepted
-        await group.commit()
-        for job in (kept, named):
-            assert (await store.job(job.id)).output == "grouped"
-        for untouched in (spoiled, side):
-            assert (await store.job(untouched.id)).status is JobStatus.RUNNING
+        for job in (writer, quiet, side):  # nothing committed, nothing left locked
+            with anyio.fail_after(10):
+                [result] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
+            assert result.accepted
 
     async def test_members_that_end_chains_others_wait_on_make_them_ready(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """A chain's dependants are settled whether its member's completion names the
-        next member or commits the group: in the group's transaction, or after its
-        commit."""
+        """A chain's dependants are settled in the group's transaction whether its
+        member's completion was written at once (it wrote) or by the commit (it wrote
+        nothing), and a member undone after one that settled some does not take them
+        with it; its result, or the commit's, says where jobs became ready. (Control:
+        dependants settled in the savepoint the next member goes on in: the undone
+        member rolls them back, and the first dependant stays blocked.)"""
         members = [store.new_job() for _ in range(3)]
         await store.seed(*members)
         waiting = [store.new_job(BETA, queue=f"q{i}", blockers=[members[i].id]) for i in range(2)]
         await store.seed(*waiting)
-        first, second, third = await store.acquire(limit=3)
-        assert [first.id, second.id] == [members[0].id, members[1].id]
+        writer, quiet, undone = await store.acquire(limit=3)
+        assert [writer.id, quiet.id] == [members[0].id, members[1].id]
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        done = await group.complete(_done(first), then=_next(second))
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await _use(state_adapter, tx, writer)
+        done = await group.complete(_done(writer))
+        assert done is not None
         assert done.accepted
         assert done.ready_queues == ("q0",)
-        assert await group.enter(lease=second.lease, deadline=DEADLINE) is not None
-        done = await group.complete(_done(second), then=_next(third), commit=True)
-        assert done.accepted
-        assert done.ready_queues == ("q1",)
+        tx = await group.enter(lease=undone.lease, deadline=DEADLINE)
+        await _use(state_adapter, tx, undone)
+        await group.undo()
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert await group.complete(_done(quiet)) is None
+        for dependant in waiting:  # nothing is visible before the commit
+            assert (await store.job(dependant.id)).status is JobStatus.BLOCKED
+        [result] = await group.commit()
+        assert result.job_id == quiet.id
+        assert result.accepted
+        assert result.ready_queues == ("q1",)
         for dependant in waiting:
             assert (await store.job(dependant.id)).status is JobStatus.PENDING
-        assert await group.enter(lease=third.lease, deadline=DEADLINE) is not None
-        assert (await group.complete(_done(third))).accepted
-        await group.commit()
-        assert (await store.job(third.id)).output == "grouped"
+        assert (await store.job(undone.id)).status is JobStatus.RUNNING
 
-    async def test_members_that_end_their_chains_complete_them_first_job_or_later(
+    async def test_members_that_wrote_nothing_make_the_dependants_of_their_chains_ready(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
+        """No member used its transaction: the commit's completions settle the
+        dependants of the chains they end all the same. (Control: completions that
+        leave the dependants of the chains they end unsettled: they stay blocked.)"""
+        members = [store.new_job() for _ in range(2)]
+        await store.seed(*members)
+        waiting = [store.new_job(BETA, queue=f"q{i}", blockers=[members[i].id]) for i in range(2)]
+        await store.seed(*waiting)
+        jobs = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        for job in jobs:
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            assert await group.complete(_done(job)) is None
+        results = await group.commit()
+        assert [r.job_id for r in results] == [job.id for job in jobs]
+        assert all(r.accepted for r in results)
+        assert {queue for r in results for queue in r.ready_queues} == {"q0", "q1"}
+        for dependant in waiting:
+            assert (await store.job(dependant.id)).status is JobStatus.PENDING
+
+    @pytest.mark.parametrize("uses", [True, False], ids=["used-its-transaction", "wrote-nothing"])
+    async def test_members_that_end_their_chains_complete_them_first_job_or_later(
+        self, state_adapter: StateAdapter, store: StateHarness, uses: bool
+    ) -> None:
         """A member ending a one-job chain, one ending a longer chain (its job not the
-        chain's first), and a one-job chain's again, each entered ahead of the next:
-        every chain completes with its last job's output."""
+        chain's first), and a one-job chain's again: every chain completes with its
+        last job's output, whether its member's completion is written at once or by
+        the commit."""
         following = await store.handed_on()
         first_new, last_new = store.new_job(), store.new_job()
         await store.seed(first_new, last_new)
@@ -382,15 +455,20 @@ class AtomicGroupConformance(StateSuiteBase):
         assert later.chain_index == 1
         members = [first, later, last]
         group = await state_adapter.open_atomic_group()
-        assert await group.enter(lease=first.lease, deadline=DEADLINE) is not None
-        for job, after in zip(members, [*members[1:], None], strict=True):
-            if job is not first:
-                assert await group.enter(lease=job.lease, deadline=DEADLINE) is not None
-            then = None if after is None else _next(after)
-            done = await group.complete(_done(job, f'"{job.chain_index}"'), then=then)
-            assert done.accepted
-            assert done.chain_completed
-        await group.commit()
+        results = []
+        for job in members:
+            tx = await group.enter(lease=job.lease, deadline=DEADLINE)
+            if uses:
+                await _use(state_adapter, tx, job)
+            done = await group.complete(_done(job, f'"{job.chain_index}"'))
+            assert (done is None) is not uses
+            if done is not None:
+                results.append(done)
+        results += await group.commit()
+        assert [r.job_id for r in results] == [job.id for job in members]
+        for result in results:
+            assert result.accepted
+            assert result.chain_completed
         for job in members:
             chain = await store.chain(job.chain_id)
             assert chain.status is ChainStatus.COMPLETED, job
