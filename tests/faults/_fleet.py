@@ -38,7 +38,7 @@ class Line:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    types: str = "work,effect"
+    types: str = "work,effect,quiet"
     slots: int = 8
     lease: float = 2.0
     poll: float = 0.5

@@ -68,6 +68,17 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
         retry=RETRY,
         max_attempts=25,
     )
+    # Atomic, writing nothing of its own: in a group its completion waits for the
+    # group's commit, written with the other such members' in one statement.
+    reg.job_type(
+        "quiet",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        timeout=timedelta(seconds=3 * lease),
+        mode="atomic",
+        retry=RETRY,
+        max_attempts=25,
+    )
     reg.job_type(
         "hang",
         input=Spec,

@@ -114,7 +114,7 @@ def run_under_faults(
         jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
     enqueue(dsn, jobs)
     options = Options(
-        types="work,effect",
+        types="work,effect,quiet",
         slots=load.slots,
         lease=load.lease,
         poll=load.poll,

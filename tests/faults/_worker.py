@@ -242,6 +242,11 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
         await watched(attempt, asyncio.sleep(duration(attempt)))
         return attempt.worker_id
 
+    async def quiet(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        await watched(attempt, asyncio.sleep(duration(attempt)))
+        return attempt.worker_id
+
     async def hang(attempt: Attempt[Spec, Any]) -> None:
         await record(attempt)
         await watched(attempt, asyncio.Event().wait())
@@ -262,6 +267,7 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
     return {
         "work": work,
         "effect": effect,
+        "quiet": quiet,
         "hang": hang,
         "block": block,
         "boom": boom,
@@ -336,7 +342,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.faults._worker")
     parser.add_argument("dsn")
     parser.add_argument("--worker-id", required=True)
-    parser.add_argument("--types", default="work,effect")
+    parser.add_argument("--types", default="work,effect,quiet")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--poll", type=float, default=0.5)

@@ -1,12 +1,16 @@
 """SIGKILL workers that commit atomic attempts in groups: a group killed before its
 commit runs again, every member of it, and no member's effect is committed twice.
 
-The jobs are short atomic ``effect`` jobs (their handlers take under the group wait,
-so they are grouped), and a kill waits for a worker one of whose members has finished
-its handler and waits in an open group (a kill after the queue drained finds none).
+The jobs are short atomic ``effect`` jobs, whose handlers write (they take under the
+group wait, so they are grouped); in a second run half are ``quiet`` ones, whose
+handlers write nothing, so that their completions wait for the group's commit and are
+written with it in one statement. A kill waits for a worker one of whose members has
+finished its handler and waits in an open group (a kill after the queue drained finds
+none); every job killed before its group committed must run again, and none be lost.
 The control build commits each member's writes on their own, before the group's
 commit of its completion: a kill in between runs the job again, and its effect is
-committed twice."""
+committed twice (run on ``effect`` jobs only: half as many effects, and one run in
+two saw none duplicated)."""
 
 from __future__ import annotations
 
@@ -38,9 +42,13 @@ GROUPED = Load(
 )
 
 
-def _short_atomic_jobs(count: int) -> list[tuple[str, Spec]]:
+def _short_atomic_jobs(count: int, *, quiet: bool) -> list[tuple[str, Spec]]:
+    """``count`` short ``effect`` jobs, or (``quiet``) every other one ``quiet``."""
     rng = random.Random(11)
-    return [("effect", Spec(n=n, ms=rng.randint(0, 3))) for n in range(count)]
+    return [
+        ("quiet" if quiet and n % 2 == 0 else "effect", Spec(n=n, ms=rng.randint(0, 3)))
+        for n in range(count)
+    ]
 
 
 def _recovery_bound(load: Load) -> float:
@@ -51,23 +59,25 @@ def _recovery_bound(load: Load) -> float:
     return load.lease + (held / max(1, load.workers - 1) + 1) * load.poll + 1.0
 
 
-def _run(dsn: str, breakage: str) -> Figures:
+def _run(dsn: str, breakage: str, *, quiet: bool = False) -> Figures:
+    mix = ", half writing nothing" if quiet else ""
     figures, fleet = run_under_faults(
         dsn,
-        f"SIGKILL grouped atomic workers, build: {breakage or 'correct'}",
+        f"SIGKILL grouped atomic workers{mix}, build: {breakage or 'correct'}",
         GROUPED,
         kill_worker_mid_group(dsn, GROUPED, probe_timeout=_recovery_bound(GROUPED) + 0.5),
         env={BROKEN_ENV: breakage} if breakage else None,
-        jobs=_short_atomic_jobs(GROUPED.jobs),
+        jobs=_short_atomic_jobs(GROUPED.jobs, quiet=quiet),
     )
     assert not fleet.unexpected_exits()
     return figures
 
 
+@pytest.mark.parametrize("quiet", [False, True], ids=["all-writing", "half-writing-nothing"])
 def test_sigkilled_grouping_workers_lose_no_job_and_duplicate_no_effect(
-    fault_dsn: str, report: Callable[[Figures], Figures]
+    fault_dsn: str, report: Callable[[Figures], Figures], quiet: bool
 ) -> None:
-    figures = report(_run(fault_dsn, ""))
+    figures = report(_run(fault_dsn, "", quiet=quiet))
     assert figures.faults >= 1
     assert figures.notes.get("kills_mid_group", 0) >= 1
     assert figures.lost == 0
