@@ -90,9 +90,14 @@ def _record(monkeypatch: pytest.MonkeyPatch, group: pg_atomic_group.PgAtomicGrou
 
 
 def _shape(query: bytes) -> bytes:
-    """``query`` with the group's prepared completion shown as ``<complete>``."""
-    if query.startswith(b"EXECUTE pgwork_atomic_complete_"):
-        return b"<complete>; " + query.partition(b"); ")[2]
+    """``query`` with the group's prepared completions shown as ``<complete>`` and
+    ``<complete_many>``."""
+    for prefix, name in (
+        (b"EXECUTE pgwork_atomic_complete_many_", b"<complete_many>"),
+        (b"EXECUTE pgwork_atomic_complete_", b"<complete>"),
+    ):
+        if query.startswith(prefix):
+            return name + b"; " + query.partition(b"); ")[2]
     return query
 
 
@@ -284,6 +289,9 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         statement, their completions; no ``BEGIN``, no ``COMMIT``: that statement is
         the group's one transaction. (Control: the group's transaction begun as its
         first member enters, as before: ``BEGIN`` ahead, ``COMMIT`` behind.)"""
+        complete_many = pg_atomic_group._statement(
+            state_adapter._sql.complete, pg_atomic_group._COMPLETE_MANY_PARAMS, True
+        )
         await store.seed(*(store.new_job() for _ in range(4)))
         *jobs, undone = await store.acquire(limit=4)
         group = await state_adapter.open_atomic_group()
@@ -296,7 +304,12 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         await group.undo()
         assert sent == []
         results = await group.commit()
-        assert sent == [state_adapter._sql.complete]
+        # (The statement is prepared once per connection: one more query, the first
+        # time only.)
+        sent = [query for query in sent if not query.startswith(b"PREPARE")]
+        [query] = sent
+        assert query.startswith(complete_many.text((b"x",) * 4).partition(b"(")[0] + b"(")
+        assert b"COMMIT" not in query
         assert [(r.job_id, r.accepted) for r in results] == [(job.id, True) for job in jobs]
         for job in jobs:
             assert (await store.job(job.id)).output == "grouped"
@@ -313,7 +326,7 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         that begins the group's transaction, sets its idle bound and opens the member's
         savepoint; each completion is one query that also opens the next member's
         savepoint, so the second member's use costs nothing more; the commit sends the
-        third one's completion, then ``COMMIT``. The bound goes once. (Controls: a
+        third one's completion with ``COMMIT`` behind it. The bound goes once. (Controls: a
         completion that does not open the next member's savepoint: the second member's
         use sends ``SAVEPOINT`` first; an entry that sets the bound again.)"""
         await store.seed(*(store.new_job() for _ in range(3)))
@@ -343,8 +356,7 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             kept_and_next,
             b"SELECT 1",
             kept_and_next,
-            state_adapter._sql.complete_one,
-            b"COMMIT",
+            b"<complete_many>; COMMIT",
         ]
         for job in (first, second, quiet):
             assert (await store.job(job.id)).output == "grouped"

@@ -97,6 +97,14 @@ _COMPLETE_PARAMS = (
     (b"ends_chain", b"bool"),
 )
 
+# The batch completion's (``COMPLETE``), for the members that wrote nothing.
+_COMPLETE_MANY_PARAMS = (
+    (b"ids", b"uuid[]"),
+    (b"tokens", b"uuid[]"),
+    (b"outputs", b"text[]"),
+    (b"ends_chain", b"bool[]"),
+)
+
 # The names (statement texts) prepared on each connection, as long as it lives.
 _prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
     weakref.WeakKeyDictionary()
@@ -132,6 +140,7 @@ class PgAtomicGroup:
     __slots__ = (
         "_begun",
         "_complete",
+        "_complete_many",
         "_conn",
         "_cur",
         "_deferred",
@@ -175,7 +184,9 @@ class PgAtomicGroup:
         self._deferred: list[Completion] = []
         self._escaping = Escaping(conn.pgconn)
         self._encoding = conn.info.encoding
-        self._complete = _completion(ops._sql.complete_atomic, conn.prepare_threshold is not None)
+        prepared = conn.prepare_threshold is not None
+        self._complete = _statement(ops._sql.complete_atomic, _COMPLETE_PARAMS, prepared)
+        self._complete_many = _statement(ops._sql.complete, _COMPLETE_MANY_PARAMS, prepared)
         self.members = 0
 
     @property
@@ -238,7 +249,7 @@ class PgAtomicGroup:
             self.members += 1
             return None
         conn = self._conn
-        await self._prepare(conn)
+        await self._prepare(conn, self._complete)
         token = completion.lease_token
         output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
@@ -307,40 +318,70 @@ class PgAtomicGroup:
         self._disarm()
         deferred, self._deferred = self._deferred, []
         begun = self._begun
-        results: list[CompletionResult] = []
+        rows: list[tuple[Any, ...]] = []
         try:
             conn = self._usable()
-            if begun:
-                with translate_errors(self._ops.schema):
-                    if deferred:
-                        tx = PgTransaction(conn)
-                        results = await self._ops.complete(tx, completions=deferred)
-                    await self._cur.execute(b"COMMIT")
+            cur = self._cur
+            with translate_errors(self._ops.schema):
+                if deferred:
+                    # One round trip: the completions left for the commit, and the
+                    # COMMIT behind them if a member wrote (else the statement is its
+                    # own transaction).
+                    await self._prepare(conn, self._complete_many)
+                    query = self._complete_many.text(self._many(deferred))
+                    await cur.execute(query + b"; COMMIT" if begun else query, prepare=False)
+                    rows = await cur.fetchall()
+                elif begun:
+                    await cur.execute(b"COMMIT")
+        except BaseException:
+            await self._roll_back()
+            raise
         finally:
             self._reset()
             await self._give_back_conn()
-        if deferred and not begun:
-            # No member wrote: the completions are all there is to commit, written as
-            # a staged worker's are (a statement its own transaction, the dependants of
-            # chains they ended settled in one of theirs).
-            results = await self._ops.complete(None, completions=deferred)
-        return results
+        if not deferred:
+            return []
+        # Committed: the dependants of chains they ended are settled on their own, as
+        # after a staged worker's completions.
+        return await self._ops._completion_results(None, deferred, rows)
+
+    def _many(self, completions: Sequence[Completion]) -> tuple[bytes, ...]:
+        """The batch completion's values as SQL literals: arrays of checked uuids, of
+        outputs escaped by libpq, and of ``true`` (none has a continuation)."""
+        escape = self._escaping.escape_literal
+        encoding = self._encoding
+        ids = b",".join(_uuid_text(c.job_id) for c in completions)
+        tokens = b",".join(
+            b"NULL" if c.lease_token is None else _uuid_text(c.lease_token) for c in completions
+        )
+        outputs = b",".join(escape(c.output_json.encode(encoding)) for c in completions)
+        ends = b",".join(b"t" for _ in completions)
+        return (
+            b"'{%s}'::uuid[]" % ids,
+            b"'{%s}'::uuid[]" % tokens,
+            b"ARRAY[%s]::text[]" % outputs,
+            b"'{%s}'::bool[]" % ends,
+        )
+
+    async def _roll_back(self) -> None:
+        """End a transaction a failed statement left open (aborted), if any, before the
+        connection goes back."""
+        conn = self._conn
+        if (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+        ):
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(b"ROLLBACK")
 
     async def discard(self) -> None:
-        conn = self._conn
         self._disarm()
         self._deferred = []
         try:
             # By the connection's state, not ours: a first use that failed after its
             # BEGIN left a transaction open (aborted).
-            if (
-                not conn.closed
-                and not conn.broken
-                and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
-            ):
-                await conn.execute(b"ROLLBACK")
-        except psycopg.Error:
-            pass
+            await self._roll_back()
         finally:
             self._reset()
             await self._give_back_conn()
@@ -359,23 +400,23 @@ class PgAtomicGroup:
         with translate_errors(self._ops.schema):
             await self._cur.execute(query, prepare=False)
 
-    async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Prepare the completion on ``conn`` unless done already (once per connection:
-        a name is taken until the session ends, whatever the transaction it was
-        prepared in did)."""
-        statement = self._complete.prepare
-        if statement is None:
+    async def _prepare(self, conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
+        """Prepare ``statement`` on ``conn`` unless done already (once per connection: a
+        name is taken until the session ends, whatever the transaction it was prepared
+        in did)."""
+        prepare = statement.prepare
+        if prepare is None:
             return
         done = _prepared.setdefault(conn, set())
-        if statement in done:
+        if prepare in done:
             return
         # (Taken already: prepared on this session by an earlier group.)
         with (
             translate_errors(self._ops.schema),
             contextlib.suppress(pg_errors.DuplicatePreparedStatement),
         ):
-            await self._cur.execute(statement, prepare=False)
-        done.add(statement)
+            await self._cur.execute(prepare, prepare=False)
+        done.add(prepare)
 
 
 async def _send(conn: psycopg.AsyncConnection[Any], query: bytes) -> None:
@@ -434,13 +475,16 @@ class _Statement:
 
 
 @functools.lru_cache(maxsize=16)
-def _completion(template: bytes, prepared: bool) -> _Statement:
-    """The group's completion statement (one per schema, built once: a group is made
-    for every commit)."""
-    return _Statement(template, _COMPLETE_PARAMS, b"complete", prepared)
+def _statement(
+    template: bytes, params: tuple[tuple[bytes, bytes], ...], prepared: bool
+) -> _Statement:
+    """One of the group's statements (built once per schema: a group is made for
+    every commit)."""
+    kind = b"complete" if params is _COMPLETE_PARAMS else b"complete_many"
+    return _Statement(template, params, kind, prepared)
 
 
-_PLACEHOLDER = re.compile(rb"%\((\w+)\)s")
+_PLACEHOLDER = re.compile(rb"%\((\w+)\)[sb]")
 
 
 @functools.lru_cache(maxsize=16)
@@ -455,9 +499,15 @@ def _cut(template: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
 def _uuid_literal(value: object) -> bytes:
     """A uuid as an SQL literal: checked as a uuid (its canonical text is hex digits
     and dashes only)."""
+    return b"'" + _uuid_text(value) + b"'::uuid"
+
+
+def _uuid_text(value: object) -> bytes:
+    """A uuid's canonical text, checked as a uuid (hex digits and dashes only): fit
+    for a literal, alone or in an array's."""
     if type(value) is not UUID:
         value = UUID(str(value))
-    return b"'" + str(value).encode() + b"'::uuid"
+    return str(value).encode()
 
 
 @functools.lru_cache(maxsize=64)
