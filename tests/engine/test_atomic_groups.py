@@ -304,43 +304,55 @@ async def test_a_job_type_sent_alone_by_a_slow_start_comes_back_to_the_groups(
     assert transactions <= jobs // 2, transactions
 
 
-async def test_a_cancelled_member_holding_the_groups_timer_hands_it_to_another(
+@pytest.mark.parametrize("build", ["one-waits", "control-all-wait"])
+async def test_only_the_first_kept_member_of_a_group_waits_for_its_commit(
     make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Of a group's kept members waiting for its commit, one holds a timer for the due
-    time and the others wait to be woken. If that one is cancelled and cannot commit
-    (here its lane stays busy longer than it tries), another waiting member takes the
-    timer and commits the group once the lane is free. (Control: a cancelled timer
-    holder that does not wake the others leaves them waiting for ever.)"""
-    client = await make_client(JobTypeRegistry())
-    groups = worker_groups.AtomicGroups(
-        state=client.state, notify=client.notify, size=8, wait=0.05, lanes=1
+    """Of a group's kept members only the first waits for its commit (and commits it
+    once due); the others' tasks end at once, and they are reported, and their slots
+    let go, when the group ends. Three quick jobs in a group whose wait is long: while
+    it is open one slot task is left, and all three complete at its commit. (Control:
+    every kept member waiting for the commit, as until session 15: three tasks.)"""
+    if build == "control-all-wait":
+
+        class AllWait(worker_groups._Group):
+            __slots__ = ()
+            waited = property(lambda self: False, lambda self, value: None)
+
+        monkeypatch.setattr(worker_groups, "_Group", AllWait)
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    ran: list[int] = []
+    all_ran = anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> int:
+        ran.append(attempt.job.input.n)
+        if len(ran) == 3:
+            all_ran.set()
+        return attempt.job.input.n
+
+    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(3)])
+    await conn.commit()
+    worker = await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=32,
+        atomic_group_wait=LONE_WAIT,
     )
-    lane = groups._lanes[0]
-    group = lane.group = worker_groups._Group(await client.state.open_atomic_group())
-    group.due = time.monotonic() + groups.wait
-    busy = object()
-    await lane.take(busy)
-    first = anyio.CancelScope()
-
-    async def first_member() -> None:
-        with first:
-            await groups._committed(lane, group)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(first_member)
-        await anyio.sleep(0.01)
-        assert group.timed
-        tg.start_soon(groups._committed, lane, group)
-        await anyio.sleep(0.01)
-        first.cancel()
-        await anyio.sleep(groups.wait + 5.0 + 0.3)  # its commit gave up on the lane
-        assert not group.done.is_set()
-        lane.give(busy)
-        with anyio.fail_after(5):
-            await group.done.wait()
-    assert group.error is None
-    assert lane.group is None
+    with anyio.fail_after(10):
+        await all_ran.wait()
+    await anyio.sleep(LONE_WAIT / 4)
+    waiting = len(worker._slots.tasks)
+    await _all_completed(client, started)
+    assert [(await client.get_job(s.job_id)).output for s in started] == [0, 1, 2]
+    assert waiting == (3 if build == "control-all-wait" else 1)
 
 
 async def test_a_member_cancelled_as_it_was_handed_the_lane_hands_it_on() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -42,8 +42,10 @@ class AttemptSteps(Protocol):
 
     state: StateAdapter
     notify: NotifyAdapter
-    # A grouped atomic member that was kept frees its slot before its group commits.
+    # A grouped atomic member that was kept frees its slot before its group commits,
+    # and (all but one of a group's) is settled, and let go, as the group ends.
     _on_returned: Callable[[Slot], None]
+    _on_settled: Callable[[Slot, Coroutine[Any, Any, None] | None], None]
 
     def _attempt(
         self, slot: Slot, transaction: object | None

@@ -42,6 +42,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 import anyio
@@ -94,31 +95,39 @@ def atomic_groups(
 
 
 class _Group:
-    """One transaction of a lane; its kept members wait for ``done``."""
+    """One transaction of a lane. The first member kept waits for its commit (and
+    commits it once due, if no one else did); the others are settled when it ends, by
+    whoever ends it, and their tasks end at once (a task waiting per member was a
+    tenth of a grouped no-op job's CPU)."""
 
-    __slots__ = ("chains", "done", "due", "error", "notices", "results", "store", "timed", "wake")
+    __slots__ = (
+        "chains",
+        "done",
+        "due",
+        "error",
+        "kept",
+        "notices",
+        "results",
+        "runner",
+        "store",
+        "waited",
+    )
 
-    def __init__(self, store: AtomicGroup) -> None:
+    def __init__(self, store: AtomicGroup, runner: AttemptSteps) -> None:
         self.store = store
+        self.runner = runner
         self.due = math.inf  # commit by then (monotonic); set by the first kept member
         self.done = asyncio.Event()
         self.error: BaseException | None = None
         self.notices: list[Notice] = []
-        # Whether a kept member waits for ``due`` with a timer: one is enough (a timer
-        # per member cost a cancel scope and a timer handle each). The others wait
-        # for ``wake``: set when the group is done, or when the timed member left
-        # without seeing it done (cancelled), so that another one takes the timer.
-        self.timed = False
-        self.wake = asyncio.Event()
+        # Whether a kept member waits for the commit; the other kept members, with
+        # their attempt and the failure written for them, if any.
+        self.waited = False
+        self.kept: list[tuple[Slot, Attempt[Any, Any] | None, Failure | None]] = []
         # The members whose completions the commit writes: their chains (by job id's
         # int), for the notices, and once committed their results.
         self.chains: dict[int, Any] = {}
         self.results: dict[int, CompletionResult] = {}
-
-    def finish(self) -> None:
-        """The group is committed or lost."""
-        self.done.set()
-        self.wake.set()
 
 
 class _Lane:
@@ -206,12 +215,13 @@ class AtomicGroups:
         mean = self._mean_s.get(name, 0.0)
         self._mean_s[name] = mean + _SMOOTHING * (took - mean)
 
-    async def run(self, runner: AttemptSteps, slot: Slot) -> None:
+    async def run(self, runner: AttemptSteps, slot: Slot) -> bool:
         """Run ``slot``'s job as a member of a group, or alone if its type's handlers
-        are slow, and settle it."""
+        are slow, and settle it; True when it is settled later, as its group ends
+        (``runner._on_settled`` is then called for it)."""
         if not self.takes(slot):
             await run_atomic(runner, slot, timed=self._learn)
-            return
+            return False
         deadline = slot.job_type.timeout or slot.job_type.lease
         # Its row is not locked while it runs: its lease is renewed meanwhile.
         slot.grouped = True
@@ -226,7 +236,7 @@ class AtomicGroups:
         try:
             group = lane.group
             if group is None:
-                group = lane.group = _Group(await self.state.open_atomic_group())
+                group = lane.group = _Group(await self.state.open_atomic_group(), runner)
             tx = await group.store.enter(lease=slot.lease, deadline=deadline)
             attempt, failure = runner._attempt(slot, tx)
             if attempt is not None:
@@ -268,29 +278,63 @@ class AtomicGroups:
             assert group is not None
             slot.settling = True
             runner._on_returned(slot)  # the slot takes its next job meanwhile
-            await self._committed(lane, group)
-            if group.error is not None:
-                await self._hand_back(slot, group.error)
-            elif failed is not None:
-                runner._report_failure(slot, failed, True)
-            else:
-                assert attempt is not None
-                # Written at the commit (its result), or in its savepoint (accepted).
-                result = group.results.get(slot.acquired.id.int)
-                runner._report_outcome(slot, attempt, result is None or result.accepted)
-            return
+            if not group.done.is_set():
+                if group.waited:
+                    group.kept.append((slot, attempt, failed))
+                    return True  # settled when the group ends (``_end``)
+                group.waited = True
+                await self._committed(lane, group)
+            then = self._settle_kept(group, slot, attempt, failed)
+            if then is not None:
+                await then
+            return False
         if failed is not None:  # its lease no longer held: nothing was written
             runner._report_failure(slot, failed, False)
-            return
+            return False
         if refused:
             assert attempt is not None
             runner._report_outcome(slot, attempt, False)
-            return
+            return False
         # Aborted, and rolled back to its savepoint: settled on its own (a stopping
         # worker hands the job back; a lost lease writes nothing).
         with anyio.CancelScope(shield=True):
             assert attempt is not None
             await runner._settle(slot, attempt, failure)
+        return False
+
+    def _settle_kept(
+        self,
+        group: _Group,
+        slot: Slot,
+        attempt: Attempt[Any, Any] | None,
+        failed: Failure | None,
+    ) -> Coroutine[Any, Any, None] | None:
+        """Report a kept member once its group ended; what is left to do (a lost
+        group's hand-back) is returned."""
+        if group.error is not None:
+            return self._hand_back(slot, group.error)
+        if failed is not None:
+            group.runner._report_failure(slot, failed, True)
+            return None
+        assert attempt is not None
+        # Written at the commit (its result), or in its savepoint (accepted).
+        result = group.results.get(slot.acquired.id.int)
+        group.runner._report_outcome(slot, attempt, result is None or result.accepted)
+        return None
+
+    def _end(self, group: _Group) -> None:
+        """``group`` was committed or lost: let its waiting member go, and settle the
+        others, each reported in its own task's context."""
+        group.done.set()
+        kept, group.kept = group.kept, []
+        settled = group.runner._on_settled
+        for slot, attempt, failed in kept:
+            context = slot.context
+            if context is None:
+                then = self._settle_kept(group, slot, attempt, failed)
+            else:
+                then = context.run(self._settle_kept, group, slot, attempt, failed)
+            settled(slot, then)
 
     async def _record_failure(
         self, slot: Slot, failure: Failure, group: _Group, tx: TransactionHandle
@@ -361,7 +405,7 @@ class AtomicGroups:
         except Exception as exc:
             group.error = exc
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
-            group.finish()
+            self._end(group)
             return
         chains = group.chains
         for result in results:
@@ -375,7 +419,7 @@ class AtomicGroups:
                 await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))
             except Exception as exc:  # the pollers find the work anyway
                 log.warning("pgwork could not announce a group's notices: %r", exc)
-        group.finish()
+        self._end(group)
 
     async def _lose(self, lane: _Lane, group: _Group, error: BaseException) -> None:
         """``group`` can no longer commit (its connection was closed or broke)."""
@@ -387,7 +431,7 @@ class AtomicGroups:
                 await group.store.discard()
             except Exception as exc:
                 log.warning("pgwork could not end a lost group of atomic attempts: %r", exc)
-            group.finish()
+            self._end(group)
 
     async def lost(self, slot: Slot, error: BaseException) -> None:
         """``slot``'s handler was given up on and its connection closed: its group is
@@ -399,17 +443,11 @@ class AtomicGroups:
                 lane.give(slot)
 
     async def _committed(self, lane: _Lane, group: _Group) -> None:
-        """Wait until ``group`` is committed (or lost); once it is due, commit it. One
-        waiting member holds the timer for the due time; the others wait to be woken."""
-        timing = False
+        """Wait until ``group`` is committed (or lost); once it is due, commit it."""
         try:
             while not group.done.is_set():
                 delay = group.due - time.monotonic()
                 if delay > 0:
-                    if group.timed and not timing:
-                        await group.wake.wait()
-                        continue
-                    group.timed = timing = True
                     with anyio.move_on_after(delay):
                         await group.done.wait()
                     continue
@@ -422,7 +460,8 @@ class AtomicGroups:
                     await self._leave(lane, group)
         except BaseException:
             # Cancelled (the worker is being torn down): the members' work is done,
-            # so commit rather than leave the transaction open.
+            # so commit rather than leave the transaction open. (Should the lane stay
+            # taken meanwhile, its holder commits the group as it leaves: it is due.)
             if not group.done.is_set():
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self.wait + 5.0):
                     await lane.take(group)
@@ -431,11 +470,6 @@ class AtomicGroups:
                             await self._commit(lane, group)
                     finally:
                         await self._leave(lane, group)
-            if timing and not group.done.is_set():
-                # Still open: another waiting member takes the timer.
-                group.timed = False
-                wake, group.wake = group.wake, asyncio.Event()
-                wake.set()
             raise
 
     async def _hand_back(self, slot: Slot, error: BaseException) -> None:

@@ -157,9 +157,8 @@ class SlotRunner:
     async def _run_atomic(self, slot: Slot) -> bool:
         groups = self.groups
         if groups is not None:  # grouped, or alone if its handlers are slow
-            await groups.run(self, slot)
-        else:
-            await run_atomic(self, slot)
+            return await groups.run(self, slot)
+        await run_atomic(self, slot)
         return False
 
     def _attempt(
