@@ -57,28 +57,21 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
     """All fault job types; ``lease`` (seconds) is the staged lease and the atomic one."""
     reg = JobTypeRegistry()
     reg.job_type("work", input=Spec, lease=timedelta(seconds=lease), retry=RETRY, max_attempts=25)
-    # Atomic attempts hold the row lock, so their lease need not outlast the handler;
-    # the timeout bounds the transaction instead.
-    reg.job_type(
-        "effect",
-        input=Spec,
-        lease=timedelta(seconds=lease),
-        timeout=timedelta(seconds=3 * lease),
-        mode="atomic",
-        retry=RETRY,
-        max_attempts=25,
-    )
-    # Atomic, writing nothing of its own: in a group its completion waits for the
-    # group's commit, written with the other such members' in one statement.
-    reg.job_type(
-        "quiet",
-        input=Spec,
-        lease=timedelta(seconds=lease),
-        timeout=timedelta(seconds=3 * lease),
-        mode="atomic",
-        retry=RETRY,
-        max_attempts=25,
-    )
+    # Atomic: ``effect`` writes an effect row; ``quiet`` writes nothing of its own, so
+    # in a group its completion waits for the group's commit, written with the other
+    # such members' in one statement. A lone atomic attempt holds its row lock (its
+    # lease need not outlast the handler; the timeout bounds the transaction); a
+    # grouped one has its lease renewed.
+    for name in ("effect", "quiet"):
+        reg.job_type(
+            name,
+            input=Spec,
+            lease=timedelta(seconds=lease),
+            timeout=timedelta(seconds=3 * lease),
+            mode="atomic",
+            retry=RETRY,
+            max_attempts=25,
+        )
     reg.job_type(
         "hang",
         input=Spec,
