@@ -537,3 +537,71 @@ async def test_a_grouped_members_lease_is_renewed_while_its_handler_runs(
     job = await client.get_job(started.job_id)
     assert job.status is JobStatus.COMPLETED
     assert job.attempt == 1
+
+
+@pytest.mark.parametrize("build", ["correct", "control-abort-ignored"])
+async def test_a_member_cancelled_while_it_waits_for_its_lane_never_runs(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One lane: the second job waits for it while the first one's handler runs, and is
+    cancelled meanwhile. Its lease is renewed while it waits (its row is not locked),
+    so the renewal finds it cancelled and aborts it before its handler starts: the
+    handler never runs, and the job ends cancelled. (Control: an attempt built without
+    the abort recorded while it waited: the cancelled job's handler runs.)"""
+    if build == "control-abort-ignored":
+        attempt = SlotRunner._attempt
+
+        def forgetful(self: Any, slot: Any, transaction: object | None) -> Any:
+            slot.pending_abort = None
+            return attempt(self, slot, transaction)
+
+        monkeypatch.setattr(SlotRunner, "_attempt", forgetful)
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay", input=Num, mode="atomic", lease=timedelta(seconds=0.6), timeout=timedelta(seconds=30)
+    )
+    client = await make_client(reg)
+    ran: list[int] = []
+    first_runs, release = anyio.Event(), anyio.Event()
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        ran.append(attempt.job.input.n)
+        if attempt.job.input.n == 0:
+            first_runs.set()
+            await release.wait()
+
+    first = await client.start_chain(conn, pay, Num(n=0))
+    await conn.commit()
+    await workers(
+        client=client,
+        processors={pay: handle},
+        poll_interval=0.05,
+        max_slots=2,  # one lane
+        atomic_group=32,
+        atomic_group_wait=0.01,
+    )
+    with anyio.fail_after(10):
+        await first_runs.wait()
+    second = await client.start_chain(conn, pay, Num(n=1))
+    await conn.commit()
+
+    async def waiting() -> bool:
+        return (await client.get_job(second.job_id)).status is JobStatus.RUNNING
+
+    await eventually(waiting, what="the second job taken, waiting for the lane")
+    await client.cancel(conn, [second.id])
+    await conn.commit()
+    await anyio.sleep(0.6)  # a renewal or more, at a third of the lease
+    release.set()
+    await client.await_chain(first.id, timeout=30)
+
+    async def ended() -> bool:
+        return (await client.get_job(second.job_id)).status is JobStatus.CANCELLED
+
+    await eventually(ended, what="the second job cancelled")
+    await anyio.sleep(0.2)
+    assert ran == ([0, 1] if build == "control-abort-ignored" else [0])
