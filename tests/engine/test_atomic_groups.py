@@ -164,6 +164,40 @@ async def _start_alone(
     return started
 
 
+@pytest.mark.parametrize("build", ["batched", "control-grouped"])
+async def test_a_member_that_writes_nothing_is_not_held_by_the_group_wait(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member whose handler never used its transaction has nothing to commit but its
+    completion, so it joins no group: its completion is written as a staged attempt's,
+    with the worker's other completions and its next acquire, not held until the
+    group's wait is over. (Control: a member taken for one that wrote: its completion
+    waits for the group's commit, ``LONE_WAIT`` later.)"""
+    if build == "control-grouped":
+        monkeypatch.setattr(_atomic_group.PgAtomicGroup, "used", property(lambda self: True))
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    client = await make_client(reg)
+    returned: list[float] = []
+
+    async def handle(attempt: Attempt[Num, Any]) -> int:
+        returned.append(time.monotonic())
+        return 7
+
+    started = await _start_alone(workers, client, conn, pay, handle)
+    await client.await_chain(started.id, timeout=30)
+    completed = time.monotonic() - returned[0]
+    assert (await client.get_job(started.job_id)).output == 7
+    if build == "control-grouped":
+        assert completed >= LONE_WAIT * 0.9
+    else:
+        assert completed < LONE_WAIT / 2
+
+
 async def test_a_lone_job_commits_once_the_group_wait_is_over(
     make_client: ClientFactory,
     workers: Any,
@@ -178,6 +212,7 @@ async def test_a_lone_job_commits_once_the_group_wait_is_over(
     returned: list[float] = []
 
     async def handle(attempt: Attempt[Num, Any]) -> None:
+        await attempt.connection.execute("SELECT 1")  # in its group's transaction
         returned.append(time.monotonic())
 
     started = await _start_alone(workers, client, conn, pay, handle)
@@ -314,8 +349,9 @@ async def test_only_the_first_kept_member_of_a_group_waits_for_its_commit(
 ) -> None:
     """Of a group's kept members only the first waits for its commit (and commits it
     once due); the others' tasks end at once, and they are reported, and their slots
-    let go, when the group ends. Three quick jobs in a group whose wait is long: while
-    it is open one slot task is left, and all three complete at its commit. (Control:
+    let go, when the group ends. Three quick jobs that write, in a group whose wait is
+    long: while it is open one slot task is left, and all three complete at its
+    commit. (Control:
     every kept member waiting for the commit, as until session 15: three tasks.)"""
     if build == "control-all-wait":
 
@@ -331,6 +367,7 @@ async def test_only_the_first_kept_member_of_a_group_waits_for_its_commit(
     all_ran = anyio.Event()
 
     async def handle(attempt: Attempt[Num, Any]) -> int:
+        await attempt.connection.execute("SELECT 1")  # in its group's transaction
         ran.append(attempt.job.input.n)
         if len(ran) == 3:
             all_ran.set()

@@ -134,6 +134,21 @@ class AtomicGroup(Protocol):
         once this member is in it, should the process stop talking to the store."""
         ...
 
+    @property
+    def open(self) -> bool:
+        """Whether the group's transaction was begun (a member used it)."""
+        ...
+
+    @property
+    def used(self) -> bool:
+        """Whether the current member used its transaction (its savepoint is open)."""
+        ...
+
+    def leave(self) -> None:
+        """End the current member, which did not use its transaction, outside the
+        group: nothing of it is in it (its outcome is written elsewhere)."""
+        ...
+
     async def complete(self, completion: Completion) -> CompletionResult | None:
         """Keep the current member with its job's completion (no continuation), fenced
         by its lease. A member that used its transaction has it written now, in its

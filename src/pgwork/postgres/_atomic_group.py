@@ -190,8 +190,17 @@ class PgAtomicGroup:
         self.members = 0
 
     @property
-    def touched(self) -> bool:
+    def open(self) -> bool:
+        return self._begun
+
+    @property
+    def used(self) -> bool:
         return self._touched
+
+    def leave(self) -> None:
+        if self._touched:
+            raise ValueError("AtomicGroup.leave: the member used its transaction")
+        self._disarm()
 
     def _usable(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn

@@ -38,6 +38,7 @@ start comes back to the groups once its handlers are quick again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -68,6 +69,10 @@ __all__ = ["AtomicGroups", "atomic_groups"]
 
 # Weight of the newest handler duration in a job type's running mean.
 _SMOOTHING = 0.1
+
+# How long a lane keeps the connection of an empty group (no transaction begun) once
+# nobody uses it (seconds).
+_IDLE_LANE_S = 0.5
 
 # Lanes at most. Each holds a pooled connection while its group is open, and more
 # lanes split a drain into more, smaller groups: on 2 cores 8 lanes drained no faster
@@ -134,11 +139,15 @@ class _Lane:
     """A connection's turn: held by one member (or a committer) at a time, handed to
     those waiting in the order they came."""
 
-    __slots__ = ("group", "owner", "queue")
+    __slots__ = ("group", "idle_since", "idle_timer", "owner", "queue")
 
     def __init__(self) -> None:
         self.group: _Group | None = None
         self.owner: object | None = None
+        # Since when its group has been left empty and idle (monotonic; None: in use),
+        # and the timer that gives an idle group's connection back.
+        self.idle_since: float | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
         # Waiting: who, and its turn.
         self.queue: deque[tuple[object, asyncio.Future[None]]] = deque()
 
@@ -158,6 +167,7 @@ class _Lane:
         return len(self.queue) + (self.owner is not None)
 
     async def take(self, owner: object) -> None:
+        self.idle_since = None
         if self.owner is None and not self.queue:
             self.owner = owner
             return
@@ -204,6 +214,7 @@ class AtomicGroups:
         self.size = size
         self.wait = wait
         self._lanes = [_Lane() for _ in range(max(1, lanes))]
+        self._releasing: set[asyncio.Task[None]] = set()
         self._mean_s: dict[str, float] = {}
 
     def takes(self, slot: Slot) -> bool:
@@ -231,6 +242,8 @@ class AtomicGroups:
         failure: BaseException | None = None
         group: _Group | None = None
         kept = refused = False
+        # A plain completion of a member that wrote nothing: left with the batcher.
+        plain: Completed | None = None
         # A member that failed: its failure, written in the group (committed with it).
         failed: Failure | None = None
         try:
@@ -248,11 +261,22 @@ class AtomicGroups:
                 self._learn(slot.job_type.name, time.monotonic() - began)
             slot.grouped = False  # no longer renewed: its outcome is being written
             if attempt is not None and failure is None and not attempt.aborted:
-                # Not shielded: a member that wrote nothing has its completion left to
-                # the commit (no I/O here), and one cancelled while it writes loses its
-                # group, of which nothing then commits.
-                kept = await self._keep(runner, slot, attempt, group, tx)
-                refused = not kept
+                outcome = attempt.outcome
+                if (
+                    isinstance(outcome, Completed)
+                    and outcome.continuation is None
+                    and not group.store.used
+                ):
+                    # It wrote nothing: its completion is all there is to commit, and
+                    # needs no group. It is written as a staged attempt's is, with the
+                    # worker's other completions and its next acquire.
+                    group.store.leave()
+                    plain = outcome
+                else:
+                    # Not shielded: one cancelled while it writes loses its group, of
+                    # which nothing then commits.
+                    kept = await self._keep(runner, slot, attempt, group, tx)
+                    refused = not kept
             else:
                 with anyio.CancelScope(shield=True):
                     await group.store.undo()
@@ -274,6 +298,11 @@ class AtomicGroups:
         finally:
             if lane.owner is slot:
                 await self._leave(lane, slot)
+        if plain is not None:
+            slot.settling = True
+            runner._on_returned(slot)
+            runner._submit_completion(slot, plain)
+            return True  # settled by the batcher (``runner._written``)
         if kept:
             assert group is not None
             slot.settling = True
@@ -384,10 +413,22 @@ class AtomicGroups:
         return False
 
     async def _leave(self, lane: _Lane, owner: object) -> None:
-        """Give the lane back; a group left without members and without anyone to
-        join it is rolled back, so its connection goes back to the pool."""
+        """Give the lane back. A group left without members and without anyone to join
+        it is rolled back if its transaction was begun, so that its connection goes
+        back to the pool; one never begun keeps its connection for the next member
+        until the lane has been idle for ``_IDLE_LANE_S`` (members that write nothing
+        leave their group empty: opening one for each cost a pool round trip)."""
         group = lane.group
         if group is not None and not group.store.members and not lane.awaited:
+            if not group.store.open:
+                lane.give(owner)
+                if lane.owner is None:
+                    lane.idle_since = time.monotonic()
+                    if lane.idle_timer is None:
+                        lane.idle_timer = asyncio.get_running_loop().call_later(
+                            _IDLE_LANE_S, self._idle, lane
+                        )
+                return
             lane.group = None
             with anyio.CancelScope(shield=True):
                 try:
@@ -396,6 +437,38 @@ class AtomicGroups:
                     lane.give(owner)
             return
         lane.give(owner)
+
+    def _idle(self, lane: _Lane) -> None:
+        """The idle lane's timer: give its empty group's connection back once the lane
+        has been idle for ``_IDLE_LANE_S``, else look again then."""
+        lane.idle_timer = None
+        group = lane.group
+        since = lane.idle_since
+        if group is None or since is None or lane.owner is not None or group.store.members:
+            return
+        left = since + _IDLE_LANE_S - time.monotonic()
+        if left > 0:
+            lane.idle_timer = asyncio.get_running_loop().call_later(left, self._idle, lane)
+            return
+        lane.group = None
+        task = asyncio.get_running_loop().create_task(group.store.discard())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def close(self) -> None:
+        """Give back the connections of the lanes' empty, idle groups (the worker is
+        stopping)."""
+        for lane in self._lanes:
+            if lane.idle_timer is not None:
+                lane.idle_timer.cancel()
+                lane.idle_timer = None
+            group = lane.group
+            if group is not None and lane.owner is None and not group.store.members:
+                lane.group = None
+                with contextlib.suppress(Exception):
+                    await group.store.discard()
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
 
     async def _commit(self, lane: _Lane, group: _Group) -> None:
         """Commit ``group`` (its lane held), then announce what its members made ready."""

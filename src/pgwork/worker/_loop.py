@@ -299,6 +299,10 @@ class InProcessWorker:
             raise
         finally:
             await self._end_late_settling()
+            groups = self._slots.runner.groups
+            if groups is not None:
+                with anyio.CancelScope(shield=True):
+                    await groups.close()
             self._phase = "stopped"
             self._running.set()
             self._stopped.set()

@@ -344,16 +344,22 @@ class SlotRunner:
             # outcome once it is committed (waiting here for it cost a wake-up of this
             # task per job). Nothing to shield: the completion is queued before any
             # await, and a cancelled batcher still writes what waits.
-            acquired = slot.acquired
-            self._batcher.submit(
-                _build_completion(acquired.id, acquired.lease_token, outcome.output_json, None),
-                slot,
-                self._written,
-            )
+            self._submit_completion(slot, outcome)
             return True
         with anyio.CancelScope(shield=True):
             await self._settle(slot, attempt, error)
         return False
+
+    def _submit_completion(self, slot: Slot, outcome: Completed) -> None:
+        """Leave a plain completion (no continuation) with the batcher, which writes it
+        with others and the worker's next acquire; ``_written`` reports it and lets the
+        slot go (``on_settled``) once it is committed."""
+        acquired = slot.acquired
+        self._batcher.submit(
+            _build_completion(acquired.id, acquired.lease_token, outcome.output_json, None),
+            slot,
+            self._written,
+        )
 
     def _written(self, pending: Pending) -> None:
         """A plain staged completion was committed (or its write gave up): report it,

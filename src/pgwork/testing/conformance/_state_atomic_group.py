@@ -475,3 +475,36 @@ class AtomicGroupConformance(StateSuiteBase):
             assert chain.output == str(job.chain_index)
             assert chain.completed_at is not None
             assert (await store.job(job.id)).status is JobStatus.COMPLETED
+
+    async def test_a_member_tells_whether_it_used_its_transaction_and_one_that_did_not_may_leave(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """``used`` says whether the current member used its transaction, ``open``
+        whether the group's transaction was begun. A member that did not use it may
+        ``leave``: nothing of it is in the group (its job stays as it was, for its
+        outcome to be written elsewhere), and the group goes on with the next member.
+        (Control: a store that reports every member as having used its transaction:
+        the worker could never let one go without a group.)"""
+        await store.seed(store.new_job(), store.new_job())
+        quiet, busy = await store.acquire(limit=2)
+        group = await state_adapter.open_atomic_group()
+        await group.enter(lease=quiet.lease, deadline=DEADLINE)
+        assert not group.used
+        assert not group.open
+        group.leave()
+        assert group.members == 0
+        tx = await group.enter(lease=busy.lease, deadline=DEADLINE)
+        assert not group.used
+        await _use(state_adapter, tx, busy)
+        assert group.used
+        assert group.open
+        done = await group.complete(_done(busy))
+        assert done is not None
+        assert done.accepted
+        assert not group.used  # the next member's, not yet entered
+        assert await group.commit() == []
+        assert not group.open
+        assert (await store.job(busy.id)).output == "grouped"
+        stored = await store.job(quiet.id)
+        assert stored.status is JobStatus.RUNNING
+        assert stored.output is None
