@@ -1,6 +1,7 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
-    python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10] [--only drain,atomic,atomic32,enqueue]
+    python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10]
+        [--only drain,atomic,atomic32,atomic32w,enqueue]
         [--tune-gc] [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
@@ -13,7 +14,9 @@ collector up as ``pgwork worker`` and the benchmark's worker processes do
 keeps CPython's defaults, and at 50 slots or more its collections are a fifth to a
 third of the drain's CPU. The atomic rows drain the same way with
 the job type ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of
-32 (``atomic32``). Next to the worker's CPU every drain row gives the CPU of the
+32 (``atomic32``), and in groups of 32 with each handler inserting a row through its
+connection first (``atomic32w``: a member that writes, in its group's transaction).
+Next to the worker's CPU every drain row gives the CPU of the
 server's backends serving its database (from ``/proc``, so only for a server on this
 machine) and its commits per job (``pg_stat_database``), over the same window. The
 enqueue rows are ``start_chain`` + ``commit`` per job, and ``start_chains`` of 100 +
@@ -27,8 +30,8 @@ table (``PGWORK_ROWS``: what the row itself costs, without pgwork's code); each 
 gives its wall-clock time per job (on a shared machine, compare it within one run
 only) and the CPU of the connection's server backend per job. ``--profile`` runs cProfile over the
 measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
-FILE.atomic32, FILE.enqueue (``start_chain``) and FILE.enqueue100 (``start_chains`` of
-100).
+FILE.atomic32, FILE.atomic32w, FILE.enqueue (``start_chain``) and FILE.enqueue100
+(``start_chains`` of 100).
 """
 
 from __future__ import annotations
@@ -127,9 +130,15 @@ async def drain(
     type_name: str = "noop",
     atomic_group: int = 1,
     slots: int = 10,
+    writes: bool = False,
 ) -> DrainCpu:
-    """CPU per drained job (after the first ``SKIP``): this process's and the server's."""
+    """CPU per drained job (after the first ``SKIP``): this process's and the server's.
+    ``writes``: each handler first inserts a row through its attempt's connection (an
+    atomic handler's effect), else it does nothing."""
     await bulk_load(dsn, jobs, type_name=type_name)
+    if writes:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as ddl:
+            await ddl.execute(EFFECTS_TABLE)
     database = conninfo_to_dict(dsn)["dbname"]
     async with (
         open_client(dsn) as client,
@@ -140,9 +149,15 @@ async def drain(
         counter.database = str(database)
         counter.marks = frozenset({SKIP, jobs})
         counter.warm = asyncio.Event()
+        count = counter.handler()
+
+        async def write_then_count(attempt: Any) -> None:
+            await attempt.connection.execute(EFFECT, (attempt.job.input.n,))
+            await count(attempt)
+
         worker = create_in_process_worker(
             client=client,
-            processors={type_name: counter.handler()},
+            processors={type_name: write_then_count if writes else count},
             max_slots=slots,
             atomic_group=atomic_group,
         )
@@ -167,6 +182,9 @@ async def drain(
         jobs_per_s=n / wall,
     )
 
+
+EFFECTS_TABLE = "CREATE TABLE bench_effects (n int NOT NULL)"
+EFFECT = "INSERT INTO bench_effects (n) VALUES (%s)"
 
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
 
@@ -294,11 +312,18 @@ async def enqueue(
     return {name: tally.per_job() for name, tally in tallies.items()}
 
 
-# --only name, job type, atomic_group, row title
+# --only name, job type, atomic_group, whether the handler writes a row, row title
 _DRAINS = (
-    ("drain", "noop", 1, "drain, 1 worker x {slots} slots"),
-    ("atomic", "noop_atomic", 1, "atomic drain, 1 worker x {slots} slots"),
-    ("atomic32", "noop_atomic", 32, "atomic drain, 1 worker x {slots} slots, groups of 32"),
+    ("drain", "noop", 1, False, "drain, 1 worker x {slots} slots"),
+    ("atomic", "noop_atomic", 1, False, "atomic drain, 1 worker x {slots} slots"),
+    ("atomic32", "noop_atomic", 32, False, "atomic drain, 1 worker x {slots} slots, groups of 32"),
+    (
+        "atomic32w",
+        "noop_atomic",
+        32,
+        True,
+        "atomic drain, 1 worker x {slots} slots, groups of 32, each handler inserting a row",
+    ),
 )
 
 
@@ -310,7 +335,7 @@ async def _run(args: argparse.Namespace) -> None:
     with server(args.dsn) as (admin, _kind):
         dbs = PgworkDatabases(admin)
         try:
-            for name, type_name, group, title in _DRAINS:
+            for name, type_name, group, writes, title in _DRAINS:
                 if name not in only:
                     continue
                 profile = cProfile.Profile(time.process_time) if args.profile else None
@@ -322,6 +347,7 @@ async def _run(args: argparse.Namespace) -> None:
                         type_name=type_name,
                         atomic_group=group,
                         slots=args.slots,
+                        writes=writes,
                     )
                 server_us = "?" if row.server_us is None else f"{row.server_us:.1f}"
                 print(

@@ -4,8 +4,10 @@ One transaction per atomic job caps an atomic drain at the server's commit rate.
 ``atomic_group=N`` (N > 1) the worker keeps a few *lanes*, each a connection on which
 a group's members run one after another (one psycopg connection runs one statement at
 a time), each in a savepoint of its own (``AtomicGroup``), opened when the member
-first uses its transaction: a member that writes nothing costs no round trip, and its
-completion is written with the group's commit. A member that succeeds is kept. One
+first uses its transaction. A member that never used it has nothing to commit but its
+completion, so it leaves the group, and its completion is written as a staged
+attempt's is (the batcher's, with the worker's next acquire). A member that wrote and
+succeeds is kept. One
 that fails is rolled back to its savepoint (the others' writes stay) and its failure
 (retry or final) is written in a savepoint and kept: it commits with the group, and a
 crash before the commit runs the job again, like every other member's. One that is
