@@ -50,6 +50,27 @@ async def _all_completed(client: Any, started: Sequence[Any]) -> None:
     await eventually(all_done, what="every job completed")
 
 
+async def _start_chains(
+    workers: Any,
+    client: Any,
+    conn: psycopg.AsyncConnection[Any],
+    job_type: Any,
+    handle: Any,
+    count: int,
+    **options: Any,
+) -> tuple[list[Any], Any]:
+    """Enqueue ``count`` chains of ``job_type`` (inputs 0 to ``count`` - 1), then start a
+    worker for them (polling every 50 ms, with ``options``): the chains and the worker."""
+    started = await client.start_chains(
+        conn, [ChainStart(job_type, Num(n=n)) for n in range(count)]
+    )
+    await conn.commit()
+    worker = await workers(
+        client=client, processors={job_type: handle}, poll_interval=0.05, **options
+    )
+    return started, worker
+
+
 async def _drain(
     make_client: ClientFactory,
     workers: Any,
@@ -80,17 +101,17 @@ async def _drain(
         if attempt.job.input.n == fail_first_of and attempt.job.attempt == 1:
             raise RuntimeError("crash after writing")
 
-    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(JOBS)])
-    await conn.commit()
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
+    started, _ = await _start_chains(
+        workers,
+        client,
+        conn,
+        pay,
+        handle,
+        JOBS,
         max_slots=8,
         atomic_group=atomic_group,
         atomic_group_wait=0.05,
     )
-
     await _all_completed(client, started)
     cur = await conn.execute("SELECT n, attempt, xid FROM effects ORDER BY n, attempt")
     rows = [(int(n), int(a), int(x)) for n, a, x in await cur.fetchall()]
@@ -318,17 +339,17 @@ async def test_a_job_type_sent_alone_by_a_slow_start_comes_back_to_the_groups(
         )
 
     jobs = 60
-    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(jobs)])
-    await conn.commit()
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
+    started, _ = await _start_chains(
+        workers,
+        client,
+        conn,
+        pay,
+        handle,
+        jobs,
         max_slots=1,
         atomic_group=32,
         atomic_group_wait=0.05,
     )
-
     await _all_completed(client, started)
     cur = await conn.execute("SELECT count(*), count(DISTINCT xid) FROM effects")
     row = await cur.fetchone()
@@ -373,12 +394,13 @@ async def test_only_the_first_kept_member_of_a_group_waits_for_its_commit(
             all_ran.set()
         return attempt.job.input.n
 
-    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(3)])
-    await conn.commit()
-    worker = await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
+    started, worker = await _start_chains(
+        workers,
+        client,
+        conn,
+        pay,
+        handle,
+        3,
         max_slots=2,  # one lane
         atomic_group=32,
         atomic_group_wait=LONE_WAIT,
@@ -500,12 +522,13 @@ async def test_members_that_write_and_members_that_do_not_share_groups(
             )
         return n
 
-    started = await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(JOBS)])
-    await conn.commit()
-    await workers(
-        client=client,
-        processors={pay: handle},
-        poll_interval=0.05,
+    started, _ = await _start_chains(
+        workers,
+        client,
+        conn,
+        pay,
+        handle,
+        JOBS,
         max_slots=8,
         atomic_group=8,
         atomic_group_wait=0.05,
