@@ -90,15 +90,11 @@ def _record(monkeypatch: pytest.MonkeyPatch, group: pg_atomic_group.PgAtomicGrou
 
 
 def _shape(query: bytes) -> bytes:
-    """``query`` with the group's prepared completions shown as ``<complete>`` and
-    ``<complete_many>``."""
-    for prefix, name in (
-        (b"EXECUTE pgwork_atomic_complete_many_", b"<complete_many>"),
-        (b"EXECUTE pgwork_atomic_complete_", b"<complete>"),
-    ):
-        if query.startswith(prefix):
-            return name + b"; " + query.partition(b"); ")[2]
-    return query
+    """``query`` with the group's prepared completion shown as ``<complete>``."""
+    head, found, tail = query.partition(b"EXECUTE pgwork_atomic_complete_")
+    if not found:
+        return query
+    return head + b"<complete>; " + tail.partition(b"); ")[2]
 
 
 async def _create_scratch(dsn: str) -> None:
@@ -198,7 +194,6 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         conn = own_connection(tx)
         await conn.execute("SELECT 1")
         result = await group.complete(Completion(held.id, held.lease_token, "null"))
-        assert result is not None
         assert result.accepted
         # Frozen before the group's commit: the server must end it, and the kept
         # member's completion with it.
@@ -234,7 +229,7 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         await conn.execute("SELECT 1")
         await group.undo()
         await group.enter(lease=held.lease, deadline=deadline)
-        assert await group.complete(Completion(held.id, held.lease_token, "null")) is None
+        assert (await group.complete(Completion(held.id, held.lease_token, "null"))).accepted
         await _backend_ended(pgwork_dsn, conn.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
@@ -262,55 +257,59 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         conn = own_connection(await group.enter(lease=first.lease, deadline=short))
         await conn.execute("SELECT 1")
         done = await group.complete(Completion(first.id, first.lease_token, "1"))
-        assert done is not None
         assert done.accepted
         await group.enter(lease=slow.lease, deadline=long)
         await anyio.sleep(1.0)  # twice the first member's bound, under half its own
         await conn.execute("SELECT 1")
         done = await group.complete(Completion(slow.id, slow.lease_token, "2"))
-        assert done is not None
         assert done.accepted
         await group.enter(lease=last.lease, deadline=short)
-        assert await group.complete(Completion(last.id, last.lease_token, "3")) is None
+        assert (await group.complete(Completion(last.id, last.lease_token, "3"))).accepted
         await anyio.sleep(1.0)  # twice the last member's bound
         assert await _backend_runs(pgwork_dsn, conn.info.backend_pid)
         await _backend_ended(pgwork_dsn, conn.info.backend_pid)
         with pytest.raises(pg_errors.IdleInTransactionSessionTimeout):
             await group.commit()
 
-    async def test_members_that_write_nothing_cost_the_group_one_statement(
+    async def test_a_member_that_writes_nothing_costs_one_query_its_completion(
         self,
         state_adapter: PostgresStateAdapter,
         store: StateHarness,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """Three members that never use their transaction, and one undone without
-        having used it: nothing goes to the server before the commit, which sends one
-        statement, their completions; no ``BEGIN``, no ``COMMIT``: that statement is
-        the group's one transaction. (Control: the group's transaction begun as its
-        first member enters, as before: ``BEGIN`` ahead, ``COMMIT`` behind.)"""
-        complete_many = pg_atomic_group._statement(
-            state_adapter._sql.complete, pg_atomic_group._COMPLETE_MANY_PARAMS, True
-        )
+        """A member undone without having used its transaction, then members that never
+        use it: nothing goes to the server until a completion, and each completion is
+        one query. The first one's begins the group's transaction, sets its idle bound
+        and opens the member's savepoint ahead of the completion; each opens the next
+        member's savepoint behind it; the undone member sends nothing; the commit is
+        its ``COMMIT``. (Controls: a completion that opens the member's savepoint in a
+        query of its own: two queries for the first member; one that opens nothing:
+        the first completion commits at once, and no ``COMMIT`` follows.)"""
         await store.seed(*(store.new_job() for _ in range(4)))
-        *jobs, undone = await store.acquire(limit=4)
+        undone, *jobs = await store.acquire(limit=4)
         group = await state_adapter.open_atomic_group()
         assert isinstance(group, pg_atomic_group.PgAtomicGroup)
         sent = _record(monkeypatch, group)
-        for job in jobs:
-            await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert await group.complete(Completion(job.id, job.lease_token, '"grouped"')) is None
         await group.enter(lease=undone.lease, deadline=DEADLINE)
         await group.undo()
-        assert sent == []
-        results = await group.commit()
-        # (The statement is prepared once per connection: one more query, the first
+        for job in jobs:
+            await group.enter(lease=job.lease, deadline=DEADLINE)
+            done = await group.complete(Completion(job.id, job.lease_token, '"grouped"'))
+            assert done.accepted
+        await group.commit()
+        # (The completion is prepared once per connection: one more query, the first
         # time only.)
         sent = [query for query in sent if not query.startswith(b"PREPARE")]
-        [query] = sent
-        assert query.startswith(complete_many.text((b"x",) * 4).partition(b"(")[0] + b"(")
-        assert b"COMMIT" not in query
-        assert [(r.job_id, r.accepted) for r in results] == [(job.id, True) for job in jobs]
+        bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
+        kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        assert [_shape(query) for query in sent] == [
+            b"BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
+            + b"SAVEPOINT pgwork_member; "
+            + kept_and_next,
+            kept_and_next,
+            kept_and_next,
+            b"COMMIT",
+        ]
         for job in jobs:
             assert (await store.job(job.id)).output == "grouped"
         assert (await store.job(undone.id)).status is JobStatus.RUNNING
@@ -325,10 +324,11 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         the same deadline. The first one's first statement is preceded by one query
         that begins the group's transaction, sets its idle bound and opens the member's
         savepoint; each completion is one query that also opens the next member's
-        savepoint, so the second member's use costs nothing more; the commit sends the
-        third one's completion with ``COMMIT`` behind it. The bound goes once. (Controls: a
-        completion that does not open the next member's savepoint: the second member's
-        use sends ``SAVEPOINT`` first; an entry that sets the bound again.)"""
+        savepoint, so the second member's use costs nothing more, and the third one's
+        completion nothing more than itself; the commit is ``COMMIT``. The bound goes
+        once. (Controls: a completion that does not open the next member's savepoint:
+        the second member's use sends ``SAVEPOINT`` first; an entry that sets the bound
+        again.)"""
         await store.seed(*(store.new_job() for _ in range(3)))
         first, second, quiet = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
@@ -338,12 +338,11 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             conn = own_connection(await group.enter(lease=job.lease, deadline=DEADLINE))
             await conn.execute("SELECT 1")
             done = await group.complete(Completion(job.id, job.lease_token, '"grouped"'))
-            assert done is not None
             assert done.accepted
         await group.enter(lease=quiet.lease, deadline=DEADLINE)
-        assert await group.complete(Completion(quiet.id, quiet.lease_token, '"grouped"')) is None
-        [result] = await group.commit()
-        assert result.accepted
+        done = await group.complete(Completion(quiet.id, quiet.lease_token, '"grouped"'))
+        assert done.accepted
+        await group.commit()
         # (The completion is prepared once per connection: one more query, the first
         # time only.)
         sent = [query for query in sent if not query.startswith(b"PREPARE")]
@@ -356,7 +355,8 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             kept_and_next,
             b"SELECT 1",
             kept_and_next,
-            b"<complete_many>; COMMIT",
+            kept_and_next,
+            b"COMMIT",
         ]
         for job in (first, second, quiet):
             assert (await store.job(job.id)).output == "grouped"
@@ -383,7 +383,6 @@ class TestPostgresStateAdapter(StateAdapterConformance):
             assert await _scratch(pgwork_dsn) == []  # nothing committed yet
             if job is kept:
                 done = await group.complete(Completion(job.id, job.lease_token, '"kept"'))
-                assert done is not None
                 assert done.accepted
             else:
                 await group.undo()
@@ -438,9 +437,8 @@ class TestPostgresAtomicGroupWithoutPreparedStatements(AtomicGroupConformance):
             cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
             assert await cur.fetchall() == [(0,)]  # (after the first one's completion)
             done = await group.complete(Completion(job.id, job.lease_token, '"grouped"'))
-            assert done is not None
             assert done.accepted
-        assert await group.commit() == []
+        await group.commit()
         for job in (first, second):
             assert (await store.job(job.id)).output == "grouped"
 

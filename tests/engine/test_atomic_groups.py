@@ -467,9 +467,9 @@ async def test_a_member_that_writes_nothing_holds_no_transaction_open(
 ) -> None:
     """A member's savepoint, and its group's transaction, open when the member first
     uses its connection: while a handler that writes nothing runs, no transaction is
-    open for it, and its completion is written by the group's commit. (Control: a
-    group that opens the member's savepoint as it enters, as pgwork did until
-    session 15: the lane sits idle in its transaction while the handler runs.)"""
+    open for it, and its completion is written with the worker's staged ones.
+    (Control: a group that opens the member's savepoint as it enters, as pgwork did
+    until session 15: the lane sits idle in its transaction while the handler runs.)"""
     if build == "control-eager":
         enter = _atomic_group.PgAtomicGroup.enter
 

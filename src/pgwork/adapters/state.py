@@ -114,7 +114,8 @@ class AtomicGroup(Protocol):
 
     A member ``enter``s and its handler writes through the handle ``enter`` returned;
     the member's savepoint (and the group's transaction, first) opens when the member
-    first uses that handle, so a member that writes nothing costs no round trip. Then
+    first uses that handle (or with its completion), so opening it costs no round trip
+    of its own, and a member that used nothing may ``leave`` having cost none. Else
     the member is either kept (``complete`` or ``keep``: its writes join the group)
     or undone (``undo``: rolled back to its savepoint, nothing of it stays, the other
     members' writes are untouched). ``commit`` makes every kept member durable at
@@ -149,12 +150,13 @@ class AtomicGroup(Protocol):
         group: nothing of it is in it (its outcome is written elsewhere)."""
         ...
 
-    async def complete(self, completion: Completion) -> CompletionResult | None:
-        """Keep the current member with its job's completion (no continuation), fenced
-        by its lease. A member that used its transaction has it written now, in its
-        savepoint, and gets the result (refused: the member is undone instead). One
-        that did not has it written by ``commit``, which returns its result: None here.
-        What a result reports ready is announced by the caller after ``commit``."""
+    async def complete(self, completion: Completion) -> CompletionResult:
+        """Keep the current member with its job's completion (no continuation), written
+        now in its savepoint and fenced by its lease; refused (the lease no longer
+        holds), the member is undone instead and not counted. A member that did not use
+        its transaction has its savepoint (and the group's transaction, first) opened
+        with the completion, so every kept member commits with the group. What a result
+        reports ready is announced by the caller after ``commit``."""
         ...
 
     async def keep(self) -> None:
@@ -167,9 +169,8 @@ class AtomicGroup(Protocol):
         then write again (its failure), in a savepoint of its own, and be kept."""
         ...
 
-    async def commit(self) -> list[CompletionResult]:
-        """Write the completions ``complete`` left for it (their results, in order),
-        commit every kept member, and give the connection back; raises when the group
+    async def commit(self) -> None:
+        """Commit every kept member and give the connection back; raises when the group
         was lost (its connection closed or broken): then nothing committed."""
         ...
 

@@ -2,7 +2,7 @@
 
 One transaction per atomic job caps an atomic drain at the server's commit rate (a
 WAL flush each). A group runs its members one after another on one connection and
-commits once. A member costs a round trip only if it uses its transaction:
+commits once. Opening a member's savepoint costs no round trip of its own:
 
 - Its savepoint (``pgwork_member``), and the group's ``BEGIN`` before the first one,
   are opened when the member first uses the connection, not before. For the time a
@@ -11,20 +11,21 @@ commits once. A member costs a round trip only if it uses its transaction:
   this group's ``_first_use``, which sends what opens the savepoint ahead of the
   member's first statement and steps aside. So ``conn.transaction()`` in a handler
   nests inside the member's savepoint, as it would inside an open transaction.
-- A member that wrote (its savepoint open) has its completion written in its savepoint
-  at once, fenced by its lease, with the next member's savepoint opened behind it:
+- A member's completion is written in its savepoint at once, fenced by its lease,
+  with the next member's savepoint opened behind it:
 
       EXECUTE <complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
 
   A refused completion (the lease no longer holds) makes the statement fail on
   purpose; the rest is skipped and the member is rolled back to its savepoint.
-- A member that never used its transaction wrote nothing, so nothing of it needs
-  undoing: its completion waits for the group's ``commit``, which writes all of them
-  in one statement (fenced by their leases: one whose lease was lost meanwhile is not
-  written, and is reported refused) ahead of the ``COMMIT``. A group none of whose
-  members wrote never opens a transaction at that: its connection goes back, and the
-  completions are written as a staged worker's are, one statement its own
-  transaction. That is the cost of an at-least-once batch.
+- A member that never used its transaction has its savepoint (and the group's
+  ``BEGIN``, first) opened by its completion, in the same round trip: what its first
+  use would have sent goes ahead of the statement above. So every kept member is in
+  the group's transaction, and ``commit`` is its ``COMMIT`` (nothing at all when none
+  was begun). The worker sends no such member here: one that wrote nothing and
+  completes plainly has nothing to commit but its completion, so it ``leave``s the
+  group and its completion is written with the worker's staged ones (see
+  ``pgwork.worker._atomic_group``).
 
 A member's row is not locked while its handler runs: the worker renews a grouped
 member's lease as it does a staged attempt's, and the completion's fence decides.
@@ -97,14 +98,6 @@ _COMPLETE_PARAMS = (
     (b"ends_chain", b"bool"),
 )
 
-# The batch completion's (``COMPLETE``), for the members that wrote nothing.
-_COMPLETE_MANY_PARAMS = (
-    (b"ids", b"uuid[]"),
-    (b"tokens", b"uuid[]"),
-    (b"outputs", b"text[]"),
-    (b"ends_chain", b"bool[]"),
-)
-
 # The names (statement texts) prepared on each connection, as long as it lives.
 _prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
     weakref.WeakKeyDictionary()
@@ -122,10 +115,6 @@ class _Ops(Protocol):
     schema: str
     _sql: Statements
 
-    async def complete(
-        self, tx: TransactionHandle | None, *, completions: Sequence[Completion]
-    ) -> list[CompletionResult]: ...
-
     async def _completion_results(
         self,
         tx: TransactionHandle | None,
@@ -140,10 +129,8 @@ class PgAtomicGroup:
     __slots__ = (
         "_begun",
         "_complete",
-        "_complete_many",
         "_conn",
         "_cur",
-        "_deferred",
         "_encoding",
         "_escaping",
         "_fresh",
@@ -180,13 +167,10 @@ class PgAtomicGroup:
         # The idle bound in force (ms): in the transaction outside the open
         # savepoint, and set in that savepoint (None: not set there).
         self._idle: tuple[int | None, int | None] = (None, None)
-        # Kept members that wrote nothing: their completions, written by ``commit``.
-        self._deferred: list[Completion] = []
         self._escaping = Escaping(conn.pgconn)
         self._encoding = conn.info.encoding
         prepared = conn.prepare_threshold is not None
-        self._complete = _statement(ops._sql.complete_atomic, _COMPLETE_PARAMS, prepared)
-        self._complete_many = _statement(ops._sql.complete, _COMPLETE_MANY_PARAMS, prepared)
+        self._complete = _statement(ops._sql.complete_atomic, prepared)
         self.members = 0
 
     @property
@@ -240,42 +224,51 @@ class PgAtomicGroup:
         if pending is not None:
             begins = not self._begun
             await _send(conn, pending)
-            if begins:
-                self._begun = True
-                self._idle = (self._opening_ms, None)
+            self._opened(begins)
         return await conn.wait(gen, *args, **kwargs)
 
     def _disarm(self) -> None:
         self._conn.__dict__.pop("wait", None)
 
-    async def complete(self, completion: Completion) -> CompletionResult | None:
+    async def complete(self, completion: Completion) -> CompletionResult:
         if completion.continuation is not None:
             raise ValueError("AtomicGroup.complete takes a completion without continuation")
-        self._usable()
+        conn = self._usable()
         self._disarm()
-        if not self._touched:
-            self._deferred.append(completion)
-            self.members += 1
-            return None
-        conn = self._conn
         await self._prepare(conn, self._complete)
         token = completion.lease_token
         output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
         query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
+        # A member that never used its transaction: what its first use would have sent
+        # (its savepoint, the group's BEGIN first) goes ahead, in the same round trip.
+        opening: bytes | None = None
+        if not self._touched:
+            opening, self._pending = self._pending, None
+            self._touched = True
+            self._fresh = False
+            if opening is not None:
+                query = opening + b"; " + query
+        begins = opening is not None and not self._begun
         cur = self._cur
         try:
             with translate_errors(self._ops.schema):
                 await cur.execute(query, prepare=False)
+                # Past the results of what opened the savepoint, to the completion's.
+                for _ in range(0 if opening is None else opening.count(b"; ") + 1):
+                    cur.nextset()
                 rows = await cur.fetchall()
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
-            # Nothing after the completion ran: roll the member back.
+            # Nothing after the completion ran (what opened the savepoint did): roll
+            # the member back.
+            self._opened(begins)
             await self._run(_UNDO)
             self._member_undone()
             return CompletionResult(job_id=completion.job_id, accepted=False)
+        self._opened(begins)
         self.members += 1
         self._member_kept()
         if any(row[3] and row[4] for row in rows):
@@ -308,6 +301,12 @@ class PgAtomicGroup:
             self._pending = None if self._fresh else _SAVEPOINT
         self._conn.wait = self._first_use  # type: ignore[method-assign]
 
+    def _opened(self, begins: bool) -> None:
+        """The group's transaction was begun by the query just sent, if ``begins``."""
+        if begins:
+            self._begun = True
+            self._idle = (self._opening_ms, None)
+
     def _member_kept(self) -> None:
         """The member's savepoint was released and a fresh one opened."""
         outside, inside = self._idle
@@ -323,54 +322,18 @@ class PgAtomicGroup:
 
     # --- the group -----------------------------------------------------------------
 
-    async def commit(self) -> list[CompletionResult]:
+    async def commit(self) -> None:
         self._disarm()
-        deferred, self._deferred = self._deferred, []
-        begun = self._begun
-        rows: list[tuple[Any, ...]] = []
         try:
-            conn = self._usable()
-            cur = self._cur
-            with translate_errors(self._ops.schema):
-                if deferred:
-                    # One round trip: the completions left for the commit, and the
-                    # COMMIT behind them if a member wrote (else the statement is its
-                    # own transaction).
-                    await self._prepare(conn, self._complete_many)
-                    query = self._complete_many.text(self._many(deferred))
-                    await cur.execute(query + b"; COMMIT" if begun else query, prepare=False)
-                    rows = await cur.fetchall()
-                elif begun:
-                    await cur.execute(b"COMMIT")
+            self._usable()
+            if self._begun:
+                await self._run(b"COMMIT")
         except BaseException:
             await self._roll_back()
             raise
         finally:
             self._reset()
             await self._give_back_conn()
-        if not deferred:
-            return []
-        # Committed: the dependants of chains they ended are settled on their own, as
-        # after a staged worker's completions.
-        return await self._ops._completion_results(None, deferred, rows)
-
-    def _many(self, completions: Sequence[Completion]) -> tuple[bytes, ...]:
-        """The batch completion's values as SQL literals: arrays of checked uuids, of
-        outputs escaped by libpq, and of ``true`` (none has a continuation)."""
-        escape = self._escaping.escape_literal
-        encoding = self._encoding
-        ids = b",".join(_uuid_text(c.job_id) for c in completions)
-        tokens = b",".join(
-            b"NULL" if c.lease_token is None else _uuid_text(c.lease_token) for c in completions
-        )
-        outputs = b",".join(escape(c.output_json.encode(encoding)) for c in completions)
-        ends = b",".join(b"t" for _ in completions)
-        return (
-            b"'{%s}'::uuid[]" % ids,
-            b"'{%s}'::uuid[]" % tokens,
-            b"ARRAY[%s]::text[]" % outputs,
-            b"'{%s}'::bool[]" % ends,
-        )
 
     async def _roll_back(self) -> None:
         """End a transaction a failed statement left open (aborted), if any, before the
@@ -386,7 +349,6 @@ class PgAtomicGroup:
 
     async def discard(self) -> None:
         self._disarm()
-        self._deferred = []
         try:
             # By the connection's state, not ours: a first use that failed after its
             # BEGIN left a transaction open (aborted).
@@ -450,13 +412,12 @@ class _Statement:
         self,
         template: bytes,
         params: tuple[tuple[bytes, bytes], ...],
-        kind: bytes,
         prepared: bool,
     ) -> None:
         names = [name for name, _ in params]
         parts, order = _cut(template)
         if sorted(order) != sorted(names):
-            raise ValueError(f"{kind!r}: placeholders {order} are not {names}")
+            raise ValueError(f"the atomic completion's placeholders {order} are not {names}")
         # For each placeholder in the text, its parameter's position.
         self._order = tuple(names.index(name) for name in order)
         self._parts = parts
@@ -464,7 +425,7 @@ class _Statement:
         self._execute: bytes | None = None
         if prepared:
             # Named after its text: another schema's or version's is another statement.
-            name = b"pgwork_atomic_%s_%s" % (kind, hashlib.sha1(template).hexdigest()[:12].encode())
+            name = b"pgwork_atomic_complete_" + hashlib.sha1(template).hexdigest()[:12].encode()
             body = [parts[0]]
             for at, part in zip(self._order, parts[1:], strict=True):
                 body += (b"$%d" % (at + 1), part)
@@ -484,13 +445,10 @@ class _Statement:
 
 
 @functools.lru_cache(maxsize=16)
-def _statement(
-    template: bytes, params: tuple[tuple[bytes, bytes], ...], prepared: bool
-) -> _Statement:
-    """One of the group's statements (built once per schema: a group is made for
-    every commit)."""
-    kind = b"complete" if params is _COMPLETE_PARAMS else b"complete_many"
-    return _Statement(template, params, kind, prepared)
+def _statement(template: bytes, prepared: bool) -> _Statement:
+    """The group's completion for ``template`` (built once per schema: a group is
+    made for every commit)."""
+    return _Statement(template, _COMPLETE_PARAMS, prepared)
 
 
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)[sb]")
@@ -508,15 +466,9 @@ def _cut(template: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
 def _uuid_literal(value: object) -> bytes:
     """A uuid as an SQL literal: checked as a uuid (its canonical text is hex digits
     and dashes only)."""
-    return b"'" + _uuid_text(value) + b"'::uuid"
-
-
-def _uuid_text(value: object) -> bytes:
-    """A uuid's canonical text, checked as a uuid (hex digits and dashes only): fit
-    for a literal, alone or in an array's."""
     if type(value) is not UUID:
         value = UUID(str(value))
-    return str(value).encode()
+    return b"'%s'::uuid" % str(value).encode()
 
 
 @functools.lru_cache(maxsize=64)

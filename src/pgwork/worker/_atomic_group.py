@@ -54,7 +54,6 @@ from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     AtomicGroup,
     Completion,
-    CompletionResult,
     Failure,
     StateAdapter,
     TransactionHandle,
@@ -108,13 +107,11 @@ class _Group:
     tenth of a grouped no-op job's CPU)."""
 
     __slots__ = (
-        "chains",
         "done",
         "due",
         "error",
         "kept",
         "notices",
-        "results",
         "runner",
         "store",
         "waited",
@@ -131,10 +128,6 @@ class _Group:
         # their attempt and the failure written for them, if any.
         self.waited = False
         self.kept: list[tuple[Slot, Attempt[Any, Any] | None, Failure | None]] = []
-        # The members whose completions the commit writes: their chains (by job id's
-        # int), for the notices, and once committed their results.
-        self.chains: dict[int, Any] = {}
-        self.results: dict[int, CompletionResult] = {}
 
 
 class _Lane:
@@ -348,9 +341,8 @@ class AtomicGroups:
             group.runner._report_failure(slot, failed, True)
             return None
         assert attempt is not None
-        # Written at the commit (its result), or in its savepoint (accepted).
-        result = group.results.get(slot.acquired.id.int)
-        group.runner._report_outcome(slot, attempt, result is None or result.accepted)
+        # Kept only if its outcome was accepted.
+        group.runner._report_outcome(slot, attempt, True)
         return None
 
     def _end(self, group: _Group) -> None:
@@ -391,17 +383,13 @@ class AtomicGroups:
         group: _Group,
         tx: TransactionHandle,
     ) -> bool:
-        """Write the member's outcome and keep it; False (rolled back) when its lease no
-        longer held. A plain completion of a member that wrote nothing is left to the
-        group's commit."""
+        """Write the member's outcome in its savepoint and keep it; False (rolled back)
+        when its lease no longer held."""
         outcome = attempt.outcome
         if isinstance(outcome, Completed) and outcome.continuation is None:
             lease = slot.lease
             completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
             result = await group.store.complete(completion)
-            if result is None:  # written by the commit
-                group.chains[lease.job_id.int] = slot.acquired.chain_id
-                return True
             group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
@@ -476,19 +464,12 @@ class AtomicGroups:
         """Commit ``group`` (its lane held), then announce what its members made ready."""
         lane.group = None
         try:
-            results = await group.store.commit()
+            await group.store.commit()
         except Exception as exc:
             group.error = exc
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
             self._end(group)
             return
-        chains = group.chains
-        for result in results:
-            key = result.job_id.int
-            group.results[key] = result
-            group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
-            if result.chain_awaited:
-                group.notices.append(Notice(kind="chain_done", chain_id=chains[key]))
         if group.notices:
             try:
                 await self.notify.publish(None, notices=list(dict.fromkeys(group.notices)))

@@ -2,13 +2,12 @@
 
 A member's own writes stand in for a handler's: it completes a *side* job in its
 transaction; one that only reads its own job through its handle stands for a handler
-that uses its transaction without writing. A member that never uses its handle wrote
-nothing: ``complete`` leaves its completion to the group's ``commit``, which writes it
-and returns its result; a member that did use it has its completion written at once,
-in its savepoint, and gets its result back. Kept members commit together and only on
-``commit``; an undone or refused member leaves nothing, and the rows it wrote are free
-at once. A member's job is fenced by its lease when its outcome is written, not locked
-while it runs.
+that uses its transaction without writing; one that never uses its handle wrote
+nothing. Either way ``complete`` writes the member's completion at once, in its
+savepoint (opened then for a member that used nothing), and returns its result. Kept
+members commit together and only on ``commit``; an undone or refused member leaves
+nothing, and the rows it wrote are free at once. A member's job is fenced by its lease
+when its outcome is written, not locked while it runs.
 
 Role exercised: ``WorkerStore`` (``open_atomic_group``).
 """
@@ -65,41 +64,47 @@ class AtomicGroupConformance(StateSuiteBase):
             tx = await group.enter(lease=job.lease, deadline=DEADLINE)
             await state_adapter.complete(tx, completions=[_done(side, '"side"')])
             done = await group.complete(_done(job))
-            assert done is not None
             assert done.accepted
         assert group.members == 3
         for job in held:  # nothing is visible before the commit
             assert (await store.job(job.id)).status is JobStatus.RUNNING
-        assert await group.commit() == []  # every completion was written already
+        await group.commit()
         for job in jobs:
             assert (await store.job(job.id)).output == "grouped"
         for side in sides:
             assert (await store.job(side.id)).output == "side"
 
-    async def test_members_that_write_nothing_have_their_completions_written_by_the_commit(
+    async def test_members_that_write_nothing_have_their_completions_written_in_the_group(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """Members that never use their transaction: ``complete`` keeps each (None: no
-        result yet) and ``commit`` writes them, returning their results in the order
-        the members completed. (Control: a commit that drops the completions left to
-        it: it returns no results, and the jobs stay running.)"""
-        await store.seed(*(store.new_job() for _ in range(3)))
-        jobs = await store.acquire(limit=3)
+        """Members that never use their transaction: ``complete`` writes each one's
+        completion at once, in the group's transaction (opened then), and returns its
+        result; the next member's handle sees the jobs completed, nothing shows outside
+        before the commit, and the commit makes them durable. (Controls: a completion
+        left unwritten: the next member reads the jobs running; one written outside the
+        group's transaction: it shows before the commit; a commit that does not
+        commit: the jobs stay running.)"""
+        await store.seed(*(store.new_job() for _ in range(4)))
+        *jobs, reader = await store.acquire(limit=4)
         outputs = [TRICKY, '{"n": 2}', '"grouped"']
         group = await state_adapter.open_atomic_group()
         for job, output in zip(jobs, outputs, strict=True):
             await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert await group.complete(_done(job, output)) is None
+            done = await group.complete(_done(job, output))
+            assert (done.job_id, done.accepted, done.chain_completed) == (job.id, True, True)
         assert group.members == 3
-        for job in jobs:  # nothing is written before the commit
+        tx = await group.enter(lease=reader.lease, deadline=DEADLINE)
+        seen = await state_adapter.get_jobs(tx, job_ids=[job.id for job in jobs])
+        assert {job.id: (job.status, job.output) for job in seen} == {
+            job.id: (JobStatus.COMPLETED, value)
+            for job, value in zip(jobs, [TRICKY_VALUE, {"n": 2}, "grouped"], strict=True)
+        }
+        await group.undo()
+        for job in jobs:  # nothing is visible outside before the commit
             stored = await store.job(job.id)
             assert stored.status is JobStatus.RUNNING
             assert stored.output is None
-        results = await group.commit()
-        assert [result.job_id for result in results] == [job.id for job in jobs]
-        for result in results:
-            assert result.accepted
-            assert result.chain_completed
+        await group.commit()
         assert [(await store.job(job.id)).output for job in jobs] == [
             TRICKY_VALUE,
             {"n": 2},
@@ -114,18 +119,17 @@ class AtomicGroupConformance(StateSuiteBase):
         """A member that wrote has its completion written in its savepoint as it is
         kept: the result comes back at once, and the group's transaction (the next
         member's handle) sees the job completed while nothing shows outside before the
-        commit. Members that wrote nothing around it still wait for the commit, which
-        returns only theirs. (Control: a group that leaves every completion to the
-        commit: the writer gets None, and the next member reads its job running.)"""
+        commit. Members that wrote nothing before and after it are kept alike, and all
+        commit together. (Control: a completion left unwritten: the next member reads
+        the writer's job running.)"""
         await store.seed(*(store.new_job() for _ in range(5)))
         quiet, writer, reader, last, side = await store.acquire(limit=5)
         group = await state_adapter.open_atomic_group()
         await group.enter(lease=quiet.lease, deadline=DEADLINE)
-        assert await group.complete(_done(quiet)) is None
+        assert (await group.complete(_done(quiet))).accepted
         tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
         await state_adapter.complete(tx, completions=[_done(side, '"side"')])
         done = await group.complete(_done(writer, TRICKY))
-        assert done is not None
         assert done.accepted
         assert done.chain_completed
         tx = await group.enter(lease=reader.lease, deadline=DEADLINE)
@@ -133,16 +137,13 @@ class AtomicGroupConformance(StateSuiteBase):
         assert seen.status is JobStatus.COMPLETED
         assert seen.output == TRICKY_VALUE
         done = await group.complete(_done(reader))
-        assert done is not None
         assert done.accepted
         await group.enter(lease=last.lease, deadline=DEADLINE)
-        assert await group.complete(_done(last)) is None
+        assert (await group.complete(_done(last))).accepted
         assert group.members == 4
         for job in (quiet, writer, reader, last, side):  # nothing is visible outside
             assert (await store.job(job.id)).status is JobStatus.RUNNING
-        results = await group.commit()
-        assert [result.job_id for result in results] == [quiet.id, last.id]
-        assert all(result.accepted for result in results)
+        await group.commit()
         assert (await store.job(writer.id)).output == TRICKY_VALUE
         for job in (quiet, reader, last):
             assert (await store.job(job.id)).output == "grouped"
@@ -163,7 +164,6 @@ class AtomicGroupConformance(StateSuiteBase):
                 await group.undo()
             else:
                 done = await group.complete(_done(job))
-                assert done is not None
                 assert done.accepted
         assert group.members == 2
         # What it wrote is gone, its locks with it: the side job can be completed on
@@ -205,13 +205,11 @@ class AtomicGroupConformance(StateSuiteBase):
         assert await state_adapter.fail(tx, failures=[_failed(wrote)]) == [True]
         await group.keep()
         await group.enter(lease=kept.lease, deadline=DEADLINE)
-        assert await group.complete(_done(kept)) is None
+        assert (await group.complete(_done(kept))).accepted
         assert group.members == 3
         for job in (quiet, wrote, kept, side):  # nothing is visible before the commit
             assert (await store.job(job.id)).status is JobStatus.RUNNING
-        [result] = await group.commit()
-        assert result.job_id == kept.id
-        assert result.accepted
+        await group.commit()
         for job in (quiet, wrote):
             stored = await store.job(job.id)
             assert stored.status is JobStatus.FAILED
@@ -226,8 +224,8 @@ class AtomicGroupConformance(StateSuiteBase):
     ) -> None:
         """The handler ends its own job: the completion behind it is refused, and the
         member is rolled back with everything it wrote; the group goes on. (Control: a
-        member that wrote whose completion is left to the commit, as if it had written
-        nothing: no refusal to report, and what it wrote would commit regardless.)"""
+        refusal not rolled back to the member's savepoint: the group's transaction
+        stays aborted, and the next member cannot go on.)"""
         await store.seed(*(store.new_job() for _ in range(3)))
         spoiled, kept, side = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
@@ -235,60 +233,61 @@ class AtomicGroupConformance(StateSuiteBase):
         await state_adapter.complete(tx, completions=[_done(side, '"side"')])
         await state_adapter.complete(tx, completions=[_done(spoiled, '"early"')])
         refused = await group.complete(_done(spoiled))
-        assert refused is not None
         assert not refused.accepted
         assert group.members == 0
         await group.enter(lease=kept.lease, deadline=DEADLINE)
-        assert await group.complete(_done(kept)) is None
+        assert (await group.complete(_done(kept))).accepted
         assert group.members == 1
-        [result] = await group.commit()
-        assert result.accepted
+        await group.commit()
         assert (await store.job(kept.id)).output == "grouped"
         for untouched in (spoiled, side):
             stored = await store.job(untouched.id)
             assert stored.status is JobStatus.RUNNING
             assert stored.output is None
 
-    async def test_a_commit_refuses_completions_whose_leases_no_longer_hold_and_keeps_the_rest(
+    async def test_members_that_wrote_nothing_are_refused_when_their_leases_no_longer_hold(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """Completions left to the commit are fenced by their leases when it writes
-        them: one whose lease never held (another token), one whose job was completed
-        elsewhere meanwhile, one whose lease ran out and was reaped meanwhile: each is
-        reported not accepted and changes nothing, and the other members commit all
-        the same. (Controls: completions written without their fence: the stranger's
-        is accepted; a commit that gives up when one is refused: nothing commits.)"""
+        """Members that never used their transaction are fenced by their leases too:
+        one whose lease never held (another token; the group's first member, whose
+        completion begins the group's transaction), one whose job was completed
+        elsewhere while it ran, one whose lease ran out and was reaped while it ran:
+        each is refused, is not counted, and changes nothing, and the other members
+        commit all the same. (Controls: completions written without their fence: the
+        stranger's is accepted; a refusal not rolled back to the member's savepoint:
+        the group's transaction stays aborted, and the next member cannot go on.)"""
         await store.seed(*(store.new_job() for _ in range(6)))
         stranger, taken, writer, kept, side = await store.acquire(limit=5)
         reaped = await store.acquire_one(lease=self.short_lease)
         group = await state_adapter.open_atomic_group()
         await group.enter(lease=Lease(stranger.id, uuid.uuid4()), deadline=DEADLINE)
-        assert await group.complete(Completion(stranger.id, uuid.uuid4(), '"grouped"')) is None
-        for job in (taken, reaped):
-            await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert await group.complete(_done(job)) is None
-        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
-        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        done = await group.complete(_done(writer))
-        assert done is not None
-        assert done.accepted
-        await group.enter(lease=kept.lease, deadline=DEADLINE)
-        assert await group.complete(_done(kept)) is None
-        # Meanwhile (its row is not locked): one job completed elsewhere, one reaped.
+        refused = [await group.complete(Completion(stranger.id, uuid.uuid4(), '"grouped"'))]
+        await group.enter(lease=taken.lease, deadline=DEADLINE)
+        # Meanwhile (its row is not locked): the job is completed elsewhere.
         with anyio.fail_after(10):
             [elsewhere] = await state_adapter.complete(
                 None, completions=[_done(taken, '"elsewhere"')]
             )
         assert elsewhere.accepted
+        refused.append(await group.complete(_done(taken)))
+        await group.enter(lease=reaped.lease, deadline=DEADLINE)
+        # Meanwhile: its lease runs out, and the job is taken back.
         taken_back = await store.reap_when_expired(timeout=self.expiry_timeout)
         assert [job.job_id for job in taken_back] == [reaped.id]
-        results = await group.commit()
-        assert [(r.job_id, r.accepted) for r in results] == [
+        refused.append(await group.complete(_done(reaped)))
+        assert [(r.job_id, r.accepted) for r in refused] == [
             (stranger.id, False),
             (taken.id, False),
             (reaped.id, False),
-            (kept.id, True),
         ]
+        assert group.members == 0
+        tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
+        await state_adapter.complete(tx, completions=[_done(side, '"side"')])
+        assert (await group.complete(_done(writer))).accepted
+        await group.enter(lease=kept.lease, deadline=DEADLINE)
+        assert (await group.complete(_done(kept))).accepted
+        assert group.members == 2
+        await group.commit()
         stored = await store.job(stranger.id)
         assert stored.status is JobStatus.RUNNING
         assert stored.output is None
@@ -312,26 +311,24 @@ class AtomicGroupConformance(StateSuiteBase):
         assert group.members == 1
         for held in (job, side):
             assert (await store.job(held.id)).status is JobStatus.RUNNING
-        assert await group.commit() == []
+        await group.commit()
         assert (await store.job(job.id)).output == "grouped"
         assert (await store.job(side.id)).output == "side"
 
     async def test_a_discarded_group_commits_nothing(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """Discarding drops what was written and the completions left to the commit
-        alike: every job is still running, its worker's to settle. (Control: a discard
-        that commits the group's transaction: the member that wrote commits.)"""
+        """Discarding rolls back every kept member, one that wrote and one that only
+        completed alike: every job is still running, its worker's to settle. (Control:
+        a discard that commits the group's transaction: the members commit.)"""
         await store.seed(*(store.new_job() for _ in range(3)))
         writer, quiet, side = await store.acquire(limit=3)
         group = await state_adapter.open_atomic_group()
         tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
         await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        done = await group.complete(_done(writer))
-        assert done is not None
-        assert done.accepted
+        assert (await group.complete(_done(writer))).accepted
         await group.enter(lease=quiet.lease, deadline=DEADLINE)
-        assert await group.complete(_done(quiet)) is None
+        assert (await group.complete(_done(quiet))).accepted
         await group.discard()
         for job in (writer, quiet, side):
             stored = await store.job(job.id)
@@ -344,19 +341,24 @@ class AtomicGroupConformance(StateSuiteBase):
     async def test_a_discarded_group_whose_members_wrote_nothing_commits_nothing(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """No member used its transaction: the completions left to the commit are
-        dropped all the same. (Control: a discard that writes them: they commit.)"""
+        """No member used its transaction: their completions, written in the group's
+        transaction as they were kept, are rolled back all the same, and their rows
+        are free at once. (Control: completions of members that used nothing written
+        outside the group's transaction: they commit as they are written.)"""
         await store.seed(store.new_job(), store.new_job())
         jobs = await store.acquire(limit=2)
         group = await state_adapter.open_atomic_group()
         for job in jobs:
             await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert await group.complete(_done(job)) is None
+            assert (await group.complete(_done(job))).accepted
         await group.discard()
         for job in jobs:
             stored = await store.job(job.id)
             assert stored.status is JobStatus.RUNNING
             assert stored.output is None
+            with anyio.fail_after(10):
+                [again] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
+            assert again.accepted
 
     async def test_a_group_whose_connection_a_member_discarded_cannot_commit(
         self, state_adapter: StateAdapter, store: StateHarness
@@ -366,11 +368,9 @@ class AtomicGroupConformance(StateSuiteBase):
         group = await state_adapter.open_atomic_group()
         tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
         await state_adapter.complete(tx, completions=[_done(side, '"side"')])
-        done = await group.complete(_done(writer))
-        assert done is not None
-        assert done.accepted
+        assert (await group.complete(_done(writer))).accepted
         await group.enter(lease=quiet.lease, deadline=DEADLINE)
-        assert await group.complete(_done(quiet)) is None
+        assert (await group.complete(_done(quiet))).accepted
         tx = await group.enter(lease=abandoned.lease, deadline=DEADLINE)
         await tx.discard()  # what the worker does to a handler it gave up on
         with pytest.raises(Exception):  # noqa: B017, PT011 - the adapter's own error type
@@ -384,11 +384,10 @@ class AtomicGroupConformance(StateSuiteBase):
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
         """A chain's dependants are settled in the group's transaction whether its
-        member's completion was written at once (it wrote) or by the commit (it wrote
-        nothing), and a member undone after one that settled some does not take them
-        with it; its result, or the commit's, says where jobs became ready. (Control:
-        dependants settled in the savepoint the next member goes on in: the undone
-        member rolls them back, and the first dependant stays blocked.)"""
+        member used its transaction or not, and a member undone after one that settled
+        some does not take them with it; its result says where jobs became ready.
+        (Control: dependants settled in the savepoint the next member goes on in: the
+        undone member rolls them back, and the first dependant stays blocked.)"""
         members = [store.new_job() for _ in range(3)]
         await store.seed(*members)
         waiting = [store.new_job(BETA, queue=f"q{i}", blockers=[members[i].id]) for i in range(2)]
@@ -399,20 +398,18 @@ class AtomicGroupConformance(StateSuiteBase):
         tx = await group.enter(lease=writer.lease, deadline=DEADLINE)
         await _use(state_adapter, tx, writer)
         done = await group.complete(_done(writer))
-        assert done is not None
         assert done.accepted
         assert done.ready_queues == ("q0",)
         tx = await group.enter(lease=undone.lease, deadline=DEADLINE)
         await _use(state_adapter, tx, undone)
         await group.undo()
         await group.enter(lease=quiet.lease, deadline=DEADLINE)
-        assert await group.complete(_done(quiet)) is None
+        done = await group.complete(_done(quiet))
+        assert done.accepted
+        assert done.ready_queues == ("q1",)
         for dependant in waiting:  # nothing is visible before the commit
             assert (await store.job(dependant.id)).status is JobStatus.BLOCKED
-        [result] = await group.commit()
-        assert result.job_id == quiet.id
-        assert result.accepted
-        assert result.ready_queues == ("q1",)
+        await group.commit()
         for dependant in waiting:
             assert (await store.job(dependant.id)).status is JobStatus.PENDING
         assert (await store.job(undone.id)).status is JobStatus.RUNNING
@@ -420,22 +417,25 @@ class AtomicGroupConformance(StateSuiteBase):
     async def test_members_that_wrote_nothing_make_the_dependants_of_their_chains_ready(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        """No member used its transaction: the commit's completions settle the
-        dependants of the chains they end all the same. (Control: completions that
-        leave the dependants of the chains they end unsettled: they stay blocked.)"""
+        """No member used its transaction: their completions settle the dependants of
+        the chains they end all the same, in the group's transaction, and each result
+        says where jobs became ready. (Control: completions that leave the dependants
+        of the chains they end unsettled: they stay blocked.)"""
         members = [store.new_job() for _ in range(2)]
         await store.seed(*members)
         waiting = [store.new_job(BETA, queue=f"q{i}", blockers=[members[i].id]) for i in range(2)]
         await store.seed(*waiting)
         jobs = await store.acquire(limit=2)
         group = await state_adapter.open_atomic_group()
+        results = []
         for job in jobs:
             await group.enter(lease=job.lease, deadline=DEADLINE)
-            assert await group.complete(_done(job)) is None
-        results = await group.commit()
-        assert [r.job_id for r in results] == [job.id for job in jobs]
+            results.append(await group.complete(_done(job)))
         assert all(r.accepted for r in results)
         assert {queue for r in results for queue in r.ready_queues} == {"q0", "q1"}
+        for dependant in waiting:  # nothing is visible before the commit
+            assert (await store.job(dependant.id)).status is JobStatus.BLOCKED
+        await group.commit()
         for dependant in waiting:
             assert (await store.job(dependant.id)).status is JobStatus.PENDING
 
@@ -445,8 +445,7 @@ class AtomicGroupConformance(StateSuiteBase):
     ) -> None:
         """A member ending a one-job chain, one ending a longer chain (its job not the
         chain's first), and a one-job chain's again: every chain completes with its
-        last job's output, whether its member's completion is written at once or by
-        the commit."""
+        last job's output, whether its member used its transaction or not."""
         following = await store.handed_on()
         first_new, last_new = store.new_job(), store.new_job()
         await store.seed(first_new, last_new)
@@ -460,11 +459,8 @@ class AtomicGroupConformance(StateSuiteBase):
             tx = await group.enter(lease=job.lease, deadline=DEADLINE)
             if uses:
                 await _use(state_adapter, tx, job)
-            done = await group.complete(_done(job, f'"{job.chain_index}"'))
-            assert (done is None) is not uses
-            if done is not None:
-                results.append(done)
-        results += await group.commit()
+            results.append(await group.complete(_done(job, f'"{job.chain_index}"')))
+        await group.commit()
         assert [r.job_id for r in results] == [job.id for job in members]
         for result in results:
             assert result.accepted
@@ -499,10 +495,9 @@ class AtomicGroupConformance(StateSuiteBase):
         assert group.used
         assert group.open
         done = await group.complete(_done(busy))
-        assert done is not None
         assert done.accepted
         assert not group.used  # the next member's, not yet entered
-        assert await group.commit() == []
+        await group.commit()
         assert not group.open
         assert (await store.job(busy.id)).output == "grouped"
         stored = await store.job(quiet.id)
