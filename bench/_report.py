@@ -4,7 +4,9 @@ One row per measured quantity, one column per library, so a reader compares libr
 across a row. Two columns follow: pgwork's ratio to the best peer on that row (>1 means
 pgwork is better, whichever way "better" points for the row's unit), and, where the
 raw-SQL floor ran, pgwork's figure as a share of that floor: the floor is no peer but
-the ceiling every library shares, so it never counts as "best peer".
+the ceiling every library shares, so it never counts as "best peer". Enqueue rows also
+have the floor's insert of pgwork's own rows into pgwork's table, and pgwork's figure
+as a share of it: what pgwork's code costs over the rows it writes.
 """
 
 from __future__ import annotations
@@ -22,9 +24,18 @@ __all__ = ["LIBRARIES", "Cost", "Measurement", "render_json", "render_markdown"]
 # the atomic drain's target is the peers' at-least-once drain.
 COMPARED_WITH = {ROW_DRAIN_BEST_ATOMIC: ROW_DRAIN_BEST}
 
-# Column order of the table; the floor comes last.
+# Column order of the table; the floors come last.
 FLOOR = "raw"
-LIBRARIES = ("pgwork", "oban", "pgqueuer-asyncpg", "pgqueuer-psycopg", "procrastinate", FLOOR)
+ROWS = "raw-rows"
+LIBRARIES = (
+    "pgwork",
+    "oban",
+    "pgqueuer-asyncpg",
+    "pgqueuer-psycopg",
+    "procrastinate",
+    FLOOR,
+    ROWS,
+)
 TITLES = {
     "pgwork": "pgwork",
     "oban": "oban-py",
@@ -32,6 +43,7 @@ TITLES = {
     "pgqueuer-psycopg": "PgQueuer (psycopg)",
     "procrastinate": "procrastinate",
     FLOOR: "raw SQL floor",
+    ROWS: "raw SQL, pgwork's rows",
 }
 
 
@@ -106,6 +118,10 @@ class Measurement:
         return f"{text} {self.unit}" + (f" ({self.detail})" if self.detail else "")
 
 
+# The floors' ratio columns, after "pgwork vs best peer".
+_FLOORS = ((FLOOR, "pgwork / floor"), (ROWS, "pgwork / its rows"))
+
+
 def render_markdown(
     env: Environment,
     measurements: Sequence[Measurement],
@@ -119,12 +135,12 @@ def render_markdown(
         if m.row not in rows:
             rows.append(m.row)
     by_key = {(m.row, m.library): m for m in measurements}
-    peers = [lib for lib in libraries if lib not in ("pgwork", FLOOR)]
+    peers = [lib for lib in libraries if lib not in ("pgwork", FLOOR, ROWS)]
+    floors = [(lib, title) for lib, title in _FLOORS if lib in libraries]
     header = ["workload", *(TITLES[lib] for lib in libraries)]
     if peers:
         header.append("pgwork vs best peer")
-    if FLOOR in libraries:
-        header.append("pgwork / floor")
+    header += [title for _, title in floors]
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---", *("---:" for _ in header[1:])]) + "|",
@@ -138,8 +154,8 @@ def render_markdown(
         against = _compared_with(row)
         if peers:
             cells.append(_ratio(ours, [by_key.get((against, p)) for p in peers]))
-        if FLOOR in libraries:
-            floor = by_key.get((against, FLOOR))
+        for lib, _ in floors:
+            floor = by_key.get((against, lib))
             cells.append(_ratio(ours, [floor], name=False) if floor else "")
         lines.append("| " + " | ".join(cells) + " |")
     notes = [f"- {TITLES[m.library]}, {m.row}: {m.note}" for m in measurements if m.note]

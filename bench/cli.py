@@ -141,7 +141,7 @@ async def _run(args: argparse.Namespace) -> int:
                         runs = [("pgwork", PGWORK_WORKLOADS[name](ctx))]
                         if peers is not None and name in PEER_WORKLOADS:
                             runs += [
-                                (peer, run_peer(peers, peer, name, admin_dsn, bars, sizes))
+                                (peer, run_peer(peers, peer, name, dbs, bars, sizes))
                                 for peer in peers.available(name)
                             ]
                         await _measure(runs, name, args, bars, measurements, failures)

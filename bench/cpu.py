@@ -26,7 +26,8 @@ connection: a single-row ``INSERT`` + ``COMMIT`` and a multi-row ``INSERT`` of 1
 table, ``bench/peers/run_raw.py``), the two taking turns every 500 jobs (the batch
 rows over ten times as many jobs as the single ones), and the batch also next to a
 multi-row ``INSERT`` of the same 100 rows ``start_chains`` writes, into pgwork's own
-table (``PGWORK_ROWS``: what the row itself costs, without pgwork's code); each also
+table (``bench/peers/_peer_common.py``'s ``PGWORK_ROW``: what the row itself costs,
+without pgwork's code); each also
 gives its wall-clock time per job (on a shared machine, compare it within one run
 only) and the CPU of the connection's server backend per job. ``--profile`` runs cProfile over the
 measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
@@ -40,7 +41,6 @@ import argparse
 import asyncio
 import cProfile
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from bench._cost import backends_cpu, process_cpu
 from bench._env import PgworkDatabases, server
 from bench._loop import LOOPS, current, resolve, run
 from bench._pgwork_app import Counter, Item, bulk_load, open_client
+from bench.peers._peer_common import pgwork_rows_insert, pgwork_rows_params
 from pgwork import ChainStart, create_in_process_worker
 from pgwork.worker import tune_gc
 
@@ -111,15 +112,6 @@ async def _commits(conn: psycopg.AsyncConnection[Any]) -> int:
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
-
-
-def pgwork_rows_params(first: int) -> list[Any]:
-    """``PGWORK_ROWS``'s parameters for the jobs of inputs ``first`` .. ``first + 99``."""
-    params: list[Any] = []
-    for k in range(100):
-        job_id = uuid.uuid4()
-        params += (job_id, job_id, f'{{"n": {first + k}}}')
-    return params
 
 
 async def drain(
@@ -188,15 +180,8 @@ EFFECT = "INSERT INTO bench_effects (n) VALUES (%s)"
 
 RAW_TABLE = "CREATE TABLE raw_jobs (id bigserial PRIMARY KEY, payload jsonb NOT NULL)"
 
-# The rows ``start_chains`` writes for 100 plain jobs (each the first of its own
-# chain), written by a bare multi-row INSERT into pgwork's own table: the same columns
-# given, the same defaults and indexes, without pgwork's Python, its array parameters
-# or its notice. Ids are uuid4 from the client (pgwork's are time-ordered uuid7).
-PGWORK_ROWS = (
-    "INSERT INTO pgwork.jobs (id, type_name, chain_id, chain_type_name, chain_index, input,"
-    " status, queue, priority, max_attempts, chain_status) VALUES "
-    + ", ".join(["(%s, 'noop', %s, 'noop', 0, %s, 'pending', 'default', 0, 5, 'active')"] * 100)
-)
+# The rows ``start_chains`` writes for 100 plain jobs, by a bare multi-row INSERT.
+PGWORK_ROWS = pgwork_rows_insert(100)
 
 
 # Jobs per block: the pgwork row and its bare-SQL twin take turns block by block, so
@@ -291,7 +276,7 @@ async def enqueue(
             await conn.commit()
 
         async def same_rows(i: int) -> None:
-            await conn.execute(PGWORK_ROWS, pgwork_rows_params(i))
+            await conn.execute(PGWORK_ROWS, pgwork_rows_params(range(i, i + 100)))
             await conn.commit()
 
         rows = (

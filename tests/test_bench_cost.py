@@ -186,3 +186,47 @@ def test_cost_rows_go_under_their_row_and_compare_like_with_like() -> None:
     # The atomic drain's cost compares with the peers' staged drain's, as its speed does.
     atomic_cpu = next(line for line in lines if line.startswith(f"| {atomic}: CPU per job"))
     assert "0.14x (PgQueuer (asyncpg))" in atomic_cpu  # 80 / 570
+
+
+def test_the_floors_are_no_peers_and_each_has_its_ratio_column() -> None:
+    """The floor and the floor's insert of pgwork's rows are ceilings, not peers: neither
+    is ever "best peer", and pgwork's figure gets a share of each where it ran."""
+    from bench._env import Environment
+
+    env = Environment(
+        postgres="15",
+        server_kind="test",
+        settings={},
+        cpu="cpu",
+        cores=2,
+        ram_gib=1.0,
+        python="3.11",
+        platform="linux",
+        pgwork="0",
+        started="now",
+    )
+    batch = "enqueue, batches of 100"
+    drain = "drain, best setting"
+    table = render_markdown(
+        env,
+        [
+            Measurement(batch, "pgwork", 300.0, "jobs/s"),
+            Measurement(batch, "pgqueuer-asyncpg", 200.0, "jobs/s"),
+            Measurement(batch, "raw", 1000.0, "jobs/s"),
+            Measurement(batch, "raw-rows", 400.0, "jobs/s"),
+            Measurement(drain, "pgwork", 100.0, "jobs/s"),
+            Measurement(drain, "raw", 400.0, "jobs/s"),
+        ],
+    )
+    lines = table.splitlines()
+    header = next(line for line in lines if line.startswith("| workload"))
+    assert header.endswith(
+        "| raw SQL floor | raw SQL, pgwork's rows | pgwork vs best peer | pgwork / floor"
+        " | pgwork / its rows |"
+    )
+    assert f"| {batch} | 300 jobs/s | 200 jobs/s | 1,000 jobs/s | 400 jobs/s |" in table
+    assert "| 1.50x (PgQueuer (asyncpg)) | 0.30x | 0.75x |" in table
+    # Only the enqueue rows have pgwork's rows measured bare: the drain's cell is empty.
+    assert next(line for line in lines if line.startswith(f"| {drain} |")).endswith(
+        "|  | 0.25x |  |"
+    )

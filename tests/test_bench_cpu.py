@@ -3,9 +3,11 @@
 
 Issue 20 asks for batches of 100 at 0.8x "a multi-row INSERT of the same rows"; the
 benchmark's raw floor inserts four-column rows into a table of its own, so
-``bench.cpu`` also measures ``PGWORK_ROWS``, a bare INSERT into pgwork's own table. It
-is only that yardstick if every column it leaves to the defaults, and every one it
-writes, comes out as ``start_chains`` has it (ids and clocks aside).
+``bench.cpu`` and ``python -m bench --peers`` (the column "raw SQL, pgwork's rows") also
+measure a bare INSERT into pgwork's own table (``bench/peers/_peer_common.py``). It is
+only that yardstick if every column it leaves to the defaults, and every one it writes,
+comes out as ``start_chains`` has it (ids and clocks aside), and its ids are
+time-ordered as pgwork's are.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._pgwork_app import Item, open_client
-from bench.cpu import PGWORK_ROWS, pgwork_rows_params
+from bench.peers._peer_common import pgwork_rows_insert, pgwork_rows_params
 
 from pgwork import ChainStart
 
@@ -49,10 +51,14 @@ async def test_the_bare_insert_writes_the_rows_start_chains_writes(pgwork_dsn: s
         await client.start_chains(conn, [ChainStart(noop, Item(n=k)) for k in range(100)])
         await conn.commit()
         pgwork = await _rows(conn)
-        await conn.execute(PGWORK_ROWS, pgwork_rows_params(0))
+        await conn.execute(pgwork_rows_insert(100), pgwork_rows_params(range(100)))
         await conn.commit()
         bare = await _rows(conn)
     assert len(pgwork) == len(bare) == 100
+    for rows in (pgwork, bare):  # time-ordered, in the order they were made
+        ids = [row["id"] for row in sorted(rows, key=lambda row: row["input"]["n"])]
+        assert {job_id.version for job_id in ids} == {7}
+        assert ids == sorted(ids)
     for ours, theirs in zip(pgwork, bare, strict=True):
         assert ours["input"] == theirs["input"]
         assert ours["id"] == ours["chain_id"]

@@ -19,12 +19,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench._cost import CostMeter
-from bench._env import fresh_database
+from bench._env import PgworkDatabases, fresh_database
 from bench._loop import current
 from bench._plan import (
     BEST_SETTINGS,
@@ -41,6 +42,7 @@ from bench._report import Cost, Measurement
 __all__ = [
     "FLOOR",
     "PEERS",
+    "ROWS",
     "PeerSpec",
     "Peers",
     "default_venv",
@@ -68,9 +70,13 @@ class PeerSpec:
     # is installed (the peers' virtualenv has it: PgQueuer depends on it); None: the
     # harness's, which pgwork runs on (the raw floor's, so floor and pgwork share one).
     loop: str | None = None
+    # Whether it runs on a database with pgwork's schema (else an empty one).
+    pgwork_schema: bool = False
 
 
 FLOOR = "raw"
+# The floor's enqueue of pgwork's own rows into pgwork's table.
+ROWS = "raw-rows"
 _USUAL = ("enqueue", "drain", "latency")
 # Column name -> how to run it. oban-py needs Python 3.12+.
 # The loops: `oban start` and `pgq run` run on uvloop when it can be imported (oban-py's
@@ -96,6 +102,7 @@ PEERS = {
     "procrastinate": PeerSpec("procrastinate", "procrastinate", loop="asyncio"),
     # The floor's drain is already its best (4 connections, claims of 100): as is.
     FLOOR: PeerSpec("raw", None, workloads=("enqueue", "drain", "best")),
+    ROWS: PeerSpec("raw", None, ("--rows", "pgwork"), workloads=("enqueue",), pgwork_schema=True),
 }
 DISTRIBUTIONS = ("oban", "pgqueuer", "procrastinate")
 # Drivers whose versions the report names (PgQueuer runs on both).
@@ -249,8 +256,16 @@ async def _run_script(
 
 
 async def _peer_workload(
-    python: str, peer: str, admin_dsn: str, bars: Bars, sizes: Sizes, workload: str
+    python: str,
+    peer: str,
+    admin_dsn: str,
+    bars: Bars,
+    sizes: Sizes,
+    workload: str,
+    database: Callable[[], AbstractContextManager[str]],
 ) -> list[Measurement]:
+    """``database``: a fresh database for one run (with pgwork's schema if the column
+    asks for it)."""
     spec = PEERS[peer]
     out: list[Measurement] = []
     slots = ["--concurrency", str(sizes.slots)]
@@ -259,7 +274,7 @@ async def _peer_workload(
         for batch in (None, 100, 1000):
             row = row_enqueue(batch)
             bar = bars.bar(f"{peer}: {row}", n)
-            with fresh_database(admin_dsn) as dsn:
+            with database() as dsn:
                 args = ["--workload", "enqueue", "--jobs", str(n), "--batch", str(batch or 0)]
                 result, note, cost = await _run_script(
                     python, spec, dsn, args, bar.set, metered=(admin_dsn, n)
@@ -364,9 +379,20 @@ async def prepare_peers(venv: Path | None, log: Callable[[str], None]) -> Peers:
 
 
 async def run_peer(
-    peers: Peers, peer: str, workload: str, admin_dsn: str, bars: Bars, sizes: Sizes
+    peers: Peers,
+    peer: str,
+    workload: str,
+    dbs: PgworkDatabases,
+    bars: Bars,
+    sizes: Sizes,
 ) -> list[Measurement]:
-    """Run one workload on one peer (or the raw-SQL floor)."""
-    python = sys.executable if PEERS[peer].dist is None else peers.python
+    """Run one workload on one peer (or the raw-SQL floor) on ``dbs``' server."""
+    spec = PEERS[peer]
+    python = sys.executable if spec.dist is None else peers.python
     assert python is not None, "available() offers no venv peer without a venv"
-    return await _peer_workload(python, peer, admin_dsn, bars, sizes, workload)
+    admin_dsn = dbs.admin_dsn
+
+    def database() -> AbstractContextManager[str]:
+        return dbs.fresh() if spec.pgwork_schema else fresh_database(admin_dsn)
+
+    return await _peer_workload(python, peer, admin_dsn, bars, sizes, workload, database)

@@ -19,9 +19,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +156,50 @@ async def paced_enqueue(
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     await follow(counter, worker)
     emit(result={"latencies_ms": [(counter.starts[i] - commits[i]) * 1000 for i in range(jobs)]})
+
+
+# The row pgwork's ``start_chains`` writes for a plain job (the first of its own chain,
+# runnable now), for a bare ``INSERT`` into pgwork's own table: the same columns given,
+# the same values, defaults and indexes, without pgwork's code, its array parameters
+# or its ready notice. Parameters: the job's id, its chain's (the same), its input.
+PGWORK_ROW = "(%s, 'noop', %s, 'noop', 0, %s, 'pending', 'default', 0, 5, 'active')"
+
+
+def pgwork_rows_insert(count: int, schema: str = "pgwork") -> str:
+    """A multi-row ``INSERT`` of ``count`` pgwork rows (``PGWORK_ROW``) into
+    ``schema``'s jobs table."""
+    return (
+        f"INSERT INTO {schema}.jobs (id, type_name, chain_id, chain_type_name, chain_index,"
+        " input, status, queue, priority, max_attempts, chain_status) VALUES "
+        + ", ".join([PGWORK_ROW] * count)
+    )
+
+
+def pgwork_rows_params(numbers: Iterable[int]) -> list[Any]:
+    """The parameters of ``pgwork_rows_insert`` for the jobs of inputs ``numbers``,
+    with time-ordered ids as pgwork makes them (random ones would scatter the primary
+    key's inserts over the index, which pgwork's do not)."""
+    params: list[Any] = []
+    for n in numbers:
+        job_id = time_ordered_uuid()
+        params += (job_id, job_id, f'{{"n": {n}}}')
+    return params
+
+
+_last_id = 0
+
+
+def time_ordered_uuid() -> uuid.UUID:
+    """A version 7 UUID: the Unix time in milliseconds, then random bits; each greater
+    than the last one (as pgwork's are), so inserts land at the primary key's end."""
+    global _last_id
+    value = (time.time_ns() // 1_000_000) << 80 | random.getrandbits(80)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # the RFC 9562 variant
+    if value <= _last_id:
+        value = _last_id + 1  # (the random bits of a millisecond cannot run out here)
+    _last_id = value
+    return uuid.UUID(int=value)
 
 
 def drained(counter: Counter, finished: float) -> None:

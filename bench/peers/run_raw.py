@@ -13,6 +13,10 @@ listings and the acquire order).
   opens the transaction with ``BEGIN``, as it does for pgwork and oban-py);
 - enqueue, batches of N: one multi-row ``INSERT ... VALUES (..), (..)`` of N rows, then
   ``COMMIT``;
+- enqueue with ``--rows pgwork``: the same, but of the rows pgwork's ``start_chains``
+  writes, into pgwork's own table (the harness gives it a database with pgwork's
+  schema): what those rows cost the server with no library around them, the yardstick
+  of issue 20's batch target ("a multi-row INSERT of the same rows");
 - drain: ``--connections`` connections (default 4), each looping: claim a batch of
   ``--claim-batch`` (default 100) with ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE
   SKIP LOCKED)`` and commit (the claim must be durable, as any queue's lease is, or a
@@ -23,6 +27,7 @@ listings and the acquire order).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 
@@ -33,6 +38,8 @@ from _peer_common import (
     emit,
     follow,
     parse_args,
+    pgwork_rows_insert,
+    pgwork_rows_params,
     run_on_loop,
     timed_enqueue,
     wait_empty,
@@ -63,17 +70,26 @@ COMPLETE = "UPDATE raw_jobs SET status = 'done' WHERE id = ANY(%s)"
 UNFINISHED = "SELECT count(*) FROM raw_jobs WHERE status IN ('pending', 'running')"
 
 
-async def enqueue(dsn: str, jobs: int, batch: int) -> None:
+async def enqueue(dsn: str, jobs: int, batch: int, rows: str) -> None:
+    """``rows``: ``raw`` (the floor's own table) or ``pgwork`` (pgwork's rows, table)."""
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         statements: dict[int, str] = {}
 
-        async def insert(numbers: list[int]) -> None:
-            size = len(numbers)
+        def statement(size: int) -> str:
             if size not in statements:
-                statements[size] = "INSERT INTO raw_jobs (payload) VALUES " + ", ".join(
-                    ["(%s)"] * size
-                )
-            await conn.execute(statements[size], [f'{{"n": {n}}}' for n in numbers])
+                if rows == "pgwork":
+                    statements[size] = pgwork_rows_insert(size)
+                else:
+                    values = ", ".join(["(%s)"] * size)
+                    statements[size] = "INSERT INTO raw_jobs (payload) VALUES " + values
+            return statements[size]
+
+        async def insert(numbers: list[int]) -> None:
+            if rows == "pgwork":
+                params = pgwork_rows_params(numbers)
+            else:
+                params = [f'{{"n": {n}}}' for n in numbers]
+            await conn.execute(statement(len(numbers)), params)
             await conn.commit()
 
         await timed_enqueue(jobs, batch, insert)
@@ -106,14 +122,21 @@ async def drain(dsn: str, jobs: int, connections: int, claim_batch: int) -> None
 
 
 async def main() -> None:
-    parser_args = parse_args()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--rows", choices=("raw", "pgwork"), default="raw")
+    known, rest = pre.parse_known_args()
+    parser_args = parse_args(rest)
     connections, claim_batch = 4, 100
     if parser_args.workload == "latency":
         sys.exit("the raw-SQL floor has no latency workload")
-    async with await psycopg.AsyncConnection.connect(parser_args.dsn, autocommit=True) as conn:
-        await conn.execute(SCHEMA)
+    if known.rows == "pgwork":
+        if parser_args.workload != "enqueue":
+            sys.exit("--rows pgwork is for the enqueue workload only")
+    else:
+        async with await psycopg.AsyncConnection.connect(parser_args.dsn, autocommit=True) as conn:
+            await conn.execute(SCHEMA)
     if parser_args.workload == "enqueue":
-        await enqueue(parser_args.dsn, parser_args.jobs, parser_args.batch)
+        await enqueue(parser_args.dsn, parser_args.jobs, parser_args.batch, known.rows)
     else:
         await drain(parser_args.dsn, parser_args.jobs, connections, claim_batch)
 
