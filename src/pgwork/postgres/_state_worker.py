@@ -32,7 +32,7 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
-from pgwork.postgres._arrays import completion_arrays, turn_constants
+from pgwork.postgres._arrays import completion_arrays, floats, turn_constants, uuids
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
@@ -266,10 +266,12 @@ class WorkerOps:
     ) -> list[RenewResult]:
         if not leases:
             return []
+        # Binary arrays, built here: psycopg's list dumper formats every uuid as text,
+        # and a worker renews every job it holds (up to twice its slots) at once.
         params = {
-            "ids": [lease.job_id for lease in leases],
-            "tokens": [lease.lease_token for lease in leases],
-            "seconds": [duration[lease.job_id].total_seconds() for lease in leases],
+            "ids": uuids([lease.job_id for lease in leases]),
+            "tokens": uuids([lease.lease_token for lease in leases]),
+            "seconds": floats([duration[lease.job_id].total_seconds() for lease in leases]),
         }
         async with self._pooled() as conn:
             rows = await self._fetch(conn, self._sql.renew, params)
@@ -357,7 +359,9 @@ class WorkerOps:
             "worker_id": exclude_worker,
             "limit": limit,
             "dead_workers": list(dead_workers),
-            "held": list(held) if held is not None else None,
+            # (As a binary array: a busy worker's reaper sends every lease it holds,
+            # twice a second, and psycopg's list dumper formats each uuid as text.)
+            "held": uuids(list(held)) if held is not None else None,
         }
         async with self._pooled() as conn:
             rows = await self._fetch(conn, self._sql.reap, params)
