@@ -14,6 +14,9 @@ way never ran a job again (fault-tier finding 15). So:
   per connection, and runs in a task of its own, so a caller never waits for it and
   cannot cancel it half-way (which would leave connections counted but lost);
 - connections are opened with a connect timeout, as every other pgwork connection is.
+
+They also run their sessions in UTC (``utc_session``), whatever the server's
+``TimeZone``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgwork.errors import DatabaseTimeoutError
 
-__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "check_soon"]
+__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "check_soon", "utc_session"]
 
 # How long the pool's check waits for one idle connection to answer an empty query.
 CHECK_TIMEOUT = 5.0
@@ -50,6 +53,29 @@ class BoundedPool(AsyncConnectionPool[Any]):
             raise psycopg.OperationalError(
                 f"no answer to the pool's check within {CHECK_TIMEOUT:g}s"
             ) from exc
+
+
+async def utc_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Set a new pooled connection's session to UTC (the pool's ``configure``), unless
+    the server already reports exactly ``UTC``.
+
+    psycopg gives every ``timestamptz`` it reads the session's zone, and only the name
+    ``UTC`` maps to ``datetime.timezone.utc``; any other name, ``Etc/UTC`` included (the
+    default of Debian's packages and of the official container image), becomes a
+    ``ZoneInfo`` that each value is converted into. A worker's acquire reads five
+    timestamps per job: 1.8 µs per row of five against 0.51 µs in UTC, measured on
+    this machine. So every datetime pgwork's own connections return is in UTC; the
+    instants are the same, and schedules and leases never depended on the session's
+    zone (the database clock and intervals in seconds).
+
+    Not for a pool opened with ``prepare_threshold=None``, the setting for a
+    transaction pooler: a session's ``SET`` there reaches whichever server session the
+    pooler picked, which other clients share (PgBouncer keeps ``TimeZone`` per client,
+    RDS Proxy pins the client to one session, other poolers may do neither), and
+    nothing else pgwork does sets session state.
+    """
+    if conn.pgconn.parameter_status(b"TimeZone") != b"UTC":
+        await conn.execute("SET TIME ZONE 'UTC'")
 
 
 _checks: dict[int, asyncio.Task[None]] = {}

@@ -39,7 +39,7 @@ from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeou
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
-from pgwork.postgres._pool import BoundedPool, borrow
+from pgwork.postgres._pool import BoundedPool, borrow, utc_session
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._state_complete import CompletionOps
@@ -131,6 +131,8 @@ class PostgresStateAdapter(
             min_size=min_size,
             max_size=max_size,
             kwargs=with_connect_timeout(dsn, {"autocommit": True, **options}),
+            # No session state through a transaction pooler (see utc_session).
+            configure=utc_session if prepare_threshold is not None else None,
             open=False,
             name=f"pgwork-{schema}",
         )
