@@ -10,6 +10,7 @@ caller's transaction untouched.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,22 +18,39 @@ from typing import Any
 from pgwork.errors import InvalidOptionError
 
 __all__ = [
+    "LATEST_SCHEDULE",
+    "MAX_ATOMIC_DEADLINE",
     "MAX_ATTEMPTS_RANGE",
     "MAX_CONTEXT_BYTES",
+    "MAX_DEDUP_KEY_BYTES",
     "MAX_NAME_LENGTH",
     "PRIORITY_RANGE",
+    "check_atomic_deadline",
     "check_context",
     "check_dedup_key",
     "check_delay",
     "check_max_attempts",
     "check_priority",
     "check_queue_name",
+    "check_run_at",
+    "check_seconds",
+    "storable_text",
 ]
 
 PRIORITY_RANGE = (-32768, 32767)  # smallint
 MAX_ATTEMPTS_RANGE = (1, 2**31 - 1)  # integer, and at least one attempt
 MAX_NAME_LENGTH = 128
 MAX_CONTEXT_BYTES = 4096
+# A dedup key is indexed: a btree entry holds at most about 2.7 kB (a third of a page),
+# and the key shares it with the chain type's name.
+MAX_DEDUP_KEY_BYTES = 1024
+# The latest time a job may be scheduled for: read back in any session time zone (up
+# to UTC+14) it is still in the year 9999, the last a Python datetime (and so the
+# driver) can return.
+LATEST_SCHEDULE = datetime(9999, 12, 30, tzinfo=UTC)
+# An atomic attempt's transaction is bounded by a server setting in milliseconds (an
+# int: at most 2**31 - 1, about 24.8 days) of its deadline plus a few seconds.
+MAX_ATOMIC_DEADLINE = timedelta(days=24)
 
 _QUEUE_RULE = (
     f"a non-empty string of at most {MAX_NAME_LENGTH} printable characters, "
@@ -73,25 +91,99 @@ def check_queue_name(value: Any, *, where: str = "") -> str:
     return value
 
 
+def storable_text(value: str) -> bool:
+    """Whether a ``text`` (or a JSON string) can hold ``value``: no NUL character, and
+    UTF-8 encodable (a lone surrogate is not)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_dedup_key(value: Any, *, where: str = "") -> str:
-    if not isinstance(value, str) or not value or "\x00" in value:
+    if (
+        not isinstance(value, str)
+        or not value
+        or not storable_text(value)
+        or len(value.encode()) > MAX_DEDUP_KEY_BYTES
+    ):
         raise InvalidOptionError(
-            "dedup", value, "a non-empty string without NUL characters (or a DedupSpec)", where
+            "dedup",
+            value,
+            f"a non-empty string of at most {MAX_DEDUP_KEY_BYTES} bytes in UTF-8, without "
+            "NUL characters or lone surrogates (or a DedupSpec)",
+            where,
         )
     return value
 
 
 def check_delay(option: str, value: timedelta, *, where: str = "") -> timedelta:
     """A delay (or window) the database can add to (or take from) now: the result must
-    stay within the years a timestamp holds (up to 9999, like a Python datetime)."""
+    stay within the years a timestamp can be read back in (now + it at the latest
+    ``LATEST_SCHEDULE``, now - it from the year 1)."""
+    rule = (
+        f"a timedelta that keeps now + it before {LATEST_SCHEDULE.date()} "
+        "and now - it after the year 1"
+    )
+    if not isinstance(value, timedelta):
+        raise InvalidOptionError(option, value, rule, where)
     try:
         now = datetime.now(UTC)
-        now + abs(value)
+        late = now + abs(value) > LATEST_SCHEDULE
         now - abs(value)
     except OverflowError:
+        late = True
+    if late:
+        raise InvalidOptionError(option, value, rule, where)
+    return value
+
+
+def check_run_at(value: datetime, *, where: str = "") -> datetime:
+    """A schedule's time: any aware datetime up to ``LATEST_SCHEDULE`` (an earlier one
+    than now runs now)."""
+    try:
+        late = value.astimezone(UTC) > LATEST_SCHEDULE
+    except OverflowError:  # past the year 9999 in UTC
+        late = True
+    if late:
         raise InvalidOptionError(
-            option, value, "a timedelta that keeps now ± it within the years 1 to 9999", where
+            "schedule", value, f"at the latest {LATEST_SCHEDULE.isoformat()}", where
+        )
+    return value
+
+
+def check_seconds(option: str, value: Any, *, where: str = "") -> float:
+    """A duration in seconds (a number or a timedelta) that the database can add to
+    now: finite, and keeping now ± it within the years 1 to 9999."""
+    if isinstance(value, timedelta):
+        check_delay(option, value, where=where)
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOptionError(option, value, "a finite number of seconds or a timedelta", where)
+    try:
+        check_delay(option, timedelta(seconds=value), where=where)
+    except OverflowError:
+        raise InvalidOptionError(
+            option, value, "a number of seconds that keeps now ± it within the years 1 to 9999"
         ) from None
+    return float(value)
+
+
+def check_atomic_deadline(option: str, value: timedelta, *, where: str = "") -> timedelta:
+    """The deadline of an atomic attempt (its type's timeout, or lease without one): the
+    server ends its transaction a few seconds after it, with a setting that holds up
+    to 2**31 - 1 milliseconds."""
+    if value > MAX_ATOMIC_DEADLINE:
+        raise InvalidOptionError(
+            option,
+            value,
+            f"at most {MAX_ATOMIC_DEADLINE.days} days for an atomic job type (its "
+            "transaction is bounded by a server setting in milliseconds)",
+            where,
+        )
     return value
 
 
@@ -106,8 +198,10 @@ def check_context(value: Any, *, where: str = "") -> dict[str, str] | None:
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise InvalidOptionError("context", value, rule, where)
-        if "\x00" in key or "\x00" in item:
-            raise InvalidOptionError("context", value, rule + ", without NUL characters", where)
+        if not storable_text(key) or not storable_text(item):
+            raise InvalidOptionError(
+                "context", value, rule + ", without NUL characters or lone surrogates", where
+            )
         size += len(key.encode()) + len(item.encode()) + 6
     if size > MAX_CONTEXT_BYTES:
         raise InvalidOptionError("context", f"<{size} bytes>", rule, where)

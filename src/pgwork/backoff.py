@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+from pgwork._limits import check_delay
 from pgwork.errors import ConfigurationError
 
 __all__ = ["RetryPolicy", "backoff_delay"]
@@ -30,6 +31,9 @@ class RetryPolicy:
     jitter: float = 0.0
 
     def __post_init__(self) -> None:
+        # A retry is scheduled at now + the delay, on the database clock.
+        check_delay("RetryPolicy.initial", self.initial)
+        check_delay("RetryPolicy.maximum", self.maximum)
         if self.initial < timedelta(0):
             raise ConfigurationError(f"RetryPolicy.initial must not be negative: {self.initial}")
         if self.multiplier < 1.0:

@@ -25,6 +25,7 @@ from pgwork._limits import (
     check_max_attempts,
     check_priority,
     check_queue_name,
+    check_run_at,
 )
 from pgwork._starts import ChainStart, Schedule, StartedChain
 from pgwork.adapters.in_process import InProcessNotifyAdapter
@@ -350,10 +351,16 @@ def _build_jobs(
             run_after=run_after,
             dedup=dedup,
             trace_context=trace,
-            blockers=item.blockers,
+            # A chain listed twice is waited for once (one edge per blocker).
+            blockers=item.blockers if len(item.blockers) < 2 else _distinct(item.blockers),
             blocker_failure=job_type.blocker_failure,
             context=item.context,
         )
+
+
+def _distinct(blockers: tuple[UUID, ...]) -> tuple[UUID, ...]:
+    unique = tuple(dict.fromkeys(blockers))
+    return blockers if len(unique) == len(blockers) else unique
 
 
 def _check_options(item: ChainStart[Any]) -> None:
@@ -396,7 +403,7 @@ def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | Non
                 f"schedule datetime {schedule.isoformat()} has no timezone; pass an aware "
                 "datetime (e.g. datetime.now(UTC) + ...) or a timedelta"
             )
-        return schedule, None
+        return check_run_at(schedule), None
     if isinstance(schedule, timedelta):
         return None, max(check_delay("schedule", schedule), timedelta(0))
     raise ConfigurationError(f"schedule must be a datetime or timedelta, got {schedule!r}")

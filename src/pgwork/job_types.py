@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar, overload
 
-from pgwork._limits import check_max_attempts, check_priority, check_queue_name
+from pgwork._limits import (
+    check_atomic_deadline,
+    check_delay,
+    check_max_attempts,
+    check_priority,
+    check_queue_name,
+)
 from pgwork.backoff import RetryPolicy
 from pgwork.errors import (
     ConfigurationError,
@@ -208,6 +214,15 @@ class JobTypeRegistry:
         check_max_attempts(max_attempts, where=where)
         check_priority(priority, where=where)
         check_queue_name(queue, where=where)
+        # Every duration ends up added to (or taken from) the database clock.
+        for option, value in (
+            ("lease", lease),
+            ("timeout", timeout),
+            ("abandon_after", abandon_after),
+            ("retention", retention),
+        ):
+            if value is not None:
+                check_delay(option, value, where=where)
         if lease <= timedelta(0):
             raise ConfigurationError(f"lease of {name!r} must be positive, got {lease}")
         if timeout is not None and timeout <= timedelta(0):
@@ -218,6 +233,12 @@ class JobTypeRegistry:
             )
         if mode not in ("staged", "atomic"):
             raise ConfigurationError(f"mode of {name!r} must be 'staged' or 'atomic', got {mode!r}")
+        if mode == "atomic":
+            # Its deadline: the timeout, or the lease without one.
+            if timeout is not None:
+                check_atomic_deadline("timeout", timeout, where=where)
+            else:
+                check_atomic_deadline("lease", lease, where=where)
         if retention is not None and retention <= timedelta(0):
             raise ConfigurationError(f"retention of {name!r} must be positive, got {retention}")
         if blocker_failure not in ("fail", "cancel", "unblock"):

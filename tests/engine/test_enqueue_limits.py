@@ -7,7 +7,7 @@ still insert and commit afterwards.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -15,13 +15,17 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import (
+    Attempt,
     ChainStart,
     DedupSpec,
     InvalidOptionError,
+    JobStatus,
     JobTypeRegistry,
     PayloadTooDeepError,
+    RetryPolicy,
     create_in_process_worker,
 )
+from pgwork._limits import MAX_ATOMIC_DEADLINE
 
 from .conftest import ClientFactory, scalar
 
@@ -46,6 +50,16 @@ BAD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("dedup", {"dedup": "nul\x00key"}),
     ("dedup", {"dedup": 42}),
     ("dedup window", {"dedup": DedupSpec("k", scope="window", window=timedelta.max)}),
+    # Past what a btree index entry holds (about 2.7 kB): the insert would fail.
+    ("dedup", {"dedup": "k" * 3000}),
+    ("dedup", {"dedup": "k" * 1025}),
+    ("dedup", {"dedup": "€" * 342}),
+    ("dedup", {"dedup": "lone \ud800 surrogate"}),
+    ("context", {"context": {"k": "lone \ud800 surrogate"}}),
+    # Stored, they would be read back after the year 9999 in some time zone (UTC+14):
+    # every later read of the job would fail.
+    ("schedule", {"schedule": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-14)))}),
+    ("schedule", {"schedule": datetime(9999, 12, 31, tzinfo=UTC)}),
 ]
 
 BAD_IDS = [f"{option}-{i}" for i, (option, _) in enumerate(BAD_OPTIONS)]
@@ -99,6 +113,42 @@ async def test_options_at_the_edges_of_their_range_are_stored(
     assert (job.priority, job.max_attempts, job.queue) == (32767, 2**31 - 1, "a | b c")
 
 
+async def test_the_longest_dedup_key_and_latest_schedule_are_stored_and_read_everywhere(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    note = reg.job_type("note", input=Note)
+    client = await make_client(reg)
+    key = "€" * 341 + "k"  # 1024 bytes in UTF-8
+    latest = datetime(9999, 12, 30, tzinfo=UTC)
+    started = await client.start_chain(conn, note, Note(text="x"), dedup=key, schedule=latest)
+    await conn.commit()
+    # Read back in the session time zone furthest ahead of UTC, by get_job and a listing.
+    await conn.execute("SET TIME ZONE 'Pacific/Kiritimati'")
+    job = await client.get_job(started.job_id, tx=conn)
+    assert (job.scheduled_at, job.dedup_key) == (latest, key)
+    listed = await client.list_jobs(tx=conn)
+    assert [j.id for j in listed.items] == [started.job_id]
+    await conn.commit()
+
+
+async def test_a_chain_listed_twice_as_a_blocker_is_waited_for_once(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    reg = JobTypeRegistry()
+    note = reg.job_type("note", input=Note)
+    client = await make_client(reg)
+    first = await client.start_chain(conn, note, Note(text="first"))
+    waiting = await client.start_chain(conn, note, Note(text="then"), blockers=[first, first.id])
+    await conn.commit()
+    assert waiting.status == JobStatus.BLOCKED
+    edges = "SELECT count(*) FROM pgwork.job_blockers WHERE job_id = %s"
+    assert await scalar(pgwork_dsn, edges, waiting.job_id) == 1
+    await client.complete_job(conn, first.job_id, None)
+    await conn.commit()
+    assert (await client.get_job(waiting.job_id)).status == JobStatus.PENDING
+
+
 @pytest.mark.parametrize(
     ("option", "kwargs"),
     [
@@ -147,3 +197,84 @@ async def test_a_deeply_nested_input_is_refused_by_name_not_by_recursion(
     started = await client.start_chain(conn, tree, Tree(data=nested(200)))
     await conn.commit()
     assert (await client.get_job(started.job_id)).input == Tree(data=nested(200))
+
+
+DAYS_25 = timedelta(days=25)
+
+UNRUNNABLE_DECLARATIONS: list[tuple[str, dict[str, Any]]] = [
+    # An atomic attempt's transaction is bounded by a server setting in milliseconds,
+    # which holds up to 2**31 - 1 (24.8 days): past it every attempt failed to begin.
+    ("timeout", {"mode": "atomic", "timeout": DAYS_25}),
+    ("lease", {"mode": "atomic", "lease": DAYS_25}),
+    # Past what the database clock can add (a lease, a timeout) or take (retention).
+    ("lease", {"lease": timedelta.max}),
+    ("timeout", {"timeout": timedelta.max}),
+    ("abandon_after", {"abandon_after": timedelta.max}),
+    ("retention", {"retention": timedelta.max}),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "kwargs"),
+    UNRUNNABLE_DECLARATIONS,
+    ids=[f"{option}-{i}" for i, (option, _) in enumerate(UNRUNNABLE_DECLARATIONS)],
+)
+def test_a_duration_no_attempt_could_run_with_is_refused_at_declaration(
+    option: str, kwargs: dict[str, Any]
+) -> None:
+    with pytest.raises(InvalidOptionError) as caught:
+        JobTypeRegistry().job_type("note", input=Note, **kwargs)
+    assert caught.value.option == option
+
+
+def test_a_retry_delay_past_the_database_clock_is_refused() -> None:
+    with pytest.raises(InvalidOptionError) as caught:
+        RetryPolicy(maximum=timedelta.max)
+    assert caught.value.option == "RetryPolicy.maximum"
+
+
+def test_a_staged_type_keeps_a_long_lease_and_an_atomic_one_a_long_lease_with_a_timeout() -> None:
+    reg = JobTypeRegistry()
+    reg.job_type("staged", input=Note, lease=DAYS_25, timeout=DAYS_25)
+    # The lease is not an atomic attempt's deadline when it has a timeout.
+    reg.job_type("atomic", input=Note, mode="atomic", lease=DAYS_25, timeout=timedelta(hours=1))
+
+
+async def test_an_atomic_job_with_the_longest_timeout_runs(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    longest = reg.job_type(
+        "longest", input=Note, output=Note, mode="atomic", timeout=MAX_ATOMIC_DEADLINE
+    )
+    client = await make_client(reg)
+
+    async def handle(attempt: Attempt[Note, Note]) -> Note:
+        return attempt.job.input
+
+    await workers(client=client, processors={longest: handle})
+    started = await client.start_chain(conn, longest, Note(text="done"))
+    await conn.commit()
+    assert await client.await_chain(started.id, timeout=20) == Note(text="done")
+    assert (await client.get_job(started.job_id)).attempt == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("poll_interval", float("nan")),
+        ("dead_worker_after", float("inf")),
+        ("heartbeat_interval", 1e300),
+        ("grace_period", timedelta.max),
+        ("abandon_after", "5"),
+    ],
+)
+async def test_a_worker_refuses_a_duration_it_could_not_wait_for(
+    make_client: ClientFactory, option: str, value: Any
+) -> None:
+    reg = JobTypeRegistry()
+    note = reg.job_type("note", input=Note)
+    client = await make_client(reg)
+    with pytest.raises(InvalidOptionError) as caught:
+        create_in_process_worker(client=client, processors={note: print}, **{option: value})
+    assert caught.value.option == option

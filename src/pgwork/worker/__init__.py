@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-from pgwork._limits import check_queue_name
+from pgwork._limits import check_queue_name, check_seconds
 from pgwork.client import Client
 from pgwork.job_types import JobType
 from pgwork.middleware import Middleware
@@ -21,7 +21,7 @@ __all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker", 
 
 
 def _seconds(value: float | timedelta, name: str) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return check_seconds(name, value, where="the worker")
 
 
 def create_in_process_worker(
@@ -83,8 +83,8 @@ def create_in_process_worker(
         rng=rng,
         observers=observers,
         schedules=schedules,
-        heartbeat_interval=heartbeat_interval,
-        dead_worker_after=dead_worker_after,
+        heartbeat_interval=_seconds(heartbeat_interval, "heartbeat_interval"),
+        dead_worker_after=_seconds(dead_worker_after, "dead_worker_after"),
         abandon_after=_seconds(abandon_after, "abandon_after"),
         prefetch=prefetch,
         atomic_group=atomic_group,
