@@ -303,7 +303,8 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
         kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
         assert [_shape(query) for query in sent] == [
-            b"BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
+            b"BEGIN ISOLATION LEVEL READ COMMITTED; "
+            + b"SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
             + b"SAVEPOINT pgwork_member; "
             + kept_and_next,
             kept_and_next,
@@ -349,7 +350,8 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
         kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
         assert [_shape(query) for query in sent] == [
-            b"BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
+            b"BEGIN ISOLATION LEVEL READ COMMITTED; "
+            + b"SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
             + b"SAVEPOINT pgwork_member",
             b"SELECT 1",
             kept_and_next,

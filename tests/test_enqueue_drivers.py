@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import asyncpg
 import psycopg
+import psycopg.sql
 import pytest
 import sqlalchemy as sa
 from pydantic import BaseModel
@@ -43,6 +44,7 @@ from pgwork import (
     UnsupportedConnectionError,
     create_client,
 )
+from pgwork.errors import IsolationLevelError
 from pgwork.postgres._callers import to_numbered
 
 pytestmark = pytest.mark.anyio
@@ -274,6 +276,62 @@ async def test_a_dedup_key_returns_the_committed_chain(kind: Opener, client: Cli
         await tx.commit()
     assert again.deduplicated
     assert again.id == first.id
+
+
+async def _set_default_isolation(dsn: str, level: str) -> None:
+    """Make ``level`` the default of every transaction begun on this test's database."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        name = c.info.dbname
+        await c.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(
+                psycopg.sql.Identifier(name), psycopg.sql.Literal(level)
+            )
+        )
+
+
+async def _lock_waiters(dsn: str) -> int:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+        cur = await c.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+async def test_a_dedup_key_above_read_committed_is_refused_and_the_transaction_goes_on(
+    kind: Opener, client: Client, pgwork_dsn: str, level: str
+) -> None:
+    """Two callers enqueue one key, the second while the first is still open. At
+    REPEATABLE READ the second's snapshot predates the first's commit, so the key's lock
+    alone let both start a chain; each is refused instead, before writing anything."""
+    await _set_default_isolation(pgwork_dsn, level)
+    outcomes: dict[str, str] = {}
+
+    async def enqueue(name: str, tx: Tx) -> None:
+        try:
+            await tx.start_chains(client, _send(client, dedup="one-key"))
+            outcomes[name] = "started"
+        except IsolationLevelError as exc:
+            outcomes[name] = exc.isolation_level
+        # The caller's transaction goes on: its own other write commits.
+        await tx.start_chains(client, _send(client))
+
+    async with kind() as first, kind() as second:
+        await enqueue("first", first)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(enqueue, "second", second)
+            # Until the second is refused, or waits for the first's lock.
+            with anyio.fail_after(10):
+                while True:
+                    if "second" in outcomes or await _lock_waiters(pgwork_dsn):
+                        break
+                    await anyio.sleep(0.01)
+            await first.commit()
+        await second.commit()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+        cur = await c.execute("SELECT count(dedup_key), count(*) FROM pgwork.jobs")
+        counts = await cur.fetchone()
+    assert (outcomes, counts) == ({"first": level, "second": level}, (0, 2))
 
 
 async def test_a_blocked_job_waits_for_its_blocker_in_the_same_transaction(

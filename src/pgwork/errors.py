@@ -16,7 +16,9 @@ The tree::
     │   ├── SchemaOutdatedError       the schema is older (or newer) than this pgwork
     │   ├── NotificationsUnavailableError  LISTEN gets nothing (e.g. through a transaction pooler)
     │   ├── UnsupportedServerVersionError  PostgreSQL older than pgwork supports
-    │   └── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
+    │   ├── UnsupportedConnectionError  a `tx` that is not a psycopg / SQLAlchemy async connection
+    │   ├── IsolationLevelError       a dedup key enqueued in a transaction above READ COMMITTED
+    │   └── UnencodableTextError      a string the database's encoding cannot store
     ├── JobTypeError                  the registry was asked for something it does not allow
     │   ├── UnknownJobTypeError
     │   ├── DuplicateJobTypeError
@@ -72,6 +74,7 @@ __all__ = [
     "InvalidDedupWindowError",
     "InvalidOptionError",
     "InvalidSchemaNameError",
+    "IsolationLevelError",
     "JobAlreadyFinishedError",
     "JobError",
     "JobNotFoundError",
@@ -89,6 +92,7 @@ __all__ = [
     "PgworkError",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "UnencodableTextError",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
     "UnsupportedServerVersionError",
@@ -276,6 +280,45 @@ class UnsupportedConnectionError(DatabaseError, TypeError):
             "or AsyncSession on postgresql+psycopg:// or postgresql+asyncpg://. The *_sync "
             "calls take a psycopg Connection (Django: django.db.connection.connection) or a "
             "SQLAlchemy Connection / Session on postgresql+psycopg://"
+        )
+
+
+class IsolationLevelError(DatabaseError):
+    """An enqueue with a dedup key in a caller's transaction whose isolation level is
+    above READ COMMITTED; raised before anything is written, the transaction usable.
+
+    Deduplication serialises enqueues of one key on a lock held until commit, then
+    looks for a chain with the key. Under REPEATABLE READ or SERIALIZABLE that look
+    uses the transaction's snapshot, taken before the lock was granted, so it cannot
+    see a chain the lock's previous holder committed: both would start one.
+    """
+
+    def __init__(self, isolation_level: str, required: str = "read committed") -> None:
+        self.isolation_level = isolation_level
+        self.required = required
+        super().__init__(
+            f"a dedup key needs the caller's transaction at {required.upper()} "
+            f"isolation, but it runs at {isolation_level.upper()}: its snapshot, taken "
+            "before the key's lock, cannot see a chain another transaction committed "
+            "meanwhile, so both would start one. Nothing was written. Enqueue it in a "
+            "READ COMMITTED transaction (psycopg: conn.isolation_level = "
+            "IsolationLevel.READ_COMMITTED before it begins; SQL: BEGIN ISOLATION LEVEL "
+            "READ COMMITTED), or without a dedup key."
+        )
+
+
+class UnencodableTextError(DatabaseError, ValueError):
+    """A string of an enqueue (at ``path`` of its input, or an option) that the
+    database's encoding cannot store; raised before anything is written."""
+
+    def __init__(self, field: str, encoding: str, character: str) -> None:
+        self.field = field
+        self.encoding = encoding
+        self.character = character
+        super().__init__(
+            f"{field} contains {character!r} (U+{ord(character):04X}), which the "
+            f"database's {encoding} encoding cannot store; nothing was written. Replace "
+            "or escape the character, or use a UTF8 database."
         )
 
 

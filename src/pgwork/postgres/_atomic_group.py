@@ -72,7 +72,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
-from pgwork.postgres._transactions import PgTransaction
+from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction
 
 __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 
@@ -80,7 +80,7 @@ __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 # deadline (once idle before PostgreSQL 17; in all, from 17 on).
 ATOMIC_SLACK = timedelta(seconds=5)
 
-_BEGIN = b"BEGIN; "
+_BEGIN = BEGIN_READ_COMMITTED + b"; "
 _SAVEPOINT = b"SAVEPOINT pgwork_member"
 _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"

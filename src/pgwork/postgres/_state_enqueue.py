@@ -22,6 +22,7 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.errors import IsolationLevelError
 from pgwork.postgres._callers import DbConn, can_copy, kept_cursor
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
@@ -212,14 +213,18 @@ class EnqueueOps:
     ) -> None:
         """Fill ``results`` for jobs that match an earlier chain (in the database or
         earlier in this batch). Holds a transaction-scoped lock per key until commit, so
-        a concurrent enqueue of the same key waits and then sees this one."""
+        a concurrent enqueue of the same key waits and then sees this one. Only a READ
+        COMMITTED transaction can see it then: at a higher level, IsolationLevelError
+        before anything is written."""
         indexed = [(i, job) for i, job in enumerate(jobs) if job.dedup]
         keys = [
             f"{self.schema}\x1f{job.chain_type_name}\x1f{job.dedup.key}"
             for _, job in indexed
             if job.dedup
         ]
-        await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        locked = await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        if locked[0][0] != "read committed":
+            raise IsolationLevelError(locked[0][0])
         rows = await self._fetch(
             conn,
             self._sql.find_dedup_matches,

@@ -39,7 +39,7 @@ from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import check_soon
 from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._statements import Statements
-from pgwork.postgres._transactions import PgTransaction, own_connection
+from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
 from pgwork.records import JobStatus
 
 __all__ = ["WorkerOps"]
@@ -161,11 +161,11 @@ class WorkerOps:
         BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
         """
         if conn.info.server_version < _PIPELINED_BEGIN_FROM:
-            await conn.execute(b"BEGIN")
+            await conn.execute(BEGIN_READ_COMMITTED)
             return await self.begin_atomic(PgTransaction(conn), lease=lease, deadline=deadline)
         with translate_errors(self.schema):
             async with conn.pipeline():
-                await conn.execute(b"BEGIN")
+                await conn.execute(BEGIN_READ_COMMITTED)
                 cur = conn.cursor()
                 await cur.execute(self._sql.begin_atomic_bounded, atomic_params(lease, deadline))
             return bool(await cur.fetchall())

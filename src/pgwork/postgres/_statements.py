@@ -217,11 +217,17 @@ COPY {jobs} (
 """
 
 # Serialises concurrent enqueues of the same (chain type, dedup key) until commit.
-# Locks are taken in a stable order so two batches cannot deadlock each other.
+# Locks are taken in a stable order so two batches cannot deadlock each other. Only
+# under READ COMMITTED, whose next statement's snapshot sees what the lock's previous
+# holder committed: at a higher level the one row returned names the level and no lock
+# is taken (the caller refuses the enqueue, and its transaction stays usable).
 LOCK_DEDUP_KEYS = """
-SELECT pg_advisory_xact_lock(k)
-FROM (SELECT DISTINCT hashtextextended(x, 0) AS k FROM unnest(%(keys)s::text[]) AS x) AS s
-ORDER BY k
+SELECT s.isolation, pg_advisory_xact_lock(l.k)
+FROM (SELECT current_setting('transaction_isolation') AS isolation) AS s
+LEFT JOIN (
+    SELECT DISTINCT hashtextextended(x, 0) AS k FROM unnest(%(keys)s::text[]) AS x
+) AS l ON s.isolation = 'read committed'
+ORDER BY l.k
 """
 
 # Must run as its own statement after LOCK_DEDUP_KEYS: under READ COMMITTED it then

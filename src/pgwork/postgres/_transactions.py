@@ -24,7 +24,19 @@ import psycopg
 from pgwork.errors import UnsupportedConnectionError
 from pgwork.postgres._callers import AsyncpgCaller, DbConn, SyncPsycopgCaller
 
-__all__ = ["PgTransaction", "own_connection", "unwrap", "unwrap_sync"]
+__all__ = [
+    "BEGIN_READ_COMMITTED",
+    "PgTransaction",
+    "own_connection",
+    "read_committed",
+    "unwrap",
+    "unwrap_sync",
+]
+
+# How pgwork begins a transaction of its own by hand: at the isolation level its
+# statements are written for (a lock, then a statement that sees what the lock's
+# previous holder committed), whatever the database's default_transaction_isolation.
+BEGIN_READ_COMMITTED = b"BEGIN ISOLATION LEVEL READ COMMITTED"
 
 C = TypeVar("C", psycopg.AsyncConnection[Any], psycopg.Connection[Any])
 
@@ -57,6 +69,14 @@ class PgTransaction:
         await own_connection(self).close()
         if self.give_back is not None:
             await self.give_back()
+
+
+async def read_committed(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Make the transactions psycopg begins on ``conn`` (one of pgwork's own, outside
+    a transaction) READ COMMITTED, as ``BEGIN_READ_COMMITTED``. Client-side only: the
+    level rides on psycopg's ``BEGIN``, no statement is sent."""
+    if conn.isolation_level is not psycopg.IsolationLevel.READ_COMMITTED:
+        await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
 
 
 def own_connection(tx: object) -> psycopg.AsyncConnection[Any]:

@@ -46,7 +46,7 @@ from pgwork.postgres._state_complete import CompletionOps
 from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._statements import render
-from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
+from pgwork.postgres._transactions import PgTransaction, read_committed, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
 
 __all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
@@ -162,8 +162,10 @@ class PostgresStateAdapter(
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
         # Not bounded: the block is the caller's, and may hold anything.
-        async with borrow(self.pool, None) as conn, conn.transaction():
-            yield PgTransaction(conn)
+        async with borrow(self.pool, None) as conn:
+            await read_committed(conn)
+            async with conn.transaction():
+                yield PgTransaction(conn)
 
     async def adopt(self, tx: object) -> TransactionHandle:
         if isinstance(tx, psycopg.AsyncConnection) and not tx.closed:
