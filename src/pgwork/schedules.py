@@ -5,13 +5,17 @@ checks them; each tick is enqueued exactly once across all of them because the c
 is started with the dedup key ``cron:<name>:<tick>`` (scope ``ever``), which pgwork
 serialises per key in the database. Ticks are computed on the database clock. A tick
 missed by more than ``misfire_grace`` (no worker was running) is skipped, as cron does.
+
+The expression is read on the zone's wall clock: a repeated hour (daylight saving
+ends) fires at both of its occurrences, each with its own key (the key carries the UTC
+offset); a tick in a skipped hour fires once, an hour later (``tick_instants``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -62,11 +66,50 @@ class CronSchedule(Generic[I]):
             check_queue_name(self.queue, where=f"schedule {self.name!r}")
 
     def latest_tick(self, now: datetime) -> datetime:
-        """The most recent tick at or before ``now`` (an aware datetime)."""
-        local = now.astimezone(self._zone)
-        # croniter's get_prev excludes ``now`` itself; step a microsecond past it.
-        tick: datetime = croniter(self.cron, local + timedelta(microseconds=1)).get_prev(datetime)
-        return tick
+        """The most recent tick at or before ``now`` (an aware datetime), in UTC.
+
+        The expression is read on the zone's wall clock; each wall-clock tick is an
+        instant (``tick_instants``): two in a repeated hour, and one shifted past a
+        skipped hour. Instants are compared in UTC: Python compares two datetimes of
+        one zone by their wall-clock fields, so both occurrences of 01:30 would be equal.
+        """
+        zone = self._zone
+        wall = now.astimezone(zone).replace(tzinfo=None)
+        steady = _steady(zone, now)
+        # Without a transition near now, the latest wall-clock tick is the answer; near
+        # one, a later wall-clock time may be an earlier instant, so look a little
+        # ahead and keep looking back until no earlier wall time can be later.
+        ticks = croniter(self.cron, wall + (_MICROSECOND if steady else _SHIFT))
+        best: datetime | None = None
+        floor: datetime | None = None
+        while True:
+            naive: datetime = ticks.get_prev(datetime)
+            if floor is not None and naive < floor:
+                assert best is not None  # found before the floor was set
+                return best
+            for instant in self.tick_instants(naive):
+                if instant <= now and (best is None or instant > best):
+                    best = instant
+            if best is not None:
+                if steady:
+                    return best
+                if floor is None:
+                    floor = naive - _SHIFT
+
+    def tick_instants(self, naive: datetime) -> tuple[datetime, ...]:
+        """The instants (in UTC) of the wall-clock time ``naive`` in the schedule's zone.
+
+        One, usually; two in a repeated hour (the fall-back: 01:30 happens at both
+        offsets, and fires at both); in a skipped hour (the spring-forward: 02:30 never
+        shows on the wall clock) one, read with the offset before the change, i.e. an
+        hour later on the new wall clock (02:30 fires at 03:30), which is where
+        ``zoneinfo`` puts a time that does not exist.
+        """
+        first = naive.replace(tzinfo=self._zone, fold=0).astimezone(UTC)
+        second = naive.replace(tzinfo=self._zone, fold=1).astimezone(UTC)
+        if first != second and _exists(first, naive, self._zone):
+            return (first, second)
+        return (first,)
 
     def due_tick(self, now: datetime) -> datetime | None:
         """The tick to enqueue now, or None when the latest one is past its grace."""
@@ -74,4 +117,29 @@ class CronSchedule(Generic[I]):
         return tick if now - tick <= self.misfire_grace else None
 
     def dedup(self, tick: datetime) -> DedupSpec:
-        return DedupSpec(f"cron:{self.name}:{tick.isoformat()}", scope="ever")
+        """The tick's key: its instant as the zone's wall clock writes it, offset
+        included, so the two occurrences of a repeated hour differ."""
+        return DedupSpec(
+            f"cron:{self.name}:{tick.astimezone(self._zone).isoformat()}", scope="ever"
+        )
+
+
+_MICROSECOND = timedelta(microseconds=1)
+# Longer than any zone's change of offset (Antarctica/Troll shifts by two hours).
+_SHIFT = timedelta(hours=3)
+
+
+def _steady(zone: ZoneInfo, now: datetime) -> bool:
+    """Whether ``zone`` keeps one offset from ``_SHIFT`` before ``now`` to after it."""
+    offset = now.astimezone(zone).utcoffset()
+    return (
+        (now - _SHIFT).astimezone(zone).utcoffset()
+        == offset
+        == (now + _SHIFT).astimezone(zone).utcoffset()
+    )
+
+
+def _exists(instant: datetime, naive: datetime, zone: ZoneInfo) -> bool:
+    """Whether ``instant`` shows as ``naive`` on ``zone``'s wall clock (a time in a
+    skipped hour does not)."""
+    return instant.astimezone(zone).replace(tzinfo=None) == naive

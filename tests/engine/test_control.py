@@ -28,7 +28,6 @@ from pgwork.errors import (
     JobNotRetryableError,
 )
 from pgwork.schedules import CronSchedule
-from pgwork.worker._maintenance import Maintenance
 
 from .conftest import ClientFactory, HangUntilAborted, eventually, scalar
 
@@ -120,31 +119,6 @@ async def test_trigger_runs_a_scheduled_job_now(
     await conn.commit()
     with anyio.fail_after(10):
         await ran.wait()
-
-
-async def test_two_workers_fire_each_cron_tick_once(
-    make_client: ClientFactory, pgwork_dsn: str
-) -> None:
-    first = await make_client(registry())
-    second = await make_client(registry())
-    schedule_a = CronSchedule("nightly", "* * * * *", first.registry.get("report"), Item(name="r"))
-    schedule_b = CronSchedule("nightly", "* * * * *", second.registry.get("report"), Item(name="r"))
-    makers = [Maintenance(first, [schedule_a]), Maintenance(second, [schedule_b])]
-    fired: list[int] = []
-
-    async def fire(maintenance: Maintenance) -> None:
-        fired.append(await maintenance.fire_due())
-
-    for _ in range(3):
-        async with anyio.create_task_group() as tg:
-            for maintenance in makers:
-                tg.start_soon(fire, maintenance)
-    chains = await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs WHERE type_name = 'report'")
-    # Within one test run at most two ticks can pass (a minute boundary); each once.
-    assert chains == sum(fired)
-    assert 1 <= chains <= 2
-    keys = await scalar(pgwork_dsn, "SELECT array_agg(dedup_key) FROM pgwork.jobs")
-    assert all(key.startswith("cron:nightly:") for key in keys)
 
 
 async def test_a_worker_with_a_schedule_enqueues_and_runs_it(

@@ -79,9 +79,11 @@ class Maintenance:
         except Exception as exc:
             log.warning("pgwork maintenance step %s failed: %r", what, exc)
 
-    async def fire_due(self) -> int:
-        """Enqueue each schedule's current tick unless this worker already did."""
-        now = await self.client.state.now()
+    async def fire_due(self, now: datetime | None = None) -> int:
+        """Enqueue each schedule's current tick unless this worker already did; ticks
+        are those due at ``now`` (default: the database clock's now)."""
+        if now is None:
+            now = await self.client.state.now()
         fired = 0
         for schedule in self.schedules:
             tick = schedule.due_tick(now)
