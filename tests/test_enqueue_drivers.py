@@ -15,7 +15,7 @@ import asyncio
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -44,8 +44,10 @@ from pgwork import (
     UnsupportedConnectionError,
     create_client,
 )
-from pgwork.errors import IsolationLevelError
+from pgwork.errors import IsolationLevelError, UnencodableTextError
+from pgwork.postgres import migrate
 from pgwork.postgres._callers import to_numbered
+from pgwork.testing.databases import database_dsn, drop_database, unique_database_name
 
 pytestmark = pytest.mark.anyio
 
@@ -482,3 +484,81 @@ async def test_a_database_without_the_schema_is_reported_alike_on_every_driver(
         with pytest.raises(SchemaMissingError, match="pgwork migrate"):
             await tx.start_chains(client, [ChainStart(send, Email(to="x"))])
         await tx.rollback()
+
+
+@pytest.fixture(scope="module")
+def latin1_dsn(pg_server_dsn: str) -> Iterator[str]:
+    """A migrated database in LATIN1, which stores "é" but not "€"."""
+    name = unique_database_name()
+    with psycopg.connect(pg_server_dsn, autocommit=True) as c:
+        c.execute(
+            psycopg.sql.SQL(
+                "CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' "
+                "TEMPLATE template0"
+            ).format(psycopg.sql.Identifier(name))
+        )
+    try:
+        dsn = database_dsn(pg_server_dsn, name)
+        migrate.upgrade(dsn)
+        yield dsn
+    finally:
+        drop_database(pg_server_dsn, name)
+
+
+UNSTORABLE: list[tuple[str, dict[str, Any], str]] = [
+    ("input", {"input": Email(to="caf€")}, "input of job type 'send_email' at $.to"),
+    ("dedup", {"dedup": "clé-€"}, "dedup key"),
+    ("context", {"context": {"note": "5 €"}}, "context['note']"),
+]
+
+
+@pytest.mark.parametrize("kind_name", KINDS)
+@pytest.mark.parametrize(("case", "options", "field"), UNSTORABLE, ids=[u[0] for u in UNSTORABLE])
+async def test_a_character_the_database_cannot_store_is_named_before_anything_is_written(
+    latin1_dsn: str, kind_name: str, case: str, options: dict[str, Any], field: str
+) -> None:
+    reg = JobTypeRegistry()
+    send = reg.job_type("send_email", input=Email)
+    client = create_client(
+        state_adapter=await PostgresStateAdapter.connect(latin1_dsn),
+        registry=reg,
+        observers=[],
+    )
+    marker = f"{kind_name}-{case}"
+    fine = [ChainStart(send, Email(to=f"{marker}-é-{i}"), queue=marker) for i in range(299)]
+    options = {"input": Email(to=marker), **options}
+    bad = ChainStart(send, options.pop("input"), queue=marker, **options)
+    try:
+        async with _kinds(kind_name, latin1_dsn) as kind, kind() as tx:
+            # A batch large enough for COPY, the character in its last job.
+            with pytest.raises(UnencodableTextError) as caught:
+                await tx.start_chains(client, [*fine, bad])
+            assert (caught.value.field, caught.value.encoding) == (field, "LATIN1")
+            assert caught.value.character == "€"
+            # The caller's transaction goes on: its own other write commits.
+            await tx.start_chains(client, [ChainStart(send, Email(to="é"), queue=marker)])
+            await tx.commit()
+        async with await psycopg.AsyncConnection.connect(latin1_dsn) as c:
+            cur = await c.execute("SELECT input->>'to' FROM pgwork.jobs WHERE queue = %s", [marker])
+            assert await cur.fetchall() == [("é",)]
+    finally:
+        await client.close()
+
+
+async def test_one_start_chain_names_a_character_the_database_cannot_store(
+    latin1_dsn: str,
+) -> None:
+    reg = JobTypeRegistry()
+    send = reg.job_type("send_email", input=Email)
+    client = create_client(
+        state_adapter=await PostgresStateAdapter.connect(latin1_dsn), registry=reg, observers=[]
+    )
+    try:
+        async with await psycopg.AsyncConnection.connect(latin1_dsn) as c:
+            with pytest.raises(UnencodableTextError, match=r"at \$\.to contains '€'.*LATIN1"):
+                await client.start_chain(c, send, Email(to="one €"))
+            started = await client.start_chain(c, send, Email(to="one é"))
+            await c.commit()
+        assert (await client.get_job(started.job_id)).input == Email(to="one é")
+    finally:
+        await client.close()

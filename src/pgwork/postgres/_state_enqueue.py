@@ -24,6 +24,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.errors import IsolationLevelError
 from pgwork.postgres._callers import DbConn, can_copy, kept_cursor
+from pgwork.postgres._encoding import check_encodable, narrow_encoding
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
     due_notices,
@@ -80,9 +81,14 @@ class EnqueueOps:
     ) -> list[InsertedJob]:
         if type(jobs) is list and len(jobs) == 1 and is_plain(jobs[0]):
             return await self._insert_plain(tx, jobs[0], notify)
+        conn = await unwrap(tx)
+        encoding = narrow_encoding(conn)
+        if encoding is not None:  # every job checked before the first row is written
+            jobs = list(jobs)
+            check_encodable(jobs, encoding)
         stream = iter(jobs)
         head = list(islice(stream, COPY_MIN_ROWS))
-        copies = can_copy(await unwrap(tx))
+        copies = can_copy(conn)
         if copies and len(head) == COPY_MIN_ROWS and all(is_plain(job) for job in head):
             return await self._insert_streamed(tx, head, stream, notify)
         head.extend(stream)
@@ -101,6 +107,9 @@ class EnqueueOps:
         a warm loop, since the caches are cold after every round trip.
         """
         conn = tx.connection if isinstance(tx, PgTransaction) else await unwrap(tx)
+        encoding = narrow_encoding(conn)
+        if encoding is not None:
+            check_encodable([job], encoding)
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
         query, params = plain_job_statement(self._sql, job, channel=channel)
         try:
