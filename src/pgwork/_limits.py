@@ -24,12 +24,14 @@ __all__ = [
     "MAX_CONTEXT_BYTES",
     "MAX_DEDUP_KEY_BYTES",
     "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_CAP",
     "PRIORITY_RANGE",
     "check_atomic_deadline",
     "check_context",
     "check_dedup_key",
     "check_delay",
     "check_max_attempts",
+    "check_payload_cap",
     "check_priority",
     "check_queue_name",
     "check_run_at",
@@ -41,6 +43,9 @@ PRIORITY_RANGE = (-32768, 32767)  # smallint
 MAX_ATTEMPTS_RANGE = (1, 2**31 - 1)  # integer, and at least one attempt
 MAX_NAME_LENGTH = 128
 MAX_CONTEXT_BYTES = 4096
+# The largest jsonb value PostgreSQL stores (its binary form; a JSON text near it may
+# still be refused, but one over it always is).
+MAX_PAYLOAD_CAP = 2**28 - 1
 # A dedup key is indexed: a btree entry holds at most about 2.7 kB (a third of a page),
 # and the key shares it with the chain type's name.
 MAX_DEDUP_KEY_BYTES = 1024
@@ -73,6 +78,14 @@ def check_max_attempts(value: Any, *, where: str = "") -> int:
     low, high = MAX_ATTEMPTS_RANGE
     if not _is_int(value) or not low <= value <= high:
         raise InvalidOptionError("max_attempts", value, f"an integer from {low} to {high}", where)
+    return int(value)
+
+
+def check_payload_cap(value: Any) -> int:
+    if not _is_int(value) or not 1 <= value <= MAX_PAYLOAD_CAP:
+        raise InvalidOptionError(
+            "max_payload_bytes", value, f"an integer from 1 to {MAX_PAYLOAD_CAP} (jsonb's limit)"
+        )
     return int(value)
 
 

@@ -23,6 +23,7 @@ from pgwork._limits import (
     check_dedup_key,
     check_delay,
     check_max_attempts,
+    check_payload_cap,
     check_priority,
     check_queue_name,
     check_run_at,
@@ -65,8 +66,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
         observers: Sequence[Observer] | None = None,
     ) -> None:
         registry.validate()
-        if max_payload_bytes <= 0:
-            raise ConfigurationError(f"max_payload_bytes must be positive, got {max_payload_bytes}")
+        check_payload_cap(max_payload_bytes)
         # Every role: the query mixin asks only for ReadStore, the rest for more.
         self.state: StateAdapter = state_adapter
         self.notify = notify_adapter

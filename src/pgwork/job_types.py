@@ -111,7 +111,9 @@ class Continue(Continuation, Generic[I2]):
     ) -> None:
         self.job_type = job_type
         self.input = input
-        self.schedule_after = after
+        # Checked here, in the handler that builds it: past the database clock's
+        # range the continuation could never be written.
+        self.schedule_after = None if after is None else check_delay("after", after)
 
     def __repr__(self) -> str:
         return f"Continue({self.job_type.name!r}, {self.input!r})"

@@ -161,6 +161,14 @@ def _describe(exc: pydantic.ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _find_unstorable(value: Any, path: str, depth: int = 0) -> tuple[str, str | None]:
     """Locate the first value that cannot be stored faithfully as jsonb: an object
     pydantic cannot serialise, a NaN or infinite float, a NUL character. Walks at most
@@ -172,6 +180,8 @@ def _find_unstorable(value: Any, path: str, depth: int = 0) -> tuple[str, str | 
         return path, f"{value} is not a valid JSON number"
     if isinstance(value, str) and "\x00" in value:
         return path, "contains a NUL character (\\u0000), which jsonb rejects"
+    if isinstance(value, str) and not _utf8(value):
+        return path, "contains a lone surrogate, which no text can store"
     if isinstance(value, _SCALARS):
         return path, None
     if isinstance(value, pydantic.BaseModel):
@@ -192,6 +202,8 @@ def _find_unstorable(value: Any, path: str, depth: int = 0) -> tuple[str, str | 
                 return path, f"a key of type {type(key).__qualname__} is not a string"
             if isinstance(key, str) and "\x00" in key:
                 return path, "a key contains a NUL character (\\u0000)"
+            if isinstance(key, str) and not _utf8(key):
+                return path, "a key contains a lone surrogate"
             found = _find_unstorable(item, f"{path}.{key}", depth)
             if found[1]:
                 return found

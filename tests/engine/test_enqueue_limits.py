@@ -17,12 +17,16 @@ from pydantic import BaseModel
 from pgwork import (
     Attempt,
     ChainStart,
+    Continue,
     DedupSpec,
     InvalidOptionError,
     JobStatus,
     JobTypeRegistry,
+    PayloadNotSerializableError,
     PayloadTooDeepError,
+    PostgresStateAdapter,
     RetryPolicy,
+    create_client,
     create_in_process_worker,
 )
 from pgwork._limits import MAX_ATOMIC_DEADLINE
@@ -278,3 +282,33 @@ async def test_a_worker_refuses_a_duration_it_could_not_wait_for(
     with pytest.raises(InvalidOptionError) as caught:
         create_in_process_worker(client=client, processors={note: print}, **{option: value})
     assert caught.value.option == option
+
+
+async def test_a_lone_surrogate_in_an_input_is_named_by_its_path(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reg = JobTypeRegistry()
+    note = reg.job_type("note", input=Note)
+    client = await make_client(reg)
+    with pytest.raises(PayloadNotSerializableError) as caught:
+        await client.start_chain(conn, note, Note(text="lone \ud800"))
+    assert caught.value.path == "$.text"
+    await client.start_chain(conn, note, Note(text="after"))
+    await conn.commit()
+
+
+def test_a_continuation_delay_past_the_database_clock_is_refused_where_it_is_built() -> None:
+    note = JobTypeRegistry().job_type("note", input=Note)
+    with pytest.raises(InvalidOptionError) as caught:
+        Continue(note, Note(text="x"), after=timedelta.max)
+    assert caught.value.option == "after"
+
+
+async def test_a_payload_cap_past_what_jsonb_holds_is_refused(pgwork_dsn: str) -> None:
+    state = await PostgresStateAdapter.connect(pgwork_dsn)
+    try:
+        with pytest.raises(InvalidOptionError) as caught:
+            create_client(state_adapter=state, registry=JobTypeRegistry(), max_payload_bytes=2**28)
+        assert caught.value.option == "max_payload_bytes"
+    finally:
+        await state.close()
