@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from pgwork._limits import check_queue_name
+from pgwork._limits import check_delay, check_queue_name
 from pgwork.adapters.state import DedupSpec
 from pgwork.errors import ConfigurationError, InvalidCronError
 from pgwork.job_types import JobType
@@ -60,6 +60,7 @@ class CronSchedule(Generic[I]):
             raise ConfigurationError(
                 f"schedule {self.name!r}: unknown timezone {self.timezone!r}"
             ) from exc
+        check_delay("misfire_grace", self.misfire_grace, where=f"schedule {self.name!r}")
         if self.misfire_grace <= timedelta(0):
             raise ConfigurationError(f"schedule {self.name!r}: misfire_grace must be positive")
         if self.queue is not None:

@@ -18,7 +18,7 @@ import psycopg.sql
 import pytest
 from pydantic import BaseModel
 
-from pgwork import JobTypeRegistry
+from pgwork import InvalidOptionError, JobTypeRegistry
 from pgwork.schedules import CronSchedule
 from pgwork.worker._maintenance import Maintenance
 
@@ -210,3 +210,9 @@ async def test_racing_workers_on_the_database_clock_start_one_chain_for_its_one_
     assert sum(fired) == 1
     key = await scalar(pgwork_dsn, "SELECT dedup_key FROM pgwork.jobs")
     assert key == f"cron:report:{tick.isoformat()}"
+
+
+def test_a_misfire_grace_that_is_not_a_usable_timedelta_is_refused() -> None:
+    with pytest.raises(InvalidOptionError) as caught:
+        schedule("* * * * *", grace=60)  # type: ignore[arg-type]
+    assert caught.value.option == "misfire_grace"

@@ -88,7 +88,7 @@ async def test_a_transaction_block_is_not_bounded(pgwork_dsn: str) -> None:
         await state.close()
 
 
-@pytest.mark.parametrize("value", [0, -1.0])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan")])
 async def test_the_bound_must_be_positive(pgwork_dsn: str, value: float) -> None:
     with pytest.raises(ConfigurationError, match="operation_timeout"):
         await PostgresStateAdapter.connect(pgwork_dsn, operation_timeout=value)

@@ -194,5 +194,5 @@ class PostgresStateAdapter(
 
 
 def _check_operation_timeout(value: float | None) -> None:
-    if value is not None and value <= 0:
+    if value is not None and not value > 0:  # NaN included
         raise ConfigurationError(f"operation_timeout must be positive or None, got {value!r}")
