@@ -170,7 +170,7 @@ def check_run_at(value: datetime, *, where: str = "") -> datetime:
 
 def check_seconds(option: str, value: Any, *, where: str = "") -> float:
     """A duration in seconds (a number or a timedelta) that the database can add to
-    now: finite, and keeping now ± it within the years 1 to 9999."""
+    now: finite, and within ``check_delay``'s years."""
     if isinstance(value, timedelta):
         check_delay(option, value, where=where)
         return value.total_seconds()
@@ -178,9 +178,12 @@ def check_seconds(option: str, value: Any, *, where: str = "") -> float:
         raise InvalidOptionError(option, value, "a finite number of seconds or a timedelta", where)
     try:
         check_delay(option, timedelta(seconds=value), where=where)
-    except OverflowError:
+    except (OverflowError, InvalidOptionError):
         raise InvalidOptionError(
-            option, value, "a number of seconds that keeps now ± it within the years 1 to 9999"
+            option,
+            value,
+            "a number of seconds that keeps now ± it within the years 1 to 9999",
+            where,
         ) from None
     return float(value)
 
