@@ -562,3 +562,15 @@ async def test_one_start_chain_names_a_character_the_database_cannot_store(
         assert (await client.get_job(started.job_id)).input == Email(to="one é")
     finally:
         await client.close()
+
+
+async def test_a_dedup_key_at_read_uncommitted_is_read_committed_in_postgresql(
+    client: Client, pgwork_dsn: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as c:
+        await c.set_isolation_level(psycopg.IsolationLevel.READ_UNCOMMITTED)
+        [first] = await client.start_chains(c, _send(client, dedup="k"))
+        [again] = await client.start_chains(c, _send(client, dedup="k"))
+        await c.commit()
+    assert again.deduplicated
+    assert again.id == first.id

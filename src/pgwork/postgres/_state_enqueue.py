@@ -43,6 +43,9 @@ from pgwork.records import Job, JobStatus
 __all__ = ["EnqueueOps", "scheduled"]
 
 _PENDING = JobStatus.PENDING  # an enum attribute lookup, once
+# The levels at which a statement sees what was committed before it began (PostgreSQL
+# runs READ UNCOMMITTED as READ COMMITTED).
+_READ_COMMITTED = frozenset({"read committed", "read uncommitted"})
 
 
 class EnqueueOps:
@@ -232,7 +235,7 @@ class EnqueueOps:
             if job.dedup
         ]
         locked = await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
-        if locked[0][0] != "read committed":
+        if locked[0][0] not in _READ_COMMITTED:
             raise IsolationLevelError(locked[0][0])
         rows = await self._fetch(
             conn,

@@ -218,15 +218,16 @@ COPY {jobs} (
 
 # Serialises concurrent enqueues of the same (chain type, dedup key) until commit.
 # Locks are taken in a stable order so two batches cannot deadlock each other. Only
-# under READ COMMITTED, whose next statement's snapshot sees what the lock's previous
-# holder committed: at a higher level the one row returned names the level and no lock
-# is taken (the caller refuses the enqueue, and its transaction stays usable).
+# under READ COMMITTED (which READ UNCOMMITTED is in PostgreSQL), whose next
+# statement's snapshot sees what the lock's previous holder committed: at a higher
+# level the one row returned names the level and no lock is taken (the caller refuses
+# the enqueue, and its transaction stays usable).
 LOCK_DEDUP_KEYS = """
 SELECT s.isolation, pg_advisory_xact_lock(l.k)
 FROM (SELECT current_setting('transaction_isolation') AS isolation) AS s
 LEFT JOIN (
     SELECT DISTINCT hashtextextended(x, 0) AS k FROM unnest(%(keys)s::text[]) AS x
-) AS l ON s.isolation = 'read committed'
+) AS l ON s.isolation IN ('read committed', 'read uncommitted')
 ORDER BY l.k
 """
 
