@@ -34,6 +34,8 @@ def narrow_encoding(conn: DbConn) -> str | None:
     name: str | None
     if isinstance(conn, psycopg.AsyncConnection):
         raw = conn.pgconn.parameter_status(b"server_encoding")
+        if raw == b"UTF8":  # the usual case, on start_chain's path: nothing more
+            return None
         name = raw.decode() if raw else None
     elif isinstance(conn, SyncPsycopgCaller):
         raw = conn.connection.pgconn.parameter_status(b"server_encoding")
