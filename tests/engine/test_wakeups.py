@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +18,6 @@ import anyio
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel
 
 from pgwork import (
     Attempt,
@@ -33,125 +31,32 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
-from pgwork.adapters.notify import Listener, Notice
 from pgwork.worker._wakeups import Wakeups
 
-from .conftest import eventually
+from ._wakeup_kit import (
+    PROMPT,
+    Num,
+    Starts,
+    client_factory,
+    enqueue,
+    no_due,
+    no_ready,
+    worker_starter,
+)
 
 pytestmark = pytest.mark.anyio
-
-LONG_POLL = 30.0
-# A notification or a timer starts a job within milliseconds; this leaves room for a
-# loaded CI machine while staying far below the poll interval.
-PROMPT = 5.0
-
-
-class Num(BaseModel):
-    n: int
-
-
-Drop = Callable[[Notice], bool]
-
-
-def no_ready(notice: Notice) -> bool:
-    return notice.kind == "ready"
-
-
-def no_due(notice: Notice) -> bool:
-    return notice.kind == "ready" and notice.at is not None
-
-
-class _Deaf:
-    def __init__(self, inner: Listener, drop: Drop) -> None:
-        self._inner = inner
-        self._drop = drop
-
-    async def wait(self, timeout: float) -> list[Notice]:
-        return [n for n in await self._inner.wait(timeout) if not self._drop(n)]
-
-
-class DeafNotifyAdapter(PostgresNotifyAdapter):
-    """The control build: publishes as usual, but its listeners never hear ``drop``."""
-
-    def __init__(self, dsn: str, drop: Drop) -> None:
-        super().__init__(dsn)
-        self._drop = drop
-
-    @asynccontextmanager
-    async def listen(self) -> AsyncIterator[Listener]:
-        async with super().listen() as listener:
-            yield _Deaf(listener, self._drop)
 
 
 @pytest.fixture
 async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
-    made: list[Client] = []
-
-    async def make(registry: JobTypeRegistry, drop: Drop | None = None) -> Client:
-        notify = PostgresNotifyAdapter(pgwork_dsn) if drop is None else None
-        client = create_client(
-            state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
-            notify_adapter=notify or DeafNotifyAdapter(pgwork_dsn, drop or no_ready),
-            registry=registry,
-        )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
+    async with client_factory(pgwork_dsn) as make:
+        yield make
 
 
 @pytest.fixture
 async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
-    started: list[InProcessWorker] = []
-
-    async def start(**kwargs: Any) -> InProcessWorker:
-        kwargs.setdefault("poll_interval", LONG_POLL)
-        worker = create_in_process_worker(**kwargs)
-        await worker.start()
-        started.append(worker)
-
-        # Until its first acquire came back empty the worker would find a job anyway;
-        # from then on only a notification or a timer can send it looking.
-        async def drained() -> bool:
-            return not worker._wakeups.may_have_work
-
-        await eventually(drained, timeout=PROMPT, what="the worker's first acquire")
-        return worker
-
-    yield start
-    for worker in started:
-        await worker.stop(grace_period=0)
-
-
-class Starts:
-    """A handler that records when each attempt of each job started."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._counted: dict[int, anyio.Event] = {}
-
-    async def __call__(self, attempt: Attempt[Any, Any]) -> Any:
-        self.times.append(time.monotonic())
-        self._reached(len(self.times)).set()
-
-    def _reached(self, count: int) -> anyio.Event:
-        return self._counted.setdefault(count, anyio.Event())
-
-    async def within(self, seconds: float, *, count: int = 1) -> bool:
-        """Whether ``count`` attempts have started within ``seconds``."""
-        with anyio.move_on_after(seconds):
-            await self._reached(count).wait()
-            return True
-        return False
-
-
-async def enqueue(dsn: str, client: Client, job_type: Any, **options: Any) -> Any:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        started = await client.start_chain(conn, job_type, Num(n=1), **options)
-        await conn.commit()
-    return started
+    async with worker_starter() as start:
+        yield start
 
 
 # --- an idle worker costs almost nothing --------------------------------------------

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 __all__ = ["MAX_TIMERS", "Wakeups"]
 
-# Due times remembered at once; beyond them the poll interval and ``next_due`` (asked
-# whenever a timer fires and finds nothing) catch up.
+# Due times remembered at once (the earliest of them); beyond them the poll interval and
+# ``next_due`` (asked whenever a timer fires and finds nothing) catch up.
 MAX_TIMERS = 1024
 
 
@@ -69,11 +69,25 @@ class Wakeups:
         self.generation += 1
 
     def due_in(self, seconds: float) -> None:
-        """A job becomes due in ``seconds`` (now or in the past: a hint)."""
+        """A job becomes due in ``seconds`` (now or in the past: a hint).
+
+        A due time that is no number (NaN, infinite) is ignored: it would never fire
+        and, NaN comparing false with everything, would disorder the heap. When the
+        heap is full, the latest timer gives way to an earlier one, so a flood of far
+        due times cannot crowd out the next one."""
+        if not math.isfinite(seconds):
+            return
         if seconds <= 0:
             self.hint()
-        elif len(self._timers) < MAX_TIMERS:
-            heapq.heappush(self._timers, self._clock() + seconds)
+            return
+        at = self._clock() + seconds
+        if len(self._timers) < MAX_TIMERS:
+            heapq.heappush(self._timers, at)
+            return
+        latest = max(range(len(self._timers)), key=self._timers.__getitem__)
+        if at < self._timers[latest]:
+            self._timers[latest] = at
+            heapq.heapify(self._timers)
 
     def due_at(self, epoch: float) -> None:
         """A job becomes due at ``epoch`` (seconds since the epoch, wall clock)."""
