@@ -313,3 +313,63 @@ async def test_a_job_scheduled_before_the_worker_started_starts_when_due(
     assert started is (build == "looks-ahead")
     if started:
         assert starts.times[0] - enqueued >= 1.9
+
+
+# A staged hand-on, an atomic one, and atomic ones written in groups.
+MODES = {
+    "staged": ({"mode": "staged"}, {}),
+    "atomic": ({"mode": "atomic"}, {}),
+    "grouped": ({"mode": "atomic"}, {"atomic_group": 4}),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_delayed_continuation_starts_when_due_not_at_the_next_poll(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str, mode: str
+) -> None:
+    type_options, worker_options = MODES[mode]
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False)
+    first = reg.job_type("first", input=Num, continue_with=[second], **type_options)
+    handed_on: list[float] = []
+
+    async def hand_on(attempt: Attempt[Num, Any]) -> Any:
+        handed_on.append(time.monotonic())
+        return Continue(second, Num(n=2), after=timedelta(seconds=1))
+
+    starts = Starts()
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    await start_worker(client=client, processors={second: starts})
+    await start_worker(client=await clients(reg), processors={first: hand_on}, **worker_options)
+    await enqueue(pgwork_dsn, await clients(reg), first)
+    started = await starts.within(1 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - handed_on[0] >= 0.9
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_scheduled_job_unblocked_before_its_time_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    starts = Starts()
+    client = await clients(reg)
+    await start_worker(client=client, processors={blocker: Starts()})
+    await start_worker(
+        client=await clients(reg, drop=None if build == "timed" else no_due),
+        processors={dependant: starts},
+    )
+    gate = await enqueue(pgwork_dsn, client, blocker, schedule=timedelta(hours=1))
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, dependant, blockers=[gate], schedule=timedelta(seconds=2))
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.trigger(conn, [gate.id])  # the blocker runs now, and ends
+        await conn.commit()
+    started = await starts.within(2 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - enqueued >= 1.9
