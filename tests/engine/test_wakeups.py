@@ -43,6 +43,7 @@ from ._wakeup_kit import (
     no_ready,
     worker_starter,
 )
+from .conftest import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -373,3 +374,33 @@ async def test_a_scheduled_job_unblocked_before_its_time_starts_when_due(
     assert started is (build == "timed")
     if started:
         assert starts.times[0] - enqueued >= 1.9
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_scheduled_job_whose_blockers_already_ended_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    done = Starts()
+    client = await clients(reg)
+    await start_worker(client=client, processors={blocker: done})
+    gate = await enqueue(pgwork_dsn, client, blocker)
+    assert await done.within(PROMPT)
+
+    async def ended() -> bool:
+        return (await client.get_chain(gate.id)).status.value == "completed"
+
+    await eventually(ended, timeout=PROMPT, what="the blocker chain to complete")
+    starts = Starts()
+    await start_worker(
+        client=await clients(reg, drop=None if build == "timed" else no_due),
+        processors={dependant: starts},
+    )
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, dependant, blockers=[gate], schedule=timedelta(seconds=1.5))
+    started = await starts.within(1.5 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - enqueued >= 1.4
