@@ -404,3 +404,139 @@ async def test_a_scheduled_job_whose_blockers_already_ended_starts_when_due(
     assert started is (build == "timed")
     if started:
         assert starts.times[0] - enqueued >= 1.4
+
+
+# --- the client's controls wake the idle worker they concern -------------------------
+
+
+async def _drained(worker: Any) -> None:
+    async def idle() -> bool:
+        return not worker._wakeups.may_have_work and not worker._slots
+
+    await eventually(idle, timeout=PROMPT, what="the worker to find its queues empty")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_resuming_a_queue_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("paused", input=Num, queue="held")
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    worker = await start_worker(client=client, processors={job_type: starts})
+    await client.pause_queue("held")
+    await enqueue(pgwork_dsn, client, job_type)
+    assert not await starts.within(0.5)  # paused
+    await _drained(worker)
+    await client.resume_queue("held")
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_triggering_a_scheduled_job_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("later", input=Num)
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    worker = await start_worker(client=client, processors={job_type: starts})
+    started = await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(hours=1))
+    await _drained(worker)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.trigger(conn, [started.id])
+        await conn.commit()
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_retrying_a_failed_job_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("fragile", input=Num, max_attempts=1)
+    starts = Starts()
+
+    async def fail_first(attempt: Attempt[Num, Any]) -> None:
+        await starts(attempt)
+        if len(starts.times) == 1:
+            raise RuntimeError("the only attempt fails")
+
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    started = await enqueue(pgwork_dsn, client, job_type)
+    # The worker's first acquire, at start, takes the job; it fails for good.
+    worker = await start_worker(client=client, processors={job_type: fail_first})
+
+    async def failed() -> bool:
+        return (await client.get_job(started.id)).status.value == "failed"
+
+    await eventually(failed, timeout=PROMPT, what="the job to fail")
+    await _drained(worker)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.retry(conn, [started.id])
+        await conn.commit()
+    assert await starts.within(PROMPT, count=2) is (build == "notified")
+
+
+@pytest.mark.parametrize("after", [None, timedelta(seconds=1)], ids=["now", "later"])
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_continuation_given_by_complete_job_wakes_the_idle_worker_of_its_type(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str, after: timedelta | None
+) -> None:
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False)
+    first = reg.job_type("first", input=Num, continue_with=[second])
+    client = await clients(reg)
+    # Nobody runs ``first``: it waits, and is completed from outside (a webhook).
+    waiting = await enqueue(pgwork_dsn, client, first, schedule=timedelta(hours=1))
+    starts = Starts()
+    await start_worker(
+        client=await clients(reg, drop=None if build == "notified" else no_ready),
+        processors={second: starts},
+    )
+    completed = time.monotonic()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.complete_job(
+            conn, waiting.id, continue_with=Continue(second, Num(n=2), after=after)
+        )
+        await conn.commit()
+    delay = after.total_seconds() if after else 0.0
+    started = await starts.within(delay + PROMPT)
+    assert started is (build == "notified")
+    if started:
+        assert starts.times[0] - completed >= delay - 0.1
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_rescheduled_job_starts_again_when_due_not_at_the_next_poll(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("patient", input=Num)
+    starts = Starts()
+
+    proceed = anyio.Event()
+
+    async def not_yet(attempt: Attempt[Num, Any]) -> None:
+        await starts(attempt)
+        if len(starts.times) == 1:
+            with anyio.fail_after(PROMPT):
+                await proceed.wait()
+            await attempt.reschedule(after=timedelta(seconds=1))
+
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    await enqueue(pgwork_dsn, client, job_type)
+    worker = await start_worker(client=client, processors={job_type: not_yet})
+    assert await starts.within(PROMPT)  # the first acquire, at start
+
+    # Its look for the next due time (at start) done, only a notice tells the worker.
+    async def looked_ahead() -> bool:
+        return not worker._wakeups.look_ahead and not worker._wakeups.may_have_work
+
+    await eventually(looked_ahead, timeout=PROMPT, what="the worker's look-ahead")
+    proceed.set()
+    again = await starts.within(1 + PROMPT, count=2)
+    assert again is (build == "timed")
+    if again:
+        assert starts.times[1] - starts.times[0] >= 0.9
