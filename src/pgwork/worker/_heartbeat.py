@@ -53,7 +53,7 @@ class Heartbeat:
         self._status = status
         self._hint = hint
         self.retry_max = interval if retry_max is None else min(interval, retry_max)
-        self._last_ok = time.monotonic()
+        self._last_ok: float | None = None  # None: never registered yet
         self._registered = False
         # Dead workers are looked for a few times per ``dead_after``, not every beat:
         # a worker is declared dead only after that long anyway.
@@ -62,7 +62,8 @@ class Heartbeat:
     @property
     def healthy(self) -> bool:
         """False once heartbeats have failed for half the dead-worker limit."""
-        return time.monotonic() - self._last_ok < self.dead_after / 2
+        last = self._last_ok
+        return last is None or time.monotonic() - last < self.dead_after / 2
 
     async def register(self) -> None:
         await self.state.register_worker(worker=self.info)
@@ -70,7 +71,7 @@ class Heartbeat:
         self._got_through()
 
     def _got_through(self) -> None:
-        recovered = not self.healthy
+        recovered = self._last_ok is not None and not self.healthy
         self._last_ok = time.monotonic()
         if recovered:
             log.warning("pgwork worker %s wrote its heartbeat again; taking jobs", self.info.id)
