@@ -22,7 +22,7 @@ the job it announces may have committed after the in-flight acquire's snapshot.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
 import time
 from collections.abc import Callable
@@ -52,7 +52,7 @@ class Wakeups:
         self.generation = 1
         self._drained_as_of = 0
         self._poll_at = math.inf
-        self._timers: list[float] = []
+        self._timers: list[float] = []  # sorted, earliest first
         # Ask the database when the next job becomes due: at start, and after a timer
         # fired whose acquire found nothing (a job cancelled, taken, or a clock skew).
         self.look_ahead = True
@@ -72,22 +72,21 @@ class Wakeups:
         """A job becomes due in ``seconds`` (now or in the past: a hint).
 
         A due time that is no number (NaN, infinite) is ignored: it would never fire
-        and, NaN comparing false with everything, would disorder the heap. When the
-        heap is full, the latest timer gives way to an earlier one, so a flood of far
-        due times cannot crowd out the next one."""
+        and, NaN comparing false with everything, would disorder the timers. When
+        they are full, the latest gives way to an earlier one, so a flood of far due
+        times cannot crowd out the next one."""
         if not math.isfinite(seconds):
             return
         if seconds <= 0:
             self.hint()
             return
+        timers = self._timers
         at = self._clock() + seconds
-        if len(self._timers) < MAX_TIMERS:
-            heapq.heappush(self._timers, at)
-            return
-        latest = max(range(len(self._timers)), key=self._timers.__getitem__)
-        if at < self._timers[latest]:
-            self._timers[latest] = at
-            heapq.heapify(self._timers)
+        if len(timers) >= MAX_TIMERS:
+            if at >= timers[-1]:
+                return
+            timers.pop()
+        bisect.insort(timers, at)
 
     def due_at(self, epoch: float) -> None:
         """A job becomes due at ``epoch`` (seconds since the epoch, wall clock)."""
@@ -108,11 +107,9 @@ class Wakeups:
     def tick(self) -> None:
         """Fire the timers that are due, and the poll when it is."""
         now = self._clock()
-        fired = False
-        while self._timers and self._timers[0] <= now:
-            heapq.heappop(self._timers)
-            fired = True
+        fired = bisect.bisect_right(self._timers, now)
         if fired:
+            del self._timers[:fired]
             self.look_ahead = True
             self.hint()
         elif not self.may_have_work and now >= self._poll_at:
