@@ -15,7 +15,7 @@ from uuid import UUID
 import anyio
 
 from pgwork._ids import new_id
-from pgwork.adapters.notify import Notice
+from pgwork.adapters.notify import Notice, ready_notices
 from pgwork.adapters.state import Completion, NewJob
 from pgwork.errors import (
     AwaitTimeoutError,
@@ -136,7 +136,7 @@ class ControlMixin:
             for job_id in chain.job_ids
         ]
         notices += [Notice(kind="chain_done", chain_id=c) for c in sorted(done)]
-        notices += [Notice(kind="ready", queue=q) for q in resolution.ready_queues]
+        notices += ready_notices(resolution.ready_queues, resolution.due)
         await self.notify.publish(handle, notices=notices)
         return sorted(done)
 
@@ -193,7 +193,7 @@ class ControlMixin:
         if not result.accepted:  # ended between our read and the write
             current = await self.get_job(job_id, tx=handle)
             raise JobAlreadyFinishedError([job_id], [current.status.value])
-        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        notices = ready_notices(result.ready_queues, result.due)
         if job.status is JobStatus.RUNNING:
             notices.append(
                 Notice(kind="abort", job_id=job_id, reason=AbortReason.COMPLETED_ELSEWHERE.value)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +18,6 @@ import anyio
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel
 
 from pgwork import (
     Attempt,
@@ -33,125 +31,33 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
-from pgwork.adapters.notify import Listener, Notice
 from pgwork.worker._wakeups import Wakeups
 
+from ._wakeup_kit import (
+    PROMPT,
+    Num,
+    Starts,
+    client_factory,
+    enqueue,
+    no_due,
+    no_ready,
+    worker_starter,
+)
 from .conftest import eventually
 
 pytestmark = pytest.mark.anyio
 
-LONG_POLL = 30.0
-# A notification or a timer starts a job within milliseconds; this leaves room for a
-# loaded CI machine while staying far below the poll interval.
-PROMPT = 5.0
-
-
-class Num(BaseModel):
-    n: int
-
-
-Drop = Callable[[Notice], bool]
-
-
-def no_ready(notice: Notice) -> bool:
-    return notice.kind == "ready"
-
-
-def no_due(notice: Notice) -> bool:
-    return notice.kind == "ready" and notice.at is not None
-
-
-class _Deaf:
-    def __init__(self, inner: Listener, drop: Drop) -> None:
-        self._inner = inner
-        self._drop = drop
-
-    async def wait(self, timeout: float) -> list[Notice]:
-        return [n for n in await self._inner.wait(timeout) if not self._drop(n)]
-
-
-class DeafNotifyAdapter(PostgresNotifyAdapter):
-    """The control build: publishes as usual, but its listeners never hear ``drop``."""
-
-    def __init__(self, dsn: str, drop: Drop) -> None:
-        super().__init__(dsn)
-        self._drop = drop
-
-    @asynccontextmanager
-    async def listen(self) -> AsyncIterator[Listener]:
-        async with super().listen() as listener:
-            yield _Deaf(listener, self._drop)
-
 
 @pytest.fixture
 async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
-    made: list[Client] = []
-
-    async def make(registry: JobTypeRegistry, drop: Drop | None = None) -> Client:
-        notify = PostgresNotifyAdapter(pgwork_dsn) if drop is None else None
-        client = create_client(
-            state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
-            notify_adapter=notify or DeafNotifyAdapter(pgwork_dsn, drop or no_ready),
-            registry=registry,
-        )
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.close()
+    async with client_factory(pgwork_dsn) as make:
+        yield make
 
 
 @pytest.fixture
 async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
-    started: list[InProcessWorker] = []
-
-    async def start(**kwargs: Any) -> InProcessWorker:
-        kwargs.setdefault("poll_interval", LONG_POLL)
-        worker = create_in_process_worker(**kwargs)
-        await worker.start()
-        started.append(worker)
-
-        # Until its first acquire came back empty the worker would find a job anyway;
-        # from then on only a notification or a timer can send it looking.
-        async def drained() -> bool:
-            return not worker._wakeups.may_have_work
-
-        await eventually(drained, timeout=PROMPT, what="the worker's first acquire")
-        return worker
-
-    yield start
-    for worker in started:
-        await worker.stop(grace_period=0)
-
-
-class Starts:
-    """A handler that records when each attempt of each job started."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._counted: dict[int, anyio.Event] = {}
-
-    async def __call__(self, attempt: Attempt[Any, Any]) -> Any:
-        self.times.append(time.monotonic())
-        self._reached(len(self.times)).set()
-
-    def _reached(self, count: int) -> anyio.Event:
-        return self._counted.setdefault(count, anyio.Event())
-
-    async def within(self, seconds: float, *, count: int = 1) -> bool:
-        """Whether ``count`` attempts have started within ``seconds``."""
-        with anyio.move_on_after(seconds):
-            await self._reached(count).wait()
-            return True
-        return False
-
-
-async def enqueue(dsn: str, client: Client, job_type: Any, **options: Any) -> Any:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        started = await client.start_chain(conn, job_type, Num(n=1), **options)
-        await conn.commit()
-    return started
+    async with worker_starter() as start:
+        yield start
 
 
 # --- an idle worker costs almost nothing --------------------------------------------
@@ -408,3 +314,229 @@ async def test_a_job_scheduled_before_the_worker_started_starts_when_due(
     assert started is (build == "looks-ahead")
     if started:
         assert starts.times[0] - enqueued >= 1.9
+
+
+# A staged hand-on, an atomic one, and atomic ones written in groups.
+MODES = {
+    "staged": ({"mode": "staged"}, {}),
+    "atomic": ({"mode": "atomic"}, {}),
+    "grouped": ({"mode": "atomic"}, {"atomic_group": 4}),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_delayed_continuation_starts_when_due_not_at_the_next_poll(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str, mode: str
+) -> None:
+    type_options, worker_options = MODES[mode]
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False)
+    first = reg.job_type("first", input=Num, continue_with=[second], **type_options)
+    handed_on: list[float] = []
+
+    async def hand_on(attempt: Attempt[Num, Any]) -> Any:
+        handed_on.append(time.monotonic())
+        return Continue(second, Num(n=2), after=timedelta(seconds=1))
+
+    starts = Starts()
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    await start_worker(client=client, processors={second: starts})
+    await start_worker(client=await clients(reg), processors={first: hand_on}, **worker_options)
+    await enqueue(pgwork_dsn, await clients(reg), first)
+    started = await starts.within(1 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - handed_on[0] >= 0.9
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_scheduled_job_unblocked_before_its_time_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    starts = Starts()
+    client = await clients(reg)
+    await start_worker(client=client, processors={blocker: Starts()})
+    await start_worker(
+        client=await clients(reg, drop=None if build == "timed" else no_due),
+        processors={dependant: starts},
+    )
+    gate = await enqueue(pgwork_dsn, client, blocker, schedule=timedelta(hours=1))
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, dependant, blockers=[gate], schedule=timedelta(seconds=2))
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.trigger(conn, [gate.id])  # the blocker runs now, and ends
+        await conn.commit()
+    started = await starts.within(2 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - enqueued >= 1.9
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_scheduled_job_whose_blockers_already_ended_starts_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    blocker = reg.job_type("blocker", input=Num)
+    dependant = reg.job_type("dependant", input=Num)
+    done = Starts()
+    client = await clients(reg)
+    await start_worker(client=client, processors={blocker: done})
+    gate = await enqueue(pgwork_dsn, client, blocker)
+    assert await done.within(PROMPT)
+
+    async def ended() -> bool:
+        return (await client.get_chain(gate.id)).status.value == "completed"
+
+    await eventually(ended, timeout=PROMPT, what="the blocker chain to complete")
+    starts = Starts()
+    await start_worker(
+        client=await clients(reg, drop=None if build == "timed" else no_due),
+        processors={dependant: starts},
+    )
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, dependant, blockers=[gate], schedule=timedelta(seconds=1.5))
+    started = await starts.within(1.5 + PROMPT)
+    assert started is (build == "timed")
+    if started:
+        assert starts.times[0] - enqueued >= 1.4
+
+
+# --- the client's controls wake the idle worker they concern -------------------------
+
+
+async def _drained(worker: Any) -> None:
+    async def idle() -> bool:
+        return not worker._wakeups.may_have_work and not worker._slots
+
+    await eventually(idle, timeout=PROMPT, what="the worker to find its queues empty")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_resuming_a_queue_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("paused", input=Num, queue="held")
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    worker = await start_worker(client=client, processors={job_type: starts})
+    await client.pause_queue("held")
+    await enqueue(pgwork_dsn, client, job_type)
+    assert not await starts.within(0.5)  # paused
+    await _drained(worker)
+    await client.resume_queue("held")
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_triggering_a_scheduled_job_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("later", input=Num)
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    starts = Starts()
+    worker = await start_worker(client=client, processors={job_type: starts})
+    started = await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(hours=1))
+    await _drained(worker)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.trigger(conn, [started.id])
+        await conn.commit()
+    assert await starts.within(PROMPT) is (build == "notified")
+
+
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_retrying_a_failed_job_wakes_its_idle_worker(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("fragile", input=Num, max_attempts=1)
+    starts = Starts()
+
+    async def fail_first(attempt: Attempt[Num, Any]) -> None:
+        await starts(attempt)
+        if len(starts.times) == 1:
+            raise RuntimeError("the only attempt fails")
+
+    client = await clients(reg, drop=None if build == "notified" else no_ready)
+    started = await enqueue(pgwork_dsn, client, job_type)
+    # The worker's first acquire, at start, takes the job; it fails for good.
+    worker = await start_worker(client=client, processors={job_type: fail_first})
+
+    async def failed() -> bool:
+        return (await client.get_job(started.id)).status.value == "failed"
+
+    await eventually(failed, timeout=PROMPT, what="the job to fail")
+    await _drained(worker)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.retry(conn, [started.id])
+        await conn.commit()
+    assert await starts.within(PROMPT, count=2) is (build == "notified")
+
+
+@pytest.mark.parametrize("after", [None, timedelta(seconds=1)], ids=["now", "later"])
+@pytest.mark.parametrize("build", ["notified", "control-deaf"])
+async def test_a_continuation_given_by_complete_job_wakes_the_idle_worker_of_its_type(
+    pgwork_dsn: str, clients: Any, start_worker: Any, build: str, after: timedelta | None
+) -> None:
+    reg = JobTypeRegistry()
+    second = reg.job_type("second", input=Num, entry=False)
+    first = reg.job_type("first", input=Num, continue_with=[second])
+    client = await clients(reg)
+    # Nobody runs ``first``: it waits, and is completed from outside (a webhook).
+    waiting = await enqueue(pgwork_dsn, client, first, schedule=timedelta(hours=1))
+    starts = Starts()
+    await start_worker(
+        client=await clients(reg, drop=None if build == "notified" else no_ready),
+        processors={second: starts},
+    )
+    completed = time.monotonic()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.complete_job(
+            conn, waiting.id, continue_with=Continue(second, Num(n=2), after=after)
+        )
+        await conn.commit()
+    delay = after.total_seconds() if after else 0.0
+    started = await starts.within(delay + PROMPT)
+    assert started is (build == "notified")
+    if started:
+        assert starts.times[0] - completed >= delay - 0.1
+
+
+@pytest.mark.parametrize("build", ["timed", "control-deaf-to-due-times"])
+async def test_a_rescheduled_job_starts_again_when_due_not_at_the_next_poll(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str
+) -> None:
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("patient", input=Num)
+    starts = Starts()
+
+    proceed = anyio.Event()
+
+    async def not_yet(attempt: Attempt[Num, Any]) -> None:
+        await starts(attempt)
+        if len(starts.times) == 1:
+            with anyio.fail_after(PROMPT):
+                await proceed.wait()
+            await attempt.reschedule(after=timedelta(seconds=1))
+
+    client = await clients(reg, drop=None if build == "timed" else no_due)
+    await enqueue(pgwork_dsn, client, job_type)
+    worker = await start_worker(client=client, processors={job_type: not_yet})
+    assert await starts.within(PROMPT)  # the first acquire, at start
+
+    # Its look for the next due time (at start) done, only a notice tells the worker.
+    async def looked_ahead() -> bool:
+        return not worker._wakeups.look_ahead and not worker._wakeups.may_have_work
+
+    await eventually(looked_ahead, timeout=PROMPT, what="the worker's look-ahead")
+    proceed.set()
+    again = await starts.within(1 + PROMPT, count=2)
+    assert again is (build == "timed")
+    if again:
+        assert starts.times[1] - starts.times[0] >= 0.9

@@ -8,7 +8,7 @@ Import them from ``pgwork.adapters.state``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -191,8 +191,10 @@ class Completion:
 @dataclass(frozen=True, slots=True)
 class CompletionResult:
     """What one completion did. ``ready_queues``: queues where jobs became ready
-    (continuation, unblocked dependants); ``chain_awaited``: the chain ended and
-    someone awaits it — both for the caller to announce after commit."""
+    (continuation, unblocked dependants); ``due``: (queue, seconds since the epoch)
+    where a job became due later (a scheduled continuation or dependant), the
+    earliest per queue; ``chain_awaited``: the chain ended and someone awaits it — all
+    for the caller to announce after commit."""
 
     job_id: UUID
     accepted: bool
@@ -200,22 +202,36 @@ class CompletionResult:
     continuation_id: UUID | None = None
     ready_queues: tuple[str, ...] = ()
     chain_awaited: bool = False
+    due: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
-    """The effect of settling blocked dependants of chains that ended."""
+    """The effect of settling blocked dependants of chains that ended. ``due``:
+    (queue, seconds since the epoch) where a dependant became pending but is
+    scheduled later, the earliest per queue."""
 
     ready_queues: tuple[str, ...] = ()
     ended_chain_ids: tuple[UUID, ...] = ()
     awaited_chain_ids: tuple[UUID, ...] = ()
+    due: tuple[tuple[str, float], ...] = ()
 
     def merge(self, other: Resolution) -> Resolution:
         return Resolution(
             ready_queues=tuple(sorted(set(self.ready_queues) | set(other.ready_queues))),
             ended_chain_ids=self.ended_chain_ids + other.ended_chain_ids,
             awaited_chain_ids=self.awaited_chain_ids + other.awaited_chain_ids,
+            due=earliest_due((*self.due, *other.due)),
         )
+
+
+def earliest_due(due: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """The earliest due time per queue among ``due``, ordered by queue."""
+    earliest: dict[str, float] = {}
+    for queue, at in due:
+        if at < earliest.get(queue, at + 1):
+            earliest[queue] = at
+    return tuple(sorted(earliest.items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,13 @@ after a rollback) when it can; an adapter that cannot see commits says so in its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 from uuid import UUID
 
-__all__ = ["Listener", "Notice", "NotifyAdapter"]
+__all__ = ["Listener", "Notice", "NotifyAdapter", "ready_notices"]
 
 NoticeKind = Literal["ready", "abort", "chain_done", "reconnected"]
 
@@ -56,3 +56,12 @@ class NotifyAdapter(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def ready_notices(queues: Iterable[str], due: Iterable[tuple[str, float]] = ()) -> list[Notice]:
+    """The ``ready`` notices that announce jobs ready now in ``queues`` and jobs that
+    become due later, ``due`` being (queue, seconds since the epoch) pairs: time has no
+    notification, so each due time is announced when the job is written, or never."""
+    notices = [Notice(kind="ready", queue=q) for q in queues]
+    notices += [Notice(kind="ready", queue=q, at=at) for q, at in due]
+    return notices

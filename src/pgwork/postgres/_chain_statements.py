@@ -63,7 +63,8 @@ FOR UPDATE
 
 # Decide each blocked job from its blockers' chain status: all completed (or ended but
 # the edge says "unblock") -> pending; an ended blocker whose edge says fail/cancel ->
-# that, and the job's chain ends with it. Returns what changed, for notices and for
+# that, and the job's chain ends with it. Returns what changed, for notices (with the
+# due time, in seconds since the epoch, of a pending job scheduled later) and for
 # resolving the next level of dependants.
 RESOLVE_BLOCKED = """
 WITH verdict AS (
@@ -98,9 +99,10 @@ changed AS (
                                   ELSE j.chain_completed_at END
     FROM verdict AS v
     WHERE j.id = v.id AND (v.fail OR v.cancel OR v.ready)
-    RETURNING j.id, j.chain_id, j.status::text, j.queue, j.chain_awaited
+    RETURNING j.id, j.chain_id, j.status::text, j.queue, j.chain_awaited,
+        CASE WHEN j.scheduled_at > now() THEN extract(epoch FROM j.scheduled_at) END AS due
 )
-SELECT id, chain_id, status, queue, chain_awaited FROM changed
+SELECT id, chain_id, status, queue, chain_awaited, due FROM changed
 """
 
 # Blocked jobs whose blockers have all ended: normally resolved when the last blocker

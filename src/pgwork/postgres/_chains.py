@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from pgwork.adapters._state_records import earliest_due
 from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import (
     BlockerOutput,
@@ -94,6 +95,9 @@ class ChainOps:
             ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
             ended_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING),
             awaited_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING and r[4]),
+            due=earliest_due(
+                (r[3], float(r[5])) for r in rows if r[2] == JobStatus.PENDING and r[5] is not None
+            ),
         )
 
     async def _resolve_dependants_of(self, conn: DbConn, chain_ids: Sequence[UUID]) -> Resolution:

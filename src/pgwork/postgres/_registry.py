@@ -120,8 +120,13 @@ class RegistryOps:
             self, tx: TransactionHandle | None
         ) -> AbstractAsyncContextManager[DbConn]: ...
 
+        def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
+
+    # Registration and heartbeats run on the adapter's own connection, never a pooled
+    # one: handlers in atomic transactions may hold every pooled connection.
+
     async def register_worker(self, *, worker: WorkerInfo) -> None:
-        async with self._connection(None) as conn:
+        async with self._own_line() as conn:
             await self._fetch(
                 conn,
                 self._rsql["register"],
@@ -145,7 +150,7 @@ class RegistryOps:
             "status": status,
             "abandoned": abandoned_handlers,
         }
-        async with self._connection(None) as conn:
+        async with self._own_line() as conn:
             rows = await self._fetch(conn, self._rsql["heartbeat"], params)
         return bool(rows)
 

@@ -18,7 +18,8 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from pgwork._frozen import frozen_builder
-from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters._state_records import earliest_due
+from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
     Completion,
     CompletionResult,
@@ -28,6 +29,7 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.postgres._callers import DbConn
+from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._state_enqueue import scheduled
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
@@ -46,6 +48,7 @@ _build_result = frozen_builder(
         "continuation_id",
         "ready_queues",
         "chain_awaited",
+        "due",
     ),
 )
 
@@ -113,7 +116,9 @@ class CompletionOps:
         results = await self._completion_results(tx, completions, rows)
         if notify is not None:
             chain_ids = {row[0]: row[1] for row in rows}
-            notices = [Notice(kind="ready", queue=q) for q in _ready_of(results)]
+            notices = ready_notices(
+                _ready_of(results), earliest_due(d for r in results for d in r.due)
+            )
             notices += [
                 Notice(kind="chain_done", chain_id=chain_ids[r.job_id])
                 for r in results
@@ -134,7 +139,8 @@ class CompletionOps:
         assert following is not None
         runs_now = not scheduled(following)
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
-        ready = encode_notice(Notice(kind="ready", queue=following.queue))
+        # A scheduled continuation is announced with its due time, for a timer.
+        [ready_notice] = due_notices([following]) or [Notice(kind="ready", queue=following.queue)]
         params = {
             "id": completion.job_id,
             "token": completion.lease_token,
@@ -158,15 +164,15 @@ class CompletionOps:
             ),
             "next_context": json.dumps(dict(following.context)) if following.context else None,
             "channel": channel,
-            "ready": ready if channel is not None and runs_now else None,
+            "ready": encode_notice(ready_notice) if channel is not None else None,
         }
         async with self._pooled() as conn:
             rows = await self._fetch(conn, self._sql.complete_and_continue, params)
         if not rows:
             return CompletionResult(job_id=completion.job_id, accepted=False)
         ready_queues = (following.queue,) if runs_now else ()
-        if notify is not None and channel is None and ready_queues:
-            await notify.publish(None, notices=[Notice(kind="ready", queue=following.queue)])
+        if notify is not None and channel is None:
+            await notify.publish(None, notices=[ready_notice])
         return CompletionResult(
             job_id=completion.job_id,
             accepted=True,
@@ -234,8 +240,12 @@ class CompletionOps:
                 continue
             chain_id, ends, _, awaited = found
             ready_queues = unblocked
+            due = resolution.due
             if c.continuation and not scheduled(c.continuation):
                 ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
+            elif c.continuation:
+                later = [(n.queue or "", n.at or 0.0) for n in due_notices([c.continuation])]
+                due = earliest_due((*due, *later))
             results.append(
                 _build_result(
                     c.job_id,
@@ -244,6 +254,7 @@ class CompletionOps:
                     c.continuation.id if c.continuation else None,  # continuation_id
                     ready_queues,
                     awaited or chain_id in resolution.awaited_chain_ids,  # chain_awaited
+                    due,
                 )
             )
         return results

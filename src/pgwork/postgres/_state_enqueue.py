@@ -15,7 +15,7 @@ from uuid import UUID
 
 import psycopg
 
-from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
     InsertedJob,
     NewJob,
@@ -194,8 +194,11 @@ class EnqueueOps:
         )
         settled: dict[UUID, JobStatus] = {}
         late: set[str] = set()
+        resolution = Resolution()
         if blocked:
-            await self._insert_blocker_edges(conn, blocked)
+            # Blocked jobs whose blockers already ended are pending now; one scheduled
+            # later has its due time in ``resolution.due``.
+            resolution = await self._insert_blocker_edges(conn, blocked)
             for job in await self.get_jobs(tx, job_ids=[job.id for job in blocked]):
                 settled[job.id] = job.status
             late = {
@@ -207,6 +210,7 @@ class EnqueueOps:
             queues = late if announced else late.union(ready)
             notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
             notices += due_notices(fresh)
+            notices += ready_notices((), resolution.due)
             notices += skipped
             if notices:
                 await notify.publish(tx, notices=notices)

@@ -17,6 +17,7 @@ the worker a ``ready`` hint every ``fallback_poll_interval`` instead.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +35,7 @@ from pgwork.postgres._callers import execute
 from pgwork.postgres._connect import connect, redact_dsn
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._transactions import unwrap
+from pgwork.records import AbortReason
 
 __all__ = ["PostgresNotifyAdapter"]
 
@@ -41,12 +43,16 @@ log = logging.getLogger("pgwork.notify")
 
 _SEP = "|"
 _KINDS = ("ready", "abort", "chain_done")
+_REASONS = frozenset(reason.value for reason in AbortReason)
 # A listener's end-to-end check; not a notice (decode_notice ignores it).
 _PROBE = "probe" + _SEP
 _POLL_HINT = Notice(kind="ready")
 # How long a silent listener's probe waits for its own notification when the adapter
 # was told not to probe at start (probe_timeout=None).
 _SILENCE_PROBE_TIMEOUT = 2.0
+# A listener logs a payload it ignores at most this often (seconds): anyone who can
+# connect may NOTIFY on the channel, and a flood must not flood the log as well.
+_IGNORED_LOG_EVERY = 60.0
 
 WhenUnavailable = Literal["raise", "poll"]
 
@@ -70,13 +76,20 @@ def encode_notice(notice: Notice) -> str:
 
 
 def decode_notice(payload: str) -> Notice | None:
-    """The notice in ``payload``, or None for anything this version does not know."""
+    """The notice in ``payload``, or None for anything this version does not know.
+
+    Anyone who can connect may NOTIFY on the channel, and a newer pgwork may send
+    kinds or reasons an older one lacks, so every field is checked here, where a
+    payload becomes a notice: a known kind, well-formed ids, an abort reason this
+    version knows for the job it names, the chain a ``chain_done`` names, a finite
+    due time.
+    """
     parts = payload.split(_SEP, 5)
     if len(parts) != 6 or parts[0] not in _KINDS:
         return None
     kind, job_id, chain_id, reason, at, queue = parts
     try:
-        return Notice(
+        notice = Notice(
             kind=kind,  # type: ignore[arg-type]
             queue=queue or None,
             job_id=UUID(job_id) if job_id else None,
@@ -86,6 +99,13 @@ def decode_notice(payload: str) -> Notice | None:
         )
     except ValueError:
         return None
+    if notice.at is not None and not math.isfinite(notice.at):
+        return None
+    if kind == "abort" and (notice.job_id is None or reason not in _REASONS):
+        return None
+    if kind == "chain_done" and notice.chain_id is None:
+        return None
+    return notice
 
 
 class _PgListener:
@@ -96,6 +116,8 @@ class _PgListener:
         self._early: list[Notice] = []  # arrived while probing
         self._poll_every: float | None = None  # set when notifications cannot arrive
         self._heard = time.monotonic()  # when the connection last delivered anything
+        self._ignored = 0  # payloads ignored since the last one logged
+        self._ignored_logged_at = -math.inf
 
     async def open(self) -> None:
         self._conn = await self._adapter._listen_connection()
@@ -188,6 +210,24 @@ class _PgListener:
         notice = decode_notice(payload)
         if notice is not None:
             into.append(notice)
+        elif not payload.startswith(_PROBE):  # other listeners' probes pass by here too
+            self._ignore(payload)
+
+    def _ignore(self, payload: str) -> None:
+        """Log a payload that is no notice of this version, at most once a minute."""
+        self._ignored += 1
+        now = time.monotonic()
+        if now - self._ignored_logged_at < _IGNORED_LOG_EVERY:
+            return
+        log.warning(
+            "pgwork listener ignored %d notification(s) it could not read on %s, "
+            "the last: %r (sent by another program, or by a newer pgwork?)",
+            self._ignored,
+            self._adapter.channel,
+            payload[:200],
+        )
+        self._ignored = 0
+        self._ignored_logged_at = now
 
     async def _reconnect(self, budget: float) -> list[Notice]:
         """Try to reconnect within ``budget`` seconds; backoff is capped and resets

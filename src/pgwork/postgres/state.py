@@ -2,7 +2,10 @@
 
 One pool of autocommit connections serves the worker's own operations, so a
 single-statement operation (acquire, renew, reap) is one round trip with no BEGIN or
-COMMIT. Operations that take ``tx`` run on the caller's connection inside the caller's
+COMMIT. The worker's registration and heartbeat have a connection of their own,
+outside the pool: atomic handlers may hold every pooled connection for as long as they
+run, and a heartbeat that waited for one would have other workers declare this one
+dead. Operations that take ``tx`` run on the caller's connection inside the caller's
 transaction and never commit it.
 
 The class is composed of one mixin per role of ``pgwork.adapters.state`` (this module
@@ -23,15 +26,17 @@ each part is rendered once per schema (``_statements``, ``_chain_statements``, .
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Self
 
+import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgwork.adapters.state import TransactionHandle
-from pgwork.errors import ConfigurationError
+from pgwork.errors import ConfigurationError, DatabaseTimeoutError
 from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
@@ -83,6 +88,8 @@ class PostgresStateAdapter(
         self.pool = pool
         self.operation_timeout = operation_timeout
         self._owns_pool = owns_pool
+        self._line: psycopg.AsyncConnection[Any] | None = None
+        self._line_lock = anyio.Lock()
         self._sql = render(self.schema)
         self._csql = render_chain_statements(self.schema)
         self._rsql = render_registry_statements(self.schema)
@@ -144,6 +151,7 @@ class PostgresStateAdapter(
             await verify_schema(conn, self.schema)
 
     async def close(self) -> None:
+        await self._drop_line()
         if self._owns_pool:
             await self.pool.close()
 
@@ -156,6 +164,42 @@ class PostgresStateAdapter(
         more otherwise, each failing one worker turn."""
         async with borrow(self.pool, self.operation_timeout) as conn:
             yield conn
+
+    @asynccontextmanager
+    async def _own_line(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """The adapter's connection outside the pool (opened on first use with the
+        pool's settings), for one operation bounded like a pooled one. A failed or
+        timed-out operation closes it; the next opens a new one."""
+        async with self._line_lock:
+            done = False
+            try:
+                with anyio.move_on_after(self.operation_timeout) as scope:
+                    line = self._line
+                    if line is None or line.closed or line.broken:
+                        line = self._line = await self._open_line()
+                    yield line
+                    done = True
+            finally:
+                if not done:
+                    await self._drop_line()
+            if scope.cancelled_caught:
+                raise DatabaseTimeoutError("a statement", self.operation_timeout or 0.0)
+
+    async def _open_line(self) -> psycopg.AsyncConnection[Any]:
+        # A pool may take its settings as callables (sync or async) returning them.
+        settings: list[Any] = [self.pool.conninfo, self.pool.kwargs]
+        for n, value in enumerate(settings):
+            if callable(value):
+                value = value()
+                settings[n] = await value if inspect.isawaitable(value) else value
+        conninfo, kwargs = settings
+        return await connect(conninfo or "", **{**(kwargs or {}), "autocommit": True})
+
+    async def _drop_line(self) -> None:
+        line, self._line = self._line, None
+        if line is not None:
+            with anyio.CancelScope(shield=True):
+                await line.close()
 
     # --- transactions ------------------------------------------------------------------
 

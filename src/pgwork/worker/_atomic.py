@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import Completion, Failure, StateAdapter, TransactionHandle
 from pgwork.worker._attempt import Attempt, Completed
 from pgwork.worker._slot import Slot
@@ -141,7 +141,7 @@ async def _write_outcome(
         completion=Completion(lease.job_id, lease.lease_token, outcome.output_json),
     )
     # The transaction is over (committed, or rolled back if refused): announce after it.
-    notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+    notices = ready_notices(result.ready_queues, result.due)
     if result.chain_awaited:
         notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
     if notices:

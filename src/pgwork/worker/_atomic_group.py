@@ -50,7 +50,7 @@ from typing import Any
 
 import anyio
 
-from pgwork.adapters.notify import Notice, NotifyAdapter
+from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
     AtomicGroup,
     Completion,
@@ -390,7 +390,7 @@ class AtomicGroups:
             lease = slot.lease
             completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
             result = await group.store.complete(completion)
-            group.notices.extend(Notice(kind="ready", queue=q) for q in result.ready_queues)
+            group.notices.extend(ready_notices(result.ready_queues, result.due))
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
             return result.accepted

@@ -6,6 +6,12 @@ running jobs at once — without waiting for each lease to expire — at their o
 in the queue. A worker that cannot write its own heartbeat for half of ``dead_after``
 stops taking new jobs (others may soon declare it dead); it resumes once a heartbeat
 gets through, re-registering if it had been declared dead meanwhile.
+
+Resuming is a hint to the loop: it refused jobs meanwhile, the notices that announced
+them are spent, and the poll runs only after an acquire found the queues empty, so
+nothing else would send it looking. A failed heartbeat is retried sooner than the next
+beat (backing off to ``retry_max``), so the worker takes work again within that long
+of the database answering.
 """
 
 from __future__ import annotations
@@ -35,37 +41,62 @@ class Heartbeat:
         interval: float,
         dead_after: float,
         status: Callable[[], tuple[str, int, int]],
-        on_reclaimed: Callable[[], None],
+        hint: Callable[[], None],
+        retry_max: float | None = None,
     ) -> None:
+        """``hint``: jobs may be ready now (dead workers' jobs taken back, or this
+        worker may take jobs again)."""
         self.state = state
         self.info = info
         self.interval = interval
         self.dead_after = dead_after
         self._status = status
-        self._on_reclaimed = on_reclaimed
-        self._last_ok = time.monotonic()
+        self._hint = hint
+        self.retry_max = interval if retry_max is None else min(interval, retry_max)
+        self._last_ok: float | None = None  # None: never registered yet
         self._registered = False
         # Dead workers are looked for a few times per ``dead_after``, not every beat:
         # a worker is declared dead only after that long anyway.
         self.reclaim_every = max(interval, dead_after / 3)
-        self._next_reclaim = 0.0
 
     @property
     def healthy(self) -> bool:
         """False once heartbeats have failed for half the dead-worker limit."""
-        return time.monotonic() - self._last_ok < self.dead_after / 2
+        last = self._last_ok
+        return last is None or time.monotonic() - last < self.dead_after / 2
 
     async def register(self) -> None:
         await self.state.register_worker(worker=self.info)
         self._registered = True
+        self._got_through()
+
+    def _got_through(self) -> None:
+        recovered = self._last_ok is not None and not self.healthy
         self._last_ok = time.monotonic()
+        if recovered:
+            log.warning("pgwork worker %s wrote its heartbeat again; taking jobs", self.info.id)
+            self._hint()
 
     async def run_forever(self) -> None:
+        """Beat, and look for dead workers, each in a task of its own: taking back a
+        dead worker's jobs runs on a pooled connection, which may be long in coming,
+        and must not hold up the next beat."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._beat_forever)
+            tasks.start_soon(self._reclaim_forever)
+
+    async def _beat_forever(self) -> None:
+        failures = 0
         while True:
-            await anyio.sleep(self.interval)
+            delay = self.interval
+            if failures:
+                delay = min(self.retry_max, 0.1 * 2**failures)
+            await anyio.sleep(delay)
             try:
                 await self.beat()
+                failures = 0
             except Exception as exc:
+                failures += 1
                 log.warning(
                     "pgwork worker %s could not write its heartbeat (%r)%s",
                     self.info.id,
@@ -89,10 +120,23 @@ class Heartbeat:
                 self.info.id,
             )
             await self.register()
-        self._last_ok = time.monotonic()
-        if self._last_ok >= self._next_reclaim:
-            self._next_reclaim = self._last_ok + self.reclaim_every
-            await self.reclaim()
+        self._got_through()
+
+    async def _reclaim_forever(self) -> None:
+        """Look for dead workers while this one's own heartbeat gets through (a worker
+        cut off from the database cannot tell who else is)."""
+        delay = self.interval  # the first look as the first beat goes out
+        while True:
+            await anyio.sleep(delay)
+            delay = self.reclaim_every
+            if not self.healthy:
+                continue
+            try:
+                await self.reclaim()
+            except Exception as exc:
+                log.warning(
+                    "pgwork worker %s could not look for dead workers (%r)", self.info.id, exc
+                )
 
     async def reclaim(self) -> int:
         dead = await self.state.find_dead_workers(
@@ -110,7 +154,7 @@ class Heartbeat:
             len(reaped),
         )
         if reaped:
-            self._on_reclaimed()
+            self._hint()
         return len(reaped)
 
     async def stopped(self) -> None:

@@ -192,7 +192,8 @@ class InProcessWorker:
             interval=heartbeat_interval,
             dead_after=dead_worker_after,
             status=self._status,
-            on_reclaimed=self._hint,
+            hint=self._hint,
+            retry_max=poll_interval,
         )
         self._batcher.hold = self._fetcher.hold_completions
         self._reaper = Reaper(
@@ -435,13 +436,15 @@ class InProcessWorker:
             await self._wake.wait()
 
     async def _back_off(self, error: Exception) -> None:
-        """A turn failed (the database is away): wait, longer each time in a row, cut
-        short by ``stop()`` or by the listener coming back (the database is reachable
-        again), so recovery does not wait out the backoff."""
+        """A turn failed (the database is away): wait, longer each time in a row (never
+        longer than the poll interval), cut short by ``stop()`` or by the listener
+        coming back (the database is reachable again), so recovery does not wait out
+        the backoff."""
         # A failed acquire surfaces a turn later, so its own count of failures in a row
         # says how long the database has been away.
         self._failures = max(self._failures + 1, self._fetcher.failures)
-        delay = min(LOOP_BACKOFF_MAX, 0.05 * 2**self._failures) * self._rng.uniform(0.8, 1.2)
+        longest = min(LOOP_BACKOFF_MAX, self.poll_interval)
+        delay = min(longest, 0.05 * 2**self._failures * self._rng.uniform(0.8, 1.2))
         log.warning(
             "pgwork worker %s turn failed (%r); retrying in %.2fs", self.worker_id, error, delay
         )

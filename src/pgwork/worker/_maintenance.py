@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from pgwork.adapters.notify import Notice
+from pgwork.adapters.notify import ready_notices
 from pgwork.client import Client
 from pgwork.schedules import CronSchedule
 
@@ -110,9 +110,9 @@ class Maintenance:
 
     async def sweep(self) -> None:
         resolution = await self.client.state.sweep_blocked(limit=500)
-        if resolution.ready_queues:
+        if resolution.ready_queues or resolution.due:
             await self.client.notify.publish(
-                None, notices=[Notice(kind="ready", queue=q) for q in resolution.ready_queues]
+                None, notices=ready_notices(resolution.ready_queues, resolution.due)
             )
 
     async def prune_workers(self) -> None:

@@ -2,7 +2,9 @@
 
 ``ready`` for one of its queues is a hint (acquire now) or, with ``at``, a due time to
 set a timer for; ``reconnected`` is a hint too (notices may have been lost meanwhile);
-``abort`` stops the attempt on that job if this worker runs it.
+``abort`` stops the attempt on that job if this worker runs it. A notice this version
+cannot act on (an abort reason it does not know, a due time that is no time) is logged
+and ignored: a notice is a hint, and no hint may stop the worker.
 """
 
 from __future__ import annotations
@@ -70,4 +72,9 @@ class NoticeRouter:
             self._wake()
             self._events.emit(LISTENER_RECONNECTED, worker_id=self.worker_id)
         elif notice.kind == "abort" and notice.job_id is not None:
-            self._abort_job(notice.job_id, AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST))
+            try:
+                reason = AbortReason(notice.reason or AbortReason.OWNERSHIP_LOST)
+            except ValueError:
+                log.warning("pgwork worker %s ignored a notice: %r", self.worker_id, notice)
+                return
+            self._abort_job(notice.job_id, reason)

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from pgwork._frozen import frozen_builder
-from pgwork.adapters.notify import Notice
+from pgwork.adapters.notify import Notice, ready_notices
 from pgwork.adapters.state import Completion, CompletionResult, Failure
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
@@ -371,6 +371,7 @@ class SlotRunner:
             result is not None
             and result.accepted
             and not result.ready_queues
+            and not result.due
             and not result.chain_awaited
             and not self._events.wants(ATTEMPT_COMPLETED)
         ):
@@ -385,7 +386,7 @@ class SlotRunner:
     def _report_written(self, slot: Slot, pending: Pending) -> None:
         """``_written``, in the context the slot's task ran in."""
         result = pending.result
-        if result is None or result.ready_queues or result.chain_awaited:
+        if result is None or result.ready_queues or result.due or result.chain_awaited:
             self._on_settled(slot, self._written_later(slot, pending))
             return
         assert slot.attempt is not None
@@ -516,13 +517,14 @@ class SlotRunner:
             result = await self._batcher.complete(completion)
         else:
             result = (await self.state.complete(tx, completions=[completion]))[0]
-        if result.ready_queues or result.chain_awaited:
+        if result.ready_queues or result.due or result.chain_awaited:
             await self._announce(result, chain_id, tx)
         return result.accepted
 
     async def _announce(self, result: CompletionResult, chain_id: Any, tx: Any | None) -> None:
-        """Announce what a completion made ready and, for an awaited chain, its end."""
-        notices = [Notice(kind="ready", queue=q) for q in result.ready_queues]
+        """Announce what a completion made ready (or due later) and, for an awaited
+        chain, its end."""
+        notices = ready_notices(result.ready_queues, result.due)
         if result.chain_awaited:
             notices.append(Notice(kind="chain_done", chain_id=chain_id))
         await self.notify.publish(tx, notices=notices)

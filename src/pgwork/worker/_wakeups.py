@@ -22,15 +22,15 @@ the job it announces may have committed after the in-flight acquire's snapshot.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import math
 import time
 from collections.abc import Callable
 
 __all__ = ["MAX_TIMERS", "Wakeups"]
 
-# Due times remembered at once; beyond them the poll interval and ``next_due`` (asked
-# whenever a timer fires and finds nothing) catch up.
+# Due times remembered at once (the earliest of them); beyond them the poll interval and
+# ``next_due`` (asked whenever a timer fires and finds nothing) catch up.
 MAX_TIMERS = 1024
 
 
@@ -52,7 +52,7 @@ class Wakeups:
         self.generation = 1
         self._drained_as_of = 0
         self._poll_at = math.inf
-        self._timers: list[float] = []
+        self._timers: list[float] = []  # sorted, earliest first
         # Ask the database when the next job becomes due: at start, and after a timer
         # fired whose acquire found nothing (a job cancelled, taken, or a clock skew).
         self.look_ahead = True
@@ -69,11 +69,24 @@ class Wakeups:
         self.generation += 1
 
     def due_in(self, seconds: float) -> None:
-        """A job becomes due in ``seconds`` (now or in the past: a hint)."""
+        """A job becomes due in ``seconds`` (now or in the past: a hint).
+
+        A due time that is no number (NaN, infinite) is ignored: it would never fire
+        and, NaN comparing false with everything, would disorder the timers. When
+        they are full, the latest gives way to an earlier one, so a flood of far due
+        times cannot crowd out the next one."""
+        if not math.isfinite(seconds):
+            return
         if seconds <= 0:
             self.hint()
-        elif len(self._timers) < MAX_TIMERS:
-            heapq.heappush(self._timers, self._clock() + seconds)
+            return
+        timers = self._timers
+        at = self._clock() + seconds
+        if len(timers) >= MAX_TIMERS:
+            if at >= timers[-1]:
+                return
+            timers.pop()
+        bisect.insort(timers, at)
 
     def due_at(self, epoch: float) -> None:
         """A job becomes due at ``epoch`` (seconds since the epoch, wall clock)."""
@@ -94,11 +107,9 @@ class Wakeups:
     def tick(self) -> None:
         """Fire the timers that are due, and the poll when it is."""
         now = self._clock()
-        fired = False
-        while self._timers and self._timers[0] <= now:
-            heapq.heappop(self._timers)
-            fired = True
+        fired = bisect.bisect_right(self._timers, now)
         if fired:
+            del self._timers[:fired]
             self.look_ahead = True
             self.hint()
         elif not self.may_have_work and now >= self._poll_at:

@@ -177,7 +177,7 @@ class CompleteConformance(StateSuiteBase):
         assert notify.published == [Notice(kind="ready", queue=follow.queue)]
         assert (await store.job(follow.id)).status is JobStatus.PENDING
 
-    async def test_refused_or_scheduled_hand_on_announces_nothing(
+    async def test_refused_hand_on_announces_nothing_and_scheduled_one_its_due_time(
         self, store: StateHarness
     ) -> None:
         await store.seed(store.new_job(), store.new_job())
@@ -188,15 +188,21 @@ class CompleteConformance(StateSuiteBase):
             None, completions=[Completion(held.id, uuid.uuid4(), "1", follow)], notify=notify
         )
         assert not refused.accepted
+        assert notify.published == []
+        assert not await store.exists(follow.id)
         later = replace(store.continuation(held), run_after=timedelta(hours=1))
         [scheduled] = await store.adapter.complete(
             None, completions=[Completion(held.id, held.lease_token, "1", later)], notify=notify
         )
         assert scheduled.accepted
         assert scheduled.ready_queues == ()
-        assert notify.published == []
-        assert not await store.exists(follow.id)
-        assert (await store.job(later.id)).scheduled_at > datetime.now(UTC)
+        due = (await store.job(later.id)).scheduled_at
+        assert due > datetime.now(UTC)
+        # Time has no notification: the due time is announced now, for a timer.
+        [announced] = notify.published
+        assert (announced.kind, announced.queue) == ("ready", later.queue)
+        assert announced.at is not None
+        assert abs(announced.at - due.timestamp()) < 60
 
     async def test_completion_with_notify_announces_the_end_of_an_awaited_chain(
         self, store: StateHarness
