@@ -11,6 +11,7 @@ worker polls every 30 s, so neither can be the poll.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -21,8 +22,17 @@ import anyio
 import psycopg
 import pytest
 
-from pgwork import Client, InProcessWorker, JobTypeRegistry, PostgresNotifyAdapter
-from pgwork.worker._wakeups import MAX_TIMERS
+from pgwork import (
+    Client,
+    InProcessNotifyAdapter,
+    InProcessWorker,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+)
+from pgwork.adapters.notify import Notice
+from pgwork.worker._wakeups import MAX_TIMERS, Wakeups
 
 from ._wakeup_kit import PROMPT, Num, Starts, client_factory, enqueue, worker_starter
 
@@ -135,3 +145,55 @@ async def test_a_listener_logs_what_it_ignores_once_not_per_payload(
     ignored = [r for r in caplog.records if "could not read" in r.getMessage()]
     assert len(ignored) == 1, [r.getMessage() for r in ignored]
     assert [n.kind for n in heard] == ["ready"]
+
+
+@pytest.mark.parametrize(
+    "notices",
+    [
+        [Notice(kind="abort", job_id=uuid.uuid4(), reason="preempted")],
+        [Notice(kind="ready", queue=QUEUE, at=at) for at in (math.nan, math.inf, -math.inf)],
+    ],
+    ids=["unknown-abort-reason", "due-times-that-are-no-time"],
+)
+async def test_a_worker_ignores_notices_it_cannot_use_from_any_notify_adapter(
+    pgwork_dsn: str, start_worker: Any, notices: list[Notice]
+) -> None:
+    # The in-process adapter hands notices over as they were published, undecoded:
+    # the worker itself must not be stopped, nor its timers spoiled, by one.
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("sturdy", queue=QUEUE, input=Num)
+    notify = InProcessNotifyAdapter()
+    client = create_client(
+        state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
+        notify_adapter=notify,
+        registry=reg,
+    )
+    starts = Starts()
+    worker = await start_worker(client=client, processors={job_type: starts})
+    try:
+        await notify.publish(None, notices=notices)
+        await enqueue(pgwork_dsn, client, job_type)
+        # This adapter delivers at once, before the enqueue commits: say it again after.
+        await notify.publish(None, notices=[Notice(kind="ready", queue=QUEUE)])
+        assert await starts.within(PROMPT), "the worker did not take a job by notification"
+        scheduled = time.monotonic()
+        await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(seconds=1))
+        assert await starts.within(1 + PROMPT, count=2), "the worker's timer did not start a job"
+        assert starts.times[1] - scheduled >= 0.9
+    finally:
+        await worker.stop(grace_period=0)
+        await client.close()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_due_time_that_is_no_time_leaves_the_next_timer_first(bad: float) -> None:
+    now = [100.0]
+    wakeups = Wakeups(clock=lambda: now[0])
+    wakeups.due_in(bad)
+    wakeups.due_in(1.0)
+    assert wakeups.deadline() == 101.0
+    now[0] = 101.0
+    generation = wakeups.generation
+    wakeups.tick()
+    assert wakeups.generation == generation + 1  # the timer fired: a hint
+    assert wakeups.deadline() == math.inf
