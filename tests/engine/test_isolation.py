@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import Attempt, JobTypeRegistry
+from pgwork.postgres import state as state_module
 
 from .conftest import ClientFactory, scalar
 
@@ -74,3 +75,38 @@ async def test_an_atomic_handler_enqueues_with_a_dedup_key_on_a_repeatable_read_
         assert await client.await_chain(chain.id, timeout=30) == "read committed"
     receipts = "SELECT count(*) FROM pgwork.jobs WHERE type_name = 'receipt'"
     assert await scalar(pgwork_dsn, receipts) == 3
+
+
+async def test_the_state_adapters_own_connections_are_read_committed(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    """Each of the adapter's autocommit statements is a transaction at the session's
+    default level: at REPEATABLE READ an UPDATE meeting a row changed after its snapshot
+    fails instead of re-checking it, so the pool and the heartbeat's own line are set
+    to READ COMMITTED as they open."""
+    await _default_repeatable_read(pgwork_dsn)
+    client = await make_client(JobTypeRegistry())
+    assert await _levels(client.state) == ["read committed", "read committed"]
+
+
+async def test_control_without_the_session_setup_the_database_default_applies(
+    make_client: ClientFactory, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def leave_as_is(connection: psycopg.AsyncConnection[Any]) -> None:
+        return None
+
+    monkeypatch.setattr(state_module, "configure_session", leave_as_is)
+    await _default_repeatable_read(pgwork_dsn)
+    client = await make_client(JobTypeRegistry())
+    assert await _levels(client.state) == ["repeatable read", "repeatable read"]
+
+
+async def _levels(state: Any) -> list[str]:
+    levels = []
+    async with state._pooled() as pooled:
+        cur = await pooled.execute("SHOW transaction_isolation")
+        levels.append((await cur.fetchone())[0])
+    async with state._own_line() as line:
+        cur = await line.execute("SHOW transaction_isolation")
+        levels.append((await cur.fetchone())[0])
+    return levels

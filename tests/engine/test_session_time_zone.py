@@ -1,6 +1,6 @@
 """The state adapter's own connections read every timestamp in UTC, whatever zone the
 server's session is in: psycopg converts each ``timestamptz`` it reads into the
-session's zone, and only the name ``UTC`` is its fast path (``_pool.utc_session``).
+session's zone, and only the name ``UTC`` is its fast path (``_pool.configure_session``).
 
 Each test runs with the test database's DSN set to a session zone of its own: New
 York, and ``Etc/UTC``, the zone of Debian's packages and the official container image,
@@ -67,7 +67,7 @@ async def test_an_acquired_job_and_get_job_carry_utc_timestamps(
     assert acquired.created_at == job.created_at == stored
 
 
-async def test_control_without_the_utc_session_timestamps_come_in_the_sessions_zone(
+async def test_control_without_the_session_setup_timestamps_come_in_the_sessions_zone(
     make_client: ClientFactory,
     conn: psycopg.AsyncConnection[Any],
     zone: str,
@@ -76,7 +76,7 @@ async def test_control_without_the_utc_session_timestamps_come_in_the_sessions_z
     async def leave_as_is(connection: psycopg.AsyncConnection[Any]) -> None:
         return None
 
-    monkeypatch.setattr(state_module, "utc_session", leave_as_is)
+    monkeypatch.setattr(state_module, "configure_session", leave_as_is)
     client, acquired = await acquired_job(make_client, conn)
     job = await client.get_job(acquired.id)
     assert acquired.created_at.tzinfo == ZoneInfo(zone)

@@ -15,8 +15,8 @@ way never ran a job again (fault-tier finding 15). So:
   cannot cancel it half-way (which would leave connections counted but lost);
 - connections are opened with a connect timeout, as every other pgwork connection is.
 
-They also run their sessions in UTC (``utc_session``), whatever the server's
-``TimeZone``.
+They also run their sessions in UTC and at READ COMMITTED (``configure_session``),
+whatever the server's ``TimeZone`` and ``default_transaction_isolation``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgwork.errors import DatabaseTimeoutError
 
-__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "check_soon", "utc_session"]
+__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "check_soon", "configure_session"]
 
 # How long the pool's check waits for one idle connection to answer an empty query.
 CHECK_TIMEOUT = 5.0
@@ -55,27 +55,39 @@ class BoundedPool(AsyncConnectionPool[Any]):
             ) from exc
 
 
-async def utc_session(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Set a new pooled connection's session to UTC (the pool's ``configure``), unless
-    the server already reports exactly ``UTC``.
+async def configure_session(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Set up a new connection of the state adapter's own (the pool's ``configure``):
+    its session runs in UTC and at READ COMMITTED, whatever the server's defaults.
+    One round trip, once per connection.
 
-    psycopg gives every ``timestamptz`` it reads the session's zone, and only the name
-    ``UTC`` maps to ``datetime.timezone.utc``; any other name, ``Etc/UTC`` included (the
-    default of Debian's packages and of the official container image), becomes a
-    ``ZoneInfo`` that each value is converted into. A worker's acquire reads five
-    timestamps per job: 1.8 µs per row of five against 0.51 µs in UTC, measured on
-    this machine. So every datetime pgwork's own connections return is in UTC; the
-    instants are the same, and schedules and leases never depended on the session's
-    zone (the database clock and intervals in seconds).
+    READ COMMITTED: the adapter's connections are in autocommit, so each statement is
+    a transaction of its own at ``default_transaction_isolation``. Every statement of
+    the worker is written for READ COMMITTED: an UPDATE that meets a row another
+    transaction changed after its snapshot re-reads it and re-checks its fence. At
+    REPEATABLE READ the same statement fails with a serialization error instead (an
+    ``await_chain`` racing the worker's completion of the chain's root did), so a
+    database or role whose default is higher must not change pgwork's own statements.
+
+    UTC: psycopg gives every ``timestamptz`` it reads the session's zone, and only the
+    name ``UTC`` maps to ``datetime.timezone.utc``; any other name, ``Etc/UTC``
+    included (the default of Debian's packages and of the official container image),
+    becomes a ``ZoneInfo`` that each value is converted into, several times slower per
+    row (``python -m bench.cpu --only drain`` shows it in a worker's acquire). So every
+    datetime pgwork's own connections return is in UTC; the instants are the same, and
+    schedules and leases never depended on the session's zone (the database clock and
+    intervals in seconds).
 
     Not for a pool opened with ``prepare_threshold=None``, the setting for a
     transaction pooler: a session's ``SET`` there reaches whichever server session the
     pooler picked, which other clients share (PgBouncer keeps ``TimeZone`` per client,
-    RDS Proxy pins the client to one session, other poolers may do neither), and
-    nothing else pgwork does sets session state.
+    RDS Proxy pins the client to one session, other poolers may do neither). Through
+    such a pooler the database's (or the role's) ``default_transaction_isolation``
+    must be READ COMMITTED, PostgreSQL's own default (docs/deploying.md).
     """
+    statements = [b"SET default_transaction_isolation TO 'read committed'"]
     if conn.pgconn.parameter_status(b"TimeZone") != b"UTC":
-        await conn.execute("SET TIME ZONE 'UTC'")
+        statements.append(b"SET TIME ZONE 'UTC'")
+    await conn.execute(b"; ".join(statements))
 
 
 _checks: dict[int, asyncio.Task[None]] = {}

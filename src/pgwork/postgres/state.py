@@ -44,7 +44,7 @@ from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeou
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
-from pgwork.postgres._pool import BoundedPool, borrow, utc_session
+from pgwork.postgres._pool import BoundedPool, borrow, configure_session
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._state_complete import CompletionOps
@@ -138,8 +138,8 @@ class PostgresStateAdapter(
             min_size=min_size,
             max_size=max_size,
             kwargs=with_connect_timeout(dsn, {"autocommit": True, **options}),
-            # No session state through a transaction pooler (see utc_session).
-            configure=utc_session if prepare_threshold is not None else None,
+            # No session state through a transaction pooler (see configure_session).
+            configure=configure_session if prepare_threshold is not None else None,
             open=False,
             name=f"pgwork-{schema}",
         )
@@ -193,7 +193,15 @@ class PostgresStateAdapter(
                 value = value()
                 settings[n] = await value if inspect.isawaitable(value) else value
         conninfo, kwargs = settings
-        return await connect(conninfo or "", **{**(kwargs or {}), "autocommit": True})
+        kwargs = {**(kwargs or {}), "autocommit": True}
+        line = await connect(conninfo or "", **kwargs)
+        if kwargs.get("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD) is not None:
+            try:
+                await configure_session(line)  # as the pool's own (no transaction pooler)
+            except BaseException:
+                await line.close()
+                raise
+        return line
 
     async def _drop_line(self) -> None:
         line, self._line = self._line, None
