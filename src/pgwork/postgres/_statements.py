@@ -412,14 +412,26 @@ WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
         AS r(id, token, seconds)
 ),
+-- A row another transaction holds (a caller cancelling, completing or just reading it
+-- FOR UPDATE) is skipped, not waited on: one caller's lock must not hold up every
+-- other lease of the worker. Its lease is reported ``deferred`` below.
+held AS (
+    SELECT j.id
+    FROM {jobs} AS j, r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
 renewed AS (
     UPDATE {jobs} AS j
     SET leased_until = now() + r.seconds * interval '1 second'
-    FROM r
-    WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
+    FROM r, held AS h
+    WHERE j.id = h.id AND r.id = h.id AND j.lease_token = r.token
+      AND j.status::text = 'running'
     RETURNING j.id, j.lease_token, j.leased_until
 )
-SELECT r.id, r.token, u.leased_until, j.status::text
+SELECT r.id, r.token, u.leased_until, j.status::text,
+    COALESCE(j.lease_token = r.token AND j.status::text = 'running'
+        AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.id = r.id), false) AS deferred
 FROM r
 LEFT JOIN renewed AS u ON u.id = r.id AND u.lease_token = r.token
 LEFT JOIN {jobs} AS j ON j.id = r.id
@@ -476,6 +488,57 @@ LEFT JOIN roots AS rt ON rt.id = d.chain_id
 """
 
 COMPLETE = f"WITH {_COMPLETE_CTES}{_COMPLETE_RESULT}"
+
+
+def _skipping_locked(ctes: str) -> str:
+    """``ctes`` for a worker's own batch of completions, which skips a row another
+    transaction holds instead of waiting on it (a caller cancelling or completing that
+    job, or reading it ``FOR UPDATE``): one caller's lock must not hold up the other
+    completions of the batch, nor the acquire of the same turn. The rows are locked
+    first (``held``) and updated by id, not by the locked version's ``ctid``: a row
+    updated and committed between the statement's snapshot and its lock is then still
+    found (the update follows it). A skipped row's id is in ``deferred`` when the
+    snapshot saw it held by the completion's lease: not written this time, to be tried
+    again; any other row not written was refused."""
+    fence = """CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
+               ELSE j.lease_token = c.token AND j.status = 'running' END"""
+    assert ctes.count(fence) == 1
+    head, tail = ctes.split("done AS (", 1)
+    held = f"""held AS (
+    SELECT j.id
+    FROM {{jobs}} AS j, c
+    WHERE j.id = c.id
+      AND {fence}
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+deferred AS (
+    SELECT c.id FROM c
+    WHERE NOT EXISTS (SELECT 1 FROM held AS h WHERE h.id = c.id)
+      AND EXISTS (
+          SELECT 1 FROM {{jobs}} AS j
+          WHERE j.id = c.id
+            AND {fence}
+      )
+),
+done AS ("""
+    tail = tail.replace(
+        "    FROM c\n    WHERE j.id = c.id\n",
+        "    FROM c, held AS h\n    WHERE j.id = c.id AND h.id = c.id\n",
+        1,
+    )
+    assert "held AS h" in tail
+    return head + held + tail
+
+
+_COMPLETE_CTES_SKIPPING = _skipping_locked(_COMPLETE_CTES)
+
+# COMPLETE for a worker's batch written on its own (no acquire went out to take it):
+# the completions written, then one row per deferred completion (its id, the rest
+# NULL; a written one's chain id is never NULL).
+COMPLETE_SKIPPING = f"""WITH {_COMPLETE_CTES_SKIPPING}{_COMPLETE_RESULT}
+UNION ALL
+SELECT d.id, NULL, NULL, NULL, NULL, NULL FROM deferred AS d
+"""
 
 # One completion (an atomic attempt's, a hand-on's): scalars instead of one-element
 # arrays. PostgreSQL estimates a one-element array's unnest at one row but a bound
@@ -554,19 +617,21 @@ WHERE CASE WHEN f.n = 0 THEN ('{ATOMIC_REFUSED} (' || f.n || ')')::int IS NULL
 # entry per accepted completion; every other row is an acquired job.
 _HEAD = """
 SELECT true AS head, array_agg(x.id) AS ids, array_agg(x.chain_id) AS chain_ids,
-    array_agg(x.has_dependants) AS has_dependants, array_agg(x.awaited) AS awaited
+    array_agg(x.has_dependants) AS has_dependants, array_agg(x.awaited) AS awaited,
+    (SELECT array_agg(d.id) FROM deferred AS d) AS deferred
 FROM completed AS x
 """
 
 _ACQUIRED_ROWS = """
-SELECT false, NULL::uuid[], NULL::uuid[], NULL::bool[], NULL::bool[], a.*
+SELECT false, NULL::uuid[], NULL::uuid[], NULL::bool[], NULL::bool[], NULL::uuid[], a.*
 FROM acquired AS a
 """
 
 
 def _complete_and_acquire(candidates: str) -> str:
     return (
-        f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
+        f"WITH {_COMPLETE_CTES_SKIPPING},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},"
+        f"{_LEASES},"
         f"{_LEASED},\nacquired AS ({_LEASE_CANDIDATES})"
         f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
@@ -770,6 +835,7 @@ class Statements:
     begin_atomic_bounded: bytes
     renew: bytes
     complete: bytes
+    complete_skipping: bytes
     complete_one: bytes
     complete_and_continue: bytes
     complete_atomic: bytes

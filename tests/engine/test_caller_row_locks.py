@@ -1,0 +1,124 @@
+"""A caller's transaction that holds one job's row (cancelling it, completing it, or
+just reading it ``FOR UPDATE``) delays at most that job: the worker's lease renewal and
+its turn statement skip the row instead of waiting on it, and the other jobs it runs
+keep their leases and complete once each."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import JobTypeRegistry
+from pgwork.records import AbortReason
+
+from .conftest import ClientFactory, eventually, scalar
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+JOBS = 6
+LEASE = timedelta(seconds=1.5)
+
+
+class Num(BaseModel):
+    n: int
+
+
+async def _all_renewed_past(dsn: str, ids: list[Any], moment: Any) -> bool:
+    """Whether every job of ``ids`` is running with a lease renewed to end after
+    ``moment``."""
+    count = await scalar(
+        dsn,
+        "SELECT count(*) FROM pgwork.jobs"
+        " WHERE id = ANY(%s) AND status = 'running' AND leased_until > %s",
+        ids,
+        moment,
+    )
+    return bool(count == len(ids))
+
+
+async def _count(dsn: str, ids: list[Any], status: str) -> int:
+    return int(
+        await scalar(
+            dsn, "SELECT count(*) FROM pgwork.jobs WHERE id = ANY(%s) AND status = %s", ids, status
+        )
+    )
+
+
+@pytest.mark.parametrize("hold", ["select_for_update", "uncommitted_cancel"])
+async def test_a_caller_holding_one_running_job_delays_no_other_job(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    workers: Any,
+    pgwork_dsn: str,
+    hold: str,
+) -> None:
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num, lease=LEASE)
+    client = await make_client(reg)
+    chains = [await client.start_chain(conn, step, Num(n=i)) for i in range(JOBS)]
+    await conn.commit()
+    ids = [c.job_id for c in chains]
+    held, others = ids[0], ids[1:]
+
+    runs: Counter[int] = Counter()
+    aborted: list[tuple[int, AbortReason]] = []
+    all_started = anyio.Event()
+    release = anyio.Event()
+
+    async def handle(attempt: Any) -> None:
+        runs[attempt.job.input.n] += 1
+        if len(runs) == JOBS:
+            all_started.set()
+        try:
+            await release.wait()
+        finally:
+            if attempt.abort_reason is not None:
+                aborted.append((attempt.job.input.n, attempt.abort_reason))
+
+    await workers(client=client, processors={step: handle}, max_slots=JOBS, prefetch=0)
+    with anyio.fail_after(20):
+        await all_started.wait()
+
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as caller:
+        if hold == "select_for_update":
+            await caller.execute("SELECT id FROM pgwork.jobs WHERE id = %s FOR UPDATE", [held])
+        else:
+            await client.cancel(caller, [chains[0].id])
+        locked_at = await scalar(pgwork_dsn, "SELECT clock_timestamp()")
+        # The other leases go on being renewed while the row is held, for two lease
+        # durations: a renewal that waited on the held row would renew none of them.
+        await eventually(
+            lambda: _all_renewed_past(pgwork_dsn, others, locked_at + 2 * LEASE),
+            timeout=15,
+            what="the other leases to be renewed while one row is held",
+        )
+        # Every handler returns, the held job's too: the other completions are written
+        # while the row is still held (the held job's is deferred, not waited on).
+        release.set()
+        await eventually(
+            lambda: _count_is(pgwork_dsn, others, "completed", len(others)),
+            timeout=15,
+            what="the other jobs to complete while one row is held",
+        )
+        assert await _count(pgwork_dsn, [held], "running") == 1
+        if hold == "select_for_update":
+            await caller.rollback()
+        else:
+            await caller.commit()
+
+    final = "completed" if hold == "select_for_update" else "cancelled"
+    await eventually(
+        lambda: _count_is(pgwork_dsn, [held], final, 1), timeout=15, what=f"the held job {final}"
+    )
+    assert runs == Counter(range(JOBS))  # every job ran once
+    assert all(n == 0 for n, _ in aborted), aborted  # no other attempt was aborted
+
+
+async def _count_is(dsn: str, ids: list[Any], status: str, expected: int) -> bool:
+    return await _count(dsn, ids, status) == expected
