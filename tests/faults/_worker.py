@@ -101,13 +101,13 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),
         (
             "BEGIN_ATOMIC",
-            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
-            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\n",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'\n",
         ),
         (
             "BEGIN_ATOMIC_BOUNDED",
-            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
-            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\n",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'\n",
         ),
     ],
     "eager-reap": [
@@ -181,8 +181,9 @@ def break_statements(spec: str) -> None:
             template = getattr(_statements, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
-            # The first occurrence only: the statement's first use is the one meant.
-            setattr(_statements, constant, template.replace(old, new, 1))
+            # Every occurrence: a statement that locks its rows first (SKIP LOCKED)
+            # repeats its fence there.
+            setattr(_statements, constant, template.replace(old, new))
 
 
 class _Events:

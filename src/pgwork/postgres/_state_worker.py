@@ -46,8 +46,8 @@ __all__ = ["WorkerOps", "mark_deferred"]
 
 _IDLE = TransactionStatus.IDLE
 
-# The first server version whose transaction_timeout lets BEGIN and the row lock travel
-# in one pipeline.
+# The first server version whose transaction_timeout lets BEGIN and the attempt's first
+# statement travel in one pipeline.
 _PIPELINED_BEGIN_FROM = 170000
 
 
@@ -153,10 +153,10 @@ class WorkerOps:
     async def _begin_and_lock(
         self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
     ) -> bool:
-        """BEGIN and lock the job's row: one round trip from PostgreSQL 17 on, two before.
+        """BEGIN and check the lease: one round trip from PostgreSQL 17 on, two before.
 
         Either way the server ends the transaction of a worker that stops talking to
-        it (frozen, paused): before 17 by the lock statement's local
+        it (frozen, paused): before 17 by the check statement's local
         idle_in_transaction_session_timeout, which must not be pipelined (see
         BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
         """

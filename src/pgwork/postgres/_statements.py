@@ -377,21 +377,24 @@ CROSS JOIN LATERAL (
 WHERE p.priority IS NOT NULL
 """
 
-# Locks the row for an atomic attempt; the lock is held until the attempt's
-# transaction ends. The session-local idle timeout ends a transaction whose handler
-# stopped talking to the database, releasing the lock even if the worker is stuck.
-# The status is compared as text on purpose: ``status = 'running'`` lets the planner
-# read the row through the partial index of running jobs' leases
-# (``jobs_lease_expiry_idx``, which the statistics show nearly empty) and filter it by
-# id, walking every entry there, dead ones included: each job a drain finished leaves
-# one until a vacuum, so the lock cost 0.5 ms of server CPU after 3,000 jobs instead
-# of a primary key lookup's ~20 µs. A predicate on ``status::text`` matches no index.
+# Opens an atomic attempt's transaction: checks that the lease still holds its job and
+# bounds the transaction on the server. The session-local idle timeout ends a
+# transaction whose handler stopped talking to the database, even if the worker is
+# stuck. The job's row is not locked: the worker renews the attempt's lease while its
+# handler runs, as a staged attempt's, and the completion is fenced by the lease token
+# and the status (so a caller cancelling or deleting the job does not wait for the
+# handler, and the completion is refused after it). The status is compared as text on
+# purpose: ``status = 'running'`` lets the planner read the row through the partial
+# index of running jobs' leases (``jobs_lease_expiry_idx``, which the statistics show
+# nearly empty) and filter it by id, walking every entry there, dead ones included:
+# each job a drain finished leaves one until a vacuum, so the check cost 0.5 ms of
+# server CPU after 3,000 jobs instead of a primary key lookup's ~20 µs. A predicate on
+# ``status::text`` matches no index.
 BEGIN_ATOMIC = """
 SELECT j.id
 FROM {jobs} AS j,
      (SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)) AS cfg(v)
 WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
-FOR UPDATE OF j
 """
 
 # BEGIN_ATOMIC for PostgreSQL 17 and later, bounded by transaction_timeout instead: set
@@ -543,13 +546,36 @@ SELECT d.id, NULL, NULL, NULL, NULL, NULL FROM deferred AS d
 # One completion (an atomic attempt's, a hand-on's): scalars instead of one-element
 # arrays. PostgreSQL estimates a one-element array's unnest at one row but a bound
 # array's at ten, so with arrays it kept re-planning this statement for every call.
+#
+# Its chain's root row is locked first (``chain_root``, ``FOR KEY SHARE``; none when the
+# job is the root, whose own update locks it): a cancel or a delete locks the roots of
+# its chains ``FOR UPDATE`` before it reads their jobs, so a hand-on and a cancel of
+# the same chain take their turns, in the same order, rather than one missing the
+# other's continuation (or deadlocking on the job's row). ``done`` reads the lock's
+# result as a one-time filter, so the root is locked before the job's row.
 _COMPLETE_CTES_ONE = _COMPLETE_CTES.replace(
     """SELECT * FROM unnest(
         %(ids)b::uuid[], %(tokens)b::uuid[], %(outputs)b::text[], %(ends_chain)b::bool[]
-    ) AS c(id, token, output, ends_chain)""",
+    ) AS c(id, token, output, ends_chain)
+),""",
     """SELECT %(id)s::uuid AS id, %(token)s::uuid AS token, %(output)s::text AS output,
-        %(ends_chain)s::bool AS ends_chain""",
+        %(ends_chain)s::bool AS ends_chain
+),
+chain_root AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id = (SELECT o.chain_id FROM {jobs} AS o, c
+                  WHERE o.id = c.id AND o.id <> o.chain_id)
+    FOR KEY SHARE OF r
+),""",
+).replace(
+    """    FROM c
+    WHERE j.id = c.id
+""",
+    """    FROM c
+    WHERE j.id = c.id AND (SELECT count(*) FROM chain_root) >= 0
+""",
 )
+assert "chain_root) >= 0" in _COMPLETE_CTES_ONE
 COMPLETE_ONE = f"WITH {_COMPLETE_CTES_ONE}{_COMPLETE_RESULT}"
 
 # A hand-on in one statement (one round trip, its own transaction on an autocommit
@@ -592,12 +618,13 @@ def _by_primary_key(ctes: str) -> str:
 
 
 # An atomic attempt's completion, which travels with the COMMIT right behind it (one
-# round trip). Its job's row has been locked since the attempt began, so it cannot be
-# refused — unless the handler itself changed that row in the same transaction. Then,
-# instead of returning no row, the statement fails (the int cast of a message naming
-# the cause; guarded by a CASE on the row count, so it is never folded at plan time):
-# the transaction is aborted and the COMMIT behind it can only roll back. The
-# handler's writes never commit without the completion.
+# round trip). Its job's row is not locked while the handler runs, so the completion
+# is refused when the lease no longer holds (the job was cancelled, deleted, or reaped
+# meanwhile), or when the handler itself changed that row. Then, instead of returning
+# no row, the statement fails (the int cast of a message naming the cause; guarded by
+# a CASE on the row count, so it is never folded at plan time): the transaction is
+# aborted and the COMMIT behind it can only roll back. The handler's writes never
+# commit without the completion.
 ATOMIC_REFUSED = "pgwork: atomic completion refused, the lease no longer holds its job"
 
 COMPLETE_ATOMIC = f"""
