@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import JobTypeRegistry
+from pgwork import ChainStatus, Continue, JobTypeRegistry
 from pgwork.records import AbortReason
 
 from .conftest import ClientFactory, eventually, scalar
@@ -122,3 +122,57 @@ async def test_a_caller_holding_one_running_job_delays_no_other_job(
 
 async def _count_is(dsn: str, ids: list[Any], status: str, expected: int) -> bool:
     return await _count(dsn, ids, status) == expected
+
+
+async def test_a_caller_holding_a_chain_root_delays_only_the_end_of_that_chain(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    workers: Any,
+    pgwork_dsn: str,
+) -> None:
+    """The last job of a chain writes its end on the chain's root row. A caller holding
+    that row (enqueueing a job blocked on the chain locks it, as does deleting it)
+    defers that completion only: the rest of the worker's batch is written."""
+    reg = JobTypeRegistry()
+    last = reg.job_type("last", input=Num, entry=False, lease=LEASE)
+    first = reg.job_type("first", input=Num, continue_with=[last], lease=LEASE)
+    step = reg.job_type("step", input=Num, lease=LEASE)
+    client = await make_client(reg)
+    chain = await client.start_chain(conn, first, Num(n=0))
+    others = [(await client.start_chain(conn, step, Num(n=i))).job_id for i in range(1, JOBS)]
+    await conn.commit()
+
+    runs: Counter[int] = Counter()
+    all_started = anyio.Event()
+    release = anyio.Event()
+
+    async def handle_first(attempt: Any) -> Continue[Any]:
+        return Continue(last, Num(n=0))
+
+    async def handle(attempt: Any) -> None:
+        runs[attempt.job.input.n] += 1
+        if len(runs) == JOBS:
+            all_started.set()
+        await release.wait()
+
+    await workers(
+        client=client,
+        processors={first: handle_first, last: handle, step: handle},
+        max_slots=JOBS,
+        prefetch=0,
+    )
+    with anyio.fail_after(20):
+        await all_started.wait()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as caller:
+        await caller.execute("SELECT id FROM pgwork.jobs WHERE id = %s FOR UPDATE", [chain.id])
+        release.set()
+        await eventually(
+            lambda: _count_is(pgwork_dsn, others, "completed", len(others)),
+            timeout=15,
+            what="the other jobs to complete while the chain's root is held",
+        )
+        assert (await client.get_chain(chain.id)).status is ChainStatus.ACTIVE
+        await caller.rollback()
+    with anyio.fail_after(15):
+        await client.await_chain(chain.id, timeout=15)
+    assert runs == Counter(range(JOBS))

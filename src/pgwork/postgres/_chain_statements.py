@@ -24,13 +24,16 @@ from pgwork.postgres._statements import _in_chain, _last_job
 # two enqueues cannot deadlock. A root still pending stays locked until we commit, so
 # an acquire meanwhile skips it (SKIP LOCKED) and its worker may take the queue for
 # drained: such roots' queues are returned (with the due time of one not yet due,
-# as epoch seconds) for the enqueue to announce, delivered as the lock ends.
+# as epoch seconds) for the enqueue to announce, delivered as the lock ends. The lock
+# is the update's own (``FOR NO KEY UPDATE``), not ``FOR UPDATE``: a hand-on of the
+# chain, which locks its root ``FOR KEY SHARE`` (see ``_COMPLETE_CTES_ONE``), need not
+# wait for the enqueue to commit.
 LOCK_BLOCKER_CHAINS = """
 WITH target AS (
     SELECT r.id FROM {jobs} AS r
     WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
     ORDER BY r.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 )
 UPDATE {jobs} AS r
 SET chain_has_dependants = true

@@ -500,18 +500,32 @@ def _skipping_locked(ctes: str) -> str:
     completions of the batch, nor the acquire of the same turn. The rows are locked
     first (``held``) and updated by id, not by the locked version's ``ctid``: a row
     updated and committed between the statement's snapshot and its lock is then still
-    found (the update follows it). A skipped row's id is in ``deferred`` when the
-    snapshot saw it held by the completion's lease: not written this time, to be tried
-    again; any other row not written was refused."""
+    found (the update follows it). A completion that ends a chain at a later job also
+    writes the chain's root row: that row is locked the same way (``ending_roots``),
+    and a completion whose root is held is skipped too (a caller enqueueing a job
+    blocked on the chain, deleting or cancelling it, holds its root). A skipped row's
+    id is in ``deferred`` when the snapshot saw it held by the completion's lease: not
+    written this time, to be tried again; any other row not written was refused."""
     fence = """CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
                ELSE j.lease_token = c.token AND j.status = 'running' END"""
     assert ctes.count(fence) == 1
     head, tail = ctes.split("done AS (", 1)
-    held = f"""held AS (
+    held = f"""ending_roots AS (
+    SELECT r.id
+    FROM {{jobs}} AS r
+    WHERE r.id IN (
+        SELECT o.chain_id FROM {{jobs}} AS o, c
+        WHERE o.id = c.id AND o.id <> o.chain_id AND c.ends_chain
+    )
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+),
+held AS (
     SELECT j.id
     FROM {{jobs}} AS j, c
     WHERE j.id = c.id
       AND {fence}
+      AND (j.id = j.chain_id OR NOT c.ends_chain
+           OR j.chain_id IN (SELECT e.id FROM ending_roots AS e))
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
 deferred AS (
