@@ -81,6 +81,8 @@ class CompletionBatcher:
         self.max_size = max_size
         self.max_delay = max_delay
         self._waiting: list[Pending] = []
+        # Groups of completions deferred (``_defer``), until queued again.
+        self._aside: list[list[Pending]] = []
         self._written = asyncio.Event()
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
@@ -164,17 +166,21 @@ class CompletionBatcher:
         aside = asyncio.Event()
         for pending in later:
             pending.written = aside
+        self._aside.append(later)
+        asyncio.get_running_loop().call_later(DEFERRED_RETRY_S, self._requeue, later, aside)
 
-        def again() -> None:
-            for pending in later:
-                pending.written = self._written
-            self._waiting.extend(later)
-            aside.set()
-            self._arrived.set()
-            if len(self._waiting) >= self.max_size:
-                self._full.set()
-
-        asyncio.get_running_loop().call_later(DEFERRED_RETRY_S, again)
+    def _requeue(self, later: list[Pending], aside: asyncio.Event) -> None:
+        """Queue completions set aside by ``_defer`` again (once)."""
+        if not any(group is later for group in self._aside):
+            return
+        self._aside = [group for group in self._aside if group is not later]
+        for pending in later:
+            pending.written = self._written
+        self._waiting.extend(later)
+        aside.set()
+        self._arrived.set()
+        if len(self._waiting) >= self.max_size:
+            self._full.set()
 
     @staticmethod
     def fail(batch: Sequence[Pending], error: BaseException) -> None:
@@ -214,9 +220,27 @@ class CompletionBatcher:
                 with anyio.CancelScope(shield=True):
                     await self._flush(batch)
         finally:
-            if self._waiting:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
-                    await self._flush(self.take())
+            with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+                await self._flush_the_rest()
+
+    async def _flush_the_rest(self) -> None:
+        """Write what waits, deferred completions included, as the batcher stops; those
+        still deferred after a few tries fail (their jobs are left to be reaped)."""
+        for _ in range(len(RETRY_DELAYS)):
+            self._requeue_all()
+            if not self._waiting:
+                return
+            await self._flush(self.take())
+            if not self._aside and not self._waiting:
+                return
+            await anyio.sleep(DEFERRED_RETRY_S)
+        self._requeue_all()
+        left = self.take(len(self._waiting))
+        self.fail(left, RuntimeError("the job's row stayed held by another transaction"))
+
+    def _requeue_all(self) -> None:
+        for group in list(self._aside):
+            self._requeue(group, group[0].written)
 
     async def _flush(self, batch: list[Pending]) -> None:
         if not batch:
