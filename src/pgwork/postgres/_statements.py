@@ -501,36 +501,38 @@ def _skipping_locked(ctes: str) -> str:
     first (``held``) and updated by id, not by the locked version's ``ctid``: a row
     updated and committed between the statement's snapshot and its lock is then still
     found (the update follows it). A completion that ends a chain at a later job also
-    writes the chain's root row: that row is locked the same way (``ending_roots``),
-    and a completion whose root is held is skipped too (a caller enqueueing a job
-    blocked on the chain, deleting or cancelling it, holds its root). A skipped row's
-    id is in ``deferred`` when the snapshot saw it held by the completion's lease: not
-    written this time, to be tried again; any other row not written was refused."""
+    writes the chain's root row: that row is locked the same way (``ending_roots``;
+    a one-job chain's job is its root, and costs no probe), and a completion whose
+    root is held is skipped too (a caller enqueueing a job blocked on the chain,
+    deleting or cancelling it, holds its root); ``taken`` are the completions written.
+    Nothing here waits, so the order of the locks does not matter. A completion not
+    taken is in ``deferred`` when the snapshot saw its job held by its lease: not
+    written this time, to be tried again; any other not written was refused."""
     fence = """CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
                ELSE j.lease_token = c.token AND j.status = 'running' END"""
     assert ctes.count(fence) == 1
     head, tail = ctes.split("done AS (", 1)
-    held = f"""ending_roots AS (
-    SELECT r.id
-    FROM {{jobs}} AS r
-    WHERE r.id IN (
-        SELECT o.chain_id FROM {{jobs}} AS o, c
-        WHERE o.id = c.id AND o.id <> o.chain_id AND c.ends_chain
-    )
-    FOR NO KEY UPDATE OF r SKIP LOCKED
-),
-held AS (
-    SELECT j.id
+    held = f"""held AS (
+    SELECT j.id, j.chain_id, c.ends_chain
     FROM {{jobs}} AS j, c
     WHERE j.id = c.id
       AND {fence}
-      AND (j.id = j.chain_id OR NOT c.ends_chain
-           OR j.chain_id IN (SELECT e.id FROM ending_roots AS e))
     FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+ending_roots AS (
+    SELECT r.id
+    FROM {{jobs}} AS r
+    WHERE r.id IN (SELECT h.chain_id FROM held AS h WHERE h.id <> h.chain_id AND h.ends_chain)
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+),
+taken AS (
+    SELECT h.id FROM held AS h
+    WHERE h.id = h.chain_id OR NOT h.ends_chain
+       OR h.chain_id IN (SELECT e.id FROM ending_roots AS e)
 ),
 deferred AS (
     SELECT c.id FROM c
-    WHERE NOT EXISTS (SELECT 1 FROM held AS h WHERE h.id = c.id)
+    WHERE NOT EXISTS (SELECT 1 FROM taken AS t WHERE t.id = c.id)
       AND EXISTS (
           SELECT 1 FROM {{jobs}} AS j
           WHERE j.id = c.id
@@ -540,10 +542,10 @@ deferred AS (
 done AS ("""
     tail = tail.replace(
         "    FROM c\n    WHERE j.id = c.id\n",
-        "    FROM c, held AS h\n    WHERE j.id = c.id AND h.id = c.id\n",
+        "    FROM c, taken AS t\n    WHERE j.id = c.id AND t.id = c.id\n",
         1,
     )
-    assert "held AS h" in tail
+    assert "taken AS t" in tail
     return head + held + tail
 
 
