@@ -14,7 +14,9 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import ChainStatus, Continue, JobTypeRegistry
+from pgwork import ChainStatus, Continue, JobStatus, JobTypeRegistry
+from pgwork._client_control import continuation_job
+from pgwork.adapters.state import Completion
 from pgwork.records import AbortReason
 
 from .conftest import ClientFactory, eventually, scalar
@@ -176,3 +178,52 @@ async def test_a_caller_holding_a_chain_root_delays_only_the_end_of_that_chain(
     with anyio.fail_after(15):
         await client.await_chain(chain.id, timeout=15)
     assert runs == Counter(range(JOBS))
+
+
+async def test_the_reaper_skips_a_job_whose_chain_root_a_caller_holds(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """Reaping a job past its attempts fails its chain on the root row. While a caller
+    holds that row the reaper does not wait for it: the job is left for a later reap,
+    which fails it and its chain once the caller lets go."""
+    reg = JobTypeRegistry()
+    last = reg.job_type("last", input=Num, entry=False, max_attempts=1)
+    first = reg.job_type("first", input=Num, continue_with=[last])
+    client = await make_client(reg)
+    chain = await client.start_chain(conn, first, Num(n=0))
+    await conn.commit()
+    leases = {"first": timedelta(seconds=60), "last": timedelta(milliseconds=1)}
+    [root] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    [handed] = await client.state.complete(
+        None,
+        completions=[
+            Completion(
+                root.id,
+                root.lease_token,
+                "null",
+                continuation_job(
+                    client.registry, first, root, Continue(last, Num(n=1)), max_bytes=1 << 20
+                ),
+            )
+        ],
+    )
+    assert handed.accepted
+    [job] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    await eventually(
+        lambda: _lease_expired(pgwork_dsn, job.id), timeout=5, what="the lease to expire"
+    )
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as caller:
+        await caller.execute("SELECT id FROM pgwork.jobs WHERE id = %s FOR UPDATE", [chain.id])
+        with anyio.fail_after(5):
+            held = await client.state.reap(type_names=["last"], exclude_worker="reaper")
+        assert held == []
+        await caller.rollback()
+    [reaped] = await client.state.reap(type_names=["last"], exclude_worker="reaper")
+    assert (reaped.job_id, reaped.status) == (job.id, JobStatus.FAILED)
+    assert (await client.get_chain(chain.id)).status is ChainStatus.FAILED
+
+
+async def _lease_expired(dsn: str, job_id: Any) -> bool:
+    return bool(
+        await scalar(dsn, "SELECT leased_until < now() FROM pgwork.jobs WHERE id = %s", job_id)
+    )

@@ -785,10 +785,30 @@ abandoned AS (
       AND j.leased_by = ANY(%(dead_workers)s::text[])
     FOR UPDATE SKIP LOCKED
 ),
-taken AS (
+found AS (
     SELECT id, leased_by FROM expired
     UNION
     SELECT id, leased_by FROM abandoned
+),
+-- A job past its attempts fails its chain, on the chain's root row: that row is locked
+-- without waiting too, and a job whose root another transaction holds (a caller
+-- enqueueing a job blocked on the chain, deleting or cancelling it) is left for a
+-- later reap. A one-job chain's job is its own root.
+failing_roots AS (
+    SELECT r.id
+    FROM {jobs} AS r
+    WHERE r.id IN (
+        SELECT j.chain_id FROM {jobs} AS j, found AS f
+        WHERE j.id = f.id AND j.id <> j.chain_id AND j.attempt >= j.max_attempts
+    )
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+),
+taken AS (
+    SELECT f.id, f.leased_by
+    FROM found AS f, {jobs} AS j
+    WHERE j.id = f.id
+      AND (j.id = j.chain_id OR j.attempt < j.max_attempts
+           OR j.chain_id IN (SELECT fr.id FROM failing_roots AS fr))
 ),
 reaped AS (
     UPDATE {jobs} AS j
