@@ -139,7 +139,7 @@ def _pgwork_turn(batch: int) -> Turn:
         async with conn.cursor(binary=True) as cur:
             await cur.execute(statement, params)
             rows = await cur.fetchall()
-        return [(r[5], r[15]) for r in rows if not r[0] and r[5] is not None]
+        return [(r[6], r[16]) for r in rows if not r[0] and r[6] is not None]
 
     return turn
 

@@ -39,3 +39,34 @@ async def test_completions_waiting_when_the_batcher_is_cancelled_are_still_writt
                 await anyio.lowlevel.checkpoint()
         group.cancel_scope.cancel()
     assert (await client.get_job(job.id)).status is JobStatus.COMPLETED
+
+
+async def test_a_completion_deferred_while_its_row_is_held_and_still_held_at_stop_fails(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """A completion whose row a caller holds is deferred, not waited on; one still held
+    when the batcher stops fails (its job is left to be reaped) rather than leaving its
+    slot waiting for ever."""
+    client, job = await acquired_job(make_client, conn)
+    batcher = CompletionBatcher(client.state)
+    completion = Completion(job.id, job.lease_token, output_json="null", continuation=None)
+    outcome: list[BaseException | None] = []
+    settled = anyio.Event()
+
+    def written_to(pending: Any) -> None:
+        outcome.append(pending.error)
+        settled.set()
+
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as caller:
+        await caller.execute("SELECT id FROM pgwork.jobs WHERE id = %s FOR UPDATE", [job.id])
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(batcher.run_forever)
+                batcher.submit(completion, None, written_to)  # a slot's, which ends at once
+                while not batcher._aside:  # deferred once
+                    await anyio.lowlevel.checkpoint()
+                group.cancel_scope.cancel()
+            await settled.wait()
+        await caller.rollback()
+    assert [type(e) for e in outcome] == [RuntimeError]
+    assert (await client.get_job(job.id)).status is JobStatus.RUNNING

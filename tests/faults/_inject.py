@@ -81,9 +81,8 @@ def _kill(dsn: str, fleet: Fleet, index: int, figures: Figures, timeout: float) 
     victim = fleet.kill(index, signal.SIGSTOP)
     stopped_at = time.monotonic()
     # Read while the victim is frozen: it changes nothing, and its open transactions
-    # keep their row locks. Read only after the kill, an atomic job whose lease had
-    # already expired (legal: its row lock holds it) could be reaped in the moment
-    # between the kill releasing that lock and the read, and go uncounted.
+    # stay open. Read only after the kill, a job whose lease had just expired could be
+    # reaped in the moment between the kill and the read, and go uncounted.
     frozen = held_leases(dsn, worker=victim.worker_id)
     victim.send(signal.SIGKILL)
     victim.proc.wait(10)

@@ -59,9 +59,8 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
     reg.job_type("work", input=Spec, lease=timedelta(seconds=lease), retry=RETRY, max_attempts=25)
     # Atomic: ``effect`` writes an effect row; ``quiet`` writes nothing of its own, so
     # in a group its completion waits for the group's commit, written with the other
-    # such members' in one statement. A lone atomic attempt holds its row lock (its
-    # lease need not outlast the handler; the timeout bounds the transaction); a
-    # grouped one has its lease renewed.
+    # such members' in one statement. An atomic attempt, lone or grouped, has its
+    # lease renewed while its handler runs (the timeout bounds the transaction).
     for name in ("effect", "quiet"):
         reg.job_type(
             name,

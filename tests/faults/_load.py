@@ -47,8 +47,8 @@ def enqueue(dsn: str, jobs: Sequence[tuple[str, Spec]], *, chunk: int = 1000) ->
 
 
 def mixed_jobs(count: int, *, lease: float, rng: random.Random) -> list[tuple[str, Spec]]:
-    """Half staged, half atomic; one atomic job in ten outlives its lease (it is held
-    by its row lock, not by renewals)."""
+    """Half staged, half atomic; one atomic job in ten outlives its lease (its lease is
+    renewed while it runs)."""
     jobs: list[tuple[str, Spec]] = []
     for n in range(count):
         roll = rng.random()

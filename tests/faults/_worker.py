@@ -19,7 +19,7 @@ oracle catches the failure it is meant to catch:
 
 ``unfenced``    every complete statement, renew and fail ignore the lease token (a
                 completion matches its job by id alone, whatever its status); an
-                atomic attempt takes no row lock and checks no token
+                atomic attempt checks no token as it begins
 ``no-reap``     expired leases (and dead workers' jobs) are never taken back
 ``eager-reap``  leases are taken back long before they expire
 ``no-notify``   the worker's listener never hears a ``ready`` notice (it must then
@@ -30,6 +30,10 @@ oracle catches the failure it is meant to catch:
                 acquiring again at once (the idle busy-loop of an earlier build)
 ``early-commit`` a grouped atomic attempt's writes commit on their own, before its
                 completion (which then commits with its group)
+``unrenewed-atomic`` the worker renews no atomic attempt's lease while its handler
+                runs (a fault rather than a broken build: it lets another worker reap
+                a long atomic run that goes on, so the lease token's fence is what
+                keeps its effect from committing twice)
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from pgwork import (
 from pgwork.adapters.notify import Notice
 from pgwork.postgres import _statements
 from pgwork.postgres._atomic_group import PgAtomicGroup
+from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 
 BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
@@ -101,13 +106,13 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
         ("FAIL", "j.id = f.id AND j.lease_token = f.token AND", "j.id = f.id AND"),
         (
             "BEGIN_ATOMIC",
-            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
-            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\n",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'\n",
         ),
         (
             "BEGIN_ATOMIC_BOUNDED",
-            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\nFOR UPDATE OF j",
-            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'",
+            "AND j.lease_token = %(lease_token)s AND j.status::text = 'running'\n",
+            "AND %(lease_token)s::uuid IS NOT NULL AND j.status = 'running'\n",
         ),
     ],
     "eager-reap": [
@@ -158,6 +163,13 @@ async def _never_release(self: PostgresStateAdapter, **_: Any) -> int:
     return 0
 
 
+_lease_holders = Slots.lease_holders
+
+
+def _staged_lease_holders(self: Slots) -> list[Any]:
+    return [s for s in _lease_holders(self) if not (s.renewing and not s.staged)]
+
+
 def break_statements(spec: str) -> None:
     """Patch the statement templates named by ``spec`` (comma-separated breakages);
     ``no-reap`` replaces the adapter's ``reap`` (expired leases and dead workers'),
@@ -177,12 +189,16 @@ def break_statements(spec: str) -> None:
         if name == "early-commit":
             PgAtomicGroup.complete = _commit_early  # type: ignore[method-assign]
             continue
+        if name == "unrenewed-atomic":
+            Slots.lease_holders = _staged_lease_holders  # type: ignore[method-assign]
+            continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
-            # The first occurrence only: the statement's first use is the one meant.
-            setattr(_statements, constant, template.replace(old, new, 1))
+            # Every occurrence: a statement that locks its rows first (SKIP LOCKED)
+            # repeats its fence there.
+            setattr(_statements, constant, template.replace(old, new))
 
 
 class _Events:

@@ -32,11 +32,12 @@ def run_broken(dsn: str, breakage: str, load: Load = SMALL, **kwargs: Any) -> Fi
     return figures
 
 
-# Atomic jobs whose first run outlives its lease (legal: the row lock, not renewals,
-# holds an atomic job), on two workers polling often enough to reap each other's expired
-# leases well before those runs end (2.5 leases, under the type's timeout of 3). A run
-# after the first is quick and ends first; the workers' final stop lets the first runs
-# finish (grace), so each job's every run gets its chance to commit.
+# Atomic jobs whose first run outlives its lease (legal: the worker renews an atomic
+# attempt's lease while its handler runs), on two workers polling often enough to reap
+# each other's expired leases well before those runs end (2.5 leases, under the type's
+# timeout of 3). A run after the first is quick and ends first; the workers' final
+# stop lets the first runs finish (grace), so each job's every run gets its chance to
+# commit.
 OUTLIVE = Load(
     jobs=4, workers=2, slots=4, lease=1.0, poll=0.2, faults=0, drain_timeout=15, grace=5.0
 )
@@ -64,19 +65,31 @@ def run_outliving(dsn: str, breakage: str) -> Figures:
 def test_unfenced_build_commits_duplicate_effects(
     fault_dsn: str, report: Callable[[Figures], Figures]
 ) -> None:
-    """Without the row lock, the lease-token check and the refusal of a completion for
-    a job that is no longer running, an atomic job that outlives its lease is reaped by
-    the other worker and run again while its first run still goes on, and both runs
-    commit their effect."""
-    figures = report(run_outliving(fault_dsn, "unfenced"))
+    """Without the lease-token check and the refusal of a completion for a job that is
+    no longer running, an atomic job whose lease is not renewed while its long first
+    run goes on is reaped by the other worker and run again, and both runs commit
+    their effect."""
+    figures = report(run_outliving(fault_dsn, "unrenewed-atomic,unfenced"))
     assert figures.duplicate_effects > 0
+
+
+def test_the_fence_refuses_the_effect_of_a_reaped_atomic_run(
+    fault_dsn: str, report: Callable[[Figures], Figures]
+) -> None:
+    """The control for the test above: the same reaped runs, with the fence. Each job
+    runs twice (its lease was not renewed), and commits one effect."""
+    figures = report(run_outliving(fault_dsn, "unrenewed-atomic"))
+    assert (figures.completed, figures.lost) == (len(OUTLIVING_JOBS), 0)
+    assert figures.duplicate_executions > 0
+    assert figures.duplicate_effects == 0
 
 
 def test_correct_build_runs_the_same_jobs_without_a_duplicate(
     fault_dsn: str, report: Callable[[Figures], Figures]
 ) -> None:
-    """The control for the test above: the row lock keeps the other worker from reaping
-    the expired leases, so each job runs once and commits one effect."""
+    """The renewal of an atomic attempt's lease keeps the other worker from reaping
+    the long runs, so each job runs once and commits one effect (the two tests above
+    are its controls: without renewals the jobs run twice)."""
     figures = report(run_outliving(fault_dsn, ""))
     assert (figures.completed, figures.lost) == (len(OUTLIVING_JOBS), 0)
     assert figures.duplicate_effects == 0

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.timeout(90)
 
 LEASE = 1.0
 POLL = 0.2
-# An atomic attempt holds its row lock until PostgreSQL ends the idle transaction:
-# the job type's timeout (3 leases) plus the adapter's 5 s of slack.
+# A paused worker's atomic transaction stays open until PostgreSQL ends it (the job
+# type's timeout, 3 leases, plus the adapter's 5 s of slack); its job's row is not
+# locked, so the job is reaped once its lease expires. This bound is a loose upper one.
 ATOMIC_HOLD = 3 * LEASE + 5
 
 
@@ -50,8 +51,9 @@ def test_paused_worker_is_cancelled_and_its_late_writes_refused(
         victim.send(signal.SIGCONT)
         # The renewal is refused: the staged handler is cancelled mid-sleep.
         victim.wait_for(rf"^aborted {staged} (ownership_lost|completed_elsewhere)$", since=since)
-        # The atomic attempt's transaction was ended by the server: its handler times
-        # out or its completion fails; either way nothing of it commits.
+        # The atomic attempt's renewal is refused too (the job was reaped), or its
+        # transaction was ended by the server: its handler is aborted, times out or
+        # has its completion refused; either way nothing of it commits.
         victim.wait_for(rf"^(aborted {atomic} |event (attempt\.\w+|lease\.lost) .*{atomic})")
     finally:
         victim.close()

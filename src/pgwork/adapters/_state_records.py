@@ -165,13 +165,18 @@ class AcquiredJob:
 
 @dataclass(frozen=True, slots=True)
 class RenewResult:
-    """Outcome of renewing one lease: ``renewed``, or the job's status now (if any)."""
+    """Outcome of renewing one lease: ``renewed``, or the job's status now (if any).
+
+    ``deferred``: not renewed this time because another transaction holds the job's
+    row (a caller cancelling or completing it, say); the lease still holds as it was,
+    and the next renewal tries again. Renewal never waits on such a row."""
 
     job_id: UUID
     lease_token: UUID
     renewed: bool
     leased_until: datetime | None
     status: JobStatus | None
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +208,10 @@ class CompletionResult:
     ready_queues: tuple[str, ...] = ()
     chain_awaited: bool = False
     due: tuple[tuple[str, float], ...] = ()
+    # Not written this time (``accepted`` False): another transaction holds the job's
+    # row, and a worker's own batch skips such a row rather than wait on it. The lease
+    # is untouched; write the completion again later.
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

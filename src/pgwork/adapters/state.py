@@ -301,7 +301,9 @@ class WorkerStore(Store, Protocol):
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:
-        """Lock the job row in ``tx`` for an atomic attempt; False if no longer held."""
+        """Open an atomic attempt in ``tx``: bound the transaction and check that
+        ``lease`` still holds its job (False if not). The row is not locked: the
+        attempt's lease is renewed while it runs, and its completion is fenced."""
         ...
 
     def atomic_transaction(

@@ -24,13 +24,16 @@ from pgwork.postgres._statements import _in_chain, _last_job
 # two enqueues cannot deadlock. A root still pending stays locked until we commit, so
 # an acquire meanwhile skips it (SKIP LOCKED) and its worker may take the queue for
 # drained: such roots' queues are returned (with the due time of one not yet due,
-# as epoch seconds) for the enqueue to announce, delivered as the lock ends.
+# as epoch seconds) for the enqueue to announce, delivered as the lock ends. The lock
+# is the update's own (``FOR NO KEY UPDATE``), not ``FOR UPDATE``: a hand-on of the
+# chain, which locks its root ``FOR KEY SHARE`` (see ``_COMPLETE_CTES_ONE``), need not
+# wait for the enqueue to commit.
 LOCK_BLOCKER_CHAINS = """
 WITH target AS (
     SELECT r.id FROM {jobs} AS r
     WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
     ORDER BY r.id
-    FOR UPDATE
+    FOR NO KEY UPDATE
 )
 UPDATE {jobs} AS r
 SET chain_has_dependants = true
@@ -138,16 +141,25 @@ WHERE b.job_id = %(job_id)s
 ORDER BY b.position
 """
 
-# Cancel whole chains: every job not yet final becomes cancelled, the root records the
-# chain as cancelled. Running jobs' holders learn it from their next renewal (and from
-# the abort notice the client publishes in the same transaction).
+# Cancel whole chains, in two statements. First the active chains' roots are locked
+# (in id order, so two cancels cannot deadlock): a hand-on (a completion that inserts
+# the chain's next job) locks its chain's root before its job's row, so from here on
+# no job of these chains is handed on, and one that was handed on meanwhile has
+# committed. Then CANCEL_CHAINS, under a fresh snapshot that sees it: every job not yet
+# final becomes cancelled, the root records the chain as cancelled. Running jobs'
+# holders learn it from their next renewal (and from the abort notice the client
+# publishes in the same transaction); their completions are refused.
+LOCK_ACTIVE_CHAINS = """
+SELECT r.id FROM {jobs} AS r
+WHERE r.id = ANY(%(chain_ids)s::uuid[]) AND r.id = r.chain_id
+  AND r.chain_status = 'active'
+ORDER BY r.id
+FOR UPDATE
+"""
+
 CANCEL_CHAINS = f"""
 WITH target AS (
-    SELECT r.id FROM {{jobs}} AS r
-    WHERE r.id = ANY(%(chain_ids)s::uuid[]) AND r.id = r.chain_id
-      AND r.chain_status = 'active'
-    ORDER BY r.id
-    FOR UPDATE
+    SELECT t.id FROM unnest(%(chain_ids)s::uuid[]) AS t(id)
 ),
 jobs_cancelled AS (
     UPDATE {{jobs}} AS j
@@ -241,6 +253,7 @@ class ChainStatements:
     find_resolvable_blocked: bytes
     has_dependants: bytes
     blocker_outputs: bytes
+    lock_active_chains: bytes
     cancel_chains: bytes
     chains_of: bytes
     retry_failed: bytes

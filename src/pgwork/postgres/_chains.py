@@ -178,8 +178,15 @@ class ChainOps:
         self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
     ) -> tuple[list[CancelledChain], Resolution]:
         async with self._connection(tx) as conn:
+            # Two statements: the second must see what was handed on before the
+            # first's locks were granted (see LOCK_ACTIVE_CHAINS).
+            locked = await self._fetch(
+                conn, self._csql.lock_active_chains, {"chain_ids": sorted(set(chain_ids))}
+            )
+            if not locked:
+                return [], Resolution()
             rows = await self._fetch(
-                conn, self._csql.cancel_chains, {"chain_ids": sorted(set(chain_ids))}
+                conn, self._csql.cancel_chains, {"chain_ids": [row[0] for row in locked]}
             )
             cancelled = [CancelledChain(chain_id=row[0], job_ids=tuple(row[1])) for row in rows]
             resolution = await self._resolve_dependants_of(conn, [c.chain_id for c in cancelled])

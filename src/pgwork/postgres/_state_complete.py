@@ -32,6 +32,7 @@ from pgwork.postgres._callers import DbConn
 from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._state_enqueue import scheduled
+from pgwork.postgres._state_worker import mark_deferred
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
@@ -49,6 +50,7 @@ _build_result = frozen_builder(
         "ready_queues",
         "chain_awaited",
         "due",
+        "deferred",
     ),
 )
 
@@ -98,8 +100,9 @@ class CompletionOps:
         if tx is None and any(c.continuation for c in completions):
             async with self.transaction() as own:
                 return await self.complete(own, completions=completions, notify=notify)
+        deferred: list[UUID] = []
         async with self._connection(tx) as conn:
-            if len(completions) == 1:
+            if len(completions) == 1 and tx is not None:
                 [one] = completions
                 rows = await self._fetch(
                     conn,
@@ -111,9 +114,18 @@ class CompletionOps:
                         "ends_chain": one.continuation is None,
                     },
                 )
+            elif tx is None and all(c.lease_token is not None for c in completions):
+                # A worker's batch: a row a caller holds is skipped, not waited on.
+                rows = await self._fetch(
+                    conn, self._sql.complete_skipping, completion_params(completions)
+                )
+                deferred = [row[0] for row in rows if row[1] is None]
+                rows = [row for row in rows if row[1] is not None]
             else:
                 rows = await self._fetch(conn, self._sql.complete, completion_params(completions))
         results = await self._completion_results(tx, completions, rows)
+        if deferred:
+            results = mark_deferred(results, deferred)
         if notify is not None:
             chain_ids = {row[0]: row[1] for row in rows}
             notices = ready_notices(
@@ -255,6 +267,7 @@ class CompletionOps:
                     ready_queues,
                     awaited or chain_id in resolution.awaited_chain_ids,  # chain_awaited
                     due,
+                    False,  # deferred
                 )
             )
         return results

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -42,12 +42,12 @@ from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
 from pgwork.records import JobStatus
 
-__all__ = ["WorkerOps"]
+__all__ = ["WorkerOps", "mark_deferred"]
 
 _IDLE = TransactionStatus.IDLE
 
-# The first server version whose transaction_timeout lets BEGIN and the row lock travel
-# in one pipeline.
+# The first server version whose transaction_timeout lets BEGIN and the attempt's first
+# statement travel in one pipeline.
 _PIPELINED_BEGIN_FROM = 170000
 
 
@@ -153,10 +153,10 @@ class WorkerOps:
     async def _begin_and_lock(
         self, conn: psycopg.AsyncConnection[Any], lease: Lease, deadline: timedelta
     ) -> bool:
-        """BEGIN and lock the job's row: one round trip from PostgreSQL 17 on, two before.
+        """BEGIN and check the lease: one round trip from PostgreSQL 17 on, two before.
 
         Either way the server ends the transaction of a worker that stops talking to
-        it (frozen, paused): before 17 by the lock statement's local
+        it (frozen, paused): before 17 by the check statement's local
         idle_in_transaction_session_timeout, which must not be pipelined (see
         BEGIN_ATOMIC_BOUNDED); from 17 by its local transaction_timeout.
         """
@@ -247,8 +247,10 @@ class WorkerOps:
             )
         }
         results = await self._completion_results(None, completions, (), accepted=accepted)
+        if head[5]:
+            results = mark_deferred(results, head[5])
         acquired: list[AcquiredJob] = []
-        if _add_acquired(acquired, [row for row in rows if not row[0]], skip=5):
+        if _add_acquired(acquired, [row for row in rows if not row[0]], skip=6):
             acquired += await self.acquire(
                 worker_id=worker_id, leases=leases, queues=queues, limit=limit - len(acquired)
             )
@@ -282,8 +284,9 @@ class WorkerOps:
                 renewed=until is not None,
                 leased_until=until,
                 status=JobStatus(status) if status else None,
+                deferred=deferred,
             )
-            for job_id, token, until, status in rows
+            for job_id, token, until, status, deferred in rows
         ]
 
     async def fail(
@@ -372,6 +375,20 @@ class WorkerOps:
             )
             for r in rows
         ]
+
+
+def mark_deferred(
+    results: Sequence[CompletionResult], deferred: Iterable[UUID]
+) -> list[CompletionResult]:
+    """``results`` with those of the ``deferred`` jobs (not written: another
+    transaction held the row) marked so; the worker writes them again later."""
+    later = {job_id.int for job_id in deferred}
+    return [
+        CompletionResult(job_id=r.job_id, accepted=False, deferred=True)
+        if r.job_id.int in later
+        else r
+        for r in results
+    ]
 
 
 # How many more acquires follow one whose lease missed candidates (see ``_LEASE`` in

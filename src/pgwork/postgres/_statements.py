@@ -384,21 +384,24 @@ CROSS JOIN LATERAL (
 WHERE p.priority IS NOT NULL
 """
 
-# Locks the row for an atomic attempt; the lock is held until the attempt's
-# transaction ends. The session-local idle timeout ends a transaction whose handler
-# stopped talking to the database, releasing the lock even if the worker is stuck.
-# The status is compared as text on purpose: ``status = 'running'`` lets the planner
-# read the row through the partial index of running jobs' leases
-# (``jobs_lease_expiry_idx``, which the statistics show nearly empty) and filter it by
-# id, walking every entry there, dead ones included: each job a drain finished leaves
-# one until a vacuum, so the lock cost 0.5 ms of server CPU after 3,000 jobs instead
-# of a primary key lookup's ~20 µs. A predicate on ``status::text`` matches no index.
+# Opens an atomic attempt's transaction: checks that the lease still holds its job and
+# bounds the transaction on the server. The session-local idle timeout ends a
+# transaction whose handler stopped talking to the database, even if the worker is
+# stuck. The job's row is not locked: the worker renews the attempt's lease while its
+# handler runs, as a staged attempt's, and the completion is fenced by the lease token
+# and the status (so a caller cancelling or deleting the job does not wait for the
+# handler, and the completion is refused after it). The status is compared as text on
+# purpose: ``status = 'running'`` lets the planner read the row through the partial
+# index of running jobs' leases (``jobs_lease_expiry_idx``, which the statistics show
+# nearly empty) and filter it by id, walking every entry there, dead ones included:
+# each job a drain finished leaves one until a vacuum, so the check cost 0.5 ms of
+# server CPU after 3,000 jobs instead of a primary key lookup's ~20 µs. A predicate on
+# ``status::text`` matches no index.
 BEGIN_ATOMIC = """
 SELECT j.id
 FROM {jobs} AS j,
      (SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)) AS cfg(v)
 WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
-FOR UPDATE OF j
 """
 
 # BEGIN_ATOMIC for PostgreSQL 17 and later, bounded by transaction_timeout instead: set
@@ -419,14 +422,26 @@ WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(seconds)s::float8[])
         AS r(id, token, seconds)
 ),
+-- A row another transaction holds (a caller cancelling, completing or just reading it
+-- FOR UPDATE) is skipped, not waited on: one caller's lock must not hold up every
+-- other lease of the worker. Its lease is reported ``deferred`` below.
+held AS (
+    SELECT j.id
+    FROM {jobs} AS j, r
+    WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
 renewed AS (
     UPDATE {jobs} AS j
     SET leased_until = now() + r.seconds * interval '1 second'
-    FROM r
-    WHERE j.id = r.id AND j.lease_token = r.token AND j.status::text = 'running'
+    FROM r, held AS h
+    WHERE j.id = h.id AND r.id = h.id AND j.lease_token = r.token
+      AND j.status::text = 'running'
     RETURNING j.id, j.lease_token, j.leased_until
 )
-SELECT r.id, r.token, u.leased_until, j.status::text
+SELECT r.id, r.token, u.leased_until, j.status::text,
+    COALESCE(j.lease_token = r.token AND j.status::text = 'running'
+        AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.id = r.id), false) AS deferred
 FROM r
 LEFT JOIN renewed AS u ON u.id = r.id AND u.lease_token = r.token
 LEFT JOIN {jobs} AS j ON j.id = r.id
@@ -484,16 +499,106 @@ LEFT JOIN roots AS rt ON rt.id = d.chain_id
 
 COMPLETE = f"WITH {_COMPLETE_CTES}{_COMPLETE_RESULT}"
 
+
+def _skipping_locked(ctes: str) -> str:
+    """``ctes`` for a worker's own batch of completions, which skips a row another
+    transaction holds instead of waiting on it (a caller cancelling or completing that
+    job, or reading it ``FOR UPDATE``): one caller's lock must not hold up the other
+    completions of the batch, nor the acquire of the same turn. The rows are locked
+    first (``held``) and updated by id, not by the locked version's ``ctid``: a row
+    updated and committed between the statement's snapshot and its lock is then still
+    found (the update follows it). A completion that ends a chain at a later job also
+    writes the chain's root row: that row is locked the same way (``ending_roots``;
+    a one-job chain's job is its root, and costs no probe), and a completion whose
+    root is held is skipped too (a caller enqueueing a job blocked on the chain,
+    deleting or cancelling it, holds its root); ``taken`` are the completions written.
+    Nothing here waits, so the order of the locks does not matter. A completion not
+    taken is in ``deferred`` when the snapshot saw its job held by its lease: not
+    written this time, to be tried again; any other not written was refused."""
+    fence = """CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
+               ELSE j.lease_token = c.token AND j.status = 'running' END"""
+    assert ctes.count(fence) == 1
+    head, tail = ctes.split("done AS (", 1)
+    held = f"""held AS (
+    SELECT j.id, j.chain_id, c.ends_chain
+    FROM {{jobs}} AS j, c
+    WHERE j.id = c.id
+      AND {fence}
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+ending_roots AS (
+    SELECT r.id
+    FROM {{jobs}} AS r
+    WHERE r.id IN (SELECT h.chain_id FROM held AS h WHERE h.id <> h.chain_id AND h.ends_chain)
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+),
+taken AS (
+    SELECT h.id FROM held AS h
+    WHERE h.id = h.chain_id OR NOT h.ends_chain
+       OR h.chain_id IN (SELECT e.id FROM ending_roots AS e)
+),
+deferred AS (
+    SELECT c.id FROM c
+    WHERE NOT EXISTS (SELECT 1 FROM taken AS t WHERE t.id = c.id)
+      AND EXISTS (
+          SELECT 1 FROM {{jobs}} AS j
+          WHERE j.id = c.id
+            AND {fence}
+      )
+),
+done AS ("""
+    tail = tail.replace(
+        "    FROM c\n    WHERE j.id = c.id\n",
+        "    FROM c, taken AS t\n    WHERE j.id = c.id AND t.id = c.id\n",
+        1,
+    )
+    assert "taken AS t" in tail
+    return head + held + tail
+
+
+_COMPLETE_CTES_SKIPPING = _skipping_locked(_COMPLETE_CTES)
+
+# COMPLETE for a worker's batch written on its own (no acquire went out to take it):
+# the completions written, then one row per deferred completion (its id, the rest
+# NULL; a written one's chain id is never NULL).
+COMPLETE_SKIPPING = f"""WITH {_COMPLETE_CTES_SKIPPING}{_COMPLETE_RESULT}
+UNION ALL
+SELECT d.id, NULL, NULL, NULL, NULL, NULL FROM deferred AS d
+"""
+
 # One completion (an atomic attempt's, a hand-on's): scalars instead of one-element
 # arrays. PostgreSQL estimates a one-element array's unnest at one row but a bound
 # array's at ten, so with arrays it kept re-planning this statement for every call.
+#
+# Its chain's root row is locked first (``chain_root``, ``FOR KEY SHARE``; none when the
+# job is the root, whose own update locks it): a cancel or a delete locks the roots of
+# its chains ``FOR UPDATE`` before it reads their jobs, so a hand-on and a cancel of
+# the same chain take their turns, in the same order, rather than one missing the
+# other's continuation (or deadlocking on the job's row). ``done`` reads the lock's
+# result as a one-time filter, so the root is locked before the job's row.
 _COMPLETE_CTES_ONE = _COMPLETE_CTES.replace(
     """SELECT * FROM unnest(
         %(ids)b::uuid[], %(tokens)b::uuid[], %(outputs)b::text[], %(ends_chain)b::bool[]
-    ) AS c(id, token, output, ends_chain)""",
+    ) AS c(id, token, output, ends_chain)
+),""",
     """SELECT %(id)s::uuid AS id, %(token)s::uuid AS token, %(output)s::text AS output,
-        %(ends_chain)s::bool AS ends_chain""",
+        %(ends_chain)s::bool AS ends_chain
+),
+chain_root AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id = (SELECT o.chain_id FROM {jobs} AS o, c
+                  WHERE o.id = c.id AND o.id <> o.chain_id)
+    FOR KEY SHARE OF r
+),""",
+).replace(
+    """    FROM c
+    WHERE j.id = c.id
+""",
+    """    FROM c
+    WHERE j.id = c.id AND (SELECT count(*) FROM chain_root) >= 0
+""",
 )
+assert "chain_root) >= 0" in _COMPLETE_CTES_ONE
 COMPLETE_ONE = f"WITH {_COMPLETE_CTES_ONE}{_COMPLETE_RESULT}"
 
 # A hand-on in one statement (one round trip, its own transaction on an autocommit
@@ -536,12 +641,13 @@ def _by_primary_key(ctes: str) -> str:
 
 
 # An atomic attempt's completion, which travels with the COMMIT right behind it (one
-# round trip). Its job's row has been locked since the attempt began, so it cannot be
-# refused — unless the handler itself changed that row in the same transaction. Then,
-# instead of returning no row, the statement fails (the int cast of a message naming
-# the cause; guarded by a CASE on the row count, so it is never folded at plan time):
-# the transaction is aborted and the COMMIT behind it can only roll back. The
-# handler's writes never commit without the completion.
+# round trip). Its job's row is not locked while the handler runs, so the completion
+# is refused when the lease no longer holds (the job was cancelled, deleted, or reaped
+# meanwhile), or when the handler itself changed that row. Then, instead of returning
+# no row, the statement fails (the int cast of a message naming the cause; guarded by
+# a CASE on the row count, so it is never folded at plan time): the transaction is
+# aborted and the COMMIT behind it can only roll back. The handler's writes never
+# commit without the completion.
 ATOMIC_REFUSED = "pgwork: atomic completion refused, the lease no longer holds its job"
 
 COMPLETE_ATOMIC = f"""
@@ -561,19 +667,21 @@ WHERE CASE WHEN f.n = 0 THEN ('{ATOMIC_REFUSED} (' || f.n || ')')::int IS NULL
 # entry per accepted completion; every other row is an acquired job.
 _HEAD = """
 SELECT true AS head, array_agg(x.id) AS ids, array_agg(x.chain_id) AS chain_ids,
-    array_agg(x.has_dependants) AS has_dependants, array_agg(x.awaited) AS awaited
+    array_agg(x.has_dependants) AS has_dependants, array_agg(x.awaited) AS awaited,
+    (SELECT array_agg(d.id) FROM deferred AS d) AS deferred
 FROM completed AS x
 """
 
 _ACQUIRED_ROWS = """
-SELECT false, NULL::uuid[], NULL::uuid[], NULL::bool[], NULL::bool[], a.*
+SELECT false, NULL::uuid[], NULL::uuid[], NULL::bool[], NULL::bool[], NULL::uuid[], a.*
 FROM acquired AS a
 """
 
 
 def _complete_and_acquire(candidates: str) -> str:
     return (
-        f"WITH {_COMPLETE_CTES},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},{_LEASES},"
+        f"WITH {_COMPLETE_CTES_SKIPPING},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},"
+        f"{_LEASES},"
         f"{_LEASED},\nacquired AS ({_LEASE_CANDIDATES})"
         f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
@@ -684,10 +792,30 @@ abandoned AS (
       AND j.leased_by = ANY(%(dead_workers)s::text[])
     FOR UPDATE SKIP LOCKED
 ),
-taken AS (
+found AS (
     SELECT id, leased_by FROM expired
     UNION
     SELECT id, leased_by FROM abandoned
+),
+-- A job past its attempts fails its chain, on the chain's root row: that row is locked
+-- without waiting too, and a job whose root another transaction holds (a caller
+-- enqueueing a job blocked on the chain, deleting or cancelling it) is left for a
+-- later reap. A one-job chain's job is its own root.
+failing_roots AS (
+    SELECT r.id
+    FROM {jobs} AS r
+    WHERE r.id IN (
+        SELECT j.chain_id FROM {jobs} AS j, found AS f
+        WHERE j.id = f.id AND j.id <> j.chain_id AND j.attempt >= j.max_attempts
+    )
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+),
+taken AS (
+    SELECT f.id, f.leased_by
+    FROM found AS f, {jobs} AS j
+    WHERE j.id = f.id
+      AND (j.id = j.chain_id OR j.attempt < j.max_attempts
+           OR j.chain_id IN (SELECT fr.id FROM failing_roots AS fr))
 ),
 reaped AS (
     UPDATE {jobs} AS j
@@ -777,6 +905,7 @@ class Statements:
     begin_atomic_bounded: bytes
     renew: bytes
     complete: bytes
+    complete_skipping: bytes
     complete_one: bytes
     complete_and_continue: bytes
     complete_atomic: bytes

@@ -1,5 +1,11 @@
-"""An atomic attempt: the handler runs inside one transaction that holds its job's row
-lock, and its writes commit with the completion or not at all.
+"""An atomic attempt: the handler runs inside one transaction, and its writes commit
+with the completion or not at all.
+
+The job's row is not locked while the handler runs: the worker renews the attempt's
+lease meanwhile, as a staged attempt's, and the completion is fenced by the lease
+token, in the transaction (refused, it rolls the handler's writes back). So a caller
+cancelling or deleting the job does not wait for the handler, and a lease the worker
+cannot renew aborts the attempt (``OWNERSHIP_LOST``) like any other.
 
 A plain completion (no continuation) goes through ``complete_atomic``, which commits
 the transaction in the same round trip; what it made ready is announced after that
@@ -83,7 +89,7 @@ async def run_atomic(
 ) -> None:
     """Run ``slot``'s job as an atomic attempt and settle it. ``timed`` is told the job
     type's name and how long its handler took (the grouping worker's running mean)."""
-    # Atomic attempts pin a row lock, so they always have a deadline.
+    # Atomic attempts hold a transaction open, so they always have a deadline.
     deadline = slot.job_type.timeout or slot.job_type.lease
     attempt: Attempt[Any, Any] | None = None
     failure: BaseException | None = None
@@ -101,7 +107,11 @@ async def run_atomic(
             # A handler given up on raises Abandoned here once it ends; the
             # watchdog's task closed this connection and settled the attempt.
             began = time.monotonic()
-            failure = await runner._call_handler(slot, attempt, deadline)
+            slot.renewing = True
+            try:
+                failure = await runner._call_handler(slot, attempt, deadline)
+            finally:
+                slot.renewing = False  # no longer renewed: its outcome is being written
             if timed is not None:
                 timed(slot.job_type.name, time.monotonic() - began)
             if failure is not None or attempt.aborted:

@@ -230,7 +230,7 @@ class AtomicGroups:
             return False
         deadline = slot.job_type.timeout or slot.job_type.lease
         # Its row is not locked while it runs: its lease is renewed meanwhile.
-        slot.grouped = True
+        slot.renewing = True
         lane = min(self._lanes, key=lambda lane: lane.load)
         await lane.take(slot)
         attempt: Attempt[Any, Any] | None = None
@@ -254,7 +254,7 @@ class AtomicGroups:
                 began = time.monotonic()
                 failure = await runner._call_handler(slot, attempt, deadline)
                 self._learn(slot.job_type.name, time.monotonic() - began)
-            slot.grouped = False  # no longer renewed: its outcome is being written
+            slot.renewing = False  # no longer renewed: its outcome is being written
             if attempt is not None and failure is None and not attempt.aborted:
                 outcome = attempt.outcome
                 if (

@@ -11,6 +11,10 @@ slot is released only after the write committed, so nothing is acknowledged befo
 is durable. Completions with a continuation, or inside an atomic attempt's
 transaction, do not come here: they need their own transaction.
 
+A completion whose job's row another transaction holds (a caller cancelling or
+completing that job) is not waited on: the statement skips it, and it is written again
+a moment later, with a later turn, while the rest of its batch is done.
+
 A failed write is retried with a short backoff (the jobs are still leased to us); if
 it keeps failing, every waiting slot gets the error and its job is left to be reaped.
 """
@@ -32,6 +36,10 @@ log = logging.getLogger("pgwork.worker")
 __all__ = ["CompletionBatcher", "Pending"]
 
 RETRY_DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
+
+# How long a completion waits before it is written again when its job's row was held
+# by another transaction (a caller's) at the last try.
+DEFERRED_RETRY_S = 0.1
 
 # The longest a cancelled batcher spends writing the completions still waiting.
 FINAL_FLUSH_S = 5.0
@@ -73,6 +81,8 @@ class CompletionBatcher:
         self.max_size = max_size
         self.max_delay = max_delay
         self._waiting: list[Pending] = []
+        # Groups of completions deferred (``_defer``), until queued again.
+        self._aside: list[list[Pending]] = []
         self._written = asyncio.Event()
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
@@ -131,13 +141,46 @@ class CompletionBatcher:
             self._full = asyncio.Event()
         return batch
 
-    @staticmethod
-    def deliver(batch: Sequence[Pending], results: Sequence[CompletionResult]) -> None:
+    def deliver(self, batch: Sequence[Pending], results: Sequence[CompletionResult]) -> None:
+        """Hand each completion of ``batch`` its result, but for the deferred ones
+        (another transaction held the job's row): those wait, and are written again
+        after ``DEFERRED_RETRY_S``."""
+        later: list[Pending] = []
         for pending, result in zip(batch, results, strict=True):
-            pending.result = result
+            if result.deferred:
+                later.append(pending)
+            else:
+                pending.result = result
+        if later:
+            self._defer(later)
         if batch:
             batch[0].written.set()
+            if later:
+                batch = [p for p in batch if p.result is not None]
             _call_back_soon(batch)
+
+    def _defer(self, later: list[Pending]) -> None:
+        """Keep ``later`` aside (on an event of their own, so the batch's does not wake
+        them for good) and queue them again after ``DEFERRED_RETRY_S``: the turns and
+        flushes meanwhile do not spin on a row a caller holds."""
+        aside = asyncio.Event()
+        for pending in later:
+            pending.written = aside
+        self._aside.append(later)
+        asyncio.get_running_loop().call_later(DEFERRED_RETRY_S, self._requeue, later, aside)
+
+    def _requeue(self, later: list[Pending], aside: asyncio.Event) -> None:
+        """Queue completions set aside by ``_defer`` again (once)."""
+        if not any(group is later for group in self._aside):
+            return
+        self._aside = [group for group in self._aside if group is not later]
+        for pending in later:
+            pending.written = self._written
+        self._waiting.extend(later)
+        aside.set()
+        self._arrived.set()
+        if len(self._waiting) >= self.max_size:
+            self._full.set()
 
     @staticmethod
     def fail(batch: Sequence[Pending], error: BaseException) -> None:
@@ -177,9 +220,27 @@ class CompletionBatcher:
                 with anyio.CancelScope(shield=True):
                     await self._flush(batch)
         finally:
-            if self._waiting:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
-                    await self._flush(self.take())
+            with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+                await self._flush_the_rest()
+
+    async def _flush_the_rest(self) -> None:
+        """Write what waits, deferred completions included, as the batcher stops; those
+        still deferred after a few tries fail (their jobs are left to be reaped)."""
+        for _ in range(len(RETRY_DELAYS)):
+            self._requeue_all()
+            if not self._waiting:
+                return
+            await self._flush(self.take())
+            if not self._aside and not self._waiting:
+                return
+            await anyio.sleep(DEFERRED_RETRY_S)
+        self._requeue_all()
+        left = self.take(len(self._waiting))
+        self.fail(left, RuntimeError("the job's row stayed held by another transaction"))
+
+    def _requeue_all(self) -> None:
+        for group in list(self._aside):
+            self._requeue(group, group[0].written)
 
     async def _flush(self, batch: list[Pending]) -> None:
         if not batch:

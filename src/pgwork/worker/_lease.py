@@ -3,9 +3,12 @@
 One task renews every running staged lease of the worker in a single statement, at a
 third of the shortest lease, so a lease survives two missed renewals. A lease that is
 not renewed (reaped, cancelled, completed elsewhere) aborts exactly that attempt with
-the matching reason. If renewals keep failing (database unreachable) past the moment
-the lease would have expired, the attempt is aborted too: another worker may own the
-job by then, and pgwork prefers stopping a duplicate to racing it.
+the matching reason. A lease whose job's row another transaction holds (a caller
+cancelling or completing it) is skipped, not waited on, and not taken for lost: it is
+renewed at a later tick, once the caller lets go, and the other leases are renewed
+meanwhile. If renewals keep failing (database unreachable) past the moment the lease
+would have expired, the attempt is aborted too: another worker may own the job by
+then, and pgwork prefers stopping a duplicate to racing it.
 """
 
 from __future__ import annotations
@@ -119,6 +122,12 @@ async def renew_once(
         holder = found
         if result.renewed:
             holder.renewed(started + holder.lease_duration.total_seconds())
+        elif result.deferred:
+            # Another transaction holds the row (a caller's): not renewed this time,
+            # and not lost either, even past its deadline: no reaper can take a row
+            # that is held (they skip locked rows), and the next renewal, once the
+            # caller lets go, tells whether the caller ended the job.
+            continue
         else:
             if holding is not None:
                 if still is None:

@@ -312,7 +312,7 @@ class SlotRunner:
         with anyio.CancelScope(shield=True):
             if attempt.transaction is not None:
                 # Atomic: the abandoned handler may still use the connection. It must
-                # not go back to the pool, nor its row lock outlive the attempt.
+                # not go back to the pool, nor its transaction outlive the attempt.
                 try:
                     await attempt.transaction.discard()
                 except Exception as exc:

@@ -70,7 +70,6 @@ class Slot:
         "acquired",
         "attempt",
         "context",
-        "grouped",
         "handler_running",
         "handler_task",
         "interrupts",
@@ -78,6 +77,7 @@ class Slot:
         "lease_deadline",
         "pending_abort",
         "recheck",
+        "renewing",
         "settling",
         "started",
         "stop_at",
@@ -103,9 +103,9 @@ class Slot:
         # The handler returned and its outcome is being written: renewing the lease now
         # could only race the write (and misread the completed job as a lost lease).
         self.settling = False
-        # A grouped atomic member whose handler runs: its row is not locked, so its
-        # lease is renewed like a staged attempt's (``_atomic_group``).
-        self.grouped = False
+        # An atomic attempt whose handler runs (alone or in a group): its row is not
+        # locked, so its lease is renewed like a staged attempt's.
+        self.renewing = False
         self.lease_deadline = now + job_type.lease.total_seconds()
         self.started = now
         # Set while the handler runs, for the watchdog (see ``abandon_deadline``).

@@ -131,12 +131,13 @@ class Slots:
         return [slot.acquired.lease_token for slot in self.held]
 
     def lease_holders(self) -> list[Slot]:
-        """Attempts whose lease the renewer keeps alive: running staged ones and grouped
-        atomic ones, and the prefetched jobs (of either mode) waiting for a slot."""
+        """Attempts whose lease the renewer keeps alive: running staged ones, atomic ones
+        whose handler runs, and the prefetched jobs (of either mode) waiting for a
+        slot."""
         holders = [
             s
             for s in self.held
-            if ((s.staged and s.attempt is not None) or s.grouped) and not s.settling
+            if ((s.staged and s.attempt is not None) or s.renewing) and not s.settling
         ]
         holders.extend(self.admission.queued)
         return holders

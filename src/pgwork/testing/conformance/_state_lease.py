@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pgwork.adapters.state import Completion, Lease
 from pgwork.records import JobStatus
 from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase
+from pgwork.testing.conformance._rollback import rolled_back
 
 CLOCK_SLACK = timedelta(seconds=1)
 
@@ -53,6 +54,50 @@ class LeaseConformance(StateSuiteBase):
         assert by_id[missing].status is None
         assert all(r.leased_until is None for r in results)
         assert (await store.job(held.id)).leased_until == held.leased_until
+
+    async def test_renew_defers_a_lease_whose_row_another_transaction_holds(
+        self, store: StateHarness
+    ) -> None:
+        """Renewal never waits on a row a caller holds (here an uncommitted cancel): that
+        lease is reported deferred (neither renewed nor lost) and the others are
+        renewed; once the caller lets go, it is renewed again."""
+        await store.seed(store.new_job(), store.new_job())
+        held = await store.acquire_one(lease=timedelta(seconds=30))
+        free = await store.acquire_one(lease=timedelta(seconds=30))
+        duration = {held.id: timedelta(seconds=600), free.id: timedelta(seconds=600)}
+        async with rolled_back(store.adapter.transaction()) as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[held.id])
+            results = await store.adapter.renew(leases=[held.lease, free.lease], duration=duration)
+            by_id = {r.job_id: r for r in results}
+            assert not by_id[held.id].renewed
+            assert by_id[held.id].deferred
+            assert by_id[free.id].renewed
+            assert not by_id[free.id].deferred
+        [again] = await store.adapter.renew(leases=[held.lease], duration=duration)
+        assert again.renewed
+        assert not again.deferred
+
+    async def test_a_workers_completion_is_deferred_while_another_transaction_holds_its_row(
+        self, store: StateHarness
+    ) -> None:
+        """A worker's own batch of completions (no transaction given) skips a row a caller
+        holds: that completion is deferred, not refused and not waited on, and the rest
+        of the batch is written."""
+        await store.seed(store.new_job(), store.new_job())
+        held = await store.acquire_one()
+        free = await store.acquire_one()
+        completions = [
+            Completion(held.id, held.lease_token, '"held"'),
+            Completion(free.id, free.lease_token, '"free"'),
+        ]
+        async with rolled_back(store.adapter.transaction()) as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[held.id])
+            first, second = await store.adapter.complete(None, completions=completions)
+            assert (first.accepted, first.deferred) == (False, True)
+            assert (second.accepted, second.deferred) == (True, False)
+        [later] = await store.adapter.complete(None, completions=completions[:1])
+        assert later.accepted
+        assert (await store.job(held.id)).output == "held"
 
     async def test_renew_of_nothing_returns_nothing(self, store: StateHarness) -> None:
         assert await store.adapter.renew(leases=[], duration={}) == []

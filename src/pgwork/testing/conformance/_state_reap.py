@@ -314,24 +314,28 @@ class AtomicConformance(StateSuiteBase):
                 await state_adapter.complete_atomic(tx, completion=completion)
         assert (await store.job(job.id)).status is JobStatus.RUNNING
 
-    async def test_atomic_attempt_holds_its_job_so_a_concurrent_reap_skips_it(
+    async def test_an_atomic_attempt_holds_no_row_lock_so_its_expired_lease_is_reaped(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(), store.new_job())
+        """An atomic attempt's lease is kept by renewals, as a staged one's, not by a
+        row lock: one nobody renews is reaped while its transaction is open, and its
+        completion is then refused (nothing of the transaction commits)."""
+        await store.seed(store.new_job())
         atomic = await store.acquire_one(worker="worker-a", lease=self.short_lease)
-        sentinel = await store.acquire_one(worker="worker-a", lease=self.short_lease)
-        # The attempt's transaction ends without completing, as if its handler raised.
         with anyio.fail_after(self.test_timeout):
-            async with rolled_back(state_adapter.transaction()) as tx:
-                assert await state_adapter.begin_atomic(
-                    tx, lease=atomic.lease, deadline=timedelta(seconds=30)
-                )
+            async with state_adapter.atomic_transaction(
+                lease=atomic.lease, deadline=timedelta(seconds=30)
+            ) as tx:
+                assert tx is not None
                 reaped = await store.reap_when_expired(timeout=self.expiry_timeout)
-                assert [r.job_id for r in reaped] == [sentinel.id]
-                assert (await store.job(atomic.id)).status is JobStatus.RUNNING
-        # With the transaction gone, its expired lease is fair game again.
-        reaped = await store.adapter.reap(type_names=[ALPHA], exclude_worker="reaper", limit=10)
-        assert [r.job_id for r in reaped] == [atomic.id]
+                assert [r.job_id for r in reaped] == [atomic.id]
+                late = await state_adapter.complete_atomic(
+                    tx, completion=Completion(atomic.id, atomic.lease_token, '"late"')
+                )
+                assert not late.accepted
+        job = await store.job(atomic.id)
+        assert job.status is JobStatus.PENDING
+        assert job.output is None
 
 
 def _done(held: AcquiredJob, output: str = '"atomic"') -> Completion:

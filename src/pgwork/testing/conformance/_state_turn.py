@@ -12,6 +12,7 @@ import pytest
 from pgwork.adapters.state import AcquiredJob, Completion
 from pgwork.records import JobStatus
 from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._rollback import rolled_back
 
 
 def _done(held: AcquiredJob, output: object = None) -> Completion:
@@ -45,6 +46,27 @@ class TurnConformance(StateSuiteBase):
         for j in acquired:
             assert (await store.job(j.id)).status is JobStatus.RUNNING
             assert j.attempt == 1
+
+    async def test_turn_defers_a_completion_whose_row_another_transaction_holds(
+        self, store: StateHarness
+    ) -> None:
+        """The turn never waits on a row a caller holds (here an uncommitted cancel):
+        that completion is deferred, the rest written and the next jobs leased."""
+        await store.seed(*(store.new_job(input={"n": n}) for n in range(2)))
+        held, free = await store.acquire(limit=2)
+        await store.seed(store.new_job(input={"n": 2}))
+        async with rolled_back(store.adapter.transaction()) as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[held.id])
+            results, acquired = await store.adapter.complete_and_acquire(
+                completions=[_done(held), _done(free)],
+                worker_id="worker-a",
+                leases={ALPHA: store.lease},
+                queues=["default"],
+                limit=5,
+            )
+            assert [(r.accepted, r.deferred) for r in results] == [(False, True), (True, False)]
+            assert len(acquired) == 1
+        assert (await store.job(held.id)).status is JobStatus.RUNNING
 
     async def test_turn_leases_like_acquire_by_queue_order_limit_and_type(
         self, store: StateHarness
