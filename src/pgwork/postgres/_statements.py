@@ -603,10 +603,10 @@ COMPLETE_ONE = f"WITH {_COMPLETE_CTES_ONE}{_COMPLETE_RESULT}"
 
 # A hand-on in one statement (one round trip, its own transaction on an autocommit
 # connection): the job completes and, only if its lease still held (``completed`` has
-# its row), the chain's next job is inserted and, when it runs now, announced (the
-# notice goes out on commit). The chain goes on, so it neither ends nor unblocks
-# anyone. Before this a hand-on took five round trips: BEGIN, the completion, the
-# insert, the notice, COMMIT.
+# its row), the chain's next job is inserted and announced (the notice goes out on
+# commit, with its due time when it runs later). The chain goes on, so it neither ends
+# nor unblocks anyone. One round trip where the steps would take five: BEGIN, the
+# completion, the insert, the notice, COMMIT.
 COMPLETE_AND_CONTINUE = f"""
 WITH {_COMPLETE_CTES_ONE},
 completed AS ({_COMPLETE_RESULT}),
