@@ -30,6 +30,15 @@ oracle catches the failure it is meant to catch:
                 acquiring again at once (the idle busy-loop of an earlier build)
 ``early-commit`` a grouped atomic attempt's writes commit on their own, before its
                 completion (which then commits with its group)
+``never-counting`` an attempt past the job's next-to-last is not counted: the attempt
+                counter stops one short of ``max_attempts``, so no job ever fails
+                for good (by its handler's errors or by a lost lease)
+``no-reconnect`` once one of the state adapter's statements failed for a lost or
+                silent connection, every later one fails too: a worker that never
+                recovers from a database outage, restart or hang
+``no-timeout``  a handler past its timeout is never stopped (nor given up on)
+``no-dead-reclaim`` workers whose heartbeat went silent are never found dead: their
+                jobs come back only as their leases expire
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 from tests._loop import run as run_on_test_loop
 from tests.faults._jobs import Spec, registry
@@ -58,8 +68,10 @@ from pgwork import (
     create_in_process_worker,
 )
 from pgwork.adapters.notify import Notice
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres import _statements
 from pgwork.postgres._atomic_group import PgAtomicGroup
+from pgwork.worker._slot import Slot
 from pgwork.worker._wakeups import Wakeups
 
 BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
@@ -113,7 +125,58 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
     "eager-reap": [
         ("REAP", "j.leased_until < now()", "j.leased_until < now() + interval '1 hour'")
     ],
+    "never-counting": [
+        (
+            constant,
+            "attempt = j.attempt + 1,",
+            "attempt = GREATEST(1, LEAST(j.attempt + 1, j.max_attempts - 1)),",
+        )
+        for constant in (
+            "ACQUIRE",
+            "ACQUIRE_ANY_QUEUE",
+            "COMPLETE_AND_ACQUIRE",
+            "COMPLETE_AND_ACQUIRE_ANY_QUEUE",
+        )
+    ],
 }
+
+# The state adapter's statements a worker runs; ``no-reconnect`` fails them all for
+# good after the first that failed for its connection.
+_WORKER_STATEMENTS = (
+    "acquire",
+    "complete_and_acquire",
+    "complete",
+    "complete_atomic",
+    "begin_atomic",
+    "fail",
+    "renew",
+    "reap",
+    "release",
+    "reschedule",
+    "heartbeat",
+    "register_worker",
+    "find_dead_workers",
+    "next_due",
+)
+
+
+def _never_reconnect() -> None:
+    lost: list[BaseException] = []
+
+    def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def broken(self: PostgresStateAdapter, *args: Any, **kwargs: Any) -> Any:
+            if lost:
+                raise psycopg.OperationalError(f"broken build: never reconnected ({lost[0]!r})")
+            try:
+                return await method(self, *args, **kwargs)
+            except (psycopg.OperationalError, DatabaseTimeoutError) as exc:
+                lost.append(exc)
+                raise
+
+        return broken
+
+    for name in _WORKER_STATEMENTS:
+        setattr(PostgresStateAdapter, name, wrap(getattr(PostgresStateAdapter, name)))
 
 
 async def _commit_early(self: PgAtomicGroup, completion: Any, **next_steps: Any) -> Any:
@@ -154,6 +217,10 @@ def _seconds(text: str) -> float | None:
     return None if text == "none" else float(text)
 
 
+async def _no_dead_workers(self: PostgresStateAdapter, **_: Any) -> list[str]:
+    return []
+
+
 async def _never_release(self: PostgresStateAdapter, **_: Any) -> int:
     return 0
 
@@ -176,6 +243,16 @@ def break_statements(spec: str) -> None:
             continue
         if name == "early-commit":
             PgAtomicGroup.complete = _commit_early  # type: ignore[method-assign]
+            continue
+        if name == "no-reconnect":
+            _never_reconnect()
+            continue
+        if name == "no-timeout":
+            Slot.timeout_deadline = lambda self: None  # type: ignore[method-assign]
+            Slot.abandon_deadline = lambda self: None  # type: ignore[method-assign]
+            continue
+        if name == "no-dead-reclaim":
+            PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
             continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
@@ -308,6 +385,11 @@ async def main(args: argparse.Namespace) -> int:
         registry=reg,
     )
     all_handlers = handlers(ledger)
+    liveness: dict[str, Any] = {}
+    if args.heartbeat is not None:
+        liveness["heartbeat_interval"] = args.heartbeat
+    if args.dead_after is not None:
+        liveness["dead_worker_after"] = args.dead_after
     worker = create_in_process_worker(
         client=client,
         processors={name: all_handlers[name] for name in args.types.split(",")},
@@ -318,6 +400,7 @@ async def main(args: argparse.Namespace) -> int:
         observers=[_Events()],
         atomic_group=args.atomic_group,
         atomic_group_wait=args.atomic_group_wait,
+        **liveness,
     )
     terminate = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate.set)
@@ -365,6 +448,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="the notify adapter's check_interval in seconds, or 'none' (default: the library's)",
     )
+    parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat_interval (s)")
+    parser.add_argument("--dead-after", type=float, default=None, help="dead_worker_after (s)")
     parser.add_argument(
         "--defaults",
         action="store_true",
