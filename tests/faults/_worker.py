@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -62,6 +63,8 @@ from tests.faults._jobs import Spec, registry
 
 from pgwork import (
     Attempt,
+    Continue,
+    JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     create_client,
@@ -279,7 +282,7 @@ class _Echo(logging.Handler):
 Handler = Callable[[Attempt[Spec, Any]], Awaitable[Any]]
 
 
-def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
+def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str, Handler]:
     async def record(attempt: Attempt[Spec, Any]) -> Spec:
         async with ledger.connection() as conn:
             await conn.execute(
@@ -341,6 +344,22 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
         await record(attempt)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    async def unwritable(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        # The common mistake: the error is swallowed, the transaction is lost.
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            await attempt.connection.execute("INSERT INTO faults_unique VALUES (1)")
+        return attempt.worker_id
+
+    async def relay(attempt: Attempt[Spec, Any]) -> Continue[Spec]:
+        await record(attempt)
+        await attempt.connection.execute(
+            "INSERT INTO faults_effects (job_id, worker) VALUES (%s, %s)",
+            (attempt.job.id, attempt.worker_id),
+        )
+        await watched(attempt, asyncio.sleep(duration(attempt)))
+        return Continue(reg.get("work"), Spec(n=attempt.job.input.n, ms=10))
+
     return {
         "work": work,
         "effect": effect,
@@ -349,6 +368,8 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
         "block": block,
         "boom": boom,
         "suicide": suicide,
+        "unwritable": unwritable,
+        "relay": relay,
     }
 
 
@@ -384,7 +405,7 @@ async def main(args: argparse.Namespace) -> int:
         notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, ""), **checks),
         registry=reg,
     )
-    all_handlers = handlers(ledger)
+    all_handlers = handlers(ledger, reg)
     liveness: dict[str, Any] = {}
     if args.heartbeat is not None:
         liveness["heartbeat_interval"] = args.heartbeat
