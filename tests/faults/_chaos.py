@@ -152,6 +152,8 @@ class Chaos:
     settled: bool = False
     # (chain id, the database's clock when its cancel had committed)
     cancels: list[tuple[UUID, Any]] = field(default_factory=list)
+    # (fault kind, the database's clock as it began)
+    faults_at: list[tuple[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -273,6 +275,31 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
     chaos.cancels.extend((chain, at) for chain in cancelled)
 
 
+def _db_now(dsn: str) -> Any:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+    return row[0] if row else None
+
+
+def _server_wide(dsn: str, figures: Figures, fault: Callable[[], None]) -> None:
+    """Run a fault that hits every worker (outage, hang, terminated backends), then
+    count as held, once, every job whose handler started in the second after the
+    injector's first read of the running jobs, the moment the fault begins: one
+    acquired just after that read and started before the fault is in neither of the
+    injector's reads if its attempt ended, unsettled, while the fault lasted."""
+    counted = figures.held_jobs.copy()
+    since = _db_now(dsn)
+    fault()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT job_id FROM faults_ledger"
+            " WHERE at BETWEEN %s AND %s + interval '1 second'",
+            (since, since),
+        ).fetchall()
+    this_fault = figures.held_jobs - counted
+    figures.held_jobs.update(job for (job,) in rows if job not in this_fault)
+
+
 def _step(
     chaos: Chaos, step: Step, dsn: str, cluster: PrivateCluster, proxies: Sequence[Proxy]
 ) -> None:
@@ -286,11 +313,14 @@ def _step(
     elif step.kind == "blackhole":
         _blackhole(dsn, fleet, proxies, index, step.seconds, figures)
     elif step.kind == "outage":
-        outage(dsn, LOAD, cluster, step.seconds, probe_timeout=0.5)(fleet, figures)
+        inject = outage(dsn, LOAD, cluster, step.seconds, probe_timeout=0.5)
+        _server_wide(dsn, figures, lambda: inject(fleet, figures))
     elif step.kind == "hang":
-        hang_server(dsn, LOAD, cluster, step.seconds, probe_timeout=quick)(fleet, figures)
+        inject = hang_server(dsn, LOAD, cluster, step.seconds, probe_timeout=quick)
+        _server_wide(dsn, figures, lambda: inject(fleet, figures))
     elif step.kind == "terminate":
-        terminate_backends(dsn, LOAD, probe_timeout=quick)(fleet, figures)
+        inject = terminate_backends(dsn, LOAD, probe_timeout=quick)
+        _server_wide(dsn, figures, lambda: inject(fleet, figures))
     elif step.kind == "caller-lock":
         _caller_lock(dsn, step.target, step.seconds, figures)
     elif step.kind == "hostile-notice":
@@ -329,6 +359,7 @@ def run(
             enqueue(dsn, step.jobs)
             time.sleep(step.wait)
             progress(f"step {number}: {step.kind} {step.seconds:.1f}s")
+            chaos.faults_at.append((step.kind, _db_now(dsn)))
             _step(chaos, step, dsn, cluster, proxies)
         cluster.wait_ready()
         chaos.settled = wait_settled(dsn, drain_bound())
@@ -391,15 +422,16 @@ def _unexplained(dsn: str, figures: Figures) -> list[Any]:
     held."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT l.job_id, array_agg(l.worker ORDER BY l.id), j.type_name"
+            "SELECT l.job_id, array_agg(l.worker ORDER BY l.id), j.type_name,"
+            " array_agg(to_char(l.at, 'HH24:MI:SS.MS') ORDER BY l.id)"
             " FROM faults_ledger AS l JOIN pgwork.jobs AS j ON j.id = l.job_id"
             " WHERE j.type_name <> ALL(%s) GROUP BY l.job_id, j.type_name"
             " HAVING count(*) > 1",
             (list(_SELF_FAILING),),
         ).fetchall()
     return [
-        (str(job), workers, type_name)
-        for job, workers, type_name in rows
+        (str(job), workers, type_name, started)
+        for job, workers, type_name, started in rows
         if len(workers) - 1 > figures.held_jobs[job]
     ]
 
@@ -439,8 +471,12 @@ def violations(dsn: str, chaos: Chaos) -> list[str]:
     if unexplained:
         found.append(
             f"{len(unexplained)} job(s) ran more often than faults found them held "
-            f"(job, workers, type): {unexplained[:5]}"
+            f"(job, workers, type, started at): {unexplained[:5]}; faults began at "
+            + ", ".join(f"{k} {at:%H:%M:%S.%f}"[:-3] for k, at in chaos.faults_at)
         )
+        for job, *_ in unexplained[:3]:
+            said = [line.text for line in chaos.fleet.all_lines(job) if "started" not in line.text]
+            found.append(f"what the workers said of {job}: {said[:6]}")
     exits = chaos.fleet.unexpected_exits()
     if exits:
         found.append(

@@ -34,9 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption(
         "--faults-seed",
-        type=int,
         default=None,
-        help="the randomized fault run's seed (default: a fresh one, printed)",
+        help="the randomized fault run's seed, or 'random' for a fresh one (printed); "
+        "default: the fixed seed CI runs",
     )
     parser.addoption(
         "--faults-random-seconds",

@@ -2,9 +2,10 @@
 the contract (see ``tests/faults/_chaos.py``).
 
 ``--faults-random-seconds`` sets how long faults are injected (60 s by default, what
-CI runs), ``--faults-seed`` replays a seed, ``--faults-random-kinds`` picks the fault
-kinds (``all``, or a comma-separated list; by default those the library survives
-today). A failure prints its seed, its schedule and the command that replays it.
+CI runs), ``--faults-seed`` replays a seed (CI runs ``CI_SEED``; ``random`` draws a
+fresh one), ``--faults-random-kinds`` picks the fault kinds (``all``, or a
+comma-separated list; by default those the library survives today). A failure prints
+its seed, its schedule and the command that replays it.
 
 The controls run a short fixed schedule against the ``unfenced`` build (completions,
 renewals and atomic attempts not fenced by the lease token or the row lock) and the
@@ -26,6 +27,24 @@ from tests.faults._worker import BROKEN_ENV
 # The controls' schedule: short, and with a kill and a pause among its faults.
 CONTROL_SEED = 20
 CONTROL_SECONDS = 15.0
+
+
+# What CI runs: a fixed seed keeps its schedule the same from run to run; a fresh one
+# (``--faults-seed=random``) explores.
+CI_SEED = 11
+
+
+def _seed(option: str | None) -> int:
+    if option is None:
+        return CI_SEED
+    if option == "random":
+        return int.from_bytes(os.urandom(4), "big")
+    try:
+        return int(option)
+    except ValueError:
+        raise pytest.UsageError(
+            f"--faults-seed takes an integer or 'random', not {option!r}"
+        ) from None
 
 
 def _kinds(config: pytest.Config) -> tuple[str, ...]:
@@ -59,9 +78,7 @@ def test_random_faults_keep_the_contract(
     report: Callable[[Figures], Figures],
 ) -> None:
     config = request.config
-    seed = config.getoption("--faults-seed")
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), "big")
+    seed = _seed(config.getoption("--faults-seed"))
     seconds = config.getoption("--faults-random-seconds")
     kinds = _kinds(config)
     replay = _replay(seed, seconds, kinds)
