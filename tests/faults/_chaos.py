@@ -1,19 +1,9 @@
-"""A seeded, randomized fault schedule over a fleet of worker processes, and its oracle.
+"""A seeded, randomized fault schedule over a fleet of worker processes.
 
 ``schedule(seed, seconds, kinds)`` draws, from the seed alone, a sequence of steps: a
 batch of jobs to enqueue, a pause, then one fault. ``run`` plays it against a fleet
 whose every worker reaches the server through a proxy of its own, then lets the work
-drain and checks the contract (``check``):
-
-* nothing lost: every job reaches a final state within ``drain_bound`` of the last
-  fault (completed, failed, or its chain cancelled);
-* nothing past ``max_attempts``: no job started more handler runs than its
-  ``max_attempts``, nor counts more attempts;
-* atomic effects exactly once: a completed atomic job committed its effect once, any
-  other atomic job never;
-* bounded duplicates: a job that does not fail by itself ran again only as often as
-  faults found it held (its lease, or its row locked by a caller);
-* no worker stopped by itself, and after a cancel commits no job of the chain starts.
+drain; ``tests/faults/_contract.py`` checks the contract.
 
 The same seed, length and kinds give the same schedule: a failing seed is a
 reproducible bug report (the failure says how to replay it).
@@ -32,6 +22,7 @@ from uuid import UUID, uuid4
 
 import psycopg
 from tests.faults._cluster import PrivateCluster
+from tests.faults._contract import unexplained
 from tests.faults._fleet import Fleet, Options
 from tests.faults._inject import (
     _kill,
@@ -49,7 +40,7 @@ from tests.faults._proxy import Proxy, via
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
-__all__ = ["ALL_KINDS", "ON_KINDS", "Chaos", "Schedule", "check", "run", "schedule"]
+__all__ = ["ALL_KINDS", "ON_KINDS", "Chaos", "Schedule", "drain_bound", "run", "schedule"]
 
 # Faults the library is expected to survive today.
 ON_KINDS = ("kill", "pause", "outage", "blackhole", "terminate", "hang")
@@ -65,8 +56,6 @@ _JOB_KINDS = {"unwritable"}
 
 LOAD = Load(jobs=0, workers=3, slots=4, lease=1.0, poll=0.5, grace=0.2)
 TYPES = "work,effect,quiet,boom,unwritable,relay"
-# Types whose handlers fail by themselves (every run may be a new attempt).
-_SELF_FAILING = ("boom", "unwritable")
 # An atomic attempt holds its row until PostgreSQL ends its idle transaction: the
 # type's timeout (3 leases) plus the adapter's 5 s of slack.
 _ATOMIC_HOLD = 3 * LOAD.lease + 5
@@ -375,124 +364,5 @@ def run(
     # A cancelled chain's jobs ended as they should: not lost.
     chaos.figures.lost -= row[0] if row else 0
     # Handlers that fail by themselves run up to max_attempts times, faults or not.
-    chaos.figures.unexplained_duplicates = _unexplained(dsn, chaos.figures)
+    chaos.figures.unexplained_duplicates = unexplained(dsn, chaos.figures)
     return chaos
-
-
-_PAST_MAX_ATTEMPTS = """
-SELECT j.id, j.type_name, j.attempt, j.max_attempts, count(l.id)
-FROM pgwork.jobs AS j LEFT JOIN faults_ledger AS l ON l.job_id = j.id
-GROUP BY j.id
-HAVING count(l.id) > j.max_attempts OR j.attempt > j.max_attempts
-"""
-
-_EFFECTS_NOT_ONCE = """
-SELECT j.id, j.type_name, j.status::text, count(e.job_id)
-FROM pgwork.jobs AS j LEFT JOIN faults_effects AS e ON e.job_id = j.id
-WHERE j.type_name IN ('effect', 'relay')
-GROUP BY j.id
-HAVING count(e.job_id) <> CASE WHEN j.status = 'completed' THEN 1 ELSE 0 END
-"""
-
-_NOT_FINAL = """
-SELECT id, type_name, status::text, attempt, leased_by FROM pgwork.jobs
-WHERE status NOT IN ('completed', 'failed', 'cancelled')
-"""
-
-# A chain's status is kept on its first job's row.
-_WRONG_END = """
-SELECT j.id, j.type_name, j.status::text, j.last_attempt_error->>'type'
-FROM pgwork.jobs AS j JOIN pgwork.jobs AS root ON root.id = j.chain_id
-WHERE root.chain_status <> 'cancelled'
-  AND ((j.type_name IN ('work', 'effect', 'quiet') AND j.status <> 'completed')
-       OR (j.type_name IN ('boom', 'unwritable') AND j.status <> 'failed'))
-"""
-
-_STARTED_AFTER_CANCEL = """
-SELECT j.id, j.type_name, l.at, j.status::text FROM pgwork.jobs AS j
-JOIN faults_ledger AS l ON l.job_id = j.id
-WHERE j.chain_id = %s AND l.at > %s
-"""
-
-_CHAIN_STATUS = "SELECT chain_status::text FROM pgwork.jobs WHERE id = %s"  # the root
-
-
-def _unexplained(dsn: str, figures: Figures) -> list[Any]:
-    """Jobs that do not fail by themselves and ran more often than faults found them
-    held."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT l.job_id, array_agg(l.worker ORDER BY l.id), j.type_name,"
-            " array_agg(to_char(l.at, 'HH24:MI:SS.MS') ORDER BY l.id)"
-            " FROM faults_ledger AS l JOIN pgwork.jobs AS j ON j.id = l.job_id"
-            " WHERE j.type_name <> ALL(%s) GROUP BY l.job_id, j.type_name"
-            " HAVING count(*) > 1",
-            (list(_SELF_FAILING),),
-        ).fetchall()
-    return [
-        (str(job), workers, type_name, started)
-        for job, workers, type_name, started in rows
-        if len(workers) - 1 > figures.held_jobs[job]
-    ]
-
-
-def violations(dsn: str, chaos: Chaos) -> list[str]:
-    """Every way the run broke the contract (empty: it kept it)."""
-    found: list[str] = []
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        not_final = conn.execute(_NOT_FINAL).fetchall()
-        if not chaos.settled or not_final:
-            found.append(
-                f"{len(not_final)} job(s) not final {drain_bound():.0f} s after the last "
-                f"fault: {not_final[:5]}"
-            )
-        past = conn.execute(_PAST_MAX_ATTEMPTS).fetchall()
-        if past:
-            found.append(
-                f"{len(past)} job(s) past max_attempts (id, type, attempt, max, runs): {past[:5]}"
-            )
-        effects = conn.execute(_EFFECTS_NOT_ONCE).fetchall()
-        if effects:
-            found.append(
-                f"{len(effects)} atomic job(s) whose effect did not commit exactly once "
-                f"(id, type, status, effects): {effects[:5]}"
-            )
-        wrong = conn.execute(_WRONG_END).fetchall()
-        if wrong:
-            found.append(f"{len(wrong)} job(s) ended wrongly: {wrong[:5]}")
-        for chain, at in chaos.cancels:
-            late = conn.execute(_STARTED_AFTER_CANCEL, (chain, at)).fetchall()
-            if late:
-                found.append(f"chain {chain} cancelled, then its jobs started: {late}")
-            status = conn.execute(_CHAIN_STATUS, (chain,)).fetchone()
-            if status is not None and status[0] != "cancelled":
-                found.append(f"chain {chain} cancelled, then ended {status[0]}")
-    unexplained = _unexplained(dsn, chaos.figures)
-    if unexplained:
-        found.append(
-            f"{len(unexplained)} job(s) ran more often than faults found them held "
-            f"(job, workers, type, started at): {unexplained[:5]}; faults began at "
-            + ", ".join(f"{k} {at:%H:%M:%S.%f}"[:-3] for k, at in chaos.faults_at)
-        )
-        for job, *_ in unexplained[:3]:
-            said = [line.text for line in chaos.fleet.all_lines(job) if "started" not in line.text]
-            found.append(f"what the workers said of {job}: {said[:6]}")
-    exits = chaos.fleet.unexpected_exits()
-    if exits:
-        found.append(
-            "worker(s) stopped by themselves: "
-            + "; ".join(f"{e.worker_id} ({e.returncode}): {e.tail[-3:]}" for e in exits)
-        )
-    return found
-
-
-def check(dsn: str, chaos: Chaos, replay: str) -> None:
-    """Fail with every violation found, the schedule, and how to replay it."""
-    found = violations(dsn, chaos)
-    if found:
-        raise AssertionError(
-            "the randomized fault run broke the contract:\n  - "
-            + "\n  - ".join(found)
-            + f"\nschedule (seed {chaos.schedule.seed}): {chaos.schedule.describe()}"
-            + f"\nreplay: {replay}"
-        )

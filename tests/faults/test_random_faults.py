@@ -19,8 +19,9 @@ import shlex
 from collections.abc import Callable
 
 import pytest
-from tests.faults._chaos import ALL_KINDS, ON_KINDS, Chaos, check, run, schedule, violations
+from tests.faults._chaos import ALL_KINDS, ON_KINDS, Chaos, drain_bound, run, schedule
 from tests.faults._cluster import PrivateCluster
+from tests.faults._contract import check, violations
 from tests.faults._oracle import Figures
 from tests.faults._worker import BROKEN_ENV
 
@@ -87,7 +88,7 @@ def test_random_faults_keep_the_contract(
     chaos = run(fault_dsn, cluster, plan, progress=print)
     chaos.figures.notes["kinds"] = ",".join(kinds)
     report(chaos.figures)
-    check(fault_dsn, chaos, replay)
+    check(fault_dsn, chaos, drain_bound(), replay)
 
 
 def _control(dsn: str, cluster: PrivateCluster, breakage: str) -> Chaos:
@@ -102,7 +103,7 @@ def test_random_fault_contract_rejects_the_unfenced_build(
 ) -> None:
     chaos = _control(fault_dsn, cluster, "unfenced")
     report(chaos.figures)
-    found = violations(fault_dsn, chaos)
+    found = violations(fault_dsn, chaos, drain_bound())
     assert any("effect did not commit exactly once" in v for v in found), found
 
 
@@ -111,5 +112,5 @@ def test_random_fault_contract_rejects_the_never_counting_build(
 ) -> None:
     chaos = _control(fault_dsn, cluster, "never-counting")
     report(chaos.figures)
-    found = violations(fault_dsn, chaos)
+    found = violations(fault_dsn, chaos, drain_bound())
     assert any("not final" in v or "past max_attempts" in v for v in found), found
