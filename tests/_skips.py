@@ -2,7 +2,9 @@
 
 A skip hides a feature from CI as surely as a deleted test: the database tests skip
 when no server answers, the fault tier when the embedded server cannot start, the
-PgBouncer and browser tests when their programs are missing. Locally a skip says what
+PgBouncer and browser tests when their programs are missing. A skip at collection
+(a module-level ``pytest.skip`` or ``importorskip``) counts too: it hides every test of
+its file at once. Locally a skip says what
 to install; in CI (``CI`` set to a true value) it must be one of these, each with the
 reason it is expected, or the run fails and lists it.
 """
@@ -64,6 +66,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # An expected failure (xfail) is reported as skipped too; it is no skip.
     if hasattr(report, "wasxfail"):
         return
+    if report.skipped and isinstance(report.longrepr, tuple) and _config:
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        _config[-1].stash[_SKIPPED].append((report.nodeid, reason))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    # A module-level skip (``pytest.skip(allow_module_level=True)``, ``importorskip``
+    # at import) skips a whole file at collection: no test of it is ever reported.
     if report.skipped and isinstance(report.longrepr, tuple) and _config:
         reason = str(report.longrepr[2]).removeprefix("Skipped: ")
         _config[-1].stash[_SKIPPED].append((report.nodeid, reason))

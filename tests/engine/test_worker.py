@@ -359,18 +359,38 @@ async def test_stop_hands_in_flight_jobs_back_without_burning_an_attempt(
 async def test_stop_lets_in_flight_attempts_finish_within_the_grace_period(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
 ) -> None:
+    """The handler is released only once the stopping worker has reported, in two
+    heartbeats, that it is stopping with the attempt still running: a stop that
+    ignored the grace period would have aborted it by then."""
     reg = JobTypeRegistry()
     slow = reg.job_type("slow", input=Num)
     client = await make_client(reg)
     running = anyio.Event()
     release = anyio.Event()
+    aborted: list[Any] = []
 
     async def handle(attempt: Attempt[Num, Any]) -> str:
         running.set()
-        await release.wait()
+        try:
+            await release.wait()
+        except BaseException:
+            aborted.append(attempt.abort_reason)
+            raise
         return "finished"
 
-    worker = create_in_process_worker(client=client, processors={slow: handle}, grace_period=30)
+    worker = create_in_process_worker(
+        client=client, processors={slow: handle}, grace_period=30, heartbeat_interval=0.05
+    )
+    beats: set[Any] = set()
+
+    async def stopping_with_the_attempt_running_twice() -> bool:
+        if aborted:
+            return True
+        (me,) = await client.list_workers()
+        if (me.status, me.active_slots) == ("stopping", 1):
+            beats.add(me.heartbeat_at)
+        return len(beats) >= 2
+
     async with worker:
         started = await client.start_chain(conn, slow, Num(n=1))
         await conn.commit()
@@ -378,8 +398,14 @@ async def test_stop_lets_in_flight_attempts_finish_within_the_grace_period(
             await running.wait()
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker.stop)
-            await anyio.lowlevel.checkpoint()  # let stop() begin while the attempt still runs
+            await eventually(
+                stopping_with_the_attempt_running_twice,
+                timeout=10,
+                what="two heartbeats of a stopping worker with its attempt running",
+            )
+            assert aborted == [], "stop() aborted the attempt instead of waiting"
             release.set()
+    assert aborted == []
     job = await client.get_job(started.job_id)
     assert job.status is JobStatus.COMPLETED
     assert job.output == "finished"

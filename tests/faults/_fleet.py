@@ -53,6 +53,10 @@ class Options:
     # seconds, "none" for no bound; unset: the library's defaults.
     operation_timeout: str | None = None
     listener_check: str | None = None
+    # The worker's heartbeat_interval and dead_worker_after in seconds (unset: the
+    # library's defaults).
+    heartbeat: float | None = None
+    dead_after: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -75,6 +79,8 @@ class WorkerProcess:
             *(["--operation-timeout", options.operation_timeout]
               if options.operation_timeout else []),
             *(["--listener-check", options.listener_check] if options.listener_check else []),
+            *(["--heartbeat", str(options.heartbeat)] if options.heartbeat else []),
+            *(["--dead-after", str(options.dead_after)] if options.dead_after else []),
             *(["--ledger-dsn", worker_dsn(options.ledger_dsn)] if options.ledger_dsn else []),
         ]  # fmt: skip
         self.proc = subprocess.Popen(

@@ -132,8 +132,9 @@ def kill_worker_mid_group(
     return inject
 
 
-def terminate_backends(dsn: str, load: Load) -> Inject:
+def terminate_backends(dsn: str, load: Load, *, probe_timeout: float | None = None) -> Inject:
     """pg_terminate_backend on every connection of every worker process."""
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 5
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         held = held_leases(dsn)
@@ -147,7 +148,7 @@ def terminate_backends(dsn: str, load: Load) -> Inject:
         figures.notes["backends_terminated"] = figures.notes.get("backends_terminated", 0) + (
             row[0] if row else 0
         )
-        _probe(dsn, figures, _union(held, held_leases(dsn)), at, recovery_bound(load) + 5)
+        _probe(dsn, figures, _union(held, held_leases(dsn)), at, timeout)
 
     return inject
 
@@ -155,15 +156,18 @@ def terminate_backends(dsn: str, load: Load) -> Inject:
 Mode = Literal["fast", "immediate"]
 
 
-def restart_server(dsn: str, load: Load, cluster: PrivateCluster, mode: Mode) -> Inject:
+def restart_server(
+    dsn: str, load: Load, cluster: PrivateCluster, mode: Mode, *, probe_timeout: float | None = None
+) -> Inject:
     """``pg_ctl restart -m mode`` the private cluster under load."""
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 10
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         held = held_leases(dsn)
         at = time.monotonic()
         cluster.restart(mode)
         figures.notes.setdefault("restart_s", []).append(round(time.monotonic() - at, 3))
-        _probe(dsn, figures, _union(held, held_leases(dsn)), at, recovery_bound(load) + 10)
+        _probe(dsn, figures, _union(held, held_leases(dsn)), at, timeout)
 
     return inject
 
@@ -222,6 +226,7 @@ def hang_server(
     seconds: float,
     *,
     thawed: list[float] | None = None,
+    probe_timeout: float | None = None,
 ) -> Inject:
     """SIGSTOP every process of the cluster for ``seconds`` (longer than the lease),
     then SIGCONT: a database that hangs, sockets open, nothing refused or reset.
@@ -230,6 +235,7 @@ def hang_server(
     the freeze and just after the thaw are those the hang found held (but for an
     acquire committing in the moment between the read and the freeze). Recovery is
     counted from the thaw; ``thawed`` collects the moments (monotonic) of the thaws."""
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 10
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         held = held_leases(dsn)
@@ -243,7 +249,7 @@ def hang_server(
             thawed.append(back_at)
         figures.notes.setdefault("hang_s", []).append(seconds)
         figures.notes["processes_frozen"] = len(pids)
-        _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, recovery_bound(load) + 10)
+        _probe(dsn, figures, _union(held, held_leases(dsn)), back_at, timeout)
 
     return inject
 
@@ -256,6 +262,7 @@ def stall_path(
     seed: int = 11,
     *,
     resumed: list[tuple[str, float]] | None = None,
+    probe_timeout: float | None = None,
 ) -> Inject:
     """Stall one worker's network path (its proxy: state, notify and ledger
     connections) for ``seconds``, longer than the lease, then resume it.
@@ -267,6 +274,7 @@ def stall_path(
     open transactions until the path resumes. ``resumed`` collects (worker id,
     monotonic moment) of each resume."""
     rng = random.Random(seed)
+    timeout = probe_timeout if probe_timeout is not None else seconds + recovery_bound(load) + 5
 
     def inject(fleet: Fleet, figures: Figures) -> None:
         index = rng.randrange(len(proxies))
@@ -283,6 +291,6 @@ def stall_path(
         if resumed is not None:
             resumed.append((victim.worker_id, time.monotonic()))
         figures.notes.setdefault("victims", []).append(victim.worker_id)
-        _probe(dsn, figures, held, stalled_at, seconds + recovery_bound(load) + 5)
+        _probe(dsn, figures, held, stalled_at, timeout)
 
     return inject

@@ -35,6 +35,9 @@ CREATE TABLE faults_effects (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX ON faults_effects (job_id);
+-- Holds the one key ``unwritable`` handlers insert again: their write always fails.
+CREATE TABLE faults_unique (k int PRIMARY KEY);
+INSERT INTO faults_unique VALUES (1);
 """
 
 # Fast retries: a fault that fails an attempt should cost milliseconds, not minutes.
@@ -84,4 +87,26 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
         "boom", input=Spec, lease=timedelta(seconds=lease), retry=BOOM_RETRY, max_attempts=3
     )
     reg.job_type("suicide", input=Spec, lease=timedelta(seconds=lease), max_attempts=3)
+    # Atomic: swallows the unique violation of its write and returns normally, so its
+    # outcome can never be committed; it must fail for good at max_attempts.
+    reg.job_type(
+        "unwritable",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        timeout=timedelta(seconds=3 * lease),
+        mode="atomic",
+        retry=RETRY,
+        max_attempts=3,
+    )
+    # Atomic: writes an effect, then hands its chain on to ``work``.
+    reg.job_type(
+        "relay",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        timeout=timedelta(seconds=3 * lease),
+        mode="atomic",
+        retry=RETRY,
+        max_attempts=25,
+        continue_with=["work"],
+    )
     return reg

@@ -16,7 +16,7 @@ from tests.faults._oracle import Figures, measure, wait_settled
 
 from pgwork import ChainStart, PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
-__all__ = ["Load", "enqueue", "mixed_jobs", "run_under_faults"]
+__all__ = ["Load", "enqueue", "mixed_jobs", "run_under_faults", "saturating_jobs"]
 
 
 def enqueue(dsn: str, jobs: Sequence[tuple[str, Spec]], *, chunk: int = 1000) -> list[UUID]:
@@ -61,6 +61,19 @@ def mixed_jobs(count: int, *, lease: float, rng: random.Random) -> list[tuple[st
     return jobs
 
 
+# How long each job of a saturating batch runs.
+SATURATING_MS = 2000
+
+
+def saturating_jobs(load: Load) -> list[tuple[str, Spec]]:
+    """More staged jobs than all workers but one can hold at once (each holds up to
+    ``slots`` running and as many prefetched), each running longer than a worker
+    takes to acquire: enqueued after a fault, some of them reach every worker that
+    takes up work again, and none reach one that does not."""
+    count = load.workers * 2 * load.slots + load.slots
+    return [("work", Spec(n=100_000 + n, ms=SATURATING_MS)) for n in range(count)]
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """Size and pace of one load scenario."""
@@ -81,6 +94,8 @@ class Load:
     # Run the workers at the library's default max_slots and pool size (``slots`` is
     # then only what the bounds assume: set it to the default, 10).
     defaults: bool = False
+    # The state adapter's operation_timeout in seconds (None: the library's default).
+    operation_timeout: float | None = None
 
 
 Inject = Callable[[Fleet, Figures], None]
@@ -104,11 +119,13 @@ def run_under_faults(
     seed: int = 5,
     jobs: Sequence[tuple[str, Spec]] | None = None,
     route: Callable[[int], str] | None = None,
+    then: Sequence[tuple[str, Spec]] = (),
 ) -> tuple[Figures, Fleet]:
     """Enqueue ``jobs`` (default: ``load.jobs`` mixed jobs), start the fleet, call
     ``inject`` every ``fault_every`` seconds (at most ``faults`` times, while work
-    remains), then wait for every job to end and measure. ``route`` gives worker
-    ``index`` a DSN of its own (default: ``dsn``)."""
+    remains), enqueue ``then`` once the last fault is over, then wait for every job to
+    end and measure. ``route`` gives worker ``index`` a DSN of its own (default:
+    ``dsn``)."""
     figures = Figures(scenario)
     if jobs is None:
         jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
@@ -122,6 +139,7 @@ def run_under_faults(
         atomic_group=load.atomic_group,
         atomic_group_wait=load.atomic_group_wait,
         defaults=load.defaults,
+        operation_timeout=None if load.operation_timeout is None else str(load.operation_timeout),
         env=env or {},
     )
     started = time.monotonic()
@@ -133,6 +151,8 @@ def run_under_faults(
             time.sleep(max(0.0, next_fault - time.monotonic()))
             inject(fleet, figures)
             next_fault = time.monotonic() + load.fault_every
+        if then:
+            enqueue(dsn, then)
         wait_settled(dsn, load.drain_timeout)
         figures.elapsed_s = time.monotonic() - started
         figures.notes["restarts"] = fleet.restarts

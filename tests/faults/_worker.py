@@ -34,12 +34,22 @@ oracle catches the failure it is meant to catch:
                 runs (a fault rather than a broken build: it lets another worker reap
                 a long atomic run that goes on, so the lease token's fence is what
                 keeps its effect from committing twice)
+``never-counting`` an attempt past the job's next-to-last is not counted: the attempt
+                counter stops one short of ``max_attempts``, so no job ever fails
+                for good (by its handler's errors or by a lost lease)
+``no-reconnect`` once one of the state adapter's statements failed for a lost or
+                silent connection, every later one fails too: a worker that never
+                recovers from a database outage, restart or hang
+``no-timeout``  a handler past its timeout is never stopped (nor given up on)
+``no-dead-reclaim`` workers whose heartbeat went silent are never found dead: their
+                jobs come back only as their leases expire
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -50,20 +60,25 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 from tests._loop import run as run_on_test_loop
 from tests.faults._jobs import Spec, registry
 
 from pgwork import (
     Attempt,
+    Continue,
+    JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     create_client,
     create_in_process_worker,
 )
 from pgwork.adapters.notify import Notice
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres import _statements
 from pgwork.postgres._atomic_group import PgAtomicGroup
+from pgwork.worker._slot import Slot
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 
@@ -118,7 +133,58 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
     "eager-reap": [
         ("REAP", "j.leased_until < now()", "j.leased_until < now() + interval '1 hour'")
     ],
+    "never-counting": [
+        (
+            constant,
+            "attempt = j.attempt + 1,",
+            "attempt = GREATEST(1, LEAST(j.attempt + 1, j.max_attempts - 1)),",
+        )
+        for constant in (
+            "ACQUIRE",
+            "ACQUIRE_ANY_QUEUE",
+            "COMPLETE_AND_ACQUIRE",
+            "COMPLETE_AND_ACQUIRE_ANY_QUEUE",
+        )
+    ],
 }
+
+# The state adapter's statements a worker runs; ``no-reconnect`` fails them all for
+# good after the first that failed for its connection.
+_WORKER_STATEMENTS = (
+    "acquire",
+    "complete_and_acquire",
+    "complete",
+    "complete_atomic",
+    "begin_atomic",
+    "fail",
+    "renew",
+    "reap",
+    "release",
+    "reschedule",
+    "heartbeat",
+    "register_worker",
+    "find_dead_workers",
+    "next_due",
+)
+
+
+def _never_reconnect() -> None:
+    lost: list[BaseException] = []
+
+    def wrap(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def broken(self: PostgresStateAdapter, *args: Any, **kwargs: Any) -> Any:
+            if lost:
+                raise psycopg.OperationalError(f"broken build: never reconnected ({lost[0]!r})")
+            try:
+                return await method(self, *args, **kwargs)
+            except (psycopg.OperationalError, DatabaseTimeoutError) as exc:
+                lost.append(exc)
+                raise
+
+        return broken
+
+    for name in _WORKER_STATEMENTS:
+        setattr(PostgresStateAdapter, name, wrap(getattr(PostgresStateAdapter, name)))
 
 
 async def _commit_early(self: PgAtomicGroup, completion: Any, **next_steps: Any) -> Any:
@@ -159,6 +225,10 @@ def _seconds(text: str) -> float | None:
     return None if text == "none" else float(text)
 
 
+async def _no_dead_workers(self: PostgresStateAdapter, **_: Any) -> list[str]:
+    return []
+
+
 async def _never_release(self: PostgresStateAdapter, **_: Any) -> int:
     return 0
 
@@ -192,6 +262,16 @@ def break_statements(spec: str) -> None:
         if name == "unrenewed-atomic":
             Slots.lease_holders = _staged_lease_holders  # type: ignore[method-assign]
             continue
+        if name == "no-reconnect":
+            _never_reconnect()
+            continue
+        if name == "no-timeout":
+            Slot.timeout_deadline = lambda self: None  # type: ignore[method-assign]
+            Slot.abandon_deadline = lambda self: None  # type: ignore[method-assign]
+            continue
+        if name == "no-dead-reclaim":
+            PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
+            continue
         for constant, old, new in _BREAKAGES[name]:
             template = getattr(_statements, constant)
             if old not in template:
@@ -218,7 +298,7 @@ class _Echo(logging.Handler):
 Handler = Callable[[Attempt[Spec, Any]], Awaitable[Any]]
 
 
-def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
+def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str, Handler]:
     async def record(attempt: Attempt[Spec, Any]) -> Spec:
         async with ledger.connection() as conn:
             await conn.execute(
@@ -280,6 +360,22 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
         await record(attempt)
         os.kill(os.getpid(), signal.SIGKILL)
 
+    async def unwritable(attempt: Attempt[Spec, Any]) -> str:
+        await record(attempt)
+        # The common mistake: the error is swallowed, the transaction is lost.
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            await attempt.connection.execute("INSERT INTO faults_unique VALUES (1)")
+        return attempt.worker_id
+
+    async def relay(attempt: Attempt[Spec, Any]) -> Continue[Spec]:
+        await record(attempt)
+        await attempt.connection.execute(
+            "INSERT INTO faults_effects (job_id, worker) VALUES (%s, %s)",
+            (attempt.job.id, attempt.worker_id),
+        )
+        await watched(attempt, asyncio.sleep(duration(attempt)))
+        return Continue(reg.get("work"), Spec(n=attempt.job.input.n, ms=10))
+
     return {
         "work": work,
         "effect": effect,
@@ -288,6 +384,8 @@ def handlers(ledger: AsyncConnectionPool[Any]) -> dict[str, Handler]:
         "block": block,
         "boom": boom,
         "suicide": suicide,
+        "unwritable": unwritable,
+        "relay": relay,
     }
 
 
@@ -323,7 +421,12 @@ async def main(args: argparse.Namespace) -> int:
         notify_adapter=notify_adapter(args.dsn, os.environ.get(BROKEN_ENV, ""), **checks),
         registry=reg,
     )
-    all_handlers = handlers(ledger)
+    all_handlers = handlers(ledger, reg)
+    liveness: dict[str, Any] = {}
+    if args.heartbeat is not None:
+        liveness["heartbeat_interval"] = args.heartbeat
+    if args.dead_after is not None:
+        liveness["dead_worker_after"] = args.dead_after
     worker = create_in_process_worker(
         client=client,
         processors={name: all_handlers[name] for name in args.types.split(",")},
@@ -334,6 +437,7 @@ async def main(args: argparse.Namespace) -> int:
         observers=[_Events()],
         atomic_group=args.atomic_group,
         atomic_group_wait=args.atomic_group_wait,
+        **liveness,
     )
     terminate = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate.set)
@@ -381,6 +485,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="the notify adapter's check_interval in seconds, or 'none' (default: the library's)",
     )
+    parser.add_argument("--heartbeat", type=float, default=None, help="heartbeat_interval (s)")
+    parser.add_argument("--dead-after", type=float, default=None, help="dead_worker_after (s)")
     parser.add_argument(
         "--defaults",
         action="store_true",

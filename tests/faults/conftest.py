@@ -32,6 +32,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the fault-injection scenarios at full size (minutes, not seconds)",
     )
+    parser.addoption(
+        "--faults-seed",
+        default=None,
+        help="the randomized fault run's seed, or 'random' for a fresh one (printed); "
+        "default: the fixed seed CI runs",
+    )
+    parser.addoption(
+        "--faults-random-seconds",
+        type=float,
+        default=60.0,
+        help="how long the randomized fault run injects faults (default 60)",
+    )
+    parser.addoption(
+        "--faults-random-kinds",
+        default="",
+        help="comma-separated fault kinds of the randomized run, or 'all' (default: "
+        "those the library survives today; see tests/faults/_chaos.py)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,6 +60,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--faults-full"):
         for item in mine:
             item.add_marker(pytest.mark.timeout(1800))
+    seconds = config.getoption("--faults-random-seconds")
+    for item in mine:
+        if item.nodeid.startswith("tests/faults/test_random_faults.py::test_random_"):
+            item.add_marker(pytest.mark.timeout(seconds * 3 + 300))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from tests.faults._fleet import Fleet
 from tests.faults._inject import recovery_bound, terminate_backends
-from tests.faults._load import run_under_faults
+from tests.faults._load import Load, run_under_faults
 from tests.faults._oracle import Figures
 from tests.faults.conftest import Tier
 
@@ -25,6 +26,11 @@ def test_terminated_connections_lose_no_job(
         terminate_backends(fault_dsn, load),
     )
     report(figures)
+    check_terminated(figures, fleet, load)
+
+
+def check_terminated(figures: Figures, fleet: Fleet, load: Load) -> None:
+    """The scenario's oracle (also run against broken builds, which must fail it)."""
     assert figures.faults >= 1
     assert figures.notes["backends_terminated"] > 0
     assert figures.lost == 0

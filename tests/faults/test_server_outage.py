@@ -20,7 +20,8 @@ def _outage_seconds(load: Load) -> float:
     return 3 * load.lease
 
 
-def _check(figures: Figures, load: Load) -> None:
+def check_outage(figures: Figures, load: Load) -> None:
+    """The scenario's oracle (also run against broken builds, which must fail it)."""
     assert figures.faults >= 1
     assert figures.lost == 0
     assert figures.completed == figures.jobs
@@ -49,7 +50,7 @@ def test_outage_longer_than_the_lease_loses_no_job(
         outage(fault_dsn, load, cluster, _outage_seconds(load)),
     )
     report(figures)
-    _check(figures, load)
+    check_outage(figures, load)
     assert not fleet.unexpected_exits()
     assert fleet.restarts == 0
 
@@ -77,4 +78,4 @@ def test_outage_longer_than_the_lease_single_worker(
     figures.notes["stranded"] = [tuple(map(str, row)) for row in stranded]
     report(figures)
     assert not fleet.unexpected_exits()
-    _check(figures, load)
+    check_outage(figures, load)
