@@ -538,6 +538,12 @@ class SlotRunner:
         )
         return Failure(acquired.id, acquired.lease_token, error_record(error), retry_after)
 
+    def counted_failure(self, slot: Slot, error: BaseException) -> Failure:
+        """The failure to write for an attempt whose handler started but whose outcome
+        could not be written (``error`` says why): the attempt counts, so the job is
+        retried after its backoff or, at its last attempt, fails for good."""
+        return self._failure(slot, error, terminal=False)
+
     def _failure_of(
         self, slot: Slot, attempt: Attempt[Any, Any] | None, error: BaseException | None
     ) -> Failure | None:
