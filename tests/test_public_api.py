@@ -47,6 +47,7 @@ EXPECTED = {
     "NotificationsUnavailableError",
     "Notice",
     "NotifyAdapter",
+    "OutcomeNotStorableError",
     "Page",
     "PayloadError",
     "PayloadNotSerializableError",

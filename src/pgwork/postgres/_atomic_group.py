@@ -71,6 +71,7 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import PgTransaction
 
@@ -237,7 +238,8 @@ class PgAtomicGroup:
         self._disarm()
         await self._prepare(conn, self._complete)
         token = completion.lease_token
-        output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
+        with storable([completion]):
+            output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
         query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
@@ -253,7 +255,7 @@ class PgAtomicGroup:
         begins = opening is not None and not self._begun
         cur = self._cur
         try:
-            with translate_errors(self._ops.schema):
+            with storable([completion]), translate_errors(self._ops.schema):
                 await cur.execute(query, prepare=False)
                 # Past the results of what opened the savepoint, to the completion's.
                 for _ in range(0 if opening is None else opening.count(b"; ") + 1):

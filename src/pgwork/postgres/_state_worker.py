@@ -38,6 +38,7 @@ from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import check_soon
 from pgwork.postgres._rows import acquired_from_rows
+from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, own_connection
 from pgwork.records import JobStatus
@@ -235,8 +236,9 @@ class WorkerOps:
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
-            params.update(completion_arrays(completions, conn.info.encoding))
-            rows = await _fetch_turn(conn, query, params, self.schema)
+            with storable(completions):
+                params.update(completion_arrays(completions, conn.info.encoding))
+                rows = await _fetch_turn(conn, query, params, self.schema)
         head = next(row for row in rows if row[0])
         # What ``_completion_results`` makes of completed rows, straight from the head's
         # arrays (every completion here ends its chain's step; a NULL flag is false).
