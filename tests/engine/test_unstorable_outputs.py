@@ -148,3 +148,46 @@ async def _one_bad_output_among_ten(dsn: str, mode: str, bad_output: str, reason
                 assert await cur.fetchall() == [(n, 1) for n in range(JOBS) if n != BAD]
     finally:
         await client.close()
+
+
+async def test_a_failure_whose_message_the_database_cannot_store_is_recorded(
+    latin1_dsn: str,
+) -> None:
+    """A handler raises with "€" in its message: the failure is still written (the
+    character escaped), the job retried and then failed for good. (Control: the
+    message written as it is: the server refuses the write, and the job's recorded
+    error is that refusal, not the handler's.)"""
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    state = await PostgresStateAdapter.connect(latin1_dsn, max_size=20)
+    client = create_client(
+        state_adapter=state, notify_adapter=PostgresNotifyAdapter(latin1_dsn), registry=reg
+    )
+
+    async def handle(attempt: Attempt[Num, None]) -> None:
+        raise ValueError("price in € is not accepted")
+
+    try:
+        async with await psycopg.AsyncConnection.connect(latin1_dsn) as conn:
+            started = await client.start_chain(conn, pay, Num(n=1))
+            await conn.commit()
+
+        async def failed() -> bool:
+            return (await client.get_job(started.job_id)).status is JobStatus.FAILED
+
+        async with create_in_process_worker(
+            client=client, processors={pay: handle}, poll_interval=0.05
+        ):
+            await eventually(failed, timeout=20, what="the job to fail")
+        job = await client.get_job(started.job_id)
+        assert job.attempt == 2
+        assert job.last_attempt_error is not None
+        assert job.last_attempt_error.type == "builtins.ValueError"
+        assert job.last_attempt_error.message == "price in \\u20ac is not accepted"
+    finally:
+        await client.close()

@@ -41,7 +41,7 @@ from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, own_connection
-from pgwork.records import JobStatus
+from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
 
@@ -300,7 +300,7 @@ class WorkerOps:
                 {
                     "ids": [f.job_id for f in failures],
                     "tokens": [f.lease_token for f in failures],
-                    "errors": [json.dumps(f.error.to_json()) for f in failures],
+                    "errors": [_error_json(f.error, _codec(conn)) for f in failures],
                     "retry_seconds": [
                         f.retry_after.total_seconds() if f.retry_after is not None else None
                         for f in failures
@@ -374,6 +374,29 @@ class WorkerOps:
             )
             for r in rows
         ]
+
+
+def _codec(conn: DbConn) -> str:
+    """The Python codec of ``conn``'s encoding (UTF-8 when it does not say)."""
+    info = getattr(conn, "info", None)
+    return getattr(info, "encoding", None) or "utf-8"
+
+
+def _error_json(error: AttemptError, codec: str) -> str:
+    """``error`` as the JSON text of ``last_attempt_error``. The server turns each
+    ``\\uXXXX`` escape into its own encoding, and fails the write on a character that
+    encoding lacks (a handler's message with "€" in a LATIN1 database): such
+    characters are written as ``\\uXXXX`` text instead, so a failure is always
+    recorded."""
+    data = error.to_json()
+    if codec != "utf-8":
+        data = {
+            key: value.encode(codec, "backslashreplace").decode(codec)
+            if isinstance(value, str)
+            else value
+            for key, value in data.items()
+        }
+    return json.dumps(data)
 
 
 # How many more acquires follow one whose lease missed candidates (see ``_LEASE`` in
