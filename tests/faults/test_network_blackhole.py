@@ -9,10 +9,15 @@ Two mechanisms, each with a control build that lacks it:
   (``operation_timeout``): the silent connection is closed and a new one used;
 - the listener probes itself after a quiet spell (``check_interval``) and reconnects
   when its probe does not come back, so wake-ups by notification resume.
+
+An atomic attempt in flight is bounded the same way, to its completion and COMMIT: the
+worker stops when told to, and the job runs again elsewhere.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 
 import pytest
@@ -103,3 +108,85 @@ def test_listener_whose_connection_blackholes_is_replaced(
         assert any("reconnecting" in line for line in tail), tail
     else:
         assert not settled, (took, tail)
+
+
+# An atomic attempt in flight when the black-hole starts: its handler sleeps this long
+# after writing its effect (through the proxy), inside its transaction.
+ATOMIC_MS = 1000
+ATOMIC_GRACE = 2.0
+# The worker's abandon_after (the library's default): stop() returns within
+# grace_period + abandon_after (docs/workers.md), and the process exits right after.
+ABANDON_AFTER = 5.0
+EXIT_S = 1.0
+
+
+def _effect_in_transaction(dsn: str) -> bool:
+    """Whether an atomic handler's effect row is written and its transaction open."""
+    rows = fetch(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+        "AND query LIKE 'INSERT INTO faults_effects%%'",
+    )
+    return rows[0][0] > 0
+
+
+@pytest.mark.parametrize("atomic_group", [1, 4])
+@pytest.mark.parametrize(
+    ("build", "operation_timeout"), [("bounded", OPERATION_TIMEOUT), ("control-unbounded", "none")]
+)
+def test_atomic_attempt_in_flight_when_connections_blackhole(
+    fault_dsn: str, cluster: PrivateCluster, build: str, operation_timeout: str, atomic_group: int
+) -> None:
+    """An atomic job's handler has written its effect when the worker's connections go
+    silent; SIGTERM follows. Every statement of the attempt (its completion and COMMIT
+    included) gives up once ``operation_timeout`` passes, so the worker stops within
+    its bound; the effect never committed, and the job runs again on another worker,
+    its effect once. (Control: without the bound the completion waits for ever, and
+    so does stop().)"""
+    proxy = Proxy(cluster.port).start()
+    worker = start_worker(
+        via(fault_dsn, proxy.port),
+        "blackholed",
+        types="effect",
+        slots=2,
+        lease=LEASE,
+        poll=POLL,
+        grace=ATOMIC_GRACE,
+        atomic_group=atomic_group,
+        atomic_group_wait=0.05,
+        ledger_dsn=fault_dsn,
+        operation_timeout=operation_timeout,
+    )
+    successor = None
+    try:
+        [job] = enqueue(fault_dsn, [("effect", Spec(n=0, ms=ATOMIC_MS))])
+        worker.wait_for(rf"^started {job} 1$")
+        deadline = time.monotonic() + WITHIN
+        while not _effect_in_transaction(fault_dsn):
+            assert time.monotonic() < deadline, worker.lines[-10:]
+            time.sleep(0.02)
+        proxy.blackhole()
+        signalled = time.monotonic()
+        worker.send(signal.SIGTERM)
+        bound = ATOMIC_GRACE + ABANDON_AFTER + EXIT_S
+        try:
+            worker.proc.wait(bound)
+            stopped_s: float | None = time.monotonic() - signalled
+        except subprocess.TimeoutExpired:
+            stopped_s = None
+        tail = [line.text for line in worker.lines[-15:]]
+        if build == "control-unbounded":
+            assert stopped_s is None, tail
+            return
+        assert stopped_s is not None, tail
+        successor = start_worker(fault_dsn, "successor", types="effect", slots=2, lease=LEASE)
+        assert wait_settled(fault_dsn, 30), tail
+    finally:
+        if successor is not None:
+            successor.close()
+        worker.close()
+        proxy.close()
+    rows = fetch(fault_dsn, "SELECT status::text FROM pgwork.jobs")
+    assert rows == [("completed",)]
+    effects = fetch(fault_dsn, "SELECT count(*) FROM faults_effects")
+    assert effects == [(1,)]

@@ -36,7 +36,9 @@ the ``idle_in_transaction_session_timeout`` of the transaction. That bound (the
 member's deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its
 first savepoint, so that no member rolled back takes it with it; a later member whose
 deadline asks for a longer one raises it as it enters (one round trip, in its
-savepoint if one is open: kept with it, undone with it). Nothing here is pipelined:
+savepoint if one is open: kept with it, undone with it). Every statement here is
+bounded by the adapter's ``operation_timeout`` (``_pool.bounded``): one without an
+answer closes the connection, which loses the group. Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 completion's values are written in as literals: the lease's uuids (checked as
@@ -70,7 +72,9 @@ from pgwork.adapters.state import (
     Lease,
     TransactionHandle,
 )
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import PgTransaction
@@ -90,6 +94,10 @@ _NEXT = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
 # The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
 # it, and one set in a member's savepoint is undone with the savepoint.
 _SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
+
+# What a statement of the group that got no answer in time was (``_pool.bounded``).
+_STATEMENT = "a statement of a group of atomic attempts"
+_COMPLETING = "an atomic attempt's completion in its group"
 
 # The prepared statement's parameters, in order, with their types.
 _COMPLETE_PARAMS = (
@@ -115,6 +123,7 @@ class _Ops(Protocol):
 
     schema: str
     _sql: Statements
+    operation_timeout: float | None
 
     async def _completion_results(
         self,
@@ -212,7 +221,7 @@ class PgAtomicGroup:
                 self._idle = (outside, ms) if self._fresh else (ms, None)
             self._pending = None if self._fresh else _SAVEPOINT
         conn.wait = self._first_use  # type: ignore[method-assign]
-        return PgTransaction(conn, self._give_back_conn)
+        return PgTransaction(conn, self._give_back_conn, self._ops.operation_timeout)
 
     async def _first_use(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
         """The connection's ``wait`` until the member first uses it: open the member's
@@ -256,7 +265,8 @@ class PgAtomicGroup:
         cur = self._cur
         try:
             with storable([completion]), translate_errors(self._ops.schema):
-                await cur.execute(query, prepare=False)
+                async with bounded(self._conn, self._ops.operation_timeout, _COMPLETING):
+                    await cur.execute(query, prepare=False)
                 # Past the results of what opened the savepoint, to the completion's.
                 for _ in range(0 if opening is None else opening.count(b"; ") + 1):
                     cur.nextset()
@@ -346,8 +356,9 @@ class PgAtomicGroup:
             and not conn.broken
             and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         ):
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(b"ROLLBACK")
+            with contextlib.suppress(psycopg.Error, DatabaseTimeoutError):
+                async with bounded(conn, self._ops.operation_timeout):
+                    await conn.execute(b"ROLLBACK")
 
     async def discard(self) -> None:
         self._disarm()
@@ -371,7 +382,8 @@ class PgAtomicGroup:
 
     async def _run(self, query: bytes) -> None:
         with translate_errors(self._ops.schema):
-            await self._cur.execute(query, prepare=False)
+            async with bounded(self._conn, self._ops.operation_timeout, _STATEMENT):
+                await self._cur.execute(query, prepare=False)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
         """Prepare ``statement`` on ``conn`` unless done already (once per connection: a
@@ -388,7 +400,8 @@ class PgAtomicGroup:
             translate_errors(self._ops.schema),
             contextlib.suppress(pg_errors.DuplicatePreparedStatement),
         ):
-            await self._cur.execute(prepare, prepare=False)
+            async with bounded(conn, self._ops.operation_timeout, _STATEMENT):
+                await self._cur.execute(prepare, prepare=False)
         done.add(prepare)
 
 

@@ -30,6 +30,7 @@ from pgwork.adapters.state import (
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import scheduled
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import own_connection
@@ -57,6 +58,7 @@ class CompletionOps:
     if TYPE_CHECKING:
         schema: str
         _sql: Statements
+        operation_timeout: float | None
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
@@ -191,19 +193,22 @@ class CompletionOps:
             raise ValueError("complete_atomic takes a completion without continuation")
         conn = own_connection(tx)
         params = atomic_completion_params(completion)
+        bound = self.operation_timeout
         try:
             with storable([completion]), translate_errors(self.schema):
-                async with conn.pipeline():
-                    cur = conn.cursor()
-                    await cur.execute(self._sql.complete_atomic, params)
-                    await conn.execute(b"COMMIT")
-                rows = await cur.fetchall()
+                async with bounded(conn, bound, "an atomic attempt's completion and COMMIT"):
+                    async with conn.pipeline():
+                        cur = conn.cursor()
+                        await cur.execute(self._sql.complete_atomic, params)
+                        await conn.execute(b"COMMIT")
+                    rows = await cur.fetchall()
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
             # The statement failed on purpose: the transaction is aborted, and the
             # COMMIT behind it was never run. End it; nothing in it was written.
-            await conn.execute(b"ROLLBACK")
+            async with bounded(conn, bound):
+                await conn.execute(b"ROLLBACK")
             return CompletionResult(job_id=completion.job_id, accepted=False)
         # Committed: dependants are settled on their own, as for complete(None, ...).
         [result] = await self._completion_results(None, [completion], rows)

@@ -32,11 +32,12 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._arrays import completion_arrays, floats, turn_constants, uuids
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
-from pgwork.postgres._pool import check_soon
+from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import Statements
@@ -59,6 +60,7 @@ class WorkerOps:
         schema: str
         _sql: Statements
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+        operation_timeout: float | None
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
@@ -114,23 +116,31 @@ class WorkerOps:
                 if broken:
                     check_soon(self.pool)
 
+        # Each statement of the worker's own in it is bounded (``operation_timeout``):
+        # one without an answer closes the connection (see ``_pool.bounded``).
+        bound = self.operation_timeout
         try:
-            if not await self._begin_and_lock(conn, lease, deadline):
-                await conn.execute(b"ROLLBACK")
+            async with bounded(conn, bound, "an atomic attempt's BEGIN"):
+                locked = await self._begin_and_lock(conn, lease, deadline)
+            if not locked:
+                async with bounded(conn, bound):
+                    await conn.execute(b"ROLLBACK")
                 yield None
                 return
-            yield PgTransaction(conn, give_back)
+            yield PgTransaction(conn, give_back, bound)
         except BaseException:
             # Closed: discarded for an abandoned handler. Broken: it cannot roll
             # back, and the error worth raising is the one that got us here.
             if not conn.closed and conn.info.transaction_status != _IDLE:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(b"ROLLBACK")
+                with contextlib.suppress(psycopg.Error, DatabaseTimeoutError):
+                    async with bounded(conn, bound):
+                        await conn.execute(b"ROLLBACK")
             raise
         else:
             if not conn.closed and conn.info.transaction_status != _IDLE:
                 # (idle: complete_atomic has committed it already)
-                await conn.execute(b"COMMIT")
+                async with bounded(conn, bound, "an atomic attempt's COMMIT"):
+                    await conn.execute(b"COMMIT")
         finally:
             await give_back()
 
