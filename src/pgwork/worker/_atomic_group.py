@@ -25,7 +25,9 @@ has what it made ready announced only after the commit. A crash before the commi
 rolls the whole group back: every member runs again, none twice in effect. A member
 whose handler is given up on closes the lane's connection (as an atomic attempt's
 is), which loses its group: the other members' jobs are handed back without counting
-an attempt.
+an attempt. So are the members of a group whose COMMIT fails, and each runs alone from
+then on (``_hand_back``). A member whose own outcome the database refuses (its handler
+left the transaction aborted) is rolled back to its savepoint and fails alone, counted.
 
 A member holds its lane while its handler runs, so a slow handler would hold its
 group's commit back. So a job type whose handlers took longer than the wait on
