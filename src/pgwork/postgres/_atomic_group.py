@@ -271,13 +271,21 @@ class PgAtomicGroup:
                 for _ in range(0 if opening is None else opening.count(b"; ") + 1):
                     cur.nextset()
                 rows = await cur.fetchall()
+        except pg_errors.InvalidSqlStatementName as exc:
+            # The session's prepared statements were deallocated behind the group's
+            # back (psycopg sends DEALLOCATE ALL after a ROLLBACK seen by its cursor
+            # once it prepared statements of its own, e.g. a handler's failed nested
+            # transaction): the member's savepoint is aborted, and its writes with it.
+            _prepared.pop(conn, None)
+            await conn.close()
+            raise GroupLostError("the atomic group's prepared completion was deallocated") from exc
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
             # Nothing after the completion ran (what opened the savepoint did): roll
             # the member back.
             self._opened(begins)
-            await self._run(_UNDO)
+            await self._undo()
             self._member_undone()
             return CompletionResult(job_id=completion.job_id, accepted=False)
         self._opened(begins)
@@ -305,7 +313,7 @@ class PgAtomicGroup:
         self._usable()
         self._disarm()
         if self._touched:
-            await self._run(_UNDO)
+            await self._undo()
             self._member_undone()
         # The member may go on to write its failure: its first use opens a savepoint.
         self._touched = False
@@ -379,6 +387,15 @@ class PgAtomicGroup:
     async def _give_back_conn(self) -> None:
         self._disarm()
         await self._give_back()
+
+    async def _undo(self) -> None:
+        """Roll the member back to its savepoint, past psycopg's cursor: its command
+        status reads ``ROLLBACK``, after which psycopg deallocates every prepared
+        statement of the session (its own cache's, and the group's completion)."""
+        conn = self._conn
+        with translate_errors(self._ops.schema):
+            async with bounded(conn, self._ops.operation_timeout, _STATEMENT), conn.lock:
+                await _send(conn, _UNDO)
 
     async def _run(self, query: bytes) -> None:
         with translate_errors(self._ops.schema):
