@@ -48,6 +48,7 @@ EXPECTED = {
     "NotificationsUnavailableError",
     "Notice",
     "NotifyAdapter",
+    "OutcomeNotStorableError",
     "Page",
     "PayloadError",
     "PayloadNotSerializableError",

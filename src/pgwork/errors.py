@@ -29,7 +29,9 @@ The tree::
     │   ├── PayloadNotSerializableError  not JSON (names the path)
     │   ├── PayloadTooDeepError       nested deeper than JSON can be encoded and read back
     │   ├── PayloadUndecodableError   a stored payload that cannot be parsed at all
-    │   └── PayloadTooLargeError
+    │   ├── PayloadTooLargeError
+    │   └── OutcomeNotStorableError   a handler's outcome the database cannot store
+                                      (stored on the job, never raised)
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
@@ -83,6 +85,7 @@ __all__ = [
     "LeaseLostError",
     "NotAnEntryTypeError",
     "NotificationsUnavailableError",
+    "OutcomeNotStorableError",
     "PayloadError",
     "PayloadNotSerializableError",
     "PayloadTooDeepError",
@@ -434,6 +437,22 @@ class PayloadTooLargeError(PayloadError):
         super().__init__(
             f"{what} of job type {type_name!r} is {size} bytes encoded, over the {limit}-byte "
             "cap; store large data elsewhere and pass a reference, or raise max_payload_bytes"
+        )
+
+
+class OutcomeNotStorableError(PayloadError):
+    """A handler's outcome (its output, or what it hands on) that the database cannot
+    store as it is: a character the database's encoding lacks, or a value it refuses
+    (``\\u0000`` in a JSON string). Recorded as the attempt's failure, the job's
+    alone; never raised to a caller. ``job_id`` is None for a batch of outcomes."""
+
+    def __init__(self, job_id: UUID | None, reason: str) -> None:
+        self.job_id = job_id
+        self.reason = reason
+        whose = "an outcome in a batch" if job_id is None else f"the outcome of job {job_id}"
+        super().__init__(
+            f"{whose} cannot be stored in this database: {reason}; return what the "
+            "database can hold (or store the value elsewhere and pass a reference)"
         )
 
 

@@ -665,3 +665,44 @@ async def test_a_member_cancelled_while_it_waits_for_its_lane_never_runs(
     await eventually(ended, what="the second job cancelled")
     await anyio.sleep(0.2)
     assert ran == ([0, 1] if build == "control-abort-ignored" else [0])
+
+
+async def test_a_rolled_back_member_leaves_the_groups_completion_prepared(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """psycopg deallocates every prepared statement of a session after a ROLLBACK its
+    cursor sees, once it prepared statements of its own there. A member rolled back to
+    its savepoint must not take the group's prepared completion with it: the members
+    after it complete in the same group, each handler called once. (Control: the
+    rollback sent through psycopg's cursor: the next member's completion finds no
+    prepared statement, the group is lost and its members run again.)"""
+    await conn.execute("CREATE TABLE effects (n int)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+    calls: dict[int, int] = {}
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        n = attempt.job.input.n
+        calls[n] = calls.get(n, 0) + 1
+        # A statement psycopg prepares on the lane's connection.
+        await attempt.connection.execute("SELECT 1", prepare=True)
+        await attempt.connection.execute("INSERT INTO effects VALUES (%s)", (n,))
+        if n % 2 == 0 and attempt.job.attempt == 1:
+            raise RuntimeError("rolled back")
+
+    # Two slots: one lane, whose members run one after another.
+    started, _ = await _start_chains(
+        workers, client, conn, pay, handle, 8, max_slots=2, atomic_group=8, atomic_group_wait=0.2
+    )
+    await _all_completed(client, started)
+    assert all(calls[n] == (2 if n % 2 == 0 else 1) for n in range(8)), calls
+    cur = await conn.execute("SELECT n, count(*) FROM effects GROUP BY n ORDER BY n")
+    assert await cur.fetchall() == [(n, 1) for n in range(8)]

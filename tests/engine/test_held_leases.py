@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import JobStatus, JobTypeRegistry
-from pgwork.adapters.state import Completion, Lease
-from pgwork.records import AbortReason
+from pgwork.adapters.state import Completion, Failure, Lease
+from pgwork.records import AbortReason, AttemptError
 from pgwork.worker._lease import renew_once
 from pgwork.worker._slots import Slots
 
@@ -69,18 +69,16 @@ async def test_a_lease_lost_while_still_held_aborts_the_attempt(
     assert holder.aborted == [AbortReason.COMPLETED_ELSEWHERE]
 
 
-async def test_a_job_whose_outcome_could_not_be_written_goes_back_with_its_attempt_counted(
+async def _slots_holding_one_job(
     make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
-) -> None:
-    """The handler did run: handing the job back must not give the attempt back, or a
-    job whose outcome can never be written would run for ever (reliability finding 3)."""
+) -> tuple[Any, Any, Slots]:
+    """A client, one ``step`` job acquired by worker ``w`` and that worker's ``Slots``."""
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
     client = await make_client(reg)
-    started = await client.start_chain(conn, step, Num(n=1))
+    await client.start_chain(conn, step, Num(n=1))
     await conn.commit()
-    leases = {"step": timedelta(seconds=60)}
-    [job] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    [job] = await client.state.acquire(worker_id="w", leases=LEASES, queues=None, limit=1)
     slots = Slots(
         state=client.state,
         worker_id="w",
@@ -90,12 +88,42 @@ async def test_a_job_whose_outcome_could_not_be_written_goes_back_with_its_attem
         prefetch=0,
         wake=lambda: None,
     )
-    slots.unsettled.append(job.lease)
+    return client, job, slots
+
+
+LEASES = {"step": timedelta(seconds=60)}
+WRITE_ERROR = AttemptError(type="builtins.OSError", message="connection lost")
+
+
+@pytest.mark.parametrize("last", [False, True])
+async def test_an_attempt_that_could_not_be_settled_counts_and_fails_at_its_last(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], last: bool
+) -> None:
+    """The handler did run: settling the attempt later must not give it back, or a job
+    whose outcome can never be written would run for ever. Its failure is written: the
+    job is retried, or at its last attempt fails for good, with the error recorded.
+    (Control: the job handed back to the queue, counted but never failed.)"""
+    client, job, slots = await _slots_holding_one_job(make_client, conn)
+    retry_after = None if last else timedelta(0)
+    slots.unsettled.append(Failure(job.id, job.lease_token, WRITE_ERROR, retry_after))
     await slots.hand_back_unsettled()
     assert slots.unsettled == []
-    back = await client.get_job(started.job_id)
-    assert back.status is JobStatus.PENDING
+    back = await client.get_job(job.id)
+    assert back.status is (JobStatus.FAILED if last else JobStatus.PENDING)
     assert back.attempt == 1
     assert back.leased_by is None
-    [again] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
-    assert again.attempt == 2
+    assert back.last_attempt_error == WRITE_ERROR
+    if not last:
+        [again] = await client.state.acquire(worker_id="w", leases=LEASES, queues=None, limit=1)
+        assert again.attempt == 2
+
+
+async def test_a_job_whose_handler_never_started_goes_back_uncounted(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    client, job, slots = await _slots_holding_one_job(make_client, conn)
+    slots.unsettled.append(job.lease)
+    await slots.hand_back_unsettled()
+    back = await client.get_job(job.id)
+    assert back.status is JobStatus.PENDING
+    assert back.attempt == 0

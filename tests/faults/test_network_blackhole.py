@@ -9,20 +9,27 @@ Two mechanisms, each with a control build that lacks it:
   (``operation_timeout``): the silent connection is closed and a new one used;
 - the listener probes itself after a quiet spell (``check_interval``) and reconnects
   when its probe does not come back, so wake-ups by notification resume.
+
+An atomic attempt in flight is bounded the same way, to its completion and COMMIT: the
+worker stops when told to, and the job runs again elsewhere.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 
 import pytest
 from tests.faults._cluster import PrivateCluster
 from tests.faults._db import fetch
-from tests.faults._fleet import start_worker
+from tests.faults._fleet import WorkerProcess, start_worker
 from tests.faults._jobs import Spec
 from tests.faults._load import enqueue
 from tests.faults._oracle import wait_settled
 from tests.faults._proxy import Proxy, via
+
+from pgwork.worker._loop import LATE_SETTLE_S
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -103,3 +110,131 @@ def test_listener_whose_connection_blackholes_is_replaced(
         assert any("reconnecting" in line for line in tail), tail
     else:
         assert not settled, (took, tail)
+
+
+# An atomic attempt in flight when the black-hole starts: its handler sleeps this long
+# after writing its effect (through the proxy), inside its transaction.
+ATOMIC_MS = 1000
+ATOMIC_GRACE = 2.0
+# The worker's abandon_after (the library's default): stop() returns within
+# grace_period + abandon_after and a moment for its last writes (LATE_SETTLE_S,
+# docs/workers.md), and the process exits right after.
+ABANDON_AFTER = 5.0
+EXIT_S = 1.0
+
+
+def _effect_in_transaction(dsn: str) -> bool:
+    """Whether an atomic handler's effect row is written and its transaction open."""
+    rows = fetch(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+        "AND query LIKE 'INSERT INTO faults_effects%%'",
+    )
+    return rows[0][0] > 0
+
+
+def _atomic_in_flight(
+    fault_dsn: str, proxy: Proxy, atomic_group: int, operation_timeout: str | None
+) -> WorkerProcess:
+    """A worker through ``proxy`` whose one atomic job's handler has written its
+    effect, its transaction open, when the proxy black-holes every connection."""
+    worker = start_worker(
+        via(fault_dsn, proxy.port),
+        "blackholed",
+        types="effect",
+        slots=2,
+        lease=LEASE,
+        poll=POLL,
+        grace=ATOMIC_GRACE,
+        atomic_group=atomic_group,
+        atomic_group_wait=0.05,
+        ledger_dsn=fault_dsn,
+        operation_timeout=operation_timeout,
+    )
+    try:
+        [job] = enqueue(fault_dsn, [("effect", Spec(n=0, ms=ATOMIC_MS))])
+        worker.wait_for(rf"^started {job} 1$")
+        deadline = time.monotonic() + WITHIN
+        while not _effect_in_transaction(fault_dsn):
+            assert time.monotonic() < deadline, worker.lines[-10:]
+            time.sleep(0.02)
+        proxy.blackhole()
+    except BaseException:
+        worker.close()
+        raise
+    return worker
+
+
+def _one_effect_committed(fault_dsn: str) -> None:
+    assert fetch(fault_dsn, "SELECT status::text FROM pgwork.jobs") == [("completed",)]
+    assert fetch(fault_dsn, "SELECT count(*) FROM faults_effects") == [(1,)]
+
+
+@pytest.mark.parametrize("atomic_group", [1, 4])
+@pytest.mark.parametrize(
+    ("build", "operation_timeout"), [("bounded", OPERATION_TIMEOUT), ("control-unbounded", "none")]
+)
+def test_atomic_attempt_whose_connections_blackhole_is_settled_by_its_worker(
+    fault_dsn: str, cluster: PrivateCluster, build: str, operation_timeout: str, atomic_group: int
+) -> None:
+    """An atomic job's handler has written its effect when the worker's connections go
+    silent. Every statement of the attempt, its completion and COMMIT included, gives
+    up once ``operation_timeout`` passes: the transaction is lost (the server rolls it
+    back once its idle bound ends it), the attempt settles as failed, and the worker
+    runs the job again over new connections, its effect once. (Control: without the
+    bound the completion waits for ever, and the job with it.)"""
+    proxy = Proxy(cluster.port).start()
+    worker = _atomic_in_flight(fault_dsn, proxy, atomic_group, operation_timeout)
+    try:
+        settled = wait_settled(fault_dsn, 30)
+        tail = [line.text for line in worker.lines[-15:]]
+    finally:
+        worker.close()
+        proxy.close()
+    if build == "control-unbounded":
+        assert not settled, tail
+        return
+    assert settled, tail
+    _one_effect_committed(fault_dsn)
+
+
+@pytest.mark.parametrize("atomic_group", [1, 4])
+@pytest.mark.parametrize(
+    ("build", "operation_timeout"),
+    [("bounded", OPERATION_TIMEOUT), ("library-default", None)],
+)
+def test_worker_stops_in_time_with_an_atomic_attempt_whose_connections_blackhole(
+    fault_dsn: str,
+    cluster: PrivateCluster,
+    build: str,
+    operation_timeout: str | None,
+    atomic_group: int,
+) -> None:
+    """The same, and SIGTERM follows the black-hole: the worker stops within its
+    bound, whatever ``operation_timeout`` is (the library's, 30 s, is longer than
+    that: stop() leaves behind what it cannot settle in time); the effect never
+    committed, and the job runs again on another worker, its effect once. (Control:
+    stop() waiting for every slot task, as it did: the library-default build waits
+    out the completion's bound.)"""
+    proxy = Proxy(cluster.port).start()
+    worker = _atomic_in_flight(fault_dsn, proxy, atomic_group, operation_timeout)
+    successor = None
+    try:
+        signalled = time.monotonic()
+        worker.send(signal.SIGTERM)
+        bound = ATOMIC_GRACE + ABANDON_AFTER + LATE_SETTLE_S + EXIT_S
+        try:
+            worker.proc.wait(bound)
+            stopped_s: float | None = time.monotonic() - signalled
+        except subprocess.TimeoutExpired:
+            stopped_s = None
+        tail = [line.text for line in worker.lines[-15:]]
+        assert stopped_s is not None, tail
+        successor = start_worker(fault_dsn, "successor", types="effect", slots=2, lease=LEASE)
+        assert wait_settled(fault_dsn, 30), tail
+    finally:
+        if successor is not None:
+            successor.close()
+        worker.close()
+        proxy.close()
+    _one_effect_committed(fault_dsn)

@@ -70,8 +70,11 @@ ATTEMPT_FAILED = "attempt.failed"
 lease then expires and the job is reaped)."""
 
 ATTEMPT_RETRIED = "attempt.retried"
-"""The attempt raised and the job will run again (worker). Fields: the attempt fields,
-``duration_s``, ``error_type``, ``error_message``, ``retry_in_s``."""
+"""The attempt raised, or its outcome could not be written, and the job will run again
+(worker). Also for a grouped atomic attempt whose group was lost before its commit:
+the job goes back to its queue without the attempt counting (``retry_in_s`` 0).
+Fields: the attempt fields, ``duration_s``, ``error_type``, ``error_message``,
+``retry_in_s``."""
 
 ATTEMPT_ABORTED = "attempt.aborted"
 """The handler was stopped before it returned (worker). Fields: the attempt fields,

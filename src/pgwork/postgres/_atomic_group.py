@@ -36,7 +36,9 @@ the ``idle_in_transaction_session_timeout`` of the transaction. That bound (the
 member's deadline plus ``ATOMIC_SLACK``) is set with the group's ``BEGIN``, before its
 first savepoint, so that no member rolled back takes it with it; a later member whose
 deadline asks for a longer one raises it as it enters (one round trip, in its
-savepoint if one is open: kept with it, undone with it). Nothing here is pipelined:
+savepoint if one is open: kept with it, undone with it). Every statement here is
+bounded by the adapter's ``operation_timeout`` (``_pool.bounded``): one without an
+answer closes the connection, which loses the group. Nothing here is pipelined:
 psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 17
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 completion's values are written in as literals: the lease's uuids (checked as
@@ -70,7 +72,10 @@ from pgwork.adapters.state import (
     Lease,
     TransactionHandle,
 )
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._pool import bounded
+from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction
 
@@ -89,6 +94,10 @@ _NEXT = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
 # The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
 # it, and one set in a member's savepoint is undone with the savepoint.
 _SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
+
+# What a statement of the group that got no answer in time was (``_pool.bounded``).
+_STATEMENT = "a statement of a group of atomic attempts"
+_COMPLETING = "an atomic attempt's completion in its group"
 
 # The prepared statement's parameters, in order, with their types.
 _COMPLETE_PARAMS = (
@@ -114,6 +123,7 @@ class _Ops(Protocol):
 
     schema: str
     _sql: Statements
+    operation_timeout: float | None
 
     async def _completion_results(
         self,
@@ -211,7 +221,7 @@ class PgAtomicGroup:
                 self._idle = (outside, ms) if self._fresh else (ms, None)
             self._pending = None if self._fresh else _SAVEPOINT
         conn.wait = self._first_use  # type: ignore[method-assign]
-        return PgTransaction(conn, self._give_back_conn)
+        return PgTransaction(conn, self._give_back_conn, self._ops.operation_timeout)
 
     async def _first_use(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
         """The connection's ``wait`` until the member first uses it: open the member's
@@ -237,7 +247,8 @@ class PgAtomicGroup:
         self._disarm()
         await self._prepare(conn, self._complete)
         token = completion.lease_token
-        output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
+        with storable([completion]):
+            output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
         query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
@@ -253,19 +264,28 @@ class PgAtomicGroup:
         begins = opening is not None and not self._begun
         cur = self._cur
         try:
-            with translate_errors(self._ops.schema):
-                await cur.execute(query, prepare=False)
+            with storable([completion]), translate_errors(self._ops.schema):
+                async with bounded(self._conn, self._ops.operation_timeout, _COMPLETING):
+                    await cur.execute(query, prepare=False)
                 # Past the results of what opened the savepoint, to the completion's.
                 for _ in range(0 if opening is None else opening.count(b"; ") + 1):
                     cur.nextset()
                 rows = await cur.fetchall()
+        except pg_errors.InvalidSqlStatementName as exc:
+            # The session's prepared statements were deallocated behind the group's
+            # back (psycopg sends DEALLOCATE ALL after a ROLLBACK seen by its cursor
+            # once it prepared statements of its own, e.g. a handler's failed nested
+            # transaction): the member's savepoint is aborted, and its writes with it.
+            _prepared.pop(conn, None)
+            await conn.close()
+            raise GroupLostError("the atomic group's prepared completion was deallocated") from exc
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
             # Nothing after the completion ran (what opened the savepoint did): roll
             # the member back.
             self._opened(begins)
-            await self._run(_UNDO)
+            await self._undo()
             self._member_undone()
             return CompletionResult(job_id=completion.job_id, accepted=False)
         self._opened(begins)
@@ -293,7 +313,7 @@ class PgAtomicGroup:
         self._usable()
         self._disarm()
         if self._touched:
-            await self._run(_UNDO)
+            await self._undo()
             self._member_undone()
         # The member may go on to write its failure: its first use opens a savepoint.
         self._touched = False
@@ -344,8 +364,9 @@ class PgAtomicGroup:
             and not conn.broken
             and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
         ):
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(b"ROLLBACK")
+            with contextlib.suppress(psycopg.Error, DatabaseTimeoutError):
+                async with bounded(conn, self._ops.operation_timeout):
+                    await conn.execute(b"ROLLBACK")
 
     async def discard(self) -> None:
         self._disarm()
@@ -367,9 +388,19 @@ class PgAtomicGroup:
         self._disarm()
         await self._give_back()
 
+    async def _undo(self) -> None:
+        """Roll the member back to its savepoint, past psycopg's cursor: its command
+        status reads ``ROLLBACK``, after which psycopg deallocates every prepared
+        statement of the session (its own cache's, and the group's completion)."""
+        conn = self._conn
+        with translate_errors(self._ops.schema):
+            async with bounded(conn, self._ops.operation_timeout, _STATEMENT), conn.lock:
+                await _send(conn, _UNDO)
+
     async def _run(self, query: bytes) -> None:
         with translate_errors(self._ops.schema):
-            await self._cur.execute(query, prepare=False)
+            async with bounded(self._conn, self._ops.operation_timeout, _STATEMENT):
+                await self._cur.execute(query, prepare=False)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
         """Prepare ``statement`` on ``conn`` unless done already (once per connection: a
@@ -386,7 +417,8 @@ class PgAtomicGroup:
             translate_errors(self._ops.schema),
             contextlib.suppress(pg_errors.DuplicatePreparedStatement),
         ):
-            await self._cur.execute(prepare, prepare=False)
+            async with bounded(conn, self._ops.operation_timeout, _STATEMENT):
+                await self._cur.execute(prepare, prepare=False)
         done.add(prepare)
 
 

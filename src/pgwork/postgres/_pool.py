@@ -10,6 +10,9 @@ way never ran a job again (fault-tier finding 15). So:
 - every operation the adapter runs on a connection it borrows (not in a caller's
   transaction) is bounded by ``operation_timeout``; cancelling the statement makes
   psycopg give up on the connection and close it, and the pool replaces it;
+- so is every statement of a transaction the adapter holds itself (an atomic
+  attempt's, its completion and COMMIT included; ``bounded``): past the bound the
+  connection is closed, its transaction lost, and the server rolls it back;
 - the pool's check of its idle connections, run when one turns out broken, is bounded
   per connection, and runs in a task of its own, so a caller never waits for it and
   cannot cancel it half-way (which would leave connections counted but lost);
@@ -32,7 +35,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgwork.errors import DatabaseTimeoutError
 
-__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "check_soon", "configure_session"]
+__all__ = ["CHECK_TIMEOUT", "BoundedPool", "borrow", "bounded", "check_soon", "configure_session"]
 
 # How long the pool's check waits for one idle connection to answer an empty query.
 CHECK_TIMEOUT = 5.0
@@ -143,3 +146,23 @@ async def borrow(
                 check_soon(pool)
     if scope.cancelled_caught:
         raise DatabaseTimeoutError(what, timeout or 0.0)
+
+
+@asynccontextmanager
+async def bounded(
+    conn: psycopg.AsyncConnection[Any], timeout: float | None, what: str = "a statement"
+) -> AsyncIterator[None]:
+    """An operation on ``conn``, a connection the adapter holds (an atomic attempt's
+    transaction), that must be done within ``timeout`` seconds (None: no bound). Past
+    it the connection is closed (what the server did with the statement is unknown;
+    its transaction is lost, and rolled back once the server notices) and
+    ``DatabaseTimeoutError`` raised."""
+    if timeout is None:
+        yield
+        return
+    with anyio.move_on_after(timeout) as scope:
+        yield
+    if scope.cancelled_caught:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+        raise DatabaseTimeoutError(what, timeout)

@@ -9,8 +9,8 @@ chains that ended. Mixed into ``PostgresStateAdapter`` (``state.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -28,16 +28,18 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.errors import OutcomeNotStorableError
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import scheduled
 from pgwork.postgres._state_worker import mark_deferred
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
-__all__ = ["CompletionOps", "atomic_completion_params", "completion_params"]
+__all__ = ["CompletionOps", "atomic_completion_params", "completion_params", "storable"]
 
 # One result per completed job, a batch of them per worker turn (``_frozen``).
 _build_result = frozen_builder(
@@ -61,6 +63,7 @@ class CompletionOps:
     if TYPE_CHECKING:
         schema: str
         _sql: Statements
+        operation_timeout: float | None
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
@@ -95,6 +98,15 @@ class CompletionOps:
     ) -> list[CompletionResult]:
         if not completions:
             return []
+        with storable(completions):
+            return await self._complete(tx, completions, notify)
+
+    async def _complete(
+        self,
+        tx: TransactionHandle | None,
+        completions: Sequence[Completion],
+        notify: NotifyAdapter | None,
+    ) -> list[CompletionResult]:
         if tx is None and len(completions) == 1 and _plain_hand_on(completions[0]):
             return [await self._hand_on(completions[0], notify)]
         if tx is None and any(c.continuation for c in completions):
@@ -199,19 +211,22 @@ class CompletionOps:
             raise ValueError("complete_atomic takes a completion without continuation")
         conn = own_connection(tx)
         params = atomic_completion_params(completion)
+        bound = self.operation_timeout
         try:
-            with translate_errors(self.schema):
-                async with conn.pipeline():
-                    cur = conn.cursor()
-                    await cur.execute(self._sql.complete_atomic, params)
-                    await conn.execute(b"COMMIT")
-                rows = await cur.fetchall()
+            with storable([completion]), translate_errors(self.schema):
+                async with bounded(conn, bound, "an atomic attempt's completion and COMMIT"):
+                    async with conn.pipeline():
+                        cur = conn.cursor()
+                        await cur.execute(self._sql.complete_atomic, params)
+                        await conn.execute(b"COMMIT")
+                    rows = await cur.fetchall()
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):
                 raise
             # The statement failed on purpose: the transaction is aborted, and the
             # COMMIT behind it was never run. End it; nothing in it was written.
-            await conn.execute(b"ROLLBACK")
+            async with bounded(conn, bound):
+                await conn.execute(b"ROLLBACK")
             return CompletionResult(job_id=completion.job_id, accepted=False)
         # Committed: dependants are settled on their own, as for complete(None, ...).
         [result] = await self._completion_results(None, [completion], rows)
@@ -271,6 +286,26 @@ class CompletionOps:
                 )
             )
         return results
+
+
+@contextmanager
+def storable(completions: Sequence[Completion]) -> Iterator[None]:
+    """Raise ``OutcomeNotStorableError`` for an outcome among ``completions`` that the
+    database cannot store: a character its encoding lacks (psycopg encodes in the
+    connection's encoding, before sending anything), or a value the server refuses
+    (SQLSTATE class 22, e.g. ``\\u0000`` in a JSON string). The job is named when
+    there is one; a batch's caller writes its completions one by one to find it."""
+    job_id = completions[0].job_id if len(completions) == 1 else None
+    try:
+        yield
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        reason = f"the database's encoding ({exc.encoding}) has no character {bad!a}"
+        raise OutcomeNotStorableError(job_id, reason) from exc
+    except pg_errors.DataError as exc:
+        if ATOMIC_REFUSED in str(exc):
+            raise
+        raise OutcomeNotStorableError(job_id, exc.diag.message_primary or str(exc)) from exc
 
 
 def completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]:

@@ -32,15 +32,17 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
+from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._arrays import completion_arrays, floats, turn_constants, uuids
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
-from pgwork.postgres._pool import check_soon
+from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
+from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
-from pgwork.records import JobStatus
+from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps", "mark_deferred"]
 
@@ -58,6 +60,7 @@ class WorkerOps:
         schema: str
         _sql: Statements
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
+        operation_timeout: float | None
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
@@ -113,23 +116,31 @@ class WorkerOps:
                 if broken:
                     check_soon(self.pool)
 
+        # Each statement of the worker's own in it is bounded (``operation_timeout``):
+        # one without an answer closes the connection (see ``_pool.bounded``).
+        bound = self.operation_timeout
         try:
-            if not await self._begin_and_lock(conn, lease, deadline):
-                await conn.execute(b"ROLLBACK")
+            async with bounded(conn, bound, "an atomic attempt's BEGIN"):
+                locked = await self._begin_and_lock(conn, lease, deadline)
+            if not locked:
+                async with bounded(conn, bound):
+                    await conn.execute(b"ROLLBACK")
                 yield None
                 return
-            yield PgTransaction(conn, give_back)
+            yield PgTransaction(conn, give_back, bound)
         except BaseException:
             # Closed: discarded for an abandoned handler. Broken: it cannot roll
             # back, and the error worth raising is the one that got us here.
             if not conn.closed and conn.info.transaction_status != _IDLE:
-                with contextlib.suppress(psycopg.Error):
-                    await conn.execute(b"ROLLBACK")
+                with contextlib.suppress(psycopg.Error, DatabaseTimeoutError):
+                    async with bounded(conn, bound):
+                        await conn.execute(b"ROLLBACK")
             raise
         else:
             if not conn.closed and conn.info.transaction_status != _IDLE:
                 # (idle: complete_atomic has committed it already)
-                await conn.execute(b"COMMIT")
+                async with bounded(conn, bound, "an atomic attempt's COMMIT"):
+                    await conn.execute(b"COMMIT")
         finally:
             await give_back()
 
@@ -235,8 +246,9 @@ class WorkerOps:
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
-            params.update(completion_arrays(completions, conn.info.encoding))
-            rows = await _fetch_turn(conn, query, params, self.schema)
+            with storable(completions):
+                params.update(completion_arrays(completions, conn.info.encoding))
+                rows = await _fetch_turn(conn, query, params, self.schema)
         head = next(row for row in rows if row[0])
         # What ``_completion_results`` makes of completed rows, straight from the head's
         # arrays (every completion here ends its chain's step; a NULL flag is false).
@@ -301,7 +313,7 @@ class WorkerOps:
                 {
                     "ids": [f.job_id for f in failures],
                     "tokens": [f.lease_token for f in failures],
-                    "errors": [json.dumps(f.error.to_json()) for f in failures],
+                    "errors": [_error_json(f.error, _codec(conn)) for f in failures],
                     "retry_seconds": [
                         f.retry_after.total_seconds() if f.retry_after is not None else None
                         for f in failures
@@ -389,6 +401,29 @@ def mark_deferred(
         else r
         for r in results
     ]
+
+
+def _codec(conn: DbConn) -> str:
+    """The Python codec of ``conn``'s encoding (UTF-8 when it does not say)."""
+    info = getattr(conn, "info", None)
+    return getattr(info, "encoding", None) or "utf-8"
+
+
+def _error_json(error: AttemptError, codec: str) -> str:
+    """``error`` as the JSON text of ``last_attempt_error``. The server turns each
+    ``\\uXXXX`` escape into its own encoding, and fails the write on a character that
+    encoding lacks (a handler's message with "€" in a LATIN1 database): such
+    characters are written as ``\\uXXXX`` text instead, so a failure is always
+    recorded."""
+    data = error.to_json()
+    if codec != "utf-8":
+        data = {
+            key: value.encode(codec, "backslashreplace").decode(codec)
+            if isinstance(value, str)
+            else value
+            for key, value in data.items()
+        }
+    return json.dumps(data)
 
 
 # How many more acquires follow one whose lease missed candidates (see ``_LEASE`` in

@@ -48,17 +48,21 @@ class PgTransaction:
     ``give_back``, when the connection was lent by a pool for this transaction alone,
     returns it there (once); ``discard`` calls it at once, so that a connection given
     up on counts as returned even while its borrower (an abandoned handler) runs on.
+    ``bound``: each of pgwork's own operations in the transaction must be done within
+    that many seconds (a worker's atomic attempt; None for a caller's transaction).
     """
 
-    __slots__ = ("connection", "give_back")
+    __slots__ = ("bound", "connection", "give_back")
 
     def __init__(
         self,
         connection: DbConn,
         give_back: Callable[[], Awaitable[None]] | None = None,
+        bound: float | None = None,
     ) -> None:
         self.connection = connection
         self.give_back = give_back
+        self.bound = bound
 
     def __repr__(self) -> str:
         return f"PgTransaction({self.connection!r})"

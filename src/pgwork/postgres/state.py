@@ -44,7 +44,7 @@ from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeou
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
-from pgwork.postgres._pool import BoundedPool, borrow, configure_session
+from pgwork.postgres._pool import BoundedPool, borrow, bounded, configure_session
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps, render_registry_statements
 from pgwork.postgres._state_complete import CompletionOps
@@ -235,8 +235,16 @@ class PostgresStateAdapter(
         if tx is None:
             async with self._pooled() as conn:
                 yield conn
-        else:
-            yield await unwrap(tx)
+            return
+        held = await unwrap(tx)
+        bound = tx.bound if isinstance(tx, PgTransaction) else None
+        if bound is None or not isinstance(held, psycopg.AsyncConnection):
+            yield held
+            return
+        # A transaction of the worker's own (an atomic attempt's): bounded as a
+        # statement on a pooled connection is.
+        async with bounded(held, bound):
+            yield held
 
     async def _fetch(
         self, conn: DbConn, query: bytes, params: Mapping[str, Any]

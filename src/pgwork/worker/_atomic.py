@@ -12,6 +12,12 @@ the transaction in the same round trip; what it made ready is announced after th
 commit. A continuation or a reschedule is written in the transaction, which commits
 when it ends. A handler that fails, or whose attempt was aborted, has its writes
 rolled back; the failure is then recorded on its own.
+
+An outcome the database refuses to write (the handler caught a database error and
+returned, leaving its transaction aborted; a deferred constraint fails at COMMIT; a
+value the database cannot store) rolls the handler's writes back too, and the attempt
+counts: the write error is recorded as its failure, in a transaction of its own, so
+the job is retried after its backoff or, at ``max_attempts``, fails for good.
 """
 
 from __future__ import annotations
@@ -83,6 +89,8 @@ class AttemptSteps(Protocol):
 
     def _report_failure(self, slot: Slot, failure: Failure, accepted: bool) -> None: ...
 
+    def counted_failure(self, slot: Slot, error: BaseException) -> Failure: ...
+
 
 async def run_atomic(
     runner: AttemptSteps, slot: Slot, *, timed: Callable[[str, float], None] | None = None
@@ -93,6 +101,8 @@ async def run_atomic(
     deadline = slot.job_type.timeout or slot.job_type.lease
     attempt: Attempt[Any, Any] | None = None
     failure: BaseException | None = None
+    # The outcome is being written (or committed): an error now is the write's.
+    writing = False
     try:
         async with runner.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
             if tx is None:
@@ -116,6 +126,7 @@ async def run_atomic(
                 timed(slot.job_type.name, time.monotonic() - began)
             if failure is not None or attempt.aborted:
                 raise _Rollback
+            writing = True
             with anyio.CancelScope(shield=True):
                 written = await _write_outcome(runner, slot, attempt, tx)
             if not written:
@@ -129,6 +140,17 @@ async def run_atomic(
         return
     except _Rollback:
         pass
+    except Exception as exc:
+        if not writing:
+            raise
+        # The outcome could not be written, nor the transaction committed: it was
+        # rolled back. The attempt counts, failed with the write's error.
+        log.warning(
+            "pgwork could not write the outcome of atomic job %s (%r)", slot.acquired.id, exc
+        )
+        with anyio.CancelScope(shield=True):
+            await runner._settle_failure(slot, exc, terminal=False)
+        return
     # The handler's writes were rolled back; record what happened on its own.
     with anyio.CancelScope(shield=True):
         if attempt is None:

@@ -25,7 +25,9 @@ has what it made ready announced only after the commit. A crash before the commi
 rolls the whole group back: every member runs again, none twice in effect. A member
 whose handler is given up on closes the lane's connection (as an atomic attempt's
 is), which loses its group: the other members' jobs are handed back without counting
-an attempt.
+an attempt. So are the members of a group whose COMMIT fails, and each runs alone from
+then on (``_hand_back``). A member whose own outcome the database refuses (its handler
+left the transaction aborted) is rolled back to its savepoint and fails alone, counted.
 
 A member holds its lane while its handler runs, so a slow handler would hold its
 group's commit back. So a job type whose handlers took longer than the wait on
@@ -46,7 +48,9 @@ import math
 import time
 from collections import deque
 from collections.abc import Coroutine
+from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import anyio
 
@@ -61,7 +65,7 @@ from pgwork.adapters.state import (
 from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._atomic import AttemptSteps, run_atomic
-from pgwork.worker._attempt import Attempt, Completed
+from pgwork.worker._attempt import Attempt, Completed, error_record
 from pgwork.worker._slot import Slot
 
 log = logging.getLogger("pgwork.worker")
@@ -74,6 +78,12 @@ _SMOOTHING = 0.1
 # How long a lane keeps the connection of an empty group (no transaction begun) once
 # nobody uses it (seconds).
 _IDLE_LANE_S = 0.5
+
+# Jobs remembered to run alone at most (see ``_hand_back``).
+_MAX_ALONE = 10_000
+
+# A member handed back goes back to its queue at once.
+_NOW = timedelta(0)
 
 # Lanes at most. Each holds a pooled connection while its group is open, and more
 # lanes split a drain into more, smaller groups: on 2 cores 8 lanes drained no faster
@@ -112,6 +122,7 @@ class _Group:
         "error",
         "kept",
         "notices",
+        "refused",
         "runner",
         "store",
         "waited",
@@ -123,6 +134,9 @@ class _Group:
         self.due = math.inf  # commit by then (monotonic); set by the first kept member
         self.done = asyncio.Event()
         self.error: BaseException | None = None
+        # Its COMMIT failed (a deferred constraint, a serialization failure, or the
+        # connection): the members run again, each alone.
+        self.refused = False
         self.notices: list[Notice] = []
         # Whether a kept member waits for the commit; the other kept members, with
         # their attempt and the failure written for them, if any.
@@ -209,6 +223,10 @@ class AtomicGroups:
         self.size = size
         self.wait = wait
         self._lanes = [_Lane() for _ in range(max(1, lanes))]
+        # Jobs whose group's COMMIT failed: each runs alone from then on (on this
+        # worker), so that one whose own writes cannot commit fails, counted, on its
+        # own, and costs no other group a re-run. The oldest are forgotten first.
+        self._alone: dict[UUID, None] = {}
         self._releasing: set[asyncio.Task[None]] = set()
         self._mean_s: dict[str, float] = {}
 
@@ -225,7 +243,7 @@ class AtomicGroups:
         """Run ``slot``'s job as a member of a group, or alone if its type's handlers
         are slow, and settle it; True when it is settled later, as its group ends
         (``runner._on_settled`` is then called for it)."""
-        if not self.takes(slot):
+        if slot.acquired.id in self._alone or not self.takes(slot):
             await run_atomic(runner, slot, timed=self._learn)
             return False
         deadline = slot.job_type.timeout or slot.job_type.lease
@@ -270,8 +288,24 @@ class AtomicGroups:
                 else:
                     # Not shielded: one cancelled while it writes loses its group, of
                     # which nothing then commits.
-                    kept = await self._keep(runner, slot, attempt, group, tx)
-                    refused = not kept
+                    try:
+                        kept = await self._keep(runner, slot, attempt, group, tx)
+                        refused = not kept
+                    except Exception as exc:
+                        # The database refused its outcome (its handler left the
+                        # transaction aborted, or wrote what cannot be stored): it is
+                        # rolled back to its savepoint, the other members' writes
+                        # stay, and its attempt counts, failed with the write's error.
+                        # (A connection that broke cannot roll back: the group is lost.)
+                        log.warning(
+                            "pgwork could not write the outcome of atomic job %s (%r)",
+                            slot.acquired.id,
+                            exc,
+                        )
+                        with anyio.CancelScope(shield=True):
+                            await group.store.undo()
+                            failed = runner.counted_failure(slot, exc)
+                            kept = await self._record_failure(slot, failed, group, tx)
             else:
                 with anyio.CancelScope(shield=True):
                     await group.store.undo()
@@ -336,7 +370,7 @@ class AtomicGroups:
         """Report a kept member once its group ended; what is left to do (a lost
         group's hand-back) is returned."""
         if group.error is not None:
-            return self._hand_back(slot, group.error)
+            return self._hand_back(group, slot)
         if failed is not None:
             group.runner._report_failure(slot, failed, True)
             return None
@@ -467,6 +501,7 @@ class AtomicGroups:
             await group.store.commit()
         except Exception as exc:
             group.error = exc
+            group.refused = True
             log.warning("pgwork could not commit a group of atomic attempts: %r", exc)
             self._end(group)
             return
@@ -528,14 +563,27 @@ class AtomicGroups:
                         await self._leave(lane, group)
             raise
 
-    async def _hand_back(self, slot: Slot, error: BaseException) -> None:
+    async def _hand_back(self, group: _Group, slot: Slot) -> None:
         """The member's group was lost before its commit: nothing of it was written, and
-        through no fault of its own; hand the job back without counting the attempt."""
+        (as far as anyone can tell) through no fault of its own; hand the job back
+        without counting the attempt, and report the attempt settled. After a COMMIT
+        that failed, the job runs alone from then on: if its own writes were what
+        could not commit, it fails on its own, counted, and costs no other job a
+        re-run."""
+        error = group.error
+        assert error is not None
         log.warning(
             "pgwork job %s handed back: its group of atomic attempts was lost (%r)",
             slot.acquired.id,
             error,
         )
+        if group.refused:
+            self._alone[slot.acquired.id] = None
+            if len(self._alone) > _MAX_ALONE:
+                del self._alone[next(iter(self._alone))]
+        back = Failure(slot.acquired.id, slot.acquired.lease_token, error_record(error), _NOW)
         with anyio.CancelScope(shield=True):
-            if await self.state.release(leases=[slot.lease]):
+            released = bool(await self.state.release(leases=[slot.lease]))
+            group.runner._report_failure(slot, back, released)
+            if released:
                 await announce_ready(self.notify, [slot.acquired.queue])

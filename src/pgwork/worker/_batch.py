@@ -16,7 +16,10 @@ completing that job) is not waited on: the statement skips it, and it is written
 a moment later, with a later turn, while the rest of its batch is done.
 
 A failed write is retried with a short backoff (the jobs are still leased to us); if
-it keeps failing, every waiting slot gets the error and its job is left to be reaped.
+it keeps failing, every waiting slot gets the error (and settles its attempt once the
+database is back). An outcome the database cannot store (``OutcomeNotStorableError``)
+fails its own job only: the batch is written one completion at a time, and only that
+one gets the error.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import anyio
 
 from pgwork.adapters.state import Completion, CompletionResult, StateAdapter
+from pgwork.errors import OutcomeNotStorableError
 
 log = logging.getLogger("pgwork.worker")
 
@@ -89,6 +93,8 @@ class CompletionBatcher:
         # Set by the worker: returns once no acquire that could take the waiting
         # completions along is in flight or about to go out.
         self.hold: Callable[[], Awaitable[None]] | None = None
+        # Batches an acquire could not take along (``write_apart``): written here.
+        self._apart: list[Pending] = []
 
     @property
     def waiting(self) -> int:
@@ -202,6 +208,13 @@ class CompletionBatcher:
         self._arrived.set()
         self._full.set()
 
+    def write_apart(self, batch: Sequence[Pending]) -> None:
+        """Write a taken ``batch`` here, never with an acquire: one of its outcomes
+        cannot be stored, and an acquire carrying it would fail whole."""
+        self._apart.extend(batch)
+        self._arrived.set()
+        self._full.set()
+
     async def run_forever(self) -> None:
         """Flush batches until cancelled; a batch being written is shielded so slots
         are never left waiting for a write that was cut off. Cancelled, it still writes
@@ -210,17 +223,26 @@ class CompletionBatcher:
         try:
             while True:
                 await self._arrived.wait()
-                with anyio.move_on_after(self.max_delay):
-                    await self._full.wait()
-                if not self._full.is_set() and self.hold is not None:
-                    # The acquire that follows the one in flight takes this batch along: a
-                    # statement of our own would cost the server a commit per turn.
-                    await self.hold()
+                if not self._apart:
+                    with anyio.move_on_after(self.max_delay):
+                        await self._full.wait()
+                    if not self._full.is_set() and self.hold is not None:
+                        # The acquire that follows the one in flight takes this batch
+                        # along: a statement of our own would cost the server a commit
+                        # per turn.
+                        await self.hold()
+                apart, self._apart = self._apart, []
                 batch = self.take()
+                if not batch:  # (only ``apart`` woke it: ``take`` reset nothing)
+                    self._arrived = asyncio.Event()
+                    self._full = asyncio.Event()
                 with anyio.CancelScope(shield=True):
+                    await self._flush(apart)
                     await self._flush(batch)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+                apart, self._apart = self._apart, []
+                await self._flush(apart)
                 await self._flush_the_rest()
 
     async def _flush_the_rest(self) -> None:
@@ -243,28 +265,63 @@ class CompletionBatcher:
             self._requeue(group, group[0].written)
 
     async def _flush(self, batch: list[Pending]) -> None:
-        if not batch:
-            return
-        error: BaseException | None = None
-        for delay in (*RETRY_DELAYS, None):
+        """Write ``batch``, retrying a failed write with a short backoff. An outcome the
+        database cannot store fails its own job, not the batch: the batch is then
+        written one completion at a time, and that one gets the error."""
+        delays = iter((*RETRY_DELAYS, None))
+        while batch:
             try:
                 results = await self.state.complete(None, completions=[p.completion for p in batch])
+            except OutcomeNotStorableError as exc:
+                if len(batch) == 1:
+                    self.fail(batch, exc)  # storing it again cannot work
+                    return
+                batch, error = await self._one_by_one(batch)
+                if error is None:
+                    return
             except Exception as exc:
                 error = exc
-                if delay is None:
-                    break
-                log.warning(
-                    "pgwork could not write %d completion(s) (%r); retrying in %.2fs",
-                    len(batch),
-                    exc,
-                    delay,
-                )
-                await anyio.sleep(delay)
-                continue
-            self.deliver(batch, results)
-            return
-        assert error is not None
-        self.fail(batch, error)
+            else:
+                self.deliver(batch, results)
+                return
+            delay = next(delays)
+            if delay is None:
+                self.fail(batch, error)
+                return
+            log.warning(
+                "pgwork could not write %d completion(s) (%r); retrying in %.2fs",
+                len(batch),
+                error,
+                delay,
+            )
+            await anyio.sleep(delay)
+
+    async def _one_by_one(self, batch: list[Pending]) -> tuple[list[Pending], BaseException | None]:
+        """Write ``batch`` one completion at a time: each that cannot be stored fails
+        alone. Stops at a write that fails otherwise (the database went away): returns
+        the completions not written yet, and that error."""
+        for pending in batch:
+            _move([pending], asyncio.Event())  # each delivered on its own
+        for at, pending in enumerate(batch):
+            try:
+                results = await self.state.complete(None, completions=[pending.completion])
+            except OutcomeNotStorableError as exc:
+                self.fail([pending], exc)
+            except Exception as exc:
+                rest = batch[at:]
+                _move(rest, asyncio.Event())  # one batch again
+                return rest, exc
+            else:
+                self.deliver([pending], results)
+        return [], None
+
+
+def _move(batch: Sequence[Pending], written: asyncio.Event) -> None:
+    """Make ``batch`` wait on ``written``: whoever waits on a completion's old event
+    wakes, finds no result, and waits on the new one."""
+    for pending in batch:
+        moved_from, pending.written = pending.written, written
+        moved_from.set()
 
 
 def _call_back_soon(batch: Sequence[Pending]) -> None:

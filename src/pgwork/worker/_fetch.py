@@ -22,7 +22,9 @@ An acquire that comes back short tells ``Wakeups`` (the queues are drained until
 next hint); one that comes back full sends the next when prefetching.
 
 A failed acquire gives its completions back to the batcher (which retries them on its
-own) and leaves its error for the main loop, which backs off.
+own) and leaves its error for the main loop, which backs off. One that failed because
+an outcome it carried cannot be stored leaves its completions to the batcher (which
+fails that one alone) and goes out again without them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from datetime import timedelta
 import anyio
 import anyio.abc
 
-from pgwork.adapters.state import AcquiredJob, StateAdapter
+from pgwork.adapters.state import AcquiredJob, CompletionResult, StateAdapter
+from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._wakeups import Wakeups
 
@@ -136,13 +139,14 @@ class Fetcher:
         counted = False
         try:
             try:
-                results, acquired = await self.state.complete_and_acquire(
-                    completions=[pending.completion for pending in batch],
-                    worker_id=self._worker_id,
-                    leases=self._leases,
-                    queues=self._queues,
-                    limit=limit,
-                )
+                try:
+                    results, acquired = await self._complete_and_acquire(batch, limit)
+                except OutcomeNotStorableError:
+                    # One of its outcomes cannot be stored: the batcher writes them on
+                    # their own (that one fails alone), and the acquire goes without.
+                    self._batcher.write_apart(batch)
+                    batch = []
+                    results, acquired = await self._complete_and_acquire(batch, limit)
             except Exception as exc:
                 self._batcher.give_back(batch)
                 self.error = exc
@@ -167,6 +171,17 @@ class Fetcher:
             if not counted:
                 self._came_back(limit)
             self._done()
+
+    async def _complete_and_acquire(
+        self, batch: list[Pending], limit: int
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        return await self.state.complete_and_acquire(
+            completions=[pending.completion for pending in batch],
+            worker_id=self._worker_id,
+            leases=self._leases,
+            queues=self._queues,
+            limit=limit,
+        )
 
     def _came_back(self, limit: int) -> None:
         self.finished += 1

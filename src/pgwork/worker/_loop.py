@@ -128,6 +128,9 @@ class InProcessWorker:
         self._batcher = CompletionBatcher(client.state, max_size=max(200, max_slots))
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
+        # Once a stop aborted what still ran: by when (monotonic) the rest of the stop
+        # is done (see ``_left``).
+        self._settle_by: float | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
         self._handlers: dict[str, CallNext] = {}
         for key, handler in processors.items():
@@ -293,7 +296,7 @@ class InProcessWorker:
                     await self._main_loop()
                 finally:
                     side.cancel_scope.cancel()
-                    with anyio.CancelScope(shield=True):
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
                         await self._heartbeat.stopped()
         except BaseException as exc:
             self._startup_error = exc
@@ -302,7 +305,7 @@ class InProcessWorker:
             await self._end_late_settling()
             groups = self._slots.runner.groups
             if groups is not None:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
                     await groups.close()
             self._phase = "stopped"
             self._running.set()
@@ -416,7 +419,11 @@ class InProcessWorker:
                 self._wakeups.tick()
             self._fetcher.stop_filling()
             await self._drain()
-            await self._slots.tasks.wait()
+            # What was aborted has until ``_left`` to settle: a handler that ignores
+            # its abort is given up on by then, and a write the database does not
+            # answer is not waited for longer (it is left behind, see ``_main_loop``).
+            with anyio.move_on_after(self._left()):
+                await self._slots.tasks.wait()
 
     @property
     def _idle(self) -> bool:
@@ -456,9 +463,10 @@ class InProcessWorker:
         finally:
             self._fetcher.stop_filling()
             tasks = self._slots.tasks
-            if tasks:  # cancelled from outside: take the slots down with us
+            if tasks:  # cancelled from outside, or stopping late: take the slots down
                 runner = self._slots.runner
-                for task in await tasks.cancel_and_wait(runner.abandon_after):
+                limit = runner.abandon_after if self._settle_by is None else self._left()
+                for task in await tasks.cancel_and_wait(limit or 0.0):
                     keep_abandoned(task, runner.abandoned, "cancelled with its worker")
 
     def _fill(self, incoming: int = 0) -> None:
@@ -532,6 +540,17 @@ class InProcessWorker:
                 self._wake = asyncio.Event()
                 await self._wake.wait()
         self._slots.abort_all(AbortReason.WORKER_STOPPING)
+        # The watchdog gives up on a handler that ignores its abort ``abandon_after``
+        # later, and then writes its failure: a moment more for that write.
+        self._settle_by = time.monotonic() + self._slots.runner.abandon_after + LATE_SETTLE_S
+
+    def _left(self) -> float | None:
+        """How long the stop has left to settle what it aborted (None: no stop yet, no
+        bound): it returns within ``grace_period + abandon_after`` and a moment for the
+        last writes (``LATE_SETTLE_S``), whatever the database does."""
+        if self._settle_by is None:
+            return None
+        return max(self._settle_by - time.monotonic(), 0.0)
 
     async def _renew_forever(self) -> None:
         shortest = min(self._leases.values())

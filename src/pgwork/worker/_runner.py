@@ -23,7 +23,12 @@ from pgwork.adapters.notify import Notice, ready_notices
 from pgwork.adapters.state import Completion, CompletionResult, Failure
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
-from pgwork.errors import ContinuationNotAllowedError, HandlerAbandonedError, PgworkError
+from pgwork.errors import (
+    ContinuationNotAllowedError,
+    HandlerAbandonedError,
+    OutcomeNotStorableError,
+    PgworkError,
+)
 from pgwork.middleware import CallNext
 from pgwork.observability import (
     ATTEMPT_ABANDONED,
@@ -394,6 +399,10 @@ class SlotRunner:
         self._on_settled(slot, None)
 
     async def _written_later(self, slot: Slot, pending: Pending) -> None:
+        if isinstance(pending.error, OutcomeNotStorableError):
+            # Its own outcome cannot be stored: the attempt failed (and counts).
+            await self._settle_failure(slot, pending.error, terminal=False)
+            return
         if pending.error is not None:
             raise pending.error
         result = pending.result
@@ -423,7 +432,12 @@ class SlotRunner:
             terminal = isinstance(error, ContinuationNotAllowedError)
             await self._settle_failure(slot, error, terminal=terminal)
             return
-        self._report_outcome(slot, attempt, await self._write_outcome(slot, attempt, None))
+        try:
+            written = await self._write_outcome(slot, attempt, None)
+        except OutcomeNotStorableError as exc:
+            await self._settle_failure(slot, exc, terminal=False)
+            return
+        self._report_outcome(slot, attempt, written)
 
     async def _settle_abort(self, slot: Slot, reason: AbortReason) -> None:
         """An aborted attempt: a stopping worker hands the job back (no attempt burned);
@@ -539,6 +553,12 @@ class SlotRunner:
             None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
         )
         return Failure(acquired.id, acquired.lease_token, error_record(error), retry_after)
+
+    def counted_failure(self, slot: Slot, error: BaseException) -> Failure:
+        """The failure to write for an attempt whose handler started but whose outcome
+        could not be written (``error`` says why): the attempt counts, so the job is
+        retried after its backoff or, at its last attempt, fails for good."""
+        return self._failure(slot, error, terminal=False)
 
     def _failure_of(
         self, slot: Slot, attempt: Attempt[Any, Any] | None, error: BaseException | None

@@ -3,8 +3,9 @@ running, being written, or given up on.
 
 Each attempt runs in a task of its own (``_slot_tasks``) through the ``SlotRunner``;
 ``Admission`` decides which start; the ``Watchdog`` gives up on handlers that ignore
-cancellation. A job whose outcome could not be written at all is remembered in
-``unsettled`` for the main loop to hand back once the database is reachable.
+cancellation. A job whose attempt could not be settled at all is remembered in
+``unsettled`` for the main loop to settle once the database is reachable: as a failure
+of that attempt when its handler had started (the attempt counts), else handed back.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ from typing import Any
 from uuid import UUID
 
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import AcquiredJob, Lease, StateAdapter
+from pgwork.adapters.state import AcquiredJob, Failure, Lease, StateAdapter
 from pgwork.job_types import JobType
 from pgwork.observability import ATTEMPT_FAILED, HANDLER_ENDED_LATE
 from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
-from pgwork.worker._attempt import error_record
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slot import Slot
 from pgwork.worker._slot_tasks import SlotTasks
@@ -68,7 +68,9 @@ class Slots:
         )
         self.tasks = SlotTasks()
         self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon, Slot.time_out)
-        self.unsettled: list[Lease] = []
+        # Attempts to settle once the database is reachable: the failure to write (its
+        # handler had started), or the lease to hand back (it had not).
+        self.unsettled: list[Failure | Lease] = []
         self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
 
     def __len__(self) -> int:
@@ -167,31 +169,36 @@ class Slots:
             )
 
     async def hand_back_unsettled(self) -> None:
-        """Give back jobs whose attempt ended while its outcome could not be written.
+        """Settle attempts that ended while nothing could be written.
 
-        Each goes back to the queue at once, fenced by its lease token (a job someone
-        else took meanwhile is left alone), and the attempt still counts: the handler
-        did run, and a job whose outcome can never be written must not retry forever.
+        One whose handler had started counts: its failure (the error that kept it from
+        being written) is written now, fenced by its lease token (a job someone else
+        took meanwhile is left alone), so the job is retried after its backoff or, at
+        ``max_attempts``, fails for good; a job whose outcome can never be written must
+        not run for ever. One whose handler never started goes back to the queue
+        without burning the attempt.
         """
         if not self.unsettled:
             return
-        leases, self.unsettled = self.unsettled, []
-        handed_back = 0
-        for position, lease in enumerate(leases):
-            try:
-                handed_back += await self.state.reschedule(
-                    None, lease=lease, run_at=None, run_after=None, count_attempt=True
-                )
-            except Exception:
-                self.unsettled.extend(leases[position:])
-                raise
-        if handed_back:
+        entries, self.unsettled = self.unsettled, []
+        failures = [entry for entry in entries if isinstance(entry, Failure)]
+        leases = [entry for entry in entries if isinstance(entry, Lease)]
+        try:
+            settled = sum(await self.state.fail(None, failures=failures))
+            if failures:
+                # Written: only the hand-backs are left, should they fail.
+                entries = list(leases)
+            settled += await self.state.release(leases=leases)
+        except Exception:
+            self.unsettled.extend(entries)
+            raise
+        if settled:
             await announce_ready(self.notify, [None])
         log.warning(
-            "pgwork worker %s handed back %d of %d job(s) whose outcome it could not write",
+            "pgwork worker %s settled %d of %d attempt(s) it could not settle before",
             self.worker_id,
-            handed_back,
-            len(leases),
+            settled,
+            len(failures) + len(leases),
         )
 
     def _launch(self, slot: Slot) -> None:
@@ -249,17 +256,21 @@ class Slots:
                     self.worker_id,
                     slot.acquired.id,
                 )
-                record = error_record(exc)
-                self.runner.emit(
-                    ATTEMPT_FAILED,
-                    slot,
-                    error_type=record.type,
-                    error_message=record.message,
-                    settled=False,
-                )
-                # Nothing could be written (the database went away): hand the job back
+                # Nothing could be written (the database went away): settle the attempt
                 # as soon as it is reachable again, instead of leaving it to a reaper.
-                self.unsettled.append(slot.lease)
+                if slot.attempt is None:  # its handler never started
+                    self.unsettled.append(slot.lease)
+                else:
+                    failure = self.runner.counted_failure(slot, exc)
+                    self.unsettled.append(failure)
+                    record = failure.error
+                    self.runner.emit(
+                        ATTEMPT_FAILED,
+                        slot,
+                        error_type=record.type,
+                        error_message=record.message,
+                        settled=False,
+                    )
             finally:
                 if not later and (abandoned or not slot.abandoned):
                     if not slot.settling:
