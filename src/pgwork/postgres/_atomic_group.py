@@ -75,8 +75,8 @@ from pgwork.adapters.state import (
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
-from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
+from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction
 
 __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
