@@ -706,3 +706,45 @@ async def test_a_rolled_back_member_leaves_the_groups_completion_prepared(
     assert all(calls[n] == (2 if n % 2 == 0 else 1) for n in range(8)), calls
     cur = await conn.execute("SELECT n, count(*) FROM effects GROUP BY n ORDER BY n")
     assert await cur.fetchall() == [(n, 1) for n in range(8)]
+
+
+async def test_every_member_of_a_group_writes_under_its_deferred_constraints(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A member's deferred checks fire before its completion, in its savepoint; the
+    next member's constraints are deferred again, as in a transaction of its own: each
+    handler inserts a child before its parent (allowed by a ``DEFERRABLE INITIALLY
+    DEFERRED`` foreign key), and every job completes on its first attempt, in groups.
+    (Control: the checks left immediate after the first member's completion: the
+    members after it fail their child's insert and run again.)"""
+    await conn.execute("CREATE TABLE parents (id int PRIMARY KEY, xid bigint)")
+    await conn.execute(
+        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)"
+    )
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+    calls: dict[int, int] = {}
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        n = attempt.job.input.n
+        calls[n] = calls.get(n, 0) + 1
+        await attempt.connection.execute("INSERT INTO children VALUES (%s)", (n,))
+        await attempt.connection.execute("INSERT INTO parents VALUES (%s, txid_current())", (n,))
+
+    # Two slots: one lane, whose members run one after another.
+    started, _ = await _start_chains(
+        workers, client, conn, pay, handle, 8, max_slots=2, atomic_group=8, atomic_group_wait=0.2
+    )
+    await _all_completed(client, started)
+    assert all(calls[n] == 1 for n in range(8)), calls
+    assert await scalar(conn.info.dsn, "SELECT count(*) FROM children") == 8
+    # Grouped: fewer transactions than jobs.
+    assert await scalar(conn.info.dsn, "SELECT count(DISTINCT xid) FROM parents") < 8

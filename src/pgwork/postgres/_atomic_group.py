@@ -12,12 +12,19 @@ commits once. Opening a member's savepoint costs no round trip of its own:
   member's first statement and steps aside. So ``conn.transaction()`` in a handler
   nests inside the member's savepoint, as it would inside an open transaction.
 - A member's completion is written in its savepoint at once, fenced by its lease,
-  with the next member's savepoint opened behind it:
+  after its deferred checks, with the next member's savepoint opened behind it:
 
-      EXECUTE <complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
+      SET CONSTRAINTS ALL IMMEDIATE; EXECUTE <complete>; SET CONSTRAINTS ALL DEFERRED;
+      RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
 
   A refused completion (the lease no longer holds) makes the statement fail on
-  purpose; the rest is skipped and the member is rolled back to its savepoint.
+  purpose; the rest is skipped and the member is rolled back to its savepoint. So
+  does a deferred check that fails: it fires in the member's savepoint, not at the
+  group's COMMIT, so one member's deferred constraint costs the others nothing. The
+  checks are deferred again for the next member (a savepoint rolled back restores
+  the deferral by itself); ``ALL DEFERRED`` defers the ``DEFERRABLE INITIALLY
+  IMMEDIATE`` ones too, whose checks then fire as that member's outcome is written.
+  A member kept with an outcome of its own (``keep``) is checked alike.
 - A member that never used its transaction has its savepoint (and the group's
   ``BEGIN``, first) opened by its completion, in the same round trip: what its first
   use would have sent goes ahead of the statement above. So every kept member is in
@@ -91,6 +98,13 @@ _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 # Keep the member that wrote, and open the next one's savepoint.
 _NEXT = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+# Fire the member's deferred checks (constraints and constraint triggers declared
+# INITIALLY DEFERRED) now, in its savepoint, rather than at the group's COMMIT; then
+# defer them again for the next member. A check that fails fails this statement, and
+# rolling back to the savepoint restores the deferral.
+_CHECK = b"SET CONSTRAINTS ALL IMMEDIATE"
+_DEFER = b"SET CONSTRAINTS ALL DEFERRED"
+_CHECKED_NEXT = _DEFER + b"; " + _NEXT
 # The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
 # it, and one set in a member's savepoint is undone with the savepoint.
 _SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
@@ -251,7 +265,13 @@ class PgAtomicGroup:
             output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
-        query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
+        query = (
+            _CHECK
+            + b"; "
+            + self._complete.text((job_id, fence, output, b"true"))
+            + b"; "
+            + _CHECKED_NEXT
+        )
         # A member that never used its transaction: what its first use would have sent
         # (its savepoint, the group's BEGIN first) goes ahead, in the same round trip.
         opening: bytes | None = None
@@ -267,8 +287,9 @@ class PgAtomicGroup:
             with storable([completion]), translate_errors(self._ops.schema):
                 async with bounded(self._conn, self._ops.operation_timeout, _COMPLETING):
                     await cur.execute(query, prepare=False)
-                # Past the results of what opened the savepoint, to the completion's.
-                for _ in range(0 if opening is None else opening.count(b"; ") + 1):
+                # Past the results of what opened the savepoint and of the check, to
+                # the completion's.
+                for _ in range(1 if opening is None else opening.count(b"; ") + 2):
                     cur.nextset()
                 rows = await cur.fetchall()
         except pg_errors.InvalidSqlStatementName as exc:
@@ -304,10 +325,10 @@ class PgAtomicGroup:
     async def keep(self) -> None:
         self._usable()
         self._disarm()
-        self.members += 1
         if self._touched:
-            await self._run(_NEXT)
+            await self._run(b"%s; %s" % (_CHECK, _CHECKED_NEXT))
             self._member_kept()
+        self.members += 1
 
     async def undo(self) -> None:
         self._usable()
