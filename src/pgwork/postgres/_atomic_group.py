@@ -50,8 +50,11 @@ psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 1
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 completion's values are written in as literals: the lease's uuids (checked as
 uuids) and the handler's output escaped by libpq (``PQescapeLiteral``), never
-formatted by hand. The completion is prepared once per connection (SQL ``PREPARE``)
-and run by ``EXECUTE``; on a connection without prepared statements
+formatted by hand. The completion is prepared on the connection (SQL ``PREPARE``)
+and run by ``EXECUTE``; its name is kept in psycopg's cache of the session's prepared
+statements, so that whatever makes psycopg deallocate them (a rollback it sees, on the
+connection's later use in the pool too) makes the group prepare it again
+(``_prepare``). On a connection without prepared statements
 (``prepare_threshold`` None: a pooler in transaction mode, where a named statement
 lives in one server session) its full text goes instead.
 """
@@ -62,7 +65,6 @@ import contextlib
 import functools
 import hashlib
 import re
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -119,11 +121,6 @@ _COMPLETE_PARAMS = (
     (b"token", b"uuid"),
     (b"output", b"text"),
     (b"ends_chain", b"bool"),
-)
-
-# The names (statement texts) prepared on each connection, as long as it lives.
-_prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
-    weakref.WeakKeyDictionary()
 )
 
 
@@ -293,11 +290,9 @@ class PgAtomicGroup:
                     cur.nextset()
                 rows = await cur.fetchall()
         except pg_errors.InvalidSqlStatementName as exc:
-            # The session's prepared statements were deallocated behind the group's
-            # back (psycopg sends DEALLOCATE ALL after a ROLLBACK seen by its cursor
-            # once it prepared statements of its own, e.g. a handler's failed nested
-            # transaction): the member's savepoint is aborted, and its writes with it.
-            _prepared.pop(conn, None)
+            # Deallocated behind psycopg's back (a handler's own DEALLOCATE sent past
+            # its cursor): the member's savepoint is aborted, and its writes with it.
+            _forget(conn, self._complete)
             await conn.close()
             raise GroupLostError("the atomic group's prepared completion was deallocated") from exc
         except pg_errors.InvalidTextRepresentation as exc:
@@ -411,8 +406,9 @@ class PgAtomicGroup:
 
     async def _undo(self) -> None:
         """Roll the member back to its savepoint, past psycopg's cursor: its command
-        status reads ``ROLLBACK``, after which psycopg deallocates every prepared
-        statement of the session (its own cache's, and the group's completion)."""
+        status reads ``ROLLBACK``, after which psycopg would deallocate every prepared
+        statement of the session, and the group's completion would cost the next
+        member a round trip more to prepare it again."""
         conn = self._conn
         with translate_errors(self._ops.schema):
             async with bounded(conn, self._ops.operation_timeout, _STATEMENT), conn.lock:
@@ -424,23 +420,38 @@ class PgAtomicGroup:
                 await self._cur.execute(query, prepare=False)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
-        """Prepare ``statement`` on ``conn`` unless done already (once per connection: a
-        name is taken until the session ends, whatever the transaction it was prepared
-        in did)."""
+        """Prepare ``statement`` on ``conn`` unless it is prepared there already.
+
+        The name is kept in psycopg's own cache of the session's prepared statements,
+        as if psycopg had prepared it: psycopg deallocates every prepared statement of
+        the session (``DEALLOCATE ALL``) after a rollback it sees (a handler's nested
+        transaction that failed, a lone atomic attempt's ``ROLLBACK`` on the same
+        pooled connection, ...), and empties its cache as it does; it deallocates the
+        least recently used one past ``prepared_max``. Either way the name leaves the
+        cache with the statement, and is prepared again here."""
         prepare = statement.prepare
         if prepare is None:
             return
-        done = _prepared.setdefault(conn, set())
-        if prepare in done:
+        names = conn._prepared._names
+        key = (prepare, ())
+        if key in names:
+            names.move_to_end(key)  # used: the last psycopg would deallocate
             return
-        # (Taken already: prepared on this session by an earlier group.)
+        # (Taken already: prepared by a query cancelled before it was recorded.)
         with (
             translate_errors(self._ops.schema),
             contextlib.suppress(pg_errors.DuplicatePreparedStatement),
         ):
             async with bounded(conn, self._ops.operation_timeout, _STATEMENT):
+                # psycopg sends what it has to deallocate first.
                 await self._cur.execute(prepare, prepare=False)
-        done.add(prepare)
+        names[key] = statement.name
+
+
+def _forget(conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
+    """``statement`` is no longer prepared on ``conn``."""
+    if statement.prepare is not None:
+        conn._prepared._names.pop((statement.prepare, ()), None)
 
 
 async def _send(conn: psycopg.AsyncConnection[Any], query: bytes) -> None:
@@ -459,7 +470,7 @@ class _Statement:
     """The group's completion as simple-protocol text, with literals written in:
     ``EXECUTE`` of its prepared form, or (``prepared`` False) its full text."""
 
-    __slots__ = ("_execute", "_order", "_parts", "prepare")
+    __slots__ = ("_execute", "_order", "_parts", "name", "prepare")
 
     def __init__(
         self,
@@ -475,10 +486,12 @@ class _Statement:
         self._order = tuple(names.index(name) for name in order)
         self._parts = parts
         self.prepare: bytes | None = None
+        self.name = b""
         self._execute: bytes | None = None
         if prepared:
             # Named after its text: another schema's or version's is another statement.
             name = b"pgwork_atomic_complete_" + hashlib.sha1(template).hexdigest()[:12].encode()
+            self.name = name
             body = [parts[0]]
             for at, part in zip(self._order, parts[1:], strict=True):
                 body += (b"$%d" % (at + 1), part)
