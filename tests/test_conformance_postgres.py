@@ -110,6 +110,15 @@ async def _scratch(dsn: str) -> list[str]:
         return [row[0] for row in await cur.fetchall()]
 
 
+async def _fail_lone_attempt(
+    adapter: PostgresStateAdapter, lease: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A lone atomic attempt on ``conn`` whose handler raises (``RuntimeError``)."""
+    async with adapter.atomic_transaction(lease=lease, deadline=DEADLINE) as tx:
+        assert own_connection(tx) is conn
+        raise RuntimeError("the handler failed")
+
+
 class TestPostgresStateAdapter(StateAdapterConformance):
     @pytest.fixture
     async def state_adapter(
@@ -392,6 +401,40 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         assert await _scratch(pgwork_dsn) == [str(kept.id)]
         assert (await store.job(kept.id)).output == "kept"
         assert (await store.job(undone.id)).status is JobStatus.RUNNING
+
+    async def test_a_failed_lone_attempt_leaves_a_later_groups_completion_prepared(
+        self, store: StateHarness, pgwork_dsn: str, pgwork_schema: str
+    ) -> None:
+        """A lone atomic attempt that fails is rolled back through psycopg, which then
+        deallocates every prepared statement of the session: a group that ran earlier
+        on the same pooled connection left its completion prepared there, and the
+        next group on it must not count on it. Its member completes in its group.
+        (Control: the group trusting its completion to stay prepared for the
+        connection's life: the member's completion finds none and the group is
+        lost.)"""
+        await store.seed(*(store.new_job() for _ in range(3)))
+        first, lone, last = await store.acquire(limit=3)
+        # One connection: every group and attempt below runs on it.
+        one = await PostgresStateAdapter.connect(
+            pgwork_dsn, schema=pgwork_schema, min_size=1, max_size=1
+        )
+        try:
+            for job in (first, last):
+                group = await one.open_atomic_group()
+                conn = own_connection(await group.enter(lease=job.lease, deadline=DEADLINE))
+                # psycopg prepares a statement of its own on the session.
+                await conn.execute("SELECT 1", prepare=True)
+                done = await group.complete(Completion(job.id, job.lease_token, "1"))
+                assert done.accepted
+                await group.commit()
+                if job is first:
+                    with pytest.raises(RuntimeError):
+                        await _fail_lone_attempt(one, lone.lease, conn)
+        finally:
+            await one.close()
+        for job in (first, last):
+            assert (await store.job(job.id)).status is JobStatus.COMPLETED
+        assert (await store.job(lone.id)).status is JobStatus.RUNNING
 
     async def test_insert_on_an_adopted_connection_commits_and_rolls_back_with_it(
         self, state_adapter: PostgresStateAdapter, store: StateHarness, pgwork_dsn: str

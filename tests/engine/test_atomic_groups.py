@@ -7,6 +7,7 @@ Each handler writes an effect row with the id of the transaction it ran in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -669,14 +670,27 @@ async def test_a_member_cancelled_while_it_waits_for_its_lane_never_runs(
 
 
 async def test_a_rolled_back_member_leaves_the_groups_completion_prepared(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """psycopg deallocates every prepared statement of a session after a ROLLBACK its
     cursor sees, once it prepared statements of its own there. A member rolled back to
     its savepoint must not take the group's prepared completion with it: the members
-    after it complete in the same group, each handler called once. (Control: the
-    rollback sent through psycopg's cursor: the next member's completion finds no
-    prepared statement, the group is lost and its members run again.)"""
+    after it complete in the same group, each handler called once, and the completion
+    is prepared once per connection. (Control: the rollback sent through psycopg's
+    cursor: the completion is prepared again after each member rolled back.)"""
+    prepares: dict[int, int] = {}
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cur: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kw: Any) -> Any:
+        if isinstance(query, bytes) and query.startswith(b"PREPARE pgwork_atomic_complete"):
+            key = id(cur.connection)
+            prepares[key] = prepares.get(key, 0) + 1
+        return await execute(cur, query, *args, **kw)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
     await conn.execute("CREATE TABLE effects (n int)")
     await conn.commit()
     reg = JobTypeRegistry()
@@ -705,5 +719,93 @@ async def test_a_rolled_back_member_leaves_the_groups_completion_prepared(
     )
     await _all_completed(client, started)
     assert all(calls[n] == (2 if n % 2 == 0 else 1) for n in range(8)), calls
+    cur = await conn.execute("SELECT n, count(*) FROM effects GROUP BY n ORDER BY n")
+    assert await cur.fetchall() == [(n, 1) for n in range(8)]
+    assert prepares
+    assert all(count == 1 for count in prepares.values()), prepares
+
+
+async def test_every_member_of_a_group_writes_under_its_deferred_constraints(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A member's deferred checks fire before its completion, in its savepoint; the
+    next member's constraints are deferred again, as in a transaction of its own: each
+    handler inserts a child before its parent (allowed by a ``DEFERRABLE INITIALLY
+    DEFERRED`` foreign key), and every job completes on its first attempt, in groups.
+    (Control: the checks left immediate after the first member's completion: the
+    members after it fail their child's insert and run again.)"""
+    await conn.execute("CREATE TABLE parents (id int PRIMARY KEY, xid bigint)")
+    await conn.execute(
+        "CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY DEFERRED)"
+    )
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+    calls: dict[int, int] = {}
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        n = attempt.job.input.n
+        calls[n] = calls.get(n, 0) + 1
+        await attempt.connection.execute("INSERT INTO children VALUES (%s)", (n,))
+        await attempt.connection.execute("INSERT INTO parents VALUES (%s, txid_current())", (n,))
+
+    # Two slots: one lane, whose members run one after another.
+    started, _ = await _start_chains(
+        workers, client, conn, pay, handle, 8, max_slots=2, atomic_group=8, atomic_group_wait=0.2
+    )
+    await _all_completed(client, started)
+    assert all(calls[n] == 1 for n in range(8)), calls
+    assert await scalar(conn.info.dsn, "SELECT count(*) FROM children") == 8
+    # Grouped: fewer transactions than jobs.
+    assert await scalar(conn.info.dsn, "SELECT count(DISTINCT xid) FROM parents") < 8
+
+
+async def test_a_members_nested_transaction_rolled_back_leaves_its_group_whole(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A handler that swallows an error in a nested transaction of its own (``async
+    with attempt.connection.transaction():``, the documented way) has psycopg roll
+    back to its savepoint and then deallocate every prepared statement of the session,
+    the group's prepared completion among them. The group prepares it again: every
+    member completes in its group, each handler called once. (Control: the group
+    trusting its completion to stay prepared for the connection's life: the member's
+    completion finds none, the group is lost and its members run again.)"""
+    await conn.execute("CREATE TABLE effects (n int)")
+    await conn.execute("CREATE TABLE taken (k int PRIMARY KEY)")
+    await conn.execute("INSERT INTO taken VALUES (1)")
+    await conn.commit()
+    reg = JobTypeRegistry()
+    pay = reg.job_type(
+        "pay",
+        input=Num,
+        mode="atomic",
+        max_attempts=2,
+        retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+    )
+    client = await make_client(reg)
+    calls: dict[int, int] = {}
+
+    async def handle(attempt: Attempt[Num, Any]) -> None:
+        n = attempt.job.input.n
+        calls[n] = calls.get(n, 0) + 1
+        # A statement psycopg prepares on the lane's connection.
+        await attempt.connection.execute("INSERT INTO effects VALUES (%s)", (n,), prepare=True)
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            async with attempt.connection.transaction():
+                await attempt.connection.execute("INSERT INTO taken VALUES (1)")
+
+    # Two slots: one lane, whose members run one after another.
+    started, _ = await _start_chains(
+        workers, client, conn, pay, handle, 8, max_slots=2, atomic_group=8, atomic_group_wait=0.2
+    )
+    await _all_completed(client, started)
+    assert all(calls[n] == 1 for n in range(8)), calls
     cur = await conn.execute("SELECT n, count(*) FROM effects GROUP BY n ORDER BY n")
     assert await cur.fetchall() == [(n, 1) for n in range(8)]

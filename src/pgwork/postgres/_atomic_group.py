@@ -12,12 +12,19 @@ commits once. Opening a member's savepoint costs no round trip of its own:
   member's first statement and steps aside. So ``conn.transaction()`` in a handler
   nests inside the member's savepoint, as it would inside an open transaction.
 - A member's completion is written in its savepoint at once, fenced by its lease,
-  with the next member's savepoint opened behind it:
+  after its deferred checks, with the next member's savepoint opened behind it:
 
-      EXECUTE <complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
+      SET CONSTRAINTS ALL IMMEDIATE; EXECUTE <complete>; SET CONSTRAINTS ALL DEFERRED;
+      RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member
 
   A refused completion (the lease no longer holds) makes the statement fail on
-  purpose; the rest is skipped and the member is rolled back to its savepoint.
+  purpose; the rest is skipped and the member is rolled back to its savepoint. So
+  does a deferred check that fails: it fires in the member's savepoint, not at the
+  group's COMMIT, so one member's deferred constraint costs the others nothing. The
+  checks are deferred again for the next member (a savepoint rolled back restores
+  the deferral by itself); ``ALL DEFERRED`` defers the ``DEFERRABLE INITIALLY
+  IMMEDIATE`` ones too, whose checks then fire as that member's outcome is written.
+  A member kept with an outcome of its own (``keep``) is checked alike.
 - A member that never used its transaction has its savepoint (and the group's
   ``BEGIN``, first) opened by its completion, in the same round trip: what its first
   use would have sent goes ahead of the statement above. So every kept member is in
@@ -43,8 +50,11 @@ psycopg's pipeline ends with a Flush, which disarms that timer on PostgreSQL < 1
 (``BEGIN_ATOMIC_BOUNDED``). A simple query carries no bound parameters, so the
 completion's values are written in as literals: the lease's uuids (checked as
 uuids) and the handler's output escaped by libpq (``PQescapeLiteral``), never
-formatted by hand. The completion is prepared once per connection (SQL ``PREPARE``)
-and run by ``EXECUTE``; on a connection without prepared statements
+formatted by hand. The completion is prepared on the connection (SQL ``PREPARE``)
+and run by ``EXECUTE``; its name is kept in psycopg's cache of the session's prepared
+statements, so that whatever makes psycopg deallocate them (a rollback it sees, on the
+connection's later use in the pool too) makes the group prepare it again
+(``_prepare``). On a connection without prepared statements
 (``prepare_threshold`` None: a pooler in transaction mode, where a named statement
 lives in one server session) its full text goes instead.
 """
@@ -55,7 +65,6 @@ import contextlib
 import functools
 import hashlib
 import re
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -75,8 +84,8 @@ from pgwork.adapters.state import (
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
-from pgwork.postgres._state_complete import storable
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
+from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction
 
 __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
@@ -91,6 +100,13 @@ _RELEASE = b"RELEASE SAVEPOINT pgwork_member"
 _UNDO = b"ROLLBACK TO SAVEPOINT pgwork_member"
 # Keep the member that wrote, and open the next one's savepoint.
 _NEXT = b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+# Fire the member's deferred checks (constraints and constraint triggers declared
+# INITIALLY DEFERRED) now, in its savepoint, rather than at the group's COMMIT; then
+# defer them again for the next member. A check that fails fails this statement, and
+# rolling back to the savepoint restores the deferral.
+_CHECK = b"SET CONSTRAINTS ALL IMMEDIATE"
+_DEFER = b"SET CONSTRAINTS ALL DEFERRED"
+_CHECKED_NEXT = _DEFER + b"; " + _NEXT
 # The bound of an idle lane: transaction-local, so a group's COMMIT (or ROLLBACK) ends
 # it, and one set in a member's savepoint is undone with the savepoint.
 _SET_IDLE = b"SET LOCAL idle_in_transaction_session_timeout = "
@@ -105,11 +121,6 @@ _COMPLETE_PARAMS = (
     (b"token", b"uuid"),
     (b"output", b"text"),
     (b"ends_chain", b"bool"),
-)
-
-# The names (statement texts) prepared on each connection, as long as it lives.
-_prepared: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], set[bytes]] = (
-    weakref.WeakKeyDictionary()
 )
 
 
@@ -251,7 +262,13 @@ class PgAtomicGroup:
             output = self._escaping.escape_literal(completion.output_json.encode(self._encoding))
         job_id = _uuid_literal(completion.job_id)
         fence = b"NULL" if token is None else _uuid_literal(token)
-        query = self._complete.text((job_id, fence, output, b"true")) + b"; " + _NEXT
+        query = (
+            _CHECK
+            + b"; "
+            + self._complete.text((job_id, fence, output, b"true"))
+            + b"; "
+            + _CHECKED_NEXT
+        )
         # A member that never used its transaction: what its first use would have sent
         # (its savepoint, the group's BEGIN first) goes ahead, in the same round trip.
         opening: bytes | None = None
@@ -267,16 +284,15 @@ class PgAtomicGroup:
             with storable([completion]), translate_errors(self._ops.schema):
                 async with bounded(self._conn, self._ops.operation_timeout, _COMPLETING):
                     await cur.execute(query, prepare=False)
-                # Past the results of what opened the savepoint, to the completion's.
-                for _ in range(0 if opening is None else opening.count(b"; ") + 1):
+                # Past the results of what opened the savepoint and of the check, to
+                # the completion's.
+                for _ in range(1 if opening is None else opening.count(b"; ") + 2):
                     cur.nextset()
                 rows = await cur.fetchall()
         except pg_errors.InvalidSqlStatementName as exc:
-            # The session's prepared statements were deallocated behind the group's
-            # back (psycopg sends DEALLOCATE ALL after a ROLLBACK seen by its cursor
-            # once it prepared statements of its own, e.g. a handler's failed nested
-            # transaction): the member's savepoint is aborted, and its writes with it.
-            _prepared.pop(conn, None)
+            # Deallocated behind psycopg's back (a handler's own DEALLOCATE sent past
+            # its cursor): the member's savepoint is aborted, and its writes with it.
+            _forget(conn, self._complete)
             await conn.close()
             raise GroupLostError("the atomic group's prepared completion was deallocated") from exc
         except pg_errors.InvalidTextRepresentation as exc:
@@ -304,10 +320,10 @@ class PgAtomicGroup:
     async def keep(self) -> None:
         self._usable()
         self._disarm()
-        self.members += 1
         if self._touched:
-            await self._run(_NEXT)
+            await self._run(b"%s; %s" % (_CHECK, _CHECKED_NEXT))
             self._member_kept()
+        self.members += 1
 
     async def undo(self) -> None:
         self._usable()
@@ -390,8 +406,9 @@ class PgAtomicGroup:
 
     async def _undo(self) -> None:
         """Roll the member back to its savepoint, past psycopg's cursor: its command
-        status reads ``ROLLBACK``, after which psycopg deallocates every prepared
-        statement of the session (its own cache's, and the group's completion)."""
+        status reads ``ROLLBACK``, after which psycopg would deallocate every prepared
+        statement of the session, and the group's completion would cost the next
+        member a round trip more to prepare it again."""
         conn = self._conn
         with translate_errors(self._ops.schema):
             async with bounded(conn, self._ops.operation_timeout, _STATEMENT), conn.lock:
@@ -403,23 +420,38 @@ class PgAtomicGroup:
                 await self._cur.execute(query, prepare=False)
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
-        """Prepare ``statement`` on ``conn`` unless done already (once per connection: a
-        name is taken until the session ends, whatever the transaction it was prepared
-        in did)."""
+        """Prepare ``statement`` on ``conn`` unless it is prepared there already.
+
+        The name is kept in psycopg's own cache of the session's prepared statements,
+        as if psycopg had prepared it: psycopg deallocates every prepared statement of
+        the session (``DEALLOCATE ALL``) after a rollback it sees (a handler's nested
+        transaction that failed, a lone atomic attempt's ``ROLLBACK`` on the same
+        pooled connection, ...), and empties its cache as it does; it deallocates the
+        least recently used one past ``prepared_max``. Either way the name leaves the
+        cache with the statement, and is prepared again here."""
         prepare = statement.prepare
         if prepare is None:
             return
-        done = _prepared.setdefault(conn, set())
-        if prepare in done:
+        names = conn._prepared._names
+        key = (prepare, ())
+        if key in names:
+            names.move_to_end(key)  # used: the last psycopg would deallocate
             return
-        # (Taken already: prepared on this session by an earlier group.)
+        # (Taken already: prepared by a query cancelled before it was recorded.)
         with (
             translate_errors(self._ops.schema),
             contextlib.suppress(pg_errors.DuplicatePreparedStatement),
         ):
             async with bounded(conn, self._ops.operation_timeout, _STATEMENT):
+                # psycopg sends what it has to deallocate first.
                 await self._cur.execute(prepare, prepare=False)
-        done.add(prepare)
+        names[key] = statement.name
+
+
+def _forget(conn: psycopg.AsyncConnection[Any], statement: _Statement) -> None:
+    """``statement`` is no longer prepared on ``conn``."""
+    if statement.prepare is not None:
+        conn._prepared._names.pop((statement.prepare, ()), None)
 
 
 async def _send(conn: psycopg.AsyncConnection[Any], query: bytes) -> None:
@@ -438,7 +470,7 @@ class _Statement:
     """The group's completion as simple-protocol text, with literals written in:
     ``EXECUTE`` of its prepared form, or (``prepared`` False) its full text."""
 
-    __slots__ = ("_execute", "_order", "_parts", "prepare")
+    __slots__ = ("_execute", "_order", "_parts", "name", "prepare")
 
     def __init__(
         self,
@@ -454,10 +486,12 @@ class _Statement:
         self._order = tuple(names.index(name) for name in order)
         self._parts = parts
         self.prepare: bytes | None = None
+        self.name = b""
         self._execute: bytes | None = None
         if prepared:
             # Named after its text: another schema's or version's is another statement.
             name = b"pgwork_atomic_complete_" + hashlib.sha1(template).hexdigest()[:12].encode()
+            self.name = name
             body = [parts[0]]
             for at, part in zip(self._order, parts[1:], strict=True):
                 body += (b"$%d" % (at + 1), part)

@@ -9,8 +9,8 @@ chains that ended. Mixed into ``PostgresStateAdapter`` (``state.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -28,13 +28,13 @@ from pgwork.adapters.state import (
     Resolution,
     TransactionHandle,
 )
-from pgwork.errors import OutcomeNotStorableError
 from pgwork.postgres._callers import DbConn
 from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import scheduled
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
+from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
@@ -43,7 +43,6 @@ __all__ = [
     "atomic_completion_params",
     "completion_params",
     "mark_deferred",
-    "storable",
 ]
 
 # One result per completed job, a batch of them per worker turn (``_frozen``).
@@ -305,26 +304,6 @@ def mark_deferred(
         else r
         for r in results
     ]
-
-
-@contextmanager
-def storable(completions: Sequence[Completion]) -> Iterator[None]:
-    """Raise ``OutcomeNotStorableError`` for an outcome among ``completions`` that the
-    database cannot store: a character its encoding lacks (psycopg encodes in the
-    connection's encoding, before sending anything), or a value the server refuses
-    (SQLSTATE class 22, e.g. ``\\u0000`` in a JSON string). The job is named when
-    there is one; a batch's caller writes its completions one by one to find it."""
-    job_id = completions[0].job_id if len(completions) == 1 else None
-    try:
-        yield
-    except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start : exc.end]
-        reason = f"the database's encoding ({exc.encoding}) has no character {bad!a}"
-        raise OutcomeNotStorableError(job_id, reason) from exc
-    except pg_errors.DataError as exc:
-        if ATOMIC_REFUSED in str(exc):
-            raise
-        raise OutcomeNotStorableError(job_id, exc.diag.message_primary or str(exc)) from exc
 
 
 def completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]:

@@ -39,8 +39,9 @@ from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
-from pgwork.postgres._state_complete import mark_deferred, storable
+from pgwork.postgres._state_complete import mark_deferred
 from pgwork.postgres._statements import Statements
+from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
 from pgwork.records import AttemptError, JobStatus
 

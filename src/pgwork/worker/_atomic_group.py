@@ -27,7 +27,9 @@ whose handler is given up on closes the lane's connection (as an atomic attempt'
 is), which loses its group: the other members' jobs are handed back without counting
 an attempt. So are the members of a group whose COMMIT fails, and each runs alone from
 then on (``_hand_back``). A member whose own outcome the database refuses (its handler
-left the transaction aborted) is rolled back to its savepoint and fails alone, counted.
+left the transaction aborted, or a deferred constraint of its writes fails: its
+deferred checks fire as its outcome is written, in its savepoint) is rolled back to
+its savepoint and fails alone, counted.
 
 A member holds its lane while its handler runs, so a slow handler would hold its
 group's commit back. So a job type whose handlers took longer than the wait on
@@ -134,8 +136,8 @@ class _Group:
         self.due = math.inf  # commit by then (monotonic); set by the first kept member
         self.done = asyncio.Event()
         self.error: BaseException | None = None
-        # Its COMMIT failed (a deferred constraint, a serialization failure, or the
-        # connection): the members run again, each alone.
+        # Its COMMIT failed (the connection, or a check the members' own deferred
+        # checks did not fire): the members run again, each alone.
         self.refused = False
         self.notices: list[Notice] = []
         # Whether a kept member waits for the commit; the other kept members, with
