@@ -310,7 +310,10 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         # time only.)
         sent = [query for query in sent if not query.startswith(b"PREPARE")]
         bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
-        kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        kept_and_next = (
+            b"SET CONSTRAINTS ALL IMMEDIATE; <complete>; SET CONSTRAINTS ALL DEFERRED; "
+            b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        )
         assert [_shape(query) for query in sent] == [
             b"BEGIN ISOLATION LEVEL READ COMMITTED; "
             + b"SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
@@ -357,7 +360,10 @@ class TestPostgresStateAdapter(StateAdapterConformance):
         # time only.)
         sent = [query for query in sent if not query.startswith(b"PREPARE")]
         bound = (DEADLINE + pg_atomic_group.ATOMIC_SLACK) // timedelta(milliseconds=1)
-        kept_and_next = b"<complete>; RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        kept_and_next = (
+            b"SET CONSTRAINTS ALL IMMEDIATE; <complete>; SET CONSTRAINTS ALL DEFERRED; "
+            b"RELEASE SAVEPOINT pgwork_member; SAVEPOINT pgwork_member"
+        )
         assert [_shape(query) for query in sent] == [
             b"BEGIN ISOLATION LEVEL READ COMMITTED; "
             + b"SET LOCAL idle_in_transaction_session_timeout = %d; " % bound
