@@ -34,12 +34,17 @@ from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import scheduled
-from pgwork.postgres._state_worker import mark_deferred
 from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 
-__all__ = ["CompletionOps", "atomic_completion_params", "completion_params", "storable"]
+__all__ = [
+    "CompletionOps",
+    "atomic_completion_params",
+    "completion_params",
+    "mark_deferred",
+    "storable",
+]
 
 # One result per completed job, a batch of them per worker turn (``_frozen``).
 _build_result = frozen_builder(
@@ -342,3 +347,17 @@ def atomic_completion_params(completion: Completion) -> dict[str, Any]:
         "output": completion.output_json,
         "ends_chain": True,
     }
+
+
+def mark_deferred(
+    results: Sequence[CompletionResult], deferred: Iterable[UUID]
+) -> list[CompletionResult]:
+    """``results`` with those of the ``deferred`` jobs (not written: another
+    transaction held the row) marked so; the worker writes them again later."""
+    later = {job_id.int for job_id in deferred}
+    return [
+        CompletionResult(job_id=r.job_id, accepted=False, deferred=True)
+        if r.job_id.int in later
+        else r
+        for r in results
+    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,12 +39,12 @@ from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
-from pgwork.postgres._state_complete import storable
+from pgwork.postgres._state_complete import mark_deferred, storable
 from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
 from pgwork.records import AttemptError, JobStatus
 
-__all__ = ["WorkerOps", "mark_deferred"]
+__all__ = ["WorkerOps"]
 
 _IDLE = TransactionStatus.IDLE
 
@@ -387,20 +387,6 @@ class WorkerOps:
             )
             for r in rows
         ]
-
-
-def mark_deferred(
-    results: Sequence[CompletionResult], deferred: Iterable[UUID]
-) -> list[CompletionResult]:
-    """``results`` with those of the ``deferred`` jobs (not written: another
-    transaction held the row) marked so; the worker writes them again later."""
-    later = {job_id.int for job_id in deferred}
-    return [
-        CompletionResult(job_id=r.job_id, accepted=False, deferred=True)
-        if r.job_id.int in later
-        else r
-        for r in results
-    ]
 
 
 def _codec(conn: DbConn) -> str:
