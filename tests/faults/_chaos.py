@@ -139,6 +139,8 @@ class Chaos:
     figures: Figures
     fleet: Fleet
     settled: bool = False
+    # The jobs still not final at the drain bound, as the database had them then.
+    late: list[Any] = field(default_factory=list)
     # (chain id, the database's clock when its cancel had committed)
     cancels: list[tuple[UUID, Any]] = field(default_factory=list)
     # (fault kind, the database's clock as it began)
@@ -264,6 +266,16 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
     chaos.cancels.extend((chain, at) for chain in cancelled)
 
 
+def _not_final(dsn: str) -> list[Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT id, type_name, status::text, attempt, leased_by,"
+            " to_char(leased_until, 'HH24:MI:SS.MS'), to_char(scheduled_at, 'HH24:MI:SS.MS'),"
+            " last_attempt_error->>'type' FROM pgwork.jobs"
+            " WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id"
+        ).fetchall()
+
+
 def _db_now(dsn: str) -> Any:
     with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
         row = conn.execute("SELECT clock_timestamp()").fetchone()
@@ -352,6 +364,8 @@ def run(
             _step(chaos, step, dsn, cluster, proxies)
         cluster.wait_ready()
         chaos.settled = wait_settled(dsn, drain_bound())
+        if not chaos.settled:
+            chaos.late = _not_final(dsn)
         chaos.figures.elapsed_s = time.monotonic() - started
         chaos.figures.notes["restarts"] = fleet.restarts
     finally:

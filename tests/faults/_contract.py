@@ -89,10 +89,15 @@ def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         not_final = conn.execute(_NOT_FINAL).fetchall()
         if not chaos.settled or not_final:
+            late = chaos.late or not_final
             found.append(
-                f"{len(not_final)} job(s) not final {drain_bound:.0f} s after the last "
-                f"fault: {not_final[:5]}"
+                f"{len(late)} job(s) not final {drain_bound:.0f} s after the last fault (id, "
+                f"type, status, attempt, leased by, until, scheduled at, last error): "
+                f"{late[:5]}; {len(not_final)} still not final as the workers stopped"
             )
+            for job, *_ in late[:3]:
+                said = [line.text for line in chaos.fleet.all_lines(str(job))]
+                found.append(f"what the workers said of {job}: {said[-8:]}")
         past = conn.execute(_PAST_MAX_ATTEMPTS).fetchall()
         if past:
             found.append(
