@@ -42,29 +42,33 @@ from pgwork import PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
 __all__ = ["ALL_KINDS", "ON_KINDS", "Chaos", "Schedule", "drain_bound", "run", "schedule"]
 
-# Faults the library is expected to survive today.
+# Faults of the worker's processes, the server and the network.
 ON_KINDS = ("kill", "pause", "outage", "blackhole", "terminate", "hang")
-# Behind a switch: each is on only when named (``--faults-random-kinds``).
+# Faults a caller or a handler brings:
 #   caller-lock     a caller's transaction holds a running job's row for a while
 #   hostile-notice  malformed and unknown notices on the worker's channel
 #   unwritable      atomic jobs whose outcome can never be committed (in the job mix)
 #   cancel-race     chains cancelled while their atomic job runs and hands on
 GATED_KINDS = ("caller-lock", "hostile-notice", "unwritable", "cancel-race")
+# A run draws from all of them unless ``--faults-random-kinds`` narrows it down.
 ALL_KINDS = ON_KINDS + GATED_KINDS
 # Kinds that are jobs in the mix rather than faults of their own.
 _JOB_KINDS = {"unwritable"}
 
 LOAD = Load(jobs=0, workers=3, slots=4, lease=1.0, poll=0.5, grace=0.2)
 TYPES = "work,effect,quiet,boom,unwritable,relay"
-# An atomic attempt holds its row until PostgreSQL ends its idle transaction: the
-# type's timeout (3 leases) plus the adapter's 5 s of slack.
-_ATOMIC_HOLD = 3 * LOAD.lease + 5
 
 
 def drain_bound(load: Load = LOAD) -> float:
-    """How long after the last fault every job must have reached a final state: an
-    abandoned atomic row's hold, then reaping it, a retry's backoff and a long job."""
-    return _ATOMIC_HOLD + recovery_bound(load) + 0.9 + 2 * load.lease + 5
+    """How long after the last fault every job must have reached a final state:
+    reaping what the fault left behind, a retry's backoff and a long job.
+
+    An atomic attempt holds no job row while its handler runs (its lease is renewed);
+    a hand-on's write holds its row until the COMMIT right behind it, so a fault that
+    stops the worker in between (a pause, a black-holed path, both shorter than the
+    server's bound on the transaction) holds the row as long as the fault lasts, over
+    before the drain begins."""
+    return recovery_bound(load) + 0.9 + 2 * load.lease + 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +367,9 @@ def run(
             chaos.faults_at.append((step.kind, _db_now(dsn)))
             _step(chaos, step, dsn, cluster, proxies)
         cluster.wait_ready()
+        drained_from = time.monotonic()
         chaos.settled = wait_settled(dsn, drain_bound())
+        chaos.figures.notes["drain_s"] = round(time.monotonic() - drained_from, 2)
         if not chaos.settled:
             chaos.late = _not_final(dsn)
         chaos.figures.elapsed_s = time.monotonic() - started
