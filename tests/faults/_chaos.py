@@ -145,8 +145,9 @@ class Chaos:
     settled: bool = False
     # The jobs still not final at the drain bound, as the database had them then.
     late: list[Any] = field(default_factory=list)
-    # (chain id, the database's clock when its cancel had committed)
-    cancels: list[tuple[UUID, Any]] = field(default_factory=list)
+    # (chain id, the database's clock when its cancel had committed, each of the
+    # chain's jobs then with the attempts it had begun)
+    cancels: list[tuple[UUID, Any, dict[UUID, int]]] = field(default_factory=list)
     # (fault kind, the database's clock as it began)
     faults_at: list[tuple[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -245,7 +246,7 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
         return
     job = running[target % len(running)]
 
-    async def go() -> tuple[list[UUID], Any]:
+    async def go() -> tuple[list[UUID], Any, dict[UUID, int]]:
         state = await PostgresStateAdapter.connect(dsn, min_size=1, max_size=2)
         client = create_client(
             state_adapter=state, notify_adapter=PostgresNotifyAdapter(dsn), registry=registry()
@@ -257,17 +258,21 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
                 except Exception as exc:  # the chain ended meanwhile: nothing to check
                     chaos.figures.notes.setdefault("cancel_refused", []).append(repr(exc))
                     await conn.rollback()
-                    return [], None
+                    return [], None, {}
                 await conn.commit()
                 cur = await conn.execute("SELECT clock_timestamp()")
                 row = await cur.fetchone()
+                cur = await conn.execute(
+                    "SELECT id, attempt FROM pgwork.jobs WHERE chain_id = ANY(%s)", (cancelled,)
+                )
+                begun = {job: attempt for job, attempt in await cur.fetchall()}
                 await conn.commit()
-                return cancelled, row[0] if row else None
+                return cancelled, row[0] if row else None, begun
         finally:
             await client.close()
 
-    cancelled, at = asyncio.run(go())
-    chaos.cancels.extend((chain, at) for chain in cancelled)
+    cancelled, at, begun = asyncio.run(go())
+    chaos.cancels.extend((chain, at, begun) for chain in cancelled)
 
 
 def _not_final(dsn: str) -> list[Any]:
