@@ -11,6 +11,7 @@ fails at COMMIT. Every attempt that started must emit exactly one settlement eve
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections import Counter, defaultdict
 from datetime import timedelta
 from typing import Any
@@ -20,7 +21,17 @@ import pytest
 from psycopg import errors as pg_errors
 from pydantic import BaseModel
 
-from pgwork import Attempt, ChainStart, JobStatus, JobTypeRegistry, RetryPolicy
+from pgwork import (
+    Attempt,
+    ChainStart,
+    JobStatus,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    RetryPolicy,
+    create_client,
+)
+from pgwork.adapters.state import Completion
 from pgwork.observability import (
     ATTEMPT_ABORTED,
     ATTEMPT_COMPLETED,
@@ -224,3 +235,67 @@ async def test_an_unwritable_member_fails_alone_and_costs_its_group_nothing(
     assert await cur.fetchall() == [(n, 1) for n in range(GROUP) if n != BAD]
     assert not settlements.unbalanced()
     assert sum(settlements.started.values()) == MAX_ATTEMPTS + GROUP - 1
+
+
+# Rounds of (a completion that fails, then one that must be written) on one connection.
+ROUNDS = 4
+
+
+@pytest.mark.parametrize("how", ["swallowed", "refused"])
+async def test_a_failed_atomic_completion_leaves_its_connection_usable(
+    pgwork_dsn: str, conn: psycopg.AsyncConnection[Any], how: str
+) -> None:
+    """The completion and its COMMIT travel in one pipeline. A statement psycopg
+    prepares there counts as prepared before the server answers: were the server to
+    skip or refuse its Parse (the handler left the transaction aborted; the completion
+    before the COMMIT was refused on purpose), the connection would keep a name its
+    session lacks, and every later atomic completion on it would fail with
+    ``InvalidSqlStatementName``. One pooled connection runs every attempt; psycopg
+    prepares a statement from its second run on (``prepare_threshold=1``)."""
+    await _tables(conn)
+    reg = JobTypeRegistry()
+    pay = reg.job_type("pay", input=Num, mode="atomic")
+    state = await PostgresStateAdapter.connect(
+        pgwork_dsn, min_size=1, max_size=1, prepare_threshold=1
+    )
+    client = create_client(
+        state_adapter=state, notify_adapter=PostgresNotifyAdapter(pgwork_dsn), registry=reg
+    )
+    leases = {"pay": timedelta(seconds=60)}
+    deadline = timedelta(seconds=30)
+    try:
+        await client.start_chains(conn, [ChainStart(pay, Num(n=n)) for n in range(2 * ROUNDS)])
+        await conn.commit()
+        for _ in range(ROUNDS):
+            [bad] = await state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+            if how == "swallowed":
+                with pytest.raises(pg_errors.InFailedSqlTransaction):
+                    await _complete_unwritable(state, bad, deadline)
+            else:
+                async with state.atomic_transaction(lease=bad.lease, deadline=deadline) as tx:
+                    assert tx is not None
+                    # Another token: refused, as for a lease taken over meanwhile.
+                    refused = await state.complete_atomic(
+                        tx, completion=Completion(bad.id, uuid.uuid4(), "null")
+                    )
+                assert not refused.accepted
+            [good] = await state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+            async with state.atomic_transaction(lease=good.lease, deadline=deadline) as tx:
+                assert tx is not None
+                done = await state.complete_atomic(
+                    tx, completion=Completion(good.id, good.lease_token, "null")
+                )
+            assert done.accepted
+            assert (await client.get_job(good.id)).status is JobStatus.COMPLETED
+    finally:
+        await client.close()
+
+
+async def _complete_unwritable(state: Any, job: Any, deadline: timedelta) -> None:
+    """Complete ``job`` in a transaction left as a handler that swallows a database
+    error leaves it: aborted."""
+    async with state.atomic_transaction(lease=job.lease, deadline=deadline) as tx:
+        assert tx is not None
+        with contextlib.suppress(pg_errors.UniqueViolation):
+            await tx.connection.execute("INSERT INTO taken VALUES (1)")
+        await state.complete_atomic(tx, completion=Completion(job.id, job.lease_token, "null"))

@@ -42,29 +42,33 @@ from pgwork import PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
 __all__ = ["ALL_KINDS", "ON_KINDS", "Chaos", "Schedule", "drain_bound", "run", "schedule"]
 
-# Faults the library is expected to survive today.
+# Faults of the worker's processes, the server and the network.
 ON_KINDS = ("kill", "pause", "outage", "blackhole", "terminate", "hang")
-# Behind a switch: each is on only when named (``--faults-random-kinds``).
+# Faults a caller or a handler brings:
 #   caller-lock     a caller's transaction holds a running job's row for a while
 #   hostile-notice  malformed and unknown notices on the worker's channel
 #   unwritable      atomic jobs whose outcome can never be committed (in the job mix)
 #   cancel-race     chains cancelled while their atomic job runs and hands on
 GATED_KINDS = ("caller-lock", "hostile-notice", "unwritable", "cancel-race")
+# A run draws from all of them unless ``--faults-random-kinds`` narrows it down.
 ALL_KINDS = ON_KINDS + GATED_KINDS
 # Kinds that are jobs in the mix rather than faults of their own.
 _JOB_KINDS = {"unwritable"}
 
 LOAD = Load(jobs=0, workers=3, slots=4, lease=1.0, poll=0.5, grace=0.2)
 TYPES = "work,effect,quiet,boom,unwritable,relay"
-# An atomic attempt holds its row until PostgreSQL ends its idle transaction: the
-# type's timeout (3 leases) plus the adapter's 5 s of slack.
-_ATOMIC_HOLD = 3 * LOAD.lease + 5
 
 
 def drain_bound(load: Load = LOAD) -> float:
-    """How long after the last fault every job must have reached a final state: an
-    abandoned atomic row's hold, then reaping it, a retry's backoff and a long job."""
-    return _ATOMIC_HOLD + recovery_bound(load) + 0.9 + 2 * load.lease + 5
+    """How long after the last fault every job must have reached a final state:
+    reaping what the fault left behind, a retry's backoff and a long job.
+
+    An atomic attempt holds no job row while its handler runs (its lease is renewed);
+    a hand-on's write holds its row until the COMMIT right behind it, so a fault that
+    stops the worker in between (a pause, a black-holed path, both shorter than the
+    server's bound on the transaction) holds the row as long as the fault lasts, over
+    before the drain begins."""
+    return recovery_bound(load) + 0.9 + 2 * load.lease + 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +143,11 @@ class Chaos:
     figures: Figures
     fleet: Fleet
     settled: bool = False
-    # (chain id, the database's clock when its cancel had committed)
-    cancels: list[tuple[UUID, Any]] = field(default_factory=list)
+    # The jobs still not final at the drain bound, as the database had them then.
+    late: list[Any] = field(default_factory=list)
+    # (chain id, the database's clock when its cancel had committed, each of the
+    # chain's jobs then with the attempts it had begun)
+    cancels: list[tuple[UUID, Any, dict[UUID, int]]] = field(default_factory=list)
     # (fault kind, the database's clock as it began)
     faults_at: list[tuple[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
@@ -239,7 +246,7 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
         return
     job = running[target % len(running)]
 
-    async def go() -> tuple[list[UUID], Any]:
+    async def go() -> tuple[list[UUID], Any, dict[UUID, int]]:
         state = await PostgresStateAdapter.connect(dsn, min_size=1, max_size=2)
         client = create_client(
             state_adapter=state, notify_adapter=PostgresNotifyAdapter(dsn), registry=registry()
@@ -251,17 +258,31 @@ def _cancel_race(dsn: str, target: int, chaos: Chaos) -> None:
                 except Exception as exc:  # the chain ended meanwhile: nothing to check
                     chaos.figures.notes.setdefault("cancel_refused", []).append(repr(exc))
                     await conn.rollback()
-                    return [], None
+                    return [], None, {}
                 await conn.commit()
                 cur = await conn.execute("SELECT clock_timestamp()")
                 row = await cur.fetchone()
+                cur = await conn.execute(
+                    "SELECT id, attempt FROM pgwork.jobs WHERE chain_id = ANY(%s)", (cancelled,)
+                )
+                begun = {job: attempt for job, attempt in await cur.fetchall()}
                 await conn.commit()
-                return cancelled, row[0] if row else None
+                return cancelled, row[0] if row else None, begun
         finally:
             await client.close()
 
-    cancelled, at = asyncio.run(go())
-    chaos.cancels.extend((chain, at) for chain in cancelled)
+    cancelled, at, begun = asyncio.run(go())
+    chaos.cancels.extend((chain, at, begun) for chain in cancelled)
+
+
+def _not_final(dsn: str) -> list[Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT id, type_name, status::text, attempt, leased_by,"
+            " to_char(leased_until, 'HH24:MI:SS.MS'), to_char(scheduled_at, 'HH24:MI:SS.MS'),"
+            " last_attempt_error->>'type' FROM pgwork.jobs"
+            " WHERE status NOT IN ('completed', 'failed', 'cancelled') ORDER BY id"
+        ).fetchall()
 
 
 def _db_now(dsn: str) -> Any:
@@ -351,7 +372,11 @@ def run(
             chaos.faults_at.append((step.kind, _db_now(dsn)))
             _step(chaos, step, dsn, cluster, proxies)
         cluster.wait_ready()
+        drained_from = time.monotonic()
         chaos.settled = wait_settled(dsn, drain_bound())
+        chaos.figures.notes["drain_s"] = round(time.monotonic() - drained_from, 2)
+        if not chaos.settled:
+            chaos.late = _not_final(dsn)
         chaos.figures.elapsed_s = time.monotonic() - started
         chaos.figures.notes["restarts"] = fleet.restarts
     finally:

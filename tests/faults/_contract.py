@@ -8,7 +8,9 @@
   other atomic job never;
 * bounded duplicates: a job that does not fail by itself ran again only as often as
   faults found it held (its lease, or its row locked by a caller);
-* no worker stopped by itself, and after a cancel commits no job of the chain starts.
+* no worker stopped by itself, and after a cancel commits no job of the chain starts
+  an attempt (a handler may still begin, for an attempt its worker had begun before,
+  until its lease's renewal tells it the chain was cancelled).
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ WHERE root.chain_status <> 'cancelled'
        OR (j.type_name IN ('boom', 'unwritable') AND j.status <> 'failed'))
 """
 
+# Handlers that began after the cancel had committed, with their attempts.
 _STARTED_AFTER_CANCEL = """
-SELECT j.id, j.type_name, l.at, j.status::text FROM pgwork.jobs AS j
+SELECT j.id, j.type_name, l.at, j.status::text, l.attempt FROM pgwork.jobs AS j
 JOIN faults_ledger AS l ON l.job_id = j.id
 WHERE j.chain_id = %s AND l.at > %s
 """
@@ -89,10 +92,15 @@ def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         not_final = conn.execute(_NOT_FINAL).fetchall()
         if not chaos.settled or not_final:
+            late = chaos.late or not_final
             found.append(
-                f"{len(not_final)} job(s) not final {drain_bound:.0f} s after the last "
-                f"fault: {not_final[:5]}"
+                f"{len(late)} job(s) not final {drain_bound:.0f} s after the last fault (id, "
+                f"type, status, attempt, leased by, until, scheduled at, last error): "
+                f"{late[:5]}; {len(not_final)} still not final as the workers stopped"
             )
+            for job, *_ in late[:3]:
+                said = [line.text for line in chaos.fleet.all_lines(str(job))]
+                found.append(f"what the workers said of {job}: {said[-8:]}")
         past = conn.execute(_PAST_MAX_ATTEMPTS).fetchall()
         if past:
             found.append(
@@ -107,8 +115,12 @@ def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
         wrong = conn.execute(_WRONG_END).fetchall()
         if wrong:
             found.append(f"{len(wrong)} job(s) ended wrongly: {wrong[:5]}")
-        for chain, at in chaos.cancels:
-            late = conn.execute(_STARTED_AFTER_CANCEL, (chain, at)).fetchall()
+        for chain, at, begun in chaos.cancels:
+            late = [
+                row
+                for row in conn.execute(_STARTED_AFTER_CANCEL, (chain, at)).fetchall()
+                if row[0] not in begun or row[4] > begun[row[0]]
+            ]
             if late:
                 found.append(f"chain {chain} cancelled, then its jobs started: {late}")
             status = conn.execute(_CHAIN_STATUS, (chain,)).fetchone()

@@ -128,12 +128,15 @@ def measure(dsn: str, figures: Figures) -> Figures:
 
 
 def wait_settled(dsn: str, timeout: float) -> bool:
-    """Wait until no job is pending or running; False if some still are at ``timeout``."""
+    """Wait until every job is final (completed, failed or cancelled); False if some
+    still are not at ``timeout``."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             (left,) = _one(
-                conn, "SELECT count(*) FROM pgwork.jobs WHERE status NOT IN ('completed', 'failed')"
+                conn,
+                "SELECT count(*) FROM pgwork.jobs"
+                " WHERE status NOT IN ('completed', 'failed', 'cancelled')",
             )
             if left == 0:
                 return True

@@ -47,8 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--faults-random-kinds",
         default="",
-        help="comma-separated fault kinds of the randomized run, or 'all' (default: "
-        "those the library survives today; see tests/faults/_chaos.py)",
+        help="comma-separated fault kinds of the randomized run, to narrow a failure "
+        "down (default, or 'all': every kind; see tests/faults/_chaos.py)",
     )
 
 

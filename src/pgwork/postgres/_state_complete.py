@@ -16,6 +16,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
 
 from pgwork._frozen import frozen_builder
 from pgwork.adapters._state_records import earliest_due
@@ -44,6 +45,8 @@ __all__ = [
     "completion_params",
     "mark_deferred",
 ]
+
+_INERROR = TransactionStatus.INERROR
 
 # One result per completed job, a batch of them per worker turn (``_frozen``).
 _build_result = frozen_builder(
@@ -216,13 +219,22 @@ class CompletionOps:
         conn = own_connection(tx)
         params = atomic_completion_params(completion)
         bound = self.operation_timeout
+        # psycopg counts a statement it prepares in a pipeline as prepared before the
+        # server answers. Were the server to refuse or skip that Parse, the session
+        # would lack a name psycopg goes on using: every later run of the statement
+        # on this connection would fail. So nothing is prepared here that may not be
+        # parsed: the completion in a transaction the handler left aborted, the
+        # COMMIT behind a completion that may be refused.
+        aborted = conn.info.transaction_status == _INERROR
         try:
             with storable([completion]), translate_errors(self.schema):
                 async with bounded(conn, bound, "an atomic attempt's completion and COMMIT"):
                     async with conn.pipeline():
                         cur = conn.cursor()
-                        await cur.execute(self._sql.complete_atomic, params)
-                        await conn.execute(b"COMMIT")
+                        await cur.execute(
+                            self._sql.complete_atomic, params, prepare=False if aborted else None
+                        )
+                        await conn.execute(b"COMMIT", prepare=False)
                     rows = await cur.fetchall()
         except pg_errors.InvalidTextRepresentation as exc:
             if ATOMIC_REFUSED not in str(exc):

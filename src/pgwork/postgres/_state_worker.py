@@ -65,6 +65,8 @@ class WorkerOps:
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
+        def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
+
         def _connection(
             self, tx: TransactionHandle | None
         ) -> AbstractAsyncContextManager[DbConn]: ...
@@ -288,7 +290,12 @@ class WorkerOps:
             "tokens": uuids([lease.lease_token for lease in leases]),
             "seconds": floats([duration[lease.job_id].total_seconds() for lease in leases]),
         }
-        async with self._pooled() as conn:
+        # On the adapter's own connection, as heartbeats, never a pooled one: atomic
+        # attempts, whose leases this renews too, hold a pooled connection each for
+        # their handlers' whole run and may hold them all, and after an outage the
+        # pool replaces its lost connections only as its reconnection backoff allows.
+        # Either way a renewal waiting for a pooled connection lost every lease.
+        async with self._own_line() as conn:
             rows = await self._fetch(conn, self._sql.renew, params)
         return [
             RenewResult(
