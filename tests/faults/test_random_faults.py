@@ -8,7 +8,8 @@ comma-separated list (by default, and with ``all``, every kind: what CI runs). A
 failure prints its seed, its schedule and the command that replays it.
 
 The controls run a short fixed schedule against the ``unfenced`` build (completions,
-renewals and atomic attempts not fenced by the lease token or the row lock) and the
+renewals and atomic attempts not fenced by the lease token), with atomic leases left to
+lapse (``unrenewed-atomic``) so that a second run races the first, and the
 ``never-counting`` build (attempts that stop counting short of ``max_attempts``): the
 contract must reject both."""
 
@@ -99,7 +100,10 @@ def _control(dsn: str, cluster: PrivateCluster, breakage: str) -> Chaos:
 def test_random_fault_contract_rejects_the_unfenced_build(
     fault_dsn: str, cluster: PrivateCluster, report: Callable[[Figures], Figures]
 ) -> None:
-    chaos = _control(fault_dsn, cluster, "unfenced")
+    # Atomic leases are renewed while their handlers run, so without lapsed leases no
+    # second run would race the first: the control lets them lapse, as
+    # test_broken_builds.py's outliving-jobs control does.
+    chaos = _control(fault_dsn, cluster, "unrenewed-atomic,unfenced")
     report(chaos.figures)
     found = violations(fault_dsn, chaos, drain_bound())
     assert any("effect did not commit exactly once" in v for v in found), found
