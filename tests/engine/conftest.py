@@ -128,3 +128,23 @@ async def acquired_job(
 
 class _Num(BaseModel):
     n: int
+
+
+# The wake-up tests' clients and workers (tests/engine/_wakeup_kit.py, which imports
+# this module: hence the imports inside the fixtures).
+
+
+@pytest.fixture
+async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    from ._wakeup_kit import client_factory
+
+    async with client_factory(pgwork_dsn) as make:
+        yield make
+
+
+@pytest.fixture
+async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
+    from ._wakeup_kit import worker_starter
+
+    async with worker_starter() as start:
+        yield start

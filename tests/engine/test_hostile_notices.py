@@ -14,7 +14,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -23,9 +23,7 @@ import psycopg
 import pytest
 
 from pgwork import (
-    Client,
     InProcessNotifyAdapter,
-    InProcessWorker,
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
@@ -34,21 +32,9 @@ from pgwork import (
 from pgwork.adapters.notify import Notice
 from pgwork.worker._wakeups import MAX_TIMERS, Wakeups
 
-from ._wakeup_kit import PROMPT, Num, Starts, client_factory, enqueue, worker_starter
+from ._wakeup_kit import PROMPT, Num, Starts, enqueue
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
-    async with client_factory(pgwork_dsn) as make:
-        yield make
-
-
-@pytest.fixture
-async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
-    async with worker_starter() as start:
-        yield start
 
 
 QUEUE = "hostile"

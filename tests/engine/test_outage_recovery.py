@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -32,18 +32,12 @@ from pgwork import (
     create_client,
 )
 
-from ._wakeup_kit import PROMPT, Num, Starts, enqueue, worker_starter
+from ._wakeup_kit import PROMPT, Num, Starts, enqueue
 from .conftest import eventually
 
 pytestmark = pytest.mark.anyio
 
 JOBS = 4
-
-
-@pytest.fixture
-async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
-    async with worker_starter() as start:
-        yield start
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ control must show the failure the mechanism prevents.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -21,9 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgwork import (
     Attempt,
-    Client,
     Continue,
-    InProcessWorker,
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
@@ -37,27 +35,13 @@ from ._wakeup_kit import (
     PROMPT,
     Num,
     Starts,
-    client_factory,
     enqueue,
     no_due,
     no_ready,
-    worker_starter,
 )
 from .conftest import eventually
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def clients(pgwork_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Client]]]:
-    async with client_factory(pgwork_dsn) as make:
-        yield make
-
-
-@pytest.fixture
-async def start_worker() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
-    async with worker_starter() as start:
-        yield start
 
 
 # --- an idle worker costs almost nothing --------------------------------------------
