@@ -245,11 +245,10 @@ async def backlog(ctx: Context) -> list[Measurement]:
     window, which fits in it with a tenth to spare.
 
     The two depths take turns, window by window (deep, shallow, deep, ...), so that
-    both rows are measured in the same minutes. Until session 8 the five deep windows
-    ran first and the five shallow ones after them: on a machine whose other load
-    changes from minute to minute that compared two different minutes, not two
-    depths, while the CPU a job costs the worker and the server was the same at both
-    depths (docs/performance.md, "server, session 8").
+    both rows are measured in the same minutes: run one depth after the other and, on a
+    machine whose other load changes from minute to minute, the comparison is of two
+    different minutes, not two depths (the CPU a job costs the worker and the server
+    is the same at both depths).
     """
     sizes = ctx.sizes
     skip, window, count = sizes.backlog_skip, sizes.backlog_window, sizes.backlog_windows

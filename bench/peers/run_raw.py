@@ -16,7 +16,7 @@ listings and the acquire order).
 - enqueue with ``--rows pgwork``: the same, but of the rows pgwork's ``start_chains``
   writes, into pgwork's own table (the harness gives it a database with pgwork's
   schema): what those rows cost the server with no library around them, the yardstick
-  of issue 20's batch target ("a multi-row INSERT of the same rows");
+  for pgwork's batch enqueue ("a multi-row INSERT of the same rows");
 - drain: ``--connections`` connections (default 4), each looping: claim a batch of
   ``--claim-batch`` (default 100) with ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE
   SKIP LOCKED)`` and commit (the claim must be durable, as any queue's lease is, or a
