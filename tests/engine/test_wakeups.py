@@ -277,6 +277,51 @@ async def test_a_job_scheduled_while_the_worker_idles_starts_when_due(
         assert starts.times[0] - enqueued >= 1.4
 
 
+@pytest.mark.parametrize("build", ["looks-back", "control-no-look-back"])
+async def test_a_timer_that_fires_early_still_starts_the_job_when_due(
+    clients: Any, pgwork_dsn: str, start_worker: Any, build: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's clock runs ahead of the database's, so its timer fires before the
+    job is due and the acquire finds nothing; by the time it asks the database when
+    the next job is due (a slow round trip), that job is due. It must still start now,
+    not at the next poll."""
+    ahead = 0.3
+    due_at = Wakeups.due_at
+
+    def early(self: Wakeups, epoch: float) -> None:
+        due_at(self, epoch - ahead)
+
+    next_due = PostgresStateAdapter.next_due
+    looked_ahead_at_start = anyio.Event()
+
+    async def slow(self: PostgresStateAdapter, **kwargs: Any) -> Any:
+        if not looked_ahead_at_start.is_set():
+            try:
+                return await next_due(self, **kwargs)
+            finally:
+                looked_ahead_at_start.set()
+        await anyio.sleep(2 * ahead)
+        if build != "looks-back":
+            kwargs["missed_after"] = None
+        return await next_due(self, **kwargs)
+
+    monkeypatch.setattr(Wakeups, "due_at", early)
+    monkeypatch.setattr(PostgresStateAdapter, "next_due", slow)
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("later", input=Num)
+    client = await clients(reg)
+    starts = Starts()
+    await start_worker(client=client, processors={job_type: starts})
+    with anyio.fail_after(PROMPT):
+        await looked_ahead_at_start.wait()
+    enqueued = time.monotonic()
+    await enqueue(pgwork_dsn, client, job_type, schedule=timedelta(seconds=1))
+    started = await starts.within(1 + PROMPT)
+    assert started is (build == "looks-back")
+    if started:
+        assert starts.times[0] - enqueued >= 0.9
+
+
 @pytest.mark.parametrize("build", ["looks-ahead", "control-no-look-ahead"])
 async def test_a_job_scheduled_before_the_worker_started_starts_when_due(
     clients: Any, pgwork_dsn: str, start_worker: Any, build: str, monkeypatch: pytest.MonkeyPatch

@@ -266,12 +266,25 @@ class WorkerStore(Store, Protocol):
         that type's duration), in one statement, and commit. ``queues=None``: any."""
         ...
 
-    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+    async def next_due(
+        self,
+        *,
+        type_names: Sequence[str],
+        queues: Sequence[str],
+        missed_after: float | None = None,
+    ) -> float | None:
         """Seconds until the earliest pending job of ``type_names`` in ``queues`` that is
         not due yet becomes due, on the database clock; None when there is none.
 
         What an idle worker sleeps until instead of polling: time has no notification.
         It must stay cheap however many jobs are scheduled (an index, never a scan).
+
+        ``missed_after`` is a ``time.monotonic()`` instant, about when an acquire that
+        found nothing was sent: a job that became due since then (reckoned when the
+        statement runs) counts too, as due now (0.0). That acquire may have seen it not
+        due yet: a timer that fired early, a worker clock ahead of the database's. A
+        job due before then is left out: that acquire passed it over (a caller holds
+        its row), and it must not hide the next due time.
         """
         ...
 

@@ -149,9 +149,16 @@ class InstrumentedStateAdapter:
             self.inner.acquire(worker_id=worker_id, leases=leases, queues=queues, limit=limit),
         )
 
-    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+    async def next_due(
+        self,
+        *,
+        type_names: Sequence[str],
+        queues: Sequence[str],
+        missed_after: float | None = None,
+    ) -> float | None:
         return await self._call(
-            "next_due", self.inner.next_due(type_names=type_names, queues=queues)
+            "next_due",
+            self.inner.next_due(type_names=type_names, queues=queues, missed_after=missed_after),
         )
 
     async def complete_and_acquire(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime, timedelta
@@ -216,11 +218,21 @@ class WorkerOps:
         in."""
         return _with_limit(any_queue if queues is None else by_queue, limit)
 
-    async def next_due(self, *, type_names: Sequence[str], queues: Sequence[str]) -> float | None:
+    async def next_due(
+        self,
+        *,
+        type_names: Sequence[str],
+        queues: Sequence[str],
+        missed_after: float | None = None,
+    ) -> float | None:
         if not type_names or not queues:
             return None
-        params = {"type_names": list(type_names), "queues": list(queues)}
         async with self._pooled() as conn:
+            # Reckoned once the connection is in hand: waiting for one is part of the gap.
+            since = 0.0
+            if missed_after is not None and math.isfinite(missed_after):
+                since = max(time.monotonic() - missed_after, 0.0)
+            params = {"type_names": list(type_names), "queues": list(queues), "since": since}
             [(seconds,)] = await self._fetch(conn, self._sql.next_due, params)
         return None if seconds is None else max(float(seconds), 0.0)
 

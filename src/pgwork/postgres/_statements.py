@@ -352,7 +352,8 @@ ACQUIRE_ANY_QUEUE = f"WITH {_CANDIDATES_ANY_QUEUE},{_LEASES},{_LEASED}{_LEASE_CA
 
 # When the next not-yet-due pending job becomes due. A loose index scan on
 # jobs_acquire_idx (queue, priority, scheduled_at): for each queue, hop from one
-# priority present to the next, and within each take the first row past now(). So it
+# priority present to the next, and within each take the first row past now() less
+# ``since`` (jobs due that recently count as due now: see StateAdapter.next_due). So it
 # costs a few index probes per priority in use, however many jobs are scheduled.
 NEXT_DUE = """
 WITH RECURSIVE p AS (
@@ -376,7 +377,7 @@ CROSS JOIN LATERAL (
     WHERE j.status = 'pending'
       AND j.queue = p.name
       AND j.priority = p.priority
-      AND j.scheduled_at > now()
+      AND j.scheduled_at > now() - make_interval(secs => %(since)s::float8)
       AND j.type_name = ANY(%(type_names)s::text[])
     ORDER BY j.scheduled_at
     LIMIT 1

@@ -125,7 +125,10 @@ class Fetcher:
         # out, leaves the completions waiting at this moment to it.
         batch = self._batcher.take()
         generation = self._wakeups.generation
-        self.group.start_soon(self._acquire, free, batch, generation, name="pgwork-acquire")
+        sent_at = self._wakeups.now()
+        self.group.start_soon(
+            self._acquire, free, batch, generation, sent_at, name="pgwork-acquire"
+        )
 
     async def idle(self) -> None:
         """Return once no acquire is in flight."""
@@ -135,7 +138,9 @@ class Fetcher:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def _acquire(self, limit: int, batch: list[Pending], generation: int) -> None:
+    async def _acquire(
+        self, limit: int, batch: list[Pending], generation: int, sent_at: float
+    ) -> None:
         counted = False
         try:
             try:
@@ -160,7 +165,11 @@ class Fetcher:
             self._came_back(limit)
             # Before ``_back``: a short acquire must not send the next one.
             self._wakeups.acquired(
-                generation, asked=limit, got=len(acquired), poll_interval=self._poll_interval
+                generation,
+                sent_at=sent_at,
+                asked=limit,
+                got=len(acquired),
+                poll_interval=self._poll_interval,
             )
             # Before the jobs start: the next acquire (if any) goes out first, so the
             # server works on it while their handlers run.

@@ -519,9 +519,13 @@ class InProcessWorker:
         if not wakeups.look_ahead or wakeups.may_have_work or self._fetcher.in_flight:
             return
         wakeups.look_ahead = False
-        seconds = await self.state.next_due(type_names=list(self._types), queues=self.queues)
+        seconds = await self.state.next_due(
+            type_names=list(self._types), queues=self.queues, missed_after=wakeups.missed_after()
+        )
         if seconds is not None:
             wakeups.due_in(seconds)
+            if wakeups.may_have_work:
+                self._wake.set()  # due already (a hint): acquire this turn, not never
 
     async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
         if self._stop_requested.is_set():

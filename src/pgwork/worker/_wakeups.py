@@ -11,7 +11,8 @@ on an empty queue. So after such an acquire the worker waits for one of:
 * a job becoming due: time has no notification, so the worker keeps timers for the
   due times it learns (``ready`` notices with ``at``, its own retries, and the
   database's answer to ``next_due``, asked at start and whenever a timer fired but the
-  acquire it caused found nothing);
+  acquire it caused found nothing; it counts the jobs that became due since that
+  acquire was sent as due now, for a timer that fired early made it find nothing);
 * the poll interval since that acquire: the safety net for lost notifications.
 
 Every hint bumps ``generation``; an acquire remembers the generation it was sent in,
@@ -33,6 +34,9 @@ __all__ = ["MAX_TIMERS", "Wakeups"]
 # ``next_due`` (asked whenever a timer fires and finds nothing) catch up.
 MAX_TIMERS = 1024
 
+# ``missed_after``'s allowance for two statements' round trips differing (seconds).
+ROUND_TRIP_MARGIN_S = 1.0
+
 
 class Wakeups:
     """Demand bookkeeping for one worker; all times are ``clock()`` seconds."""
@@ -40,6 +44,7 @@ class Wakeups:
     __slots__ = (
         "_clock",
         "_drained_as_of",
+        "_drained_sent_at",
         "_poll_at",
         "_timers",
         "found_nothing",
@@ -51,6 +56,7 @@ class Wakeups:
         self._clock = clock
         self.generation = 1
         self._drained_as_of = 0
+        self._drained_sent_at = self._clock()
         self._poll_at = math.inf
         self._timers: list[float] = []  # sorted, earliest first
         # Ask the database when the next job becomes due: at start, and after a timer
@@ -92,12 +98,26 @@ class Wakeups:
         """A job becomes due at ``epoch`` (seconds since the epoch, wall clock)."""
         self.due_in(epoch - time.time())
 
-    def acquired(self, generation: int, *, asked: int, got: int, poll_interval: float) -> None:
-        """An acquire sent in ``generation`` asked for ``asked`` jobs and got ``got``."""
+    def acquired(
+        self, generation: int, *, sent_at: float, asked: int, got: int, poll_interval: float
+    ) -> None:
+        """An acquire sent at ``sent_at`` in ``generation`` asked for ``asked`` jobs and
+        got ``got``."""
         self.found_nothing = got < asked
         if got < asked and generation > self._drained_as_of:
             self._drained_as_of = generation
+            self._drained_sent_at = sent_at
             self._poll_at = self._clock() + poll_interval
+
+    def missed_after(self) -> float:
+        """A little before the acquire that found the queues drained was sent: a job
+        that became due since may have been not due yet to it (``next_due``'s
+        ``missed_after``). The margin covers that acquire's statement having reached
+        the server sooner after being sent than ``next_due``'s does."""
+        return self._drained_sent_at - ROUND_TRIP_MARGIN_S
+
+    def now(self) -> float:
+        return self._clock()
 
     def deadline(self) -> float:
         """When ``tick`` next has something to do (the earliest timer or the poll)."""

@@ -5,7 +5,8 @@ Role exercised: ``WorkerStore`` (``acquire``).
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import anyio
@@ -202,6 +203,30 @@ class AcquireConformance(StateSuiteBase):
         wait = await store.adapter.next_due(type_names=types, queues=queues)
         assert wait is not None
         assert abs(wait - 1800) < CLOCK_SLACK.total_seconds() * 5
+
+    async def test_next_due_counts_a_job_due_since_the_last_acquire_as_due_now(
+        self, store: StateHarness
+    ) -> None:
+        """An acquire sent then may have seen it not due yet; a job due before that
+        acquire was passed over by it and must not hide the next one."""
+        types, queues = [ALPHA], ["default"]
+        due_in = timedelta(seconds=0.5)
+        seeded = datetime.now(UTC)
+        await store.seed(store.new_job(run_after=due_in))
+        await store.wait_for_store_clock(seeded + due_in + timedelta(seconds=0.5))
+
+        async def next_due(sent_ago: float | None) -> float | None:
+            sent = None if sent_ago is None else time.monotonic() - sent_ago
+            return await store.adapter.next_due(type_names=types, queues=queues, missed_after=sent)
+
+        assert await next_due(60) == 0.0
+        assert await next_due(0) is None
+        assert await next_due(None) is None
+        await store.seed(store.new_job(run_after=timedelta(minutes=5)))
+        wait = await next_due(0)
+        assert wait is not None
+        assert abs(wait - 300) < CLOCK_SLACK.total_seconds() * 5
+        assert await next_due(60) == 0.0
 
     async def test_next_due_looks_only_at_the_given_types_and_queues(
         self, store: StateHarness
