@@ -30,6 +30,7 @@ fails that one alone) and goes out again without them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
@@ -59,7 +60,7 @@ class Fetcher:
         queues: Sequence[str] | None,
         wakeups: Wakeups,
         poll_interval: float,
-        arrived: Callable[[list[AcquiredJob]], Awaitable[None]],
+        arrived: Callable[[list[AcquiredJob], float], Awaitable[None]],
         back: Callable[[int], None],
         done: Callable[[], None],
         max_in_flight: int = MAX_IN_FLIGHT,
@@ -125,7 +126,9 @@ class Fetcher:
         # out, leaves the completions waiting at this moment to it.
         batch = self._batcher.take()
         generation = self._wakeups.generation
-        sent_at = self._wakeups.now()
+        # The leases it takes run from their transaction's start, which is later: a
+        # lease counted from here ends no later than the database's (see ``Slot``).
+        sent_at = time.monotonic()
         self.group.start_soon(
             self._acquire, free, batch, generation, sent_at, name="pgwork-acquire"
         )
@@ -175,7 +178,7 @@ class Fetcher:
             # server works on it while their handlers run.
             self._back(len(acquired))
             self._batcher.deliver(batch, results)
-            await self._arrived(acquired)
+            await self._arrived(acquired, sent_at)
         finally:
             if not counted:
                 self._came_back(limit)

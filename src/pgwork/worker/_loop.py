@@ -527,12 +527,12 @@ class InProcessWorker:
             if wakeups.may_have_work:
                 self._wake.set()  # due already (a hint): acquire this turn, not never
 
-    async def _start_slots(self, acquired: list[AcquiredJob]) -> None:
+    async def _start_slots(self, acquired: list[AcquiredJob], sent_at: float) -> None:
         if self._stop_requested.is_set():
             # Arrived after stop(): hand them straight back, no attempt burned.
             await self._slots.hand_back(acquired)
             return
-        self._slots.arrived(acquired)
+        self._slots.arrived(acquired, leased_at=sent_at)
 
     async def _drain(self) -> None:
         """Graceful stop: hand prefetched jobs back, wait up to the grace period for

@@ -144,19 +144,22 @@ class SlotRunner:
         Not a coroutine itself: it picks the one to run, and the slot's task awaits
         that one directly (a coroutine fewer per job)."""
         reason = slot.pending_abort
-        if reason is None and time.monotonic() >= slot.lease_deadline:
-            reason = AbortReason.OWNERSHIP_LOST
         if reason is not None:
-            # Aborted (or its lease ran out) while it waited for a slot: another worker
-            # may own the job by now, so its handler must not start at all.
+            # Aborted while it waited for a slot: its handler must not start at all.
             return self._refuse(slot, reason)
+        if time.monotonic() >= slot.lease_deadline:
+            # Its lease may have run out before the handler could start (it waited for
+            # a slot, or the acquire's answer came late): another worker may reap the
+            # job at any moment, so the handler must not start. Handed back untouched
+            # (no attempt burned) unless someone took it already.
+            return self._refuse(slot, AbortReason.OWNERSHIP_LOST, hand_back=True)
         if slot.job_type.mode == "atomic":
             return self._run_atomic(slot)
         return self._run_staged(slot)
 
-    async def _refuse(self, slot: Slot, reason: AbortReason) -> bool:
+    async def _refuse(self, slot: Slot, reason: AbortReason, *, hand_back: bool = False) -> bool:
         with anyio.CancelScope(shield=True):
-            await self._settle_abort(slot, reason)
+            await self._settle_abort(slot, reason, hand_back=hand_back)
         return False
 
     async def _run_atomic(self, slot: Slot) -> bool:
@@ -439,10 +442,14 @@ class SlotRunner:
             return
         self._report_outcome(slot, attempt, written)
 
-    async def _settle_abort(self, slot: Slot, reason: AbortReason) -> None:
-        """An aborted attempt: a stopping worker hands the job back (no attempt burned);
+    async def _settle_abort(
+        self, slot: Slot, reason: AbortReason, *, hand_back: bool = False
+    ) -> None:
+        """An aborted attempt: a stopping worker hands the job back (no attempt burned),
+        as does one whose handler never started (``hand_back``): the release is fenced
+        by the lease token, so it does nothing if someone took the job meanwhile;
         otherwise the job is someone else's now and nothing is written."""
-        if reason is AbortReason.WORKER_STOPPING:
+        if reason is AbortReason.WORKER_STOPPING or hand_back:
             released = await self.state.release(leases=[slot.lease])
             self.emit(ATTEMPT_ABORTED, slot, reason=reason.value, released=bool(released))
             if released:

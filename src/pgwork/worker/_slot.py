@@ -93,6 +93,8 @@ class Slot:
         acquired: AcquiredJob,
         job_type: JobType[Any, Any],
         now: float | None = None,
+        *,
+        leased_at: float | None = None,
     ) -> None:
         if now is None:
             now = time.monotonic()
@@ -106,7 +108,13 @@ class Slot:
         # An atomic attempt whose handler runs (alone or in a group): its row is not
         # locked, so its lease is renewed like a staged attempt's.
         self.renewing = False
-        self.lease_deadline = now + job_type.lease.total_seconds()
+        # The database dates the lease from the acquire's transaction, which began
+        # after the acquire was sent (``leased_at``) and maybe long before its answer
+        # came (a server that hung, a stalled path): counted from the answer, a handler
+        # could start on a lease another worker may already have reaped.
+        self.lease_deadline = (now if leased_at is None else leased_at) + (
+            job_type.lease.total_seconds()
+        )
         self.started = now
         # Set while the handler runs, for the watchdog (see ``abandon_deadline``).
         self.handler_running = False

@@ -80,8 +80,11 @@ class Slots:
         job = slot.acquired
         return (self._queue_rank.get(job.queue, 0), job.priority, job.scheduled_at)
 
-    def arrived(self, acquired: list[AcquiredJob]) -> None:
-        """Jobs were acquired: start them, or keep them waiting for a slot."""
+    def arrived(self, acquired: list[AcquiredJob], *, leased_at: float | None = None) -> None:
+        """Jobs were acquired: start them, or keep them waiting for a slot.
+
+        ``leased_at``: when the acquire was sent (monotonic), the latest time their
+        leases can be counted from and still end no later than the database's."""
         if len(acquired) > 1:
             # The statement returns its rows in no particular order; jobs that wait
             # for a slot must start in the queue's order.
@@ -91,6 +94,7 @@ class Slots:
             else:  # one queue: the same order, without a Python call per job
                 acquired.sort(key=_PRIORITY_THEN_DUE)
         now = time.monotonic()
+        leased = now if leased_at is None else min(leased_at, now)
         types, held, watchdog, admit = (
             self._types,
             self.held,
@@ -98,7 +102,7 @@ class Slots:
             self.admission.arrived,
         )
         for job in acquired:
-            slot = Slot(job, types[job.type_name], now)
+            slot = Slot(job, types[job.type_name], now, leased_at=leased)
             held[slot] = None
             slot.watchdog = watchdog
             admit(slot)

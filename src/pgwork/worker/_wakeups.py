@@ -116,9 +116,6 @@ class Wakeups:
         the server sooner after being sent than ``next_due``'s does."""
         return self._drained_sent_at - ROUND_TRIP_MARGIN_S
 
-    def now(self) -> float:
-        return self._clock()
-
     def deadline(self) -> float:
         """When ``tick`` next has something to do (the earliest timer or the poll)."""
         poll = math.inf if self.may_have_work else self._poll_at

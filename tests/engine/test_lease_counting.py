@@ -1,0 +1,100 @@
+"""A handler starts only on a lease the database still counts as held.
+
+The database dates an acquired job's lease from the acquire's transaction. When the
+answer comes back late (a server that hung mid-statement, a stalled network path), part
+of the lease is already gone; counted from the answer, the worker could start a handler
+on a lease that has lapsed, which another worker's reaper may take at any moment: the
+job would run twice. The worker counts the lease from when it sent the acquire instead,
+and a job whose lease ran out before its handler could start is given back untouched.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from pydantic import BaseModel
+
+from pgwork import Attempt, JobTypeRegistry, PostgresStateAdapter
+from pgwork.worker._slots import Slots
+
+from .conftest import ClientFactory, eventually
+
+pytestmark = pytest.mark.anyio
+
+LEASE = timedelta(seconds=1)
+
+
+class Num(BaseModel):
+    n: int
+
+
+@pytest.mark.parametrize("mode", ["staged", "atomic"])
+@pytest.mark.parametrize("build", ["counts-from-send", "control-counts-from-answer"])
+async def test_a_late_acquire_answer_never_starts_a_handler_on_a_lapsed_lease(
+    make_client: ClientFactory,
+    workers: Any,
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    build: str,
+    mode: str,
+) -> None:
+    late: list[object] = []
+
+    def delayed(name: str) -> Any:
+        original = getattr(PostgresStateAdapter, name)
+
+        async def answer_late(self: PostgresStateAdapter, **kwargs: Any) -> Any:
+            result = await original(self, **kwargs)
+            jobs = result[1] if isinstance(result, tuple) else result
+            if jobs and not late:
+                late.append(jobs[0].id)
+                await anyio.sleep(1.5 * LEASE.total_seconds())  # the answer arrives late
+            return result
+
+        return answer_late
+
+    for name in ("acquire", "complete_and_acquire"):
+        monkeypatch.setattr(PostgresStateAdapter, name, delayed(name))
+    if build != "counts-from-send":
+        arrived = Slots.arrived
+
+        def from_answer(self: Slots, acquired: Any, *, leased_at: float | None = None) -> None:
+            arrived(self, acquired)
+
+        monkeypatch.setattr(Slots, "arrived", from_answer)
+
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("leased", input=Num, lease=LEASE, mode=mode)
+    lease_held_at_start: list[bool] = []
+
+    async def handler(attempt: Attempt[Num, Any]) -> None:
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+            cur = await c.execute(
+                "SELECT leased_until > clock_timestamp() FROM pgwork.jobs WHERE id = %s",
+                (attempt.job.id,),
+            )
+            row = await cur.fetchone()
+        lease_held_at_start.append(bool(row and row[0]))
+
+    client = await make_client(reg)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        chain = await client.start_chain(conn, job_type, Num(n=1))
+        await conn.commit()
+    await workers(client=client, processors={job_type: handler}, poll_interval=0.2)
+
+    async def finished() -> bool:
+        job = await client.get_job(chain.id)
+        return job is not None and job.status.value in ("completed", "failed")
+
+    await eventually(finished, timeout=20, what="the job to finish")
+    assert late, "no acquire answered late: the test exercised nothing"
+    if build == "counts-from-send":
+        assert lease_held_at_start == [True]
+        # The lapsed lease was handed back, not reaped: no attempt burned.
+        assert (await client.get_job(chain.id)).attempt == 1
+    else:
+        assert False in lease_held_at_start
