@@ -107,3 +107,20 @@ def test_readme_quickstart_pastes_into_the_asyncio_repl(pgwork_dsn: str, tmp_pat
     # What the last blocks print: they ran, on names the earlier blocks defined.
     assert "['build_report', 'mail_report']" in output, output[-4000:]
     assert "does not match its model" in output, output[-4000:]
+
+
+def test_job_type_options_table_lists_every_option() -> None:
+    """docs/workers.md's table of ``job_type()`` keywords: one row per keyword, no
+    more, so a new option cannot go undocumented."""
+    from pgwork import JobTypeRegistry
+
+    text = (ROOT / "docs/workers.md").read_text()
+    table = text[text.index("## Job type options") :]
+    table = table[: table.index("\n\n", table.index("| Option |"))]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    keywords = [
+        name
+        for name, parameter in inspect.signature(JobTypeRegistry.job_type).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert sorted(documented) == sorted(keywords)
