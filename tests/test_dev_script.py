@@ -69,3 +69,32 @@ def test_fast_tier_collects_no_fault_pooler_browser_or_benchmark_test() -> None:
     ]
     assert slow == []
     assert any(i.startswith("tests/engine/") for i in ids)
+
+
+def test_the_install_says_what_it_does_and_shows_pips_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first run installs for a minute or more: it says so before it starts, lets
+    pip print its lines rather than running it quietly, and says how long it took."""
+    dev = load_dev()
+    python = tmp_path / "venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.touch()  # an existing venv whose install is not current
+    monkeypatch.setattr(dev, "VENV", tmp_path / "venv")
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev, "PYTHON", python)
+    monkeypatch.setattr(dev, "STAMP", tmp_path / "venv/.stamp")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(dev, "_must", lambda command: ran.append(list(command)))
+
+    dev.ensure_environment()
+
+    said = capsys.readouterr().err
+    assert "installing pgwork" in said
+    assert "a minute or two the first time" in said
+    assert "installed in " in said
+    [install] = ran
+    assert install[1:4] == ["-m", "pip", "install"]
+    assert "--quiet" not in install
