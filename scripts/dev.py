@@ -112,7 +112,7 @@ def pytest_args(args: list[str]) -> list[str]:
 def test(args: list[str]) -> int:
     if "--fast" in args:
         _say("the everyday tier: no fault-injection, pooler, browser or benchmark tests")
-    else:
+    elif not args:
         _say(
             "the whole suite: about 20 minutes on two cores, with a progress line while a "
             "test runs long (`test --fast` for the everyday tier)"
