@@ -19,6 +19,7 @@ from pgwork import (
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
+    UnsupportedConnectionError,
     create_client,
 )
 
@@ -74,3 +75,14 @@ def test_a_dsn_or_a_blocking_pool_instead_of_an_async_pool_is_refused(
     pool: object = pgwork_dsn if given == "dsn" else ConnectionPool(pgwork_dsn, open=False)
     with pytest.raises(ConfigurationError, match=r"wraps a psycopg_pool\.AsyncConnectionPool"):
         PostgresStateAdapter(pool)  # type: ignore[arg-type]
+
+
+def test_a_connection_not_yet_opened_is_refused_saying_how_to_open_it(pgwork_dsn: str) -> None:
+    """Django's ``connection.connection`` is None outside ``transaction.atomic()`` until a
+    first query opens it: the refusal says so."""
+    client = create_client(
+        state_adapter=PostgresStateAdapter(AsyncConnectionPool(pgwork_dsn, open=False)),
+        registry=registry,
+    )
+    with pytest.raises(UnsupportedConnectionError, match=r"connection\.ensure_connection\(\)"):
+        client.start_chain_sync(None, send_welcome, Welcome(email="ada@example.com"))
