@@ -3,9 +3,10 @@
 The signup row and its welcome-email job commit together or not at all: if the request
 fails after ``start_chain``, the session rolls back and no email goes out for a user
 who does not exist. The endpoint commits before it returns, so the response is sent
-only once both are committed (``request_session`` says why not later). The pgwork dashboard is mounted at ``/jobs`` (for requests from this
-machine only; put your own authorization there). Serve it with any ASGI server (the app
-reads PGWORK_DSN at startup):
+only once both are committed (``request_session`` says why not later). The pgwork
+dashboard is mounted at ``/jobs`` (for requests from this machine only; put your own
+authorization there). Serve it with any ASGI server (the app reads PGWORK_DSN at
+startup):
 
     PGWORK_DSN=postgresql://localhost/app uvicorn examples.fastapi_app:app
 
