@@ -8,7 +8,8 @@ psycopg 3 (``pip install django``):
     PGWORK_DSN=postgresql://localhost/app python examples/django_enqueue.py
 
 In a project, ``settings.DATABASES`` is yours already, and the client is built once at
-startup (below: ``make_client``); a worker (``pgwork worker ...``) runs the jobs.
+startup, without an event loop (below: ``make_client``; docs/enqueue.md, "Without an
+event loop"); a worker (``pgwork worker ...``) runs the jobs.
 """
 
 from __future__ import annotations

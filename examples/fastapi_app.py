@@ -2,9 +2,11 @@
 
 The signup row and its welcome-email job commit together or not at all: if the request
 fails after ``start_chain``, the session rolls back and no email goes out for a user
-who does not exist. The pgwork dashboard is mounted at ``/jobs`` (for requests from this
-machine only; put your own authorization there). Serve it with any ASGI server (the app
-reads PGWORK_DSN at startup):
+who does not exist. The endpoint commits before it returns, so the response is sent
+only once both are committed (``request_session`` says why not later). The pgwork
+dashboard is mounted at ``/jobs`` (for requests from this machine only; put your own
+authorization there). Serve it with any ASGI server (the app reads PGWORK_DSN at
+startup):
 
     PGWORK_DSN=postgresql://localhost/app uvicorn examples.fastapi_app:app
 
@@ -78,9 +80,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 async def request_session(request: Request) -> AsyncIterator[AsyncSession]:
-    """One transaction per request: committed when the endpoint returns, rolled back
-    if it raises."""
-    async with request.app.state.sessions() as session, session.begin():
+    """One session (one transaction) per request; the endpoint commits it itself.
+
+    FastAPI runs a dependency's code after ``yield`` once the response has been sent,
+    so a commit there (``session.begin()`` around the ``yield``) would tell the client
+    "created" before the user and the job exist for anyone else: a next request, or a
+    worker, would not find them yet, and a commit that then failed could no longer
+    change the answer. Whatever the endpoint did not commit is rolled back when the
+    session closes here (an endpoint that raised, for instance)."""
+    async with request.app.state.sessions() as session:
         yield session
 
 
@@ -111,6 +119,9 @@ def create_app(dsn: str | None = None) -> FastAPI:
         started = await client.start_chain(
             db, send_welcome, Welcome(user_id=user_id, email=body.email)
         )
+        # The user and the job commit together, and before the response is sent (see
+        # request_session): a client that saw 201 finds both.
+        await db.commit()
         return {"user_id": user_id, "job_id": str(started.job_id)}
 
     return app

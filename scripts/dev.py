@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The two commands a developer needs, with nothing installed beforehand.
 
-    python3 scripts/dev.py test [pytest args...]   run the test suite
+    python3 scripts/dev.py test [pytest args...]   run the test suite (about 20 minutes)
+    python3 scripts/dev.py test --fast [args...]   the everyday tier: no fault injection,
+                                                   pooler, browser or benchmark tests
     python3 scripts/dev.py demo [args...]          run `pgwork demo`
     python3 scripts/dev.py lint                    ruff, ruff format, mypy, import-linter
 
@@ -18,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +35,20 @@ LINTERS: list[tuple[str, list[str]]] = [
     ("ruff format", [str(PYTHON), "-m", "ruff", "format", "--check", "."]),
     ("mypy", [str(PYTHON), "-m", "mypy"]),
     ("import-linter", [str(BIN / "lint-imports")]),
+]
+
+
+# The everyday tier leaves out what needs minutes or extra programs: the fault-injection
+# scenarios (a private cluster restarted and killed), PgBouncer, Chromium, the benchmark
+# runs and the tests marked slow. CI (.ci/run) runs everything.
+FAST_TIER = [
+    "--ignore=tests/faults",
+    "--ignore=tests/pooler",
+    "--ignore=tests/dashboard/test_browser.py",
+    "--ignore-glob=tests/test_bench_*.py",
+    "--ignore=tests/dashboard/test_bench.py",
+    "-m",
+    "not slow",
 ]
 
 
@@ -68,17 +85,43 @@ def ensure_environment() -> None:
     fingerprint = _install_fingerprint()
     if STAMP.exists() and STAMP.read_text().strip() == fingerprint:
         return
-    _say("installing pgwork (editable, with the dev extra)")
+    _say(
+        "installing pgwork (editable) and its dev dependencies into "
+        f"{VENV.relative_to(ROOT)}: a minute or two the first time, again only when "
+        "pyproject.toml changes"
+    )
     target = f"{ROOT}[dev]"
+    started = time.monotonic()
     if uv:
         _must([uv, "pip", "install", "--python", str(PYTHON), "-e", target])
     else:
-        _must([str(PYTHON), "-m", "pip", "install", "--quiet", "-e", target])
+        # pip's own lines (one per package) are the progress display.
+        _must([str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-e", target])
     STAMP.write_text(fingerprint + "\n")
+    _say(f"installed in {time.monotonic() - started:.0f} s")
+
+
+def pytest_args(args: list[str]) -> list[str]:
+    """The pytest arguments of ``dev.py test ARGS``: ``--fast`` becomes the everyday
+    tier's selection, everything else goes to pytest as given."""
+    if "--fast" not in args:
+        return args
+    return [*FAST_TIER, *(arg for arg in args if arg != "--fast")]
 
 
 def test(args: list[str]) -> int:
-    return _run([str(PYTHON), "-m", "pytest", *args])
+    if "--fast" in args:
+        _say("the everyday tier: no fault-injection, pooler, browser or benchmark tests")
+    elif not args:
+        _say(
+            "the whole suite: about 20 minutes on two cores, with a progress line while a "
+            "test runs long (`test --fast` for the everyday tier)"
+        )
+    started = time.monotonic()
+    code = _run([str(PYTHON), "-m", "pytest", *pytest_args(args)])
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    _say(f"tests took {minutes} min {seconds} s")
+    return code
 
 
 def demo(args: list[str]) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from tests._loop import TEST_LOOP
 
-pytest_plugins = ["pytester", "tests._skips"]
+pytest_plugins = ["pytester", "tests._skips", "tests._progress"]
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -79,3 +81,46 @@ async def test_python_blocks_run(
                 await result
     finally:
         sys.modules.pop(name, None)
+
+
+@pytest.mark.timeout(120)
+def test_readme_quickstart_pastes_into_the_asyncio_repl(pgwork_dsn: str, tmp_path: Path) -> None:
+    """The README's blocks, pasted one after the other into ``python -m asyncio``: the
+    REPL ends a compound statement only at a blank line, so a statement that follows an
+    indented block without one is a SyntaxError there (and every name it defines is
+    missing afterwards), although the same code runs as a module."""
+    pasted = "\n".join(code for _, code, runnable in python_blocks(ROOT / "README.md") if runnable)
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncio"],
+        input=pasted,
+        cwd=tmp_path,
+        env={**os.environ, "PGWORK_DSN": pgwork_dsn},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output, output[-4000:]
+    assert "SyntaxError" not in output, output[-4000:]
+    # What the last blocks print: they ran, on names the earlier blocks defined.
+    assert "['build_report', 'mail_report']" in output, output[-4000:]
+    assert "does not match its model" in output, output[-4000:]
+
+
+def test_job_type_options_table_lists_every_option() -> None:
+    """docs/workers.md's table of ``job_type()`` keywords: one row per keyword, no
+    more, so a new option cannot go undocumented."""
+    from pgwork import JobTypeRegistry
+
+    text = (ROOT / "docs/workers.md").read_text()
+    table = text[text.index("## Job type options") :]
+    table = table[: table.index("\n\n", table.index("| Option |"))]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    keywords = [
+        name
+        for name, parameter in inspect.signature(JobTypeRegistry.job_type).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert sorted(documented) == sorted(keywords)

@@ -7,6 +7,7 @@ a ``PgworkError`` and leaves the caller's transaction untouched and usable.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -421,12 +422,31 @@ def create_client(
     other processes then find new jobs by polling only). ``observers`` receive the
     events of ``pgwork.observability`` (default: a ``LoggingObserver``; ``[]``: none);
     workers built on this client share them unless given their own."""
+    for name, adapter in (("state_adapter", state_adapter), ("notify_adapter", notify_adapter)):
+        _refuse_awaitable(name, adapter)
     return Client(
         state_adapter=state_adapter,
         notify_adapter=notify_adapter or InProcessNotifyAdapter(),
         registry=registry,
         max_payload_bytes=max_payload_bytes,
         observers=observers,
+    )
+
+
+def _refuse_awaitable(name: str, adapter: object) -> None:
+    """An adapter still to be awaited (``PostgresStateAdapter.connect(dsn)`` without
+    ``await``, as code without an event loop writes it) would fail only at the first
+    enqueue, with a message about something else: refuse it here, with the recipe."""
+    if not inspect.isawaitable(adapter):
+        return
+    if inspect.iscoroutine(adapter):
+        adapter.close()  # never awaited: no "was never awaited" warning on top
+    raise ConfigurationError(
+        f"{name} is {type(adapter).__name__}, still to be awaited: write `await "
+        "PostgresStateAdapter.connect(dsn)` inside an event loop. Code without one "
+        "(Django, Flask, scripts) that only enqueues with start_chain_sync builds the "
+        "adapter on a pool it never opens: `PostgresStateAdapter(AsyncConnectionPool("
+        "dsn, open=False))` (docs/enqueue.md, 'Without an event loop')"
     )
 
 

@@ -275,6 +275,13 @@ class UnsupportedServerVersionError(DatabaseError):
 class UnsupportedConnectionError(DatabaseError, TypeError):
     def __init__(self, got: object, detail: str = "") -> None:
         self.got_type = type(got).__name__
+        if got is None and not detail:
+            # What Django's connection.connection is until the connection is opened.
+            detail = (
+                "no connection: Django's connection.connection is None until it connects; "
+                "enqueue inside transaction.atomic(), or call connection.ensure_connection() "
+                "first"
+            )
         extra = f" ({detail})" if detail else ""
         super().__init__(
             f"cannot use {type(got).__module__}.{type(got).__qualname__} as the caller's "

@@ -18,12 +18,36 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["WORKER_APP", "Fleet", "Line", "WorkerProcess", "worker_dsn"]
+__all__ = [
+    "BROKEN_ENV",
+    "WORKER_APP",
+    "Fleet",
+    "Line",
+    "WorkerProcess",
+    "broken_builds_started",
+    "forget_started_builds",
+    "worker_dsn",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 # Every connection a worker process opens carries this name, so a scenario can find
 # (and terminate) exactly the workers' backends and nothing of its own.
 WORKER_APP = "pgwork-fault-worker"
+# Names the deliberately broken build a worker process runs (tests.faults._worker
+# swaps the adapter's SQL accordingly); unset or empty: the library as shipped.
+BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
+
+# The broken builds of the worker processes started since forget_started_builds(): the
+# end-of-run table marks a scenario that ran one as a control.
+_broken_started: set[str] = set()
+
+
+def broken_builds_started() -> list[str]:
+    return sorted(_broken_started)
+
+
+def forget_started_builds() -> None:
+    _broken_started.clear()
 
 
 def worker_dsn(dsn: str) -> str:
@@ -68,6 +92,8 @@ class WorkerProcess:
         self.lines: list[Line] = []
         self.expected_exit = False
         self._changed = threading.Condition()
+        if broken := options.env.get(BROKEN_ENV):
+            _broken_started.add(broken)
         args = [
             sys.executable, "-m", "tests.faults._worker", worker_dsn(dsn),
             "--worker-id", worker_id, "--types", options.types,

@@ -20,7 +20,14 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["Figures", "RecoveryProbe", "held_leases", "measure", "wait_settled"]
+__all__ = [
+    "Figures",
+    "RecoveryProbe",
+    "held_leases",
+    "measure",
+    "summary_lines",
+    "wait_settled",
+]
 
 
 @dataclass(slots=True)
@@ -45,6 +52,9 @@ class Figures:
     unexplained_duplicates: list[Any] = field(default_factory=list)
     # How many faults found each job's lease held: its allowance of extra runs.
     held_jobs: Counter[Any] = field(default_factory=Counter, repr=False)
+    # The deliberately broken builds the scenario's workers ran (empty: the library as
+    # shipped). Such a scenario is a control: its oracle must reject the run.
+    broken: list[str] = field(default_factory=list)
 
     @property
     def recovery_max_s(self) -> float | None:
@@ -200,3 +210,54 @@ class RecoveryProbe:
         finally:
             if conn is not None:
                 conn.close()
+
+
+CONTROL = "CONTROL"
+
+_LEGEND = [
+    f"Rows marked {CONTROL} ran a deliberately broken build (named in brackets):",
+    "  a worker with one mechanism removed, run to show that the scenario's checks notice.",
+    "  Their losses, duplicates and 'inf' recoveries are expected: their tests pass on them.",
+    "Every other row is the library as shipped.",
+    "Recovery 'inf': the leases held at a fault had not moved on when the probe gave up.",
+]
+
+
+def summary_lines(collected: list[Figures], tier: str) -> list[str]:
+    """The end-of-run report: a legend, then one table row per scenario (columns as
+    in docs/reliability.md), a control's scenario cell led by ``CONTROL (build)``, then
+    the notes."""
+    lines = [
+        *_LEGEND,
+        "",
+        "| scenario | jobs | completed | failed | lost | executions | dup. executions "
+        "| in flight at faults | dup. effects | faults | recovery max (s) | elapsed (s) |",
+        "|" + " --- |" * 12,
+    ]
+    for f in collected:
+        recovery = f"{f.recovery_max_s:.2f}" if f.recovery_max_s is not None else "-"
+        lines.append(
+            f"| {_scenario_cell(f)} | {f.jobs} | {f.completed} | {f.failed} | {f.lost} "
+            f"| {f.executions} | {f.duplicate_executions} | {f.in_flight_at_faults} "
+            f"| {f.duplicate_effects} | {f.faults} | {recovery} | {f.elapsed_s:.1f} |"
+        )
+    controls = sum(1 for f in collected if f.broken)
+    lines.append(
+        f"{len(collected)} scenario(s) at the {tier} tier, {controls} of them "
+        f"{CONTROL} rows (broken builds expected to fail)"
+    )
+    for f in collected:
+        if f.notes:
+            lines.append(f"{_scenario_cell(f)}: {f.notes}")
+        if f.unexplained_duplicates:
+            lines.append(
+                f"{_scenario_cell(f)}: ran more often than any fault found them held "
+                f"(job, workers, attempts, last error): {f.unexplained_duplicates}"
+            )
+    return lines
+
+
+def _scenario_cell(figures: Figures) -> str:
+    if not figures.broken:
+        return figures.scenario
+    return f"{CONTROL} ({', '.join(figures.broken)}) {figures.scenario}"

@@ -63,6 +63,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 from tests._loop import run as run_on_test_loop
+from tests.faults._fleet import BROKEN_ENV
 from tests.faults._jobs import Spec, registry
 
 from pgwork import (
@@ -81,8 +82,6 @@ from pgwork.postgres._atomic_group import PgAtomicGroup
 from pgwork.worker._slot import Slot
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
-
-BROKEN_ENV = "PGWORK_FAULTS_BROKEN"
 
 # (statement, text that must be there, what replaces it): a missing text fails loudly,
 # so a change to the real SQL cannot silently turn a broken build into a correct one.

