@@ -236,8 +236,9 @@ def _table(
 ) -> Table:
     """A borderless table. With ``squeeze_last`` the last column (an error message) is
     cut to fit, and left out when fewer than MIN_SQUEEZED cells of it would fit beside
-    the others: rich would otherwise shrink every column to a few letters, and a pipe
-    is only 80 columns wide. ``jobs show`` and --json always carry the whole message."""
+    the others: rich would otherwise shrink every column to a few letters, and a
+    terminal may be only 80 columns wide. ``jobs show`` and --json always carry the
+    whole message."""
     keep = len(columns)
     if squeeze_last:
         fixed = [
