@@ -124,6 +124,17 @@ async def test_sqlalchemy_in_autocommit_isolation_is_refused_and_left_as_it_was(
             assert not sa_conn.in_transaction()
     finally:
         await engine.dispose()
+    on_asyncpg = url.replace("+psycopg", "+asyncpg", 1)
+    engine = create_async_engine(on_asyncpg, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as sa_conn:
+            with pytest.raises(UnsupportedConnectionError, match="not in a transaction"):
+                await client.start_chain(sa_conn, send, Email(to="a@example.com"))
+            assert not sa_conn.in_transaction()
+            raw = await sa_conn.get_raw_connection()
+            assert not raw.driver_connection.is_in_transaction()
+    finally:
+        await engine.dispose()
 
     def enqueue_sync() -> None:
         sync_engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")

@@ -113,6 +113,10 @@ async def unwrap(tx: object) -> DbConn:
         # isolation_level="AUTOCOMMIT": a begin would only mark SQLAlchemy's side as in a
         # transaction; the caller's connection is left as it was.
         return _usable(driver)
+    if _is_asyncpg(driver) and getattr(raw.dbapi_connection, "autocommit", False):
+        # The same on asyncpg, where the statement that begins a transaction would run
+        # alone, begin nothing, and be sent before the refusal.
+        return _asyncpg(tx, driver)
     if not sa_conn.in_transaction():
         await sa_conn.begin()
     if isinstance(driver, psycopg.AsyncConnection):
