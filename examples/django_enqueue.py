@@ -2,7 +2,8 @@
 
 Inside ``transaction.atomic()``, Django's ``connection.connection`` is the psycopg 3
 ``Connection`` it is using; ``client.start_chain_sync`` writes the job on it, so the
-job commits, or rolls back, with everything else in the block. Needs Django 4.2+ with
+job commits, or rolls back, with everything else in the block (outside it, Django's
+connection is in autocommit mode, and the enqueue is refused). Needs Django 4.2+ with
 psycopg 3 (``pip install django``):
 
     PGWORK_DSN=postgresql://localhost/app python examples/django_enqueue.py
@@ -29,6 +30,7 @@ from pgwork import (
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     StartedChain,
+    UnsupportedConnectionError,
     create_client,
 )
 
@@ -109,6 +111,13 @@ def main() -> None:
     print(f"committed: job {kept.job_id} is {job_status(kept.job_id)}")
     with contextlib.suppress(SignupRejected):
         signup(client, "mallory@example.com", reject=True)
+    # Outside atomic() Django's connection is in autocommit mode: the job would commit
+    # on its own, whatever the view did next, so pgwork refuses it.
+    connection.ensure_connection()
+    try:
+        client.start_chain_sync(connection.connection, send_welcome, Welcome(email="eve@x.org"))
+    except UnsupportedConnectionError:
+        print("outside atomic(): refused, the connection is in autocommit mode")
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM pgwork.jobs")
         (jobs,) = cur.fetchone() or (0,)

@@ -29,8 +29,8 @@ EXPECTED_SKIPS: dict[str, str] = {
     r"^adapter does not claim (delivers_on_commit_only|folds_identical_notices)$": (
         "the in-process notify adapter sees no transactions, so it claims neither"
     ),
-    r"^a Docker engine is reachable here; the skip path cannot be exercised$": (
-        "the testcontainers skip path is tested only where no Docker engine runs"
+    r"^a Docker engine is reachable here; the failure path cannot be exercised$": (
+        "the testcontainers failure path is tested only where no Docker engine runs"
     ),
     r"^needs signals$": "POSIX only; CI runs on Linux, so this never skips there",
 }

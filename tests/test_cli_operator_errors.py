@@ -96,4 +96,4 @@ def test_the_dsn_falls_back_to_database_url(runner: CliRunner, pgwork_dsn: str) 
     result = runner.invoke(main, ["queues", "--json"], env={"DATABASE_URL": pgwork_dsn})
 
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == '{"queues": []}'
+    assert result.stdout.strip() == '{"queues": [], "unhandled": []}'

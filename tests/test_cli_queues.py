@@ -126,8 +126,8 @@ def test_queues_on_a_fresh_database_says_there_are_none(runner: CliRunner, pgwor
     result = run(runner, pgwork_dsn, "queues")
 
     assert result.exit_code == 0
-    assert "no queues yet" in result.stdout
-    assert run_json(runner, pgwork_dsn, "queues") == {"queues": []}
+    assert "every queue is empty" in result.stdout
+    assert run_json(runner, pgwork_dsn, "queues") == {"queues": [], "unhandled": []}
 
 
 # --- workers ---------------------------------------------------------------------------

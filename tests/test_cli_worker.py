@@ -96,6 +96,13 @@ not_a_worker = 42
 def returns_a_string(dsn):
     return "nope"
 
+def no_dsn(max_slots=2):
+    from pgwork.errors import ConfigurationError
+    raise ConfigurationError("no_dsn was called")
+
+def wrong_signature(dsn, settings):
+    raise AssertionError("not reached: no option fills settings")
+
 def shows_pooler_options(dsn, notify_dsn=None, prepare_threshold=5):
     from pgwork.errors import ConfigurationError
     raise ConfigurationError(f"notify_dsn={notify_dsn} prepare_threshold={prepare_threshold}")
@@ -208,6 +215,80 @@ def test_a_stray_argument_is_a_usage_error(targets: Path) -> None:
 
     assert result.exit_code == 2
     assert "unexpected argument 'extra'" in result.stderr
+
+
+# --- the real program in a process of its own ----------------------------------------
+
+BROKEN_MODULES = {
+    "imports_missing.py": "import anyio\nimport no_such_dependency_of_the_app\n",
+    "raises_on_import.py": "SETTINGS = {}\nPORT = SETTINGS['port']\n",
+    "bad_syntax.py": "def worker(dsn):\n    return (\n",
+}
+
+
+def _run_program(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``pgwork`` as a user does; the one line it printed on stderr (exit status 2)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("PGWORK_DSN", "DATABASE_URL")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pgwork.cli", *args],
+        cwd=cwd,
+        env={**environment, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == EXIT_ERROR, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_dsn_on_the_command_line_for_a_factory_without_dsn_is_refused(targets: Path) -> None:
+    line = _run_program(targets, "worker", "cli_targets:no_dsn", "--dsn", REFUSED)
+
+    assert "--dsn was given but cli_targets:no_dsn takes no dsn= parameter" in line
+    assert "hunter2-secret" not in line
+
+
+def test_dsn_from_the_environment_is_not_forced_on_a_factory_without_dsn(targets: Path) -> None:
+    line = _run_program(targets, "worker", "cli_targets:no_dsn", env={"DATABASE_URL": REFUSED})
+
+    assert "no_dsn was called" in line
+
+
+def test_dsn_on_the_command_line_for_a_prebuilt_worker_is_refused(targets: Path) -> None:
+    line = _run_program(targets, "worker", "cli_targets:prebuilt", "--dsn", REFUSED)
+
+    assert "built in advance, so --dsn" in line
+
+
+def test_a_factory_with_a_parameter_no_option_fills_is_one_line(targets: Path) -> None:
+    line = _run_program(targets, "worker", "cli_targets:wrong_signature", "--dsn", REFUSED)
+
+    assert "cli_targets:wrong_signature cannot be called with the options given" in line
+    assert "settings" in line
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        ("imports_missing", "ModuleNotFoundError: No module named 'no_such_dependency_of_the_app'"),
+        ("raises_on_import", "KeyError: 'port'"),
+        ("bad_syntax", "SyntaxError:"),
+    ],
+)
+def test_a_module_that_fails_to_import_is_one_line_saying_where(
+    targets: Path, module: str, message: str
+) -> None:
+    (targets / f"{module}.py").write_text(BROKEN_MODULES[f"{module}.py"])
+
+    line = _run_program(targets, "worker", f"{module}:worker", "--dsn", REFUSED)
+
+    assert f"importing '{module}' for '{module}:worker' failed" in line
+    assert message in line
+    assert f"{module}.py, line" in line
 
 
 # --- a real process and real signals -------------------------------------------------

@@ -84,8 +84,12 @@ async def test_a_failed_validation_keeps_the_input_out_of_spans_logs_and_errors(
                 (SECRET, started.job_id),
             )
             await conn.commit()
+
+        async def never_called(attempt: Any) -> None:
+            raise AssertionError("the stored input must fail to decode first")
+
         worker = create_in_process_worker(
-            client=client, processors={login: lambda attempt: None}, observers=[Failed()]
+            client=client, processors={login: never_called}, observers=[Failed()]
         )
         async with worker:
             with anyio.fail_after(20):

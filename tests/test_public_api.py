@@ -64,6 +64,7 @@ EXPECTED = {
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "SyncHandlerError",
     "StartedChain",
     "StateAdapter",
     "UnencodableTextError",

@@ -85,9 +85,9 @@ def _docker_available() -> bool:
         return False
 
 
-def test_docker_mode_skips_with_a_reason_when_no_engine(pytester: pytest.Pytester) -> None:
+def test_docker_mode_fails_with_the_reason_when_no_engine(pytester: pytest.Pytester) -> None:
     if _docker_available():
-        pytest.skip("a Docker engine is reachable here; the skip path cannot be exercised")
+        pytest.skip("a Docker engine is reachable here; the failure path cannot be exercised")
     pytester.makepyfile(
         """
         def test_needs_database(pgwork_dsn):
@@ -95,9 +95,9 @@ def test_docker_mode_skips_with_a_reason_when_no_engine(pytester: pytest.Pyteste
         """
     )
 
-    result = pytester.runpytest_subprocess("--pg=docker", "-rs", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("--pg=docker", "-p", "no:cacheprovider")
 
-    result.assert_outcomes(skipped=1)
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*no Docker engine is reachable*"])
 
 

@@ -8,7 +8,8 @@ The tree::
     │   ├── InvalidCronError          a cron expression that does not parse
     │   ├── InvalidDedupWindowError   a dedup window that is not positive
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
-    │   └── InvalidCursorError        a listing cursor that is not one pgwork handed out
+    │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
+    │   └── SyncHandlerError          a handler or middleware that is not an async callable
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── DatabaseTimeoutError      an open connection gave no answer in time
@@ -95,6 +96,7 @@ __all__ = [
     "PgworkError",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "SyncHandlerError",
     "UnencodableTextError",
     "UnknownJobTypeError",
     "UnsupportedConnectionError",
@@ -164,6 +166,24 @@ class InvalidOptionError(ConfigurationError):
             shown = shown[:77] + "..."
         of = f" of {where}" if where else ""
         super().__init__(f"{option}{of} must be {valid}; got {shown}")
+
+
+class SyncHandlerError(ConfigurationError, TypeError):
+    """A handler (or middleware) that is not an ``async def`` (or an object whose
+    ``__call__`` is one): refused when the worker is built, because the worker awaits
+    what it returns, and a plain function would run its side effects on every attempt
+    and then fail each one."""
+
+    def __init__(self, type_name: str, handler: object, role: str = "handler") -> None:
+        self.type_name = type_name
+        self.handler = handler
+        shown = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+        of = f" of job type {type_name!r}" if type_name else ""
+        super().__init__(
+            f"the {role} {shown!r}{of} is not an async function: sync {role}s are not "
+            f"supported yet. Declare it with `async def`, or wrap blocking code in an "
+            f"`async def` that calls `await asyncio.to_thread(...)`"
+        )
 
 
 class InvalidCursorError(ConfigurationError):

@@ -250,7 +250,7 @@ async def test_bad_payload_in_a_large_batch_inserts_nothing_and_keeps_the_transa
     assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == 1
 
 
-async def test_autocommit_connections_enqueue_on_both_paths(
+async def test_autocommit_connections_in_a_transaction_block_enqueue_on_both_paths(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
@@ -258,8 +258,9 @@ async def test_autocommit_connections_enqueue_on_both_paths(
         await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as auto,
         client.notify.listen() as listener,
     ):
-        await client.start_chains(auto, batch(client, BIG))
-        await client.start_chain(auto, client.registry.get("work"), Payload(data={}))
+        async with auto.transaction():
+            await client.start_chains(auto, batch(client, BIG))
+            await client.start_chain(auto, client.registry.get("work"), Payload(data={}))
         notices = await listener.wait(5.0)
     assert Notice(kind="ready", queue="default") in notices
     assert await scalar(pgwork_dsn, "SELECT count(*) FROM pgwork.jobs") == BIG + 1

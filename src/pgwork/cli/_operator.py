@@ -8,6 +8,7 @@ and outputs as the stored JSON, so an operator can look at any deployment's jobs
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ from uuid import UUID
 
 import anyio
 import click
-from rich.console import RenderableType
+from rich.console import Console, RenderableType
 
 from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.cli import _views as views
@@ -93,12 +94,19 @@ def _job_status(value: str | None) -> JobStatus | None:
         raise ConfigurationError(f"unknown job status {value!r}; use one of {known}") from None
 
 
+PIPE_WIDTH = 1000
+
+
 def _show(as_json: bool, data: Any, view: Callable[[int], RenderableType]) -> None:
     """Print ``data`` as JSON, or ``view(width)`` (a table fitted to the terminal)."""
     if as_json:
         click.echo(views.dumps(data))
     else:
         out = stdout()
+        if not out.is_terminal and not os.environ.get("COLUMNS"):
+            # A pipe has no width: rich would assume 80 columns and cut rows that a
+            # script reads whole (ids, type names). COLUMNS still sets one.
+            out = Console(highlight=False, soft_wrap=True, width=PIPE_WIDTH)
         out.print(view(out.width))
 
 
@@ -240,16 +248,47 @@ def queues(ctx: click.Context, dsn: str | None, schema: str, as_json: bool) -> N
     if ctx.invoked_subcommand is not None:
         return
 
-    async def read(client: Client) -> tuple[list[QueueCount], int]:
-        workers = await client.list_workers()
-        return await client.count_jobs(), sum(w.active_slots for w in workers if w.alive)
+    async def read(client: Client) -> tuple[list[QueueCount], int, list[views.Unhandled]]:
+        live = [w for w in await client.list_workers() if w.alive]
+        counts = await client.count_jobs()
+        unhandled = await _unhandled(client, counts, live)
+        return counts, sum(w.active_slots for w in live), unhandled
 
-    counts, in_handlers = _operate(dsn, schema, read)
+    counts, in_handlers, unhandled = _operate(dsn, schema, read)
     _show(
         as_json,
-        views.queues_json(counts),
-        lambda w: views.queues_view(counts, width=w, in_handlers=in_handlers),
+        views.queues_json(counts, unhandled),
+        lambda w: views.queues_view(counts, width=w, in_handlers=in_handlers, unhandled=unhandled),
     )
+
+
+# Job types pending in a queue are read from its newest pending jobs, a page of the
+# listing's index: a type no worker handles keeps its jobs there while the others drain.
+UNHANDLED_SAMPLE = 200
+
+
+async def _unhandled(
+    client: Client, counts: list[QueueCount], live: list[WorkerRecord]
+) -> list[views.Unhandled]:
+    """Ready work of unpaused queues that no live worker will take: a queue none of
+    them takes jobs from, or a job type (among the newest pending jobs of the queue)
+    that none of those taking from the queue handles. Nothing else would tell: such
+    jobs stay pending with no error and no log line."""
+    found: list[views.Unhandled] = []
+    for count in counts:
+        if not count.ready or count.paused:
+            continue
+        takers = [w for w in live if count.queue in w.queues]
+        if not takers:
+            found.append(views.Unhandled(count.queue, None, count.ready))
+            continue
+        handled = {name for w in takers for name in w.job_types}
+        page = await client.list_jobs(
+            queue=count.queue, status=JobStatus.PENDING, limit=UNHANDLED_SAMPLE
+        )
+        pending = {job.type_name for job in page.items}
+        found.extend(views.Unhandled(count.queue, name) for name in sorted(pending - handled))
+    return found
 
 
 def _group_connection(ctx: click.Context, dsn: str | None, schema: str) -> tuple[str | None, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.records import Chain, Job, JobStatus, Page
 
 __all__ = [
+    "Unhandled",
     "age",
     "chain_json",
     "chain_view",
@@ -42,6 +44,7 @@ __all__ = [
 
 COLUMN_GAP = 2  # rich's default padding between the columns of a borderless table
 MIN_SQUEEZED = 20
+MIN_CUT = 8  # narrower than this, a cut type or queue name tells nothing
 
 STATUS_STYLE = {
     "blocked": "magenta",
@@ -116,7 +119,30 @@ def chain_json(chain: Chain, jobs: Sequence[Job[Any]]) -> dict[str, Any]:
     }
 
 
-def queues_json(counts: Sequence[QueueCount]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Unhandled:
+    """Ready work that no live worker will take: a queue no live worker takes jobs from
+    (``job_type`` None), or a job type that none of the live workers taking from its
+    queue handles."""
+
+    queue: str
+    job_type: str | None
+    ready: int | None = None
+
+    def describe(self) -> str:
+        if self.job_type is None:
+            return (
+                f"queue {self.queue!r}: {self.ready} ready, but no live worker takes jobs from it"
+            )
+        return (
+            f"queue {self.queue!r}: job type {self.job_type!r} is pending, but no live "
+            "worker taking from this queue handles it"
+        )
+
+
+def queues_json(
+    counts: Sequence[QueueCount], unhandled: Sequence[Unhandled] = ()
+) -> dict[str, Any]:
     return {
         "queues": [
             {
@@ -132,7 +158,11 @@ def queues_json(counts: Sequence[QueueCount]) -> dict[str, Any]:
                 "oldest_ready_age_seconds": _seconds(count.oldest_ready_age),
             }
             for count in counts
-        ]
+        ],
+        "unhandled": [
+            {"queue": item.queue, "job_type": item.job_type, "message": item.describe()}
+            for item in unhandled
+        ],
     }
 
 
@@ -206,8 +236,9 @@ def _table(
 ) -> Table:
     """A borderless table. With ``squeeze_last`` the last column (an error message) is
     cut to fit, and left out when fewer than MIN_SQUEEZED cells of it would fit beside
-    the others: rich would otherwise shrink every column to a few letters, and a pipe
-    is only 80 columns wide. ``jobs show`` and --json always carry the whole message."""
+    the others: rich would otherwise shrink every column to a few letters, and a
+    terminal may be only 80 columns wide. ``jobs show`` and --json always carry the
+    whole message."""
     keep = len(columns)
     if squeeze_last:
         fixed = [
@@ -217,14 +248,44 @@ def _table(
         if width - sum(fixed) - COLUMN_GAP * len(fixed) < MIN_SQUEEZED:
             keep -= 1
     table = Table(header_style="bold", box=None, pad_edge=False)
+    wrapping = len(columns) - 1 if squeeze_last and keep == len(columns) else None
+    limits = _narrowed(columns[:keep], rows, width, wrapping)
     for i, name in enumerate(columns[:keep]):
         # Only a column rich may wrap is narrowed before all the others; its cells are
         # Text(no_wrap=True, overflow="ellipsis"), so narrowing cuts them to one line.
-        wrap = squeeze_last and i == len(columns) - 1
-        table.add_column(name, no_wrap=not wrap, justify="right" if name in right else "left")
+        table.add_column(
+            name,
+            no_wrap=i != wrapping,
+            justify="right" if name in right else "left",
+            max_width=limits[i],
+        )
     for row in rows:
         table.add_row(*row[:keep])
     return table
+
+
+def _narrowed(
+    columns: Sequence[str], rows: Sequence[Sequence[Text]], width: int, wrapping: int | None
+) -> list[int | None]:
+    """The widths to cut columns to so that a row fits in ``width``: the widest column
+    first, a letter at a time, never an ``ID`` (what an operator copies into the next
+    command) nor below MIN_CUT. Left to itself, rich shrinks every column alike, the
+    ids included. The wrapping column (an error message) is rich's to narrow."""
+    natural = [
+        max([cell_len(name)] + [row[i].cell_len for row in rows]) for i, name in enumerate(columns)
+    ]
+    widths = list(natural)
+    budget = width - COLUMN_GAP * (len(columns) - 1)
+    if wrapping is not None:
+        budget -= MIN_SQUEEZED
+    cuttable = [i for i, name in enumerate(columns) if name != "ID" and i != wrapping]
+    fixed = [i for i in range(len(columns)) if i != wrapping]
+    while sum(widths[i] for i in fixed) > budget:
+        widest = max(cuttable, key=lambda i: widths[i], default=None)
+        if widest is None or widths[widest] <= MIN_CUT:
+            break
+        widths[widest] -= 1
+    return [w if w < n else None for w, n in zip(widths, natural, strict=True)]
 
 
 def job_page_view(page: Page[Job[Any]], now: datetime, *, width: int) -> RenderableType:
@@ -337,13 +398,23 @@ def chain_view(
 
 
 def queues_view(
-    counts: Sequence[QueueCount], *, width: int, in_handlers: int | None = None
+    counts: Sequence[QueueCount],
+    *,
+    width: int,
+    in_handlers: int | None = None,
+    unhandled: Sequence[Unhandled] = (),
 ) -> RenderableType:
     """``in_handlers``: handlers the live workers report running; the rest of the leased
     jobs are reserved (prefetched, waiting for a slot). The store cannot tell the two
-    apart per queue: a prefetched job is leased like a running one."""
+    apart per queue: a prefetched job is leased like a running one. ``unhandled``: ready
+    work no live worker will take, one warning line each."""
     if not counts:
-        return Text("no queues yet: nothing was enqueued or paused", style="dim")
+        # Finished jobs are not counted: an empty list also follows work all done.
+        return Text(
+            "every queue is empty: no job is pending, scheduled, running, blocked or "
+            "failed, and no queue is paused",
+            style="dim",
+        )
     rows = [
         [
             Text(count.queue),
@@ -360,15 +431,28 @@ def queues_view(
     ]
     numbers = ("DEPTH", "READY", "SCHEDULED", "LEASED", "BLOCKED", "FAILED", "OLDEST READY")
     table = _table(("QUEUE", *numbers, "PAUSED"), rows, width=width, right=numbers)
+    lines: list[RenderableType] = [table]
     leased = sum(count.running for count in counts)
-    if not leased or in_handlers is None:
-        return table
-    running = min(in_handlers, leased)
-    note = (
-        f"leased {leased}: {running} running in handlers, {leased - running} reserved "
-        "(prefetched by a worker, waiting for a slot), as the live workers report"
-    )
-    return Group(table, Text(note, style="dim"))
+    if leased and in_handlers is not None:
+        running = min(in_handlers, leased)
+        note = (
+            f"leased {leased}: {running} running in handlers, {leased - running} reserved "
+            "(prefetched by a worker, waiting for a slot), as the live workers report"
+        )
+        lines.append(Text(note, style="dim"))
+    lines.extend(Text(f"warning: {item.describe()}", style="yellow") for item in unhandled)
+    return Group(*lines) if len(lines) > 1 else table
+
+
+def _alive(worker: WorkerRecord) -> Text:
+    """yes; ``stopped`` for a worker that said it stopped (or whose jobs another worker
+    took back after declaring it dead): nothing is left to do about it; ``no (dead)`` for
+    one whose heartbeat stopped without either, whose leased jobs wait to be reaped."""
+    if worker.alive:
+        return Text("yes", style="green")
+    if worker.status == "stopped":
+        return Text("stopped", style="dim")
+    return Text("no (dead)", style="red")
 
 
 def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) -> RenderableType:
@@ -387,7 +471,7 @@ def workers_view(workers: Sequence[WorkerRecord], now: datetime, *, width: int) 
             ),
             Text(",".join(worker.queues) or "-"),
             Text(_ago(worker.heartbeat_at, now)),
-            Text("yes", style="green") if worker.alive else Text("no", style="red"),
+            _alive(worker),
         ]
         for worker in workers
     ]

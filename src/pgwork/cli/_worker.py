@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 import anyio
@@ -112,10 +113,14 @@ def worker(
     if no_prepare:
         options["prepare_threshold"] = None
     backend_options = loop_options(loop)
+    # A --dsn typed on the command line must reach the worker; one from the environment
+    # may be meant for the rest of the application, so a factory without dsn= ignores it.
+    source = click.get_current_context().get_parameter_source("dsn")
+    dsn_given = source is click.core.ParameterSource.COMMANDLINE
     factory = _load_target(target)
 
     async def serve() -> None:
-        built = await build_worker(factory, target, dsn, options)
+        built = await build_worker(factory, target, dsn, options, dsn_given=dsn_given)
         _configure_worker_logging(log_level)
         if not no_gc_tuning:
             tune_gc()  # the application is loaded: what it allocated stays for good
@@ -157,8 +162,10 @@ def _load_target(target: str) -> object:
         found: object = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is None or not module_name.startswith(exc.name):
-            raise  # the module exists but imports something missing: show where
+            raise _import_failed(module_name, target, exc) from exc
         raise ConfigurationError(f"cannot import {module_name!r} for {target!r}: {exc}") from exc
+    except Exception as exc:
+        raise _import_failed(module_name, target, exc) from exc
     for part in attr.split("."):
         try:
             found = getattr(found, part)
@@ -167,6 +174,24 @@ def _load_target(target: str) -> object:
                 f"{module_name!r} has no attribute {attr!r} (from {target!r})"
             ) from None
     return found
+
+
+def _import_failed(module_name: str, target: str, exc: Exception) -> ConfigurationError:
+    """One line for a module that exists but fails while importing: the error, where it
+    was raised, and how to see the whole traceback."""
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f" ({exc.filename}, line {exc.lineno})"
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        own = [f for f in frames if not f.filename.startswith("<frozen ")]
+        if own:
+            where = f" ({own[-1].filename}, line {own[-1].lineno})"
+    detail = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    return ConfigurationError(
+        f"importing {module_name!r} for {target!r} failed: {type(exc).__name__}: "
+        f"{detail}{where}; run `python -c 'import {module_name}'` for the traceback"
+    )
 
 
 def _configure_worker_logging(level: str) -> None:

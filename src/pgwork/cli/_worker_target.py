@@ -18,9 +18,20 @@ from pgwork.errors import ConfigurationError
 __all__ = ["build_worker", "factory_arguments"]
 
 
-async def build_worker(found: object, target: str, dsn: str | None, options: dict[str, Any]) -> Any:
+async def build_worker(
+    found: object,
+    target: str,
+    dsn: str | None,
+    options: dict[str, Any],
+    *,
+    dsn_given: bool = False,
+) -> Any:
     """What ``pgwork worker`` runs: ``found`` itself if it is an InProcessWorker (and no
-    option would change it), else what calling it (sync or async) returns."""
+    option would change it), else what calling it (sync or async) returns.
+
+    ``dsn_given``: ``--dsn`` was typed on the command line (not read from the
+    environment), so a target that cannot take it is an error rather than a worker
+    silently connected elsewhere."""
     from pgwork.worker import InProcessWorker
 
     # None means "not given", except for prepare_threshold, whose None is --no-prepare.
@@ -30,9 +41,9 @@ async def build_worker(found: object, target: str, dsn: str | None, options: dic
         if value is not None or name == "prepare_threshold"
     }
     if isinstance(found, InProcessWorker):
-        if given:
+        if given or dsn_given:
             raise ConfigurationError(
-                f"{target} is a worker built in advance, so --slots, --queues, "
+                f"{target} is a worker built in advance, so --dsn, --slots, --queues, "
                 "--poll-interval, --notify-dsn and --no-prepare cannot change it; export a "
                 "function that builds it "
                 "(e.g. def worker(dsn, max_slots=10): ...) to take them"
@@ -43,7 +54,7 @@ async def build_worker(found: object, target: str, dsn: str | None, options: dic
             f"{target} is a {type(found).__name__}, not an InProcessWorker or a function "
             "returning one"
         )
-    kwargs = factory_arguments(found, target, dsn, given)
+    kwargs = factory_arguments(found, target, dsn, given, dsn_given=dsn_given)
     built = found(**kwargs)
     if inspect.isawaitable(built):
         built = await built
@@ -56,15 +67,29 @@ async def build_worker(found: object, target: str, dsn: str | None, options: dic
 
 
 def factory_arguments(
-    factory: Callable[..., object], target: str, dsn: str | None, given: dict[str, Any]
+    factory: Callable[..., object],
+    target: str,
+    dsn: str | None,
+    given: dict[str, Any],
+    *,
+    dsn_given: bool = False,
 ) -> dict[str, Any]:
-    """Match the options given to the factory's parameters, by name."""
+    """Match the options given to the factory's parameters, by name; a ConfigurationError
+    when the factory cannot be called with them (a parameter no option fills, or an
+    option it does not take)."""
     try:
-        parameters = inspect.signature(factory).parameters
+        signature = inspect.signature(factory)
     except (TypeError, ValueError):
         return {"dsn": dsn, **given} if dsn else given
+    parameters = signature.parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     kwargs: dict[str, Any] = {}
+    if dsn_given and "dsn" not in parameters and not takes_any:
+        raise ConfigurationError(
+            f"--dsn was given but {target} takes no dsn= parameter, so the worker would "
+            "connect wherever the function does; add a dsn parameter to the function, "
+            "or drop --dsn"
+        )
     if "dsn" in parameters or takes_any:
         wanted = parameters.get("dsn")
         if dsn is not None:
@@ -87,4 +112,16 @@ def factory_arguments(
                 f"add one to the function to accept it"
             )
         kwargs[name] = value
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigurationError(
+            f"{target} cannot be called with the options given ({_listed(kwargs)}): {exc}; "
+            "pgwork worker passes only dsn=, max_slots=, queues=, poll_interval=, "
+            "notify_dsn= and prepare_threshold=, by name: give its other parameters defaults"
+        ) from None
     return kwargs
+
+
+def _listed(kwargs: dict[str, Any]) -> str:
+    return ", ".join(f"{name}=" for name in kwargs) or "none"

@@ -36,7 +36,7 @@ from pgwork.postgres._enqueue import (
 )
 from pgwork.postgres._errors import missing_schema
 from pgwork.postgres._statements import Statements
-from pgwork.postgres._transactions import PgTransaction, unwrap
+from pgwork.postgres._transactions import PgTransaction, require_transaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.records import Job, JobStatus
 
@@ -85,6 +85,7 @@ class EnqueueOps:
         if type(jobs) is list and len(jobs) == 1 and is_plain(jobs[0]):
             return await self._insert_plain(tx, jobs[0], notify)
         conn = await unwrap(tx)
+        require_transaction(conn)
         encoding = narrow_encoding(conn)
         if encoding is not None:  # every job checked before the first row is written
             jobs = list(jobs)
@@ -110,6 +111,7 @@ class EnqueueOps:
         a warm loop, since the caches are cold after every round trip.
         """
         conn = tx.connection if isinstance(tx, PgTransaction) else await unwrap(tx)
+        require_transaction(conn)
         encoding = narrow_encoding(conn)
         if encoding is not None:
             check_encodable([job], encoding)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from pgwork.errors import UnsupportedConnectionError
 from pgwork.postgres._callers import AsyncpgCaller, DbConn, SyncPsycopgCaller
@@ -29,6 +30,7 @@ __all__ = [
     "PgTransaction",
     "own_connection",
     "read_committed",
+    "require_transaction",
     "unwrap",
     "unwrap_sync",
 ]
@@ -105,10 +107,18 @@ async def unwrap(tx: object) -> DbConn:
     sa_conn = await _sqlalchemy_connection(tx)
     if sa_conn is None:
         raise UnsupportedConnectionError(tx)
-    if not sa_conn.in_transaction():
-        await sa_conn.begin()
     raw = await sa_conn.get_raw_connection()
     driver = raw.driver_connection
+    if isinstance(driver, psycopg.AsyncConnection) and _commits_alone(driver):
+        # isolation_level="AUTOCOMMIT": a begin would only mark SQLAlchemy's side as in a
+        # transaction; the caller's connection is left as it was.
+        return _usable(driver)
+    if _is_asyncpg(driver) and getattr(raw.dbapi_connection, "autocommit", False):
+        # The same on asyncpg, where the statement that begins a transaction would run
+        # alone, begin nothing, and be sent before the refusal.
+        return _asyncpg(tx, driver)
+    if not sa_conn.in_transaction():
+        await sa_conn.begin()
     if isinstance(driver, psycopg.AsyncConnection):
         return _usable(driver)
     if _is_asyncpg(driver):
@@ -129,9 +139,11 @@ def unwrap_sync(tx: object) -> SyncPsycopgCaller:
     sa_conn = _sqlalchemy_sync_connection(tx)
     if sa_conn is None:
         raise UnsupportedConnectionError(tx)
+    driver = sa_conn.connection.driver_connection
+    if isinstance(driver, psycopg.Connection) and _commits_alone(driver):
+        return SyncPsycopgCaller(_usable(driver))  # as in ``unwrap``
     if not sa_conn.in_transaction():
         sa_conn.begin()
-    driver = sa_conn.connection.driver_connection
     if isinstance(driver, psycopg.Connection):
         return SyncPsycopgCaller(_usable(driver))
     raise UnsupportedConnectionError(tx, f"its driver is {sa_conn.dialect.driver!r}")
@@ -181,6 +193,32 @@ def _asyncpg(tx: object, conn: Any) -> AsyncpgCaller:
             tx, "it is not in a transaction: enqueue inside `async with conn.transaction():`"
         )
     return AsyncpgCaller(conn)
+
+
+def _commits_alone(conn: psycopg.AsyncConnection[Any] | psycopg.Connection[Any]) -> bool:
+    """Whether each statement on ``conn`` would commit by itself: autocommit mode, and
+    no transaction opened on it (``conn.transaction()`` opens one even in autocommit)."""
+    return conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE
+
+
+def require_transaction(conn: DbConn) -> None:
+    """UnsupportedConnectionError if a job written on ``conn`` would commit at once.
+
+    An enqueue belongs to the caller's transaction: on a connection in autocommit mode
+    (psycopg's ``autocommit=True``, SQLAlchemy's ``isolation_level="AUTOCOMMIT"``,
+    Django outside ``atomic()``) the job would be committed by its own statement, before
+    and whatever the caller's code does next, and a batch could half succeed. Refused
+    before any SQL, as an asyncpg connection outside a transaction is."""
+    psycopg_conn = conn.connection if isinstance(conn, SyncPsycopgCaller) else conn
+    if isinstance(psycopg_conn, psycopg.AsyncConnection | psycopg.Connection) and (
+        _commits_alone(psycopg_conn)
+    ):
+        raise UnsupportedConnectionError(
+            psycopg_conn,
+            "it is in autocommit mode outside a transaction, so the job would commit on "
+            "its own: enqueue inside `with conn.transaction():` (or on a connection "
+            "without autocommit, then commit it; in Django, inside `transaction.atomic()`)",
+        )
 
 
 def _usable(conn: C) -> C:

