@@ -12,7 +12,7 @@ from starlette.requests import Request
 from tests.dashboard._support import breaks, echo, run_until_settled, start
 
 from pgwork import Client
-from pgwork.dashboard import BasicAuth, TokenAuth, create_dashboard
+from pgwork.dashboard import BasicAuth, LoginThrottle, TokenAuth, create_dashboard
 from pgwork.errors import ConfigurationError
 
 pytestmark = pytest.mark.anyio
@@ -27,7 +27,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 async def statuses(app: object, headers: dict[str, str]) -> list[int]:
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         paths = ["/", "/chains", "/workers", "/failed", "/static/dashboard.css", "/nowhere"]
         return [(await http.get(p, headers=headers)).status_code for p in paths]
 
@@ -35,7 +35,9 @@ async def statuses(app: object, headers: dict[str, str]) -> list[int]:
 async def test_basic_auth_refuses_wrong_or_missing_credentials_on_every_path(
     client: Client,
 ) -> None:
-    app = create_dashboard(client, authorize=BasicAuth("ops", "s3cret-pass"))
+    app = create_dashboard(
+        client, authorize=BasicAuth("ops", "s3cret-pass"), login_throttle=LoginThrottle(limit=99)
+    )
 
     assert set(await statuses(app, {})) == {401}
     assert set(await statuses(app, basic("ops", "wrong"))) == {401}
@@ -46,7 +48,7 @@ async def test_basic_auth_refuses_wrong_or_missing_credentials_on_every_path(
 async def test_the_refusal_asks_the_browser_for_credentials(client: Client) -> None:
     app = create_dashboard(client, authorize=BasicAuth("ops", "s3cret-pass"))
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://dash"
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as http:
         response = await http.get("/")
 
