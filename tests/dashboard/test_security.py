@@ -533,3 +533,21 @@ async def test_the_fastapi_examples_local_only_does_not_trust_forwarded_for() ->
 
     assert spoofed.text == "no"
     assert direct.text == "yes"
+
+
+async def test_audit_fields_from_the_request_cannot_break_a_log_line(
+    recorded: tuple[Client, Recorder],
+) -> None:
+    client, recorder = recorded
+    app = create_dashboard(client, authorize=BasicAuth("ops", "s3cret-pass"))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://localhost", auth=("ops", "s3cret-pass")
+    ) as http:
+        await act(http, "pause", queue="mail\nINFO pgwork dashboard.action outcome=done")
+        await get(app, "/", headers=basic("ops\r\nforged", "wrong"))
+
+    (action,) = recorder.named(DASHBOARD_ACTION)
+    (failure,) = recorder.named(DASHBOARD_AUTH_FAILED)
+    assert action["ids"] == ("'mail\\nINFO pgwork dashboard.action outcome=done'",)
+    assert failure["user"] == "'ops\\r\\nforged'"

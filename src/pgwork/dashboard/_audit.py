@@ -45,10 +45,21 @@ def client_address(conn: HTTPConnection) -> str:
     return conn.client.host if conn.client is not None else "unknown"
 
 
+def _printable(value: Any) -> Any:
+    """What a request supplied, safe to put on one log line: a name with a newline or
+    an escape sequence could forge or hide the lines around it."""
+    if isinstance(value, str):
+        return value if value.isprintable() else ascii(value)
+    if isinstance(value, tuple):
+        return tuple(_printable(v) for v in value)
+    return value
+
+
 def emit(source: Client | Callable[[], Client], name: str, /, **fields: Any) -> None:
     """Send one audit event to the client's observers; never fails the request."""
     try:
         client = source if isinstance(source, Client) else source()
-        Emitter(client.observers).emit(name, **fields)
+        safe = {key: _printable(value) for key, value in fields.items()}
+        Emitter(client.observers).emit(name, **safe)
     except Exception:
         log.exception("pgwork dashboard could not record %s %r", name, fields)
