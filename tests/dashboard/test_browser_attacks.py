@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
     pytest.skip(f"browser unavailable: no Chromium at {CHROMIUM}", allow_module_level=True)
 
 
+@asynccontextmanager
 async def launch(resolver_rules: str, *extra: str) -> AsyncIterator[Browser]:
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(
@@ -114,7 +116,7 @@ async def test_a_rebinding_page_can_neither_read_the_dashboard_nor_act(
     with served(pgwork_dsn) as url:
         port = url.rsplit(":", 1)[1]
         attack_url = f"http://rebind.test:{port}/cat-pictures"
-        async for browser in launch("MAP rebind.test 127.0.0.1", *NO_LOCAL_NETWORK_CHECKS):
+        async with launch("MAP rebind.test 127.0.0.1", *NO_LOCAL_NETWORK_CHECKS) as browser:
             context = await browser.new_context()
             page = await context.new_page()
             await page.route(
@@ -158,7 +160,7 @@ async def test_a_sibling_host_tossing_the_csrf_cookie_cannot_pause_a_queue(
         port = url.rsplit(":", 1)[1]
         dashboard = f"http://dash.test:{port}"
         evil = f"http://evil.dash.test:{port}/hello"
-        async for browser in launch("MAP dash.test 127.0.0.1, MAP evil.dash.test 127.0.0.1"):
+        async with launch("MAP dash.test 127.0.0.1, MAP evil.dash.test 127.0.0.1") as browser:
             context = await browser.new_context()
             page = await context.new_page()
             opened = await page.goto(f"{dashboard}/")  # the operator has it open
