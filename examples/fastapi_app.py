@@ -95,9 +95,20 @@ async def request_session(request: Request) -> AsyncIterator[AsyncSession]:
 Session = Annotated[AsyncSession, Depends(request_session)]
 
 
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
 def local_only(request: Request) -> bool:
     """Who may use the dashboard: here, requests from this machine. In an application,
-    check its own session or credentials (the function may be async)."""
+    check its own session or credentials (the function may be async).
+
+    A request that came through a proxy is refused whatever address it claims: behind
+    ``--forwarded-allow-ips`` the server takes the client's address from
+    ``X-Forwarded-For``, which whoever talks to the proxy writes. (The dashboard
+    itself refuses a ``Host`` other than this machine's names, so a web page that
+    rebinds its own name to 127.0.0.1 gets nothing either.)"""
+    if any(name in request.headers for name in FORWARDING_HEADERS):
+        return False
     return request.client is not None and request.client.host in ("127.0.0.1", "::1")
 
 
@@ -138,7 +149,8 @@ async def main(dsn: str) -> None:
     demo = create_app(dsn)
     async with demo.router.lifespan_context(demo):
         transport = httpx.ASGITransport(app=demo)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        # The dashboard answers only this machine's names (see create_dashboard).
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             response = await http.post("/signups", json={"email": "grace@example.com"})
             print(f"POST /signups -> {response.status_code} {response.json()}")
             client: Client = demo.state.client

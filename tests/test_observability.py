@@ -104,6 +104,8 @@ def test_every_event_name_is_a_documented_constant_in_the_catalogue() -> None:
         "adapter.call.start",
         "adapter.call.stop",
         "adapter.call.error",
+        "dashboard.action",
+        "dashboard.auth_failed",
     } == set(EVENT_NAMES)
 
 

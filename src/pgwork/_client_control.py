@@ -15,6 +15,7 @@ from uuid import UUID
 import anyio
 
 from pgwork._ids import new_id
+from pgwork._limits import check_queue_name
 from pgwork.adapters.notify import Notice, ready_notices
 from pgwork.adapters.state import Completion, NewJob
 from pgwork.errors import (
@@ -210,11 +211,16 @@ class ControlMixin:
 
     async def pause_queue(self, queue: str, *, tx: object | None = None) -> None:
         """Stop workers taking jobs from ``queue`` (running attempts go on). Survives
-        restarts: the pause is a row in the database."""
+        restarts: the pause is a row in the database. A name no job could have (empty,
+        padded, with control characters: see ``job_type``'s ``queue``) raises
+        InvalidOptionError and pauses nothing."""
+        check_queue_name(queue, where="pause_queue")
         handle = await self.state.adopt(tx) if tx is not None else None
         await self.state.set_queue_paused(handle, queue=queue, paused=True)
 
     async def resume_queue(self, queue: str, *, tx: object | None = None) -> None:
+        """Let workers take jobs from ``queue`` again. Any name is accepted, so a pause
+        stored before names were checked can still be lifted."""
         handle = await self.state.adopt(tx) if tx is not None else None
         await self.state.set_queue_paused(handle, queue=queue, paused=False)
         await self.notify.publish(handle, notices=[Notice(kind="ready", queue=queue)])

@@ -20,8 +20,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(dsn: str, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Run ``pgwork dashboard`` on 127.0.0.1 and yield its base URL once it answers."""
+def served(
+    dsn: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    output: list[str] | None = None,
+) -> Iterator[str]:
+    """Run ``pgwork dashboard`` on 127.0.0.1 and yield its base URL once it answers;
+    what it printed is appended to ``output`` once it has stopped."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -61,3 +67,5 @@ def served(dsn: str, *args: str, env: dict[str, str] | None = None) -> Iterator[
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if output is not None:
+            output.append(process.stdout.read())  # type: ignore[union-attr]

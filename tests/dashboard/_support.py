@@ -3,6 +3,7 @@ worker run until the database says it is done."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -105,12 +106,14 @@ async def run_until_settled(client: Client, ids: list[UUID]) -> None:
 
 
 async def csrf_token(http: httpx.AsyncClient) -> str:
-    """Load a page so the dashboard sets its CSRF cookie, and return the token."""
-    response = await http.get("/workers")
+    """Load a page with a form, as a browser would (the dashboard sets its CSRF cookie
+    then), and return the token its forms carry."""
+    response = await http.get("/failed")
     assert response.status_code == 200
-    token = http.cookies.get("pgwork_csrf")
-    assert token
-    return token
+    found = re.search(r'name="csrf" value="([^"]+)"', response.text)
+    assert found, "no CSRF field on /failed"
+    assert http.cookies.get("pgwork_csrf")
+    return found.group(1)
 
 
 async def act(http: httpx.AsyncClient, action: str, **fields: Any) -> httpx.Response:

@@ -32,5 +32,5 @@ async def client(pgwork_dsn: str) -> AsyncIterator[Client]:
 async def http(client: Client) -> AsyncIterator[httpx.AsyncClient]:
     app = create_dashboard(client, authorize=allow_any)
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as session:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as session:
         yield session

@@ -122,7 +122,7 @@ async def test_read_only_dashboard_shows_no_forms_and_refuses_actions(
     await run_until_settled(client, [broken.id])
     app = create_dashboard(client, authorize=allow_any, read_only=True)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://dash"
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
     ) as http:
         page = await http.get(f"/jobs/{broken.id}")
         response = await act(http, "retry", job_id=str(broken.id))

@@ -6,6 +6,16 @@ and every asset served from the package. ``import pgwork`` never imports it.
 """
 
 from pgwork.dashboard._app import create_dashboard
+from pgwork.dashboard._origin import LOOPBACK_NAMES
 from pgwork.dashboard._security import Authorize, BasicAuth, TokenAuth, allow_any
+from pgwork.dashboard._throttle import LoginThrottle
 
-__all__ = ["Authorize", "BasicAuth", "TokenAuth", "allow_any", "create_dashboard"]
+__all__ = [
+    "LOOPBACK_NAMES",
+    "Authorize",
+    "BasicAuth",
+    "LoginThrottle",
+    "TokenAuth",
+    "allow_any",
+    "create_dashboard",
+]

@@ -18,9 +18,15 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pgwork.client import Client
+from pgwork.dashboard._audit import DASHBOARD_ACTION, client_address, emit, who
 from pgwork.dashboard._context import NOTICE_COOKIE, Context
-from pgwork.dashboard._security import CSRF_FIELD, csrf_matches
-from pgwork.errors import ConfigurationError, PgworkError
+from pgwork.dashboard._csrf import CSRF_FIELD, csrf_matches
+from pgwork.errors import (
+    ConfigurationError,
+    DatabaseTimeoutError,
+    DatabaseUnreachableError,
+    PgworkError,
+)
 from pgwork.records import ChainStatus
 
 __all__ = ["Actions"]
@@ -105,12 +111,30 @@ class Actions:
         action = ACTIONS.get(name)
         if action is None:
             return self.ctx.error(request, 404, "Not found", f"There is no action {name!r}.")
+        form = await request.form()
+
+        def audit(outcome: str, message: str) -> None:
+            ids = tuple(
+                str(v) for key in ("job_id", "chain_id", "queue") for v in form.getlist(key)
+            )
+            emit(
+                self.ctx.client_source,
+                DASHBOARD_ACTION,
+                action=name,
+                user=who(request),
+                client=client_address(request),
+                ids=ids,
+                outcome=outcome,
+                message=message,
+            )
+
         if self.ctx.read_only:
+            audit("forbidden", "read-only dashboard")
             return self.ctx.error(
                 request, 403, "Read-only", "This dashboard is read-only: actions are disabled."
             )
-        form = await request.form()
         if not csrf_matches(request, form.get(CSRF_FIELD)):
+            audit("forbidden", "missing or invalid CSRF token")
             return self.ctx.error(
                 request,
                 403,
@@ -121,8 +145,13 @@ class Actions:
         try:
             async with client.state.transaction() as tx:
                 notice, goto = await action(client, tx, form)
+        except (DatabaseUnreachableError, DatabaseTimeoutError) as exc:
+            audit("refused", f"database unavailable: {exc}")
+            raise
         except PgworkError as exc:
+            audit("refused", str(exc))
             return self.ctx.error(request, 409, f"Could not {name}", str(exc))
+        audit("done", notice)
         response = RedirectResponse(
             self.ctx.url(request, goto or _next_path(form)), status_code=303
         )

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from pgwork.client import Client
 from pgwork.dashboard._actions import Actions
 from pgwork.dashboard._context import Context
+from pgwork.dashboard._csrf import CsrfSigner
+from pgwork.dashboard._origin import LOOPBACK_NAMES, parse_hosts
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
+from pgwork.dashboard._throttle import LoginThrottle
 from pgwork.errors import ConfigurationError
 
 __all__ = ["create_dashboard"]
@@ -40,6 +43,9 @@ def create_dashboard(
     authorize: Authorize,
     base_path: str = "",
     read_only: bool = False,
+    allowed_hosts: Iterable[str] = LOOPBACK_NAMES,
+    csrf_secret: bytes | None = None,
+    login_throttle: LoginThrottle | None = None,
 ) -> Starlette:
     """An ASGI app to watch and operate pgwork's queues, chains, jobs and workers.
 
@@ -50,6 +56,15 @@ def create_dashboard(
     for a dashboard only trusted people can reach, ``allow_any``. ``base_path``: the
     path a reverse proxy serves the dashboard under, when it strips it before passing
     requests on. ``read_only``: show everything, change nothing.
+
+    ``allowed_hosts``: the names (``host`` or ``host:port``) the dashboard is served as;
+    a request whose ``Host`` names another is refused with 421, so a page that rebinds
+    its own name to this address cannot read the dashboard. The default is this
+    machine's loopback names; an application serving it under a public name lists
+    that name, or ``["*"]`` when it checks ``Host`` itself. ``csrf_secret``: the key
+    of the forms' tokens, to share between processes serving one dashboard (default:
+    random per process). ``login_throttle``: how failed logins lock a client out
+    (default ``LoginThrottle()``: 10 failures in 5 minutes, then 60 s, doubling).
     """
     if not callable(authorize):
         raise ConfigurationError(
@@ -58,6 +73,9 @@ def create_dashboard(
         )
     if base_path and (not base_path.startswith("/") or "//" in base_path):
         raise ConfigurationError(f"base_path must start with '/', got {base_path!r}")
+    hosts = parse_hosts([allowed_hosts] if isinstance(allowed_hosts, str) else allowed_hosts)
+    if csrf_secret is not None and (not isinstance(csrf_secret, bytes) or len(csrf_secret) < 16):
+        raise ConfigurationError("csrf_secret must be at least 16 random bytes")
     context = Context.build(client, base_path=base_path, read_only=read_only)
     pages = Pages(context)
     actions = Actions(context)
@@ -82,10 +100,32 @@ def create_dashboard(
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
+        path, root = request.url.path, str(request.scope.get("root_path", ""))
+        path = path[len(root) :] if root and path.startswith(root) else path
+        if request.method in ("GET", "HEAD") and path != "/" and path.endswith("/"):
+            # A path-absolute redirect, built from the path alone: never from Host,
+            # and never '//' (another site's address).
+            target = context.prefix(request) + "/" + path.strip("/")
+            if request.url.query:
+                target += f"?{request.url.query}"
+            return RedirectResponse(target, status_code=307)
         return await pages.not_found(request)
 
-    return Starlette(
+    app = Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, authorize=authorize)],
+        middleware=[
+            Middleware(
+                Guard,
+                authorize=authorize,
+                hosts=hosts,
+                signer=CsrfSigner(csrf_secret),
+                throttle=login_throttle or LoginThrottle(),
+                client=client,
+                cookie_path=base_path.rstrip("/"),
+            )
+        ],
         exception_handlers={404: not_found},
     )
+    # Starlette's own slash redirect builds an absolute URL from the Host header.
+    app.router.redirect_slashes = False
+    return app

@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse
 
 from pgwork.client import Client
 from pgwork.dashboard import _format
-from pgwork.dashboard._security import CSRF_COOKIE, CSRF_FIELD, new_csrf_token
+from pgwork.dashboard._csrf import CSRF_FIELD, csrf_token
 
 __all__ = ["Context"]
 
@@ -72,7 +72,7 @@ class Context:
     def render(
         self, request: Request, template: str, status_code: int = 200, **values: Any
     ) -> HTMLResponse:
-        csrf = request.cookies.get(CSRF_COOKIE) or new_csrf_token()
+        csrf = csrf_token(request)
         notice = request.cookies.get(NOTICE_COOKIE)
         now = datetime.now(UTC)
         body = self.env.get_template(template).render(
@@ -91,15 +91,6 @@ class Context:
         response = HTMLResponse(body, status_code=status_code)
         response.headers["cache-control"] = "no-store"
         cookie_path = self.prefix(request) or "/"
-        if request.cookies.get(CSRF_COOKIE) != csrf:
-            response.set_cookie(
-                CSRF_COOKIE,
-                csrf,
-                path=cookie_path,
-                httponly=True,
-                samesite="strict",
-                secure=request.url.scheme == "https",
-            )
         if notice:
             response.delete_cookie(NOTICE_COOKIE, path=cookie_path)
         return response

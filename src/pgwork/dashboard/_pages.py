@@ -16,7 +16,13 @@ from starlette.responses import RedirectResponse, Response
 
 from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context
-from pgwork.errors import ChainNotFoundError, JobNotFoundError, PgworkError
+from pgwork.errors import (
+    ChainNotFoundError,
+    DatabaseTimeoutError,
+    DatabaseUnreachableError,
+    JobNotFoundError,
+    PgworkError,
+)
 from pgwork.records import Chain, ChainStatus, JobStatus, Page
 
 __all__ = ["Pages"]
@@ -97,6 +103,8 @@ class Pages:
                 cursor = page.next_cursor
                 if cursor is None or len(shown) >= PAGE_SIZE:
                     break
+        except (DatabaseUnreachableError, DatabaseTimeoutError):
+            raise  # answered 503 by the security middleware, not a bad filter
         except PgworkError as exc:
             return self.ctx.error(request, 400, "Bad filter", str(exc))
         page = Page(items=tuple(shown), next_cursor=cursor)
@@ -180,6 +188,8 @@ class Pages:
                 cursor=_param(request, "cursor"),
                 limit=PAGE_SIZE,
             )
+        except (DatabaseUnreachableError, DatabaseTimeoutError):
+            raise  # answered 503 by the security middleware, not a bad filter
         except PgworkError as exc:
             return self.ctx.error(request, 400, "Bad filter", str(exc))
         return self.ctx.render(request, "failed.html", page=page, filters=filters)

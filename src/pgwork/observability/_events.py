@@ -1,11 +1,11 @@
 """The catalogue of events pgwork emits, and how they reach observers.
 
-Every name below is emitted from exactly one layer (client, worker, or the instrumented
-state adapter) with the fields its docstring lists. Fields common to attempt events:
-``job_id``, ``chain_id``, ``job_type``, ``queue``, ``attempt``, ``max_attempts``,
-``worker_id``, ``lease_token``; settlement events add ``duration_s`` (seconds since the
-attempt started, on the worker's monotonic clock). Names are stable: renaming one is a
-breaking change.
+Every name below is emitted from exactly one layer (client, worker, the instrumented
+state adapter, or the dashboard) with the fields its docstring lists. Fields common to
+attempt events: ``job_id``, ``chain_id``, ``job_type``, ``queue``, ``attempt``,
+``max_attempts``, ``worker_id``, ``lease_token``; settlement events add ``duration_s``
+(seconds since the attempt started, on the worker's monotonic clock). Names are stable:
+renaming one is a breaking change.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ __all__ = [
     "ATTEMPT_FAILED",
     "ATTEMPT_RETRIED",
     "ATTEMPT_STARTED",
+    "DASHBOARD_ACTION",
+    "DASHBOARD_AUTH_FAILED",
     "EVENT_NAMES",
     "HANDLER_ENDED_LATE",
     "JOB_ENQUEUED",
@@ -131,6 +133,22 @@ ADAPTER_CALL_ERROR = "adapter.call.error"
 """An instrumented state adapter operation raised. Fields: ``operation``,
 ``duration_s``, ``error_type``, ``error_message``."""
 
+DASHBOARD_ACTION = "dashboard.action"
+"""An operator tried an action from the dashboard (dashboard), whatever came of it.
+Fields: ``action`` (``retry``, ``cancel``, ``delete``, ``pause``, ``resume``),
+``user`` (the Basic user name, ``bearer``, or None without credentials), ``client``
+(the address the request came from), ``ids`` (the job or chain ids, or the queue
+name, as given), ``outcome`` (``done``; ``refused`` when the client refused it, with
+its reason in ``message``; ``forbidden`` when the request was not allowed to act:
+read-only, a bad CSRF token, or another site's page) and ``message``."""
+
+DASHBOARD_AUTH_FAILED = "dashboard.auth_failed"
+"""A request to the dashboard carried credentials that were refused, or came from a
+client locked out after too many such failures (dashboard). Fields: ``user`` (the user
+name it claimed, ``bearer``, or None), ``client``, ``path``, ``locked`` (True when this
+failure, or an earlier one, keeps the client out for ``retry_after_s`` seconds) and
+``retry_after_s``."""
+
 EVENT_NAMES: frozenset[str] = frozenset(
     {
         JOB_ENQUEUED,
@@ -149,6 +167,8 @@ EVENT_NAMES: frozenset[str] = frozenset(
         ADAPTER_CALL_START,
         ADAPTER_CALL_STOP,
         ADAPTER_CALL_ERROR,
+        DASHBOARD_ACTION,
+        DASHBOARD_AUTH_FAILED,
     }
 )
 """Every name in the catalogue."""

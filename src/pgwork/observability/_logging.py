@@ -22,6 +22,8 @@ from pgwork.observability._events import (
     ATTEMPT_FAILED,
     ATTEMPT_RETRIED,
     ATTEMPT_STARTED,
+    DASHBOARD_ACTION,
+    DASHBOARD_AUTH_FAILED,
     HANDLER_ENDED_LATE,
     JOB_ENQUEUED,
     JOB_REAPED,
@@ -52,6 +54,8 @@ DEFAULT_LEVELS: Mapping[str, int] = {
     ADAPTER_CALL_START: logging.DEBUG,
     ADAPTER_CALL_STOP: logging.DEBUG,
     ADAPTER_CALL_ERROR: logging.WARNING,
+    DASHBOARD_ACTION: logging.INFO,
+    DASHBOARD_AUTH_FAILED: logging.WARNING,
 }
 """The level of each event's record; unknown names log at DEBUG."""
 
