@@ -131,3 +131,21 @@ async def test_read_only_dashboard_shows_no_forms_and_refuses_actions(
     assert '<form method="post"' not in page.text
     assert response.status_code == 403
     assert await job_status(client, broken.id) is JobStatus.FAILED
+
+
+@pytest.mark.parametrize("queue", ["файлы", "郵便"])
+async def test_pausing_a_queue_named_beyond_latin_1_answers_with_its_notice(
+    client: Client, http: httpx.AsyncClient, queue: str
+) -> None:
+    async def paused() -> bool:
+        return {c.queue: c.paused for c in await client.count_jobs()}.get(queue, False)
+
+    pausing = await act(http, "pause", queue=queue)
+    assert pausing.status_code == 303
+    assert await paused()
+    assert f"Paused queue {queue}." in (await http.get(pausing.headers["location"])).text
+
+    resuming = await act(http, "resume", queue=queue)
+    assert resuming.status_code == 303
+    assert not await paused()
+    assert f"Resumed queue {queue}." in (await http.get(resuming.headers["location"])).text

@@ -11,6 +11,7 @@ own message, as a 409 page: the same rules and words as in code.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 from uuid import UUID
 
 from starlette.datastructures import FormData
@@ -126,7 +127,8 @@ class Actions:
         response = RedirectResponse(
             self.ctx.url(request, goto or _next_path(form)), status_code=303
         )
+        # Percent-encoded: a header carries Latin-1 only, and a queue name may not be.
         response.set_cookie(
-            NOTICE_COOKIE, notice, path=self.ctx.prefix(request) or "/", samesite="strict"
+            NOTICE_COOKIE, quote(notice), path=self.ctx.prefix(request) or "/", samesite="strict"
         )
         return response

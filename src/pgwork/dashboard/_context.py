@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import jinja2
 from starlette.requests import Request
@@ -73,7 +73,7 @@ class Context:
         self, request: Request, template: str, status_code: int = 200, **values: Any
     ) -> HTMLResponse:
         csrf = request.cookies.get(CSRF_COOKIE) or new_csrf_token()
-        notice = request.cookies.get(NOTICE_COOKIE)
+        notice = unquote(request.cookies.get(NOTICE_COOKIE) or "")
         now = datetime.now(UTC)
         body = self.env.get_template(template).render(
             request=request,
