@@ -35,7 +35,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["json_text"] = _format.json_text
-    env.filters["short"] = lambda value: str(value)[:8]
+    env.filters["short"] = _format.short_id
     env.filters["stamp"] = lambda d: f"{d:%Y-%m-%d %H:%M:%S} UTC" if d is not None else ""
     env.globals["duration"] = _format.duration
     return env

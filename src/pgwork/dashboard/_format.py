@@ -16,7 +16,7 @@ from pydantic_core import to_jsonable_python
 
 from pgwork.adapters.insight import ActivityBucket
 
-__all__ = ["Bar", "Chart", "JsonText", "age", "chart", "json_text", "per_queue"]
+__all__ = ["Bar", "Chart", "JsonText", "age", "chart", "json_text", "per_queue", "short_id"]
 
 # Past this many characters a payload is cut, with a link to the whole of it.
 TRUNCATE_AT = 4000
@@ -40,6 +40,17 @@ def json_text(value: Any, *, full: bool = False) -> JsonText:
     if full or len(text) <= TRUNCATE_AT:
         return JsonText(text, False, len(text))
     return JsonText(text[:TRUNCATE_AT], True, len(text))
+
+
+def short_id(value: object) -> str:
+    """The last group of a UUID (12 hex digits, its random tail), after an ellipsis.
+
+    Ids are UUIDv7: their first 12 hex digits are the creation millisecond, so rows
+    made together share them and a leading slice tells none apart. The tail is random
+    (48 bits), so a page's rows show distinct short ids; ``title`` shows the whole one.
+    """
+    text = str(value)
+    return "…" + text.rsplit("-", 1)[-1] if len(text) == 36 else text
 
 
 def age(moment: datetime | None, now: datetime) -> str:
