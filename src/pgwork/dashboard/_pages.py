@@ -1,7 +1,7 @@
 """The read pages: overview, chains, a chain, a job, workers, failed jobs.
 
 Each is one or a few client reads over bounded index ranges (keyset pages, partial
-indexes, a sampled activity window), never a count of the whole table. Filters are
+indexes, the index of ended jobs for the last hour), never a count of the whole table. Filters are
 query parameters, so every view is a URL to bookmark or share.
 """
 
@@ -62,7 +62,13 @@ class Pages:
             "overview.html",
             rows=rows,
             activity=activity,
-            chart=_format.chart(activity.buckets, now=activity.now, window=WINDOW, bucket=BUCKET),
+            chart=_format.chart(
+                activity.buckets,
+                now=activity.now,
+                window=WINDOW,
+                bucket=BUCKET,
+                counted_from=activity.counted_from,
+            ),
             workers=[w for w in workers if w.alive],
             dead_workers=sum(1 for w in workers if not w.alive),
             refresh=True,
