@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InsightMixin"]
 
-DEFAULT_SAMPLE = 200_000
+DEFAULT_SAMPLE = 100_000
 MAX_LINKS = 1000
 
 
