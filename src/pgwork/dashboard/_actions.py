@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 from uuid import UUID
 
+import anyio
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -25,6 +26,9 @@ from pgwork.errors import ConfigurationError, PgworkError
 from pgwork.records import ChainStatus
 
 __all__ = ["Actions"]
+
+# An action must be done within this many seconds (see READ_TIMEOUT of the pages).
+ACTION_TIMEOUT = 10.0
 
 Action = Callable[[Client, object, FormData], Awaitable[tuple[str, str | None]]]
 
@@ -120,10 +124,19 @@ class Actions:
             )
         client = self.ctx.client
         try:
-            async with client.state.transaction() as tx:
-                notice, goto = await action(client, tx, form)
+            with anyio.fail_after(ACTION_TIMEOUT):
+                async with client.state.transaction() as tx:
+                    notice, goto = await action(client, tx, form)
         except PgworkError as exc:
             return self.ctx.error(request, 409, f"Could not {name}", str(exc))
+        except TimeoutError:
+            return self.ctx.error(
+                request,
+                503,
+                "Database not answering",
+                f"The database gave no answer within {ACTION_TIMEOUT:g} s; the {name} may or "
+                "may not have been applied. Reload the page to see.",
+            )
         response = RedirectResponse(
             self.ctx.url(request, goto or _next_path(form)), status_code=303
         )
