@@ -1,8 +1,9 @@
 """The read pages: overview, chains, a chain, a job, workers, failed jobs.
 
 Each is one or a few client reads over bounded index ranges (keyset pages, partial
-indexes, the index of ended jobs for the last hour), never a count of the whole table. Filters are
-query parameters, so every view is a URL to bookmark or share.
+indexes, the ended jobs' index for the last hour), never a count of the whole table,
+and bounded in time. Filters are query parameters, so every view is a URL to bookmark
+or share.
 """
 
 from __future__ import annotations
