@@ -43,11 +43,15 @@ class Relay:
         self.threads.append(thread)
 
     def _accept(self) -> None:
+        self.listener.settimeout(0.2)  # so close() is seen; accept() ignores it
         while not self.closing.is_set():
             try:
                 client, _ = self.listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            client.settimeout(None)
             self.held.append(client)
             if self.cut_off.is_set():
                 continue  # accepted, never answered
