@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InsightMixin"]
 
-DEFAULT_SAMPLE = 20_000
+DEFAULT_SAMPLE = 100_000
 MAX_LINKS = 1000
 
 
@@ -41,10 +41,10 @@ class InsightMixin:
     ) -> RecentActivity:
         """Jobs that completed or failed within ``window``, per queue and ``bucket``.
 
-        Completions are counted among the newest ``sample_size`` jobs (by creation), so
-        the cost stays bounded however busy the hour was; ``complete`` on the result
-        says whether that sample held every job. Failures are counted exactly, up to
-        ``sample_size``.
+        Counts are exact up to ``sample_size`` ended jobs in the window, read newest
+        first from an index of ended jobs, so the cost stays bounded however busy the
+        hour was; past that, ``complete`` on the result is false and ``counted_from``
+        says how far back the count reached.
         """
         if window <= timedelta(0) or bucket <= timedelta(0) or bucket > window:
             raise ConfigurationError(

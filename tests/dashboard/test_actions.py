@@ -3,19 +3,23 @@ refusal shows the client's message (409), never a 500; the forms carry a CSRF to
 
 from __future__ import annotations
 
+import anyio
 import httpx
 import pytest
+from tests.dashboard._proxy import relayed
 from tests.dashboard._support import (
     act,
     breaks,
+    csrf_token,
     echo,
     job_status,
     mail,
+    registry,
     run_until_settled,
     start,
 )
 
-from pgwork import Client
+from pgwork import Client, PostgresStateAdapter, create_client
 from pgwork.dashboard import allow_any, create_dashboard
 from pgwork.records import ChainStatus, JobStatus
 
@@ -131,3 +135,47 @@ async def test_read_only_dashboard_shows_no_forms_and_refuses_actions(
     assert '<form method="post"' not in page.text
     assert response.status_code == 403
     assert await job_status(client, broken.id) is JobStatus.FAILED
+
+
+@pytest.mark.parametrize("queue", ["файлы", "郵便"])
+async def test_pausing_a_queue_named_beyond_latin_1_answers_with_its_notice(
+    client: Client, http: httpx.AsyncClient, queue: str
+) -> None:
+    async def paused() -> bool:
+        return {c.queue: c.paused for c in await client.count_jobs()}.get(queue, False)
+
+    pausing = await act(http, "pause", queue=queue)
+    assert pausing.status_code == 303
+    assert await paused()
+    assert f"Paused queue {queue}." in (await http.get(pausing.headers["location"])).text
+
+    resuming = await act(http, "resume", queue=queue)
+    assert resuming.status_code == 303
+    assert not await paused()
+    assert f"Resumed queue {queue}." in (await http.get(resuming.headers["location"])).text
+
+
+async def test_with_the_database_silent_pages_and_actions_answer_503_not_hang(
+    pgwork_dsn: str,
+) -> None:
+    with relayed(pgwork_dsn) as (dsn, relay):
+        state = await PostgresStateAdapter.connect(dsn, max_size=2)
+        silent = create_client(state_adapter=state, registry=registry, observers=[])
+        app = create_dashboard(silent, authorize=allow_any)
+        try:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://dash"
+            ) as http:
+                token = await csrf_token(http)
+                relay.cut()
+                page = await http.get("/")
+                action = await http.post("/actions/pause", data={"csrf": token, "queue": "q"})
+        finally:
+            with anyio.move_on_after(5):
+                await silent.close()
+
+    # Within the dashboard's bounds (5 s, 10 s), not the client's 30 s operation timeout.
+    assert page.status_code == 503
+    assert "gave no answer within 5 s" in page.text
+    assert action.status_code == 503
+    assert "may or may not have been applied" in action.text

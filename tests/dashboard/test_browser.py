@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+from tests.dashboard._proxy import relayed
 from tests.dashboard._server import served
 from tests.dashboard._support import (
     FLAKY_FAILS,
@@ -291,3 +292,107 @@ async def test_a_script_in_a_payload_and_an_error_is_shown_as_text(
     await page.screenshot(path=shots / "dashboard-escaped.png", full_page=True)
     assert dialogs == []
     assert re.search(r"<script>window\.pwned", await page.content()) is None
+
+
+async def _authenticated_page(browser: Browser, url: str, width: int = 1280) -> Page:
+    context = await browser.new_context(
+        base_url=url,
+        http_credentials={"username": USER, "password": PASSWORD},
+        viewport={"width": width, "height": 900},
+    )
+    return await context.new_page()
+
+
+async def test_a_page_whose_database_went_silent_shows_its_data_as_stale(
+    browser: Browser, client: Client, pgwork_dsn: str, shots: Path
+) -> None:
+    await start(client, pgwork_dsn, echo, "seen before the outage")
+    with relayed(pgwork_dsn) as (dsn, relay), served(dsn, "--auth", f"{USER}:{PASSWORD}") as url:
+        page = await _authenticated_page(browser, url)
+        try:
+            await page.goto("/")
+            rendered = page.locator("footer [data-rendered]")
+            first = await rendered.text_content()
+            # Each refresh brings the footer's time along with the data.
+            await expect(rendered).not_to_have_text(first or "", timeout=20_000)
+
+            relay.cut()
+            banner = page.locator("#stale")
+            await expect(banner).to_be_visible(timeout=30_000)
+            # The server gave up on its own bound and said so (a 503), before the
+            # browser's bound; the page keeps its last data and says from when.
+            await expect(banner).to_contain_text("HTTP 503")
+            await expect(banner).to_contain_text("no answer within 5 s")
+            await expect(banner).to_contain_text(
+                f"Showing data from {await rendered.text_content()}"
+            )
+            await expect(cell(page, "default", "pending")).to_have_text("1")
+            assert await page.evaluate("document.body.dataset.refresh") == "stale"
+            await page.screenshot(path=shots / "dashboard-stale.png", full_page=True)
+
+            answer = await page.context.request.get("/workers", timeout=20_000)
+            assert answer.status == 503
+            assert "Database not answering" in await answer.text()
+        finally:
+            await page.context.close()
+
+
+async def test_refreshes_wait_for_each_other_and_back_off_while_failing(
+    client: Client, pgwork_dsn: str, page: Page
+) -> None:
+    await page.goto("/")
+    held: list[Any] = []
+
+    async def hold(route: Any) -> None:
+        held.append(route)  # never answered: the browser's own bound gives up on it
+
+    await page.route(re.compile(r".*/$"), hold)
+    banner = page.locator("#stale")
+    await expect(banner).to_contain_text("no answer within 10 s", timeout=30_000)
+    # One request in flight for those 10 s, where a timer every 5 s would have sent
+    # two or three.
+    assert len(held) == 1
+    await expect(banner).to_contain_text("next try in 10 s")
+    await expect(banner).to_contain_text("next try in 20 s", timeout=40_000)
+    assert len(held) == 2
+
+
+LONG_QUEUE = "q" * 124 + "-end"
+
+
+async def test_a_long_queue_name_leaves_every_column_on_screen(
+    browser: Browser, client: Client, pgwork_dsn: str, dashboard_url: str, shots: Path
+) -> None:
+    assert len(LONG_QUEUE) == 128
+    FLAKY_FAILS["on"] = True
+    broken = await start(client, pgwork_dsn, flaky, "x" * 300, queue=LONG_QUEUE)
+    worker = create_in_process_worker(
+        client=client, processors=PROCESSORS, poll_interval=0.2, queues=[LONG_QUEUE, "q" * 128]
+    )
+    async with worker:
+        await wait_until(lambda: _is(client, broken.id, JobStatus.FAILED))
+    await start(client, pgwork_dsn, mail, "waiting", queue=LONG_QUEUE)
+    await client.pause_queue("q" * 128)
+    page = await _authenticated_page(browser, dashboard_url, width=1400)
+    try:
+        checks = {
+            "/": ['tr[data-queue] td[data-col="state"]', "tr[data-queue] td:last-child"],
+            "/failed": ["td.error-summary", "tr[data-job] td:nth-child(5)"],
+            "/workers": ["tr[data-worker] td:last-child"],
+            "/chains": ["tr[data-chain] td:nth-child(3)", "tr[data-chain] td:last-child"],
+        }
+        for path, selectors in checks.items():
+            await page.goto(path)
+            await page.screenshot(path=shots / f"dashboard-long-name{path.replace('/', '-')}.png")
+            for selector in selectors:
+                cells = page.locator(selector)
+                assert await cells.count() > 0, (path, selector)
+                for n in range(await cells.count()):
+                    box = await cells.nth(n).bounding_box()
+                    assert box is not None, (path, selector)
+                    assert box["x"] + box["width"] <= 1400, (path, selector, box)
+        await page.goto("/")
+        name = page.locator(f'tr[data-queue="{LONG_QUEUE}"] a.clip')
+        assert await name.get_attribute("title") == LONG_QUEUE
+    finally:
+        await page.context.close()

@@ -7,8 +7,10 @@ from datetime import timedelta
 from uuid import UUID, uuid4
 
 import httpx
+import psycopg
 import pytest
 from tests.dashboard._support import (
+    Note,
     breaks,
     echo,
     mail,
@@ -17,7 +19,9 @@ from tests.dashboard._support import (
     waits,
 )
 
-from pgwork import Client, DedupSpec
+from pgwork import ChainStart, Client, DedupSpec
+from pgwork._ids import new_ids
+from pgwork.dashboard._format import short_id
 
 pytestmark = pytest.mark.anyio
 
@@ -218,3 +222,30 @@ async def test_queue_filter_reads_a_window_and_its_next_link_skips_nothing(
 
     assert sorted(seen) == sorted(mailed)
     assert pages == 2  # the first window held none of them
+
+
+def test_short_ids_of_ids_made_in_one_millisecond_are_distinct() -> None:
+    ids = new_ids(2000)  # one timestamp: the first 12 hex digits of every id agree
+
+    assert len({str(i)[:8] for i in ids}) == 1
+    assert len({short_id(i) for i in ids}) == len(ids)
+    assert all(str(i).endswith(short_id(i).lstrip("…")) for i in ids)
+
+
+async def test_chains_made_in_one_batch_show_distinct_short_ids(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        await client.start_chains(conn, [ChainStart(echo, Note(text=f"b{i}")) for i in range(60)])
+        await conn.commit()
+
+    for path in ["/chains", "/chains?status=active"]:
+        html = (await http.get(path)).text
+        rows = re.findall(
+            r'<tr data-chain="([0-9a-f-]+)">\s*<td><a [^>]*><code title="([^"]+)">([^<]+)</code>',
+            html,
+        )
+        assert len(rows) == 50
+        assert all(full == shown_for for full, shown_for, _ in rows)
+        assert len({shown for _, _, shown in rows}) == 50
+        assert all(full.endswith(shown.lstrip("…")) for full, _, shown in rows)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -19,7 +18,6 @@ from bench.dashboard import load_statements
 
 from pgwork import Client
 from pgwork.errors import PgworkError
-from pgwork.postgres._dashboard_statements import render_dashboard_statements
 from pgwork.records import ChainStatus, JobStatus
 
 pytestmark = pytest.mark.anyio
@@ -103,22 +101,32 @@ async def test_dashboard_reads_never_scan_the_jobs_table(
         assert "Seq Scan" not in on_jobs, nodes
 
 
-async def test_control_in_creation_time_order_the_activity_read_scans_the_table(
+async def test_control_without_the_ended_jobs_index_the_activity_read_scans_the_table(
     loaded: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The activity sample reads the newest jobs from the primary key (ids are UUIDv7);
-    asked for by ``created_at``, which no index has (migration 0006), it would sort
-    the whole table."""
-    newest = b"ORDER BY j.id DESC"
-    statements = render_dashboard_statements("pgwork")
-    assert newest in statements.recent_activity
-    by_creation = statements.recent_activity.replace(newest, b"ORDER BY j.created_at DESC")
-    monkeypatch.setattr(
-        "pgwork.postgres._insight.render_dashboard_statements",
-        lambda schema: replace(statements, recent_activity=by_creation),
-    )
+    """The last hour is one range of jobs_ended_idx (migration 0007); without it no
+    index has the end time of completed jobs, and the read scans the table."""
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
+        await conn.execute("DROP INDEX pgwork.jobs_ended_idx")
 
     plans = await plans_of(loaded, pgwork_dsn, monkeypatch, READS["overview-activity"])
 
     scans = [n["Node Type"] for nodes in plans for n in nodes if n.get("Relation Name") == "jobs"]
     assert "Seq Scan" in scans
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_the_last_hour_of_a_million_jobs_is_one_range_of_the_ended_jobs_index(
+    client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
+        for statement in load_statements(jobs=1_000_000, schema="pgwork"):
+            await conn.execute(statement)
+
+    plans = await plans_of(client, pgwork_dsn, monkeypatch, READS["overview-activity"])
+
+    on_jobs = [n for nodes in plans for n in nodes if n.get("Relation Name") == "jobs"]
+    assert [n["Node Type"] for n in on_jobs] in (["Index Scan"], ["Index Only Scan"]), on_jobs
+    assert on_jobs[0]["Index Name"] == "jobs_ended_idx"
+    assert on_jobs[0]["Scan Direction"] == "Backward"

@@ -30,13 +30,14 @@ class ActivityBucket:
 class RecentActivity:
     """Jobs that ended within a window, per queue and time bucket.
 
-    Reading every job that ended in the last hour would read as much as the busiest
-    hour wrote, so completions are counted among the newest ``sample_size`` jobs by
-    creation (an index range, whatever the table's size); ``sampled`` says how many were
-    read, and ``complete`` whether that reached every job of the window (fewer jobs than
-    the sample). Failures come from the failed jobs' own index and are exact up to the
-    same cap. ``estimated_jobs``: the planner's estimate of the table's rows, never a
-    count.
+    The window starts at the beginning of the bucket it begins in, so every bucket is
+    whole. Jobs that completed or failed in it are read newest first from an index of
+    ended jobs by end time, at most ``sample_size`` of them: ``sampled`` says how many
+    were read, and ``complete`` whether that was every job of the window, so each
+    count is exact. When the cap was reached first, ``counted_from`` is the end time of
+    the oldest job read: buckets before it were not counted (and the bucket holding it
+    only in part). ``estimated_jobs``: the planner's estimate of the table's rows,
+    never a count.
     """
 
     now: datetime
@@ -44,6 +45,7 @@ class RecentActivity:
     sampled: int
     complete: bool
     estimated_jobs: int
+    counted_from: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

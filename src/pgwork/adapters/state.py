@@ -433,9 +433,10 @@ class ReadStore(Store, Protocol):
         bucket: timedelta,
         sample_size: int,
     ) -> RecentActivity:
-        """Jobs that ended within ``window`` of now, per queue and ``bucket`` of their
-        end time; completions among the newest ``sample_size`` jobs, failures up to
-        ``sample_size`` (see ``RecentActivity``). Reads a bounded range, never the table."""
+        """Jobs that completed or failed within ``window`` of now (from the start of its
+        first ``bucket``), per queue and ``bucket`` of their end time, counting at most
+        the newest ``sample_size`` of them (see ``RecentActivity``). Reads one index
+        range, never the table."""
         ...
 
     async def chain_links(

@@ -11,8 +11,10 @@ own message, as a 409 page: the same rules and words as in code.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from urllib.parse import quote
 from uuid import UUID
 
+import anyio
 from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -30,6 +32,9 @@ from pgwork.errors import (
 from pgwork.records import ChainStatus
 
 __all__ = ["Actions"]
+
+# An action must be done within this many seconds (see READ_TIMEOUT of the pages).
+ACTION_TIMEOUT = 10.0
 
 Action = Callable[[Client, object, FormData], Awaitable[tuple[str, str | None]]]
 
@@ -143,19 +148,30 @@ class Actions:
             )
         client = self.ctx.client
         try:
-            async with client.state.transaction() as tx:
-                notice, goto = await action(client, tx, form)
+            with anyio.fail_after(ACTION_TIMEOUT):
+                async with client.state.transaction() as tx:
+                    notice, goto = await action(client, tx, form)
         except (DatabaseUnreachableError, DatabaseTimeoutError) as exc:
             audit("refused", f"database unavailable: {exc}")
             raise
         except PgworkError as exc:
             audit("refused", str(exc))
             return self.ctx.error(request, 409, f"Could not {name}", str(exc))
+        except TimeoutError:
+            audit("unknown", f"the database gave no answer within {ACTION_TIMEOUT:g} s")
+            return self.ctx.error(
+                request,
+                503,
+                "Database not answering",
+                f"The database gave no answer within {ACTION_TIMEOUT:g} s; the {name} may or "
+                "may not have been applied. Reload the page to see.",
+            )
         audit("done", notice)
         response = RedirectResponse(
             self.ctx.url(request, goto or _next_path(form)), status_code=303
         )
+        # Percent-encoded: a header carries Latin-1 only, and a queue name may not be.
         response.set_cookie(
-            NOTICE_COOKIE, notice, path=self.ctx.prefix(request) or "/", samesite="strict"
+            NOTICE_COOKIE, quote(notice), path=self.ctx.prefix(request) or "/", samesite="strict"
         )
         return response

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 import jinja2
 from starlette.requests import Request
@@ -35,7 +35,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["json_text"] = _format.json_text
-    env.filters["short"] = lambda value: str(value)[:8]
+    env.filters["short"] = _format.short_id
     env.filters["stamp"] = lambda d: f"{d:%Y-%m-%d %H:%M:%S} UTC" if d is not None else ""
     env.globals["duration"] = _format.duration
     return env
@@ -73,7 +73,7 @@ class Context:
         self, request: Request, template: str, status_code: int = 200, **values: Any
     ) -> HTMLResponse:
         csrf = csrf_token(request)
-        notice = request.cookies.get(NOTICE_COOKIE)
+        notice = unquote(request.cookies.get(NOTICE_COOKIE) or "")
         now = datetime.now(UTC)
         body = self.env.get_template(template).render(
             request=request,

@@ -16,7 +16,7 @@ from pydantic_core import to_jsonable_python
 
 from pgwork.adapters.insight import ActivityBucket
 
-__all__ = ["Bar", "Chart", "JsonText", "age", "chart", "json_text", "per_queue"]
+__all__ = ["Bar", "Chart", "JsonText", "age", "chart", "json_text", "per_queue", "short_id"]
 
 # Past this many characters a payload is cut, with a link to the whole of it.
 TRUNCATE_AT = 4000
@@ -40,6 +40,17 @@ def json_text(value: Any, *, full: bool = False) -> JsonText:
     if full or len(text) <= TRUNCATE_AT:
         return JsonText(text, False, len(text))
     return JsonText(text[:TRUNCATE_AT], True, len(text))
+
+
+def short_id(value: object) -> str:
+    """The last group of a UUID (12 hex digits, its random tail), after an ellipsis.
+
+    Ids are UUIDv7: their first 12 hex digits are the creation millisecond, so rows
+    made together share them and a leading slice tells none apart. The tail is random
+    (48 bits), so a page's rows show distinct short ids; ``title`` shows the whole one.
+    """
+    text = str(value)
+    return "…" + text.rsplit("-", 1)[-1] if len(text) == 36 else text
 
 
 def age(moment: datetime | None, now: datetime) -> str:
@@ -89,6 +100,9 @@ class Bar:
     failed_y: float
     failed_height: float
     label: str
+    # False: the slot ended before the oldest job the count reached, so its bar is
+    # unknown, not empty (drawn grey, not as zero).
+    counted: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +121,13 @@ def chart(
     now: datetime,
     window: timedelta,
     bucket: timedelta,
+    counted_from: datetime | None = None,
     width: int = 720,
     height: int = 140,
 ) -> Chart:
     """Stacked bars (completed below, failed on top), one per ``bucket`` of ``window``
-    ending at ``now``, drawn in SVG user units."""
+    ending at ``now``, drawn in SVG user units. Slots that end at or before
+    ``counted_from`` (where a capped count stopped) are marked not counted."""
     step = bucket.total_seconds()
     slots = max(1, int(window / bucket))
     first = (int(now.timestamp() // step) - slots + 1) * step
@@ -129,6 +145,12 @@ def chart(
     for i, (d, f) in enumerate(zip(done, failed, strict=True)):
         dh, fh = d * scale, f * scale
         start = datetime.fromtimestamp(first + i * step, tz=now.tzinfo)
+        counted = counted_from is None or start + bucket > counted_from
+        label = f"{start:%H:%M} UTC: {d} completed, {f} failed"
+        if not counted:
+            label = f"{start:%H:%M} UTC: not counted (before the newest jobs counted)"
+        elif counted_from is not None and start <= counted_from:
+            label += f" (counted from {counted_from:%H:%M:%S} UTC)"
         bars.append(
             Bar(
                 x=round(i * slot_width + 1, 2),
@@ -137,7 +159,8 @@ def chart(
                 done_height=round(dh, 2),
                 failed_y=round(height - dh - fh, 2),
                 failed_height=round(fh, 2),
-                label=f"{start:%H:%M} UTC: {d} completed, {f} failed",
+                label=label,
+                counted=counted,
             )
         )
     return Chart(width, height, tuple(bars), peak, sum(done), sum(failed))

@@ -1,16 +1,20 @@
 """The read pages: overview, chains, a chain, a job, workers, failed jobs.
 
 Each is one or a few client reads over bounded index ranges (keyset pages, partial
-indexes, a sampled activity window), never a count of the whole table. Filters are
-query parameters, so every view is a URL to bookmark or share.
+indexes, the ended jobs' index for the last hour), never a count of the whole table,
+and bounded in time. Filters are query parameters, so every view is a URL to bookmark
+or share.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from functools import wraps
 from typing import Any
 from uuid import UUID
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -18,6 +22,7 @@ from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context
 from pgwork.errors import (
     ChainNotFoundError,
+    DatabaseError,
     DatabaseTimeoutError,
     DatabaseUnreachableError,
     JobNotFoundError,
@@ -36,6 +41,30 @@ QUEUE_WINDOW = 4 * PAGE_SIZE
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=2)
 DEAD_AFTER = 30.0
+# A page's reads must be done within this many seconds. A database that went away
+# otherwise holds each request for the client's whole operation timeout (30 s by
+# default) while the browser keeps the page it has; past the bound the page is a 503
+# saying so, which the live refresh shows as stale data.
+READ_TIMEOUT = 5.0
+
+Handler = Callable[["Pages", Request], Awaitable[Response]]
+
+
+def _bounded(handler: Handler) -> Handler:
+    """``handler``, answering 503 when the database fails it or takes too long."""
+
+    @wraps(handler)
+    async def bounded(self: Pages, request: Request) -> Response:
+        try:
+            with anyio.fail_after(READ_TIMEOUT):
+                return await handler(self, request)
+        except DatabaseError as exc:  # unreachable, or the client's own bound passed
+            message = str(exc)
+        except TimeoutError:
+            message = f"The database gave no answer within {READ_TIMEOUT:g} s."
+        return self.ctx.error(request, 503, "Database not answering", message)
+
+    return bounded
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -54,6 +83,7 @@ class Pages:
     def __init__(self, context: Context) -> None:
         self.ctx = context
 
+    @_bounded
     async def overview(self, request: Request) -> Response:
         client = self.ctx.client
         counts = await client.count_jobs()
@@ -68,12 +98,19 @@ class Pages:
             "overview.html",
             rows=rows,
             activity=activity,
-            chart=_format.chart(activity.buckets, now=activity.now, window=WINDOW, bucket=BUCKET),
+            chart=_format.chart(
+                activity.buckets,
+                now=activity.now,
+                window=WINDOW,
+                bucket=BUCKET,
+                counted_from=activity.counted_from,
+            ),
             workers=[w for w in workers if w.alive],
             dead_workers=sum(1 for w in workers if not w.alive),
             refresh=True,
         )
 
+    @_bounded
     async def chains(self, request: Request) -> Response:
         filters = {
             "status": _param(request, "status"),
@@ -131,6 +168,7 @@ class Pages:
         except JobNotFoundError:
             return None
 
+    @_bounded
     async def chain(self, request: Request) -> Response:
         chain_id = _uuid(request.path_params["chain_id"])
         if chain_id is None:
@@ -154,6 +192,7 @@ class Pages:
             error=chain.current_job.last_attempt_error,
         )
 
+    @_bounded
     async def job(self, request: Request) -> Response:
         job_id = _uuid(request.path_params["job_id"])
         if job_id is None:
@@ -171,10 +210,12 @@ class Pages:
             output=_format.json_text(job.output, full=full == "output"),
         )
 
+    @_bounded
     async def workers(self, request: Request) -> Response:
         workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
         return self.ctx.render(request, "workers.html", workers=workers, refresh=True)
 
+    @_bounded
     async def failed(self, request: Request) -> Response:
         filters: dict[str, Any] = {
             "type": _param(request, "type"),

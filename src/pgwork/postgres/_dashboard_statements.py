@@ -16,40 +16,32 @@ from psycopg import sql
 from pgwork.postgres._names import validate_schema_name
 from pgwork.postgres._statements import _in_chain
 
-# Completions among the newest ``sample`` jobs by creation (the primary key read
-# backwards: ids are UUIDv7), failures from jobs_attention_idx (failed jobs are few), both capped at
-# ``sample`` rows; bucketed by ``bucket_s`` seconds of completed_at. The first row
-# (kind 0) carries the database clock, how many jobs the sample read and the planner's
-# estimate of the table's rows; the others (kind 1) one bucket each.
+# Jobs that ended (completed or failed) since the start of the bucket the window begins
+# in, newest first from jobs_ended_idx (migration 0007) and capped at ``sample`` rows:
+# below the cap the count is exact; at it, ``since`` says how far back it reached. The
+# first row (kind 0) carries the database clock, how many jobs were read, the planner's
+# estimate of the table's rows and the end time of the oldest job read; the others
+# (kind 1) one bucket of ``bucket_s`` seconds each.
 RECENT_ACTIVITY = """
-WITH sample AS (
+WITH ended AS (
     SELECT j.queue, j.status, j.completed_at
     FROM {jobs} AS j
-    ORDER BY j.id DESC
+    WHERE j.status IN ('completed', 'failed')
+      AND j.completed_at >= to_timestamp(
+          floor((extract(epoch FROM now()) - %(window_s)s) / %(bucket_s)s + 1) * %(bucket_s)s)
+    ORDER BY j.completed_at DESC
     LIMIT %(sample)s
-),
-failed AS (
-    SELECT j.queue, j.completed_at
-    FROM {jobs} AS j
-    WHERE j.status = 'failed'
-      AND j.completed_at >= now() - %(window_s)s * interval '1 second'
-    LIMIT %(sample)s
-),
-ended AS (
-    SELECT s.queue, s.completed_at, 1 AS completed, 0 AS failed
-    FROM sample AS s
-    WHERE s.status = 'completed'
-      AND s.completed_at >= now() - %(window_s)s * interval '1 second'
-    UNION ALL
-    SELECT f.queue, f.completed_at, 0, 1 FROM failed AS f
 )
-SELECT 0 AS kind, NULL::text, now(), (SELECT count(*) FROM sample),
+SELECT 0 AS kind, NULL::text, now(), (SELECT count(*) FROM ended),
        (SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_class AS c
-        WHERE c.oid = %(jobs_table)s::regclass)
+        WHERE c.oid = %(jobs_table)s::regclass),
+       (SELECT min(e.completed_at) FROM ended AS e)
 UNION ALL
 SELECT 1, e.queue,
        to_timestamp(floor(extract(epoch FROM e.completed_at) / %(bucket_s)s) * %(bucket_s)s),
-       sum(e.completed), sum(e.failed)
+       count(*) FILTER (WHERE e.status = 'completed'),
+       count(*) FILTER (WHERE e.status = 'failed'),
+       NULL
 FROM ended AS e
 GROUP BY 2, 3
 ORDER BY 1, 2, 3

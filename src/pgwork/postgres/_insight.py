@@ -53,7 +53,8 @@ class InsightOps:
             "jobs_table": jobs_table(self.schema),
         }
         rows = await self._read(tx, self._dsql.recent_activity, params)
-        _, _, now, sampled, estimated = rows[0]
+        _, _, now, sampled, estimated, oldest = rows[0]
+        complete = int(sampled) < sample_size
         return RecentActivity(
             now=now,
             buckets=tuple(
@@ -61,8 +62,9 @@ class InsightOps:
                 for r in rows[1:]
             ),
             sampled=int(sampled),
-            complete=int(sampled) < sample_size,
+            complete=complete,
             estimated_jobs=int(estimated or 0),
+            counted_from=None if complete else oldest,
         )
 
     async def chain_links(
