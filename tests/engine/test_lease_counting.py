@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import Attempt, JobTypeRegistry, PostgresStateAdapter
+from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 
 from .conftest import ClientFactory, eventually
@@ -32,8 +33,17 @@ class Num(BaseModel):
     n: int
 
 
-@pytest.mark.parametrize("mode", ["staged", "atomic"])
-@pytest.mark.parametrize("build", ["counts-from-send", "control-counts-from-answer"])
+# An atomic attempt has a second guard: its transaction begins only on a lease the
+# database still counts as held (the conformance suite tests it), so the control that
+# counts from the answer is shown for a staged one.
+@pytest.mark.parametrize(
+    ("build", "mode"),
+    [
+        ("counts-from-send", "staged"),
+        ("counts-from-send", "atomic"),
+        ("control-counts-from-answer", "staged"),
+    ],
+)
 async def test_a_late_acquire_answer_never_starts_a_handler_on_a_lapsed_lease(
     make_client: ClientFactory,
     workers: Any,
@@ -98,3 +108,63 @@ async def test_a_late_acquire_answer_never_starts_a_handler_on_a_lapsed_lease(
         assert (await client.get_job(chain.id)).attempt == 1
     else:
         assert False in lease_held_at_start
+
+
+@pytest.mark.parametrize("mode", ["staged", "atomic"])
+@pytest.mark.parametrize("build", ["renews-first", "control-starts-as-is"])
+async def test_a_handler_starts_with_most_of_its_lease_ahead(
+    make_client: ClientFactory,
+    workers: Any,
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    build: str,
+    mode: str,
+) -> None:
+    """An answer that came back late, but not past its lease, leaves a lease with little
+    time to run: the renewer's next tick might come after it lapsed. The worker renews
+    it before the handler starts."""
+    late: list[object] = []
+    original = PostgresStateAdapter.acquire
+
+    async def answer_late(self: PostgresStateAdapter, **kwargs: Any) -> Any:
+        jobs = await original(self, **kwargs)
+        if jobs and not late:
+            late.append(jobs[0].id)
+            await anyio.sleep(0.6 * LEASE.total_seconds())
+        return jobs
+
+    monkeypatch.setattr(PostgresStateAdapter, "acquire", answer_late)
+    if build != "renews-first":
+        monkeypatch.setattr(SlotRunner, "run", SlotRunner._start)
+
+    reg = JobTypeRegistry()
+    job_type = reg.job_type("leased", input=Num, lease=LEASE, mode=mode)
+    ahead_at_start: list[float] = []
+
+    async def handler(attempt: Attempt[Num, Any]) -> None:
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+            cur = await c.execute(
+                "SELECT extract(epoch FROM leased_until - clock_timestamp())::float8"
+                " FROM pgwork.jobs WHERE id = %s",
+                (attempt.job.id,),
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        ahead_at_start.append(row[0])
+
+    client = await make_client(reg)
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+        chain = await client.start_chain(conn, job_type, Num(n=1))
+        await conn.commit()
+    await workers(client=client, processors={job_type: handler}, poll_interval=0.2)
+
+    async def finished() -> bool:
+        job = await client.get_job(chain.id)
+        return job.status.value in ("completed", "failed")
+
+    await eventually(finished, timeout=20, what="the job to finish")
+    assert late, "no acquire answered late: the test exercised nothing"
+    assert len(ahead_at_start) == 1
+    # A fresh lease has (nearly) all of its second ahead; the one taken by the acquire
+    # had at most 0.4 s left when its answer arrived.
+    assert (ahead_at_start[0] > 0.5) is (build == "renews-first"), ahead_at_start

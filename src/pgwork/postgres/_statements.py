@@ -385,24 +385,26 @@ CROSS JOIN LATERAL (
 WHERE p.priority IS NOT NULL
 """
 
-# Opens an atomic attempt's transaction: checks that the lease still holds its job and
-# bounds the transaction on the server. The session-local idle timeout ends a
-# transaction whose handler stopped talking to the database, even if the worker is
-# stuck. The job's row is not locked: the worker renews the attempt's lease while its
-# handler runs, as a staged attempt's, and the completion is fenced by the lease token
-# and the status (so a caller cancelling or deleting the job does not wait for the
-# handler, and the completion is refused after it). The status is compared as text on
-# purpose: ``status = 'running'`` lets the planner read the row through the partial
-# index of running jobs' leases (``jobs_lease_expiry_idx``, which the statistics show
-# nearly empty) and filter it by id, walking every entry there, dead ones included:
-# each job a drain finished leaves one until a vacuum, so the check cost 0.5 ms of
-# server CPU after 3,000 jobs instead of a primary key lookup's ~20 µs. A predicate on
-# ``status::text`` matches no index.
+# Opens an atomic attempt's transaction: checks that the lease still holds its job (its
+# token, and not lapsed: another worker may reap a lapsed lease at any moment, so the
+# handler must not start on it) and bounds the transaction on the server. The
+# session-local idle timeout ends a transaction whose handler stopped talking to the
+# database, even if the worker is stuck. The job's row is not locked: the worker renews
+# the attempt's lease while its handler runs, as a staged attempt's, and the completion
+# is fenced by the lease token and the status (so a caller cancelling or deleting the
+# job does not wait for the handler, and the completion is refused after it). The status
+# is compared as text on purpose: ``status = 'running'`` lets the planner read the row
+# through the partial index of running jobs' leases (``jobs_lease_expiry_idx``, which
+# the statistics show nearly empty) and filter it by id, walking every entry there, dead
+# ones included: each job a drain finished leaves one until a vacuum, so the check cost
+# 0.5 ms of server CPU after 3,000 jobs instead of a primary key lookup's ~20 µs. A
+# predicate on ``status::text`` matches no index.
 BEGIN_ATOMIC = """
 SELECT j.id
 FROM {jobs} AS j,
      (SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, true)) AS cfg(v)
 WHERE j.id = %(job_id)s AND j.lease_token = %(lease_token)s AND j.status::text = 'running'
+  AND j.leased_until > now()
 """
 
 # BEGIN_ATOMIC for PostgreSQL 17 and later, bounded by transaction_timeout instead: set

@@ -46,6 +46,7 @@ from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher, Pending
+from pgwork.worker._lease import abort_reason_for
 from pgwork.worker._slot import Abandoned, Slot
 from pgwork.worker._watchdog import Watchdog
 
@@ -94,6 +95,12 @@ def _take_back(task: asyncio.Task[Any], cancels: int) -> int:
     for _ in range(cancels):
         left = task.uncancel()
     return left
+
+
+# A handler starts with at least this share of its lease ahead, renewed first if less
+# is left: the renewer ticks every third of a lease, so the lease then survives a
+# missed renewal, as one taken by an acquire does.
+FRESH_LEASE = 2 / 3
 
 
 class SlotRunner:
@@ -147,15 +154,42 @@ class SlotRunner:
         if reason is not None:
             # Aborted while it waited for a slot: its handler must not start at all.
             return self._refuse(slot, reason)
-        if time.monotonic() >= slot.lease_deadline:
+        left = slot.lease_deadline - time.monotonic()
+        if left <= 0:
             # Its lease may have run out before the handler could start (it waited for
             # a slot, or the acquire's answer came late): another worker may reap the
             # job at any moment, so the handler must not start. Handed back untouched
             # (no attempt burned) unless someone took it already.
             return self._refuse(slot, AbortReason.OWNERSHIP_LOST, hand_back=True)
+        if left < slot.lease_duration.total_seconds() * FRESH_LEASE:
+            return self._renew_then_run(slot)
+        return self._start(slot)
+
+    def _start(self, slot: Slot) -> Coroutine[Any, Any, bool]:
         if slot.job_type.mode == "atomic":
             return self._run_atomic(slot)
         return self._run_staged(slot)
+
+    async def _renew_then_run(self, slot: Slot) -> bool:
+        """Renew a lease with little left before its handler starts: the renewer's next
+        tick may come after it lapsed (it ticks every third of the shortest lease), and
+        a lapsed lease may be reaped and its job run again elsewhere."""
+        sent = time.monotonic()
+        try:
+            [result] = await self.state.renew(
+                leases=[slot.lease], duration={slot.lease.job_id: slot.lease_duration}
+            )
+        except Exception as exc:  # the database is away: the lease holds until it ends
+            log.warning("pgwork could not renew the lease of job %s: %s", slot.lease.job_id, exc)
+            result = None
+        if result is not None and result.renewed:
+            slot.renewed(sent + slot.lease_duration.total_seconds())
+        elif result is not None and not result.deferred:
+            # Taken back meanwhile (reaped, cancelled): not this worker's to run.
+            return await self._refuse(slot, abort_reason_for(result.status), hand_back=True)
+        if time.monotonic() >= slot.lease_deadline:
+            return await self._refuse(slot, AbortReason.OWNERSHIP_LOST, hand_back=True)
+        return await self._start(slot)
 
     async def _refuse(self, slot: Slot, reason: AbortReason, *, hand_back: bool = False) -> bool:
         with anyio.CancelScope(shield=True):

@@ -213,6 +213,22 @@ class AtomicConformance(StateSuiteBase):
             assert not await state_adapter.begin_atomic(tx, lease=held.lease, deadline=deadline)
         assert (await store.job(held.id)).output == "atomic"
 
+    async def test_atomic_transaction_refuses_a_lease_that_lapsed_before_it_began(
+        self, state_adapter: StateAdapter, store: StateHarness
+    ) -> None:
+        """Not reaped yet, but another worker may reap it at any moment: a handler that
+        began on it could run beside the job's next attempt."""
+        await store.seed(store.new_job())
+        held = await store.acquire_one(lease=timedelta(seconds=0.3))
+        leased_until = (await store.job(held.id)).leased_until
+        assert leased_until is not None
+        await store.wait_for_store_clock(leased_until)
+        deadline = timedelta(seconds=30)
+        async with state_adapter.atomic_transaction(lease=held.lease, deadline=deadline) as tx:
+            assert tx is None
+        async with state_adapter.transaction() as tx:
+            assert not await state_adapter.begin_atomic(tx, lease=held.lease, deadline=deadline)
+
     async def test_atomic_transaction_commits_what_the_lease_holder_wrote_and_only_that(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
