@@ -21,7 +21,7 @@ from pgwork.client import Client
 from pgwork.dashboard._context import NOTICE_COOKIE, Context
 from pgwork.dashboard._security import CSRF_FIELD, csrf_matches
 from pgwork.errors import ConfigurationError, PgworkError
-from pgwork.records import ChainStatus
+from pgwork.records import ChainStatus, JobStatus
 
 __all__ = ["Actions"]
 
@@ -79,12 +79,26 @@ async def _resume(client: Client, tx: object, form: FormData) -> tuple[str, str 
     return f"Resumed queue {queue}.", None
 
 
+async def _trigger(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    ids = _ids(form, "job_id")
+    for job_id in ids:
+        job = await client.get_job(job_id, tx=tx)
+        if job.status is not JobStatus.PENDING:
+            raise ConfigurationError(
+                f"job {job.id} is {job.status.value}, not scheduled: only a pending job "
+                "can be run now"
+            )
+    await client.trigger(tx, ids)
+    return f"Made {len(ids)} job{'s' if len(ids) != 1 else ''} due now.", None
+
+
 ACTIONS: dict[str, Action] = {
     "retry": _retry,
     "cancel": _cancel,
     "delete": _delete,
     "pause": _pause,
     "resume": _resume,
+    "trigger": _trigger,
 }
 
 

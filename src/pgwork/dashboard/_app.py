@@ -16,6 +16,7 @@ from pgwork.dashboard._actions import Actions
 from pgwork.dashboard._context import Context
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
+from pgwork.dashboard._work_pages import WorkPages
 from pgwork.errors import ConfigurationError
 
 __all__ = ["create_dashboard"]
@@ -61,6 +62,7 @@ def create_dashboard(
     context = Context.build(client, base_path=base_path, read_only=read_only)
     pages = Pages(context)
     actions = Actions(context)
+    work = WorkPages(context)
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -75,10 +77,14 @@ def create_dashboard(
         Route("/chains", pages.chains, methods=["GET"]),
         Route("/chains/{chain_id}", pages.chain, methods=["GET"]),
         Route("/jobs/{job_id}", pages.job, methods=["GET"]),
-        Route("/workers", pages.workers, methods=["GET"]),
         Route("/failed", pages.failed, methods=["GET"]),
         Route("/actions/{action}", actions.act, methods=["POST"]),
         Route("/static/{name}", static, methods=["GET"]),
+        Route("/jobs", work.jobs, methods=["GET"]),
+        Route("/queues", work.queues, methods=["GET"]),
+        Route("/workers", work.workers, methods=["GET"]),
+        Route("/errors", work.errors, methods=["GET"]),
+        Route("/search", work.search, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

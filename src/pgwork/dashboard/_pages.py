@@ -163,10 +163,6 @@ class Pages:
             output=_format.json_text(job.output, full=full == "output"),
         )
 
-    async def workers(self, request: Request) -> Response:
-        workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
-        return self.ctx.render(request, "workers.html", workers=workers, refresh=True)
-
     async def failed(self, request: Request) -> Response:
         filters: dict[str, Any] = {
             "type": _param(request, "type"),
