@@ -11,7 +11,8 @@ unprepared so a NULL filter folds away. Each reads a bounded index range:
   ``scheduled_at`` order from the cursor on, at most ``limit`` rows, and the lanes
   merged: a page costs lanes x limit rows, however many jobs wait;
 - running jobs come from jobs_lease_expiry_idx (at most the workers' slots);
-- failed jobs from jobs_attention_idx (failed jobs are few);
+- failed jobs from jobs_attention_idx, whose ``(status, type_name, created_at)`` lanes
+  are read and merged the same way;
 - an id prefix is a range of the primary key.
 
 Pages continue strictly after the previous page's last ``(time, id)``; the redundant
@@ -98,17 +99,48 @@ LIMIT %(limit)s
 """
 
 
+# The job types of failed jobs, by a skip scan of jobs_attention_idx.
+_FAILED_LANES = """
+WITH RECURSIVE lanes AS (
+    (SELECT j.type_name
+     FROM {jobs} AS j
+     WHERE j.status = 'failed'
+     ORDER BY j.type_name
+     LIMIT 1)
+    UNION ALL
+    SELECT n.type_name
+    FROM lanes AS l
+    CROSS JOIN LATERAL (
+        SELECT j.type_name
+        FROM {jobs} AS j
+        WHERE j.status = 'failed' AND j.type_name > l.type_name
+        ORDER BY j.type_name
+        LIMIT 1
+    ) AS n
+)"""
+
+
 def _failed(oldest_first: bool) -> str:
-    return f"""
+    """Failed jobs per type (jobs_attention_idx orders each type by ``created_at``),
+    merged. The queue and error filters are checked row by row within a type: failed
+    jobs are few, and a filter that matches none reads them, never the table."""
+    return f"""{_FAILED_LANES}
 SELECT {_columns("j")}
-FROM {{jobs}} AS j
-WHERE j.status = 'failed'
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-  AND (%(error_type)s::text IS NULL
-       OR COALESCE(j.last_attempt_error ->> 'type', '') = %(error_type)s::text)
-  AND (%(error_message)s::text IS NULL
-       OR COALESCE(j.last_attempt_error ->> 'message', '') = %(error_message)s::text)
-  AND {_after("created_at", oldest_first)}
+FROM lanes AS l
+CROSS JOIN LATERAL (
+    SELECT j.*
+    FROM {{jobs}} AS j
+    WHERE j.status = 'failed'
+      AND j.type_name = l.type_name
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(error_type)s::text IS NULL
+           OR COALESCE(j.last_attempt_error ->> 'type', '') = %(error_type)s::text)
+      AND (%(error_message)s::text IS NULL
+           OR COALESCE(j.last_attempt_error ->> 'message', '') = %(error_message)s::text)
+      AND {_after("created_at", oldest_first)}
+    ORDER BY {_order("created_at", oldest_first)}
+    LIMIT %(limit)s
+) AS j
 ORDER BY {_order("created_at", oldest_first)}
 LIMIT %(limit)s
 """
