@@ -247,3 +247,33 @@ async def test_jobs_bad_filters_say_what_is_wrong(
 
     assert response.status_code == 400
     assert text in response.text
+
+
+async def test_retry_all_retries_every_failed_job_the_filter_matches_and_keeps_it(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    same = [await start(client, pgwork_dsn, breaks, " KeyError: 'user'") for _ in range(3)]
+    other = await start(client, pgwork_dsn, breaks, "other")
+    await run_until_settled(client, [s.id for s in [*same, other]])
+    listing = "/jobs?status=failed&error_message=+KeyError%3A+%27user%27"
+    assert sorted(rows((await http.get(listing)).text)) == sorted(str(s.id) for s in same)
+
+    response = await act(
+        http, "retry_all", error_type="", error_message=" KeyError: 'user'", next=listing
+    )
+
+    assert response.status_code == 303
+    assert response.headers["location"] == listing
+    assert [await job_status(client, s.id) for s in same] == [JobStatus.PENDING] * 3
+    assert await job_status(client, other.id) is JobStatus.FAILED
+
+
+async def test_failed_page_retry_comes_back_to_the_filtered_listing(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    broken = await start(client, pgwork_dsn, breaks, "x")
+    await run_until_settled(client, [broken.id])
+
+    html = (await http.get("/failed?type=dash.breaks&queue=default")).text
+
+    assert 'name="next" value="/failed?type=dash.breaks&amp;queue=default"' in html

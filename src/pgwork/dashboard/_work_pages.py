@@ -103,8 +103,9 @@ class WorkPages:
             "status": status,
             "queue": _param(request, "queue"),
             "worker": _param(request, "worker"),
-            "error_type": _param(request, "error_type"),
-            "error_message": _param(request, "error_message"),
+            # Exact, unstripped: they are matched against the stored error as is.
+            "error_type": request.query_params.get("error_type") or None,
+            "error_message": request.query_params.get("error_message") or None,
             "order": "newest" if _param(request, "order") == "newest" else "oldest",
         }
         client = self.ctx.client
