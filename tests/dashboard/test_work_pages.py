@@ -277,3 +277,29 @@ async def test_failed_page_retry_comes_back_to_the_filtered_listing(
     html = (await http.get("/failed?type=dash.breaks&queue=default")).text
 
     assert 'name="next" value="/failed?type=dash.breaks&amp;queue=default"' in html
+
+
+async def test_a_worker_with_many_jobs_lists_ten_and_links_to_all(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    for i in range(12):
+        await start(client, pgwork_dsn, echo, f"busy {i}")
+    await sql(
+        pgwork_dsn,
+        "INSERT INTO pgwork.workers (id, host, pid, queues, job_types, max_slots,"
+        " active_slots, status) VALUES ('w-busy', 'h', 1, ARRAY['default'],"
+        " ARRAY['dash.echo'], 12, 12, 'busy')",
+    )
+    await sql(
+        pgwork_dsn,
+        "UPDATE pgwork.jobs SET status = 'running', attempt = 1, leased_by = 'w-busy',"
+        " lease_token = gen_random_uuid(), started_at = now(),"
+        " leased_until = now() + interval '1 minute'",
+    )
+
+    html = (await http.get("/workers")).text
+
+    cell = re.search(r'data-testid="worker-jobs">(.*?)</td>', html, re.S)
+    assert cell
+    assert cell.group(1).count('href="/jobs/') == 10
+    assert 'href="/jobs?status=running&amp;worker=w-busy">all 12 of its jobs' in cell.group(1)
