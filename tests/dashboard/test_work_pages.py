@@ -4,13 +4,15 @@ what they run, failures grouped by error, ids by prefix, run now."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 from tests.dashboard._support import (
+    PROCESSORS,
+    Note,
     act,
     breaks,
     echo,
@@ -18,10 +20,13 @@ from tests.dashboard._support import (
     mail,
     run_until_settled,
     start,
+    wait_until,
 )
 
-from pgwork import Client
+from pgwork import Client, create_in_process_worker
+from pgwork.dashboard import allow_any, create_dashboard
 from pgwork.records import JobStatus
+from pgwork.schedules import CronSchedule
 
 pytestmark = pytest.mark.anyio
 
@@ -303,3 +308,49 @@ async def test_a_worker_with_many_jobs_lists_ten_and_links_to_all(
     assert cell
     assert cell.group(1).count('href="/jobs/') == 10
     assert 'href="/jobs?status=running&amp;worker=w-busy">all 12 of its jobs' in cell.group(1)
+
+
+async def test_schedules_show_next_fire_time_and_the_latest_ticks_chain(
+    client: Client, pgwork_dsn: str
+) -> None:
+    every_minute = CronSchedule(
+        "minutely", "* * * * *", echo, Note(text="tick"), misfire_grace=timedelta(hours=1)
+    )
+    yearly = CronSchedule("new-year", "0 0 1 1 *", mail, Note(text="hny"))
+    worker = create_in_process_worker(
+        client=client, processors=PROCESSORS, poll_interval=0.2, schedules=[every_minute]
+    )
+    async with worker:
+
+        async def fired() -> bool:
+            page = await client.list_chains(type_name="dash.echo", limit=1)
+            return bool(page.items)
+
+        await wait_until(fired)
+    app = create_dashboard(client, authorize=allow_any, schedules=[every_minute, yearly])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as http:
+        before = datetime.now(UTC)
+        html = (await http.get("/schedules")).text
+        after = datetime.now(UTC)
+
+    found = dict(re.findall(r'<tr data-schedule="([^"]+)"[^>]*>(.*?)</tr>', html, re.S))
+    chain = (await client.list_chains(type_name="dash.echo", limit=1)).items[0]
+    assert f'href="/chains/{chain.id}"' in found["minutely"]
+    next_fire = re.search(r'data-testid="next-fire"[^>]*>([^<]+) UTC<', found["minutely"])
+    assert next_fire
+    at = datetime.strptime(next_fire.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    # The first whole minute after the moment the page was drawn.
+    assert at.second == 0
+    assert before < at
+    assert at - timedelta(minutes=1) <= after
+    assert f"{datetime.now(UTC).year + 1}-01-01 00:00:00 UTC" in found["new-year"]
+    assert "missed" in found["new-year"]  # no worker ran it within its minute of grace
+
+
+async def test_schedules_page_without_schedules_says_how_to_give_them(
+    http: httpx.AsyncClient,
+) -> None:
+    html = (await http.get("/schedules")).text
+
+    assert "create_dashboard(..., schedules=[...])" in html

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -18,6 +19,7 @@ from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
 from pgwork.dashboard._work_pages import WorkPages
 from pgwork.errors import ConfigurationError
+from pgwork.schedules import CronSchedule
 
 __all__ = ["create_dashboard"]
 
@@ -41,6 +43,7 @@ def create_dashboard(
     authorize: Authorize,
     base_path: str = "",
     read_only: bool = False,
+    schedules: Sequence[CronSchedule[Any]] = (),
 ) -> Starlette:
     """An ASGI app to watch and operate pgwork's queues, chains, jobs and workers.
 
@@ -50,7 +53,9 @@ def create_dashboard(
     decides every request; ``pgwork.dashboard`` offers ``BasicAuth``, ``TokenAuth`` and,
     for a dashboard only trusted people can reach, ``allow_any``. ``base_path``: the
     path a reverse proxy serves the dashboard under, when it strips it before passing
-    requests on. ``read_only``: show everything, change nothing.
+    requests on. ``read_only``: show everything, change nothing. ``schedules``: the
+    cron schedules your workers are given, for the schedules page (when each fires
+    next, and whether its latest tick started a chain).
     """
     if not callable(authorize):
         raise ConfigurationError(
@@ -62,7 +67,7 @@ def create_dashboard(
     context = Context.build(client, base_path=base_path, read_only=read_only)
     pages = Pages(context)
     actions = Actions(context)
-    work = WorkPages(context)
+    work = WorkPages(context, schedules=tuple(schedules))
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -85,6 +90,7 @@ def create_dashboard(
         Route("/workers", work.workers, methods=["GET"]),
         Route("/errors", work.errors, methods=["GET"]),
         Route("/search", work.search, methods=["GET"]),
+        Route("/schedules", work.schedules, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -20,9 +21,10 @@ from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.adapters.work import PendingType, WorkStatus
 from pgwork.dashboard._context import Context
 from pgwork.errors import PgworkError
-from pgwork.records import Job
+from pgwork.records import Chain, Job
+from pgwork.schedules import CronSchedule
 
-__all__ = ["WorkPages", "WorkerView", "worker_views"]
+__all__ = ["ScheduleView", "WorkPages", "WorkerView", "worker_views"]
 
 PAGE_SIZE = 50
 DEAD_AFTER = 30.0
@@ -93,9 +95,22 @@ def queue_views(
     return views
 
 
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A cron schedule, when it fires next, and its latest tick with the chain that
+    tick started (``None``: none yet; ``missed`` once its grace has passed)."""
+
+    schedule: CronSchedule[Any]
+    next_at: datetime
+    latest_at: datetime
+    latest_chain: Chain | None
+    missed: bool
+
+
 class WorkPages:
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, *, schedules: tuple[CronSchedule[Any], ...] = ()) -> None:
         self.ctx = context
+        self.cron = schedules
 
     async def jobs(self, request: Request) -> Response:
         status = _param(request, "status") or WorkStatus.READY.value
@@ -165,6 +180,27 @@ class WorkPages:
     async def errors(self, request: Request) -> Response:
         groups = await self.ctx.client.error_groups(sample=ERROR_SAMPLE, limit=PAGE_SIZE)
         return self.ctx.render(request, "errors.html", groups=groups, sample=ERROR_SAMPLE)
+
+    async def schedules(self, request: Request) -> Response:
+        client = self.ctx.client
+        now = datetime.now(UTC)
+        views = []
+        for schedule in self.cron:
+            latest = schedule.latest_tick(now)
+            found = await client.list_chains(
+                type_name=schedule.job_type.name, dedup_key=schedule.dedup(latest).key, limit=1
+            )
+            chain = found.items[0] if found.items else None
+            views.append(
+                ScheduleView(
+                    schedule=schedule,
+                    next_at=schedule.next_tick(now),
+                    latest_at=latest,
+                    latest_chain=chain,
+                    missed=chain is None and now - latest > schedule.misfire_grace,
+                )
+            )
+        return self.ctx.render(request, "schedules.html", schedules=views, refresh=True)
 
     async def search(self, request: Request) -> Response:
         prefix = _param(request, "id")
