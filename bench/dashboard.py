@@ -186,7 +186,7 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
                 "running jobs": "/jobs?status=running",
                 "failed jobs, newest": "/jobs?status=failed&order=newest",
                 "errors `/errors`": "/errors",
-                "search by id prefix": f"/search?id={ids['failed'][:8]}",
+                "search by id prefix": f"/search?id={ids['failed'][:6]}",
             }
             for label, path in pages.items():
                 took = []
