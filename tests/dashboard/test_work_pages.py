@@ -354,3 +354,24 @@ async def test_schedules_page_without_schedules_says_how_to_give_them(
     html = (await http.get("/schedules")).text
 
     assert "create_dashboard(..., schedules=[...])" in html
+
+
+async def test_a_job_held_by_a_dead_worker_says_it_will_be_reclaimed(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    held = await _dead_worker_with_a_job(client, pgwork_dsn)
+
+    html = (await http.get(f"/jobs/{held}")).text
+
+    assert "w-killed until" in html
+    assert "worker dead, job will be reclaimed" in html
+
+
+async def test_overview_counts_a_cleanly_stopped_worker_as_stopped_not_dead(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    await run_until_settled(client, [(await start(client, pgwork_dsn, echo, "x")).id])
+
+    assert " dead</a>" not in (await http.get("/")).text
+    await _dead_worker_with_a_job(client, pgwork_dsn)
+    assert "1 dead</a>" in (await http.get("/")).text

@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context
+from pgwork.dashboard._work_pages import worker_views
 from pgwork.errors import ChainNotFoundError, JobNotFoundError, PgworkError
 from pgwork.records import Chain, ChainStatus, JobStatus, Page
 
@@ -64,7 +65,7 @@ class Pages:
             activity=activity,
             chart=_format.chart(activity.buckets, now=activity.now, window=WINDOW, bucket=BUCKET),
             workers=[w for w in workers if w.alive],
-            dead_workers=sum(1 for w in workers if not w.alive),
+            dead_workers=sum(1 for v in worker_views(workers, ()) if v.state == "dead"),
             refresh=True,
         )
 
@@ -155,10 +156,16 @@ class Pages:
         except JobNotFoundError as exc:
             return self.ctx.error(request, 404, "No such job", str(exc))
         full = request.query_params.get("full")
+        holder = None
+        if job.status is JobStatus.RUNNING and job.leased_by:
+            workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
+            views = {v.worker.id: v for v in worker_views(workers, [job])}
+            holder = views[job.leased_by].state if job.leased_by in views else "dead"
         return self.ctx.render(
             request,
             "job.html",
             job=job,
+            holder=holder,
             input=_format.json_text(job.input, full=full == "input"),
             output=_format.json_text(job.output, full=full == "output"),
         )
