@@ -179,6 +179,14 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
                 "workers `/workers`": "/workers",
                 "failed `/failed`": "/failed",
                 "failed, next page": failed_next.replace("&amp;", "&"),
+                "queues `/queues`": "/queues",
+                "ready jobs `/jobs`": "/jobs?status=ready",
+                "ready jobs of a queue": "/jobs?status=ready&queue=mail",
+                "scheduled jobs": "/jobs?status=scheduled",
+                "running jobs": "/jobs?status=running",
+                "failed jobs, newest": "/jobs?status=failed&order=newest",
+                "errors `/errors`": "/errors",
+                "search by id prefix": f"/search?id={ids['failed'][:6]}",
             }
             for label, path in pages.items():
                 took = []

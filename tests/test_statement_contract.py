@@ -25,6 +25,7 @@ from pgwork.postgres._dashboard_statements import render_dashboard_statements
 from pgwork.postgres._query_statements import render_query_statements
 from pgwork.postgres._registry import render_registry_statements
 from pgwork.postgres._statements import render
+from pgwork.postgres._work_statements import render_work_statements
 
 SCHEMA = "pgwork"
 
@@ -41,6 +42,7 @@ def all_statements(schema: str) -> dict[str, bytes]:
         "queries": dataclasses.asdict(render_query_statements(schema)),
         "dashboard": dataclasses.asdict(render_dashboard_statements(schema)),
         "registry": render_registry_statements(schema),
+        "work": render_work_statements(schema),
     }
     return {
         f"{group}.{name}": query for group, named in groups.items() for name, query in named.items()

@@ -18,6 +18,7 @@ from pgwork._client_control import ControlMixin
 from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._client_sync import SyncEnqueueMixin
+from pgwork._client_work import WorkMixin
 from pgwork._ids import new_id, new_ids
 from pgwork._limits import (
     check_context,
@@ -54,7 +55,7 @@ _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
 _NOW: _Schedule = (None, None)
 
 
-class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin):
+class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(

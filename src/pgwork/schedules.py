@@ -97,6 +97,22 @@ class CronSchedule(Generic[I]):
                 if floor is None:
                     floor = naive - _SHIFT
 
+    def next_tick(self, now: datetime) -> datetime:
+        """The first tick after ``now`` (an aware datetime), in UTC: when the schedule
+        fires next. Wall-clock ticks are read as ``latest_tick`` reads them; near a
+        change of offset a later wall-clock time may be an earlier instant, so every
+        tick up to ``_SHIFT`` past the first candidate is weighed."""
+        wall = now.astimezone(self._zone).replace(tzinfo=None)
+        ticks = croniter(self.cron, wall - _SHIFT)
+        best: datetime | None = None
+        while True:
+            naive = ticks.get_next(datetime)
+            if best is not None and naive > wall + _SHIFT:
+                return best
+            for instant in self.tick_instants(naive):
+                if instant > now and (best is None or instant < best):
+                    best = instant
+
     def tick_instants(self, naive: datetime) -> tuple[datetime, ...]:
         """The instants (in UTC) of the wall-clock time ``naive`` in the schedule's zone.
 

@@ -225,8 +225,26 @@ async def test_workers_page(client: Client, pgwork_dsn: str, page: Page, shots: 
     await run_until_settled(client, [(await start(client, pgwork_dsn, echo, "w")).id])
 
     await page.goto("/workers")
-    await expect(page.locator("tr.dead")).to_have_count(1)
+    # The worker stopped cleanly when its block ended: grey "stopped", not red "dead".
+    await expect(page.locator("tr.stopped")).to_have_count(1)
+    await expect(page.locator("tr.dead")).to_have_count(0)
     await page.screenshot(path=shots / "dashboard-workers.png", full_page=True)
+
+
+async def test_queues_and_jobs_pages_show_work_nobody_takes(
+    client: Client, pgwork_dsn: str, page: Page, shots: Path
+) -> None:
+    for i in range(40):
+        await start(client, pgwork_dsn, mail, f"unread {i}")
+    for i in range(60):
+        await start(client, pgwork_dsn, echo, f"newer {i}")
+
+    await page.goto("/queues")
+    await expect(page.locator('tr[data-queue="mail"] [data-testid="no-consumer"]')).to_be_visible()
+    await page.screenshot(path=shots / "dashboard-queues.png", full_page=True)
+    await page.locator('tr[data-queue="mail"] td a').first.click()
+    await expect(page.locator('table[data-testid="jobs"] tbody tr[data-job]')).to_have_count(40)
+    await page.screenshot(path=shots / "dashboard-jobs.png", full_page=True)
 
 
 async def test_without_credentials_the_browser_is_refused(

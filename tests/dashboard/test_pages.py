@@ -170,16 +170,17 @@ async def test_failed_page_lists_failed_jobs_with_their_error(
     assert 'name="job_id"' in page  # bulk selection
 
 
-async def test_workers_page_marks_dead_workers(
+async def test_workers_page_shows_a_cleanly_stopped_worker_as_stopped(
     client: Client, pgwork_dsn: str, http: httpx.AsyncClient
 ) -> None:
     await run_until_settled(client, [(await start(client, pgwork_dsn, echo, "x")).id])
 
     page = (await http.get("/workers")).text
 
-    # The worker stopped when its block ended: it is listed, and marked dead.
-    assert page.count('class="dead"') == 1
-    assert "status-dead" in page
+    # The worker stopped when its block ended: it is listed as stopped, not dead.
+    assert page.count('class="stopped"') == 1
+    assert "status-stopped" in page
+    assert "status-dead" not in page
 
 
 @pytest.mark.parametrize(

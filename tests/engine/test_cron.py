@@ -216,3 +216,25 @@ def test_a_misfire_grace_that_is_not_a_usable_timedelta_is_refused() -> None:
     with pytest.raises(InvalidOptionError) as caught:
         schedule("* * * * *", grace=60)  # type: ignore[arg-type]
     assert caught.value.option == "misfire_grace"
+
+
+@pytest.mark.parametrize(("zone", "transition", "kind"), TRANSITIONS)
+@pytest.mark.parametrize("cron", ["*/15 * * * *", "0 * * * *", "30 2 * * *", "30 1 * * *"])
+def test_next_tick_is_the_first_tick_after_now_across_a_daylight_saving_change(
+    zone: str, transition: datetime, kind: str, cron: str
+) -> None:
+    """At every minute of the six hours around a change, ``next_tick`` is the earliest
+    of the ticks that fire (as ``due_tick`` sees them) that lies after that minute."""
+    every = schedule(cron, timezone=zone)
+    start, end = transition - timedelta(hours=3), transition + timedelta(hours=3)
+    fired = ticks_between(every, start, end + timedelta(days=1, hours=1))
+    now = start
+    while now < end:
+        assert every.next_tick(now) == min(t for t in fired if t > now), now
+        now += timedelta(minutes=1)
+
+
+def test_next_tick_of_a_yearly_schedule_is_next_year() -> None:
+    yearly = schedule("0 0 1 1 *")
+    assert yearly.next_tick(datetime(2026, 6, 1, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
+    assert yearly.next_tick(datetime(2027, 1, 1, tzinfo=UTC)) == datetime(2028, 1, 1, tzinfo=UTC)

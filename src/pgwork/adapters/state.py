@@ -58,6 +58,7 @@ from pgwork.adapters._state_records import (
 )
 from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
+from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
 from pgwork.records import Chain, Job
 
 __all__ = [
@@ -496,6 +497,41 @@ class ReadStore(Store, Protocol):
         ...
 
     async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]: ...
+
+    # --- the operator's work views (records in ``work``) ---
+
+    async def list_work(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: WorkFilter,
+        after: PageKey | None,
+        oldest_first: bool,
+        limit: int,
+    ) -> list[Job[Any]]:
+        """Jobs matching ``where`` in the order of their status's time (see
+        ``WorkStatus``) then id, strictly after ``after``; at most ``limit``."""
+        ...
+
+    async def pending_types(
+        self, tx: TransactionHandle | None, *, sample: int
+    ) -> list[PendingType]:
+        """The job types among the ``sample`` oldest ready jobs of each queue and
+        priority, per queue."""
+        ...
+
+    async def error_groups(
+        self, tx: TransactionHandle | None, *, sample: int, limit: int
+    ) -> list[ErrorGroup]:
+        """The newest ``sample`` failed jobs grouped by error type and message, largest
+        group first; at most ``limit`` groups."""
+        ...
+
+    async def jobs_in_id_range(
+        self, tx: TransactionHandle | None, *, low: UUID, high: UUID, limit: int
+    ) -> list[Job[Any]]:
+        """Jobs whose id is within ``[low, high]``, in id order; at most ``limit``."""
+        ...
 
 
 @runtime_checkable

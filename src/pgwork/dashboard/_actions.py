@@ -1,5 +1,5 @@
-"""The operator's actions: retry failed jobs, cancel or delete a chain, pause or resume
-a queue.
+"""The operator's actions: retry failed jobs (chosen, or all a filter matches), cancel
+or delete a chain, pause or resume a queue, run scheduled jobs now.
 
 Each is a POST form checked for its CSRF token, run through the public client API in a
 transaction of its own (committed only if the whole action succeeds), and answered with
@@ -29,11 +29,11 @@ from pgwork.errors import (
     DatabaseUnreachableError,
     PgworkError,
 )
-from pgwork.records import ChainStatus
+from pgwork.records import ChainStatus, JobStatus
 
 __all__ = ["Actions"]
 
-# An action must be done within this many seconds (see READ_TIMEOUT of the pages).
+# An action must be done within this many seconds (see READ_TIMEOUT in _context).
 ACTION_TIMEOUT = 10.0
 
 Action = Callable[[Client, object, FormData], Awaitable[tuple[str, str | None]]]
@@ -90,12 +90,54 @@ async def _resume(client: Client, tx: object, form: FormData) -> tuple[str, str 
     return f"Resumed queue {queue}.", None
 
 
+async def _trigger(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    ids = _ids(form, "job_id")
+    for job_id in ids:
+        job = await client.get_job(job_id, tx=tx)
+        if job.status is not JobStatus.PENDING:
+            raise ConfigurationError(
+                f"job {job.id} is {job.status.value}, not scheduled: only a pending job "
+                "can be run now"
+            )
+    await client.trigger(tx, ids)
+    return f"Made {len(ids)} job{'s' if len(ids) != 1 else ''} due now.", None
+
+
+# Failed jobs one "retry all matching" retries at most; the notice says when more match.
+RETRY_ALL_AT_MOST = 1000
+
+
+def _text(form: FormData, name: str) -> str | None:
+    """A filter as the listing had it: exact (an error message is matched as stored)."""
+    return str(form.get(name, "")) or None
+
+
+async def _retry_all(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
+    """Every failed job matching the listing's filters (queue, error), not only the
+    rows of the page shown, up to RETRY_ALL_AT_MOST at a time."""
+    page = await client.list_work(
+        status="failed",
+        queue=_text(form, "queue"),
+        error_type=_text(form, "error_type"),
+        error_message=_text(form, "error_message"),
+        limit=RETRY_ALL_AT_MOST,
+        tx=tx,
+    )
+    if not page.items:
+        raise ConfigurationError("no failed job matches these filters any more")
+    retried = await client.retry(tx, [job.id for job in page.items])
+    more = " More match: retry all again." if page.next_cursor else ""
+    return f"Retried {len(retried)} job{'s' if len(retried) != 1 else ''}.{more}", None
+
+
 ACTIONS: dict[str, Action] = {
     "retry": _retry,
     "cancel": _cancel,
     "delete": _delete,
     "pause": _pause,
     "resume": _resume,
+    "trigger": _trigger,
+    "retry_all": _retry_all,
 }
 
 

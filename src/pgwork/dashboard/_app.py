@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -19,7 +20,9 @@ from pgwork.dashboard._origin import LOOPBACK_NAMES, parse_hosts
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
 from pgwork.dashboard._throttle import LoginThrottle
+from pgwork.dashboard._work_pages import WorkPages
 from pgwork.errors import ConfigurationError
+from pgwork.schedules import CronSchedule
 
 __all__ = ["create_dashboard"]
 
@@ -46,6 +49,7 @@ def create_dashboard(
     allowed_hosts: Iterable[str] = LOOPBACK_NAMES,
     csrf_secret: bytes | None = None,
     login_throttle: LoginThrottle | None = None,
+    schedules: Sequence[CronSchedule[Any]] = (),
 ) -> Starlette:
     """An ASGI app to watch and operate pgwork's queues, chains, jobs and workers.
 
@@ -65,6 +69,8 @@ def create_dashboard(
     of the forms' tokens, to share between processes serving one dashboard (default:
     random per process). ``login_throttle``: how failed logins lock a client out
     (default ``LoginThrottle()``: 10 failures in 5 minutes, then 60 s, doubling).
+    ``schedules``: the cron schedules your workers are given, for the schedules page
+    (when each fires next, and whether its latest tick started a chain).
     """
     if not callable(authorize):
         raise ConfigurationError(
@@ -79,6 +85,7 @@ def create_dashboard(
     context = Context.build(client, base_path=base_path, read_only=read_only)
     pages = Pages(context)
     actions = Actions(context)
+    work = WorkPages(context, schedules=tuple(schedules))
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -93,10 +100,15 @@ def create_dashboard(
         Route("/chains", pages.chains, methods=["GET"]),
         Route("/chains/{chain_id}", pages.chain, methods=["GET"]),
         Route("/jobs/{job_id}", pages.job, methods=["GET"]),
-        Route("/workers", pages.workers, methods=["GET"]),
         Route("/failed", pages.failed, methods=["GET"]),
         Route("/actions/{action}", actions.act, methods=["POST"]),
         Route("/static/{name}", static, methods=["GET"]),
+        Route("/jobs", work.jobs, methods=["GET"]),
+        Route("/queues", work.queues, methods=["GET"]),
+        Route("/workers", work.workers, methods=["GET"]),
+        Route("/errors", work.errors, methods=["GET"]),
+        Route("/search", work.search, methods=["GET"]),
+        Route("/schedules", work.schedules, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

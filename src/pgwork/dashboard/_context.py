@@ -7,21 +7,24 @@ echo when the browser has none yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from functools import wraps
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote, urlencode
 
+import anyio
 import jinja2
 from starlette.requests import Request
-from starlette.responses import HTMLResponse
+from starlette.responses import HTMLResponse, Response
 
 from pgwork.client import Client
 from pgwork.dashboard import _format
 from pgwork.dashboard._csrf import CSRF_FIELD, csrf_token
+from pgwork.errors import DatabaseError
 
-__all__ = ["Context"]
+__all__ = ["READ_TIMEOUT", "Context", "bounded"]
 
 NOTICE_COOKIE = "pgwork_notice"
 
@@ -99,3 +102,35 @@ class Context:
         return self.render(
             request, "error.html", status_code=status_code, title=title, message=message
         )
+
+
+# A page's reads must be done within this many seconds. A database that went away
+# otherwise holds each request for the client's whole operation timeout (30 s by
+# default) while the browser keeps the page it has; past the bound the page is a 503
+# saying so, which the live refresh shows as stale data.
+READ_TIMEOUT = 5.0
+
+
+class _Page(Protocol):
+    ctx: Context
+
+
+P = TypeVar("P", bound=_Page)
+Handler = Callable[[P, Request], Awaitable[Response]]
+
+
+def bounded(handler: Handler[P]) -> Handler[P]:
+    """A page's ``handler``, answering 503 when the database fails it or takes too long."""
+
+    @wraps(handler)
+    async def within_bound(self: P, request: Request) -> Response:
+        try:
+            with anyio.fail_after(READ_TIMEOUT):
+                return await handler(self, request)
+        except DatabaseError as exc:  # unreachable, or the client's own bound passed
+            message = str(exc)
+        except TimeoutError:
+            message = f"The database gave no answer within {READ_TIMEOUT:g} s."
+        return self.ctx.error(request, 503, "Database not answering", message)
+
+    return within_bound

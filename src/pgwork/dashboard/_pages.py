@@ -8,21 +8,18 @@ or share.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from functools import wraps
 from typing import Any
 from uuid import UUID
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from pgwork.dashboard import _format
-from pgwork.dashboard._context import Context
+from pgwork.dashboard._context import Context, bounded
+from pgwork.dashboard._work_pages import worker_views
 from pgwork.errors import (
     ChainNotFoundError,
-    DatabaseError,
     DatabaseTimeoutError,
     DatabaseUnreachableError,
     JobNotFoundError,
@@ -41,30 +38,6 @@ QUEUE_WINDOW = 4 * PAGE_SIZE
 WINDOW = timedelta(hours=1)
 BUCKET = timedelta(minutes=2)
 DEAD_AFTER = 30.0
-# A page's reads must be done within this many seconds. A database that went away
-# otherwise holds each request for the client's whole operation timeout (30 s by
-# default) while the browser keeps the page it has; past the bound the page is a 503
-# saying so, which the live refresh shows as stale data.
-READ_TIMEOUT = 5.0
-
-Handler = Callable[["Pages", Request], Awaitable[Response]]
-
-
-def _bounded(handler: Handler) -> Handler:
-    """``handler``, answering 503 when the database fails it or takes too long."""
-
-    @wraps(handler)
-    async def bounded(self: Pages, request: Request) -> Response:
-        try:
-            with anyio.fail_after(READ_TIMEOUT):
-                return await handler(self, request)
-        except DatabaseError as exc:  # unreachable, or the client's own bound passed
-            message = str(exc)
-        except TimeoutError:
-            message = f"The database gave no answer within {READ_TIMEOUT:g} s."
-        return self.ctx.error(request, 503, "Database not answering", message)
-
-    return bounded
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -83,7 +56,7 @@ class Pages:
     def __init__(self, context: Context) -> None:
         self.ctx = context
 
-    @_bounded
+    @bounded
     async def overview(self, request: Request) -> Response:
         client = self.ctx.client
         counts = await client.count_jobs()
@@ -106,11 +79,11 @@ class Pages:
                 counted_from=activity.counted_from,
             ),
             workers=[w for w in workers if w.alive],
-            dead_workers=sum(1 for w in workers if not w.alive),
+            dead_workers=sum(1 for v in worker_views(workers, ()) if v.state == "dead"),
             refresh=True,
         )
 
-    @_bounded
+    @bounded
     async def chains(self, request: Request) -> Response:
         filters = {
             "status": _param(request, "status"),
@@ -168,7 +141,7 @@ class Pages:
         except JobNotFoundError:
             return None
 
-    @_bounded
+    @bounded
     async def chain(self, request: Request) -> Response:
         chain_id = _uuid(request.path_params["chain_id"])
         if chain_id is None:
@@ -192,7 +165,7 @@ class Pages:
             error=chain.current_job.last_attempt_error,
         )
 
-    @_bounded
+    @bounded
     async def job(self, request: Request) -> Response:
         job_id = _uuid(request.path_params["job_id"])
         if job_id is None:
@@ -202,20 +175,21 @@ class Pages:
         except JobNotFoundError as exc:
             return self.ctx.error(request, 404, "No such job", str(exc))
         full = request.query_params.get("full")
+        holder = None
+        if job.status is JobStatus.RUNNING and job.leased_by:
+            workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
+            views = {v.worker.id: v for v in worker_views(workers, [job])}
+            holder = views[job.leased_by].state if job.leased_by in views else "dead"
         return self.ctx.render(
             request,
             "job.html",
             job=job,
+            holder=holder,
             input=_format.json_text(job.input, full=full == "input"),
             output=_format.json_text(job.output, full=full == "output"),
         )
 
-    @_bounded
-    async def workers(self, request: Request) -> Response:
-        workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
-        return self.ctx.render(request, "workers.html", workers=workers, refresh=True)
-
-    @_bounded
+    @bounded
     async def failed(self, request: Request) -> Response:
         filters: dict[str, Any] = {
             "type": _param(request, "type"),

@@ -44,6 +44,7 @@ from pgwork.adapters.state import (
     WorkerInfo,
     WorkerRecord,
 )
+from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
 from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
@@ -395,6 +396,42 @@ class InstrumentedStateAdapter:
     ) -> ChainLinks:
         return await self._call(
             "chain_links", self.inner.chain_links(tx, chain_id=chain_id, limit=limit)
+        )
+
+    async def list_work(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: WorkFilter,
+        after: PageKey | None,
+        oldest_first: bool,
+        limit: int,
+    ) -> list[Job[Any]]:
+        return await self._call(
+            "list_work",
+            self.inner.list_work(
+                tx, where=where, after=after, oldest_first=oldest_first, limit=limit
+            ),
+        )
+
+    async def pending_types(
+        self, tx: TransactionHandle | None, *, sample: int
+    ) -> list[PendingType]:
+        return await self._call("pending_types", self.inner.pending_types(tx, sample=sample))
+
+    async def error_groups(
+        self, tx: TransactionHandle | None, *, sample: int, limit: int
+    ) -> list[ErrorGroup]:
+        return await self._call(
+            "error_groups", self.inner.error_groups(tx, sample=sample, limit=limit)
+        )
+
+    async def jobs_in_id_range(
+        self, tx: TransactionHandle | None, *, low: UUID, high: UUID, limit: int
+    ) -> list[Job[Any]]:
+        return await self._call(
+            "jobs_in_id_range",
+            self.inner.jobs_in_id_range(tx, low=low, high=high, limit=limit),
         )
 
     # --- worker registry -----------------------------------------------------------------

@@ -53,6 +53,7 @@ from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, read_committed, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
+from pgwork.postgres._work import WorkOps
 
 __all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
 
@@ -66,7 +67,7 @@ DEFAULT_OPERATION_TIMEOUT = 30.0
 
 
 class PostgresStateAdapter(
-    EnqueueOps, WorkerOps, CompletionOps, QueryOps, InsightOps, ChainOps, RegistryOps
+    EnqueueOps, WorkerOps, CompletionOps, QueryOps, InsightOps, ChainOps, RegistryOps, WorkOps
 ):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 

@@ -49,6 +49,7 @@ pytest.register_assert_rewrite(
             "_state_queries",
             "_state_reap",
             "_state_registry",
+            "_state_work",
         )
     )
 )

@@ -16,6 +16,7 @@ from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
 from pgwork.testing.conformance._state_registry import RegistryConformance
 from pgwork.testing.conformance._state_turn import TurnConformance
+from pgwork.testing.conformance._state_work import WorkConformance
 
 __all__ = ["StateAdapterConformance"]
 
@@ -35,6 +36,7 @@ class StateAdapterConformance(
     ControlConformance,
     QueryConformance,
     InsightConformance,
+    WorkConformance,
     DeletionConformance,
     RetentionConformance,
     RegistryConformance,

@@ -1,0 +1,152 @@
+"""Client API of the operator's work views: jobs waiting or running, stuck job types,
+failures grouped by error, jobs by id prefix.
+
+Mixed into ``Client``. Each call reads a bounded index range (see
+``pgwork.postgres._work_statements``), so a dashboard page built on them costs the same
+on a table of a thousand jobs or a hundred million.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from pgwork._client_queries import _fetch_size, _page, decode_cursor
+from pgwork.adapters.state import PageKey
+from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter, WorkStatus
+from pgwork.errors import ConfigurationError
+from pgwork.records import Job, Page
+
+if TYPE_CHECKING:
+    from pgwork.adapters.state import ReadStore, TransactionHandle
+
+__all__ = ["WorkMixin"]
+
+_HEX = re.compile(r"[0-9a-f]{1,32}")
+MAX_SAMPLE = 100_000
+
+
+def _listing(status: WorkStatus, oldest_first: bool) -> str:
+    """A cursor's kind: a cursor of one listing (or order) is refused by another."""
+    return f"w{status.value}{'+' if oldest_first else '-'}"
+
+
+def _work_key(status: WorkStatus) -> Any:
+    """The position of a job in its listing: the time it is ordered by, then id."""
+
+    def key(job: Job[Any]) -> PageKey:
+        if status is WorkStatus.RUNNING:
+            moment = job.started_at
+        elif status is WorkStatus.FAILED:
+            moment = job.created_at
+        else:
+            moment = job.scheduled_at
+        assert moment is not None  # a running job has started
+        return PageKey(moment, job.id)
+
+    return key
+
+
+def id_range(prefix: str) -> tuple[UUID, UUID]:
+    """The first and last UUID starting with the hex digits of ``prefix`` (dashes and
+    case ignored); ConfigurationError if it holds anything else."""
+    digits = prefix.strip().replace("-", "").lower()
+    if not _HEX.fullmatch(digits):
+        raise ConfigurationError(
+            f"an id prefix is 1 to 32 hexadecimal digits (dashes allowed), got {prefix!r}"
+        )
+    return UUID(hex=digits.ljust(32, "0")), UUID(hex=digits.ljust(32, "f"))
+
+
+class WorkMixin:
+    """``list_work``, ``pending_types``, ``error_groups``, ``find_by_id_prefix``."""
+
+    if TYPE_CHECKING:
+        state: ReadStore
+
+        async def _read_handle(self, tx: object | None) -> TransactionHandle | None: ...
+
+        def _decoded(self, job: Job[Any]) -> Job[Any]: ...
+
+    async def list_work(
+        self,
+        *,
+        status: WorkStatus | str,
+        queue: str | None = None,
+        leased_by: str | None = None,
+        error_type: str | None = None,
+        error_message: str | None = None,
+        oldest_first: bool = True,
+        limit: int = 50,
+        cursor: str | None = None,
+        tx: object | None = None,
+    ) -> Page[Job[Any]]:
+        """One page of ready, scheduled, running or failed jobs (``WorkStatus``), oldest
+        first by the time their status is about (when due, when started, when made) or
+        newest first, decoded like ``get_job``.
+
+        Unlike ``list_jobs`` (newest first by id), the order follows an index of each
+        status, so a page of the jobs waiting in one queue costs the same however many
+        jobs the table holds. ``leased_by`` filters running jobs by worker id;
+        ``error_type`` / ``error_message`` failed jobs by their last error. Pass
+        ``next_cursor`` back with the same filters and order for the next page.
+        """
+        try:
+            chosen = WorkStatus(status)
+        except ValueError:
+            known = ", ".join(s.value for s in WorkStatus)
+            raise ConfigurationError(f"unknown work status {status!r}; one of {known}") from None
+        where = WorkFilter(
+            status=chosen,
+            queue=queue,
+            leased_by=leased_by,
+            error_type=error_type,
+            error_message=error_message,
+        )
+        kind = _listing(chosen, oldest_first)
+        size, after = _fetch_size(limit), decode_cursor(cursor, kind)
+        handle = await self._read_handle(tx)
+        jobs = await self.state.list_work(
+            handle, where=where, after=after, oldest_first=oldest_first, limit=size
+        )
+        return _page([self._decoded(job) for job in jobs], limit, kind, _work_key(chosen))
+
+    async def pending_types(
+        self, *, sample: int = 100, tx: object | None = None
+    ) -> list[PendingType]:
+        """The job types among the oldest ``sample`` ready jobs of each queue (per
+        priority), by queue: a type no worker takes gathers there, however long the
+        queue."""
+        if not 1 <= sample <= MAX_SAMPLE:
+            raise ConfigurationError(f"sample must be in 1..{MAX_SAMPLE}, got {sample}")
+        return await self.state.pending_types(await self._read_handle(tx), sample=sample)
+
+    async def error_groups(
+        self, *, sample: int = 10_000, limit: int = 50, tx: object | None = None
+    ) -> list[ErrorGroup]:
+        """The newest ``sample`` failed jobs grouped by their last error's type and
+        message, largest group first (at most ``limit`` groups)."""
+        if not 1 <= sample <= MAX_SAMPLE:
+            raise ConfigurationError(f"sample must be in 1..{MAX_SAMPLE}, got {sample}")
+        _fetch_size(limit)
+        return await self.state.error_groups(
+            await self._read_handle(tx), sample=sample, limit=limit
+        )
+
+    async def find_by_id_prefix(
+        self, prefix: str, *, limit: int = 50, tx: object | None = None
+    ) -> list[Job[Any]]:
+        """Up to ``limit`` jobs whose id starts with ``prefix`` (hex digits, dashes and
+        case ignored; a chain's id is its first job's), in id order.
+
+        Ids are UUIDv7: the first 12 digits are the creation time in milliseconds, so a
+        short prefix names every job made in a stretch of time; more digits (the random
+        part follows) tell jobs apart. Reads one range of the primary key.
+        """
+        low, high = id_range(prefix)
+        _fetch_size(limit)
+        jobs = await self.state.jobs_in_id_range(
+            await self._read_handle(tx), low=low, high=high, limit=limit
+        )
+        return [self._decoded(job) for job in jobs]

@@ -1,0 +1,229 @@
+"""The work pages: jobs by status, queues with who consumes them, workers with what
+they run, failures grouped by error, jobs by id prefix.
+
+What an operator looks at when work seems stuck: every page is one or a few client
+reads over bounded index ranges (the ``list_work`` family), never a count of the table
+and never a window of chains filtered row by row.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from pgwork.adapters.state import QueueCount, WorkerRecord
+from pgwork.adapters.work import PendingType, WorkStatus
+from pgwork.dashboard._context import Context, bounded
+from pgwork.errors import PgworkError
+from pgwork.records import Chain, Job
+from pgwork.schedules import CronSchedule
+
+__all__ = ["ScheduleView", "WorkPages", "WorkerView", "worker_views"]
+
+PAGE_SIZE = 50
+DEAD_AFTER = 30.0
+# Running jobs read for the workers page: every slot of every worker, up to this.
+RUNNING_SHOWN = 1000
+# Oldest ready jobs read per queue and priority to find types nobody handles.
+TYPE_SAMPLE = 100
+# Newest failed jobs grouped on the errors page.
+ERROR_SAMPLE = 10_000
+
+
+def _param(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name, "").strip()
+    return value or None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A worker as the pages show it. ``state``: its own status while its heartbeat is
+    fresh; ``stopped`` once it stopped cleanly (its last heartbeat said so, holding no
+    job); otherwise ``dead``: silent, or declared dead with work in hand, so its jobs
+    wait for their leases to lapse and are taken back."""
+
+    worker: WorkerRecord
+    state: str
+    jobs: tuple[Job[Any], ...]
+
+
+def worker_views(workers: Iterable[WorkerRecord], running: Iterable[Job[Any]]) -> list[WorkerView]:
+    by_worker: dict[str | None, list[Job[Any]]] = defaultdict(list)
+    for job in running:
+        by_worker[job.leased_by].append(job)
+    views = []
+    for w in workers:
+        jobs = tuple(by_worker.get(w.id, ()))
+        if w.alive:
+            state = w.status
+        elif w.status == "stopped" and w.active_slots == 0 and not jobs:
+            state = "stopped"
+        else:
+            state = "dead"
+        views.append(WorkerView(worker=w, state=state, jobs=jobs))
+    return views
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    count: QueueCount
+    consumers: tuple[str, ...]
+    unhandled: tuple[PendingType, ...]
+
+    @property
+    def unconsumed(self) -> bool:
+        """Work waits and no live worker takes jobs from this queue."""
+        return not self.consumers and self.count.ready + self.count.scheduled > 0
+
+
+def queue_views(
+    counts: Sequence[QueueCount], workers: Sequence[WorkerRecord], types: Sequence[PendingType]
+) -> list[QueueView]:
+    live = [w for w in workers if w.alive]
+    views = []
+    for count in counts:
+        consumers = [w for w in live if count.queue in w.queues]
+        handled = {t for w in consumers for t in w.job_types}
+        unhandled = tuple(t for t in types if t.queue == count.queue and t.type_name not in handled)
+        views.append(QueueView(count, tuple(w.id for w in consumers), unhandled))
+    return views
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A cron schedule, when it fires next, and its latest tick with the chain that
+    tick started (``None``: none yet; ``missed`` once its grace has passed)."""
+
+    schedule: CronSchedule[Any]
+    next_at: datetime
+    latest_at: datetime
+    latest_chain: Chain | None
+    missed: bool
+
+
+class WorkPages:
+    def __init__(self, context: Context, *, schedules: tuple[CronSchedule[Any], ...] = ()) -> None:
+        self.ctx = context
+        self.cron = schedules
+
+    @bounded
+    async def jobs(self, request: Request) -> Response:
+        status = _param(request, "status") or WorkStatus.READY.value
+        filters = {
+            "status": status,
+            "queue": _param(request, "queue"),
+            "worker": _param(request, "worker"),
+            # Exact, unstripped: they are matched against the stored error as is.
+            "error_type": request.query_params.get("error_type") or None,
+            "error_message": request.query_params.get("error_message") or None,
+            "order": "newest" if _param(request, "order") == "newest" else "oldest",
+        }
+        client = self.ctx.client
+        try:
+            page = await client.list_work(
+                status=status,
+                queue=filters["queue"],
+                leased_by=filters["worker"],
+                error_type=filters["error_type"],
+                error_message=filters["error_message"],
+                oldest_first=filters["order"] == "oldest",
+                cursor=_param(request, "cursor"),
+                limit=PAGE_SIZE,
+            )
+        except PgworkError as exc:
+            return self.ctx.error(request, 400, "Bad filter", str(exc))
+        workers: dict[str, WorkerView] = {}
+        if filters["status"] == WorkStatus.RUNNING.value:
+            listed = await client.list_workers(dead_after=DEAD_AFTER)
+            workers = {v.worker.id: v for v in worker_views(listed, page.items)}
+        return self.ctx.render(
+            request,
+            "jobs.html",
+            page=page,
+            filters=filters,
+            statuses=[s.value for s in WorkStatus],
+            workers=workers,
+            here=f"/jobs?{request.url.query}",
+            refresh=True,
+        )
+
+    @bounded
+    async def queues(self, request: Request) -> Response:
+        client = self.ctx.client
+        counts = await client.count_jobs()
+        workers = await client.list_workers(dead_after=DEAD_AFTER)
+        types = await client.pending_types(sample=TYPE_SAMPLE)
+        return self.ctx.render(
+            request,
+            "queues.html",
+            queues=queue_views(counts, workers, types),
+            type_sample=TYPE_SAMPLE,
+            refresh=True,
+        )
+
+    @bounded
+    async def workers(self, request: Request) -> Response:
+        client = self.ctx.client
+        workers = await client.list_workers(dead_after=DEAD_AFTER)
+        running = await client.list_work(status=WorkStatus.RUNNING, limit=RUNNING_SHOWN)
+        return self.ctx.render(
+            request,
+            "workers.html",
+            workers=worker_views(workers, running.items),
+            more_running=running.next_cursor is not None,
+            refresh=True,
+        )
+
+    @bounded
+    async def errors(self, request: Request) -> Response:
+        groups = await self.ctx.client.error_groups(sample=ERROR_SAMPLE, limit=PAGE_SIZE)
+        return self.ctx.render(request, "errors.html", groups=groups, sample=ERROR_SAMPLE)
+
+    @bounded
+    async def schedules(self, request: Request) -> Response:
+        client = self.ctx.client
+        now = datetime.now(UTC)
+        views = []
+        for schedule in self.cron:
+            latest = schedule.latest_tick(now)
+            found = await client.list_chains(
+                type_name=schedule.job_type.name, dedup_key=schedule.dedup(latest).key, limit=1
+            )
+            chain = found.items[0] if found.items else None
+            views.append(
+                ScheduleView(
+                    schedule=schedule,
+                    next_at=schedule.next_tick(now),
+                    latest_at=latest,
+                    latest_chain=chain,
+                    missed=chain is None and now - latest > schedule.misfire_grace,
+                )
+            )
+        return self.ctx.render(request, "schedules.html", schedules=views, refresh=True)
+
+    @bounded
+    async def search(self, request: Request) -> Response:
+        prefix = _param(request, "id")
+        found: list[Job[Any]] = []
+        if prefix is not None:
+            try:
+                found = await self.ctx.client.find_by_id_prefix(prefix, limit=PAGE_SIZE + 1)
+            except PgworkError as exc:
+                return self.ctx.error(request, 400, "Bad id", str(exc))
+            if len(found) == 1:
+                job = found[0]
+                path = f"/chains/{job.id}" if job.id == job.chain_id else f"/jobs/{job.id}"
+                return RedirectResponse(self.ctx.url(request, path), status_code=303)
+        return self.ctx.render(
+            request,
+            "search.html",
+            prefix=prefix,
+            found=found[:PAGE_SIZE],
+            more=len(found) > PAGE_SIZE,
+        )

@@ -1,0 +1,84 @@
+"""PostgreSQL side of the operator's work views (``WorkReader``).
+
+Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_read`` of
+``QueryOps``, so each statement is planned with its actual filter values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from pgwork.adapters.state import PageKey, TransactionHandle
+from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
+from pgwork.postgres._rows import job_from_row
+from pgwork.postgres._work_statements import render_work_statements
+from pgwork.records import Job
+
+__all__ = ["WorkOps"]
+
+
+class WorkOps:
+    """``list_work``, ``pending_types``, ``error_groups`` and ``jobs_in_id_range``."""
+
+    if TYPE_CHECKING:
+        schema: str
+
+        async def _read(
+            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
+        ) -> list[tuple[Any, ...]]: ...
+
+    @cached_property
+    def _wsql(self) -> dict[str, bytes]:
+        return render_work_statements(self.schema)
+
+    async def list_work(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: WorkFilter,
+        after: PageKey | None,
+        oldest_first: bool,
+        limit: int,
+    ) -> list[Job[Any]]:
+        params = {
+            "queue": where.queue,
+            "leased_by": where.leased_by,
+            "error_type": where.error_type,
+            "error_message": where.error_message,
+            "after_at": after.created_at if after is not None else None,
+            "after_id": after.id if after is not None else None,
+            "limit": limit,
+        }
+        key = f"list:{where.status.value}:{'oldest' if oldest_first else 'newest'}"
+        rows = await self._read(tx, self._wsql[key], params)
+        return [job_from_row(row) for row in rows]
+
+    async def pending_types(
+        self, tx: TransactionHandle | None, *, sample: int
+    ) -> list[PendingType]:
+        rows = await self._read(tx, self._wsql["pending_types"], {"queue": None, "sample": sample})
+        return [
+            PendingType(queue=r[0], type_name=r[1], jobs=int(r[2]), oldest_due_at=r[3])
+            for r in rows
+        ]
+
+    async def error_groups(
+        self, tx: TransactionHandle | None, *, sample: int, limit: int
+    ) -> list[ErrorGroup]:
+        rows = await self._read(tx, self._wsql["error_groups"], {"sample": sample, "limit": limit})
+        return [
+            ErrorGroup(
+                error_type=r[0], message=r[1], jobs=int(r[2]), queues=tuple(r[3]), newest_at=r[4]
+            )
+            for r in rows
+        ]
+
+    async def jobs_in_id_range(
+        self, tx: TransactionHandle | None, *, low: UUID, high: UUID, limit: int
+    ) -> list[Job[Any]]:
+        params = {"low": low, "high": high, "limit": limit}
+        rows = await self._read(tx, self._wsql["jobs_in_id_range"], params)
+        return [job_from_row(row) for row in rows]

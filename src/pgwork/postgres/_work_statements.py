@@ -1,0 +1,225 @@
+"""SQL of the operator's work views: jobs waiting or running, stuck job types, failures
+grouped by error, jobs by id prefix.
+
+Same conventions as ``_query_statements``: named templates, schema identifiers filled
+in once (``render_work_statements``), every caller value a bound parameter, run
+unprepared so a NULL filter folds away. Each reads a bounded index range:
+
+- waiting jobs (ready or scheduled) come from jobs_acquire_idx ``(queue, priority,
+  scheduled_at) WHERE status = 'pending'``. Its ``(queue, priority)`` lanes are found by
+  skipping through the index (one probe per lane), then each lane is read in
+  ``scheduled_at`` order from the cursor on, at most ``limit`` rows, and the lanes
+  merged: a page costs lanes x limit rows, however many jobs wait;
+- running jobs come from jobs_lease_expiry_idx (at most the workers' slots);
+- failed jobs from jobs_attention_idx, whose ``(status, type_name, created_at)`` lanes
+  are read and merged the same way;
+- an id prefix is a range of the primary key.
+
+Pages continue strictly after the previous page's last ``(time, id)``; the redundant
+bound on the time alone lets the index start at the cursor.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from psycopg import sql
+
+from pgwork.postgres._names import validate_schema_name
+from pgwork.postgres._statements import _columns
+
+__all__ = ["render_work_statements"]
+
+# The (queue, priority) pairs of pending jobs, by a skip scan of jobs_acquire_idx.
+_LANES = """
+WITH RECURSIVE lanes AS (
+    (SELECT j.queue, j.priority
+     FROM {jobs} AS j
+     WHERE j.status = 'pending'
+       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+     ORDER BY j.queue, j.priority
+     LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority
+    FROM lanes AS l
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.priority
+        FROM {jobs} AS j
+        WHERE j.status = 'pending'
+          AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+          AND (j.queue, j.priority) > (l.queue, l.priority)
+        ORDER BY j.queue, j.priority
+        LIMIT 1
+    ) AS n
+)"""
+
+
+def _after(column: str, oldest_first: bool) -> str:
+    op = ">" if oldest_first else "<"
+    return f"""(%(after_at)s::timestamptz IS NULL
+           OR (j.{column} {op}= %(after_at)s::timestamptz
+               AND (j.{column}, j.id) {op} (%(after_at)s::timestamptz, %(after_id)s::uuid)))"""
+
+
+def _order(column: str, oldest_first: bool, alias: str = "j") -> str:
+    way = "ASC" if oldest_first else "DESC"
+    return f"{alias}.{column} {way}, {alias}.id {way}"
+
+
+def _waiting(due: str, oldest_first: bool) -> str:
+    return f"""{_LANES}
+SELECT {_columns("j")}
+FROM lanes AS l
+CROSS JOIN LATERAL (
+    SELECT j.*
+    FROM {{jobs}} AS j
+    WHERE j.status = 'pending'
+      AND j.queue = l.queue
+      AND j.priority = l.priority
+      AND j.scheduled_at {due} now()
+      AND {_after("scheduled_at", oldest_first)}
+    ORDER BY {_order("scheduled_at", oldest_first)}
+    LIMIT %(limit)s
+) AS j
+ORDER BY {_order("scheduled_at", oldest_first)}
+LIMIT %(limit)s
+"""
+
+
+def _running(oldest_first: bool) -> str:
+    return f"""
+SELECT {_columns("j")}
+FROM {{jobs}} AS j
+WHERE j.status = 'running'
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND (%(leased_by)s::text IS NULL OR j.leased_by = %(leased_by)s::text)
+  AND {_after("started_at", oldest_first)}
+ORDER BY {_order("started_at", oldest_first)}
+LIMIT %(limit)s
+"""
+
+
+# The job types of failed jobs, by a skip scan of jobs_attention_idx.
+_FAILED_LANES = """
+WITH RECURSIVE lanes AS (
+    (SELECT j.type_name
+     FROM {jobs} AS j
+     WHERE j.status = 'failed'
+     ORDER BY j.type_name
+     LIMIT 1)
+    UNION ALL
+    SELECT n.type_name
+    FROM lanes AS l
+    CROSS JOIN LATERAL (
+        SELECT j.type_name
+        FROM {jobs} AS j
+        WHERE j.status = 'failed' AND j.type_name > l.type_name
+        ORDER BY j.type_name
+        LIMIT 1
+    ) AS n
+)"""
+
+
+def _failed(oldest_first: bool) -> str:
+    """Failed jobs per type (jobs_attention_idx orders each type by ``created_at``),
+    merged. The queue and error filters are checked row by row within a type: failed
+    jobs are few, and a filter that matches none reads them, never the table."""
+    return f"""{_FAILED_LANES}
+SELECT {_columns("j")}
+FROM lanes AS l
+CROSS JOIN LATERAL (
+    SELECT j.*
+    FROM {{jobs}} AS j
+    WHERE j.status = 'failed'
+      AND j.type_name = l.type_name
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(error_type)s::text IS NULL
+           OR COALESCE(j.last_attempt_error ->> 'type', '') = %(error_type)s::text)
+      AND (%(error_message)s::text IS NULL
+           OR COALESCE(j.last_attempt_error ->> 'message', '') = %(error_message)s::text)
+      AND {_after("created_at", oldest_first)}
+    ORDER BY {_order("created_at", oldest_first)}
+    LIMIT %(limit)s
+) AS j
+ORDER BY {_order("created_at", oldest_first)}
+LIMIT %(limit)s
+"""
+
+
+# One statement per (status, order): each planned for its own index.
+LISTINGS = {
+    (status, oldest_first): text
+    for oldest_first in (True, False)
+    for status, text in (
+        ("ready", _waiting("<=", oldest_first)),
+        ("scheduled", _waiting(">", oldest_first)),
+        ("running", _running(oldest_first)),
+        ("failed", _failed(oldest_first)),
+    )
+}
+
+# The types among the oldest ``sample`` ready jobs of each lane. A type no worker takes
+# stays ready while younger jobs are taken, so it gathers at the old end of its lane:
+# this sample finds it without reading the whole queue.
+PENDING_TYPES = f"""{_LANES}
+SELECT l.queue, s.type_name, count(*), min(s.scheduled_at)
+FROM lanes AS l
+CROSS JOIN LATERAL (
+    SELECT j.type_name, j.scheduled_at
+    FROM {{jobs}} AS j
+    WHERE j.status = 'pending'
+      AND j.queue = l.queue
+      AND j.priority = l.priority
+      AND j.scheduled_at <= now()
+    ORDER BY j.scheduled_at
+    LIMIT %(sample)s
+) AS s
+GROUP BY l.queue, s.type_name
+ORDER BY l.queue, s.type_name
+"""
+
+# The newest ``sample`` failed jobs (jobs_attention_idx), grouped by their last error.
+ERROR_GROUPS = """
+SELECT e.error_type, e.message, count(*), array_agg(DISTINCT e.queue ORDER BY e.queue),
+       max(e.created_at)
+FROM (
+    SELECT COALESCE(j.last_attempt_error ->> 'type', '') AS error_type,
+           COALESCE(j.last_attempt_error ->> 'message', '') AS message,
+           j.queue, j.created_at
+    FROM {jobs} AS j
+    WHERE j.status = 'failed'
+    ORDER BY j.created_at DESC
+    LIMIT %(sample)s
+) AS e
+GROUP BY e.error_type, e.message
+ORDER BY count(*) DESC, max(e.created_at) DESC
+LIMIT %(limit)s
+"""
+
+# An id prefix as a range of the primary key.
+JOBS_IN_ID_RANGE = f"""
+SELECT {_columns("j")}
+FROM {{jobs}} AS j
+WHERE j.id >= %(low)s::uuid AND j.id <= %(high)s::uuid
+ORDER BY j.id
+LIMIT %(limit)s
+"""
+
+
+def _render(text: str, schema: str) -> bytes:
+    names = {"jobs": sql.Identifier(schema, "jobs")}
+    return sql.SQL(text).format(**names).as_bytes(None)
+
+
+@lru_cache(maxsize=32)
+def render_work_statements(schema: str) -> dict[str, bytes]:
+    """Every statement above for ``schema``: listings keyed ``list:<status>:<order>``
+    (order ``oldest`` or ``newest``), the others by their lower-case name."""
+    schema = validate_schema_name(schema)
+    rendered = {
+        f"list:{status}:{'oldest' if oldest else 'newest'}": _render(text, schema)
+        for (status, oldest), text in LISTINGS.items()
+    }
+    for name in ("PENDING_TYPES", "ERROR_GROUPS", "JOBS_IN_ID_RANGE"):
+        rendered[name.lower()] = _render(globals()[name], schema)
+    return rendered

@@ -1,0 +1,124 @@
+"""The operator's work views: jobs of one status in the order of its time, job types
+among the oldest ready jobs, failures grouped by error, ids by range."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from pgwork.adapters.state import PageKey
+from pgwork.adapters.work import WorkFilter, WorkStatus
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+
+HOUR = timedelta(hours=1)
+
+
+class WorkConformance(StateSuiteBase):
+    async def test_list_work_pages_ready_jobs_across_queues_and_priorities_in_due_order(
+        self, store: StateHarness
+    ) -> None:
+        jobs = [
+            store.new_job(queue=queue, priority=priority)
+            for queue, priority in [("a", 0), ("b", 0), ("a", 5), ("b", 0), ("a", 0)]
+        ]
+        for job in jobs:  # one transaction each: due in this order
+            await store.seed(job)
+        later = store.new_job(queue="a", run_after=HOUR)
+        await store.seed(later)
+
+        async def walk(status: WorkStatus, oldest_first: bool, **where: Any) -> list[UUID]:
+            seen: list[UUID] = []
+            after: PageKey | None = None
+            while True:
+                page = await store.adapter.list_work(
+                    None,
+                    where=WorkFilter(status=status, **where),
+                    after=after,
+                    oldest_first=oldest_first,
+                    limit=2,
+                )
+                seen += [j.id for j in page]
+                if len(page) < 2:
+                    return seen
+                last = page[-1]
+                after = PageKey(last.scheduled_at, last.id)
+
+        ready = [j.id for j in jobs]
+        assert await walk(WorkStatus.READY, True) == ready
+        assert await walk(WorkStatus.READY, False) == ready[::-1]
+        assert await walk(WorkStatus.READY, True, queue="b") == [jobs[1].id, jobs[3].id]
+        assert await walk(WorkStatus.SCHEDULED, True) == [later.id]
+
+    async def test_list_work_gives_running_jobs_by_worker_and_failed_jobs_by_error(
+        self, store: StateHarness
+    ) -> None:
+        held, idle, broken, other = (
+            store.new_job(BETA),
+            store.new_job(),
+            *[store.new_job() for _ in range(2)],
+        )
+        await store.seed(broken)
+        await store.fail_for_good(broken, message="same")
+        await store.seed(other)
+        await store.fail_for_good(other, message="different")
+        await store.seed(held, idle)
+        running = await store.acquire_one(BETA, worker="worker-b")
+
+        async def ids(status: WorkStatus, **where: Any) -> list[UUID]:
+            page = await store.adapter.list_work(
+                None,
+                where=WorkFilter(status=status, **where),
+                after=None,
+                oldest_first=True,
+                limit=10,
+            )
+            return [j.id for j in page]
+
+        assert running.id == held.id
+        assert await ids(WorkStatus.RUNNING) == [held.id]
+        assert await ids(WorkStatus.RUNNING, leased_by="worker-b") == [held.id]
+        assert await ids(WorkStatus.RUNNING, leased_by="worker-a") == []
+        assert await ids(WorkStatus.FAILED) == [broken.id, other.id]
+        assert await ids(WorkStatus.FAILED, error_message="same") == [broken.id]
+        assert await ids(WorkStatus.FAILED, error_type="RuntimeError", error_message="x") == []
+
+    async def test_pending_types_and_error_groups_summarise_what_is_stuck(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job(ALPHA, queue="q"), store.new_job(BETA, queue="q"))
+        await store.seed(store.new_job(BETA, queue="q"), store.new_job(ALPHA, queue="r"))
+        failing = [store.new_job(queue=f"f{i}") for i in range(3)]
+        await store.seed(*failing)
+        for job, message in zip(failing, ["boom", "boom", "bang"], strict=True):
+            await store.fail_for_good(job, message=message)
+
+        types = await store.adapter.pending_types(None, sample=10)
+        assert [(t.queue, t.type_name, t.jobs) for t in types] == [
+            ("q", ALPHA, 1),
+            ("q", BETA, 2),
+            ("r", ALPHA, 1),
+        ]
+        sampled = await store.adapter.pending_types(None, sample=1)
+        assert [(t.queue, t.jobs) for t in sampled] == [("q", 1), ("r", 1)]
+
+        groups = await store.adapter.error_groups(None, sample=100, limit=10)
+        assert [(g.error_type, g.message, g.jobs, g.queues) for g in groups] == [
+            ("RuntimeError", "boom", 2, ("f0", "f1")),
+            ("RuntimeError", "bang", 1, ("f2",)),
+        ]
+        assert len(await store.adapter.error_groups(None, sample=100, limit=1)) == 1
+
+    async def test_jobs_in_id_range_reads_exactly_the_range(self, store: StateHarness) -> None:
+        jobs = [store.new_job() for _ in range(3)]
+        await store.seed(*jobs)
+        ordered = sorted(j.id for j in jobs)
+
+        found = await store.adapter.jobs_in_id_range(
+            None, low=ordered[0], high=ordered[1], limit=10
+        )
+        assert [j.id for j in found] == ordered[:2]
+        capped = await store.adapter.jobs_in_id_range(
+            None, low=UUID(int=0), high=UUID(int=2**128 - 1), limit=2
+        )
+        assert [j.id for j in capped] == ordered[:2]
