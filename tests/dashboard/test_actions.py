@@ -164,7 +164,7 @@ async def test_with_the_database_silent_pages_and_actions_answer_503_not_hang(
         app = create_dashboard(silent, authorize=allow_any)
         try:
             async with httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://dash"
+                transport=httpx.ASGITransport(app=app), base_url="http://localhost"
             ) as http:
                 token = await csrf_token(http)
                 relay.cut()

@@ -329,7 +329,7 @@ async def test_schedules_show_next_fire_time_and_the_latest_ticks_chain(
         await wait_until(fired)
     app = create_dashboard(client, authorize=allow_any, schedules=[every_minute, yearly])
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://dash") as http:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
         before = datetime.now(UTC)
         html = (await http.get("/schedules")).text
         after = datetime.now(UTC)

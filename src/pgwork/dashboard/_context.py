@@ -128,9 +128,9 @@ def bounded(handler: Handler[P]) -> Handler[P]:
             with anyio.fail_after(READ_TIMEOUT):
                 return await handler(self, request)
         except DatabaseError as exc:  # unreachable, or the client's own bound passed
-            message = str(exc)
+            return self.ctx.error(request, 503, "Database unavailable", str(exc))
         except TimeoutError:
             message = f"The database gave no answer within {READ_TIMEOUT:g} s."
-        return self.ctx.error(request, 503, "Database not answering", message)
+            return self.ctx.error(request, 503, "Database not answering", message)
 
     return within_bound
