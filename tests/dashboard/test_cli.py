@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,50 @@ def test_failed_logins_lock_the_client_out_and_are_logged(pgwork_dsn: str) -> No
     log = output[0]
     assert log.count("pgwork dashboard.auth_failed user=ops client=127.0.0.1") == 11
     assert password not in log
+
+
+SCHEDULES_MODULE = """
+from pydantic import BaseModel
+
+from pgwork import JobTypeRegistry
+from pgwork.schedules import CronSchedule
+
+
+class Note(BaseModel):
+    text: str
+
+
+registry = JobTypeRegistry()
+report = registry.job_type("nightly.report", input=Note)
+SCHEDULES = [CronSchedule("nightly-report", "30 2 * * *", report, Note(text="hi"))]
+"""
+
+
+def test_serves_the_schedules_a_module_names(pgwork_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "cli_schedules_app.py").write_text(SCHEDULES_MODULE)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    with served(
+        pgwork_dsn, "--schedules", "cli_schedules_app:SCHEDULES", env={"PYTHONPATH": path}
+    ) as url:
+        page = httpx.get(f"{url}/schedules", timeout=10)
+
+    assert page.status_code == 200
+    assert 'data-schedule="nightly-report"' in page.text
+    assert "30 2 * * *" in page.text
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("os:sep", "not a list of CronSchedule"),
+        ("json:loads", "loads"),
+        ("no_such_module_here:X", "cannot import"),
+        ("nocolon", "is not MODULE:ATTR"),
+    ],
+)
+def test_refuses_schedules_that_are_not_schedules(target: str, message: str) -> None:
+    done = run("--dsn", "postgresql://nowhere/x", "--schedules", target)
+
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr

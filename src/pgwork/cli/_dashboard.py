@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import anyio
 import click
 
 from pgwork.cli._common import dsn_option, require_dsn, schema_option, stderr
+from pgwork.cli._targets import load_target
 from pgwork.errors import ConfigurationError
 
 __all__ = ["dashboard"]
@@ -114,6 +116,13 @@ def _authorize(auth: str | None, token: str | None, *, loopback: bool) -> Any:
     default="",
     help="Path prefix a reverse proxy serves the dashboard under (and strips).",
 )
+@click.option(
+    "--schedules",
+    "schedules_target",
+    metavar="MODULE:ATTR",
+    help="The cron schedules your workers run (a list of CronSchedule, or a function "
+    "returning one), for the schedules page.",
+)
 def dashboard(
     dsn: str | None,
     schema: str,
@@ -125,6 +134,7 @@ def dashboard(
     allowed_hosts: tuple[str, ...],
     token: str | None,
     base_path: str,
+    schedules_target: str | None,
 ) -> None:
     """Serve the dashboard: queues, chains, jobs and workers, in a browser."""
     given = require_dsn(dsn)
@@ -154,8 +164,37 @@ def dashboard(
         parse_hosts(hosts)
     except ConfigurationError as exc:
         raise click.UsageError(str(exc)) from None
+    schedules = _load_schedules(schedules_target) if schedules_target else []
     _configure_logging()
-    anyio.run(_serve, given, schema, host, port, read_only, authorize, base_path, hosts)
+    anyio.run(_serve, given, schema, host, port, read_only, authorize, base_path, hosts, schedules)
+
+
+def _load_schedules(target: str) -> list[Any]:
+    """The ``CronSchedule`` list ``target`` names (or a function's, called once)."""
+    from pgwork.schedules import CronSchedule
+
+    try:
+        found = load_target(target, what="schedules", example="myapp.jobs:SCHEDULES")
+    except ConfigurationError as exc:
+        raise click.UsageError(str(exc)) from None
+    if callable(found) and not isinstance(found, CronSchedule):
+        try:
+            found = found()
+        except Exception as exc:
+            raise click.UsageError(
+                f"calling {target} for the schedules failed: {type(exc).__name__}: {exc}"
+            ) from None
+    if isinstance(found, CronSchedule):
+        found = [found]
+    if isinstance(found, (str, bytes)) or not isinstance(found, Iterable):
+        raise click.UsageError(f"{target} is a {type(found).__name__}, not a list of CronSchedule")
+    schedules = list(found)
+    strays = [type(s).__name__ for s in schedules if not isinstance(s, CronSchedule)]
+    if strays:
+        raise click.UsageError(
+            f"{target} holds {', '.join(sorted(set(strays)))}, not only CronSchedule"
+        )
+    return schedules
 
 
 def _served_names(host: str, port: int, extra: tuple[str, ...]) -> list[str]:
@@ -192,6 +231,7 @@ async def _serve(
     authorize: Any,
     base_path: str,
     allowed_hosts: list[str],
+    schedules: list[Any],
 ) -> None:
     import uvicorn
 
@@ -215,6 +255,7 @@ async def _serve(
         base_path=base_path,
         read_only=read_only,
         allowed_hosts=allowed_hosts,
+        schedules=schedules,
     )
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"

@@ -6,11 +6,9 @@ parts that touch the process: the import path, logging to stderr, signals, the e
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
-import traceback
 from typing import Any
 
 import anyio
@@ -18,8 +16,8 @@ import click
 
 from pgwork.cli._app import EXIT_ABANDONED
 from pgwork.cli._common import LOOPS, dsn_option, loop_options, stop_on_signals
+from pgwork.cli._targets import load_target
 from pgwork.cli._worker_target import build_worker
-from pgwork.errors import ConfigurationError
 from pgwork.worker import tune_gc
 
 __all__ = ["worker"]
@@ -117,7 +115,7 @@ def worker(
     # may be meant for the rest of the application, so a factory without dsn= ignores it.
     source = click.get_current_context().get_parameter_source("dsn")
     dsn_given = source is click.core.ParameterSource.COMMANDLINE
-    factory = _load_target(target)
+    factory = load_target(target, what="worker target", example="myapp.jobs:worker")
 
     async def serve() -> None:
         built = await build_worker(factory, target, dsn, options, dsn_given=dsn_given)
@@ -147,51 +145,6 @@ def worker(
 
 def _queue_list(values: tuple[str, ...]) -> list[str]:
     return [q for value in values for q in value.split(",") if q]
-
-
-def _load_target(target: str) -> object:
-    """Import ``module:attr`` (``attr`` may be dotted) with the current directory on the path."""
-    module_name, colon, attr = target.partition(":")
-    if not colon or not module_name or not attr:
-        raise ConfigurationError(
-            f"worker target {target!r} is not MODULE:ATTR (e.g. myapp.jobs:worker)"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        found: object = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not module_name.startswith(exc.name):
-            raise _import_failed(module_name, target, exc) from exc
-        raise ConfigurationError(f"cannot import {module_name!r} for {target!r}: {exc}") from exc
-    except Exception as exc:
-        raise _import_failed(module_name, target, exc) from exc
-    for part in attr.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            raise ConfigurationError(
-                f"{module_name!r} has no attribute {attr!r} (from {target!r})"
-            ) from None
-    return found
-
-
-def _import_failed(module_name: str, target: str, exc: Exception) -> ConfigurationError:
-    """One line for a module that exists but fails while importing: the error, where it
-    was raised, and how to see the whole traceback."""
-    where = ""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        where = f" ({exc.filename}, line {exc.lineno})"
-    else:
-        frames = traceback.extract_tb(exc.__traceback__)
-        own = [f for f in frames if not f.filename.startswith("<frozen ")]
-        if own:
-            where = f" ({own[-1].filename}, line {own[-1].lineno})"
-    detail = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-    return ConfigurationError(
-        f"importing {module_name!r} for {target!r} failed: {type(exc).__name__}: "
-        f"{detail}{where}; run `python -c 'import {module_name}'` for the traceback"
-    )
 
 
 def _configure_worker_logging(level: str) -> None:
