@@ -160,7 +160,7 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
     results = []
     try:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             first = (await http.get("/chains")).text
             cursor = first.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
             failed = (await http.get("/failed")).text

@@ -9,11 +9,12 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 class Relay:
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int] | str) -> None:
+        """``target``: the server's (host, port), or the path of its Unix socket."""
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
@@ -55,7 +56,11 @@ class Relay:
             self.held.append(client)
             if self.cut_off.is_set():
                 continue  # accepted, never answered
-            server = socket.create_connection(self.target)
+            if isinstance(self.target, str):
+                server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                server.connect(self.target)
+            else:
+                server = socket.create_connection(self.target)
             self.held.append(server)
             self._spawn(self._pump, client, server)
 
@@ -77,13 +82,21 @@ class Relay:
 
 @contextmanager
 def relayed(dsn: str) -> Iterator[tuple[str, Relay]]:
-    """``dsn`` rewritten to go through a new relay, and the relay."""
+    """``dsn`` rewritten to go through a new relay, and the relay. A server reached by
+    its Unix socket (``?host=/dir``, as the embedded one is) is relayed to that socket."""
     parts = urlsplit(dsn)
-    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    query = dict(parse_qsl(parts.query))
+    host = query.pop("host", None) or parts.hostname or "127.0.0.1"
+    port = int(query.pop("port", None) or parts.port or 5432)
+    target: tuple[str, int] | str = (
+        f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
+    )
+    relay = Relay(target)
     relay.start()
     netloc = parts.netloc.rsplit("@", 1)
     user = netloc[0] + "@" if len(netloc) == 2 else ""
+    relayed_parts = parts._replace(netloc=f"{user}127.0.0.1:{relay.port}", query=urlencode(query))
     try:
-        yield urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{relay.port}")), relay
+        yield urlunsplit(relayed_parts), relay
     finally:
         relay.close()

@@ -530,7 +530,10 @@ MIDWAY = PageKey(datetime.now(UTC), first_id_at(datetime.now(UTC) - timedelta(da
 LIST_JOBS_WITH_AN_INDEX = {
     "chain": ({"chain_id": UUID(int=7)}, "jobs_chain_idx"),
     "failed-of-type": ({"status": JobStatus.FAILED, "type_name": "email"}, "jobs_attention_idx"),
-    "failed": ({"status": JobStatus.FAILED}, "jobs_attention_idx"),
+    # Two partial indexes hold failed jobs: at this size the planner may read either
+    # (ended jobs' is as small here); at scale, where completed jobs outnumber failed
+    # ones, it is attention's (tests/dashboard/test_work_plans.py reads a million).
+    "failed": ({"status": JobStatus.FAILED}, ("jobs_attention_idx", "jobs_ended_idx")),
     "blocked": ({"status": JobStatus.BLOCKED}, "jobs_attention_idx"),
     "running": ({"status": JobStatus.RUNNING}, "jobs_lease_expiry_idx"),
     "pending-in-queue": ({"status": JobStatus.PENDING, "queue": "mail"}, "jobs_acquire_idx"),
@@ -546,7 +549,7 @@ async def test_list_jobs_reads_through_an_index(
     pgwork_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
     filters: dict[str, Any],
-    index: str,
+    index: str | tuple[str, ...],
     paged: bool,
 ) -> None:
     cursor = encode_cursor("j", MIDWAY) if paged else None
@@ -559,7 +562,7 @@ async def test_list_jobs_reads_through_an_index(
     )
 
     assert "Seq Scan" not in _scans_of_jobs(nodes), nodes
-    assert index in _indexes(nodes), nodes
+    assert _indexes(nodes) & ({index} if isinstance(index, str) else set(index)), nodes
 
 
 # These walk jobs newest first with no partial index to narrow them: the primary key,
