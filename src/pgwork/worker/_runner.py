@@ -182,13 +182,19 @@ class SlotRunner:
         except Exception as exc:  # the database is away: the lease holds until it ends
             log.warning("pgwork could not renew the lease of job %s: %s", slot.lease.job_id, exc)
             result = None
+        lease = slot.lease_duration.total_seconds()
         if result is not None and result.renewed:
-            slot.renewed(sent + slot.lease_duration.total_seconds())
+            slot.renewed(sent + lease)
         elif result is not None and not result.deferred:
             # Taken back meanwhile (reaped, cancelled): not this worker's to run.
             return await self._refuse(slot, abort_reason_for(result.status), hand_back=True)
-        if time.monotonic() >= slot.lease_deadline:
-            return await self._refuse(slot, AbortReason.OWNERSHIP_LOST, hand_back=True)
+        # Not renewed (the database did not answer, or a caller holds the row): start
+        # only with a renewer's tick (a third of the lease) still ahead, else the lease
+        # may lapse before anything renews it. The job is left to the reaper then: a
+        # database that did not answer the renewal may not answer a release either.
+        left = slot.lease_deadline - time.monotonic()
+        if left <= 0 or (result is None and left < lease / 3):
+            return await self._refuse(slot, AbortReason.OWNERSHIP_LOST)
         return await self._start(slot)
 
     async def _refuse(self, slot: Slot, reason: AbortReason, *, hand_back: bool = False) -> bool:
