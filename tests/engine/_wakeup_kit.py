@@ -111,17 +111,21 @@ async def client_factory(dsn: str) -> AsyncIterator[Callable[..., Awaitable[Clie
 @asynccontextmanager
 async def worker_starter() -> AsyncIterator[Callable[..., Awaitable[InProcessWorker]]]:
     """Start workers (30 s poll unless told) and return once each found its queues
-    drained: from then on only a notification or a timer sends it looking."""
+    drained and asked when the next job is due (the look-ahead): from then on only a
+    notification or a timer sends it looking. Returning before the look-ahead came
+    back would let it find a job the test makes ready meanwhile, and a deaf control
+    would start the job."""
     started: list[InProcessWorker] = []
 
     async def start(**kwargs: Any) -> InProcessWorker:
         kwargs.setdefault("poll_interval", LONG_POLL)
         worker = create_in_process_worker(**kwargs)
+        looked_ahead = _count_look_aheads(worker)
         await worker.start()
         started.append(worker)
 
         async def drained() -> bool:
-            return not worker._wakeups.may_have_work
+            return looked_ahead.is_set() and not worker._wakeups.may_have_work
 
         await eventually(drained, timeout=PROMPT, what="the worker's first acquire")
         return worker
@@ -131,6 +135,21 @@ async def worker_starter() -> AsyncIterator[Callable[..., Awaitable[InProcessWor
     finally:
         for worker in started:
             await worker.stop(grace_period=0)
+
+
+def _count_look_aheads(worker: InProcessWorker) -> anyio.Event:
+    """An event set once the worker's state adapter has answered a ``next_due``."""
+    answered = anyio.Event()
+    asked = worker.state.next_due
+
+    async def next_due(**kwargs: Any) -> float | None:
+        try:
+            return await asked(**kwargs)
+        finally:
+            answered.set()
+
+    worker.state.next_due = next_due  # type: ignore[method-assign]
+    return answered
 
 
 class Starts:
