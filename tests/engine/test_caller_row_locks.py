@@ -223,7 +223,96 @@ async def test_the_reaper_skips_a_job_whose_chain_root_a_caller_holds(
     assert (await client.get_chain(chain.id)).status is ChainStatus.FAILED
 
 
+async def test_the_reaper_skips_a_job_whose_worker_waits_in_line_for_its_row(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """A worker waiting in line for a held row (``renew_in_line``) first takes the job's
+    lease-line lock. A reaper leaves that job alone even once the row is free and the
+    lease has run out: the moment a caller lets go of the row, the waiting worker, not
+    a reaper, gets the job. (Control: a reaper that does not test the lease line
+    takes the job here.)"""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num)
+    client = await make_client(reg)
+    await client.start_chain(conn, step, Num(n=0))
+    await conn.commit()
+    leases = {"step": timedelta(milliseconds=1)}
+    [job] = await client.state.acquire(worker_id="w", leases=leases, queues=None, limit=1)
+    await eventually(
+        lambda: _lease_expired(pgwork_dsn, job.id), timeout=5, what="the lease to expire"
+    )
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as line:
+        await line.execute(client.state._sql.take_lease_line, {"id": job.id, "wait_ms": "1000"})
+        assert await client.state.reap(type_names=["step"], exclude_worker="reaper") == []
+        await line.rollback()
+    [reaped] = await client.state.reap(type_names=["step"], exclude_worker="reaper")
+    assert reaped.job_id == job.id
+
+
 async def _lease_expired(dsn: str, job_id: Any) -> bool:
     return bool(
         await scalar(dsn, "SELECT leased_until < now() FROM pgwork.jobs WHERE id = %s", job_id)
     )
+
+
+async def test_jobs_whose_leases_ran_out_while_a_caller_held_them_stay_with_their_worker(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    workers: Any,
+    pgwork_dsn: str,
+) -> None:
+    """A caller holds running jobs' rows past the jobs' leases: the worker cannot renew
+    them meanwhile, so the leases run out in the table. When the caller lets go, the
+    worker running the jobs must get each row before any reaper (it waits in line for
+    them, and reapers skip a job whose worker waits in line), and each job runs once.
+    (Controls: without the waiter, the worker renews at its next tick and a reaper
+    that looks the moment the caller commits takes every job; with the waiter but a
+    reaper that does not skip the jobs waited for, it takes some of them in about one
+    run of five.)"""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num, lease=LEASE)
+    client = await make_client(reg)
+    chains = [await client.start_chain(conn, step, Num(n=i)) for i in range(JOBS)]
+    await conn.commit()
+    ids = [c.job_id for c in chains]
+    runs: Counter[tuple[int, int]] = Counter()
+    all_started = anyio.Event()
+    release = anyio.Event()
+
+    async def handle(attempt: Any) -> None:
+        runs[attempt.job.input.n, attempt.job.attempt] += 1
+        if len(runs) == JOBS:
+            all_started.set()
+        await release.wait()
+
+    await workers(client=client, processors={step: handle}, max_slots=JOBS, prefetch=0)
+    with anyio.fail_after(20):
+        await all_started.wait()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as caller:
+        await caller.execute("SELECT id FROM pgwork.jobs WHERE id = ANY(%s) FOR UPDATE", [ids])
+        await eventually(
+            lambda: _all_expired(pgwork_dsn, ids), timeout=15, what="the leases to run out"
+        )
+        await caller.commit()
+    # A reaper that looks at once: the leases ran out, and nothing holds the rows.
+    assert await client.state.reap(type_names=["step"], exclude_worker="r", limit=JOBS) == []
+    released_at = await scalar(pgwork_dsn, "SELECT clock_timestamp()")
+    await eventually(
+        lambda: _all_renewed_past(pgwork_dsn, ids, released_at),
+        timeout=15,
+        what="the worker to renew the leases once the caller let go",
+    )
+    release.set()
+    await eventually(
+        lambda: _count_is(pgwork_dsn, ids, "completed", JOBS),
+        timeout=15,
+        what="the jobs to complete",
+    )
+    assert runs == Counter((n, 1) for n in range(JOBS))  # each ran once, at attempt 1
+
+
+async def _all_expired(dsn: str, ids: list[Any]) -> bool:
+    count = await scalar(
+        dsn, "SELECT count(*) FROM pgwork.jobs WHERE id = ANY(%s) AND leased_until < now()", ids
+    )
+    return bool(count == len(ids))

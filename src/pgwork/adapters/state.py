@@ -312,6 +312,17 @@ class WorkerStore(Store, Protocol):
         (keyed by job id); one result per lease, identified by (job_id, lease_token)."""
         ...
 
+    async def renew_in_line(
+        self, *, lease: Lease, duration: timedelta, wait: timedelta
+    ) -> RenewResult:
+        """``renew`` one lease whose row another transaction holds (``renew`` reported it
+        ``deferred``), waiting in line up to ``wait`` for that transaction to let go;
+        ``deferred`` again if it has not by then. While the worker waits, ``reap``
+        leaves the job alone, even once its lease has run out: the moment the caller
+        lets go, the worker still running the job renews its lease before any reaper
+        can take it. The lease counts from the moment the row was got."""
+        ...
+
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:

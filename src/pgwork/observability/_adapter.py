@@ -194,6 +194,13 @@ class InstrumentedStateAdapter:
     ) -> list[RenewResult]:
         return await self._call("renew", self.inner.renew(leases=leases, duration=duration))
 
+    async def renew_in_line(
+        self, *, lease: Lease, duration: timedelta, wait: timedelta
+    ) -> RenewResult:
+        return await self._call(
+            "renew_in_line", self.inner.renew_in_line(lease=lease, duration=duration, wait=wait)
+        )
+
     async def complete(
         self,
         tx: TransactionHandle | None,

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+import anyio
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
@@ -68,6 +69,8 @@ class WorkerOps:
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
         def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
+
+        async def _open_line(self) -> psycopg.AsyncConnection[Any]: ...
 
         def _connection(
             self, tx: TransactionHandle | None
@@ -320,6 +323,39 @@ class WorkerOps:
             )
             for job_id, token, until, status, deferred in rows
         ]
+
+    async def renew_in_line(
+        self, *, lease: Lease, duration: timedelta, wait: timedelta
+    ) -> RenewResult:
+        params = {
+            "id": lease.job_id,
+            "token": lease.lease_token,
+            "seconds": duration.total_seconds(),
+            "wait_ms": str(max(1, round(wait.total_seconds() * 1000))),
+        }
+        # A connection of its own, opened for the wait and closed after it: the wait may
+        # last as long as the caller holds the row, and no other statement may queue
+        # behind it (the adapter's own line carries every other lease's renewal).
+        line = None
+        try:
+            with anyio.fail_after(wait.total_seconds() + (self.operation_timeout or 60.0)):
+                line = await self._open_line()
+                async with line.transaction():
+                    await self._fetch(line, self._sql.take_lease_line, params)
+                    renewed = await self._fetch(line, self._sql.renew_in_line, params)
+                    found = renewed or await self._fetch(line, self._sql.job_status, params)
+        except psycopg.errors.LockNotAvailable:
+            # Still held when the wait ran out: the lease stays as it was.
+            return RenewResult(lease.job_id, lease.lease_token, False, None, None, deferred=True)
+        finally:
+            if line is not None:
+                with anyio.CancelScope(shield=True):
+                    await line.close()
+        if renewed:
+            [(until,)] = renewed
+            return RenewResult(lease.job_id, lease.lease_token, True, until, JobStatus.RUNNING)
+        status = JobStatus(found[0][0]) if found else None
+        return RenewResult(lease.job_id, lease.lease_token, False, None, status)
 
     async def fail(
         self, tx: TransactionHandle | None, *, failures: Sequence[Failure]

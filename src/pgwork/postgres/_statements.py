@@ -1,11 +1,11 @@
 """Every SQL statement of the PostgreSQL state adapter, by name.
 
-Statements are templates: ``{jobs}``, ``{queues}``, ``{job_status}`` and
-``{chain_status}`` are replaced once per adapter with the quoted schema-qualified
-identifiers (see ``render``); everything a caller supplies is a bound parameter. Batch
-statements take arrays and ``unnest`` them, so the parameter count is fixed whatever the
-batch size. The statement contract test prepares each of these against a migrated
-database.
+Statements are templates: ``{jobs}``, ``{queues}``, ``{job_status}``,
+``{chain_status}`` and ``{lease_line}`` are replaced once per adapter with the quoted
+schema-qualified identifiers and the lease-line lock's key (see ``render``);
+everything a caller supplies is a bound parameter. Batch statements take arrays and
+``unnest`` them, so the parameter count is fixed whatever the batch size. The
+statement contract test prepares each of these against a migrated database.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from dataclasses import dataclass, fields
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
+
+# The first key of a job's lease-line lock (a two-key advisory lock; the second key is
+# the job id's hash): "pgwr" read as an int4. PostgreSQL keeps two-key advisory locks
+# apart from the one-key ones pgwork takes elsewhere (dedup keys, retention).
+LEASE_LINE_LOCK = 0x70677772
 
 # Columns of a full job row, in the order ``_rows.job_from_row`` reads them. Input and
 # output come as text and are parsed row by row (``_rows.parse_stored_json``).
@@ -450,6 +455,30 @@ LEFT JOIN renewed AS u ON u.id = r.id AND u.lease_token = r.token
 LEFT JOIN {jobs} AS j ON j.id = r.id
 """
 
+# A lease whose row a caller held at the last renewal is renewed by a worker waiting in
+# line for that row, in a transaction of its own that first takes the job's lease-line
+# lock (an advisory lock, ``LEASE_LINE_LOCK`` and the job id's hash) and sets its
+# ``lock_timeout``. The lease ran out in the table while the caller held the row, and
+# the moment the caller lets go the row is free to a reaper's SKIP LOCKED before the
+# waiting worker has written its renewal; the reaper skips a job whose lease-line lock
+# is taken (REAP), so the worker still running the job keeps it. The lease counts
+# from the moment the row was got (``clock_timestamp()``), not from the wait's start.
+TAKE_LEASE_LINE = """
+SELECT pg_advisory_xact_lock({lease_line}, hashtext(%(id)s::text)),
+    set_config('lock_timeout', %(wait_ms)s, true)
+"""
+
+RENEW_IN_LINE = """
+UPDATE {jobs} AS j
+SET leased_until = clock_timestamp() + %(seconds)s * interval '1 second'
+WHERE j.id = %(id)s AND j.lease_token = %(token)s AND j.status::text = 'running'
+RETURNING j.leased_until
+"""
+
+JOB_STATUS = """
+SELECT status::text FROM {jobs} WHERE id = %(id)s
+"""
+
 # Completes jobs. A worker's completion is fenced by its lease token; a completion
 # without token (workerless) applies to any job not yet final. A chain ends when its
 # job completes without continuation: the root row records that. A one-job chain's
@@ -767,8 +796,10 @@ RETURNING j.id
 """
 
 # Takes back jobs whose lease expired. Rows locked by a live atomic attempt are
-# skipped (SKIP LOCKED), so only holders that are really gone lose their jobs. The
-# lost attempt counts: at max_attempts the job fails instead of going back.
+# skipped (SKIP LOCKED), so only holders that are really gone lose their jobs, and so
+# are jobs whose lease-line lock is taken: their worker is waiting to renew them the
+# moment a caller lets go of the row (TAKE_LEASE_LINE). The lost attempt counts: at
+# max_attempts the job fails instead of going back.
 REAP = """
 WITH expired AS (
     SELECT j.id, j.leased_by
@@ -781,6 +812,7 @@ WITH expired AS (
       -- was unreachable) is taken back like anyone else's.
       AND (j.leased_by IS DISTINCT FROM %(worker_id)s
            OR NOT (j.lease_token = ANY(COALESCE(%(held)s::uuid[], ARRAY[j.lease_token]))))
+      AND pg_try_advisory_xact_lock({lease_line}, hashtext(j.id::text))
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -907,6 +939,9 @@ class Statements:
     begin_atomic: bytes
     begin_atomic_bounded: bytes
     renew: bytes
+    take_lease_line: bytes
+    renew_in_line: bytes
+    job_status: bytes
     complete: bytes
     complete_skipping: bytes
     complete_one: bytes
@@ -930,6 +965,7 @@ def render(schema: str) -> Statements:
         "job_blockers": sql.Identifier(schema, "job_blockers"),
         "job_status": sql.Identifier(schema, "job_status"),
         "chain_status": sql.Identifier(schema, "chain_status"),
+        "lease_line": sql.Literal(LEASE_LINE_LOCK),
     }
     rendered = {}
     for f in fields(Statements):

@@ -4,11 +4,13 @@ One task renews every running staged lease of the worker in a single statement, 
 third of the shortest lease, so a lease survives two missed renewals. A lease that is
 not renewed (reaped, cancelled, completed elsewhere) aborts exactly that attempt with
 the matching reason. A lease whose job's row another transaction holds (a caller
-cancelling or completing it) is skipped, not waited on, and not taken for lost: it is
-renewed at a later tick, once the caller lets go, and the other leases are renewed
-meanwhile. If renewals keep failing (database unreachable) past the moment the lease
-would have expired, the attempt is aborted too: another worker may own the job by
-then, and pgwork prefers stopping a duplicate to racing it.
+cancelling or completing it) is skipped by that statement, not waited on, and not
+taken for lost, and the other leases are renewed meanwhile. That one lease gets a
+waiter of its own, which waits in line for the row (``renew_in_line``): the caller may
+hold it past the lease, and the moment it lets go the waiter renews the lease before
+any reaper can take the job. If renewals keep failing (database unreachable) past the
+moment the lease would have expired, the attempt is aborted too: another worker may
+own the job by then, and pgwork prefers stopping a duplicate to racing it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Protocol
+from uuid import UUID
 
 import anyio
 
@@ -30,6 +33,11 @@ __all__ = ["LeaseHolder", "abort_reason_for", "renew_forever"]
 
 # The renewer never sleeps longer than this, even when every lease is longer.
 MAX_TICK = 10.0
+
+# How long one wait in line for a held row lasts before the waiter checks that the
+# worker still holds the lease and queues again (the lease's duration, within these).
+MIN_LINE_WAIT = timedelta(seconds=1)
+MAX_LINE_WAIT = timedelta(seconds=30)
 
 
 class LeaseHolder(Protocol):
@@ -71,11 +79,45 @@ async def renew_forever(
     renewal is renewed at most a third of its duration later, also when the worker
     was idle before."""
     tick = min(max(shortest_lease.total_seconds() / 3.0, 0.05), MAX_TICK)
-    while True:
-        await anyio.sleep(tick)
-        current = list(holders())
-        if current:
-            await renew_once(state, current, holding=holders)
+    in_line: set[UUID] = set()  # jobs whose waiter is waiting in line for the row
+    async with anyio.create_task_group() as waiters:
+        while True:
+            await anyio.sleep(tick)
+            current = list(holders())
+            if not current:
+                continue
+            for holder in await renew_once(state, current, holding=holders):
+                job_id = holder.lease.job_id
+                if job_id not in in_line:
+                    in_line.add(job_id)
+                    waiters.start_soon(_wait_in_line, state, holder, holders, in_line)
+
+
+async def _wait_in_line(
+    state: StateAdapter,
+    holder: LeaseHolder,
+    holding: Callable[[], Iterable[LeaseHolder]],
+    in_line: set[UUID],
+) -> None:
+    """Wait in line for the row of ``holder``'s job, which a caller holds, while the
+    worker still holds the lease; once the caller let go, renew the lease as every
+    tick does (which also tells a lease the caller ended)."""
+    wait = min(max(holder.lease_duration, MIN_LINE_WAIT), MAX_LINE_WAIT)
+    try:
+        while any(h is holder for h in holding()):
+            try:
+                result = await state.renew_in_line(
+                    lease=holder.lease, duration=holder.lease_duration, wait=wait
+                )
+            except Exception as exc:
+                # The ticks go on, and queue a new waiter while the row stays held.
+                log.warning("pgwork could not wait for job %s's row: %s", holder.lease.job_id, exc)
+                return
+            if not result.deferred:
+                await renew_once(state, [holder], holding=holding)
+                return
+    finally:
+        in_line.discard(holder.lease.job_id)
 
 
 async def renew_once(
@@ -83,10 +125,11 @@ async def renew_once(
     holders: list[LeaseHolder],
     *,
     holding: Callable[[], Iterable[LeaseHolder]] | None = None,
-) -> None:
-    """Renew ``holders``' leases once. ``holding`` tells who still holds a lease when
-    the answer comes: an attempt whose outcome was written meanwhile was not renewed
-    (the completion got the row first), and that is no lost lease."""
+) -> list[LeaseHolder]:
+    """Renew ``holders``' leases once; return those whose row another transaction
+    holds (renewal deferred). ``holding`` tells who still holds a lease when the
+    answer comes: an attempt whose outcome was written meanwhile was not renewed (the
+    completion got the row first), and that is no lost lease."""
     by_lease: dict[Lease, LeaseHolder] = {h.lease: h for h in holders}
     started = time.monotonic()
     # A renewal that gets no answer at all (a hung server, a stalled network path: no
@@ -113,7 +156,8 @@ async def renew_once(
                     holder.lease.job_id,
                 )
                 holder.abort(AbortReason.OWNERSHIP_LOST)
-        return
+        return []
+    deferred: list[LeaseHolder] = []
     still: set[int] | None = None
     for result in results:
         found = by_lease.get(Lease(result.job_id, result.lease_token))
@@ -125,9 +169,10 @@ async def renew_once(
         elif result.deferred:
             # Another transaction holds the row (a caller's): not renewed this time,
             # and not lost either, even past its deadline: no reaper can take a row
-            # that is held (they skip locked rows), and the next renewal, once the
-            # caller lets go, tells whether the caller ended the job.
-            continue
+            # that is held (they skip locked rows), and the waiter in line for it
+            # renews it once the caller lets go, or learns that the caller ended
+            # the job.
+            deferred.append(holder)
         else:
             if holding is not None:
                 if still is None:
@@ -142,3 +187,4 @@ async def renew_once(
                 reason.value,
             )
             holder.abort(reason)
+    return deferred

@@ -1,6 +1,7 @@
 """Holding a lease: renewing it, handing the job back, rescheduling it.
 
-Role exercised: ``WorkerStore`` (``renew``, ``release``, ``reschedule``).
+Role exercised: ``WorkerStore`` (``renew``, ``renew_in_line``, ``release``,
+``reschedule``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,43 @@ class LeaseConformance(StateSuiteBase):
         [again] = await store.adapter.renew(leases=[held.lease], duration=duration)
         assert again.renewed
         assert not again.deferred
+
+    async def test_renew_in_line_renews_once_the_other_transaction_lets_go(
+        self, store: StateHarness
+    ) -> None:
+        """A lease whose row a caller holds is renewed in line: not while the caller
+        holds the row (deferred when the wait runs out), and from the moment the row
+        is got once the caller rolled back."""
+        await store.seed(store.new_job())
+        held = await store.acquire_one(lease=timedelta(seconds=30))
+        long = timedelta(seconds=600)
+        async with rolled_back(store.adapter.transaction()) as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[held.id])
+            waited = await store.adapter.renew_in_line(
+                lease=held.lease, duration=long, wait=timedelta(milliseconds=50)
+            )
+            assert (waited.renewed, waited.deferred) == (False, True)
+            assert (await store.job(held.id)).leased_until == held.leased_until
+        result = await store.adapter.renew_in_line(
+            lease=held.lease, duration=long, wait=timedelta(seconds=5)
+        )
+        assert (result.renewed, result.deferred) == (True, False)
+        assert result.leased_until is not None
+        assert abs(result.leased_until - held.leased_until - timedelta(seconds=570)) < CLOCK_SLACK
+        assert (await store.job(held.id)).leased_until == result.leased_until
+
+    async def test_renew_in_line_reports_a_lease_the_other_transaction_ended(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(store.new_job())
+        held = await store.acquire_one()
+        async with store.adapter.transaction() as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[held.id])
+        result = await store.adapter.renew_in_line(
+            lease=held.lease, duration=self.lease, wait=timedelta(seconds=5)
+        )
+        assert (result.renewed, result.deferred) == (False, False)
+        assert result.status is JobStatus.CANCELLED
 
     async def test_a_workers_completion_is_deferred_while_another_transaction_holds_its_row(
         self, store: StateHarness
