@@ -73,17 +73,36 @@ def unexplained(dsn: str, figures: Figures) -> list[Any]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT l.job_id, array_agg(l.worker ORDER BY l.id), j.type_name,"
-            " array_agg(to_char(l.at, 'HH24:MI:SS.MS') ORDER BY l.id)"
+            " array_agg(to_char(l.at, 'HH24:MI:SS.MS') ORDER BY l.id),"
+            " j.last_attempt_error->>'message'"
             " FROM faults_ledger AS l JOIN pgwork.jobs AS j ON j.id = l.job_id"
-            " WHERE j.type_name <> ALL(%s) GROUP BY l.job_id, j.type_name"
+            " WHERE j.type_name <> ALL(%s) GROUP BY l.job_id, j.type_name, j.last_attempt_error"
             " HAVING count(*) > 1",
             (list(SELF_FAILING),),
         ).fetchall()
     return [
-        (str(job), workers, type_name, started)
-        for job, workers, type_name, started in rows
+        (str(job), workers, type_name, started, error)
+        for job, workers, type_name, started, error in rows
         if len(workers) - 1 > figures.held_jobs[job]
     ]
+
+
+# Lines about leases, renewals, reaping and the database's reachability: what explains
+# a job run twice.
+_LEASE_TALK = r"lease|renew|reap|unreachable|could not|settled|hand"
+
+
+def _leases_around(chaos: Chaos, job: str) -> list[str]:
+    """Every worker's lines about leases from 3 s before the job was first named to 1 s
+    after it was last named, each with its time relative to the first."""
+    named = chaos.fleet.all_lines(job)
+    if not named:
+        return []
+    first, last = min(line.at for line in named), max(line.at for line in named)
+    return [
+        f"{line.at - first:+.3f} {worker} {line.text[:160]}"
+        for worker, line in chaos.fleet.said_between(first - 3.0, last + 1.0, _LEASE_TALK)
+    ][:40]
 
 
 def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
@@ -130,12 +149,13 @@ def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
     if extra:
         found.append(
             f"{len(extra)} job(s) ran more often than faults found them held "
-            f"(job, workers, type, started at): {extra[:5]}; faults began at "
+            f"(job, workers, type, started at, last error): {extra[:5]}; faults began at "
             + ", ".join(f"{k} {at:%H:%M:%S.%f}"[:-3] for k, at in chaos.faults_at)
         )
         for job, *_ in extra[:3]:
             said = [line.text for line in chaos.fleet.all_lines(job) if "started" not in line.text]
             found.append(f"what the workers said of {job}: {said[:6]}")
+            found.append(f"what the workers said of leases around it: {_leases_around(chaos, job)}")
     exits = chaos.fleet.unexpected_exits()
     if exits:
         found.append(

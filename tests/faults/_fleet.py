@@ -270,6 +270,19 @@ class Fleet:
             everyone = self.retired + self.workers
         return [line for worker in everyone for line in worker.matching(pattern)]
 
+    def said_between(self, start: float, end: float, pattern: str) -> list[tuple[str, Line]]:
+        """(worker id, line) of every worker's lines matching ``pattern`` said between
+        monotonic ``start`` and ``end``, in time order."""
+        with self._lock:
+            everyone = self.retired + self.workers
+        said = [
+            (w.worker_id, line)
+            for w in everyone
+            for line in w.matching(pattern)
+            if start <= line.at <= end
+        ]
+        return sorted(said, key=lambda pair: pair[1].at)
+
     def started_since(self, at: float) -> dict[str, int]:
         """Handlers each worker (retired ones included) started after monotonic ``at``."""
         with self._lock:
