@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
+from pgwork.records import ATTEMPT_HISTORY_LIMIT, HISTORY_TRACEBACK_LIMIT
 
 # Columns of a full job row, in the order ``_rows.job_from_row`` reads them. Input and
 # output come as text and are parsed row by row (``_rows.parse_stored_json``).
@@ -24,7 +25,7 @@ _JOB_COLUMNS = """
     {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
-    {alias}.leased_until, {alias}.dedup_key, {alias}.context
+    {alias}.leased_until, {alias}.dedup_key, {alias}.context, {alias}.attempt_history::text
 """
 
 
@@ -60,6 +61,31 @@ def _last_job(root: str) -> str:
         ORDER BY n.chain_index DESC
         LIMIT 1
     )"""
+
+
+def _appended(alias: str, ran_for: str, error: str) -> str:
+    """SQL: job ``alias``'s attempt history with its current attempt appended, failed
+    with ``error`` (jsonb) after ``ran_for`` seconds (NULL: unknown), and cut to the
+    newest ``ATTEMPT_HISTORY_LIMIT`` entries. The entry's traceback keeps its last
+    ``HISTORY_TRACEBACK_LIMIT`` characters; its time is UTC, written the same way
+    whatever the session's time zone."""
+    keep = HISTORY_TRACEBACK_LIMIT
+    history = f"""COALESCE({alias}.attempt_history, '[]'::jsonb) || jsonb_build_array(
+            jsonb_build_object(
+                'attempt', {alias}.attempt,
+                'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                'worker', {alias}.leased_by,
+                'ran_for', {ran_for},
+                'error', {error} || jsonb_build_object('traceback',
+                    CASE WHEN length({error} ->> 'traceback') > {keep}
+                         THEN '…' || right({error} ->> 'traceback', {keep})
+                         ELSE {error} ->> 'traceback' END)))"""
+    return f"""jsonb_path_query_array(
+            {history},
+            '$[$from to last]',
+            jsonb_build_object('from', GREATEST(
+                COALESCE(jsonb_array_length({alias}.attempt_history), 0)
+                + 1 - {ATTEMPT_HISTORY_LIMIT}, 0)))"""
 
 
 # Each array is one text parameter holding an array literal written by pgwork
@@ -695,27 +721,30 @@ COMPLETE_AND_ACQUIRE = _complete_and_acquire(_CANDIDATES_BY_QUEUE)
 COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(_CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
-# (which fails the chain).
-FAIL = """
+# (which fails the chain). Each failure is appended to the job's history.
+FAIL = f"""
 WITH f AS (
-    SELECT * FROM unnest(
-        %(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[], %(retry_seconds)s::float8[]
-    ) AS f(id, token, error, retry_seconds)
+    SELECT f.id, f.token, f.error::jsonb AS error, f.retry_seconds, f.ran_for
+    FROM unnest(
+        %(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[], %(retry_seconds)s::float8[],
+        %(ran_for)s::float8[]
+    ) AS f(id, token, error, retry_seconds, ran_for)
 ),
 failed AS (
-    UPDATE {jobs} AS j
+    UPDATE {{jobs}} AS j
     SET status = CASE WHEN f.retry_seconds IS NULL
-                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
+                      THEN 'failed'::{{job_status}} ELSE 'pending'::{{job_status}} END,
         scheduled_at = CASE WHEN f.retry_seconds IS NULL THEN j.scheduled_at
                             ELSE now() + f.retry_seconds * interval '1 second' END,
         completed_at = CASE WHEN f.retry_seconds IS NULL THEN now() END,
-        last_attempt_error = f.error::jsonb,
+        last_attempt_error = f.error,
         last_attempt_at = now(),
+        attempt_history = {_appended("j", "f.ran_for", "f.error")},
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
         chain_status = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
-                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
+                            THEN 'failed'::{{chain_status}} ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
                                   THEN now() ELSE j.chain_completed_at END
     FROM f
@@ -726,7 +755,7 @@ failed AS (
 -- A one-job chain's root is the job itself: tested on failed's own columns, no
 -- primary-key probe (as in COMPLETE).
 roots AS (
-    UPDATE {jobs} AS r
+    UPDATE {{jobs}} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM failed
     WHERE r.id = failed.chain_id AND failed.chain_id <> failed.id AND failed.terminal
@@ -769,10 +798,10 @@ RETURNING j.id
 # Takes back jobs whose lease expired. Rows locked by a live atomic attempt are
 # skipped (SKIP LOCKED), so only holders that are really gone lose their jobs. The
 # lost attempt counts: at max_attempts the job fails instead of going back.
-REAP = """
+REAP = f"""
 WITH expired AS (
     SELECT j.id, j.leased_by
-    FROM {jobs} AS j
+    FROM {{jobs}} AS j
     WHERE j.status = 'running'
       AND j.leased_until < now()
       AND j.type_name = ANY(%(type_names)s::text[])
@@ -789,7 +818,7 @@ WITH expired AS (
 -- not and whatever the limit (which bounds expired leases only).
 abandoned AS (
     SELECT j.id, j.leased_by
-    FROM {jobs} AS j
+    FROM {{jobs}} AS j
     WHERE cardinality(%(dead_workers)s::text[]) > 0
       AND j.status = 'running'
       AND j.leased_by = ANY(%(dead_workers)s::text[])
@@ -806,38 +835,39 @@ found AS (
 -- later reap. A one-job chain's job is its own root.
 failing_roots AS (
     SELECT r.id
-    FROM {jobs} AS r
+    FROM {{jobs}} AS r
     WHERE r.id IN (
-        SELECT j.chain_id FROM {jobs} AS j, found AS f
+        SELECT j.chain_id FROM {{jobs}} AS j, found AS f
         WHERE j.id = f.id AND j.id <> j.chain_id AND j.attempt >= j.max_attempts
     )
     FOR NO KEY UPDATE OF r SKIP LOCKED
 ),
 taken AS (
-    SELECT f.id, f.leased_by
-    FROM found AS f, {jobs} AS j
+    SELECT f.id, f.leased_by, jsonb_build_object(
+            'type', 'LeaseExpired',
+            'message', CASE WHEN f.leased_by = ANY(%(dead_workers)s::text[])
+                THEN 'worker ' || f.leased_by || ' stopped sending heartbeats'
+                ELSE 'lease held by ' || COALESCE(f.leased_by, '?') || ' expired at '
+                    || j.leased_until::text || '; the worker stopped renewing it' END,
+            'traceback', NULL) AS error
+    FROM found AS f, {{jobs}} AS j
     WHERE j.id = f.id
       AND (j.id = j.chain_id OR j.attempt < j.max_attempts
            OR j.chain_id IN (SELECT fr.id FROM failing_roots AS fr))
 ),
 reaped AS (
-    UPDATE {jobs} AS j
+    UPDATE {{jobs}} AS j
     SET status = CASE WHEN j.attempt >= j.max_attempts
-                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
+                      THEN 'failed'::{{job_status}} ELSE 'pending'::{{job_status}} END,
         completed_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-        last_attempt_error = jsonb_build_object(
-            'type', 'LeaseExpired',
-            'message', CASE WHEN e.leased_by = ANY(%(dead_workers)s::text[])
-                THEN 'worker ' || e.leased_by || ' stopped sending heartbeats'
-                ELSE 'lease held by ' || COALESCE(e.leased_by, '?') || ' expired at '
-                    || j.leased_until::text || '; the worker stopped renewing it' END,
-            'traceback', NULL),
+        last_attempt_error = e.error,
         last_attempt_at = now(),
+        attempt_history = {_appended("j", "NULL", "e.error")},
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
         chain_status = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
-                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
+                            THEN 'failed'::{{chain_status}} ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
                                   THEN now() ELSE j.chain_completed_at END
     FROM taken AS e
@@ -848,7 +878,7 @@ reaped AS (
 -- A one-job chain's root is the job itself: tested on reaped's own columns, no
 -- primary-key probe (as in COMPLETE).
 roots AS (
-    UPDATE {jobs} AS r
+    UPDATE {{jobs}} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM reaped
     WHERE r.id = reaped.chain_id AND reaped.chain_id <> reaped.id AND reaped.status = 'failed'
