@@ -24,6 +24,11 @@ class Note(BaseModel):
     text: str
 
 
+class Order(BaseModel):
+    user_id: int | str
+    email: str = ""
+
+
 registry = JobTypeRegistry()
 echo = registry.job_type("dash.echo", input=Note, output=Note)
 breaks = registry.job_type("dash.breaks", input=Note, max_attempts=1)
@@ -31,6 +36,7 @@ mail = registry.job_type("dash.mail", input=Note, queue="mail")
 waits = registry.job_type("dash.waits", input=Note, queue="merge")
 slow = registry.job_type("dash.slow", input=Note, queue="slow")
 flaky = registry.job_type("dash.flaky", input=Note, max_attempts=1)
+orders = registry.job_type("dash.orders", input=Order, queue="orders")
 # Fails each attempt with its number, retried at once, three attempts in all.
 retries = registry.job_type(
     "dash.retries",
