@@ -722,7 +722,7 @@ COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(_CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
 # (which fails the chain). Each failure is appended to the job's history.
-FAIL = f"""
+FAIL = """
 WITH f AS (
     SELECT f.id, f.token, f.error::jsonb AS error, f.retry_seconds, f.ran_for
     FROM unnest(
@@ -731,20 +731,20 @@ WITH f AS (
     ) AS f(id, token, error, retry_seconds, ran_for)
 ),
 failed AS (
-    UPDATE {{jobs}} AS j
+    UPDATE {jobs} AS j
     SET status = CASE WHEN f.retry_seconds IS NULL
-                      THEN 'failed'::{{job_status}} ELSE 'pending'::{{job_status}} END,
+                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
         scheduled_at = CASE WHEN f.retry_seconds IS NULL THEN j.scheduled_at
                             ELSE now() + f.retry_seconds * interval '1 second' END,
         completed_at = CASE WHEN f.retry_seconds IS NULL THEN now() END,
         last_attempt_error = f.error,
         last_attempt_at = now(),
-        attempt_history = {_appended("j", "f.ran_for", "f.error")},
+        attempt_history = <appended>,
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
         chain_status = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
-                            THEN 'failed'::{{chain_status}} ELSE j.chain_status END,
+                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id AND f.retry_seconds IS NULL
                                   THEN now() ELSE j.chain_completed_at END
     FROM f
@@ -755,7 +755,7 @@ failed AS (
 -- A one-job chain's root is the job itself: tested on failed's own columns, no
 -- primary-key probe (as in COMPLETE).
 roots AS (
-    UPDATE {{jobs}} AS r
+    UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM failed
     WHERE r.id = failed.chain_id AND failed.chain_id <> failed.id AND failed.terminal
@@ -766,7 +766,7 @@ SELECT f.id, f.chain_id,
                         ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM failed AS f
 LEFT JOIN roots AS rt ON rt.id = f.chain_id
-"""
+""".replace("<appended>", _appended("j", "f.ran_for", "f.error"))
 
 RESCHEDULE = """
 UPDATE {jobs} AS j
@@ -798,10 +798,10 @@ RETURNING j.id
 # Takes back jobs whose lease expired. Rows locked by a live atomic attempt are
 # skipped (SKIP LOCKED), so only holders that are really gone lose their jobs. The
 # lost attempt counts: at max_attempts the job fails instead of going back.
-REAP = f"""
+REAP = """
 WITH expired AS (
     SELECT j.id, j.leased_by
-    FROM {{jobs}} AS j
+    FROM {jobs} AS j
     WHERE j.status = 'running'
       AND j.leased_until < now()
       AND j.type_name = ANY(%(type_names)s::text[])
@@ -818,7 +818,7 @@ WITH expired AS (
 -- not and whatever the limit (which bounds expired leases only).
 abandoned AS (
     SELECT j.id, j.leased_by
-    FROM {{jobs}} AS j
+    FROM {jobs} AS j
     WHERE cardinality(%(dead_workers)s::text[]) > 0
       AND j.status = 'running'
       AND j.leased_by = ANY(%(dead_workers)s::text[])
@@ -835,9 +835,9 @@ found AS (
 -- later reap. A one-job chain's job is its own root.
 failing_roots AS (
     SELECT r.id
-    FROM {{jobs}} AS r
+    FROM {jobs} AS r
     WHERE r.id IN (
-        SELECT j.chain_id FROM {{jobs}} AS j, found AS f
+        SELECT j.chain_id FROM {jobs} AS j, found AS f
         WHERE j.id = f.id AND j.id <> j.chain_id AND j.attempt >= j.max_attempts
     )
     FOR NO KEY UPDATE OF r SKIP LOCKED
@@ -850,24 +850,24 @@ taken AS (
                 ELSE 'lease held by ' || COALESCE(f.leased_by, '?') || ' expired at '
                     || j.leased_until::text || '; the worker stopped renewing it' END,
             'traceback', NULL) AS error
-    FROM found AS f, {{jobs}} AS j
+    FROM found AS f, {jobs} AS j
     WHERE j.id = f.id
       AND (j.id = j.chain_id OR j.attempt < j.max_attempts
            OR j.chain_id IN (SELECT fr.id FROM failing_roots AS fr))
 ),
 reaped AS (
-    UPDATE {{jobs}} AS j
+    UPDATE {jobs} AS j
     SET status = CASE WHEN j.attempt >= j.max_attempts
-                      THEN 'failed'::{{job_status}} ELSE 'pending'::{{job_status}} END,
+                      THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
         completed_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
         last_attempt_error = e.error,
         last_attempt_at = now(),
-        attempt_history = {_appended("j", "NULL", "e.error")},
+        attempt_history = <appended>,
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
         chain_status = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
-                            THEN 'failed'::{{chain_status}} ELSE j.chain_status END,
+                            THEN 'failed'::{chain_status} ELSE j.chain_status END,
         chain_completed_at = CASE WHEN j.id = j.chain_id AND j.attempt >= j.max_attempts
                                   THEN now() ELSE j.chain_completed_at END
     FROM taken AS e
@@ -878,7 +878,7 @@ reaped AS (
 -- A one-job chain's root is the job itself: tested on reaped's own columns, no
 -- primary-key probe (as in COMPLETE).
 roots AS (
-    UPDATE {{jobs}} AS r
+    UPDATE {jobs} AS r
     SET chain_status = 'failed', chain_completed_at = now()
     FROM reaped
     WHERE r.id = reaped.chain_id AND reaped.chain_id <> reaped.id AND reaped.status = 'failed'
@@ -889,7 +889,7 @@ SELECT p.id, p.type_name, p.leased_by, p.attempt, p.status, p.chain_id,
                                  ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM reaped AS p
 LEFT JOIN roots AS rt ON rt.id = p.chain_id
-"""
+""".replace("<appended>", _appended("j", "NULL", "e.error"))
 
 GET_JOBS = f"""
 SELECT {_columns("j")}
