@@ -139,6 +139,8 @@ async def _ids(dsn: str) -> dict[str, str]:
             "failed": "SELECT id FROM pgwork.jobs WHERE status = 'failed' LIMIT 1",
             "blocked": "SELECT chain_id FROM pgwork.jobs WHERE status = 'blocked' LIMIT 1",
             "key": "SELECT dedup_key FROM pgwork.jobs WHERE dedup_key IS NOT NULL LIMIT 1",
+            "newest_email": "SELECT input ->> 'n' FROM pgwork.jobs"
+            " WHERE type_name = 'bench.email' AND chain_index = 0 ORDER BY id DESC LIMIT 1",
         }
         found = {}
         for name, query in picks.items():
@@ -187,6 +189,14 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
                 "failed jobs, newest": "/jobs?status=failed&order=newest",
                 "errors `/errors`": "/errors",
                 "search by id prefix": f"/search?id={ids['failed'][:6]}",
+                "search by input field (a match among the newest)": (
+                    "/search?type=bench.email&field=email&value=%22user%40example.com%22".replace(
+                        "user", f"user{ids['newest_email']}"
+                    )
+                ),
+                "search by input field (none of 10,000 match)": (
+                    "/search?type=bench.email&field=email&value=%22nobody%40example.com%22"
+                ),
             }
             for label, path in pages.items():
                 took = []

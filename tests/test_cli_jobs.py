@@ -16,6 +16,7 @@ from _cli_seed import Seeded, seed
 from pgwork.cli import EXIT_ERROR, main
 
 JOB_KEYS = {
+    "attempt_history",
     "id",
     "type_name",
     "status",
@@ -227,6 +228,10 @@ def test_jobs_show_prints_every_field_with_the_last_error_and_traceback(
     assert "last error    builtins.ValueError: cannot fetch https://bad.example" in result.stdout
     assert "Traceback (most recent call last)" in result.stdout
     assert "in _explode" in result.stdout
+    # Its one failed attempt, on the line of the failures.
+    [failure] = [line for line in result.stdout.splitlines() if line.startswith("failures")]
+    assert "#1 20" in failure
+    assert "builtins.ValueError: cannot fetch https://bad.example" in failure
 
 
 def test_jobs_show_json_holds_input_output_and_error(
@@ -243,6 +248,11 @@ def test_jobs_show_json_holds_input_output_and_error(
     error = failed["last_attempt_error"]
     assert error["message"] == "cannot fetch https://bad.example"
     assert "Traceback (most recent call last)" in error["traceback"]
+    assert parsed["attempt_history"] == []
+    [entry] = failed["attempt_history"]
+    assert (entry["attempt"], entry["error"]["message"]) == (1, error["message"])
+    assert datetime.fromisoformat(entry["at"]) == datetime.fromisoformat(failed["last_attempt_at"])
+    assert entry["worker"]
 
 
 # --- jobs retry / cancel ---------------------------------------------------------------

@@ -39,11 +39,24 @@ def test_a_built_record_equals_and_hashes_as_the_class_built_it_and_stays_frozen
 
 def test_a_builder_must_name_every_field_once() -> None:
     with pytest.raises(TypeError, match="each of its fields once"):
-        frozen_builder(Pair, ("left",))  # right would be left unset
+        frozen_builder(Pair, ("right",))  # left has no default: it would be left unset
     with pytest.raises(TypeError, match="each of its fields once"):
         frozen_builder(Pair, ("left", "left", "right"))
     with pytest.raises(TypeError, match="each of its fields once"):
         frozen_builder(Pair, ("left", "right", "extra"))
+
+
+def test_a_field_with_a_default_left_out_gets_its_default() -> None:
+    @dataclass(frozen=True, slots=True)
+    class Tagged:
+        left: int
+        right: str = "r"
+        tags: list[str] = dataclasses.field(default_factory=list)
+
+    build = frozen_builder(Tagged, ("left",))
+    made, other = build(3), build(4)
+    assert made == Tagged(3)
+    assert made.tags is not other.tags  # a fresh value from the factory each time
 
 
 def test_a_builder_refuses_what_it_cannot_build_faithfully() -> None:

@@ -25,6 +25,7 @@ EXPECTED = {
     "DatabaseUnreachableError",
     "DedupSpec",
     "DuplicateJobTypeError",
+    "FailedAttempt",
     "Handler",
     "HandlerAbandonedError",
     "InProcessNotifyAdapter",

@@ -51,7 +51,16 @@ from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode
 from pgwork.middleware import LogContextFilter, Middleware, compose, log_context
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
-from pgwork.records import AbortReason, AttemptError, Chain, ChainStatus, Job, JobStatus, Page
+from pgwork.records import (
+    AbortReason,
+    AttemptError,
+    Chain,
+    ChainStatus,
+    FailedAttempt,
+    Job,
+    JobStatus,
+    Page,
+)
 from pgwork.worker import Attempt, Handler, InProcessWorker, create_in_process_worker
 
 __version__ = "0.1.0"
@@ -77,6 +86,7 @@ __all__ = [
     "DatabaseUnreachableError",
     "DedupSpec",
     "DuplicateJobTypeError",
+    "FailedAttempt",
     "Handler",
     "HandlerAbandonedError",
     "InProcessNotifyAdapter",

@@ -44,7 +44,12 @@ T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # One letter per listing, so a cursor is refused by a listing it does not belong to.
-_LISTINGS = {"j": "list_jobs", "c": "list_chains", "b": "list_blocked_jobs"}
+_LISTINGS = {
+    "j": "list_jobs",
+    "c": "list_chains",
+    "b": "list_blocked_jobs",
+    "i": "find_by_input",
+}
 
 
 class QueryMixin:

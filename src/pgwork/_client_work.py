@@ -1,5 +1,5 @@
 """Client API of the operator's work views: jobs waiting or running, stuck job types,
-failures grouped by error, jobs by id prefix.
+failures grouped by error, jobs by id prefix or by an input field.
 
 Mixed into ``Client``. Each call reads a bounded index range (see
 ``pgwork.postgres._work_statements``), so a dashboard page built on them costs the same
@@ -9,12 +9,21 @@ on a table of a thousand jobs or a hundred million.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from pgwork._client_queries import _fetch_size, _page, decode_cursor
+from pgwork._client_queries import _fetch_size, _page, decode_cursor, encode_cursor
+from pgwork._input_search import input_path, input_type_name, input_value_json
 from pgwork.adapters.state import PageKey
-from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter, WorkStatus
+from pgwork.adapters.work import (
+    ErrorGroup,
+    InputMatch,
+    InputSearch,
+    PendingType,
+    WorkFilter,
+    WorkStatus,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.records import Job, Page
 
@@ -25,6 +34,10 @@ __all__ = ["WorkMixin"]
 
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 MAX_SAMPLE = 100_000
+# Jobs ``find_by_input`` looks at per call: by default, and at most.
+EXAMINED = 10_000
+MAX_EXAMINED = 100_000
+_INPUT_SEARCH = "i"
 
 
 def _listing(status: WorkStatus, oldest_first: bool) -> str:
@@ -60,7 +73,8 @@ def id_range(prefix: str) -> tuple[UUID, UUID]:
 
 
 class WorkMixin:
-    """``list_work``, ``pending_types``, ``error_groups``, ``find_by_id_prefix``."""
+    """``list_work``, ``pending_types``, ``error_groups``, ``find_by_id_prefix``,
+    ``find_by_input``."""
 
     if TYPE_CHECKING:
         state: ReadStore
@@ -150,3 +164,49 @@ class WorkMixin:
             await self._read_handle(tx), low=low, high=high, limit=limit
         )
         return [self._decoded(job) for job in jobs]
+
+    async def find_by_input(
+        self,
+        type_name: str,
+        field: str | Sequence[str],
+        value: Any,
+        *,
+        examine: int = EXAMINED,
+        limit: int = 50,
+        cursor: str | None = None,
+        tx: object | None = None,
+    ) -> InputSearch:
+        """Jobs of ``type_name`` whose input holds ``value`` at ``field``, newest first,
+        among the newest ``examine`` jobs (of every type) before ``cursor``.
+
+        ``field`` is a key or a dotted path (``"user_id"``, ``"address.city"``,
+        ``"items.0.sku"``; a leading ``input.`` is ignored), or a sequence of keys.
+        ``value`` is compared as JSON: ``42`` matches the number, not the string
+        ``"42"``; ``42`` and ``42.0`` are the same number. No index covers inputs (one
+        would slow every enqueue), so a call looks at a bounded number of jobs
+        (``examine``, at most 100,000) along the primary key, and says how far it got:
+        ``examined`` and ``reached``. Pass ``next_cursor`` back, with the same search,
+        to look further back; it is ``None`` once the oldest job was looked at.
+        Raises ConfigurationError for a search that cannot be made, before any SQL.
+        """
+        match = InputMatch(
+            type_name=input_type_name(type_name),
+            path=input_path(field),
+            value_json=input_value_json(value),
+        )
+        if not isinstance(examine, int) or not 1 <= examine <= MAX_EXAMINED:
+            raise ConfigurationError(f"examine must be in 1..{MAX_EXAMINED}, got {examine!r}")
+        _fetch_size(limit)
+        before = decode_cursor(cursor, _INPUT_SEARCH)
+        scan = await self.state.scan_input(
+            await self._read_handle(tx), match=match, before=before, examine=examine, limit=limit
+        )
+        oldest = scan.oldest_examined
+        return InputSearch(
+            jobs=tuple(self._decoded(job) for job in scan.jobs),
+            examined=scan.examined,
+            reached=oldest.created_at if oldest is not None else None,
+            next_cursor=(
+                None if scan.exhausted or oldest is None else encode_cursor(_INPUT_SEARCH, oldest)
+            ),
+        )

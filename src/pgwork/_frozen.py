@@ -23,16 +23,25 @@ def frozen_builder(cls: type[T], names: Sequence[str]) -> Callable[..., T]:
     """A function that builds a ``cls`` from positional values, one for each field
     in ``names`` (the caller's order, not necessarily the declaration's).
 
-    ``names`` must be every field of ``cls``, each once: a field added to the class
-    later fails here, at import, instead of being left unset. ``cls`` must be a
-    slotted dataclass without ``__post_init__`` (nothing would run it)."""
+    ``names`` must be every field of ``cls`` without a default, each once: a required
+    field added to the class later fails here, at import, instead of being left unset.
+    A field with a default that ``names`` leaves out is set to its default, as the
+    class's ``__init__`` would. ``cls`` must be a slotted dataclass without
+    ``__post_init__`` (nothing would run it)."""
     if not dataclasses.is_dataclass(cls) or "__slots__" not in vars(cls):
         raise TypeError(f"{cls.__name__} is not a slotted dataclass")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has a __post_init__, which the builder would skip")
-    fields = [f.name for f in dataclasses.fields(cls)]
-    if sorted(names) != sorted(fields):
-        raise TypeError(f"{cls.__name__}'s builder must name each of its fields once: {fields}")
+    fields = dataclasses.fields(cls)
+    defaulted = {
+        f.name: f
+        for f in fields
+        if f.name not in names
+        and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+    }
+    required = [f.name for f in fields if f.name not in defaulted]
+    if sorted(names) != sorted(required):
+        raise TypeError(f"{cls.__name__}'s builder must name each of its fields once: {required}")
     # One line per field, as ``dataclasses`` writes ``__init__`` itself: a loop over
     # the setters cost two thirds more.
     scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
@@ -40,6 +49,14 @@ def frozen_builder(cls: type[T], names: Sequence[str]) -> Callable[..., T]:
     for name in names:
         scope[f"_set_{name}"] = getattr(cls, name).__set__
         lines.append(f"    _set_{name}(obj, {name})")
+    for name, f in defaulted.items():
+        scope[f"_set_{name}"] = getattr(cls, name).__set__
+        if f.default_factory is not dataclasses.MISSING:
+            scope[f"_make_{name}"] = f.default_factory
+            lines.append(f"    _set_{name}(obj, _make_{name}())")
+        else:
+            scope[f"_default_{name}"] = f.default
+            lines.append(f"    _set_{name}(obj, _default_{name})")
     lines.append("    return obj")
     exec("\n".join(lines), scope)  # the names are the dataclass's own fields
     build: Callable[..., T] = scope[f"build_{cls.__name__}"]

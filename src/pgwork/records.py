@@ -9,22 +9,34 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 __all__ = [
+    "ATTEMPT_HISTORY_LIMIT",
+    "HISTORY_TRACEBACK_LIMIT",
     "AbortReason",
     "AttemptError",
     "Chain",
     "ChainStatus",
+    "FailedAttempt",
     "Job",
     "JobStatus",
     "Page",
     "UndecodablePayload",
+    "history_from_json",
 ]
 
 T = TypeVar("T")
+
+# Failed attempts a job keeps (``Job.attempt_history``), the newest: enough for every
+# attempt of a job declared with up to this many, and a bound on the row whatever
+# ``max_attempts`` is.
+ATTEMPT_HISTORY_LIMIT = 20
+# Characters of a traceback each history entry keeps: its end, where the error was
+# raised. The last attempt's whole stored traceback stays in ``last_attempt_error``.
+HISTORY_TRACEBACK_LIMIT = 2000
 
 
 class JobStatus(enum.StrEnum):
@@ -88,6 +100,54 @@ class AttemptError:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt of a job, as its history keeps it.
+
+    ``at``: when the failure was written (database clock); ``worker``: the worker that
+    held the attempt (``None`` if none did); ``ran_for``: how long the handler ran, when
+    the worker said so; ``error``: what it failed with, its traceback cut to the last
+    ``HISTORY_TRACEBACK_LIMIT`` characters. An attempt taken back by the reaper (its
+    lease expired) is kept too, with the error type ``LeaseExpired``.
+    """
+
+    attempt: int
+    at: datetime
+    error: AttemptError
+    worker: str | None = None
+    ran_for: timedelta | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> FailedAttempt | None:
+        """The entry ``data`` holds, or None if it is not one (written by hand, say)."""
+        if not isinstance(data, dict):
+            return None
+        error = AttemptError.from_json(data.get("error"))
+        attempt, at, seconds = data.get("attempt"), data.get("at"), data.get("ran_for")
+        if error is None or not isinstance(attempt, int) or not isinstance(at, str):
+            return None
+        try:
+            when = datetime.fromisoformat(at)
+        except ValueError:
+            return None
+        worker = data.get("worker")
+        return cls(
+            attempt=attempt,
+            at=when,
+            error=error,
+            worker=worker if isinstance(worker, str) else None,
+            ran_for=timedelta(seconds=seconds) if isinstance(seconds, int | float) else None,
+        )
+
+
+def history_from_json(data: Any) -> tuple[FailedAttempt, ...]:
+    """The entries of a stored history, oldest first; anything else in it is skipped."""
+    if not isinstance(data, list):
+        return ()
+    entries = (FailedAttempt.from_json(item) for item in data)
+    return tuple(entry for entry in entries if entry is not None)
+
+
+@dataclass(frozen=True, slots=True)
 class UndecodablePayload:
     """Stands in for a stored payload its adapter could not parse (JSON written outside
     pgwork, nested deeper than Python reads). Decoding it raises
@@ -125,6 +185,10 @@ class Job(Generic[T]):
     # The logging context given at enqueue (``start_chain(context=...)``), inherited by
     # the chain's continuations; bound to every log line of its attempts.
     context: dict[str, str] | None = None
+    # The job's failed attempts, oldest first: the newest ``ATTEMPT_HISTORY_LIMIT`` of
+    # them, kept when a later attempt completes. A job read by a worker's acquire (a
+    # handler's ``attempt.job``) comes without them: read the job to see them.
+    attempt_history: tuple[FailedAttempt, ...] = ()
 
     @property
     def is_chain_root(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -15,11 +16,17 @@ import psycopg
 from pydantic import BaseModel
 
 from pgwork import Attempt, Client, JobTypeRegistry, StartedChain, create_in_process_worker
+from pgwork.backoff import RetryPolicy
 from pgwork.records import JobStatus
 
 
 class Note(BaseModel):
     text: str
+
+
+class Order(BaseModel):
+    user_id: int | str
+    email: str = ""
 
 
 registry = JobTypeRegistry()
@@ -29,6 +36,14 @@ mail = registry.job_type("dash.mail", input=Note, queue="mail")
 waits = registry.job_type("dash.waits", input=Note, queue="merge")
 slow = registry.job_type("dash.slow", input=Note, queue="slow")
 flaky = registry.job_type("dash.flaky", input=Note, max_attempts=1)
+orders = registry.job_type("dash.orders", input=Order, queue="orders")
+# Fails each attempt with its number, retried at once, three attempts in all.
+retries = registry.job_type(
+    "dash.retries",
+    input=Note,
+    max_attempts=3,
+    retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+)
 
 # dash.flaky fails while this is set; a test clears it before retrying.
 FLAKY_FAILS = {"on": True}
@@ -53,6 +68,10 @@ async def handle_flaky(attempt: Attempt[Note, Any]) -> None:
         raise RuntimeError(f"flaky: {attempt.job.input.text}")
 
 
+async def handle_retries(attempt: Attempt[Note, Any]) -> None:
+    raise KeyError(f"{attempt.job.input.text} #{attempt.job.attempt}")
+
+
 async def handle_slow(attempt: Attempt[Note, Any]) -> None:
     """Runs until cancelled, and says so."""
     SLOW_EVENTS.setdefault("started", anyio.Event()).set()
@@ -64,6 +83,7 @@ async def handle_slow(attempt: Attempt[Note, Any]) -> None:
 
 PROCESSORS: dict[Any, Any] = {
     flaky: handle_flaky,
+    retries: handle_retries,
     slow: handle_slow,
     echo: handle_echo,
     breaks: handle_breaks,

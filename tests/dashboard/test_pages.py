@@ -14,6 +14,7 @@ from tests.dashboard._support import (
     breaks,
     echo,
     mail,
+    retries,
     run_until_settled,
     start,
     waits,
@@ -140,6 +141,24 @@ async def test_job_page_shows_input_error_traceback_and_lease(
     assert "Traceback" in page
     assert "1 of 1" in page  # attempts
     assert "Retry job" in page
+
+
+async def test_job_page_shows_each_failed_attempt_newest_first(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    job = await start(client, pgwork_dsn, retries, "no such key")
+    await run_until_settled(client, [job.id])
+
+    page = (await http.get(f"/jobs/{job.id}")).text
+
+    table = re.search(r'<table data-testid="attempt-history">(.*?)</table>', page, re.S)
+    assert table, "no attempt history on the job page"
+    rows = re.findall(r"<tr>\s*<td>(\d+)</td>(.*?)</tr>", table.group(1), re.S)
+    assert [int(n) for n, _ in rows] == [3, 2, 1]
+    for n, row in rows:
+        assert f"no such key #{n}" in row
+        assert "KeyError" in row
+        assert "Traceback (end)" in row
 
 
 async def test_a_large_payload_is_cut_with_a_link_to_all_of_it(

@@ -20,6 +20,7 @@ import pytest
 from bench.dashboard import load_statements
 
 from pgwork import Client, PostgresStateAdapter, create_client
+from pgwork._client_work import EXAMINED
 from pgwork.job_types import JobTypeRegistry
 from pgwork.postgres._work_statements import render_work_statements
 from pgwork.testing.databases import temporary_database
@@ -110,6 +111,14 @@ async def _some_prefix(c: Client) -> Any:
     return await c.find_by_id_prefix(newest.id.hex[:16])
 
 
+async def _input_search_further(c: Client) -> Any:
+    first = await c.find_by_input("bench.email", "email", "nobody@example.com")
+    assert first.next_cursor
+    return await c.find_by_input(
+        "bench.email", "email", "nobody@example.com", cursor=first.next_cursor
+    )
+
+
 # Each read and the most rows it may read: a page's worth per lane (four queues, eight
 # failed types) for the listings; every running job (at most the workers' slots); every
 # failed job for a filter on the error and for the error groups (failed jobs are few).
@@ -137,6 +146,14 @@ READS: dict[str, tuple[Callable[[Client], Awaitable[Any]], int]] = {
     "pending-types": (lambda c: c.pending_types(sample=100), 1_000),
     "error-groups": (lambda c: c.error_groups(), FAILED + 1_000),
     "id-prefix": (_some_prefix, 1_000),
+    # The newest 10,000 jobs (and one more, to tell whether older ones remain), then
+    # the matches by primary key.
+    "input-field": (lambda c: c.find_by_input("bench.email", "n", JOBS - 8), EXAMINED + 200),
+    "input-field-none": (
+        lambda c: c.find_by_input("bench.email", "email", "nobody@example.com"),
+        EXAMINED + 200,
+    ),
+    "input-field-further": (_input_search_further, EXAMINED + 200),
 }
 
 
@@ -192,3 +209,25 @@ async def test_control_without_lanes_the_ready_listing_reads_every_ready_job(
 async def _raw_ready(c: Client) -> Any:
     with contextlib.suppress(IndexError, TypeError, ValueError):  # the control: ids only
         await c.list_work(status="ready")
+
+
+@pytest.mark.timeout(900)
+async def test_control_without_its_window_the_input_search_reads_every_job(
+    million_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The input search is bounded by its window of the newest jobs alone: without the
+    window's LIMIT, a search that matches nothing reads the whole table."""
+    statements = dict(render_work_statements("pgwork"))
+    bounded = statements["input_scan"]
+    assert b"LIMIT %(examine)s::int + 1" in bounded
+    statements["input_scan"] = bounded.replace(b"LIMIT %(examine)s::int + 1", b"")
+    monkeypatch.setattr("pgwork.postgres._work.render_work_statements", lambda s: statements)
+    state = await PostgresStateAdapter.connect(million_dsn, max_size=2)
+    client = create_client(state_adapter=state, registry=JobTypeRegistry(), observers=[])
+    try:
+        read = READS["input-field-none"][0]
+        plans = await plans_of(client, million_dsn, monkeypatch, read)
+    finally:
+        await client.close()
+
+    assert max(rows_read(nodes) for nodes in plans) > JOBS

@@ -305,12 +305,16 @@ class CancelledChain:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """End an attempt with an error: retry after ``retry_after``, or fail for good."""
+    """End an attempt with an error: retry after ``retry_after``, or fail for good.
+
+    The failure is kept in the job's attempt history, with ``ran_for`` (how long the
+    handler ran, as the worker measured it) when given."""
 
     job_id: UUID
     lease_token: UUID
     error: AttemptError
     retry_after: timedelta | None
+    ran_for: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

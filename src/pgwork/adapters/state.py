@@ -58,7 +58,7 @@ from pgwork.adapters._state_records import (
 )
 from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
+from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
 from pgwork.records import Chain, Job
 
 __all__ = [
@@ -542,6 +542,21 @@ class ReadStore(Store, Protocol):
         self, tx: TransactionHandle | None, *, low: UUID, high: UUID, limit: int
     ) -> list[Job[Any]]:
         """Jobs whose id is within ``[low, high]``, in id order; at most ``limit``."""
+        ...
+
+    async def scan_input(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        match: InputMatch,
+        before: PageKey | None,
+        examine: int,
+        limit: int,
+    ) -> InputScan:
+        """Look at the newest ``examine`` jobs created before ``before`` (by id; all
+        jobs when ``None``) and return those ``match`` matches, newest first, stopping
+        at ``limit`` matches. Reads at most ``examine`` rows whatever the table holds:
+        no index on inputs is needed, and no enqueue pays for one."""
         ...
 
 

@@ -98,6 +98,16 @@ def job_json(job: Job[Any]) -> dict[str, Any]:
         "leased_until": _iso(job.leased_until),
         "dedup_key": job.dedup_key,
         "context": job.context,
+        "attempt_history": [
+            {
+                "attempt": a.attempt,
+                "at": _iso(a.at),
+                "worker": a.worker,
+                "ran_for_seconds": _seconds(a.ran_for),
+                "error": a.error.to_json(),
+            }
+            for a in job.attempt_history
+        ],
     }
 
 
@@ -353,6 +363,8 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
     ]
     if job.status is JobStatus.COMPLETED or job.output is not None:
         rows.append(("output", _json_text(job.output)))
+    if job.attempt_history:
+        rows.append(("failures", _attempts_text(job, now)))
     error = job.last_attempt_error
     if error is None:
         return _fields(rows)
@@ -360,6 +372,19 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
     if not error.traceback:
         return _fields(rows)
     return Group(_fields(rows), Text("traceback:", style="bold"), Text(error.traceback.rstrip()))
+
+
+def _attempts_text(job: Job[Any], now: datetime) -> Text:
+    """One line per failed attempt, oldest first: number, when, worker, run time, and
+    the error's type and first line."""
+    text = Text()
+    for a in job.attempt_history:
+        ran = f", ran {age(a.ran_for)}" if a.ran_for is not None else ""
+        first_line = a.error.message.splitlines()[0] if a.error.message else ""
+        text.append(f"#{a.attempt} {_when(a.at, now)} on {a.worker or '-'}{ran}: ")
+        text.append(f"{a.error.type}: {first_line}\n", style="red")
+    text.rstrip()
+    return text
 
 
 def _ended(status: str, final: bool) -> str:

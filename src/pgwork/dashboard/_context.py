@@ -41,6 +41,7 @@ def _environment() -> jinja2.Environment:
     env.filters["short"] = _format.short_id
     env.filters["stamp"] = lambda d: f"{d:%Y-%m-%d %H:%M:%S} UTC" if d is not None else ""
     env.globals["duration"] = _format.duration
+    env.filters["took"] = _format.took
     return env
 
 

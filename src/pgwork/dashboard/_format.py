@@ -74,7 +74,14 @@ def age(moment: datetime | None, now: datetime) -> str:
 def duration(start: datetime | None, end: datetime | None) -> str:
     if start is None or end is None:
         return ""
-    seconds = (end - start).total_seconds()
+    return took(end - start)
+
+
+def took(span: timedelta | None) -> str:
+    """A length of time, short: ``40 ms``, ``3.2 s``, ``7.5 min``; empty if unknown."""
+    if span is None:
+        return ""
+    seconds = span.total_seconds()
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 120:

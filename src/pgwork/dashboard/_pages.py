@@ -25,7 +25,14 @@ from pgwork.errors import (
     JobNotFoundError,
     PgworkError,
 )
-from pgwork.records import Chain, ChainStatus, JobStatus, Page
+from pgwork.records import (
+    ATTEMPT_HISTORY_LIMIT,
+    HISTORY_TRACEBACK_LIMIT,
+    Chain,
+    ChainStatus,
+    JobStatus,
+    Page,
+)
 
 __all__ = ["Pages"]
 
@@ -187,6 +194,8 @@ class Pages:
             holder=holder,
             input=_format.json_text(job.input, full=full == "input"),
             output=_format.json_text(job.output, full=full == "output"),
+            history_limit=ATTEMPT_HISTORY_LIMIT,
+            traceback_limit=HISTORY_TRACEBACK_LIMIT,
         )
 
     @bounded

@@ -1,5 +1,5 @@
 """The work pages: jobs by status, queues with who consumes them, workers with what
-they run, failures grouped by error, jobs by id prefix.
+they run, failures grouped by error, jobs by id prefix or by an input field.
 
 What an operator looks at when work seems stuck: every page is one or a few client
 reads over bounded index ranges (the ``list_work`` family), never a count of the table
@@ -17,10 +17,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from pgwork._input_search import parse_input_value
 from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.adapters.work import PendingType, WorkStatus
 from pgwork.dashboard._context import Context, bounded
-from pgwork.errors import PgworkError
+from pgwork.errors import (
+    ConfigurationError,
+    DatabaseTimeoutError,
+    DatabaseUnreachableError,
+    PgworkError,
+)
 from pgwork.records import Chain, Job
 from pgwork.schedules import CronSchedule
 
@@ -34,6 +40,8 @@ RUNNING_SHOWN = 1000
 TYPE_SAMPLE = 100
 # Newest failed jobs grouped on the errors page.
 ERROR_SAMPLE = 10_000
+# Jobs looked at per page of a search by input field (newest first, every type).
+INPUT_EXAMINED = 10_000
 
 
 def _param(request: Request, name: str) -> str | None:
@@ -209,6 +217,8 @@ class WorkPages:
 
     @bounded
     async def search(self, request: Request) -> Response:
+        if any(_param(request, name) for name in ("type", "field", "value")):
+            return await self._search_input(request)
         prefix = _param(request, "id")
         found: list[Job[Any]] = []
         if prefix is not None:
@@ -226,4 +236,46 @@ class WorkPages:
             prefix=prefix,
             found=found[:PAGE_SIZE],
             more=len(found) > PAGE_SIZE,
+            search=None,
+            problem=None,
+            page=None,
+            known_types=self.ctx.client.registry.names,
+            examined_per_page=INPUT_EXAMINED,
+        )
+
+    async def _search_input(self, request: Request) -> Response:
+        """Jobs of one type by an input field, over the newest ``INPUT_EXAMINED`` jobs
+        (from the cursor on): the page says how far back it looked and links further."""
+        search = {
+            "type": _param(request, "type") or "",
+            "field": _param(request, "field") or "",
+            "value": _param(request, "value") or "",
+        }
+        page = None
+        problem = None
+        try:
+            if not search["type"]:
+                raise ConfigurationError("choose the job type whose inputs are searched")
+            page = await self.ctx.client.find_by_input(
+                search["type"],
+                search["field"],
+                parse_input_value(search["value"]),
+                examine=INPUT_EXAMINED,
+                limit=PAGE_SIZE,
+                cursor=_param(request, "cursor"),
+            )
+        except (DatabaseUnreachableError, DatabaseTimeoutError):
+            raise  # answered 503 by the page bound, not a bad search
+        except PgworkError as exc:
+            problem = str(exc)
+        return self.ctx.render(
+            request,
+            "search.html",
+            status_code=400 if problem else 200,
+            prefix=None,
+            search=search,
+            problem=problem,
+            page=page,
+            known_types=self.ctx.client.registry.names,
+            examined_per_page=INPUT_EXAMINED,
         )

@@ -44,7 +44,7 @@ from pgwork.adapters.state import (
     WorkerInfo,
     WorkerRecord,
 )
-from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
+from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
 from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
@@ -439,6 +439,20 @@ class InstrumentedStateAdapter:
         return await self._call(
             "jobs_in_id_range",
             self.inner.jobs_in_id_range(tx, low=low, high=high, limit=limit),
+        )
+
+    async def scan_input(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        match: InputMatch,
+        before: PageKey | None,
+        examine: int,
+        limit: int,
+    ) -> InputScan:
+        return await self._call(
+            "scan_input",
+            self.inner.scan_input(tx, match=match, before=before, examine=examine, limit=limit),
         )
 
     # --- worker registry -----------------------------------------------------------------

@@ -10,9 +10,17 @@ from pydantic_core import from_json
 
 from pgwork._frozen import frozen_builder
 from pgwork.adapters.state import AcquiredJob
-from pgwork.records import AttemptError, Chain, ChainStatus, Job, JobStatus, UndecodablePayload
+from pgwork.records import (
+    AttemptError,
+    Chain,
+    ChainStatus,
+    Job,
+    JobStatus,
+    UndecodablePayload,
+    history_from_json,
+)
 
-JOB_WIDTH = 22  # columns in _statements._JOB_COLUMNS
+JOB_WIDTH = 23  # columns in _statements._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -40,6 +48,7 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         leased_until=r[19],
         dedup_key=r[20],
         context=r[21],
+        attempt_history=history_from_json(parse_stored_json(r[22])),
     )
 
 

@@ -374,6 +374,10 @@ class WorkerOps:
                         f.retry_after.total_seconds() if f.retry_after is not None else None
                         for f in failures
                     ],
+                    "ran_for": [
+                        f.ran_for.total_seconds() if f.ran_for is not None else None
+                        for f in failures
+                    ],
                 },
             )
         done = {row[0] for row in rows}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
+from pgwork.records import ATTEMPT_HISTORY_LIMIT, HISTORY_TRACEBACK_LIMIT
 
 # The first key of a job's lease-line lock (a two-key advisory lock; the second key is
 # the job id's hash): "pgwr" read as an int4. PostgreSQL keeps two-key advisory locks
@@ -29,7 +30,7 @@ _JOB_COLUMNS = """
     {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
-    {alias}.leased_until, {alias}.dedup_key, {alias}.context
+    {alias}.leased_until, {alias}.dedup_key, {alias}.context, {alias}.attempt_history::text
 """
 
 
@@ -65,6 +66,31 @@ def _last_job(root: str) -> str:
         ORDER BY n.chain_index DESC
         LIMIT 1
     )"""
+
+
+def _appended(alias: str, ran_for: str, error: str) -> str:
+    """SQL: job ``alias``'s attempt history with its current attempt appended, failed
+    with ``error`` (jsonb) after ``ran_for`` seconds (NULL: unknown), and cut to the
+    newest ``ATTEMPT_HISTORY_LIMIT`` entries. The entry's traceback keeps its last
+    ``HISTORY_TRACEBACK_LIMIT`` characters; its time is UTC, written the same way
+    whatever the session's time zone."""
+    keep = HISTORY_TRACEBACK_LIMIT
+    history = f"""COALESCE({alias}.attempt_history, '[]'::jsonb) || jsonb_build_array(
+            jsonb_build_object(
+                'attempt', {alias}.attempt,
+                'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                'worker', {alias}.leased_by,
+                'ran_for', {ran_for},
+                'error', {error} || jsonb_build_object('traceback',
+                    CASE WHEN length({error} ->> 'traceback') > {keep}
+                         THEN '…' || right({error} ->> 'traceback', {keep})
+                         ELSE {error} ->> 'traceback' END)))"""
+    return f"""jsonb_path_query_array(
+            {history},
+            '$[$from to last]',
+            jsonb_build_object('from', GREATEST(
+                COALESCE(jsonb_array_length({alias}.attempt_history), 0)
+                + 1 - {ATTEMPT_HISTORY_LIMIT}, 0)))"""
 
 
 # Each array is one text parameter holding an array literal written by pgwork
@@ -724,12 +750,14 @@ COMPLETE_AND_ACQUIRE = _complete_and_acquire(_CANDIDATES_BY_QUEUE)
 COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(_CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
-# (which fails the chain).
+# (which fails the chain). Each failure is appended to the job's history.
 FAIL = """
 WITH f AS (
-    SELECT * FROM unnest(
-        %(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[], %(retry_seconds)s::float8[]
-    ) AS f(id, token, error, retry_seconds)
+    SELECT f.id, f.token, f.error::jsonb AS error, f.retry_seconds, f.ran_for
+    FROM unnest(
+        %(ids)s::uuid[], %(tokens)s::uuid[], %(errors)s::text[], %(retry_seconds)s::float8[],
+        %(ran_for)s::float8[]
+    ) AS f(id, token, error, retry_seconds, ran_for)
 ),
 failed AS (
     UPDATE {jobs} AS j
@@ -738,8 +766,9 @@ failed AS (
         scheduled_at = CASE WHEN f.retry_seconds IS NULL THEN j.scheduled_at
                             ELSE now() + f.retry_seconds * interval '1 second' END,
         completed_at = CASE WHEN f.retry_seconds IS NULL THEN now() END,
-        last_attempt_error = f.error::jsonb,
+        last_attempt_error = f.error,
         last_attempt_at = now(),
+        attempt_history = <appended>,
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
@@ -766,7 +795,7 @@ SELECT f.id, f.chain_id,
                         ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM failed AS f
 LEFT JOIN roots AS rt ON rt.id = f.chain_id
-"""
+""".replace("<appended>", _appended("j", "f.ran_for", "f.error"))
 
 RESCHEDULE = """
 UPDATE {jobs} AS j
@@ -846,7 +875,13 @@ failing_roots AS (
     FOR NO KEY UPDATE OF r SKIP LOCKED
 ),
 taken AS (
-    SELECT f.id, f.leased_by
+    SELECT f.id, f.leased_by, jsonb_build_object(
+            'type', 'LeaseExpired',
+            'message', CASE WHEN f.leased_by = ANY(%(dead_workers)s::text[])
+                THEN 'worker ' || f.leased_by || ' stopped sending heartbeats'
+                ELSE 'lease held by ' || COALESCE(f.leased_by, '?') || ' expired at '
+                    || j.leased_until::text || '; the worker stopped renewing it' END,
+            'traceback', NULL) AS error
     FROM found AS f, {jobs} AS j
     WHERE j.id = f.id
       AND (j.id = j.chain_id OR j.attempt < j.max_attempts
@@ -857,14 +892,9 @@ reaped AS (
     SET status = CASE WHEN j.attempt >= j.max_attempts
                       THEN 'failed'::{job_status} ELSE 'pending'::{job_status} END,
         completed_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-        last_attempt_error = jsonb_build_object(
-            'type', 'LeaseExpired',
-            'message', CASE WHEN e.leased_by = ANY(%(dead_workers)s::text[])
-                THEN 'worker ' || e.leased_by || ' stopped sending heartbeats'
-                ELSE 'lease held by ' || COALESCE(e.leased_by, '?') || ' expired at '
-                    || j.leased_until::text || '; the worker stopped renewing it' END,
-            'traceback', NULL),
+        last_attempt_error = e.error,
         last_attempt_at = now(),
+        attempt_history = <appended>,
         leased_by = NULL,
         leased_until = NULL,
         lease_token = NULL,
@@ -891,7 +921,7 @@ SELECT p.id, p.type_name, p.leased_by, p.attempt, p.status, p.chain_id,
                                  ELSE COALESCE(rt.has_dependants, false) END AS has_dependants
 FROM reaped AS p
 LEFT JOIN roots AS rt ON rt.id = p.chain_id
-"""
+""".replace("<appended>", _appended("j", "NULL", "e.error"))
 
 GET_JOBS = f"""
 SELECT {_columns("j")}

@@ -11,8 +11,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from psycopg import errors as pg_errors
+
 from pgwork.adapters.state import PageKey, TransactionHandle
-from pgwork.adapters.work import ErrorGroup, PendingType, WorkFilter
+from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
+from pgwork.errors import ConfigurationError
 from pgwork.postgres._rows import job_from_row
 from pgwork.postgres._work_statements import render_work_statements
 from pgwork.records import Job
@@ -21,7 +24,8 @@ __all__ = ["WorkOps"]
 
 
 class WorkOps:
-    """``list_work``, ``pending_types``, ``error_groups`` and ``jobs_in_id_range``."""
+    """``list_work``, ``pending_types``, ``error_groups``, ``jobs_in_id_range`` and
+    ``scan_input``."""
 
     if TYPE_CHECKING:
         schema: str
@@ -82,3 +86,40 @@ class WorkOps:
         params = {"low": low, "high": high, "limit": limit}
         rows = await self._read(tx, self._wsql["jobs_in_id_range"], params)
         return [job_from_row(row) for row in rows]
+
+    async def scan_input(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        match: InputMatch,
+        before: PageKey | None,
+        examine: int,
+        limit: int,
+    ) -> InputScan:
+        params = {
+            "type_name": match.type_name,
+            "path": list(match.path),
+            "value": match.value_json,
+            "before": before.id if before is not None else _AFTER_EVERY_ID,
+            "examine": examine,
+            "limit": limit + 1,
+        }
+        try:
+            rows = await self._read(tx, self._wsql["input_scan"], params)
+        except (UnicodeError, pg_errors.DataException) as exc:
+            # The client checks what it sends; this is the database's own refusal of a
+            # value (a character its encoding lacks, say), named, not a server error.
+            raise ConfigurationError(f"the database cannot compare this value: {exc}") from exc
+        examined, oldest_at, oldest_id, older = rows[0][:4]
+        hits = [(row[4], job_from_row(row, 5)) for row in rows if row[4] is not None]
+        if len(hits) > limit:
+            n, last = hits[limit - 1]
+            jobs = tuple(job for _, job in hits[:limit])
+            return InputScan(jobs, n, PageKey(last.created_at, last.id), exhausted=False)
+        oldest = PageKey(oldest_at, oldest_id) if oldest_id is not None else None
+        jobs = tuple(job for _, job in hits)
+        return InputScan(jobs, int(examined), oldest, exhausted=not older)
+
+
+# Greater than every UUID: the first window starts at the newest job.
+_AFTER_EVERY_ID = UUID(int=(1 << 128) - 1)

@@ -1,5 +1,5 @@
 """SQL of the operator's work views: jobs waiting or running, stuck job types, failures
-grouped by error, jobs by id prefix.
+grouped by error, jobs by id prefix, jobs by an input field.
 
 Same conventions as ``_query_statements``: named templates, schema identifiers filled
 in once (``render_work_statements``), every caller value a bound parameter, run
@@ -13,7 +13,10 @@ unprepared so a NULL filter folds away. Each reads a bounded index range:
 - running jobs come from jobs_lease_expiry_idx (at most the workers' slots);
 - failed jobs from jobs_attention_idx, whose ``(status, type_name, created_at)`` lanes
   are read and merged the same way;
-- an id prefix is a range of the primary key.
+- an id prefix is a range of the primary key;
+- an input field is compared on the newest ``examine`` jobs, read backwards along the
+  primary key (ids are UUIDv7, so newest first): a bounded scan, since no index covers
+  inputs (one would cost every enqueue).
 
 Pages continue strictly after the previous page's last ``(time, id)``; the redundant
 bound on the time alone lets the index start at the cursor.
@@ -206,6 +209,42 @@ LIMIT %(limit)s
 """
 
 
+# An input field compared on a bounded window of the newest jobs. The window is read
+# along the primary key backwards from ``before`` and numbered as it is read; a job's
+# input is fetched and compared only if its type is the one searched (``AND`` stops at
+# the first false operand). One row past the window is read, only to tell whether
+# older jobs remain. The summary (how many jobs were looked at, the oldest of them,
+# whether any is older) comes with every match, or alone when none matched.
+INPUT_SCAN = f"""
+WITH examined AS MATERIALIZED (
+    SELECT j.id, j.created_at, row_number() OVER (ORDER BY j.id DESC) AS n,
+           (j.type_name = %(type_name)s::text
+            AND j.input #> %(path)s::text[] = %(value)s::jsonb) AS hit
+    FROM {{jobs}} AS j
+    WHERE j.id < %(before)s::uuid
+    ORDER BY j.id DESC
+    LIMIT %(examine)s::int + 1
+),
+hits AS (
+    SELECT e.id, e.n FROM examined AS e
+    WHERE e.hit AND e.n <= %(examine)s::int
+    ORDER BY e.id DESC
+    LIMIT %(limit)s
+)
+SELECT COALESCE(w.n, 0), w.created_at, w.id,
+    EXISTS (SELECT 1 FROM examined AS e WHERE e.n > %(examine)s::int), h.n, {_columns("j")}
+FROM (SELECT 1) AS one
+LEFT JOIN (
+    SELECT e.n, e.created_at, e.id FROM examined AS e
+    WHERE e.n <= %(examine)s::int
+    ORDER BY e.n DESC
+    LIMIT 1
+) AS w ON true
+LEFT JOIN (hits AS h JOIN {{jobs}} AS j ON j.id = h.id) ON true
+ORDER BY h.id DESC
+"""
+
+
 def _render(text: str, schema: str) -> bytes:
     names = {"jobs": sql.Identifier(schema, "jobs")}
     return sql.SQL(text).format(**names).as_bytes(None)
@@ -220,6 +259,6 @@ def render_work_statements(schema: str) -> dict[str, bytes]:
         f"list:{status}:{'oldest' if oldest else 'newest'}": _render(text, schema)
         for (status, oldest), text in LISTINGS.items()
     }
-    for name in ("PENDING_TYPES", "ERROR_GROUPS", "JOBS_IN_ID_RANGE"):
+    for name in ("PENDING_TYPES", "ERROR_GROUPS", "JOBS_IN_ID_RANGE", "INPUT_SCAN"):
         rendered[name.lower()] = _render(globals()[name], schema)
     return rendered

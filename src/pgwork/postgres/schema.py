@@ -95,6 +95,10 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         ),
         # A logging context given at enqueue, inherited by continuations (migration 0004).
         sa.Column("context", pg.JSONB, nullable=True),
+        # The job's failed attempts, newest last and capped (migration 0008): appended
+        # by the failure and reap statements only, so a job that never fails holds NULL
+        # and no other write touches it.
+        sa.Column("attempt_history", pg.JSONB, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(

@@ -44,6 +44,7 @@ pytest.register_assert_rewrite(
             "_state_dedup",
             "_state_deletion",
             "_state_enqueue",
+            "_state_history",
             "_state_insight",
             "_state_lease",
             "_state_queries",

@@ -10,6 +10,7 @@ from pgwork.testing.conformance._state_control import ControlConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
+from pgwork.testing.conformance._state_history import AttemptHistoryConformance
 from pgwork.testing.conformance._state_insight import InsightConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
@@ -28,6 +29,7 @@ class StateAdapterConformance(
     CompleteConformance,
     TurnConformance,
     FailConformance,
+    AttemptHistoryConformance,
     ReapConformance,
     AtomicConformance,
     AtomicGroupConformance,

@@ -214,6 +214,7 @@ class AtomicGroupConformance(StateSuiteBase):
             stored = await store.job(job.id)
             assert stored.status is JobStatus.FAILED
             assert stored.last_attempt_error == BOOM
+            assert [(a.attempt, a.error) for a in stored.attempt_history] == [(1, BOOM)]
         assert (await store.job(kept.id)).output == "grouped"
         stored = await store.job(side.id)
         assert stored.status is JobStatus.RUNNING

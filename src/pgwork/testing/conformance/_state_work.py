@@ -1,5 +1,6 @@
 """The operator's work views: jobs of one status in the order of its time, job types
-among the oldest ready jobs, failures grouped by error, ids by range."""
+among the oldest ready jobs, failures grouped by error, ids by range, input fields
+compared on a bounded window of the newest jobs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from pgwork.adapters.state import PageKey
-from pgwork.adapters.work import WorkFilter, WorkStatus
+from pgwork.adapters.work import InputMatch, WorkFilter, WorkStatus
 from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
 
 HOUR = timedelta(hours=1)
@@ -122,3 +123,75 @@ class WorkConformance(StateSuiteBase):
             None, low=UUID(int=0), high=UUID(int=2**128 - 1), limit=2
         )
         assert [j.id for j in capped] == ordered[:2]
+
+    async def test_scan_input_compares_a_field_as_json_within_one_type(
+        self, store: StateHarness
+    ) -> None:
+        inputs = [
+            (ALPHA, {"user_id": 42, "to": {"city": "Oslo"}, "tags": ["a", "b"]}),
+            (ALPHA, {"user_id": "42", "to": {"city": "Lima"}}),
+            (ALPHA, {"user_id": 42.0}),
+            (BETA, {"user_id": 42}),
+            (ALPHA, {"other": 42}),
+            (ALPHA, [42]),
+        ]
+        jobs = [store.new_job(name, input=data) for name, data in inputs]
+        for job in jobs:  # one after another: ids in this order
+            await store.seed(job)
+        newest_first = [j.id for j in reversed(jobs)]
+
+        async def found(path: tuple[str, ...], value: str, type_name: str = ALPHA) -> list[UUID]:
+            match = InputMatch(type_name=type_name, path=path, value_json=value)
+            scan = await store.adapter.scan_input(
+                None, match=match, before=None, examine=100, limit=10
+            )
+            assert scan.examined == len(jobs)
+            assert scan.exhausted
+            return [j.id for j in scan.jobs]
+
+        assert await found(("user_id",), "42") == [jobs[2].id, jobs[0].id]
+        assert await found(("user_id",), '"42"') == [jobs[1].id]
+        assert await found(("user_id",), "42", BETA) == [jobs[3].id]
+        assert await found(("to", "city"), '"Oslo"') == [jobs[0].id]
+        assert await found(("tags", "1"), '"b"') == [jobs[0].id]
+        assert await found(("0",), "42") == [jobs[5].id]
+        assert await found(("user_id",), "43") == []
+        assert newest_first[0] == jobs[5].id
+
+    async def test_scan_input_looks_at_a_bounded_window_and_goes_on_from_its_end(
+        self, store: StateHarness
+    ) -> None:
+        jobs = [store.new_job(input={"n": i % 2}) for i in range(7)]
+        for job in jobs:
+            await store.seed(job)
+        created = {j.id: (await store.job(j.id)).created_at for j in jobs}
+        match = InputMatch(type_name=ALPHA, path=("n",), value_json="0")
+
+        first = await store.adapter.scan_input(None, match=match, before=None, examine=3, limit=10)
+        # The three newest: jobs 6, 5, 4; of them 6 and 4 hold n = 0.
+        assert [j.id for j in first.jobs] == [jobs[6].id, jobs[4].id]
+        assert (first.examined, first.exhausted) == (3, False)
+        assert first.oldest_examined == PageKey(created[jobs[4].id], jobs[4].id)
+
+        rest = await store.adapter.scan_input(
+            None, match=match, before=first.oldest_examined, examine=10, limit=10
+        )
+        assert [j.id for j in rest.jobs] == [jobs[2].id, jobs[0].id]
+        assert (rest.examined, rest.exhausted) == (4, True)
+        # A window that ends exactly at the oldest job knows it did.
+        exact = await store.adapter.scan_input(
+            None, match=match, before=first.oldest_examined, examine=4, limit=10
+        )
+        assert (exact.examined, exact.exhausted) == (4, True)
+
+        # At its match limit the scan stops at the last match, where the next goes on.
+        capped = await store.adapter.scan_input(None, match=match, before=None, examine=10, limit=1)
+        assert [j.id for j in capped.jobs] == [jobs[6].id]
+        assert (capped.examined, capped.exhausted) == (1, False)
+        assert capped.oldest_examined == PageKey(created[jobs[6].id], jobs[6].id)
+
+        empty = await store.adapter.scan_input(
+            None, match=match, before=PageKey(created[jobs[0].id], jobs[0].id), examine=10, limit=10
+        )
+        assert (empty.jobs, empty.examined, empty.oldest_examined) == ((), 0, None)
+        assert empty.exhausted
