@@ -159,6 +159,10 @@ async def test_job_page_shows_each_failed_attempt_newest_first(
         assert f"no such key #{n}" in row
         assert "KeyError" in row
         assert "Traceback (end)" in row
+    # The worker measured how long each attempt ran.
+    history = (await client.get_job(job.id)).attempt_history
+    assert [a.attempt for a in history] == [1, 2, 3]
+    assert all(a.ran_for is not None and a.ran_for.total_seconds() >= 0 for a in history)
 
 
 async def test_a_large_payload_is_cut_with_a_link_to_all_of_it(

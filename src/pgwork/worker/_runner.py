@@ -599,7 +599,10 @@ class SlotRunner:
         retry_after = (
             None if terminal else backoff_delay(acquired.attempt, slot.job_type.retry, self._rng)
         )
-        return Failure(acquired.id, acquired.lease_token, error_record(error), retry_after)
+        # ``started`` is when the handler started (set as it starts; before, when the
+        # job arrived): the attempt history says how long the attempt ran.
+        ran_for = timedelta(seconds=time.monotonic() - slot.started)
+        return Failure(acquired.id, acquired.lease_token, error_record(error), retry_after, ran_for)
 
     def counted_failure(self, slot: Slot, error: BaseException) -> Failure:
         """The failure to write for an attempt whose handler started but whose outcome
