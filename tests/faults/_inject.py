@@ -16,7 +16,7 @@ import psycopg
 from tests.faults._cluster import PrivateCluster
 from tests.faults._fleet import WORKER_APP, Fleet
 from tests.faults._load import Inject, Load
-from tests.faults._oracle import Figures, RecoveryProbe, held_leases
+from tests.faults._oracle import Figures, RecoveryProbe, held_leases, writes_held
 from tests.faults._proxy import Proxy
 
 __all__ = [
@@ -232,18 +232,21 @@ def hang_server(
     then SIGCONT: a database that hangs, sockets open, nothing refused or reset.
 
     Nothing changes in the database while it is frozen, so the leases read just before
-    the freeze and just after the thaw are those the hang found held (but for an
-    acquire committing in the moment between the read and the freeze). Recovery is
-    counted from the thaw; ``thawed`` collects the moments (monotonic) of the thaws."""
+    the freeze are those the hang found held: the read keeps every write to the jobs
+    table waiting until the thaw (``writes_held``), so no acquire commits between the
+    read and the freeze. A handler that began before the freeze may record its start
+    only after the thaw (its ledger write hung with the server), on a lease that lapsed
+    meanwhile. Recovery is counted from the thaw; ``thawed`` collects the moments
+    (monotonic) of the thaws."""
     timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 10
 
     def inject(fleet: Fleet, figures: Figures) -> None:
-        held = held_leases(dsn)
-        pids = cluster.freeze()
-        try:
-            time.sleep(seconds)
-        finally:
-            cluster.thaw(pids)
+        with writes_held(dsn) as held:
+            pids = cluster.freeze()
+            try:
+                time.sleep(seconds)
+            finally:
+                cluster.thaw(pids)
         back_at = time.monotonic()
         if thawed is not None:
             thawed.append(back_at)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "measure",
     "summary_lines",
     "wait_settled",
+    "writes_held",
 ]
 
 
@@ -164,6 +167,31 @@ def held_leases(dsn: str, *, worker: str | None = None) -> list[tuple[Any, Any]]
             {"w": worker},
         ).fetchall()
     return [(r[0], r[1]) for r in rows]
+
+
+@contextmanager
+def writes_held(dsn: str) -> Iterator[list[tuple[Any, Any]]]:
+    """``held_leases``, read in a transaction that then keeps every other write to the
+    jobs table waiting (``LOCK TABLE ... IN EXCLUSIVE MODE``) until the block ends: no
+    acquire can commit between the read and what the block does (freeze the server,
+    say), so every job a worker holds when the block begins is in the read. When the
+    lock is not granted at once (a caller's transaction holds rows), the plain read."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        try:
+            conn.execute("BEGIN")
+            conn.execute("SET LOCAL lock_timeout = '500ms'")
+            conn.execute("LOCK TABLE pgwork.jobs IN EXCLUSIVE MODE")
+            rows = conn.execute(
+                "SELECT id, lease_token FROM pgwork.jobs WHERE status = 'running'"
+            ).fetchall()
+            held = [(r[0], r[1]) for r in rows]
+        except psycopg.errors.LockNotAvailable:
+            conn.execute("ROLLBACK")
+            held = held_leases(dsn)
+        yield held
+    finally:
+        conn.close()
 
 
 class RecoveryProbe:
