@@ -7,17 +7,25 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
 
-from pgwork import JobStatus, JobTypeRegistry
+from pgwork import (
+    JobStatus,
+    JobTypeRegistry,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+    create_in_process_worker,
+)
 from pgwork.adapters.state import Completion, Failure, Lease
 from pgwork.records import AbortReason, AttemptError
 from pgwork.worker._lease import renew_once
 from pgwork.worker._slots import Slots
 
-from .conftest import ClientFactory, acquired_job
+from .conftest import ClientFactory, acquired_job, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -31,6 +39,7 @@ class _Holder:
         self.lease = lease
         self.lease_duration = timedelta(seconds=60)
         self.lease_deadline = 0.0
+        self.settling = False
         self.aborted: list[AbortReason] = []
 
     def renewed(self, deadline: float) -> None:
@@ -127,3 +136,55 @@ async def test_a_job_whose_handler_never_started_goes_back_uncounted(
     back = await client.get_job(job.id)
     assert back.status is JobStatus.PENDING
     assert back.attempt == 0
+
+
+async def test_a_completion_that_waits_longer_than_its_lease_keeps_the_job(
+    pgwork_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A staged handler returned, and its completion cannot be written for longer than
+    the job's lease (here: the worker's only pooled connection is busy elsewhere, as
+    after an outage while the pool refills). The lease is renewed meanwhile (renewals
+    have a connection of their own), so no reaper takes the job, and the job runs once.
+    (Control: a worker that stops renewing a lease once its handler returned loses the
+    job to the reaper, and the job runs twice.)"""
+    reg = JobTypeRegistry()
+    step = reg.job_type("step", input=Num, lease=timedelta(seconds=1.5))
+    state = await PostgresStateAdapter.connect(pgwork_dsn, min_size=1, max_size=1)
+    client = create_client(
+        state_adapter=state, notify_adapter=PostgresNotifyAdapter(pgwork_dsn), registry=reg
+    )
+    reaper = await PostgresStateAdapter.connect(pgwork_dsn)
+    runs: list[int] = []
+    started, go = anyio.Event(), anyio.Event()
+
+    async def handle(attempt: Any) -> None:
+        runs.append(attempt.job.attempt)
+        started.set()
+        await go.wait()
+
+    try:
+        chain = await client.start_chain(conn, step, Num(n=1))
+        await conn.commit()
+        worker = create_in_process_worker(
+            client=client, processors={step: handle}, max_slots=1, poll_interval=0.2
+        )
+        await worker.start()
+        try:
+            with anyio.fail_after(20):
+                await started.wait()
+            async with state.pool.connection():  # the worker's only pooled connection
+                go.set()  # the handler returns; its completion waits for a connection
+                # Past the lease as it was when the handler returned, twice over.
+                await anyio.sleep(3.0)
+                assert await reaper.reap(type_names=["step"], exclude_worker="reaper") == []
+
+            async def completed() -> bool:
+                return (await client.get_job(chain.job_id)).status is JobStatus.COMPLETED
+
+            await eventually(completed, timeout=20, what="the completion to be written")
+        finally:
+            await worker.stop(grace_period=1)
+        assert runs == [1]
+    finally:
+        await client.close()
+        await reaper.close()

@@ -330,13 +330,13 @@ class AtomicGroups:
             if lane.owner is slot:
                 await self._leave(lane, slot)
         if plain is not None:
-            slot.settling = True
+            slot.begin_settling()
             runner._on_returned(slot)
             runner._submit_completion(slot, plain)
             return True  # settled by the batcher (``runner._written``)
         if kept:
             assert group is not None
-            slot.settling = True
+            slot.begin_settling()
             runner._on_returned(slot)  # the slot takes its next job meanwhile
             if not group.done.is_set():
                 if group.waited:

@@ -54,6 +54,12 @@ class LeaseHolder(Protocol):
         """Monotonic time at which the lease is known to expire, as last renewed."""
         ...
 
+    @property
+    def settling(self) -> bool:
+        """The handler is done and its outcome is being written: a lease not renewed
+        then is no loss to report, as the write tells what came of the attempt."""
+        ...
+
     def renewed(self, deadline: float) -> None: ...
 
     def abort(self, reason: AbortReason) -> None: ...
@@ -149,7 +155,7 @@ async def renew_once(
         log.warning("pgwork could not renew %d lease(s): %s", len(holders), exc)
         now = time.monotonic()
         for holder in holders:
-            if now >= holder.lease_deadline:
+            if now >= holder.lease_deadline and not holder.settling:
                 log.warning(
                     "lease of job %s expired while the database was unreachable; "
                     "aborting the attempt",
@@ -173,7 +179,7 @@ async def renew_once(
             # renews it once the caller lets go, or learns that the caller ended
             # the job.
             deferred.append(holder)
-        else:
+        elif not holder.settling:
             if holding is not None:
                 if still is None:
                     still = {id(h) for h in holding()}

@@ -377,7 +377,7 @@ class SlotRunner:
                 await self._settle_failure(slot, decode_error, terminal=True)
             return False
         error = await self._call_handler(slot, attempt, slot.job_type.timeout)
-        slot.settling = True
+        slot.begin_settling()
         # The handler is done: its slot may take the next job while this outcome is
         # written (the worker bounds how many outcomes may be unwritten at once).
         self._on_returned(slot)

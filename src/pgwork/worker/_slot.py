@@ -79,6 +79,7 @@ class Slot:
         "recheck",
         "renewing",
         "settling",
+        "settling_since",
         "started",
         "stop_at",
         "stopped_at",
@@ -105,6 +106,7 @@ class Slot:
         # The handler returned and its outcome is being written: renewing the lease now
         # could only race the write (and misread the completed job as a lost lease).
         self.settling = False
+        self.settling_since = 0.0  # when ``settling`` was set (monotonic)
         # An atomic attempt whose handler runs (alone or in a group): its row is not
         # locked, so its lease is renewed like a staged attempt's.
         self.renewing = False
@@ -151,6 +153,12 @@ class Slot:
     @property
     def staged(self) -> bool:
         return self.job_type.mode == "staged"
+
+    def begin_settling(self) -> None:
+        """The handler is done (returned, or given up on): its outcome is being
+        written. Not renewed meanwhile, unless the write takes long (``Slots``)."""
+        self.settling = True
+        self.settling_since = time.monotonic()
 
     def stop_cancelling(self) -> None:
         """The handler ended, or was given up on: nothing is to stop it any more."""

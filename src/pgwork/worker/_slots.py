@@ -36,6 +36,12 @@ __all__ = ["Slots"]
 
 _PRIORITY_THEN_DUE = operator.attrgetter("priority", "scheduled_at")
 
+# An outcome waiting to be written longer than this share of its lease has its lease
+# renewed again: the renewer ticks every third of a lease, so the lease is renewed at
+# least a sixth of it before it could lapse, while an outcome written at once (within
+# milliseconds) never meets a renewal.
+_SETTLING_SHARE = 1 / 6
+
 
 class Slots:
     """Every job this worker holds, one ``Slot`` each (the same job can come back to
@@ -138,12 +144,19 @@ class Slots:
 
     def lease_holders(self) -> list[Slot]:
         """Attempts whose lease the renewer keeps alive: running staged ones, atomic ones
-        whose handler runs, and the prefetched jobs (of either mode) waiting for a
-        slot."""
+        whose handler runs, the prefetched jobs (of either mode) waiting for a slot,
+        and attempts whose outcome has waited to be written for over a third of their
+        lease (the pool refilling after an outage, say). An outcome written at once is
+        not renewed meanwhile: that renewal would only race its write."""
+        now = time.monotonic()
         holders = [
             s
             for s in self.held
-            if ((s.staged and s.attempt is not None) or s.renewing) and not s.settling
+            if (
+                ((s.staged and s.attempt is not None) or s.renewing)
+                if not s.settling
+                else now - s.settling_since > s.lease_duration.total_seconds() * _SETTLING_SHARE
+            )
         ]
         holders.extend(self.admission.queued)
         return holders
@@ -216,7 +229,7 @@ class Slots:
         slot.abandoned = True
         slot.stop_cancelling()
         if not slot.settling:
-            slot.settling = True  # no longer renewed
+            slot.begin_settling()
             self.admission.freed(slot, time.monotonic())
         if slot.task is not None:
             self.tasks.detach(slot.task)
