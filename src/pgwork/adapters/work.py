@@ -12,12 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
+
+from pgwork.records import Job
 
 __all__ = [
     "ErrorGroup",
     "PendingType",
     "WorkFilter",
     "WorkStatus",
+    "WorkerJobs",
 ]
 
 
@@ -70,3 +74,13 @@ class ErrorGroup:
     jobs: int
     queues: tuple[str, ...]
     newest_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerJobs:
+    """The jobs one worker holds: how many (``running``), and the ``oldest`` of them by
+    start time, at most the number asked for."""
+
+    worker_id: str
+    running: int
+    oldest: tuple[Job[Any], ...]
