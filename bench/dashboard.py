@@ -1,6 +1,7 @@
 """How long each dashboard page takes to render with a million jobs in the database.
 
     python -m bench.dashboard --dsn postgresql://postgres@127.0.0.1/postgres [--jobs N]
+        [--drain N [--drain-slots S]] [--only TEXT ...]
 
 Creates a fresh migrated database on the server (dropped afterwards), bulk-loads
 ``--jobs`` jobs straight into pgwork's tables with ``generate_series`` (a week of
@@ -8,6 +9,12 @@ history: mostly completed, some pending, scheduled, running, failed, blocked and
 cancelled, several types and queues, chains of two jobs, dedup keys, blocker edges,
 workers), vacuums and analyzes, then renders every page through httpx's ASGI transport
 in this process and prints the median and p95 server time of each, in milliseconds.
+
+``--drain N`` adds a backlog of N no-op jobs and times the pages while a pgwork worker
+process (``--drain-slots`` slots) drains it (bench/_draining.py): the pages as an
+operator sees them while workers run at full speed on the same machine. The run says
+how fast the worker went and whether the backlog lasted until the last render.
+``--only`` times the pages whose label contains one of the texts given.
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ async def _ids(dsn: str) -> dict[str, str]:
         return found
 
 
-async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
+async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str, float, float]]:
     from pgwork import PostgresStateAdapter, create_client
     from pgwork.dashboard import allow_any, create_dashboard
     from pgwork.job_types import JobTypeRegistry
@@ -199,6 +206,8 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
                 ),
             }
             for label, path in pages.items():
+                if only and not any(text in label for text in only):
+                    continue
                 took = []
                 for _ in range(repeat + 1):
                     started = time.perf_counter()
@@ -210,6 +219,27 @@ async def _time_pages(dsn: str, repeat: int) -> list[tuple[str, float, float]]:
                 results.append((label, statistics.median(took), p95))
     finally:
         await client.close()
+    return results
+
+
+async def _time_pages_draining(
+    dsn: str, args: argparse.Namespace
+) -> list[tuple[str, float, float]]:
+    from bench._draining import draining
+
+    async with draining(dsn, jobs=args.drain, slots=args.drain_slots) as drain:
+        before = drain.handled
+        results = await _time_pages(dsn, args.repeat, args.only)
+        seconds = time.perf_counter() - drain.started
+        handled = drain.handled - before
+        left = await drain.backlog()
+    print(
+        f"a worker with {args.drain_slots} slots drained {handled:,} jobs while the pages"
+        f" were timed ({handled / seconds:,.0f} jobs/s over {seconds:.1f} s);"
+        f" {left:,} of the backlog left\n"
+    )
+    if left == 0:
+        print("the backlog ran out before the last render: raise --drain\n")
     return results
 
 
@@ -230,7 +260,10 @@ async def _run(args: argparse.Namespace) -> int:
                 loaded = time.perf_counter() - started
                 total = row[0] if row else 0
                 print(f"loaded {total:,} jobs ({args.jobs:,} chains) in {loaded:.1f} s\n")
-                results = await _time_pages(dsn, args.repeat)
+                if args.drain:
+                    results = await _time_pages_draining(dsn, args)
+                else:
+                    results = await _time_pages(dsn, args.repeat, args.only)
         finally:
             from pgwork.testing.databases import drop_database
 
@@ -240,6 +273,8 @@ async def _run(args: argparse.Namespace) -> int:
     print("|---|---:|---:|")
     for label, median, p95 in results:
         print(f"| {label} | {median:.1f} | {p95:.1f} |")
+    if not results:
+        raise SystemExit(f"no page label contains any of {args.only}")
     slowest = max(p95 for _, _, p95 in results)
     print(f"\nslowest p95: {slowest:.1f} ms (target: every page < 150 ms)")
     return 0
@@ -250,6 +285,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dsn", help="admin DSN of the server (default: embedded PostgreSQL)")
     parser.add_argument("--jobs", type=int, default=1_000_000, help="chains to load")
     parser.add_argument("--repeat", type=int, default=20, help="renders per page")
+    parser.add_argument(
+        "--drain",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time the pages while a worker drains a backlog of N jobs (default: idle)",
+    )
+    parser.add_argument(
+        "--drain-slots", type=int, default=100, help="the draining worker's slots (default 100)"
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="time only the pages whose label contains TEXT (repeatable)",
+    )
     args: Any = parser.parse_args(argv)
     return anyio.run(_run, args)
 

@@ -64,7 +64,7 @@ def test_fast_tier_collects_no_fault_pooler_browser_or_benchmark_test() -> None:
         i
         for i in ids
         if i.startswith(("tests/faults/", "tests/pooler/"))
-        or "test_browser.py" in i
+        or "tests/dashboard/test_browser" in i
         or "test_bench" in i
     ]
     assert slow == []

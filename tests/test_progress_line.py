@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,6 +28,25 @@ def test_a_test_that_runs_long_gets_a_progress_line(pytester: pytest.Pytester) -
     pytester.makepyfile(test_long=LONG_TEST)
 
     result = pytester.runpytest_inprocess("-p", "tests._progress", "--progress-every", "0.2")
+
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["[[]progress[]] 1/2 tests done, * s in; running test_long.py::test_long (* s)"]
+    )
+
+
+def test_the_progress_line_shows_while_the_run_captures_a_tests_output(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a run of its own, pytest captures standard output at its file descriptor while
+    a test runs: a line written there would show only with a failing test's output."""
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    pytester.makepyfile(test_long=LONG_TEST)
+
+    result = pytester.runpytest_subprocess(
+        "-p", "tests._progress", "--progress-every", "0.2", "-p", "no:cacheprovider"
+    )
 
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from pgwork._client_queries import _fetch_size, _page, decode_cursor, encode_cursor
+from pgwork._client_queries import MAX_PAGE_SIZE, _fetch_size, _page, decode_cursor, encode_cursor
 from pgwork._input_search import input_path, input_type_name, input_value_json
 from pgwork.adapters.state import PageKey
 from pgwork.adapters.work import (
@@ -21,6 +22,7 @@ from pgwork.adapters.work import (
     InputMatch,
     InputSearch,
     PendingType,
+    WorkerJobs,
     WorkFilter,
     WorkStatus,
 )
@@ -73,8 +75,8 @@ def id_range(prefix: str) -> tuple[UUID, UUID]:
 
 
 class WorkMixin:
-    """``list_work``, ``pending_types``, ``error_groups``, ``find_by_id_prefix``,
-    ``find_by_input``."""
+    """``list_work``, ``running_by_worker``, ``pending_types``, ``error_groups``,
+    ``find_by_id_prefix``, ``find_by_input``."""
 
     if TYPE_CHECKING:
         state: ReadStore
@@ -125,6 +127,28 @@ class WorkMixin:
             handle, where=where, after=after, oldest_first=oldest_first, limit=size
         )
         return _page([self._decoded(job) for job in jobs], limit, kind, _work_key(chosen))
+
+    async def running_by_worker(
+        self, *, per_worker: int = 10, tx: object | None = None
+    ) -> list[WorkerJobs]:
+        """Per worker that holds running jobs: how many it holds, and the ``per_worker``
+        it started first, decoded like ``get_job``; by worker id.
+
+        Reads each running job's row once (at most the workers' slots) but returns
+        and decodes only ``per_worker`` jobs of each worker, however many they run.
+        ``list_work(status="running", leased_by=...)`` pages through all of one
+        worker's jobs.
+        """
+        if not isinstance(per_worker, int) or not 1 <= per_worker <= MAX_PAGE_SIZE:
+            raise ConfigurationError(
+                f"per_worker must be between 1 and {MAX_PAGE_SIZE}, got {per_worker!r}"
+            )
+        found = await self.state.running_by_worker(
+            await self._read_handle(tx), per_worker=per_worker
+        )
+        return [
+            replace(held, oldest=tuple(self._decoded(job) for job in held.oldest)) for held in found
+        ]
 
     async def pending_types(
         self, *, sample: int = 100, tx: object | None = None

@@ -155,6 +155,7 @@ async def test_pausing_a_queue_named_beyond_latin_1_answers_with_its_notice(
     assert f"Resumed queue {queue}." in (await http.get(resuming.headers["location"])).text
 
 
+@pytest.mark.slow  # waits out both bounds, 15 s
 async def test_with_the_database_silent_pages_and_actions_answer_503_not_hang(
     pgwork_dsn: str,
 ) -> None:

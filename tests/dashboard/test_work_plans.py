@@ -1,5 +1,6 @@
 """The work pages' reads at a million jobs: each uses an index, never a sequential scan
-of ``jobs``, and reads a bounded number of rows, whatever the table's size.
+of ``jobs``, and reads a bounded number of rows, whatever the table's size; the
+workers page receives a few jobs per worker, however many they run.
 
 The statements are the ones the adapter sends (captured like tests/dashboard/
 test_plans.py does), run under ``EXPLAIN ANALYZE`` with the same parameters; the rows
@@ -15,12 +16,15 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from bench.dashboard import load_statements
 
 from pgwork import Client, PostgresStateAdapter, create_client
 from pgwork._client_work import EXAMINED
+from pgwork.dashboard import allow_any, create_dashboard
+from pgwork.dashboard._work_pages import JOBS_PER_WORKER
 from pgwork.job_types import JobTypeRegistry
 from pgwork.postgres._work_statements import render_work_statements
 from pgwork.testing.databases import temporary_database
@@ -30,6 +34,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 JOBS = 1_000_000
 FAILED = JOBS // 100
 RUNNING = JOBS // 1000
+# The load's workers: four busy ones holding the running jobs, two stopped.
+WORKERS, BUSY = 6, 4
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +143,7 @@ READS: dict[str, tuple[Callable[[Client], Awaitable[Any]], int]] = {
         lambda c: c.list_work(status="running", leased_by="bench-worker-1"),
         2 * RUNNING,
     ),
+    "running-per-worker": (lambda c: c.running_by_worker(), 2 * RUNNING),
     "failed": (lambda c: c.list_work(status="failed"), 1_000),
     "failed-newest": (lambda c: c.list_work(status="failed", oldest_first=False), 1_000),
     "failed-by-error": (
@@ -181,6 +188,30 @@ async def test_work_reads_use_indexes_and_read_bounded_rows_at_a_million_jobs(
             read_by[name] = max(read_by.get(name, 0), rows_read(nodes))
     over = {name: n for name, n in read_by.items() if n > bounds[name]}
     assert over == {}, read_by
+
+
+async def _workers_page(c: Client) -> None:
+    app = create_dashboard(c, authorize=allow_any)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+        assert (await http.get("/workers")).status_code == 200
+
+
+@pytest.mark.timeout(900)
+async def test_workers_page_receives_a_few_jobs_per_worker_not_every_running_job(
+    million: Client, million_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load's busy workers hold a thousand running jobs; the page lists the first
+    few of each and counts the rest in the database. What a plan's top node returns is
+    what the dashboard decodes, row by row, on every refresh: read whole, the running
+    jobs cost more than the rest of the page while workers keep the CPU busy."""
+    plans = await plans_of(million, million_dsn, monkeypatch, _workers_page)
+
+    for nodes in plans:
+        assert "Seq Scan" not in [n["Node Type"] for n in nodes if n.get("Relation Name") == "jobs"]
+    received = sum(nodes[0]["Actual Rows"] for nodes in plans)
+    assert received <= WORKERS + BUSY * JOBS_PER_WORKER, received
+    assert max(rows_read(nodes) for nodes in plans) <= 2 * RUNNING
 
 
 @pytest.mark.timeout(900)

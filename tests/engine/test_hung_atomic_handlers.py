@@ -76,7 +76,15 @@ def _cancel_on_every_turn(self: Slot) -> None:
         task.get_loop().call_soon(_cancel_on_every_turn, self)
 
 
-@pytest.mark.parametrize("build", ["gives-back", "control-keeps-connection", "control-spins"])
+# The starved control waits out its whole 20 s for what never happens: slow tier only.
+@pytest.mark.parametrize(
+    "build",
+    [
+        "gives-back",
+        pytest.param("control-keeps-connection", marks=pytest.mark.slow),
+        "control-spins",
+    ],
+)
 async def test_more_hung_atomic_handlers_than_connections_do_not_stop_the_worker(
     pgwork_dsn: str, build: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -58,7 +58,14 @@ from pgwork.adapters._state_records import (
 )
 from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
+from pgwork.adapters.work import (
+    ErrorGroup,
+    InputMatch,
+    InputScan,
+    PendingType,
+    WorkerJobs,
+    WorkFilter,
+)
 from pgwork.records import Chain, Job
 
 __all__ = [
@@ -522,6 +529,13 @@ class ReadStore(Store, Protocol):
     ) -> list[Job[Any]]:
         """Jobs matching ``where`` in the order of their status's time (see
         ``WorkStatus``) then id, strictly after ``after``; at most ``limit``."""
+        ...
+
+    async def running_by_worker(
+        self, tx: TransactionHandle | None, *, per_worker: int
+    ) -> list[WorkerJobs]:
+        """Per worker holding running jobs (by worker id): how many it holds and the
+        ``per_worker`` it started first (by ``started_at``, then id)."""
         ...
 
     async def pending_types(

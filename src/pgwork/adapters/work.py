@@ -25,6 +25,7 @@ __all__ = [
     "PendingType",
     "WorkFilter",
     "WorkStatus",
+    "WorkerJobs",
 ]
 
 
@@ -77,6 +78,16 @@ class ErrorGroup:
     jobs: int
     queues: tuple[str, ...]
     newest_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerJobs:
+    """The jobs one worker holds: how many (``running``), and the ``oldest`` of them by
+    start time, at most the number asked for."""
+
+    worker_id: str
+    running: int
+    oldest: tuple[Job[Any], ...]
 
 
 @dataclass(frozen=True, slots=True)

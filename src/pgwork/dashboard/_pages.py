@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pgwork.dashboard import _format
 from pgwork.dashboard._context import Context, bounded
-from pgwork.dashboard._work_pages import worker_views
+from pgwork.dashboard._work_pages import held_by_worker, worker_views
 from pgwork.errors import (
     ChainNotFoundError,
     DatabaseTimeoutError,
@@ -185,7 +185,7 @@ class Pages:
         holder = None
         if job.status is JobStatus.RUNNING and job.leased_by:
             workers = await self.ctx.client.list_workers(dead_after=DEAD_AFTER)
-            views = {v.worker.id: v for v in worker_views(workers, [job])}
+            views = {v.worker.id: v for v in worker_views(workers, held_by_worker([job]))}
             holder = views[job.leased_by].state if job.leased_by in views else "dead"
         return self.ctx.render(
             request,

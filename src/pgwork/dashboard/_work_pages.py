@@ -19,7 +19,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pgwork._input_search import parse_input_value
 from pgwork.adapters.state import QueueCount, WorkerRecord
-from pgwork.adapters.work import PendingType, WorkStatus
+from pgwork.adapters.work import PendingType, WorkerJobs, WorkStatus
 from pgwork.dashboard._context import Context, bounded
 from pgwork.errors import (
     ConfigurationError,
@@ -30,12 +30,12 @@ from pgwork.errors import (
 from pgwork.records import Chain, Job
 from pgwork.schedules import CronSchedule
 
-__all__ = ["ScheduleView", "WorkPages", "WorkerView", "worker_views"]
+__all__ = ["ScheduleView", "WorkPages", "WorkerView", "held_by_worker", "worker_views"]
 
 PAGE_SIZE = 50
 DEAD_AFTER = 30.0
-# Running jobs read for the workers page: every slot of every worker, up to this.
-RUNNING_SHOWN = 1000
+# Running jobs the workers page lists for each worker; it links to the rest.
+JOBS_PER_WORKER = 10
 # Oldest ready jobs read per queue and priority to find types nobody handles.
 TYPE_SAMPLE = 100
 # Newest failed jobs grouped on the errors page.
@@ -54,27 +54,40 @@ class WorkerView:
     """A worker as the pages show it. ``state``: its own status while its heartbeat is
     fresh; ``stopped`` once it stopped cleanly (its last heartbeat said so, holding no
     job); otherwise ``dead``: silent, or declared dead with work in hand, so its jobs
-    wait for their leases to lapse and are taken back."""
+    wait for their leases to lapse and are taken back. ``running``: the jobs it holds,
+    of which ``jobs`` are the first few it started."""
 
     worker: WorkerRecord
     state: str
     jobs: tuple[Job[Any], ...]
+    running: int
 
 
-def worker_views(workers: Iterable[WorkerRecord], running: Iterable[Job[Any]]) -> list[WorkerView]:
-    by_worker: dict[str | None, list[Job[Any]]] = defaultdict(list)
-    for job in running:
-        by_worker[job.leased_by].append(job)
+def held_by_worker(jobs: Iterable[Job[Any]]) -> list[WorkerJobs]:
+    """Running ``jobs`` grouped by the worker holding them, each group counting only
+    the jobs given: for pages that show a few running jobs, not every worker's."""
+    by_worker: dict[str, list[Job[Any]]] = defaultdict(list)
+    for job in jobs:
+        if job.leased_by is not None:
+            by_worker[job.leased_by].append(job)
+    return [
+        WorkerJobs(worker_id=w, running=len(js), oldest=tuple(js)) for w, js in by_worker.items()
+    ]
+
+
+def worker_views(workers: Iterable[WorkerRecord], held: Iterable[WorkerJobs]) -> list[WorkerView]:
+    by_worker = {h.worker_id: h for h in held}
     views = []
     for w in workers:
-        jobs = tuple(by_worker.get(w.id, ()))
+        found = by_worker.get(w.id)
+        jobs, running = (found.oldest, found.running) if found else ((), 0)
         if w.alive:
             state = w.status
-        elif w.status == "stopped" and w.active_slots == 0 and not jobs:
+        elif w.status == "stopped" and w.active_slots == 0 and not running:
             state = "stopped"
         else:
             state = "dead"
-        views.append(WorkerView(worker=w, state=state, jobs=jobs))
+        views.append(WorkerView(worker=w, state=state, jobs=jobs, running=running))
     return views
 
 
@@ -149,7 +162,8 @@ class WorkPages:
         workers: dict[str, WorkerView] = {}
         if filters["status"] == WorkStatus.RUNNING.value:
             listed = await client.list_workers(dead_after=DEAD_AFTER)
-            workers = {v.worker.id: v for v in worker_views(listed, page.items)}
+            views = worker_views(listed, held_by_worker(page.items))
+            workers = {v.worker.id: v for v in views}
         return self.ctx.render(
             request,
             "jobs.html",
@@ -179,13 +193,9 @@ class WorkPages:
     async def workers(self, request: Request) -> Response:
         client = self.ctx.client
         workers = await client.list_workers(dead_after=DEAD_AFTER)
-        running = await client.list_work(status=WorkStatus.RUNNING, limit=RUNNING_SHOWN)
+        held = await client.running_by_worker(per_worker=JOBS_PER_WORKER)
         return self.ctx.render(
-            request,
-            "workers.html",
-            workers=worker_views(workers, running.items),
-            more_running=running.next_cursor is not None,
-            refresh=True,
+            request, "workers.html", workers=worker_views(workers, held), refresh=True
         )
 
     @bounded

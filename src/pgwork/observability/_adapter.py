@@ -44,7 +44,14 @@ from pgwork.adapters.state import (
     WorkerInfo,
     WorkerRecord,
 )
-from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
+from pgwork.adapters.work import (
+    ErrorGroup,
+    InputMatch,
+    InputScan,
+    PendingType,
+    WorkerJobs,
+    WorkFilter,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
@@ -419,6 +426,13 @@ class InstrumentedStateAdapter:
             self.inner.list_work(
                 tx, where=where, after=after, oldest_first=oldest_first, limit=limit
             ),
+        )
+
+    async def running_by_worker(
+        self, tx: TransactionHandle | None, *, per_worker: int
+    ) -> list[WorkerJobs]:
+        return await self._call(
+            "running_by_worker", self.inner.running_by_worker(tx, per_worker=per_worker)
         )
 
     async def pending_types(

@@ -14,7 +14,14 @@ from uuid import UUID
 from psycopg import errors as pg_errors
 
 from pgwork.adapters.state import PageKey, TransactionHandle
-from pgwork.adapters.work import ErrorGroup, InputMatch, InputScan, PendingType, WorkFilter
+from pgwork.adapters.work import (
+    ErrorGroup,
+    InputMatch,
+    InputScan,
+    PendingType,
+    WorkerJobs,
+    WorkFilter,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.postgres._rows import job_from_row
 from pgwork.postgres._work_statements import render_work_statements
@@ -24,8 +31,8 @@ __all__ = ["WorkOps"]
 
 
 class WorkOps:
-    """``list_work``, ``pending_types``, ``error_groups``, ``jobs_in_id_range`` and
-    ``scan_input``."""
+    """``list_work``, ``running_by_worker``, ``pending_types``, ``error_groups``,
+    ``jobs_in_id_range`` and ``scan_input``."""
 
     if TYPE_CHECKING:
         schema: str
@@ -59,6 +66,20 @@ class WorkOps:
         key = f"list:{where.status.value}:{'oldest' if oldest_first else 'newest'}"
         rows = await self._read(tx, self._wsql[key], params)
         return [job_from_row(row) for row in rows]
+
+    async def running_by_worker(
+        self, tx: TransactionHandle | None, *, per_worker: int
+    ) -> list[WorkerJobs]:
+        rows = await self._read(tx, self._wsql["running_by_worker"], {"per_worker": per_worker})
+        held: dict[str, tuple[int, list[Job[Any]]]] = {}
+        for row in rows:
+            job = job_from_row(row, offset=1)
+            assert job.leased_by is not None  # a running job is leased
+            held.setdefault(job.leased_by, (int(row[0]), []))[1].append(job)
+        return [
+            WorkerJobs(worker_id=worker, running=count, oldest=tuple(jobs))
+            for worker, (count, jobs) in held.items()
+        ]
 
     async def pending_types(
         self, tx: TransactionHandle | None, *, sample: int

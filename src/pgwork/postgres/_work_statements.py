@@ -10,7 +10,9 @@ unprepared so a NULL filter folds away. Each reads a bounded index range:
   skipping through the index (one probe per lane), then each lane is read in
   ``scheduled_at`` order from the cursor on, at most ``limit`` rows, and the lanes
   merged: a page costs lanes x limit rows, however many jobs wait;
-- running jobs come from jobs_lease_expiry_idx (at most the workers' slots);
+- running jobs come from jobs_lease_expiry_idx (at most the workers' slots); per
+  worker, every running row is read once but only the first few of each worker are
+  read whole and returned;
 - failed jobs from jobs_attention_idx, whose ``(status, type_name, created_at)`` lanes
   are read and merged the same way;
 - an id prefix is a range of the primary key;
@@ -161,6 +163,25 @@ LISTINGS = {
     )
 }
 
+# Each worker's running jobs: how many, and the first ``per_worker`` it started. The
+# running rows are grouped by worker on (leased_by, started_at, id) alone, keeping the
+# ids of each worker's first ``per_worker``; only those are read whole, by primary key.
+# A page of workers receives workers x per_worker rows, not every job they run (which
+# the dashboard would decode one by one).
+RUNNING_BY_WORKER = f"""
+SELECT h.held, {_columns("j")}
+FROM (
+    SELECT r.leased_by, count(*) AS held,
+           (array_agg(r.id ORDER BY r.started_at, r.id))[1:%(per_worker)s] AS first
+    FROM {{jobs}} AS r
+    WHERE r.status = 'running'
+    GROUP BY r.leased_by
+) AS h
+CROSS JOIN LATERAL unnest(h.first) AS f(id)
+JOIN {{jobs}} AS j ON j.id = f.id
+ORDER BY j.leased_by, j.started_at, j.id
+"""
+
 # The types among the oldest ``sample`` ready jobs of each lane. A type no worker takes
 # stays ready while younger jobs are taken, so it gathers at the old end of its lane:
 # this sample finds it without reading the whole queue.
@@ -259,6 +280,12 @@ def render_work_statements(schema: str) -> dict[str, bytes]:
         f"list:{status}:{'oldest' if oldest else 'newest'}": _render(text, schema)
         for (status, oldest), text in LISTINGS.items()
     }
-    for name in ("PENDING_TYPES", "ERROR_GROUPS", "JOBS_IN_ID_RANGE", "INPUT_SCAN"):
+    for name in (
+        "RUNNING_BY_WORKER",
+        "PENDING_TYPES",
+        "ERROR_GROUPS",
+        "JOBS_IN_ID_RANGE",
+        "INPUT_SCAN",
+    ):
         rendered[name.lower()] = _render(globals()[name], schema)
     return rendered

@@ -1,6 +1,6 @@
-"""The operator's work views: jobs of one status in the order of its time, job types
-among the oldest ready jobs, failures grouped by error, ids by range, input fields
-compared on a bounded window of the newest jobs."""
+"""The operator's work views: jobs of one status in the order of its time, each
+worker's running jobs, job types among the oldest ready jobs, failures grouped by
+error, ids by range, input fields compared on a bounded window of the newest jobs."""
 
 from __future__ import annotations
 
@@ -83,6 +83,23 @@ class WorkConformance(StateSuiteBase):
         assert await ids(WorkStatus.FAILED) == [broken.id, other.id]
         assert await ids(WorkStatus.FAILED, error_message="same") == [broken.id]
         assert await ids(WorkStatus.FAILED, error_type="RuntimeError", error_message="x") == []
+
+    async def test_running_by_worker_counts_each_workers_jobs_and_gives_its_first(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(*[store.new_job() for _ in range(4)])
+        # One acquire (one transaction) each: started in this order.
+        a1, a2, a3 = [await store.acquire_one(worker="worker-a") for _ in range(3)]
+        b1 = await store.acquire_one(worker="worker-b")
+
+        async def held(per_worker: int) -> list[tuple[str, int, list[UUID]]]:
+            found = await store.adapter.running_by_worker(None, per_worker=per_worker)
+            return [(h.worker_id, h.running, [j.id for j in h.oldest]) for h in found]
+
+        assert await held(2) == [("worker-a", 3, [a1.id, a2.id]), ("worker-b", 1, [b1.id])]
+        assert await held(5) == [("worker-a", 3, [a1.id, a2.id, a3.id]), ("worker-b", 1, [b1.id])]
+        await store.finish(a1.id)
+        assert await held(1) == [("worker-a", 2, [a2.id]), ("worker-b", 1, [b1.id])]
 
     async def test_pending_types_and_error_groups_summarise_what_is_stuck(
         self, store: StateHarness
