@@ -22,6 +22,7 @@ import pytest
 
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._dashboard_statements import render_dashboard_statements
+from pgwork.postgres._history_statements import render_history_statements
 from pgwork.postgres._query_statements import render_query_statements
 from pgwork.postgres._registry import render_registry_statements
 from pgwork.postgres._statements import render
@@ -41,6 +42,7 @@ def all_statements(schema: str) -> dict[str, bytes]:
         "chains": dataclasses.asdict(render_chain_statements(schema)),
         "queries": dataclasses.asdict(render_query_statements(schema)),
         "dashboard": dataclasses.asdict(render_dashboard_statements(schema)),
+        "history": dataclasses.asdict(render_history_statements(schema)),
         "registry": render_registry_statements(schema),
         "work": render_work_statements(schema),
     }

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from pgwork._client_control import ControlMixin
+from pgwork._client_history import HistoryMixin
 from pgwork._client_insight import InsightMixin
 from pgwork._client_queries import QueryMixin
 from pgwork._client_sync import SyncEnqueueMixin
@@ -55,7 +56,7 @@ _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
 _NOW: _Schedule = (None, None)
 
 
-class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin):
+class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin, HistoryMixin):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(

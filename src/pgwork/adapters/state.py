@@ -56,6 +56,7 @@ from pgwork.adapters._state_records import (
     WorkerInfo,
     WorkerRecord,
 )
+from pgwork.adapters.history import HistoryRollup, JobHistory
 from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.work import (
@@ -573,6 +574,25 @@ class ReadStore(Store, Protocol):
         no index on inputs is needed, and no enqueue pays for one."""
         ...
 
+    # --- the job history (records in ``history``) ---
+
+    async def job_history(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        resolution: timedelta,
+        step: timedelta,
+        queue: str | None,
+        type_name: str | None,
+    ) -> JobHistory:
+        """The history's buckets of width ``resolution`` (one of those
+        ``roll_up_history`` writes) within ``window`` of now, from the start of the
+        ``step`` it begins in, summed per ``step`` (a multiple of ``resolution``) and
+        per queue and type; ``queue`` / ``type_name`` keep only theirs. Reads the
+        history alone, never the jobs."""
+        ...
+
 
 @runtime_checkable
 class ControlStore(Store, Protocol):
@@ -611,7 +631,22 @@ class ControlStore(Store, Protocol):
     async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
         """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
         that ended longer ago than its value, and commit; chains with dependants stay.
-        One caller at a time: a concurrent caller returns 0 at once."""
+        One caller at a time: a concurrent caller returns 0 at once. The ended jobs it
+        deletes that the history has not counted yet are counted into it."""
+        ...
+
+    async def roll_up_history(
+        self, *, limit: int, keep: timedelta, max_lag: timedelta
+    ) -> HistoryRollup:
+        """Count the jobs that ended since the history's progress into its buckets
+        (about ``limit`` jobs at most, oldest first), move the progress past them,
+        and delete hourly buckets older than ``keep`` (finer ones after
+        ``history.FINE_KEEP``); commit. Each ended job is counted exactly once, however
+        many callers run at once (a concurrent one returns ``skipped``) and whether
+        retention deletes it before or after. Only jobs that ended before every
+        transaction still open began are counted (their end could still commit
+        earlier), unless that transaction has been open longer than ``max_lag``.
+        Jobs that ended more than ``keep`` ago are not counted."""
         ...
 
 

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
+from pgwork.adapters.history import HistoryRollup, JobHistory
 from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
@@ -467,6 +468,38 @@ class InstrumentedStateAdapter:
         return await self._call(
             "scan_input",
             self.inner.scan_input(tx, match=match, before=before, examine=examine, limit=limit),
+        )
+
+    # --- the job history -----------------------------------------------------------------
+
+    async def roll_up_history(
+        self, *, limit: int, keep: timedelta, max_lag: timedelta
+    ) -> HistoryRollup:
+        return await self._call(
+            "roll_up_history",
+            self.inner.roll_up_history(limit=limit, keep=keep, max_lag=max_lag),
+        )
+
+    async def job_history(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        resolution: timedelta,
+        step: timedelta,
+        queue: str | None,
+        type_name: str | None,
+    ) -> JobHistory:
+        return await self._call(
+            "job_history",
+            self.inner.job_history(
+                tx,
+                window=window,
+                resolution=resolution,
+                step=step,
+                queue=queue,
+                type_name=type_name,
+            ),
         )
 
     # --- worker registry -----------------------------------------------------------------

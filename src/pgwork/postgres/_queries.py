@@ -29,6 +29,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._query_statements import (
     QueryStatements,
     render_query_statements,
@@ -229,12 +230,14 @@ class QueryOps:
             locked = await self._fetch(conn, self._qsql.try_retention_lock, key)
             if not locked[0][0]:
                 return 0
+            await self._fetch(conn, self._qsql.lock_history_progress, {})
             ids = [
                 row[0] for row in await self._fetch(conn, self._qsql.lock_expired_chains, policy)
             ]
             if not ids:
                 return 0
-            rows = await self._fetch(conn, self._qsql.delete_expired_chains, {"ids": ids})
+            params = {"ids": ids, "widths": HISTORY_WIDTHS_S}
+            rows = await self._fetch(conn, self._qsql.delete_expired_chains, params)
             return int(rows[0][0])
 
 

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from psycopg import sql
 
+from pgwork.postgres._history_statements import count_into_history, ended_row
 from pgwork.postgres._names import validate_schema_name
 from pgwork.postgres._statements import _columns, _in_chain, _last_job
 
@@ -261,8 +262,18 @@ CROSS JOIN LATERAL (
 LIMIT %(limit)s
 """
 
+# The history's progress row, locked before retention deletes anything: a rollup in
+# progress finishes first, and none starts until this sweep commits (see
+# ``_history_statements``).
+LOCK_HISTORY_PROGRESS = """
+SELECT 1 FROM {job_history_progress} FOR UPDATE
+"""
+
 # Runs after LOCK_EXPIRED_CHAINS, under a fresh snapshot: a dependant enqueued between
-# that statement's snapshot and its lock is seen here, and its blocker kept.
+# that statement's snapshot and its lock is seen here, and its blocker kept. The jobs
+# deleted that ended at or after the history's progress, which no rollup has counted
+# yet, are counted into the history here (under LOCK_HISTORY_PROGRESS): the history
+# keeps every ended job whichever of the two reaches it first.
 DELETE_EXPIRED_CHAINS = f"""
 WITH gone AS (
     DELETE FROM {{jobs}} AS j
@@ -275,9 +286,16 @@ WITH gone AS (
             AND d.chain_id <> j.chain_id
             AND d.status IN {_MAY_STILL_RUN}
       )
-    RETURNING j.id, j.chain_id
+    RETURNING j.id, j.chain_id, j.queue, j.type_name, j.status, j.scheduled_at,
+        j.started_at, j.completed_at, j.attempt
+), uncounted AS (
+    SELECT {ended_row("g")}
+    FROM gone AS g
+    WHERE g.status IN ('completed', 'failed')
+      AND g.completed_at >= (SELECT p.rolled_up_to FROM {{job_history_progress}} AS p)
+), counted AS ({count_into_history("uncounted", "%(widths)s::int[]")}
 )
-SELECT count(*) FILTER (WHERE id = chain_id) FROM gone
+SELECT count(*) FILTER (WHERE id = chain_id), (SELECT count(*) FROM counted) FROM gone
 """
 
 
@@ -294,6 +312,7 @@ class QueryStatements:
     delete_chains: bytes
     try_retention_lock: bytes
     lock_expired_chains: bytes
+    lock_history_progress: bytes
     delete_expired_chains: bytes
 
 
@@ -307,6 +326,8 @@ def render_query_statements(schema: str) -> QueryStatements:
         "queues": sql.Identifier(schema, "queues"),
         "job_status": sql.Identifier(schema, "job_status"),
         "chain_status": sql.Identifier(schema, "chain_status"),
+        "job_history": sql.Identifier(schema, "job_history"),
+        "job_history_progress": sql.Identifier(schema, "job_history_progress"),
     }
     rendered = {
         f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)

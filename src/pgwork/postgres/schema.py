@@ -218,6 +218,45 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("paused_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
     )
+
+    # The history of ended jobs, counted per bucket of end time, queue and job type
+    # (migration 0008): throughput, wait and run time over days, kept after retention
+    # deleted the jobs. Filled by the worker's maintenance from jobs_ended_idx
+    # (``_history_statements``); nothing on the enqueue, claim or completion path
+    # writes it. Each bucket width (``bucket_seconds``) is a resolution of its own.
+    # ``*_hist`` count durations per bin of ``pgwork.adapters.history.DURATION_BINS_S``.
+    bigint_zero = sa.text("0")
+    sa.Table(
+        "job_history",
+        md,
+        sa.Column("bucket_seconds", sa.Integer, primary_key=True),
+        sa.Column("bucket_start", sa.DateTime(timezone=True), primary_key=True),
+        sa.Column("queue", sa.Text, primary_key=True),
+        sa.Column("type_name", sa.Text, primary_key=True),
+        sa.Column("completed", sa.BigInteger, nullable=False, server_default=bigint_zero),
+        sa.Column("failed", sa.BigInteger, nullable=False, server_default=bigint_zero),
+        sa.Column("wait_count", sa.BigInteger, nullable=False, server_default=bigint_zero),
+        sa.Column("wait_sum_s", sa.Float, nullable=False, server_default=bigint_zero),
+        sa.Column("wait_max_s", sa.Float, nullable=False, server_default=bigint_zero),
+        sa.Column("wait_hist", pg.ARRAY(sa.BigInteger), nullable=False),
+        sa.Column("run_count", sa.BigInteger, nullable=False, server_default=bigint_zero),
+        sa.Column("run_sum_s", sa.Float, nullable=False, server_default=bigint_zero),
+        sa.Column("run_max_s", sa.Float, nullable=False, server_default=bigint_zero),
+        sa.Column("run_hist", pg.ARRAY(sa.BigInteger), nullable=False),
+        sa.CheckConstraint("bucket_seconds > 0", name="job_history_bucket_positive"),
+    )
+
+    # How far the history has counted ended jobs: every job that completed or failed
+    # before ``rolled_up_to`` is in ``job_history``. One row, written by the migration;
+    # locking it is what lets one maintenance run (or retention sweep) count at a time.
+    sa.Table(
+        "job_history_progress",
+        md,
+        sa.Column("singleton", sa.Boolean, primary_key=True, server_default=sa.text("true")),
+        sa.Column("rolled_up_to", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.CheckConstraint("singleton", name="job_history_progress_one_row"),
+    )
     return md
 
 

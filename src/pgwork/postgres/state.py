@@ -18,7 +18,8 @@ read alone:
   chains that wait on chains;
 - ``_queries.QueryOps``: ``ReadStore`` (get, list, count) and chain deletion;
 - ``_chains.ChainOps``: ``ControlStore``'s cancel, retry, trigger, pause;
-- ``_registry.RegistryOps``: ``WorkerRegistry`` (and ``list_workers``).
+- ``_registry.RegistryOps``: ``WorkerRegistry`` (and ``list_workers``);
+- ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
 each part is rendered once per schema (``_statements``, ``_chain_statements``, ...).
@@ -42,6 +43,7 @@ from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeout
 from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._pool import BoundedPool, borrow, bounded, configure_session
@@ -67,7 +69,15 @@ DEFAULT_OPERATION_TIMEOUT = 30.0
 
 
 class PostgresStateAdapter(
-    EnqueueOps, WorkerOps, CompletionOps, QueryOps, InsightOps, ChainOps, RegistryOps, WorkOps
+    EnqueueOps,
+    WorkerOps,
+    CompletionOps,
+    QueryOps,
+    InsightOps,
+    ChainOps,
+    RegistryOps,
+    WorkOps,
+    HistoryOps,
 ):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 

@@ -1,10 +1,13 @@
-"""The worker's periodic housekeeping: recurring schedules, stuck blockers, retention,
-pruning stopped workers.
+"""The worker's periodic housekeeping: recurring schedules, stuck blockers, the job
+history, retention, pruning stopped workers.
 
 Runs beside the main loop. Each step is safe to run in every worker at once: schedule
 ticks are deduplicated in the database, the blocker sweep locks what it settles
-(SKIP LOCKED), retention takes a try-lock so only one worker deletes at a time, and
-pruning deletes rows it locked with SKIP LOCKED.
+(SKIP LOCKED), the history's rollup locks its progress row (SKIP LOCKED) so only one
+worker counts at a time, retention takes a try-lock so only one worker deletes at a
+time, and pruning deletes rows it locked with SKIP LOCKED. The rollup runs before
+retention in a round, so retention rarely deletes a job the history has not counted
+(when it does, it counts it itself).
 A failing step is logged and retried on the next round; it never stops the worker.
 """
 
@@ -13,23 +16,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 
+from pgwork._client_history import HISTORY_MAX_LAG
+from pgwork.adapters.history import HISTORY_KEEP
 from pgwork.adapters.notify import ready_notices
 from pgwork.client import Client
 from pgwork.schedules import CronSchedule
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["WORKER_RETENTION_S", "Maintenance"]
+__all__ = ["HISTORY_BATCH", "HISTORY_BATCHES_PER_ROUND", "WORKER_RETENTION_S", "Maintenance"]
 
 # How long a stopped (or dead) worker stays listed by ``pgwork workers``: long enough
 # to see what happened overnight, short enough that a fleet restarted on every deploy
 # does not list thousands of gone workers.
 WORKER_RETENTION_S = 24 * 3600.0
+
+# Ended jobs one rollup step counts (one transaction), and the most steps a round runs
+# while the history is behind (after an upgrade it counts the jobs the table holds).
+HISTORY_BATCH = 10_000
+HISTORY_BATCHES_PER_ROUND = 10
 
 
 class Maintenance:
@@ -43,6 +53,8 @@ class Maintenance:
         retention_every: float = 60.0,
         worker_retention: float = WORKER_RETENTION_S,
         prune_every: float = 600.0,
+        history_every: float = 30.0,
+        history_keep: timedelta = HISTORY_KEEP,
     ) -> None:
         self.client = client
         self.schedules = tuple(schedules)
@@ -51,6 +63,8 @@ class Maintenance:
         self.retention_every = retention_every
         self.worker_retention = worker_retention
         self.prune_every = prune_every
+        self.history_every = history_every
+        self.history_keep = history_keep
         self._fired: dict[str, datetime] = {}
         self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
 
@@ -58,6 +72,7 @@ class Maintenance:
         next_sweep = time.monotonic() + self.sweep_every
         next_retention = time.monotonic() + self.retention_every
         next_prune = time.monotonic() + self.prune_every
+        next_history = time.monotonic() + self.history_every
         while True:
             if self.schedules:
                 await self._guarded("schedules", self.fire_due)
@@ -65,6 +80,9 @@ class Maintenance:
             if now >= next_sweep:
                 next_sweep = now + self.sweep_every
                 await self._guarded("blocker sweep", self.sweep)
+            if now >= next_history:
+                next_history = now + self.history_every
+                await self._guarded("history rollup", self.roll_up_history)
             if self._retention and now >= next_retention:
                 next_retention = now + self.retention_every
                 await self._guarded("retention", self.purge)
@@ -121,6 +139,19 @@ class Maintenance:
             log.info(
                 "pgwork removed %d worker(s) stopped over %.0fs ago", pruned, self.worker_retention
             )
+
+    async def roll_up_history(self) -> int:
+        """Count the jobs that ended since the history's progress, a batch at a time
+        while it is behind; returns how many."""
+        counted = 0
+        for _ in range(HISTORY_BATCHES_PER_ROUND):
+            step = await self.client.state.roll_up_history(
+                limit=HISTORY_BATCH, keep=self.history_keep, max_lag=HISTORY_MAX_LAG
+            )
+            counted += step.jobs
+            if step.skipped or step.caught_up:
+                break
+        return counted
 
     async def purge(self) -> None:
         deleted = await self.client.state.delete_expired_chains(
