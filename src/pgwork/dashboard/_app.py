@@ -16,6 +16,7 @@ from pgwork.client import Client
 from pgwork.dashboard._actions import Actions
 from pgwork.dashboard._context import Context
 from pgwork.dashboard._csrf import CsrfSigner
+from pgwork.dashboard._history_page import HistoryPage
 from pgwork.dashboard._origin import LOOPBACK_NAMES, parse_hosts
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
@@ -86,6 +87,7 @@ def create_dashboard(
     pages = Pages(context)
     actions = Actions(context)
     work = WorkPages(context, schedules=tuple(schedules))
+    history = HistoryPage(context)
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -109,6 +111,7 @@ def create_dashboard(
         Route("/errors", work.errors, methods=["GET"]),
         Route("/search", work.search, methods=["GET"]),
         Route("/schedules", work.schedules, methods=["GET"]),
+        Route("/history", history.history, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
