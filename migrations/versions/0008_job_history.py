@@ -8,7 +8,7 @@ The dashboard saw one hour back (an index range of ``jobs_ended_idx``), and rete
 deleted the rest. ``job_history`` holds, per bucket of end time, queue and job type,
 how many jobs completed and failed and how long they waited and ran (count, sum,
 maximum and a histogram of fixed bins); ``job_history_progress`` holds how far that
-count has reached. The worker's maintenance fills both from ``jobs_ended_idx``; no
+count has reached. The worker's maintenance fills them from ``jobs_ended_idx``; no
 statement of the enqueue, the claim or the completion writes them.
 
 The progress row starts at ``-infinity``: the first rollups count the ended jobs the

@@ -12,9 +12,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from pgwork.adapters.history import (
+    DAILY_RESOLUTION,
     FINE_KEEP,
     FINE_RESOLUTION,
     HISTORY_KEEP,
+    HOURLY_KEEP,
     HOURLY_RESOLUTION,
     HistoryRollup,
     JobHistory,
@@ -34,10 +36,15 @@ HISTORY_MAX_LAG = timedelta(hours=1)
 
 
 def history_step(window: timedelta) -> tuple[timedelta, timedelta]:
-    """The bucket width a window is read at and the step it is summed per: five-minute
-    buckets while they are kept, hourly ones beyond; the smallest multiple of that
-    width giving at most ``MAX_HISTORY_POINTS`` steps."""
-    resolution = FINE_RESOLUTION if window <= FINE_KEEP else HOURLY_RESOLUTION
+    """The bucket width a window is read at and the step it is summed per: the finest
+    width kept as long as the window (``pgwork.adapters.history``); the smallest
+    multiple of it giving at most ``MAX_HISTORY_POINTS`` steps."""
+    if window <= FINE_KEEP:
+        resolution = FINE_RESOLUTION
+    elif window <= HOURLY_KEEP:
+        resolution = HOURLY_RESOLUTION
+    else:
+        resolution = DAILY_RESOLUTION
     multiple = max(1, math.ceil(window / resolution / MAX_HISTORY_POINTS))
     return resolution, resolution * multiple
 
@@ -65,7 +72,8 @@ class HistoryMixin:
         Read from the history the workers' maintenance counts, so it reaches back
         past retention (up to ``HISTORY_KEEP``) and lags the present by a rollup
         interval: ``rolled_up_to`` on the result says how far it reaches. Windows up
-        to two days are read in five-minute buckets, longer ones in hourly buckets.
+        to two days are read in five-minute buckets, up to eight days in hourly ones,
+        longer ones in daily ones.
         """
         if not timedelta(0) < window <= HISTORY_KEEP:
             raise ConfigurationError(
@@ -85,9 +93,9 @@ class HistoryMixin:
         self, *, limit: int = 10_000, keep: timedelta = HISTORY_KEEP
     ) -> HistoryRollup:
         """Count up to about ``limit`` more ended jobs into the history and prune
-        buckets older than ``keep``: one step of what each worker's maintenance runs
-        (call it again while ``caught_up`` is false). Safe beside running workers:
-        each ended job is counted once."""
+        buckets past their keep period (daily ones: ``keep``): one step of what each
+        worker's maintenance runs (call it again while ``caught_up`` is false). Safe
+        beside running workers: each ended job is counted once."""
         if not 1 <= limit <= 1_000_000:
             raise ConfigurationError(f"limit must be in 1..1000000, got {limit}")
         if not FINE_KEEP <= keep <= timedelta(days=3650):

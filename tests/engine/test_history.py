@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from pgwork import Client, JobTypeRegistry
 from pgwork.adapters.history import DURATION_BINS_S, Durations, HistoryFigures, JobHistory
+from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._history_statements import render_history_statements
 from pgwork.worker._maintenance import Maintenance
 
@@ -179,7 +180,8 @@ async def test_the_history_counts_each_ended_job_once_with_its_wait_and_run_time
     assert await roll_up_all(client, limit=10) == len(jobs)
     assert await roll_up_all(client, limit=10) == 0
 
-    for window in (timedelta(days=2), timedelta(days=3)):  # five-minute, hourly buckets
+    # Five-minute, hourly and daily buckets.
+    for window in (timedelta(days=2), timedelta(days=3), timedelta(days=30)):
         history = await client.job_history(window=window)
         same(total(history), expected(jobs))
         assert history.rolled_up_to is not None
@@ -233,7 +235,7 @@ async def test_two_rollups_at_once_count_each_job_once(
         since, horizon = await cur.fetchone() or (None, None)
         await first.execute(
             statements.roll_up,
-            {"since": since, "horizon": horizon, "limit": 100_000, "widths": [300, 3600]},
+            {"since": since, "horizon": horizon, "limit": 100_000, "widths": HISTORY_WIDTHS_S},
         )
         results: list[Any] = []
 
@@ -331,13 +333,16 @@ async def test_buckets_past_their_keep_period_are_pruned_and_old_jobs_not_counte
         query = "SELECT count(*) FROM pgwork.job_history WHERE bucket_seconds = %s"
         return int(await scalar(pgwork_dsn, query, width))
 
-    # Five-minute buckets live two days: the three-day-old job has only its hourly one.
-    assert (await buckets(300), await buckets(3600)) == (1, 2)
+    # Five-minute buckets live two days: the three-day-old job has its hourly and
+    # daily ones only.
+    assert [await buckets(w) for w in (300, 3600, 86400)] == [1, 2, 2]
     step = await client.roll_up_history(keep=timedelta(days=2, hours=12))
-    assert step.pruned == 1
-    assert (await buckets(300), await buckets(3600)) == (1, 1)
-    week = await client.job_history(window=timedelta(days=7))
-    assert total(week).completed == 1
+    assert step.pruned == 1  # its daily bucket, older than the keep period
+    assert [await buckets(w) for w in (300, 3600, 86400)] == [1, 2, 1]
+    week = await client.job_history(window=timedelta(days=7))  # hourly buckets
+    assert total(week).completed == 2
+    month = await client.job_history(window=timedelta(days=30))  # daily buckets
+    assert total(month).completed == 1
 
 
 async def test_a_workers_maintenance_rolls_up_what_its_jobs_ended(

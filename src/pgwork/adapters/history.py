@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 __all__ = [
+    "DAILY_RESOLUTION",
     "DURATION_BINS_S",
     "FINE_KEEP",
     "FINE_RESOLUTION",
     "HISTORY_KEEP",
+    "HOURLY_KEEP",
     "HOURLY_RESOLUTION",
     "Durations",
     "HistoryFigures",
@@ -52,13 +54,16 @@ DURATION_BINS_S: tuple[float, ...] = (
     3600.0,
 )
 
-# The two widths the history is counted at: five-minute buckets for the last days,
-# hourly ones for longer. A rollup writes both.
+# The widths the history is counted at, each kept for its own period: five-minute
+# buckets for the last two days, hourly ones for eight days, daily ones for the keep
+# period (the worker's ``history_keep``). A rollup writes all three; a window is read
+# at the finest width kept that long, so no read sums more than a few hundred buckets
+# per queue and type.
 FINE_RESOLUTION = timedelta(minutes=5)
 HOURLY_RESOLUTION = timedelta(hours=1)
-# How long buckets of each width are kept (by the worker's maintenance; the hourly
-# period is its ``history_keep``).
+DAILY_RESOLUTION = timedelta(days=1)
 FINE_KEEP = timedelta(days=2)
+HOURLY_KEEP = timedelta(days=8)
 HISTORY_KEEP = timedelta(days=90)
 
 

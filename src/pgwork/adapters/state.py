@@ -640,12 +640,13 @@ class ControlStore(Store, Protocol):
     ) -> HistoryRollup:
         """Count the jobs that ended since the history's progress into its buckets
         (about ``limit`` jobs at most, oldest first), move the progress past them,
-        and delete hourly buckets older than ``keep`` (finer ones after
-        ``history.FINE_KEEP``); commit. Each ended job is counted exactly once, however
-        many callers run at once (a concurrent one returns ``skipped``) and whether
-        retention deletes it before or after. Only jobs that ended before every
-        transaction still open began are counted (their end could still commit
-        earlier), unless that transaction has been open longer than ``max_lag``.
+        and delete daily buckets older than ``keep`` (finer ones after
+        ``history.FINE_KEEP`` and ``history.HOURLY_KEEP``); commit. Each ended job is
+        counted exactly once, however many callers run at once (a concurrent one
+        returns ``skipped``) and whether retention deletes it before or after. Only
+        jobs that ended before every transaction still open began are counted (their
+        end could still commit earlier), unless that transaction has been open longer
+        than ``max_lag``.
         Jobs that ended more than ``keep`` ago are not counted."""
         ...
 

@@ -14,8 +14,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pgwork.adapters.history import (
+    DAILY_RESOLUTION,
     FINE_KEEP,
     FINE_RESOLUTION,
+    HOURLY_KEEP,
     HOURLY_RESOLUTION,
     Durations,
     HistoryFigures,
@@ -33,8 +35,7 @@ __all__ = ["HISTORY_WIDTHS_S", "HistoryOps"]
 
 # Every rollup counts each ended job into a bucket of each of these widths.
 HISTORY_WIDTHS_S = [
-    int(FINE_RESOLUTION.total_seconds()),
-    int(HOURLY_RESOLUTION.total_seconds()),
+    int(width.total_seconds()) for width in (FINE_RESOLUTION, HOURLY_RESOLUTION, DAILY_RESOLUTION)
 ]
 
 # The horizon stays this far behind the database's clock: a transaction's start time
@@ -65,7 +66,7 @@ class HistoryOps:
     async def roll_up_history(
         self, *, limit: int, keep: timedelta, max_lag: timedelta
     ) -> HistoryRollup:
-        keeps = [FINE_KEEP.total_seconds(), keep.total_seconds()]
+        keeps = [FINE_KEEP.total_seconds(), HOURLY_KEEP.total_seconds(), keep.total_seconds()]
         async with self.transaction() as tx:
             conn = await unwrap(tx)
             locked = await self._fetch(

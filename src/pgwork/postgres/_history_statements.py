@@ -173,15 +173,15 @@ SELECT count(*) FROM gone
 # the ``step`` the window begins in, summed per ``step`` seconds over the queues and
 # types asked for (kind 1), and per queue and type over the whole window (kind 2). The
 # first row (kind 0) carries the clock, the progress and where the window starts.
+_SINCE = """to_timestamp(
+        floor((extract(epoch FROM now()) - %(window_s)s) / %(step)s + 1) * %(step)s)"""
+
 READ_HISTORY = f"""
-WITH w AS (
-    SELECT to_timestamp(
-        floor((extract(epoch FROM now()) - %(window_s)s) / %(step)s + 1) * %(step)s) AS since
-), buckets AS (
+WITH buckets AS (
     SELECT h.*
-    FROM {{job_history}} AS h, w
+    FROM {{job_history}} AS h
     WHERE h.bucket_seconds = %(width)s
-      AND h.bucket_start >= w.since
+      AND h.bucket_start >= {_SINCE}
       AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
       AND (%(type_name)s::text IS NULL OR h.type_name = %(type_name)s::text)
 )
@@ -189,7 +189,7 @@ SELECT 0 AS kind, now(), NULL::text, NULL::text, 0::numeric, 0::numeric,
        0::numeric, 0::float8, 0::float8, NULL::bigint[],
        0::numeric, 0::float8, 0::float8, NULL::bigint[],
        (SELECT NULLIF(p.rolled_up_to, '-infinity') FROM {{job_history_progress}} AS p),
-       (SELECT w.since FROM w)
+       {_SINCE}
 UNION ALL
 SELECT CASE WHEN GROUPING(h.queue) = 1 THEN 1 ELSE 2 END,
        to_timestamp(floor(extract(epoch FROM h.bucket_start) / %(step)s) * %(step)s)
