@@ -168,6 +168,12 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
     app = create_dashboard(client, authorize=allow_any)
     results = []
     try:
+        started = time.perf_counter()
+        steps = 1
+        while not (await client.roll_up_history()).caught_up:  # what the workers count
+            steps += 1
+        took = time.perf_counter() - started
+        print(f"history rolled up in {steps} steps of 10,000 jobs: {took:.1f} s\n")
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
             first = (await http.get("/chains")).text
@@ -204,6 +210,10 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
                 "search by input field (none of 10,000 match)": (
                     "/search?type=bench.email&field=email&value=%22nobody%40example.com%22"
                 ),
+                "history, last day `/history`": "/history",
+                "history, last week": "/history?window=7d",
+                "history, 90 days": "/history?window=90d",
+                "history of a queue and type": "/history?queue=mail&type=bench.email",
             }
             for label, path in pages.items():
                 if only and not any(text in label for text in only):

@@ -5,11 +5,12 @@ Revises: 0007
 Create Date: 2026-11-28
 
 The dashboard saw one hour back (an index range of ``jobs_ended_idx``), and retention
-deleted the rest. ``job_history`` holds, per bucket of end time, queue and job type,
-how many jobs completed and failed and how long they waited and ran (count, sum,
-maximum and a histogram of fixed bins); ``job_history_progress`` holds how far that
-count has reached. The worker's maintenance fills them from ``jobs_ended_idx``; no
-statement of the enqueue, the claim or the completion writes them.
+deleted the rest. ``job_history`` holds, per bucket of end time, queue and job type
+(and per queue, and in all, under the name ''), how many jobs completed and failed and
+how long they waited and ran (count, sum, maximum and a histogram of fixed bins);
+``job_history_progress`` holds how far that count has reached. The worker's
+maintenance fills them from ``jobs_ended_idx``; no statement of the enqueue, the claim
+or the completion writes them.
 
 The progress row starts at ``-infinity``: the first rollups count the ended jobs the
 table still holds (within the history's keep period), oldest first, a batch at a time.
@@ -34,9 +35,9 @@ def upgrade(*, schema: str) -> None:
     op.create_table(
         "job_history",
         sa.Column("bucket_seconds", sa.Integer(), nullable=False),
-        sa.Column("bucket_start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("queue", sa.Text(), nullable=False),
         sa.Column("type_name", sa.Text(), nullable=False),
+        sa.Column("bucket_start", sa.DateTime(timezone=True), nullable=False),
         sa.Column("completed", sa.BigInteger(), nullable=False, server_default=zero),
         sa.Column("failed", sa.BigInteger(), nullable=False, server_default=zero),
         sa.Column("wait_count", sa.BigInteger(), nullable=False, server_default=zero),
@@ -49,7 +50,7 @@ def upgrade(*, schema: str) -> None:
         sa.Column("run_hist", pg.ARRAY(sa.BigInteger()), nullable=False),
         sa.CheckConstraint("bucket_seconds > 0", name="job_history_bucket_positive"),
         sa.PrimaryKeyConstraint(
-            "bucket_seconds", "bucket_start", "queue", "type_name", name="job_history_pkey"
+            "bucket_seconds", "queue", "type_name", "bucket_start", name="job_history_pkey"
         ),
         schema=schema,
     )

@@ -29,24 +29,26 @@ if TYPE_CHECKING:
 __all__ = ["MAX_HISTORY_POINTS", "HistoryMixin", "history_step"]
 
 # A window is cut into at most this many steps (a chart's bars).
-MAX_HISTORY_POINTS = 300
+MAX_HISTORY_POINTS = 150
 # How long an open transaction may hold the history's count back (see
 # ``ControlStore.roll_up_history``).
 HISTORY_MAX_LAG = timedelta(hours=1)
 
 
-def history_step(window: timedelta) -> tuple[timedelta, timedelta]:
-    """The bucket width a window is read at and the step it is summed per: the finest
-    width kept as long as the window (``pgwork.adapters.history``); the smallest
-    multiple of it giving at most ``MAX_HISTORY_POINTS`` steps."""
+def history_step(window: timedelta) -> tuple[timedelta, timedelta, timedelta]:
+    """How a window is read: the bucket width of its steps (the finest kept as long as
+    the window, ``pgwork.adapters.history``), its step (the smallest multiple of that
+    width giving at most ``MAX_HISTORY_POINTS`` steps), and the bucket width its
+    totals per queue and type are summed from (the next coarser one: a few dozen
+    buckets per queue and type)."""
     if window <= FINE_KEEP:
-        resolution = FINE_RESOLUTION
+        resolution, groups = FINE_RESOLUTION, HOURLY_RESOLUTION
     elif window <= HOURLY_KEEP:
-        resolution = HOURLY_RESOLUTION
+        resolution, groups = HOURLY_RESOLUTION, DAILY_RESOLUTION
     else:
-        resolution = DAILY_RESOLUTION
+        resolution, groups = DAILY_RESOLUTION, DAILY_RESOLUTION
     multiple = max(1, math.ceil(window / resolution / MAX_HISTORY_POINTS))
-    return resolution, resolution * multiple
+    return resolution, resolution * multiple, groups
 
 
 class HistoryMixin:
@@ -73,18 +75,20 @@ class HistoryMixin:
         past retention (up to ``HISTORY_KEEP``) and lags the present by a rollup
         interval: ``rolled_up_to`` on the result says how far it reaches. Windows up
         to two days are read in five-minute buckets, up to eight days in hourly ones,
-        longer ones in daily ones.
+        longer ones in daily ones; the totals per queue and type in the next coarser
+        buckets, so the window starts at the start of the hour (or day) it begins in.
         """
         if not timedelta(0) < window <= HISTORY_KEEP:
             raise ConfigurationError(
                 f"window must be positive and at most {HISTORY_KEEP.days} days, got {window}"
             )
-        resolution, step = history_step(window)
+        resolution, step, groups = history_step(window)
         return await self.state.job_history(
             await self._read_handle(tx),
             window=window,
             resolution=resolution,
             step=step,
+            group_resolution=groups,
             queue=queue,
             type_name=type_name,
         )

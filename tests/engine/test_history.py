@@ -189,13 +189,18 @@ async def test_the_history_counts_each_ended_job_once_with_its_wait_and_run_time
             mine = [j for j in jobs if (j.queue, j.type_name) == (group.queue, group.type_name)]
             same(group.figures, expected(mine))
         assert len(history.groups) == 6
-    day = await client.job_history(window=timedelta(days=1))
+    day = await client.job_history(window=timedelta(hours=12))
     assert day.resolution == day.step == timedelta(minutes=5)
     assert all(p.start >= day.since for p in day.points)
 
-    media = await client.job_history(window=timedelta(days=2), queue="media", type_name="mail")
-    wanted = [j for j in jobs if (j.queue, j.type_name) == ("media", "mail")]
-    same(total(media), expected(wanted))
+    filters: list[tuple[str | None, str | None]] = [("media", "mail"), ("media", None)]
+    for queue, type_name in [*filters, (None, "report")]:
+        mine = await client.job_history(window=timedelta(days=2), queue=queue, type_name=type_name)
+        wanted = [j for j in jobs if queue in (None, j.queue) and type_name in (None, j.type_name)]
+        same(total(mine), expected(wanted))
+        assert {(g.queue, g.type_name) for g in mine.groups} == {
+            (j.queue, j.type_name) for j in wanted
+        }
 
 
 async def test_jobs_retention_deletes_before_the_rollup_reaches_them_are_counted_once(
@@ -330,14 +335,17 @@ async def test_buckets_past_their_keep_period_are_pruned_and_old_jobs_not_counte
     assert await roll_up_all(client, keep=timedelta(days=5)) == 2
 
     async def buckets(width: int) -> int:
-        query = "SELECT count(*) FROM pgwork.job_history WHERE bucket_seconds = %s"
+        query = (
+            "SELECT count(*) FROM pgwork.job_history"
+            " WHERE bucket_seconds = %s AND queue <> '' AND type_name <> ''"
+        )
         return int(await scalar(pgwork_dsn, query, width))
 
     # Five-minute buckets live two days: the three-day-old job has its hourly and
     # daily ones only.
     assert [await buckets(w) for w in (300, 3600, 86400)] == [1, 2, 2]
     step = await client.roll_up_history(keep=timedelta(days=2, hours=12))
-    assert step.pruned == 1  # its daily bucket, older than the keep period
+    assert step.pruned == 3  # its daily bucket, its queue's and the total's
     assert [await buckets(w) for w in (300, 3600, 86400)] == [1, 2, 1]
     week = await client.job_history(window=timedelta(days=7))  # hourly buckets
     assert total(week).completed == 2

@@ -583,14 +583,15 @@ class ReadStore(Store, Protocol):
         window: timedelta,
         resolution: timedelta,
         step: timedelta,
+        group_resolution: timedelta,
         queue: str | None,
         type_name: str | None,
     ) -> JobHistory:
-        """The history's buckets of width ``resolution`` (one of those
-        ``roll_up_history`` writes) within ``window`` of now, from the start of the
-        ``step`` it begins in, summed per ``step`` (a multiple of ``resolution``) and
-        per queue and type; ``queue`` / ``type_name`` keep only theirs. Reads the
-        history alone, never the jobs."""
+        """The history within ``window`` of now, from the start of the step (or group
+        bucket, the longer) it begins in: per ``step`` (a multiple of ``resolution``,
+        one of the widths ``roll_up_history`` writes) from buckets of ``resolution``,
+        and per queue and type from buckets of ``group_resolution``; ``queue`` /
+        ``type_name`` keep only theirs. Reads the history alone, never the jobs."""
         ...
 
 

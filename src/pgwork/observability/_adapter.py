@@ -487,6 +487,7 @@ class InstrumentedStateAdapter:
         window: timedelta,
         resolution: timedelta,
         step: timedelta,
+        group_resolution: timedelta,
         queue: str | None,
         type_name: str | None,
     ) -> JobHistory:
@@ -497,6 +498,7 @@ class InstrumentedStateAdapter:
                 window=window,
                 resolution=resolution,
                 step=step,
+                group_resolution=group_resolution,
                 queue=queue,
                 type_name=type_name,
             ),

@@ -108,32 +108,30 @@ class HistoryOps:
         window: timedelta,
         resolution: timedelta,
         step: timedelta,
+        group_resolution: timedelta,
         queue: str | None,
         type_name: str | None,
     ) -> JobHistory:
-        # The window starts at the beginning of the step it begins in: every step whole.
-        step_s = int(step.total_seconds())
         params = {
             "width": int(resolution.total_seconds()),
-            "step": step_s,
+            "step": int(step.total_seconds()),
+            "group_width": int(group_resolution.total_seconds()),
+            "align": int(max(step, group_resolution).total_seconds()),
             "window_s": window.total_seconds(),
             "queue": queue,
             "type_name": type_name,
         }
         rows = await self._read(tx, self._hsql.read_history, params)
         head, rest = rows[0], rows[1:]
+        points = (HistoryPoint(r[1], _figures(r)) for r in rest if r[0] == 1)
+        groups = (HistoryGroup(r[2], r[3], _figures(r)) for r in rest if r[0] == 2)
         return JobHistory(
             now=head[1],
             since=head[15],
             step=step,
             resolution=resolution,
-            points=tuple(HistoryPoint(r[1], _figures(r)) for r in rest if r[0] == 1),
-            groups=tuple(
-                sorted(
-                    (HistoryGroup(r[2], r[3], _figures(r)) for r in rest if r[0] == 2),
-                    key=lambda g: (-g.figures.ended, g.queue, g.type_name),
-                )
-            ),
+            points=tuple(sorted(points, key=lambda p: p.start)),
+            groups=tuple(sorted(groups, key=lambda g: (-g.figures.ended, g.queue, g.type_name))),
             rolled_up_to=head[14],
         )
 

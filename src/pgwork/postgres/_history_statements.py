@@ -63,28 +63,37 @@ def _summed(column: str) -> str:
     return "ARRAY[" + ", ".join(sums) + "]::bigint[]"
 
 
-_COLUMNS = """bucket_seconds, bucket_start, queue, type_name, completed, failed,
+_COLUMNS = """bucket_seconds, queue, type_name, bucket_start, completed, failed,
         wait_count, wait_sum_s, wait_max_s, wait_hist,
         run_count, run_sum_s, run_max_s, run_hist"""
 
 
 def count_into_history(ended: str, widths: str) -> str:
     """An ``INSERT`` adding the jobs of CTE ``ended`` (columns of ``_ENDED_ROW``) to
-    the buckets of each width in ``widths`` (an expression of ``int[]`` seconds)."""
+    the buckets of each width in ``widths`` (an expression of ``int[]`` seconds): of
+    their queue and type, of their queue (type ''), and of all (queue and type '')."""
     return f"""
     INSERT INTO {{job_history}} AS h ({_COLUMNS})
-    SELECT w.seconds,
-           to_timestamp(floor(extract(epoch FROM e.completed_at) / w.seconds) * w.seconds),
-           e.queue, e.type_name,
+    SELECT e.seconds, COALESCE(e.queue, ''), COALESCE(e.type_name, ''), e.bucket_start,
            count(*) FILTER (WHERE e.status = 'completed'),
            count(*) FILTER (WHERE e.status = 'failed'),
            count(e.wait_s), COALESCE(sum(e.wait_s), 0), COALESCE(max(e.wait_s), 0),
            {_histogram("wait_s")},
            count(e.run_s), COALESCE(sum(e.run_s), 0), COALESCE(max(e.run_s), 0),
            {_histogram("run_s")}
-    FROM {ended} AS e CROSS JOIN unnest({widths}) AS w(seconds)
-    GROUP BY 1, 2, 3, 4
-    ON CONFLICT (bucket_seconds, bucket_start, queue, type_name) DO UPDATE SET
+    FROM (
+        SELECT w.seconds,
+               to_timestamp(floor(extract(epoch FROM x.completed_at) / w.seconds) * w.seconds)
+                   AS bucket_start,
+               x.*
+        FROM {ended} AS x CROSS JOIN unnest({widths}) AS w(seconds)
+    ) AS e
+    GROUP BY GROUPING SETS (
+        (e.seconds, e.bucket_start, e.queue, e.type_name),
+        (e.seconds, e.bucket_start, e.queue),
+        (e.seconds, e.bucket_start)
+    )
+    ON CONFLICT (bucket_seconds, queue, type_name, bucket_start) DO UPDATE SET
         completed = h.completed + EXCLUDED.completed,
         failed = h.failed + EXCLUDED.failed,
         wait_count = h.wait_count + EXCLUDED.wait_count,
@@ -169,39 +178,49 @@ WITH gone AS (
 SELECT count(*) FROM gone
 """
 
-# One window of buckets of width ``width`` (a primary key range), from the start of
-# the ``step`` the window begins in, summed per ``step`` seconds over the queues and
-# types asked for (kind 1), and per queue and type over the whole window (kind 2). The
-# first row (kind 0) carries the clock, the progress and where the window starts.
 _SINCE = """to_timestamp(
-        floor((extract(epoch FROM now()) - %(window_s)s) / %(step)s + 1) * %(step)s)"""
+    floor((extract(epoch FROM now()) - %(window_s)s) / %(align)s + 1) * %(align)s)"""
 
+_SUMS = f"""
+       sum(h.completed), sum(h.failed),
+       sum(h.wait_count), sum(h.wait_sum_s), max(h.wait_max_s), {_summed("wait_hist")},
+       sum(h.run_count), sum(h.run_sum_s), max(h.run_max_s), {_summed("run_hist")}"""
+
+# A window ending now, from the start of the ``align`` seconds it begins in. Kind 1:
+# the window summed per ``step`` seconds from buckets of width ``width``, over one row
+# per bucket: the grand total (queue and type ''), a queue's total (type ''), one
+# queue and type, or one type in every queue (queue <> ''), as the filters ask; the
+# key leads with width, queue and type, so that is one range per queue read. Kind 2:
+# each queue and type, summed over the window from the buckets of width ``group_width``
+# (coarser: fewer rows per queue and type). The first row (kind 0) carries the clock,
+# the progress and the window's start.
 READ_HISTORY = f"""
-WITH buckets AS (
-    SELECT h.*
-    FROM {{job_history}} AS h
-    WHERE h.bucket_seconds = %(width)s
-      AND h.bucket_start >= {_SINCE}
-      AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
-      AND (%(type_name)s::text IS NULL OR h.type_name = %(type_name)s::text)
-)
 SELECT 0 AS kind, now(), NULL::text, NULL::text, 0::numeric, 0::numeric,
        0::numeric, 0::float8, 0::float8, NULL::bigint[],
        0::numeric, 0::float8, 0::float8, NULL::bigint[],
        (SELECT NULLIF(p.rolled_up_to, '-infinity') FROM {{job_history_progress}} AS p),
        {_SINCE}
 UNION ALL
-SELECT CASE WHEN GROUPING(h.queue) = 1 THEN 1 ELSE 2 END,
-       to_timestamp(floor(extract(epoch FROM h.bucket_start) / %(step)s) * %(step)s)
-           AS slot,
-       h.queue, h.type_name,
-       sum(h.completed), sum(h.failed),
-       sum(h.wait_count), sum(h.wait_sum_s), max(h.wait_max_s), {_summed("wait_hist")},
-       sum(h.run_count), sum(h.run_sum_s), max(h.run_max_s), {_summed("run_hist")},
-       NULL, NULL
-FROM buckets AS h
-GROUP BY GROUPING SETS ((slot), (h.queue, h.type_name))
-ORDER BY 1, 2
+(SELECT 1, to_timestamp(floor(extract(epoch FROM h.bucket_start) / %(step)s) * %(step)s),
+       NULL, NULL, {_SUMS}, NULL, NULL
+FROM {{job_history}} AS h
+WHERE h.bucket_seconds = %(width)s
+  AND h.type_name = COALESCE(%(type_name)s::text, '')
+  AND CASE WHEN %(queue)s::text IS NOT NULL THEN h.queue = %(queue)s::text
+           WHEN %(type_name)s::text IS NOT NULL THEN h.queue <> ''
+           ELSE h.queue = '' END
+  AND h.bucket_start >= {_SINCE}
+GROUP BY 2
+ORDER BY 2)
+UNION ALL
+(SELECT 2, NULL, h.queue, h.type_name, {_SUMS}, NULL, NULL
+FROM {{job_history}} AS h
+WHERE h.bucket_seconds = %(group_width)s
+  AND h.queue <> '' AND h.type_name <> ''
+  AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
+  AND (%(type_name)s::text IS NULL OR h.type_name = %(type_name)s::text)
+  AND h.bucket_start >= {_SINCE}
+GROUP BY 3, 4)
 """
 
 

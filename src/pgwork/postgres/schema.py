@@ -224,15 +224,18 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
     # deleted the jobs. Filled by the worker's maintenance from jobs_ended_idx
     # (``_history_statements``); nothing on the enqueue, claim or completion path
     # writes it. Each bucket width (``bucket_seconds``) is a resolution of its own.
+    # Besides each queue and type, a rollup writes each queue's total (type '') and
+    # the grand total (queue and type ''; neither name can be empty), so a chart of
+    # everything reads one row per bucket; the key puts the time last for that.
     # ``*_hist`` count durations per bin of ``pgwork.adapters.history.DURATION_BINS_S``.
     bigint_zero = sa.text("0")
     sa.Table(
         "job_history",
         md,
         sa.Column("bucket_seconds", sa.Integer, primary_key=True),
-        sa.Column("bucket_start", sa.DateTime(timezone=True), primary_key=True),
         sa.Column("queue", sa.Text, primary_key=True),
         sa.Column("type_name", sa.Text, primary_key=True),
+        sa.Column("bucket_start", sa.DateTime(timezone=True), primary_key=True),
         sa.Column("completed", sa.BigInteger, nullable=False, server_default=bigint_zero),
         sa.Column("failed", sa.BigInteger, nullable=False, server_default=bigint_zero),
         sa.Column("wait_count", sa.BigInteger, nullable=False, server_default=bigint_zero),
