@@ -56,9 +56,9 @@ DURATION_BINS_S: tuple[float, ...] = (
 
 # The widths the history is counted at, each kept for its own period: five-minute
 # buckets for the last two days, hourly ones for eight days, daily ones for the keep
-# period (the worker's ``history_keep``). A rollup writes all three; a window is read
-# at the finest width kept that long, so no read sums more than a few hundred buckets
-# per queue and type.
+# period (90 days unless a rollup is given another). A rollup writes all three; a
+# window is read at the finest width kept that long, so no read sums more than a few
+# hundred buckets per queue and type.
 FINE_RESOLUTION = timedelta(minutes=5)
 HOURLY_RESOLUTION = timedelta(hours=1)
 DAILY_RESOLUTION = timedelta(days=1)
