@@ -7,8 +7,8 @@ another:
 - ``_app``: the ``main`` click group, the exit statuses, a PgworkError as one red line;
 - ``_schema``: ``migrate`` and ``check``;
 - ``_worker`` (with ``_worker_target``): ``worker MODULE:ATTR`` and its signals;
-- ``_operator`` (printing through ``_views``, which is pure): ``jobs``, ``chains``,
-  ``queues``, ``workers``;
+- ``_operator`` (printing through ``_views`` and ``_history_views``, which are pure):
+  ``jobs``, ``chains``, ``queues``, ``workers``, ``history``;
 - ``_demo`` (running ``_demo_run``): ``demo``;
 - ``_common``: the ``--dsn``/``--schema`` options, consoles, signal handling.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from pgwork.cli._app import EXIT_ABANDONED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_AT_HEAD, main
 from pgwork.cli._dashboard import dashboard
 from pgwork.cli._demo import demo
-from pgwork.cli._operator import chains, jobs, queues, workers
+from pgwork.cli._operator import chains, history, jobs, queues, workers
 from pgwork.cli._schema import check, migrate
 from pgwork.cli._worker import worker
 
@@ -38,4 +38,5 @@ main.add_command(jobs)
 main.add_command(chains)
 main.add_command(queues)
 main.add_command(workers)
+main.add_command(history)
 main.add_command(dashboard)

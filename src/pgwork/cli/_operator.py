@@ -1,16 +1,17 @@
-"""The operator commands of ``pgwork``: jobs, chains, queues and workers.
+"""The operator commands of ``pgwork``: jobs, chains, queues, workers and history.
 
 Each is a click command or group defined here and attached to ``main`` by
-``pgwork.cli`` (``main.add_command``); of its siblings this module imports only ``_common``
-and ``_views``. They need no job-type registry: the client's empty registry leaves inputs
-and outputs as the stored JSON, so an operator can look at any deployment's jobs.
+``pgwork.cli`` (``main.add_command``); of its siblings this module imports only ``_common``,
+``_views`` and ``_history_views``. They need no job-type registry: the client's empty
+registry leaves inputs and outputs as the stored JSON, so an operator can look at any
+deployment's jobs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -19,6 +20,7 @@ import click
 from rich.console import Console, RenderableType
 
 from pgwork.adapters.state import QueueCount, WorkerRecord
+from pgwork.cli import _history_views as history_views
 from pgwork.cli import _views as views
 from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.client import Client, create_client
@@ -29,7 +31,7 @@ from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.records import Chain, Job, JobStatus, Page
 
-__all__ = ["chains", "jobs", "queues", "workers"]
+__all__ = ["chains", "history", "jobs", "queues", "workers"]
 
 T = TypeVar("T")
 
@@ -345,4 +347,51 @@ def workers(dsn: str | None, schema: str, dead_after: float, as_json: bool) -> N
     found, now = _operate(dsn, schema, read)
     _show(
         as_json, views.workers_json(found, now), lambda w: views.workers_view(found, now, width=w)
+    )
+
+
+HISTORY_WINDOWS = {
+    "1d": "last day",
+    "7d": "last week",
+    "30d": "last 30 days",
+    "90d": "last 90 days",
+}
+
+
+@click.command(short_help="Throughput, wait and run time over days, per queue and type.")
+@dsn_option
+@schema_option
+@click.option(
+    "--window",
+    type=click.Choice(list(HISTORY_WINDOWS)),
+    default="1d",
+    show_default=True,
+    help="How far back.",
+)
+@click.option("--queue", default=None, help="Only this queue.")
+@click.option("--type", "type_name", default=None, help="Only this job type.")
+@json_option
+def history(
+    dsn: str | None,
+    schema: str,
+    window: str,
+    queue: str | None,
+    type_name: str | None,
+    as_json: bool,
+) -> None:
+    """Jobs that completed and failed within the window, per queue and type, with their
+    median and 95th percentile wait and run time, from the job history the workers'
+    maintenance counts (it outlives retention; docs/dashboard.md, "History"). --json
+    adds the figures per step of the window."""
+    span = timedelta(days=int(window[:-1]))
+
+    async def read(client: Client) -> Any:
+        return await client.job_history(window=span, queue=queue, type_name=type_name)
+
+    found = _operate(dsn, schema, read)
+    title = HISTORY_WINDOWS[window]
+    _show(
+        as_json,
+        history_views.history_json(found),
+        lambda _: history_views.history_view(found, title),
     )
