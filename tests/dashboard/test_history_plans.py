@@ -35,7 +35,7 @@ BATCH = 10_000
 # by the rollup itself).
 _OLDER_BUCKETS = f"""
 INSERT INTO pgwork.job_history
-SELECT 86400, date_trunc('day', now()) - d * interval '1 day', q, t, 1200, 24,
+SELECT 86400, q, t, date_trunc('day', now()) - d * interval '1 day', 1200, 24,
        1200, 240.0, 2.0, array_fill(100::bigint, ARRAY[{len(DURATION_BINS_S) + 1}]),
        1224, 2400.0, 9.0, array_fill(100::bigint, ARRAY[{len(DURATION_BINS_S) + 1}])
 FROM generate_series(7, 90) AS d,

@@ -12,6 +12,7 @@ from pgwork.testing.conformance._state_deletion import DeletionConformance, Rete
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
 from pgwork.testing.conformance._state_history import AttemptHistoryConformance
 from pgwork.testing.conformance._state_insight import InsightConformance
+from pgwork.testing.conformance._state_job_history import JobHistoryConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
@@ -39,6 +40,7 @@ class StateAdapterConformance(
     QueryConformance,
     InsightConformance,
     WorkConformance,
+    JobHistoryConformance,
     DeletionConformance,
     RetentionConformance,
     RegistryConformance,
