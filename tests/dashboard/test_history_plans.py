@@ -127,21 +127,23 @@ async def test_the_rollup_and_the_history_reads_are_bounded_at_a_million_jobs(
         )
         ended = (await cur.fetchone() or (0,))[0]
         cur = await conn.execute(
-            "SELECT count(DISTINCT (queue, type_name)) FROM pgwork.job_history"
-            " WHERE queue <> '' AND type_name <> ''"
+            "SELECT count(DISTINCT (queue, type_name)),"
+            " count(DISTINCT (queue, type_name)) FILTER (WHERE type_name <> '')"
+            " FROM pgwork.job_history"
         )
-        lanes = (await cur.fetchone() or (0,))[0]
+        keys, lanes = await cur.fetchone() or (0, 0)
     assert sum(p.figures.ended for p in week.points) == ended
     assert lanes >= 4 * 8  # the load's queues and types, and its continuations' types
+    assert keys == lanes + 4 + 1  # and each queue's total, and the grand total
 
     # A chart reads one row per bucket of the window (the total's), the table per queue
-    # and type the window's coarser buckets of every queue and type: a few dozen rows
-    # each. Never a job.
+    # and type the window's coarser buckets (of every key of the width: each queue and
+    # type, and the totals the filter then drops): a few dozen rows each. Never a job.
     bounds = {
-        timedelta(days=1): 289 + 25 * lanes,
-        timedelta(days=7): 7 * 24 + 1 + 8 * lanes,
-        timedelta(days=30): 31 + 31 * lanes,
-        timedelta(days=90): 91 + 91 * lanes,
+        timedelta(days=1): 289 + 25 * keys,
+        timedelta(days=7): 7 * 24 + 1 + 8 * keys,
+        timedelta(days=30): 31 + 31 * keys,
+        timedelta(days=90): 91 + 91 * keys,
     }
     for window, bound in bounds.items():
 
