@@ -247,6 +247,29 @@ async def test_queues_and_jobs_pages_show_work_nobody_takes(
     await page.screenshot(path=shots / "dashboard-jobs.png", full_page=True)
 
 
+async def test_history_page_draws_a_day_of_throughput_and_latency(
+    client: Client, pgwork_dsn: str, page: Page, shots: Path
+) -> None:
+    from tests.engine.test_history import seed, workload
+
+    await seed(pgwork_dsn, workload(600))
+    while not (await client.roll_up_history()).caught_up:
+        pass
+    blocked: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            blocked.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
+
+    await page.goto("/history")
+    await expect(page.locator('[data-testid="history-summary"]')).to_contain_text("completed")
+    await expect(page.locator('table[data-testid="history-groups"] tbody tr')).to_have_count(6)
+    await page.screenshot(path=shots / "dashboard-history.png", full_page=True)
+    assert blocked == []  # the page's policy blocked nothing: no inline script or style
+
+
 async def test_without_credentials_the_browser_is_refused(
     browser: Browser, dashboard_url: str
 ) -> None:
