@@ -1,7 +1,7 @@
 """The history of ended jobs: per-bucket counts and durations that outlive retention.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-11-28
 
 The dashboard saw one hour back (an index range of ``jobs_ended_idx``), and retention
@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql as pg
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
