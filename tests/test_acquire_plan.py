@@ -131,6 +131,7 @@ def _roots_probes(dsn: str, statement: bytes) -> int:
             **ACQUIRE_PARAMS,  # the turn's acquire
             "errors": ['{"type": "Boom"}'] * len(rows),
             "retry_seconds": [None] * len(rows),
+            "ran_for": [None] * len(rows),
         }
         explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement
         [(document,)] = conn.execute(explain, params).fetchall()

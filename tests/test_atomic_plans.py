@@ -73,6 +73,7 @@ def _plans(dsn: str, statements: dict[str, bytes]) -> dict[str, set[str]]:
             "seconds": [30.0],
             "errors": ["{}"],
             "retry_seconds": [None],
+            "ran_for": [None],
             "run_at": None,
             "run_after": 0.0,
             "count_attempt": True,

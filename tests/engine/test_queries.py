@@ -27,6 +27,7 @@ from pgwork import (
 from pgwork._client_queries import encode_cursor
 from pgwork._ids import first_id_at
 from pgwork.adapters.state import PageKey
+from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._query_statements import render_query_statements
 
 from .conftest import ClientFactory
@@ -693,7 +694,7 @@ DELETION_STATEMENTS = {
         {"type_names": ["email", "sync"], "seconds": [3600.0, 60.0], "limit": 1000},
         "jobs_chains_idx",
     ),
-    "delete_expired_chains": ({"ids": SOME_IDS}, "jobs_chain_idx"),
+    "delete_expired_chains": ({"ids": SOME_IDS, "widths": HISTORY_WIDTHS_S}, "jobs_chain_idx"),
 }
 
 
