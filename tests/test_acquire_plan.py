@@ -153,8 +153,8 @@ def test_a_turn_completing_one_job_chains_probes_no_chain_root(pgwork_dsn: str) 
 
 
 def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn: str) -> None:
-    # Control: with the test written on the probed row (``r.id <> done.id``), as before
-    # session 8, the primary key is probed once per completion.
+    # Control: with the test written on the probed row (``r.id <> done.id``), the
+    # primary key is probed once per completion.
     statement = render("pgwork").complete_and_acquire
     control = statement.replace(b"done.chain_id <> done.id", b"r.id <> done.id")
     assert control != statement

@@ -4,7 +4,7 @@
 (``FROM unnest(a, b, ...)``) they become a Function Scan, which copies every row into
 a tuplestore before the insert reads the first; unnested in a select list they become
 a ProjectSet, which hands each row on as it makes it: the same rows, in lockstep, for
-5-7 % less server CPU per row (docs/performance.md, "Enqueue batches, session 9").
+less server CPU per row (`python -m bench --only enqueue` measures it).
 This pins the plan; the rows themselves are held to the other paths' by
 ``tests/engine/test_enqueue_paths.py``.
 """

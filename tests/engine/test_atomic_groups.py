@@ -258,8 +258,7 @@ async def test_a_failing_members_failure_commits_with_its_group(
     """A member whose handler raises is rolled back to its savepoint and its failure is
     written in the group's transaction: it becomes visible, and is reported, only when
     the group commits (here at its wait, the job being alone). The control records it
-    in a transaction of its own, right after the rollback, as pgwork did until
-    session 14."""
+    in a transaction of its own, right after the rollback."""
     if build == "control-on-its-own":
         monkeypatch.setattr(SlotRunner, "_failure_of", lambda self, slot, attempt, error: None)
     reg = JobTypeRegistry()
@@ -375,7 +374,7 @@ async def test_only_the_first_kept_member_of_a_group_waits_for_its_commit(
     let go, when the group ends. Three quick jobs that write, in a group whose wait is
     long: while it is open one slot task is left, and all three complete at its
     commit. (Control:
-    every kept member waiting for the commit, as until session 15: three tasks.)"""
+    every kept member waiting for the commit: three tasks.)"""
     if build == "control-all-wait":
 
         class AllWait(worker_groups._Group):
@@ -470,8 +469,8 @@ async def test_a_member_that_writes_nothing_holds_no_transaction_open(
     """A member's savepoint, and its group's transaction, open when the member first
     uses its connection: while a handler that writes nothing runs, no transaction is
     open for it, and its completion is written with the worker's staged ones.
-    (Control: a group that opens the member's savepoint as it enters, as pgwork did
-    until session 15: the lane sits idle in its transaction while the handler runs.)"""
+    (Control: a group that opens the member's savepoint as it enters: the lane sits
+    idle in its transaction while the handler runs.)"""
     if build == "control-eager":
         enter = _atomic_group.PgAtomicGroup.enter
 

@@ -66,8 +66,8 @@ __all__ = [
 INSERT_CHUNK = 5000
 
 # Below this many rows COPY's extra round trips (start, finish, a separate pg_notify)
-# cost more than they save. Against INSERT_JOBS with array literals (session 7, client
-# and server CPU per job measured in one process, alternating): at 10 and 100 rows the
+# cost more than they save. Against INSERT_JOBS with array literals (client and server
+# CPU per job measured in one process, alternating): at 10 and 100 rows the
 # INSERT costs the client 15-25 % less and the server no more; at 300 they cost the
 # same; at 1,000 COPY costs the server a quarter less per row (no arrays to parse and
 # unnest) and its streaming (the server inserts while the client formats) keeps its

@@ -103,7 +103,7 @@ def _appended(alias: str, ran_for: str, error: str) -> str:
 # delivers the notices on commit, once per transaction. The arrays are unnested in a
 # select list (a ProjectSet node, which hands each row on as it makes it), not in FROM
 # (a Function Scan, which first copies every row into a tuplestore): in lockstep all
-# the same, and 5-7 % less server CPU per row (session 9, "Enqueue batches").
+# the same, and less server CPU per row (`python -m bench --only enqueue`).
 INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
@@ -143,8 +143,8 @@ SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 # blocker, no dedup key): what the general statement takes as six more arrays (chain
 # ids, chain indexes, statuses, run_at, run_after, dedup keys) or computes per row
 # (GREATEST of the schedule, CASE of the chain status) is the row's own id, a constant
-# or a column default here, as in COPY_JOBS. Batches of 100 are the commonest: the
-# server's CPU per row fell from 11.3 to 9.7 µs (session 8, one backend, alternating).
+# or a column default here, as in COPY_JOBS. Batches of 100 are the commonest, and
+# they cost the server less per row so (`python -m bench --only enqueue`).
 INSERT_PLAIN_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
@@ -299,9 +299,9 @@ CROSS JOIN LATERAL (
 # leased ones (``missed``), and the adapter acquires again (``_state_worker``): left
 # unsaid, the worker took the short acquire for a drained queue and the job waited for
 # its next poll. A second ``UPDATE`` in the statement leasing the missed candidates by
-# id did the same (session 9) but cost its initialisation on every execution (two
-# dozen µs of server CPU a turn with a cached plan, 100-300 µs of planning without)
-# for a race that needs a write to a pending row at the very moment it is acquired.
+# id did the same but cost its initialisation on every execution (server CPU every
+# turn, and planning without a cached plan) for a race that needs a write to a
+# pending row at the very moment it is acquired.
 _LEASES = """
 leases AS (
     SELECT * FROM unnest(%(type_names)b::text[], %(lease_seconds)b::float8[])

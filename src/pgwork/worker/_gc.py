@@ -5,8 +5,8 @@ objects. A worker turn of a hundred jobs allocates several thousand (attempts, j
 completions, coroutines, futures), all short-lived, so at ``max_slots=100`` the
 collector ran about once every 27 jobs and a whole collection of the long-lived
 objects behind them (modules, the application, pydantic's models) every few
-thousand: 38-41 µs of a job's ~135 µs of CPU, measured with ``gc.callbacks`` over a
-30,000-job drain (docs/performance.md, "Staged drain, session 7").
+thousand: over a quarter of a no-op job's CPU, measured with ``gc.callbacks`` over a
+staged drain (`python -m bench --only drain`).
 
 Two settings remove most of it, and both are the program's to choose (they apply to
 the whole process), so the library never changes them by itself: ``pgwork worker``

@@ -10,7 +10,7 @@ handler. A cancelled anyio scope cancels its task again on every turn of the eve
 loop until the task leaves it, so a handler that swallowed the cancellation spun a
 core, and the worker needed a second, shieldable scope inside the first to stop that
 once it gave up on the handler; entering and leaving the two scopes was a quarter of
-the worker's CPU per no-op job (docs/performance.md, session 14). The one thing a scope
+the worker's CPU per no-op job (`python -m bench --only drain`). The one thing a scope
 gave that a plain ``Task.cancel`` does not, respecting an anyio ``CancelScope(shield=
 True)`` the handler is inside, ``interrupt`` keeps by itself: it waits for the shield to
 be left.
