@@ -52,7 +52,7 @@ def _cancel_on_every_turn(self: Slot) -> None:
     """The control for edge-triggered delivery: cancel the handler again on every turn
     of the event loop while it runs, as a cancelled anyio scope around it did."""
     task = self.handler_task
-    if self.handler_running and task is not None and not task.done():
+    if self.running and task is not None and not task.done():
         self.interrupts += 1
         task.cancel()
         task.get_loop().call_soon(_cancel_on_every_turn, self)
@@ -238,7 +238,7 @@ async def test_a_handler_that_swallows_its_timeout_keeps_its_result_and_nothing_
         # Deliver the cancellation without the worker knowing it did: nothing takes
         # it back once the handler ended.
         def interrupt_unrecorded(self: Slot) -> None:
-            if self.handler_running and self.handler_task is not None:
+            if self.running and self.handler_task is not None:
                 self.handler_task.cancel()
 
         monkeypatch.setattr(Slot, "interrupt", interrupt_unrecorded)

@@ -4,6 +4,7 @@ not be written goes back to the queue with its attempt counted."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -21,8 +22,11 @@ from pgwork import (
     create_in_process_worker,
 )
 from pgwork.adapters.state import Completion, Failure, Lease
+from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, AttemptError
+from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._lease import renew_once
+from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 
 from .conftest import ClientFactory, acquired_job, eventually
@@ -88,8 +92,17 @@ async def _slots_holding_one_job(
     await client.start_chain(conn, step, Num(n=1))
     await conn.commit()
     [job] = await client.state.acquire(worker_id="w", leases=LEASES, queues=None, limit=1)
+    runner = SlotRunner(
+        client=client,
+        worker_id="w",
+        handlers={},
+        batcher=CompletionBatcher(client.state),
+        events=Emitter([]),
+        rng=random.Random(0),
+        abandon_after=5.0,
+    )
     slots = Slots(
-        state=client.state,
+        runner=runner,
         worker_id="w",
         types={"step": step},
         queues=["default"],

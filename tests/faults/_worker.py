@@ -79,7 +79,7 @@ from pgwork.adapters.notify import Notice
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres import _statements
 from pgwork.postgres._atomic_group import PgAtomicGroup
-from pgwork.worker._slot import Slot
+from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 
@@ -236,7 +236,13 @@ _lease_holders = Slots.lease_holders
 
 
 def _staged_lease_holders(self: Slots) -> list[Any]:
-    return [s for s in _lease_holders(self) if not (s.renewing and not s.staged)]
+    # Without the renewal of atomic attempts: a grouped one joining its group, or any
+    # whose handler runs.
+    return [
+        s
+        for s in _lease_holders(self)
+        if s.staged or s.state not in (SlotState.JOINING, SlotState.RUNNING)
+    ]
 
 
 def break_statements(spec: str) -> None:

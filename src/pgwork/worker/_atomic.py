@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ import anyio
 from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import Completion, Failure, StateAdapter, TransactionHandle
 from pgwork.worker._attempt import Attempt, Completed
-from pgwork.worker._slot import Slot
+from pgwork.worker._slot import Slot, SlotState
 
 log = logging.getLogger("pgwork.worker")
 
@@ -54,17 +54,17 @@ class AttemptSteps(Protocol):
 
     state: StateAdapter
     notify: NotifyAdapter
-    # A grouped atomic member that was kept frees its slot before its group commits,
-    # and (all but one of a group's) is settled, and let go, as the group ends.
-    _on_returned: Callable[[Slot], None]
-    _on_settled: Callable[[Slot, Coroutine[Any, Any, None] | None], None]
 
     def _attempt(
         self, slot: Slot, transaction: object | None
     ) -> tuple[Attempt[Any, Any] | None, BaseException | None]: ...
 
     async def _call_handler(
-        self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+        self,
+        slot: Slot,
+        attempt: Attempt[Any, Any],
+        timeout: timedelta | None,
+        after: SlotState,
     ) -> BaseException | None: ...
 
     async def _write_outcome(
@@ -117,11 +117,8 @@ async def run_atomic(
             # A handler given up on raises Abandoned here once it ends; the
             # watchdog's task closed this connection and settled the attempt.
             began = time.monotonic()
-            slot.renewing = True
-            try:
-                failure = await runner._call_handler(slot, attempt, deadline)
-            finally:
-                slot.renewing = False  # no longer renewed: its outcome is being written
+            # Its outcome is then written in its transaction, the slot still taken.
+            failure = await runner._call_handler(slot, attempt, deadline, SlotState.FINISHING)
             if timed is not None:
                 timed(slot.job_type.name, time.monotonic() - began)
             if failure is not None or attempt.aborted:

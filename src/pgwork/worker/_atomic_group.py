@@ -68,7 +68,7 @@ from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._atomic import AttemptSteps, run_atomic
 from pgwork.worker._attempt import Attempt, Completed, error_record
-from pgwork.worker._slot import Slot
+from pgwork.worker._slot import Slot, SlotState
 
 log = logging.getLogger("pgwork.worker")
 
@@ -244,13 +244,13 @@ class AtomicGroups:
     async def run(self, runner: AttemptSteps, slot: Slot) -> bool:
         """Run ``slot``'s job as a member of a group, or alone if its type's handlers
         are slow, and settle it; True when it is settled later, as its group ends
-        (``runner._on_settled`` is then called for it)."""
+        (its slot's owner is then told, ``SlotOwner.settled``)."""
         if slot.acquired.id in self._alone or not self.takes(slot):
             await run_atomic(runner, slot, timed=self._learn)
             return False
         deadline = slot.job_type.timeout or slot.job_type.lease
-        # Its row is not locked while it runs: its lease is renewed meanwhile.
-        slot.renewing = True
+        # Its row is not locked while it waits and runs: its lease is renewed meanwhile.
+        slot.move(SlotState.JOINING)
         lane = min(self._lanes, key=lambda lane: lane.load)
         await lane.take(slot)
         attempt: Attempt[Any, Any] | None = None
@@ -272,9 +272,10 @@ class AtomicGroups:
                 # watchdog's task closed the connection, lost the group and gave the
                 # lane back.
                 began = time.monotonic()
-                failure = await runner._call_handler(slot, attempt, deadline)
+                failure = await runner._call_handler(slot, attempt, deadline, SlotState.FINISHING)
                 self._learn(slot.job_type.name, time.monotonic() - began)
-            slot.renewing = False  # no longer renewed: its outcome is being written
+            else:
+                slot.move(SlotState.FINISHING)  # its input could not be decoded
             if attempt is not None and failure is None and not attempt.aborted:
                 outcome = attempt.outcome
                 if (
@@ -330,14 +331,12 @@ class AtomicGroups:
             if lane.owner is slot:
                 await self._leave(lane, slot)
         if plain is not None:
-            slot.begin_settling()
-            runner._on_returned(slot)
+            slot.move(SlotState.SETTLING)  # which frees its place
             runner._submit_completion(slot, plain)
             return True  # settled by the batcher (``runner._written``)
         if kept:
             assert group is not None
-            slot.begin_settling()
-            runner._on_returned(slot)  # the slot takes its next job meanwhile
+            slot.move(SlotState.SETTLING)  # the slot takes its next job meanwhile
             if not group.done.is_set():
                 if group.waited:
                     group.kept.append((slot, attempt, failed))
@@ -386,14 +385,13 @@ class AtomicGroups:
         others, each reported in its own task's context."""
         group.done.set()
         kept, group.kept = group.kept, []
-        settled = group.runner._on_settled
         for slot, attempt, failed in kept:
             context = slot.context
             if context is None:
                 then = self._settle_kept(group, slot, attempt, failed)
             else:
                 then = context.run(self._settle_kept, group, slot, attempt, failed)
-            settled(slot, then)
+            slot.owner.settled(slot, then)
 
     async def _record_failure(
         self, slot: Slot, failure: Failure, group: _Group, tx: TransactionHandle

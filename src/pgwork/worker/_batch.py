@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ import anyio
 
 from pgwork.adapters.state import Completion, CompletionResult, StateAdapter
 from pgwork.errors import OutcomeNotStorableError
+from pgwork.worker._acquires import Acquires
 
 log = logging.getLogger("pgwork.worker")
 
@@ -80,6 +81,7 @@ class CompletionBatcher:
         *,
         max_size: int = 200,
         max_delay: float = 0.002,
+        acquires: Acquires | None = None,
     ):
         self.state = state
         self.max_size = max_size
@@ -90,9 +92,9 @@ class CompletionBatcher:
         self._written = asyncio.Event()
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
-        # Set by the worker: returns once no acquire that could take the waiting
-        # completions along is in flight or about to go out.
-        self.hold: Callable[[], Awaitable[None]] | None = None
+        # The worker's acquires, which take the waiting completions along (None: a
+        # batcher that writes everything itself).
+        self._acquires = acquires
         # Batches an acquire could not take along (``write_apart``): written here.
         self._apart: list[Pending] = []
 
@@ -226,11 +228,11 @@ class CompletionBatcher:
                 if not self._apart:
                     with anyio.move_on_after(self.max_delay):
                         await self._full.wait()
-                    if not self._full.is_set() and self.hold is not None:
+                    if not self._full.is_set() and self._acquires is not None:
                         # The acquire that follows the one in flight takes this batch
                         # along: a statement of our own would cost the server a commit
                         # per turn.
-                        await self.hold()
+                        await self._acquires.hold_completions()
                 apart, self._apart = self._apart, []
                 batch = self.take()
                 if not batch:  # (only ``apart`` woke it: ``take`` reset nothing)

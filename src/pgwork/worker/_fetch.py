@@ -29,7 +29,6 @@ fails that one alone) and goes out again without them.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -39,6 +38,7 @@ import anyio.abc
 
 from pgwork.adapters.state import AcquiredJob, CompletionResult, StateAdapter
 from pgwork.errors import OutcomeNotStorableError
+from pgwork.worker._acquires import Acquires
 from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._wakeups import Wakeups
 
@@ -55,6 +55,7 @@ class Fetcher:
         *,
         state: StateAdapter,
         batcher: CompletionBatcher,
+        acquires: Acquires,
         worker_id: str,
         leases: Mapping[str, timedelta],
         queues: Sequence[str] | None,
@@ -76,19 +77,11 @@ class Fetcher:
         self._arrived = arrived
         self._back = back
         self._done = done
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.acquires = acquires
         self.asked = 0
         self.error: BaseException | None = None
         self.failures = 0  # acquires that failed in a row
-        self.finished = 0  # acquires that came back (or failed) so far
         self.group: anyio.abc.TaskGroup | None = None  # where acquires run (the loop's)
-        # Set (and replaced) each time the loop decided whether to acquire, with how
-        # many acquires had come back then; ``filling`` ends when the loop stops.
-        self._filled = asyncio.Event()
-        self._decided_after = 0
-        self.filling = True
 
     def fill(self, free: int) -> None:
         """The loop's decision: start an acquire for up to ``free`` jobs (minus those
@@ -96,32 +89,21 @@ class Fetcher:
         try:
             self._start(free - self.asked)
         finally:
-            self._decided_after = self.finished
-            self._filled.set()
-            self._filled = asyncio.Event()
+            self.acquires.decided()
+
+    @property
+    def filling(self) -> bool:
+        return self.acquires.filling
 
     def stop_filling(self) -> None:
-        self.filling = False
-        self._filled.set()
-
-    async def hold_completions(self) -> None:
-        """Return once no acquire will take the waiting completions along: none is in
-        flight, and the loop has decided (not) to send one since the last came back."""
-        while self.filling:
-            if self._in_flight:
-                await self.idle()
-            elif self._decided_after >= self.finished:
-                return
-            else:
-                await self._filled.wait()
+        self.acquires.stop_filling()
 
     def _start(self, free: int) -> None:
-        if free <= 0 or self._in_flight >= self._max_in_flight or self.group is None:
+        acquires = self.acquires
+        if free <= 0 or acquires.in_flight >= self._max_in_flight or self.group is None:
             return
         self.asked += free
-        self._in_flight += 1
-        if self._idle.is_set():
-            self._idle = asyncio.Event()
+        acquires.sent()
         # Taken now, not when the task first runs: the batcher, seeing an acquire go
         # out, leaves the completions waiting at this moment to it.
         batch = self._batcher.take()
@@ -135,11 +117,11 @@ class Fetcher:
 
     async def idle(self) -> None:
         """Return once no acquire is in flight."""
-        await self._idle.wait()
+        await self.acquires.idle()
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self.acquires.in_flight
 
     async def _acquire(
         self, limit: int, batch: list[Pending], generation: int, sent_at: float
@@ -196,8 +178,5 @@ class Fetcher:
         )
 
     def _came_back(self, limit: int) -> None:
-        self.finished += 1
         self.asked -= limit
-        self._in_flight -= 1
-        if not self._in_flight:
-            self._idle.set()
+        self.acquires.came_back()

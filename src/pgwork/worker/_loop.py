@@ -43,6 +43,7 @@ from pgwork.observability import (
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
+from pgwork.worker._acquires import Acquires
 from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
@@ -126,7 +127,10 @@ class InProcessWorker:
         # A turn carries a completion for every slot: with a batch smaller than the
         # slots, the rest waited for a write of their own (400 slots: 30,000-31,000
         # against 34,500 jobs/s, bench.cpu).
-        self._batcher = CompletionBatcher(client.state, max_size=max(200, max_slots))
+        acquires = Acquires()
+        self._batcher = CompletionBatcher(
+            client.state, max_size=max(200, max_slots), acquires=acquires
+        )
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         # Once a stop aborted what still ran: by when (monotonic) the rest of the stop
@@ -146,14 +150,28 @@ class InProcessWorker:
         )
         self._leases = {name: t.lease for name, t in self._types.items()}
         self._slots = Slots(
-            state=client.state,
+            runner=SlotRunner(
+                client=client,
+                worker_id=self.worker_id,
+                handlers=self._handlers,
+                batcher=self._batcher,
+                events=self._events,
+                rng=self._rng,
+                abandon_after=abandon_after,
+                groups=atomic_groups(
+                    state=client.state,
+                    notify=client.notify,
+                    size=atomic_group,
+                    wait=atomic_group_wait,
+                    max_slots=max_slots,
+                ),
+            ),
             worker_id=self.worker_id,
             types=self._types,
             queues=self.queues,
             max_slots=max_slots,
             prefetch=prefetch,
             wake=self._wake_up,
-            notify=client.notify,
         )
         # Staged slots count as free once their handler returns; at most this many
         # jobs may be unsettled (prefetched, handler running or outcome not yet
@@ -174,6 +192,7 @@ class InProcessWorker:
         self._fetcher = Fetcher(
             state=client.state,
             batcher=self._batcher,
+            acquires=acquires,
             worker_id=self.worker_id,
             leases=self._leases,
             queues=self.queues,
@@ -202,7 +221,6 @@ class InProcessWorker:
             hint=self._hint,
             retry_max=poll_interval,
         )
-        self._batcher.hold = self._fetcher.hold_completions
         self._reaper = Reaper(
             state=client.state,
             notify=client.notify,
@@ -219,25 +237,6 @@ class InProcessWorker:
             wake=self._wake_up,
             abort_job=self._slots.abort_job,
             events=self._events,
-        )
-        self._slots.runner = SlotRunner(
-            client=client,
-            worker_id=self.worker_id,
-            handlers=self._handlers,
-            batcher=self._batcher,
-            events=self._events,
-            rng=self._rng,
-            abandon_after=abandon_after,
-            watchdog=self._slots.watchdog,
-            on_returned=self._slots.returned,
-            on_settled=self._slots.settled,
-            groups=atomic_groups(
-                state=client.state,
-                notify=client.notify,
-                size=atomic_group,
-                wait=atomic_group_wait,
-                max_slots=max_slots,
-            ),
         )
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -264,7 +263,7 @@ class InProcessWorker:
     @property
     def abandoned_handlers(self) -> int:
         """Handlers this worker gave up on (they ignored cancellation) that still run."""
-        return len(self._slots.runner.abandoned)
+        return len(self._slots.abandoned)
 
     @property
     def job_types(self) -> tuple[str, ...]:
@@ -471,7 +470,7 @@ class InProcessWorker:
                 runner = self._slots.runner
                 limit = runner.abandon_after if self._settle_by is None else self._left()
                 for task in await tasks.cancel_and_wait(limit or 0.0):
-                    keep_abandoned(task, runner.abandoned, "cancelled with its worker")
+                    keep_abandoned(task, self._slots.abandoned, "cancelled with its worker")
 
     def _fill(self, incoming: int = 0) -> None:
         """Send an acquire if there is room (``incoming`` jobs just acquired are about

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -47,8 +47,7 @@ from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._lease import abort_reason_for
-from pgwork.worker._slot import Abandoned, Slot
-from pgwork.worker._watchdog import Watchdog
+from pgwork.worker._slot import Abandoned, Slot, SlotState
 
 log = logging.getLogger("pgwork.worker")
 
@@ -107,6 +106,8 @@ class SlotRunner:
     """Runs one acquired job through its handler and writes what came of it.
 
     Shared by all slots of one worker; holds no per-attempt state (that is ``Slot``).
+    It moves each slot through its states as the attempt goes (``Slot.move``), which
+    tells the slots' owner what it needs to know: a place freed, an attempt settled.
     """
 
     def __init__(
@@ -119,9 +120,6 @@ class SlotRunner:
         events: Emitter,
         rng: random.Random,
         abandon_after: float,
-        watchdog: Watchdog[Slot],
-        on_returned: Callable[[Slot], None] = lambda slot: None,
-        on_settled: Callable[[Slot, Coroutine[Any, Any, None] | None], None],
         groups: AtomicGroups | None = None,
     ) -> None:
         self.client = client
@@ -133,20 +131,13 @@ class SlotRunner:
         self._events = events
         self._rng = rng
         self.abandon_after = abandon_after
-        self.watchdog = watchdog
-        # Handlers given up on that have not ended yet (see _watchdog).
-        self.abandoned: set[asyncio.Task[Any]] = set()
-        self._on_returned = on_returned
-        # A plain staged completion was written: the slot is done (with a coroutine
-        # still to run for it, or None).
-        self._on_settled = on_settled
         # Atomic attempts share transactions (``atomic_group`` > 1), else None.
         self.groups = groups
 
     def run(self, slot: Slot) -> Coroutine[Any, Any, bool]:
         """Run ``slot``'s attempt (the coroutine to await). True when its plain
-        completion was left with the batcher: ``on_settled`` is called once it is
-        written (the slot is held until then).
+        completion was left with the batcher: the slot's owner is told once it is
+        written (``SlotOwner.settled``; the job is held until then).
 
         Not a coroutine itself: it picks the one to run, and the slot's task awaits
         that one directly (a coroutine fewer per job)."""
@@ -259,12 +250,18 @@ class SlotRunner:
         return attempt, None
 
     async def _call_handler(
-        self, slot: Slot, attempt: Attempt[Any, Any], timeout: timedelta | None
+        self,
+        slot: Slot,
+        attempt: Attempt[Any, Any],
+        timeout: timedelta | None,
+        after: SlotState,
     ) -> BaseException | None:
         """Run the handler through the middlewares; return the exception it ended with
         (a deadline overrun is a ``TimeoutError``). An abort returns None with
-        ``attempt.abort_reason`` set. A handler the watchdog gave up on raises
-        ``Abandoned`` here once it ends: its attempt was settled without it.
+        ``attempt.abort_reason`` set. The slot is ``RUNNING`` meanwhile and moves to
+        ``after`` as the handler ends (or at once, when it was aborted before it could
+        start). A handler the watchdog gave up on raises ``Abandoned`` here once it
+        ends: its attempt was settled without it.
 
         The handler is stopped by cancelling this task (``Slot.interrupt``); the
         cancellation is taken back here (``uncancel``) once the handler ended, so
@@ -291,6 +288,7 @@ class SlotRunner:
         if attempt.aborted:
             # Aborted before its handler could start (an atomic one while its
             # transaction opened): the handler does not run at all.
+            slot.move(after)
             return None
         task = slot.task
         if task is None:  # the runner driven outside a worker's slot task
@@ -304,9 +302,10 @@ class SlotRunner:
             slot.timeout = timeout
             seconds = timeout.total_seconds()
             slot.stop_at = stop_at = started + seconds
-            self.watchdog.watch(stop_at)  # which stops the handler then
+            if slot.watchdog is not None:
+                slot.watchdog.watch(stop_at)  # which stops the handler then
             attempt.deadline = asyncio.get_running_loop().time() + seconds
-        slot.handler_running = True
+        slot.move(SlotState.RUNNING)
         try:
             result = await handler(attempt)
             attempt._finish_with(result)
@@ -324,13 +323,14 @@ class SlotRunner:
             if attempt.abort_reason is None and slot.timed_out:
                 error = TimeoutError()
         finally:
-            slot.handler_running = False
             if slot.stop_at is not None or slot.recheck is not None:
                 slot.stop_cancelling()
             if slot.interrupts and task is not None:
                 # Interrupted, and the handler swallowed it: take it back all the same.
                 _take_back(task, slot.interrupts)
                 slot.interrupts = 0
+            if slot.state is SlotState.RUNNING:  # else given up on meanwhile
+                slot.move(after)
         if slot.abandoned:
             raise Abandoned
         return error
@@ -376,11 +376,9 @@ class SlotRunner:
             with anyio.CancelScope(shield=True):
                 await self._settle_failure(slot, decode_error, terminal=True)
             return False
-        error = await self._call_handler(slot, attempt, slot.job_type.timeout)
-        slot.begin_settling()
-        # The handler is done: its slot may take the next job while this outcome is
+        # The handler done, its slot may take the next job while this outcome is
         # written (the worker bounds how many outcomes may be unwritten at once).
-        self._on_returned(slot)
+        error = await self._call_handler(slot, attempt, slot.job_type.timeout, SlotState.SETTLING)
         outcome = attempt.outcome
         if (
             error is None
@@ -401,7 +399,7 @@ class SlotRunner:
     def _submit_completion(self, slot: Slot, outcome: Completed) -> None:
         """Leave a plain completion (no continuation) with the batcher, which writes it
         with others and the worker's next acquire; ``_written`` reports it and lets the
-        slot go (``on_settled``) once it is committed."""
+        slot go (``SlotOwner.settled``) once it is committed."""
         acquired = slot.acquired
         self._batcher.submit(
             _build_completion(acquired.id, acquired.lease_token, outcome.output_json, None),
@@ -411,7 +409,7 @@ class SlotRunner:
 
     def _written(self, pending: Pending) -> None:
         """A plain staged completion was committed (or its write gave up): report it,
-        then let the slot go (``on_settled``). Announcing what it made ready needs a
+        then let the slot go (``SlotOwner.settled``). Announcing what it made ready needs a
         round trip, so that, and a write that failed, finish in a task."""
         slot: Slot = pending.owner
         result = pending.result
@@ -425,7 +423,7 @@ class SlotRunner:
         ):
             # Nothing to report and nothing to announce (the usual staged job, with no
             # observer at DEBUG): no need to enter the slot's context for it.
-            self._on_settled(slot, None)
+            slot.owner.settled(slot, None)
         elif slot.context is not None:
             slot.context.run(self._report_written, slot, pending)
         else:
@@ -435,11 +433,11 @@ class SlotRunner:
         """``_written``, in the context the slot's task ran in."""
         result = pending.result
         if result is None or result.ready_queues or result.due or result.chain_awaited:
-            self._on_settled(slot, self._written_later(slot, pending))
+            slot.owner.settled(slot, self._written_later(slot, pending))
             return
         assert slot.attempt is not None
         self._report_outcome(slot, slot.attempt, result.accepted)
-        self._on_settled(slot, None)
+        slot.owner.settled(slot, None)
 
     async def _written_later(self, slot: Slot, pending: Pending) -> None:
         if isinstance(pending.error, OutcomeNotStorableError):

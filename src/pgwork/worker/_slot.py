@@ -14,15 +14,24 @@ the worker's CPU per no-op job (`python -m bench --only drain`). The one thing a
 gave that a plain ``Task.cancel`` does not, respecting an anyio ``CancelScope(shield=
 True)`` the handler is inside, ``interrupt`` keeps by itself: it waits for the shield to
 be left.
+
+A slot's life is ``SlotState``: one enum, one table of the moves allowed
+(``TRANSITIONS``), applied by ``Slot.move`` and nowhere else. The table also says what
+a move means to the rest of the worker: leaving a state that holds one of the
+worker's ``max_slots`` places (``OCCUPYING``) for one that does not gives the place to
+the next job (``SlotOwner.freed``), and the states a lease is renewed in are
+``lease_renewed``'s. docs/design/slots.md draws it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import time
+from collections.abc import Coroutine, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pgwork.adapters.state import AcquiredJob, Lease
 from pgwork.job_types import JobType
@@ -36,7 +45,17 @@ try:  # where anyio keeps each task's innermost cancel scope (asyncio backend)
 except ImportError:  # pragma: no cover - a future anyio: shields are then not seen
     _task_states = None
 
-__all__ = ["SHIELD_RECHECK_S", "Abandoned", "Slot", "in_anyio_shield"]
+__all__ = [
+    "OCCUPYING",
+    "SHIELD_RECHECK_S",
+    "TRANSITIONS",
+    "Abandoned",
+    "Slot",
+    "SlotOwner",
+    "SlotState",
+    "SlotStateError",
+    "in_anyio_shield",
+]
 
 # How often an interruption waiting for a handler to leave an anyio shield looks again.
 SHIELD_RECHECK_S = 0.005
@@ -56,6 +75,77 @@ def in_anyio_shield(task: asyncio.Task[Any]) -> bool:
     return False
 
 
+class SlotState(enum.Enum):
+    """Where one acquired job is in its life on this worker."""
+
+    WAITING = "waiting"
+    """Acquired and leased, waiting for a free slot (prefetched). Renewed."""
+    STARTING = "starting"
+    """Given a slot: its lease is checked (renewed first when little is left), its
+    transaction opened. Not renewed meanwhile: this takes a moment, and a staged start
+    renews a short lease itself."""
+    JOINING = "joining"
+    """A grouped atomic attempt waiting for its lane and entering its group (which can
+    take a group's commit). Renewed."""
+    RUNNING = "running"
+    """Its handler runs. Renewed; watched for its timeout and, once told to stop, for
+    giving up on it."""
+    FINISHING = "finishing"
+    """The handler is done and the outcome is written while the slot stays taken (an
+    atomic attempt writes in its own transaction; a refused or failed start settles).
+    Renewed once the write has waited a sixth of the lease."""
+    SETTLING = "settling"
+    """The slot went to the next job; the outcome is still being written (the batcher's
+    next statement, a group's commit, a failure). Renewed as ``FINISHING`` is."""
+    ABANDONED = "abandoned"
+    """The handler ignored being stopped and was given up on: the slot went to the next
+    job, the attempt is settled without it, and its task runs on detached until it
+    ends. Final: the handler's end must still tell that it was given up on."""
+    DONE = "done"
+    """Settled; the worker lets the job go. Final."""
+
+
+_S = SlotState
+
+TRANSITIONS: Mapping[SlotState, frozenset[SlotState]] = {
+    _S.WAITING: frozenset({_S.STARTING, _S.DONE}),  # DONE: handed back, the worker stopping
+    _S.STARTING: frozenset({_S.JOINING, _S.RUNNING, _S.FINISHING, _S.SETTLING, _S.DONE}),
+    _S.JOINING: frozenset({_S.RUNNING, _S.FINISHING, _S.DONE}),
+    _S.RUNNING: frozenset({_S.FINISHING, _S.SETTLING, _S.ABANDONED}),
+    _S.FINISHING: frozenset({_S.SETTLING, _S.DONE}),
+    _S.SETTLING: frozenset({_S.DONE}),
+    _S.ABANDONED: frozenset(),
+    _S.DONE: frozenset(),
+}
+"""The moves a slot may make. STARTING (or JOINING) goes to FINISHING or SETTLING
+without running its handler when the attempt was aborted before it could start, and
+to DONE when nothing is left to write (refused, or the start failed)."""
+
+OCCUPYING = frozenset({_S.STARTING, _S.JOINING, _S.RUNNING, _S.FINISHING})
+"""The states that hold one of the worker's ``max_slots`` places."""
+
+# Renewed once the outcome has waited this share of its lease to be written: the
+# renewer ticks every third of a lease, so the lease is renewed at least a sixth of it
+# before it could lapse, while an outcome written at once never meets a renewal.
+_SETTLING_SHARE = 1 / 6
+
+_RENEWED = frozenset({_S.WAITING, _S.JOINING, _S.RUNNING})
+_RENEWED_IF_LONG = frozenset({_S.FINISHING, _S.SETTLING, _S.ABANDONED})
+
+
+class SlotStateError(RuntimeError):
+    """A slot was moved in a way its life does not allow: a bug in the worker."""
+
+
+class SlotOwner(Protocol):
+    """Who holds the slots (``_slots.Slots``): told when a move gives a slot's place to
+    the next job, and when an attempt settled after its task ended is done."""
+
+    def freed(self, slot: Slot) -> None: ...
+
+    def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None: ...
+
+
 class Abandoned(Exception):
     """Ends the task of a handler the worker gave up on, once the handler ends: the
     attempt was settled without it (see ``_watchdog``)."""
@@ -66,21 +156,19 @@ class Slot:
 
     __slots__ = (
         "abandon_after",
-        "abandoned",
         "acquired",
         "attempt",
         "context",
-        "handler_running",
         "handler_task",
         "interrupts",
         "job_type",
         "lease_deadline",
+        "owner",
         "pending_abort",
         "recheck",
-        "renewing",
-        "settling",
-        "settling_since",
+        "since",
         "started",
+        "state",
         "stop_at",
         "stopped_at",
         "task",
@@ -96,20 +184,19 @@ class Slot:
         now: float | None = None,
         *,
         leased_at: float | None = None,
+        owner: SlotOwner,
+        watchdog: Watchdog[Slot] | None = None,
     ) -> None:
         if now is None:
             now = time.monotonic()
         self.acquired = acquired
         self.job_type = job_type
+        self.owner = owner
+        self.watchdog = watchdog
+        self.state = SlotState.WAITING
+        self.since = now  # when it entered ``state`` (monotonic), for the states that ask
         self.attempt: Attempt[Any, Any] | None = None
         self.pending_abort: AbortReason | None = None
-        # The handler returned and its outcome is being written: renewing the lease now
-        # could only race the write (and misread the completed job as a lost lease).
-        self.settling = False
-        self.settling_since = 0.0  # when ``settling`` was set (monotonic)
-        # An atomic attempt whose handler runs (alone or in a group): its row is not
-        # locked, so its lease is renewed like a staged attempt's.
-        self.renewing = False
         # The database dates the lease from the acquire's transaction, which began
         # after the acquire was sent (``leased_at``) and maybe long before its answer
         # came (a server that hung, a stalled path): counted from the answer, a handler
@@ -118,12 +205,9 @@ class Slot:
             job_type.lease.total_seconds()
         )
         self.started = now
-        # Set while the handler runs, for the watchdog (see ``abandon_deadline``).
-        self.handler_running = False
         self.timeout: timedelta | None = None
         self.abandon_after = 0.0
         self.stopped_at: float | None = None  # when the running handler was told to stop
-        self.abandoned = False
         self.task: asyncio.Task[None] | None = None
         # The task the handler runs in (the slot's), and how often it was cancelled to
         # stop the handler and not yet taken back (at most once, see ``interrupt``).
@@ -140,7 +224,50 @@ class Slot:
         # an observer that set a context variable at the attempt's start (a tracing
         # span made current) resets it in the same context at its end.
         self.context: contextvars.Context | None = None
-        self.watchdog: Watchdog[Slot] | None = None
+
+    def move(self, to: SlotState) -> None:
+        """Move to state ``to``, as ``TRANSITIONS`` allows (else ``SlotStateError``);
+        leaving a place-holding state for one that holds none gives the place to the
+        next job (``SlotOwner.freed``)."""
+        was = self.state
+        if to not in TRANSITIONS[was]:
+            raise SlotStateError(
+                f"job {self.acquired.id}'s slot cannot go from {was.value} to {to.value}"
+            )
+        self.state = to
+        if to in _RENEWED_IF_LONG:
+            self.since = time.monotonic()
+        if was in OCCUPYING and to not in OCCUPYING:
+            self.owner.freed(self)
+
+    @property
+    def running(self) -> bool:
+        """Whether its handler runs (and may be stopped, or given up on)."""
+        return self.state is SlotState.RUNNING
+
+    @property
+    def abandoned(self) -> bool:
+        return self.state is SlotState.ABANDONED
+
+    @property
+    def settling(self) -> bool:
+        """Its outcome is being written (or was): a lease not renewed now is no loss to
+        report, as the write tells what came of the attempt."""
+        return self.state in _RENEWED_IF_LONG or self.state is SlotState.DONE
+
+    def lease_renewed(self, now: float) -> bool:
+        """Whether the renewer keeps this lease alive now: while it waits for a slot,
+        joins a group or runs its handler, and once its outcome has waited a sixth of
+        the lease to be written (the pool refilling after an outage, say); an outcome
+        written at once is not renewed meanwhile, as that renewal would only race the
+        write."""
+        state = self.state
+        if state in _RENEWED:
+            return True
+        return (
+            state in _RENEWED_IF_LONG
+            and now - self.since > self.job_type.lease.total_seconds() * _SETTLING_SHARE
+        )
 
     @property
     def lease(self) -> Lease:
@@ -153,12 +280,6 @@ class Slot:
     @property
     def staged(self) -> bool:
         return self.job_type.mode == "staged"
-
-    def begin_settling(self) -> None:
-        """The handler is done (returned, or given up on): its outcome is being
-        written. Not renewed meanwhile, unless the write takes long (``Slots``)."""
-        self.settling = True
-        self.settling_since = time.monotonic()
 
     def stop_cancelling(self) -> None:
         """The handler ended, or was given up on: nothing is to stop it any more."""
@@ -179,8 +300,8 @@ class Slot:
         a handler that swallows it is not given again (the watchdog gives up on it
         after ``abandon_after`` instead).
 
-        Only while the handler runs, and so only while its task waits inside it
-        (``handler_running`` is cleared, without a wait in between, as it returns):
+        Only while the handler runs, and so only while its task waits inside it (the
+        slot leaves ``RUNNING``, without a wait in between, as it returns):
         the worker's own code after the handler is never what is cancelled. From
         within the handler's own task, or while the handler is inside a shielded
         anyio scope, the cancellation waits (looked at again every
@@ -188,7 +309,7 @@ class Slot:
         """
         self.recheck = None
         task = self.handler_task
-        if not self.handler_running or self.abandoned or self.interrupts or task is None:
+        if self.state is not SlotState.RUNNING or self.interrupts or task is None:
             return
         loop = task.get_loop()
         if in_anyio_shield(task) or task is asyncio.current_task(loop):
@@ -205,7 +326,7 @@ class Slot:
             self.attempt.abort(reason)
         elif self.pending_abort is None:
             self.pending_abort = reason
-        if self.handler_running:
+        if self.state is SlotState.RUNNING:
             self._stop_requested()
             self.interrupt()
 
@@ -218,12 +339,12 @@ class Slot:
     def timeout_deadline(self) -> float | None:
         """When the running handler's timeout passes and it is to be stopped (None: no
         timeout, or it was stopped already)."""
-        return self.stop_at if self.handler_running and not self.abandoned else None
+        return self.stop_at if self.state is SlotState.RUNNING else None
 
     def abandon_deadline(self) -> float | None:
         """When the watchdog gives up on this handler: ``abandon_after`` after it was
         told to stop, or after its timeout; None while it may run on."""
-        if not self.handler_running or self.abandoned:
+        if self.state is not SlotState.RUNNING:
             return None
         if self.stopped_at is not None:
             return self.stopped_at + self.abandon_after

@@ -10,6 +10,7 @@ of that attempt when its handler had started (the attempt counts), else handed b
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import operator
@@ -26,7 +27,7 @@ from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._runner import SlotRunner
-from pgwork.worker._slot import Slot
+from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slot_tasks import SlotTasks
 from pgwork.worker._watchdog import Watchdog, keep_abandoned
 
@@ -36,34 +37,32 @@ __all__ = ["Slots"]
 
 _PRIORITY_THEN_DUE = operator.attrgetter("priority", "scheduled_at")
 
-# An outcome waiting to be written longer than this share of its lease has its lease
-# renewed again: the renewer ticks every third of a lease, so the lease is renewed at
-# least a sixth of it before it could lapse, while an outcome written at once (within
-# milliseconds) never meets a renewal.
-_SETTLING_SHARE = 1 / 6
-
 
 class Slots:
     """Every job this worker holds, one ``Slot`` each (the same job can come back to
     this worker, reaped then re-acquired, while a stale attempt on it is still being
     aborted: two slots then). ``held`` is keyed by the slots themselves rather than by
     their lease tokens: ``UUID.__hash__`` is a Python method, and every job went in and
-    out once."""
+    out once.
+
+    Each slot moves itself through its states (``Slot.move``, as ``_slot.TRANSITIONS``
+    allows) and tells its owner, this, when a move frees its place (``freed``) or when
+    an attempt settled after its task ended is done (``settled``)."""
 
     def __init__(
         self,
         *,
-        state: StateAdapter,
+        runner: SlotRunner,
         worker_id: str,
         types: Mapping[str, JobType[Any, Any]],
         queues: Sequence[str],
         max_slots: int,
         prefetch: int | None,
         wake: Callable[[], None],
-        notify: NotifyAdapter | None = None,
     ) -> None:
-        self.state = state
-        self.notify = notify
+        self.runner = runner
+        self.state: StateAdapter = runner.state
+        self.notify: NotifyAdapter = runner.notify
         self.worker_id = worker_id
         self._types = types
         self._queue_rank = {name: rank for rank, name in enumerate(queues)}
@@ -74,10 +73,11 @@ class Slots:
         )
         self.tasks = SlotTasks()
         self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon, Slot.time_out)
+        # Handlers given up on that have not ended yet (see ``_watchdog``).
+        self.abandoned: set[asyncio.Task[Any]] = set()
         # Attempts to settle once the database is reachable: the failure to write (its
         # handler had started), or the lease to hand back (it had not).
         self.unsettled: list[Failure | Lease] = []
-        self.runner: SlotRunner  # set by the worker once built (it needs ``returned``)
 
     def __len__(self) -> int:
         return len(self.held)
@@ -108,14 +108,15 @@ class Slots:
             self.admission.arrived,
         )
         for job in acquired:
-            slot = Slot(job, types[job.type_name], now, leased_at=leased)
+            slot = Slot(
+                job, types[job.type_name], now, leased_at=leased, owner=self, watchdog=watchdog
+            )
             held[slot] = None
-            slot.watchdog = watchdog
             admit(slot)
 
-    def returned(self, slot: Slot) -> None:
-        """A staged handler returned: its slot takes the next job while the outcome is
-        written."""
+    def freed(self, slot: Slot) -> None:
+        """``slot`` left the states that hold a place (its handler returned, or was
+        given up on, or its attempt ended): the next job takes the place."""
         self.admission.freed(slot, time.monotonic())
         self._wake()
 
@@ -126,6 +127,13 @@ class Slots:
         if then is not None:
             self.tasks.start(self._run(slot, then=then), name="pgwork-settle", context=slot.context)
             return
+        self._let_go(slot)
+
+    def _let_go(self, slot: Slot) -> None:
+        """``slot``'s attempt is settled: forget the job (its place freed, if it still
+        held one)."""
+        if slot.state is not SlotState.ABANDONED:
+            slot.move(SlotState.DONE)
         self.held.pop(slot, None)
         self._wake()
 
@@ -143,23 +151,9 @@ class Slots:
         return [slot.acquired.lease_token for slot in self.held]
 
     def lease_holders(self) -> list[Slot]:
-        """Attempts whose lease the renewer keeps alive: running staged ones, atomic ones
-        whose handler runs, the prefetched jobs (of either mode) waiting for a slot,
-        and attempts whose outcome has waited to be written for over a third of their
-        lease (the pool refilling after an outage, say). An outcome written at once is
-        not renewed meanwhile: that renewal would only race its write."""
+        """Attempts whose lease the renewer keeps alive now (``Slot.lease_renewed``)."""
         now = time.monotonic()
-        holders = [
-            s
-            for s in self.held
-            if (
-                ((s.staged and s.attempt is not None) or s.renewing)
-                if not s.settling
-                else now - s.settling_since > s.lease_duration.total_seconds() * _SETTLING_SHARE
-            )
-        ]
-        holders.extend(self.admission.queued)
-        return holders
+        return [slot for slot in self.held if slot.lease_renewed(now)]
 
     async def hand_back(self, acquired: Sequence[AcquiredJob]) -> None:
         """Release jobs no attempt was made on (no attempt burned) and announce them,
@@ -171,6 +165,7 @@ class Slots:
         """Hand the jobs still waiting for a slot back (the worker is stopping)."""
         waiting = self.admission.take_queued()
         for slot in waiting:
+            slot.move(SlotState.DONE)
             self.held.pop(slot, None)
         if not waiting:
             return
@@ -220,22 +215,20 @@ class Slots:
 
     def _launch(self, slot: Slot) -> None:
         # A fixed name: formatting the job id into it cost more than the no-op job.
+        slot.move(SlotState.STARTING)
         slot.context = context = contextvars.copy_context()
         slot.task = self.tasks.start(self._run(slot), name="pgwork-slot", context=context)
 
     def _abandon(self, slot: Slot) -> None:
         """The watchdog gave up on ``slot``'s handler: free the slot now, let the
         handler's task run on detached, and settle the attempt in a task of its own."""
-        slot.abandoned = True
         slot.stop_cancelling()
-        if not slot.settling:
-            slot.begin_settling()
-            self.admission.freed(slot, time.monotonic())
+        slot.move(SlotState.ABANDONED)  # which frees its place
         if slot.task is not None:
             self.tasks.detach(slot.task)
             keep_abandoned(
                 slot.task,
-                self.runner.abandoned,
+                self.abandoned,
                 f"of job {slot.acquired.id}",
                 lambda late_s, outcome: self.runner.emit(
                     HANDLER_ENDED_LATE, slot, duration=False, late_s=late_s, outcome=outcome
@@ -290,10 +283,7 @@ class Slots:
                     )
             finally:
                 if not later and (abandoned or not slot.abandoned):
-                    if not slot.settling:
-                        self.admission.freed(slot, time.monotonic())
-                    self.held.pop(slot, None)
-                    self._wake()
+                    self._let_go(slot)
         except BaseException as exc:
             error = exc
             raise
