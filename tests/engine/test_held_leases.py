@@ -25,6 +25,7 @@ from pgwork.adapters.state import Completion, Failure, Lease
 from pgwork.observability._events import Emitter
 from pgwork.records import AbortReason, AttemptError
 from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._bell import Bell
 from pgwork.worker._lease import renew_once
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
@@ -108,7 +109,7 @@ async def _slots_holding_one_job(
         queues=["default"],
         max_slots=1,
         prefetch=0,
-        wake=lambda: None,
+        bell=Bell(),
     )
     return client, job, slots
 

@@ -19,7 +19,8 @@ anyway; a worker with a single slot sends one acquire at a time (``max_in_flight
 so it runs its jobs one after another strictly in the queues' order.
 
 An acquire that comes back short tells ``Wakeups`` (the queues are drained until the
-next hint); one that comes back full sends the next when prefetching.
+next hint). What an acquire brought waits in ``arrivals`` and the main loop is rung: the
+loop starts the jobs, sending the next acquire first when prefetching.
 
 A failed acquire gives its completions back to the batcher (which retries them on its
 own) and leaves its error for the main loop, which backs off. One that failed because
@@ -30,7 +31,8 @@ fails that one alone) and goes out again without them.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
 import anyio
@@ -40,15 +42,26 @@ from pgwork.adapters.state import AcquiredJob, CompletionResult, StateAdapter
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._acquires import Acquires
 from pgwork.worker._batch import CompletionBatcher, Pending
+from pgwork.worker._bell import Bell
 from pgwork.worker._wakeups import Wakeups
 
-__all__ = ["MAX_IN_FLIGHT", "Fetcher"]
+__all__ = ["MAX_IN_FLIGHT", "Arrival", "Fetcher"]
 
 MAX_IN_FLIGHT = 2
 
 
+@dataclass(slots=True)
+class Arrival:
+    """What one acquire brought, for the main loop to start: the jobs, and when the
+    acquire was sent (their leases are counted from then, see ``Slot``)."""
+
+    jobs: list[AcquiredJob]
+    sent_at: float
+
+
 class Fetcher:
-    """Acquires in the background of the main loop; ``asked`` jobs are on their way."""
+    """Acquires in the background of the main loop; ``asked`` jobs are on their way,
+    and what came back waits in ``arrivals`` for the loop."""
 
     def __init__(
         self,
@@ -61,9 +74,7 @@ class Fetcher:
         queues: Sequence[str] | None,
         wakeups: Wakeups,
         poll_interval: float,
-        arrived: Callable[[list[AcquiredJob], float], Awaitable[None]],
-        back: Callable[[int], None],
-        done: Callable[[], None],
+        bell: Bell,
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.state = state
@@ -74,14 +85,18 @@ class Fetcher:
         self._queues = queues
         self._wakeups = wakeups
         self._poll_interval = poll_interval
-        self._arrived = arrived
-        self._back = back
-        self._done = done
+        self._bell = bell
         self.acquires = acquires
+        self.arrivals: list[Arrival] = []
         self.asked = 0
         self.error: BaseException | None = None
         self.failures = 0  # acquires that failed in a row
         self.group: anyio.abc.TaskGroup | None = None  # where acquires run (the loop's)
+
+    def take_arrivals(self) -> list[Arrival]:
+        """What the acquires brought since the loop last took it."""
+        arrivals, self.arrivals = self.arrivals, []
+        return arrivals
 
     def fill(self, free: int) -> None:
         """The loop's decision: start an acquire for up to ``free`` jobs (minus those
@@ -148,7 +163,7 @@ class Fetcher:
             self.failures = 0
             counted = True
             self._came_back(limit)
-            # Before ``_back``: a short acquire must not send the next one.
+            # Before the loop looks: a short acquire must not send the next one.
             self._wakeups.acquired(
                 generation,
                 sent_at=sent_at,
@@ -156,15 +171,13 @@ class Fetcher:
                 got=len(acquired),
                 poll_interval=self._poll_interval,
             )
-            # Before the jobs start: the next acquire (if any) goes out first, so the
-            # server works on it while their handlers run.
-            self._back(len(acquired))
             self._batcher.deliver(batch, results)
-            await self._arrived(acquired, sent_at)
+            if acquired:
+                self.arrivals.append(Arrival(acquired, sent_at))
         finally:
             if not counted:
                 self._came_back(limit)
-            self._done()
+            self._bell.ring()
 
     async def _complete_and_acquire(
         self, batch: list[Pending], limit: int

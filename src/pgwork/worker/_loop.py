@@ -30,7 +30,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from pgwork.adapters.state import AcquiredJob, WorkerInfo
+from pgwork.adapters.state import WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, DatabaseTimeoutError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
@@ -47,6 +47,7 @@ from pgwork.worker._acquires import Acquires
 from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
+from pgwork.worker._bell import Bell
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
 from pgwork.worker._handlers import require_async
 from pgwork.worker._heartbeat import Heartbeat
@@ -133,6 +134,7 @@ class InProcessWorker:
         )
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
+        self._bell = Bell()
         # Once a stop aborted what still ran: by when (monotonic) the rest of the stop
         # is done (see ``_left``).
         self._settle_by: float | None = None
@@ -171,7 +173,7 @@ class InProcessWorker:
             queues=self.queues,
             max_slots=max_slots,
             prefetch=prefetch,
-            wake=self._wake_up,
+            bell=self._bell,
         )
         # Staged slots count as free once their handler returns; at most this many
         # jobs may be unsettled (prefetched, handler running or outcome not yet
@@ -180,7 +182,6 @@ class InProcessWorker:
         self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
         # While prefetched jobs wait, acquire no fewer than this many at a time.
         self._least_acquire = max(1, max_slots // 2)
-        self._wake = asyncio.Event()
         self._wakeups = Wakeups()
         self._failures = 0  # turns failed in a row
         self._stop_requested = anyio.Event()
@@ -198,9 +199,7 @@ class InProcessWorker:
             queues=self.queues,
             wakeups=self._wakeups,
             poll_interval=poll_interval,
-            arrived=self._start_slots,
-            back=self._refill,
-            done=self._wake_up,
+            bell=self._bell,
             # One slot runs its jobs strictly in order: no second acquire to race the
             # first (see ``_fetch``).
             max_in_flight=1 if max_slots == 1 else MAX_IN_FLIGHT,
@@ -234,7 +233,7 @@ class InProcessWorker:
             worker_id=self.worker_id,
             queues=self.queues,
             wakeups=self._wakeups,
-            wake=self._wake_up,
+            wake=self._bell.ring,
             abort_job=self._slots.abort_job,
             events=self._events,
         )
@@ -248,13 +247,10 @@ class InProcessWorker:
             return "stopping", len(self._slots), abandoned
         return ("busy" if self._slots else "idle"), len(self._slots), abandoned
 
-    def _wake_up(self) -> None:
-        self._wake.set()
-
     def _hint(self) -> None:
         """Jobs may be ready now: acquire even if the queues were found drained."""
         self._wakeups.hint()
-        self._wake.set()
+        self._bell.ring()
 
     @property
     def active_slots(self) -> int:
@@ -339,7 +335,6 @@ class InProcessWorker:
         Returns once the worker is listening, so a job enqueued afterwards wakes it;
         raises what stopped it from starting (e.g. the database is unreachable).
         """
-        import asyncio
 
         if self._phase != "new" or self._task is not None:
             raise WorkerStateError(f"worker {self.worker_id} was already started")
@@ -366,7 +361,7 @@ class InProcessWorker:
                 else float(grace_period)
             )
         self._stop_requested.set()
-        self._wake.set()
+        self._bell.ring()
         if self._phase == "new":
             self._phase = "stopped"
             self._stopped.set()
@@ -395,14 +390,15 @@ class InProcessWorker:
     # --- main loop ---------------------------------------------------------------------
 
     async def _turns(self) -> None:
-        """The main loop: reap one expired lease, fill the free slots with one SKIP
-        LOCKED acquire, then wait for a reason to look again (a notification, a slot or
-        an acquire coming back, a due time, the poll). Stops taking jobs on ``stop()``
-        and settles the running ones within the grace period."""
+        """The main loop: start what the acquires brought, reap one expired lease, fill
+        the free slots with one SKIP LOCKED acquire, then wait for the bell (a
+        notification, a slot freed, an acquire back, a due time, the poll). Stops
+        taking jobs on ``stop()`` and settles the running ones within the grace period."""
         async with anyio.create_task_group() as self._fetcher.group:
             while not self._stop_requested.is_set():
-                self._wake = asyncio.Event()
+                self._bell.clear()
                 try:
+                    await self._start_arrivals()
                     await self._slots.hand_back_unsettled()
                     await self._reaper.reap_one(held=self._slots.held_tokens, idle=self._idle)
                     self._fill()
@@ -422,6 +418,10 @@ class InProcessWorker:
                 self._wakeups.tick()
             self._fetcher.stop_filling()
             await self._drain()
+            # What an acquire still in flight then brought goes straight back.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
+                await self._fetcher.idle()
+                await self._hand_back_arrivals()
             # What was aborted has until ``_left`` to settle: a handler that ignores
             # its abort is given up on by then, and a write the database does not
             # answer is not waited for longer (it is left behind, see ``_main_loop``).
@@ -434,16 +434,15 @@ class InProcessWorker:
         return not self._slots and self._wakeups.found_nothing
 
     async def _wait(self, seconds: float) -> None:
-        """Wait ``seconds`` or until something wakes the loop.
+        """Wait ``seconds`` or until the bell rings.
 
-        ``_wake`` is an asyncio event (set twice per job, anyio's wrapper cost more than
-        the event); unlike anyio's, a set one returns without yielding, so a turn yields
-        here itself: the loop never spins without letting the event loop run."""
-        if self._wake.is_set():
+        A bell rung already returns without yielding (asyncio's event), so a turn
+        yields here itself: the loop never spins without letting the event loop run."""
+        if self._bell.rung:
             await anyio.lowlevel.checkpoint()
             return
         with anyio.move_on_after(seconds):
-            await self._wake.wait()
+            await self._bell.wait()
 
     async def _back_off(self, error: Exception) -> None:
         """A turn failed (the database is away): wait, longer each time in a row (never
@@ -504,16 +503,29 @@ class InProcessWorker:
             and not self._batcher.waiting
         )
 
-    def _refill(self, incoming: int) -> None:
-        """An acquire came back with ``incoming`` jobs: while prefetching, send the next
-        one now rather than a loop turn later, after their handlers ran."""
-        if (
-            self._fetcher.filling
-            and self._slots.admission.prefetching
-            and self._fetcher.error is None  # the loop's own turn raises it
-            and not self._stop_requested.is_set()
-        ):
-            self._fill(incoming)
+    async def _start_arrivals(self) -> None:
+        """Start the jobs the acquires brought (or keep them waiting for a slot). While
+        prefetching, the next acquire goes out first, so that the server works on it
+        while their handlers run.
+
+        Then the turn lets their tasks take a first step before it decides anything
+        else: a quick handler is done by then, and its completion rides with the
+        acquire this turn sends, rather than leaving the batcher to write it alone
+        (``_batch``, ``_acquires``)."""
+        arrivals = self._fetcher.take_arrivals()
+        if not arrivals:
+            return
+        if self._slots.admission.prefetching and self._fetcher.error is None:
+            self._fill(sum(len(arrival.jobs) for arrival in arrivals))
+        for arrival in arrivals:
+            self._slots.arrived(arrival.jobs, leased_at=arrival.sent_at)
+        await anyio.lowlevel.checkpoint()
+
+    async def _hand_back_arrivals(self) -> None:
+        """The worker is stopping: hand what the acquires brought straight back, no
+        attempt burned."""
+        for arrival in self._fetcher.take_arrivals():
+            await self._slots.hand_back(arrival.jobs)
 
     async def _look_ahead(self) -> None:
         """Once the queues are drained, learn when the next job becomes due (see
@@ -528,24 +540,18 @@ class InProcessWorker:
         if seconds is not None:
             wakeups.due_in(seconds)
             if wakeups.may_have_work:
-                self._wake.set()  # due already (a hint): acquire this turn, not never
-
-    async def _start_slots(self, acquired: list[AcquiredJob], sent_at: float) -> None:
-        if self._stop_requested.is_set():
-            # Arrived after stop(): hand them straight back, no attempt burned.
-            await self._slots.hand_back(acquired)
-            return
-        self._slots.arrived(acquired, leased_at=sent_at)
+                self._bell.ring()  # due already (a hint): acquire this turn, not never
 
     async def _drain(self) -> None:
         """Graceful stop: hand prefetched jobs back, wait up to the grace period for
         the running ones, then abort what still runs."""
         with anyio.move_on_after(self.grace_period) as self._drain_scope:
             await self._fetcher.idle()
+            await self._hand_back_arrivals()
             await self._slots.release_prefetched()
             while self._slots:
-                self._wake = asyncio.Event()
-                await self._wake.wait()
+                self._bell.clear()
+                await self._bell.wait()
         self._slots.abort_all(AbortReason.WORKER_STOPPING)
         # The watchdog gives up on a handler that ignores its abort ``abandon_after``
         # later, and then writes its failure: a moment more for that write.

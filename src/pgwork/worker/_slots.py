@@ -15,7 +15,7 @@ import contextvars
 import logging
 import operator
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +26,7 @@ from pgwork.observability import ATTEMPT_FAILED, HANDLER_ENDED_LATE
 from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
+from pgwork.worker._bell import Bell
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slot_tasks import SlotTasks
@@ -58,7 +59,7 @@ class Slots:
         queues: Sequence[str],
         max_slots: int,
         prefetch: int | None,
-        wake: Callable[[], None],
+        bell: Bell,
     ) -> None:
         self.runner = runner
         self.state: StateAdapter = runner.state
@@ -66,7 +67,7 @@ class Slots:
         self.worker_id = worker_id
         self._types = types
         self._queue_rank = {name: rank for rank, name in enumerate(queues)}
-        self._wake = wake
+        self._bell = bell
         self.held: dict[Slot, None] = {}
         self.admission: Admission[Slot] = Admission(
             max_slots=max_slots, prefetch=prefetch, start=self._launch, rank=self._rank
@@ -118,7 +119,7 @@ class Slots:
         """``slot`` left the states that hold a place (its handler returned, or was
         given up on, or its attempt ended): the next job takes the place."""
         self.admission.freed(slot, time.monotonic())
-        self._wake()
+        self._bell.ring()
 
     def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None:
         """A staged attempt whose completion the batcher wrote after its task ended
@@ -135,7 +136,7 @@ class Slots:
         if slot.state is not SlotState.ABANDONED:
             slot.move(SlotState.DONE)
         self.held.pop(slot, None)
-        self._wake()
+        self._bell.ring()
 
     def abort_all(self, reason: AbortReason) -> None:
         for slot in list(self.held):
@@ -235,7 +236,7 @@ class Slots:
                 ),
             )
         self.tasks.start(self._run(slot, abandoned=True), name="pgwork-abandoned")
-        self._wake()
+        self._bell.ring()
 
     async def _run(
         self,
