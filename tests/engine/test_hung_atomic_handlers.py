@@ -39,6 +39,10 @@ from pgwork.worker._slot import Slot
 
 from .conftest import eventually
 
+# CPU seconds in 2 s of waiting that tell a worker spinning on its abandoned handlers
+# from one that sleeps.
+SPIN_BOUND_S = 0.3
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 POOL = 4
@@ -149,9 +153,11 @@ async def test_more_hung_atomic_handlers_than_connections_do_not_stop_the_worker
         await anyio.sleep(2.0)
         cpu = time.process_time() - cpu
         if build == "control-spins":
-            assert cpu > 0.5, f"the control build spent only {cpu:.2f}s CPU in 2s"
+            # It fails the bound below: on a loaded machine a spinning process gets
+            # less than a core, so the control is held to the bound, not to a core.
+            assert cpu >= SPIN_BOUND_S, f"the control build spent only {cpu:.2f}s CPU in 2s"
             return
-        assert cpu < 0.3, f"{cpu:.2f}s CPU in 2s with {2 * HUNG} abandoned handlers alive"
+        assert cpu < SPIN_BOUND_S, f"{cpu:.2f}s CPU in 2s with {2 * HUNG} abandoned handlers"
 
         async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
             await client.start_chain(conn, quick, Num(n=0))
