@@ -1,6 +1,6 @@
 """What starting a chain takes and gives back: ``ChainStart`` and ``StartedChain``.
 
-Below the client and its sync twins (``_client_sync``), which both build and return
+Below the client and its sync twins (``_sync.py``), which both build and return
 them; re-exported by ``pgwork.client`` and ``pgwork``.
 """
 
