@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import ChainStatus, Continue, JobStatus, JobTypeRegistry
+from pgwork._continuations import continuation_job
 from pgwork.adapters.state import Completion
-from pgwork.client._control import continuation_job
 from pgwork.records import AbortReason
 
 from .conftest import ClientFactory, eventually, scalar

@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import ChainStatus, Continue, JobTypeRegistry
+from pgwork._continuations import continuation_job
 from pgwork.adapters.state import Completion
-from pgwork.client._control import continuation_job
 
 from .conftest import ClientFactory, eventually, scalar
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
+from pgwork._continuations import continuation_job, split_schedule
 from pgwork.adapters.state import AcquiredJob, NewJob, StateAdapter
-from pgwork.client._client import split_schedule
-from pgwork.client._control import continuation_job
 from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
