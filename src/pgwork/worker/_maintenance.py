@@ -21,10 +21,9 @@ from typing import Any
 
 import anyio
 
-from pgwork.adapters.history import HISTORY_KEEP
+from pgwork.adapters.history import HISTORY_KEEP, HISTORY_MAX_LAG
 from pgwork.adapters.notify import ready_notices
 from pgwork.client import Client
-from pgwork.client._history import HISTORY_MAX_LAG
 from pgwork.schedules import CronSchedule
 
 log = logging.getLogger("pgwork.worker")
