@@ -34,7 +34,6 @@ from pgwork.adapters.state import AcquiredJob, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, DatabaseTimeoutError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
-from pgwork.middleware import CallNext, Middleware, compose
 from pgwork.observability import (
     WORKER_STARTED,
     WORKER_STOPPED,
@@ -57,6 +56,7 @@ from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 from pgwork.worker._watchdog import keep_abandoned
+from pgwork.worker.middleware import CallNext, Middleware, compose
 
 log = logging.getLogger("pgwork.worker")
 

@@ -29,7 +29,6 @@ from pgwork.errors import (
     OutcomeNotStorableError,
     PgworkError,
 )
-from pgwork.middleware import CallNext
 from pgwork.observability import (
     ATTEMPT_ABANDONED,
     ATTEMPT_ABORTED,
@@ -49,6 +48,7 @@ from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._lease import abort_reason_for
 from pgwork.worker._slot import Abandoned, Slot
 from pgwork.worker._watchdog import Watchdog
+from pgwork.worker.middleware import CallNext
 
 log = logging.getLogger("pgwork.worker")
 
