@@ -43,7 +43,7 @@ from pgwork.errors import (
 )
 from pgwork.job_types import JobType, JobTypeRegistry
 from pgwork.observability import JOB_ENQUEUED, Observer, default_observers
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from pgwork.records import Chain, Job, JobStatus
 

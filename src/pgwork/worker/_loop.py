@@ -39,7 +39,7 @@ from pgwork.observability import (
     WORKER_STOPPED,
     Observer,
 )
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
 from pgwork.worker._atomic_group import atomic_groups

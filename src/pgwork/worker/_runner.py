@@ -38,7 +38,7 @@ from pgwork.observability import (
     ATTEMPT_STARTED,
     LEASE_LOST,
 )
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._announce import announce_ready, due_epoch
 from pgwork.worker._atomic import run_atomic
