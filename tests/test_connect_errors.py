@@ -6,7 +6,7 @@ import pytest
 
 from pgwork.errors import DatabaseUnreachableError, InvalidSchemaNameError
 from pgwork.postgres import migrate
-from pgwork.postgres._connect import connect, redact_dsn
+from pgwork.postgres.connect import connect, redact_dsn
 from pgwork.testing import database_dsn
 
 SECRET = "s3cret-pw"

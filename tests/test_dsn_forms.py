@@ -9,7 +9,7 @@ from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
 from pgwork.adapters.notify import Notice
 from pgwork.cli import main
 from pgwork.postgres import migrate
-from pgwork.postgres._connect import normalize_dsn
+from pgwork.postgres.connect import normalize_dsn
 
 FORMS = ["postgresql+psycopg", "postgresql+asyncpg", "postgres", "postgresql+psycopg2"]
 

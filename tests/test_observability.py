@@ -42,6 +42,7 @@ from pgwork.observability import (
     Observer,
     OpenTelemetryObserver,
 )
+from pgwork.observability.emitter import Emitter
 from pgwork.postgres.stats import queue_depths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,7 +315,7 @@ async def test_otel_traces_enqueue_and_attempts_in_one_trace_with_metrics(
 def test_enqueue_tracing_without_a_tracer_is_one_shared_no_op() -> None:
     """``start_chain`` enters ``trace_enqueue`` on every call; without a tracer it must
     not build a generator context each time (and must still yield no carrier)."""
-    emitter = catalogue.Emitter([LoggingObserver()])
+    emitter = Emitter([LoggingObserver()])
     first = emitter.trace_enqueue(["a"])
     assert emitter.trace_enqueue(["b"]) is first
     with first as carrier:

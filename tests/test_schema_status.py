@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from pgwork.errors import SchemaMissingError, SchemaOutdatedError
 from pgwork.postgres import migrate
-from pgwork.postgres._connect import connect
+from pgwork.postgres.connect import connect
 
 
 def test_check_reports_not_at_head_on_empty_database(empty_database_dsn: str) -> None:

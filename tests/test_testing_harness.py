@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
 
 from pgwork.postgres import migrate
-from pgwork.postgres._connect import connect_sync
+from pgwork.postgres.connect import connect_sync
 from pgwork.testing import create_database, database_dsn, drop_database, temporary_database
 from pgwork.testing.servers import ServerUnavailable, docker_server
 

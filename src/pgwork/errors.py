@@ -37,7 +37,7 @@ The tree::
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
     │   ├── ChainHasDependantsError   delete_chains while other chains still wait on them
-    │   ├── LeaseLostError            a fenced write was refused: another holder owns the job now
+    │   ├── LeaseLostError            complete/reschedule after the worker lost the job
     │   ├── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
     │   ├── JobAlreadyFinishedError   completing/cancelling a job that already ended
     │   ├── ChainAlreadyFinishedError cancelling a chain that already ended
@@ -531,7 +531,8 @@ class LeaseLostError(JobError):
         super().__init__(
             f"{action} of job {job_id} (attempt {attempt}) was refused: this worker no longer "
             "holds the job (its lease expired and it was reaped, or it was cancelled or "
-            "completed elsewhere); nothing was written"
+            "completed elsewhere); nothing was written. Let the handler end: the job is no "
+            "longer this attempt's to finish"
         )
 
 

@@ -22,7 +22,7 @@ import pytest
 from bench.dashboard import load_statements
 
 from pgwork import Client, PostgresStateAdapter, create_client
-from pgwork._client_work import EXAMINED
+from pgwork.client._work import EXAMINED
 from pgwork.dashboard import allow_any, create_dashboard
 from pgwork.dashboard._work_pages import JOBS_PER_WORKER
 from pgwork.job_types import JobTypeRegistry

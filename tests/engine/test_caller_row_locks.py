@@ -15,7 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import ChainStatus, Continue, JobStatus, JobTypeRegistry
-from pgwork._client_control import continuation_job
+from pgwork._continuations import continuation_job
 from pgwork.adapters.state import Completion
 from pgwork.records import AbortReason
 

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import ChainStatus, Continue, JobTypeRegistry
-from pgwork._client_control import continuation_job
+from pgwork._continuations import continuation_job
 from pgwork.adapters.state import Completion
 
 from .conftest import ClientFactory, eventually, scalar

@@ -29,6 +29,7 @@ from pgwork import (
     Attempt,
     JobStatus,
     JobTypeRegistry,
+    LeaseLostError,
     RetryPolicy,
     create_in_process_worker,
 )
@@ -355,3 +356,73 @@ async def test_an_aborted_handler_is_cancelled_where_it_waits_and_started_is_rep
     job = await client.get_job(started.job_id)
     assert job.status is JobStatus.CANCELLED
     assert events == [ATTEMPT_STARTED]
+
+
+async def _take_away(client: Any, conn: Any, job_id: Any, how: str, worker: Any) -> None:
+    if how == "cancelled":
+        await client.cancel(conn, [job_id])
+    elif how == "completed elsewhere":
+        await client.complete_job(conn, job_id, "from a webhook")
+    else:  # "worker stopping": the worker still holds the job and hands it back
+        await worker.stop()
+        return
+    await conn.commit()
+
+
+@pytest.mark.parametrize("method", ["complete", "reschedule"])
+@pytest.mark.parametrize("how", ["cancelled", "completed elsewhere", "worker stopping"])
+async def test_finishing_an_attempt_whose_job_was_taken_away_raises_lease_lost(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], how: str, method: str
+) -> None:
+    """A handler that catches its cancellation and then completes or reschedules learns,
+    through LeaseLostError, that the job is no longer its worker's and nothing will be
+    written. A stopping worker still holds the job (it hands it back), so there the call
+    raises nothing. (Controls: without the check in ``Attempt`` the calls return and
+    the outcome is silently dropped, and the first two cases fail; counting a stopping
+    worker's abort as a lost job fails the third.)"""
+    reg = JobTypeRegistry()
+    slow = reg.job_type("slow", input=Num)
+    client = await make_client(reg)
+    running = anyio.Event()
+    finished = anyio.Event()
+    raised: list[BaseException | None] = []
+
+    async def handler(attempt: Attempt[Num, Any]) -> None:
+        running.set()
+        try:
+            await anyio.sleep_forever()
+        except asyncio.CancelledError:
+            try:
+                if method == "complete":
+                    await attempt.complete(None)
+                else:
+                    await attempt.reschedule(after=timedelta(hours=1))
+            except LeaseLostError as exc:
+                raised.append(exc)
+            else:
+                raised.append(None)
+            finished.set()
+            raise
+
+    worker = create_in_process_worker(
+        client=client, processors={slow: handler}, max_slots=1, grace_period=0
+    )
+    async with worker:
+        started = await client.start_chain(conn, slow, Num(n=1))
+        await conn.commit()
+        with anyio.fail_after(10):
+            await running.wait()
+        await _take_away(client, conn, started.job_id, how, worker)
+        with anyio.fail_after(10):
+            await finished.wait()
+
+    [error] = raised
+    if how == "worker stopping":
+        assert error is None
+        assert (await client.get_job(started.job_id)).status is JobStatus.PENDING
+        return
+    assert isinstance(error, LeaseLostError)
+    assert (error.job_id, error.attempt, error.action) == (started.job_id, 1, f"{method}()")
+    job = await client.get_job(started.job_id)
+    expected = JobStatus.CANCELLED if how == "cancelled" else JobStatus.COMPLETED
+    assert job.status is expected

@@ -24,9 +24,9 @@ from pgwork import (
     JobTypeRegistry,
     PostgresStateAdapter,
 )
-from pgwork._client_queries import encode_cursor
 from pgwork._ids import first_id_at
 from pgwork.adapters.state import PageKey
+from pgwork.client._queries import encode_cursor
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._query_statements import render_query_statements
 

@@ -26,6 +26,7 @@ __all__ = [
     "FINE_KEEP",
     "FINE_RESOLUTION",
     "HISTORY_KEEP",
+    "HISTORY_MAX_LAG",
     "HOURLY_KEEP",
     "HOURLY_RESOLUTION",
     "Durations",
@@ -65,6 +66,9 @@ DAILY_RESOLUTION = timedelta(days=1)
 FINE_KEEP = timedelta(days=2)
 HOURLY_KEEP = timedelta(days=8)
 HISTORY_KEEP = timedelta(days=90)
+# How long an open transaction may hold the history's count back (the ``max_lag`` of
+# ``ControlStore.roll_up_history``), for the workers' rollup and the client's alike.
+HISTORY_MAX_LAG = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from pgwork.cli._app import EXIT_INTERRUPTED
 from pgwork.cli._common import load_migrations, stderr, stdout, stop_on_signals
-from pgwork.postgres._connect import redact_dsn
+from pgwork.postgres.connect import redact_dsn
 
 __all__ = ["demo"]
 

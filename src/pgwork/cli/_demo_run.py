@@ -29,9 +29,14 @@ from pgwork.backoff import RetryPolicy
 from pgwork.client import ChainStart, create_client
 from pgwork.errors import ConfigurationError
 from pgwork.job_types import Continue, JobType, JobTypeRegistry
-from pgwork.observability import ATTEMPT_COMPLETED, ATTEMPT_FAILED, ATTEMPT_RETRIED, Event
-from pgwork.observability._logging import LoggingObserver
-from pgwork.postgres._connect import connect
+from pgwork.observability import (
+    ATTEMPT_COMPLETED,
+    ATTEMPT_FAILED,
+    ATTEMPT_RETRIED,
+    Event,
+    LoggingObserver,
+)
+from pgwork.postgres.connect import connect
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.worker import Attempt, Handler, create_in_process_worker

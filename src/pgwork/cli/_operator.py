@@ -26,7 +26,7 @@ from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
 from pgwork.client import Client, create_client
 from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobTypeRegistry
-from pgwork.postgres._connect import connect
+from pgwork.postgres.connect import connect
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.records import Chain, Job, JobStatus, Page

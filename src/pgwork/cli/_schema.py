@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from pgwork.cli._app import EXIT_NOT_AT_HEAD
 from pgwork.cli._common import dsn_option, load_migrations, require_dsn, schema_option, stdout
-from pgwork.postgres._connect import redact_dsn
+from pgwork.postgres.connect import redact_dsn
 
 __all__ = ["check", "migrate"]
 

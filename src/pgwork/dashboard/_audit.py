@@ -19,7 +19,7 @@ from starlette.requests import HTTPConnection
 
 from pgwork.client import Client
 from pgwork.observability import DASHBOARD_ACTION, DASHBOARD_AUTH_FAILED
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 
 __all__ = ["DASHBOARD_ACTION", "DASHBOARD_AUTH_FAILED", "client_address", "emit", "who"]
 

@@ -58,9 +58,9 @@ from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
     ADAPTER_CALL_START,
     ADAPTER_CALL_STOP,
-    Emitter,
     Observer,
 )
+from pgwork.observability.emitter import Emitter
 from pgwork.records import Chain, Job
 
 __all__ = ["InstrumentedStateAdapter"]

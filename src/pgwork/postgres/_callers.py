@@ -10,7 +10,7 @@ take either).
 
 ``SyncPsycopgCaller``'s methods are coroutines that never suspend: they call psycopg's
 blocking API. That is what lets ``Client.start_chain_sync`` drive the very coroutine
-``start_chain`` runs, by hand, without an event loop (``pgwork._client_sync``).
+``start_chain`` runs, by hand, without an event loop (``pgwork.client._sync``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from alembic.util import CommandError
 from sqlalchemy.pool import NullPool
 
 from pgwork.errors import ConfigurationError, DatabaseError
-from pgwork.postgres._connect import connect_sync, unreachable
 from pgwork.postgres._names import (
     DEFAULT_SCHEMA,
     LEGACY_VERSION_TABLE,
@@ -38,6 +37,7 @@ from pgwork.postgres._names import (
     validate_schema_name,
 )
 from pgwork.postgres._verify import check_server_version, verify_schema
+from pgwork.postgres.connect import connect_sync, unreachable
 
 __all__ = [
     "SchemaChange",

@@ -32,9 +32,9 @@ from psycopg import sql
 from pgwork.adapters.notify import Listener, Notice
 from pgwork.errors import ConfigurationError, DatabaseTimeoutError, NotificationsUnavailableError
 from pgwork.postgres._callers import execute
-from pgwork.postgres._connect import connect, redact_dsn
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._transactions import unwrap
+from pgwork.postgres.connect import connect, redact_dsn
 from pgwork.records import AbortReason
 
 __all__ = ["PostgresNotifyAdapter"]

@@ -41,7 +41,6 @@ from pgwork.errors import ConfigurationError, DatabaseTimeoutError
 from pgwork.postgres._callers import DbConn, fetch
 from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
-from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeout
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
@@ -56,6 +55,7 @@ from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, read_committed, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
 from pgwork.postgres._work import WorkOps
+from pgwork.postgres.connect import connect, normalize_dsn, with_connect_timeout
 
 __all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from pgwork.postgres._connect import connect_sync
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
+from pgwork.postgres.connect import connect_sync
 
 __all__ = ["QUEUE_DEPTHS", "queue_depths"]
 

@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgwork.postgres import migrate
-from pgwork.postgres._connect import connect_sync
+from pgwork.postgres.connect import connect_sync
 from pgwork.postgres.schema import DEFAULT_SCHEMA
 
 __all__ = [

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgwork.postgres._connect import connect_sync
+from pgwork.postgres.connect import connect_sync
 
 __all__ = ["PgBouncer", "PgBouncerUnavailable", "find_pgbouncer", "pgbouncer"]
 

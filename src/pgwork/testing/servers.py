@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pgwork.postgres._connect import connect_sync
+from pgwork.postgres.connect import connect_sync
 
 __all__ = [
     "DOCKER_IMAGE",

@@ -10,12 +10,12 @@ from typing import Any
 from pgwork._limits import check_queue_name, check_seconds
 from pgwork.client import Client
 from pgwork.job_types import JobType
-from pgwork.middleware import Middleware
 from pgwork.observability import Observer
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._gc import tune_gc
 from pgwork.worker._loop import Handler, InProcessWorker
+from pgwork.worker.middleware import Middleware
 
 __all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker", "tune_gc"]
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from pgwork._client_control import continuation_job
+from pgwork._continuations import continuation_job, split_schedule
 from pgwork.adapters.state import AcquiredJob, NewJob, StateAdapter
-from pgwork.client import split_schedule
-from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError
+from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError, LeaseLostError
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
 
@@ -29,6 +28,12 @@ O = TypeVar("O")  # noqa: E741
 
 TRACEBACK_LIMIT = 8000
 MESSAGE_LIMIT = 2000
+
+# The aborts after which the job is no longer this worker's: an outcome set then is
+# never written (a stopping worker or a timeout still holds the job).
+_LOST = frozenset(
+    {AbortReason.OWNERSHIP_LOST, AbortReason.CANCELLED, AbortReason.COMPLETED_ELSEWHERE}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +61,10 @@ class Attempt(Generic[I, O]):
     with ``TimeoutError``. When the worker aborts the attempt (lease lost, job
     cancelled, worker stopping) it sets ``abort_reason`` and cancels the handler.
     Either cancellation is asyncio's own ``CancelledError``, raised once where the
-    handler waits (not inside a shielded anyio scope: once it has left it).
+    handler waits (not inside a shielded anyio scope: once it has left it). Once the
+    job is no longer this worker's (its lease lost, the job cancelled or completed
+    elsewhere), ``complete`` and ``reschedule`` raise ``LeaseLostError``: nothing the
+    handler finishes then would be written.
     ``connection`` is the open database connection of an *atomic* attempt: rows the
     handler writes through it commit together with the job's completion (``None`` in
     staged mode).
@@ -102,6 +110,7 @@ class Attempt(Generic[I, O]):
     ) -> None:
         """Complete the job with ``output``; with ``continue_with``, the chain goes on
         with that job, inserted in the transaction that completes this one."""
+        self._ensure_held("complete()")
         self._complete(output, continue_with)
 
     def _complete(self, output: O | None, continue_with: Continuation | None) -> None:
@@ -121,11 +130,16 @@ class Attempt(Generic[I, O]):
     ) -> None:
         """Put the job back to run later without counting this attempt (e.g. polling
         something that is not ready yet). Give ``at`` (aware datetime) or ``after``."""
+        self._ensure_held("reschedule()")
         self._ensure_open("reschedule")
         if (at is None) == (after is None):
             raise ConfigurationError("reschedule() takes exactly one of at= or after=")
         run_at, run_after = split_schedule(at if at is not None else after)
         self.outcome = Rescheduled(run_at, run_after)
+
+    def _ensure_held(self, action: str) -> None:
+        if self.abort_reason in _LOST:
+            raise LeaseLostError(self.job.id, self.job.attempt, action)
 
     def _ensure_open(self, action: str) -> None:
         if self.outcome is not None:

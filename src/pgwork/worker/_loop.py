@@ -34,13 +34,12 @@ from pgwork.adapters.state import WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError, DatabaseTimeoutError, PgworkError, WorkerStateError
 from pgwork.job_types import JobType
-from pgwork.middleware import CallNext, Middleware, compose
 from pgwork.observability import (
     WORKER_STARTED,
     WORKER_STOPPED,
     Observer,
 )
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
 from pgwork.schedules import CronSchedule
 from pgwork.worker._acquires import Acquires
@@ -59,6 +58,7 @@ from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
 from pgwork.worker._watchdog import keep_abandoned
+from pgwork.worker.middleware import CallNext, Middleware, compose
 
 log = logging.getLogger("pgwork.worker")
 

@@ -21,8 +21,7 @@ from typing import Any
 
 import anyio
 
-from pgwork._client_history import HISTORY_MAX_LAG
-from pgwork.adapters.history import HISTORY_KEEP
+from pgwork.adapters.history import HISTORY_KEEP, HISTORY_MAX_LAG
 from pgwork.adapters.notify import ready_notices
 from pgwork.client import Client
 from pgwork.schedules import CronSchedule

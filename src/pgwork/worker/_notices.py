@@ -16,7 +16,7 @@ import anyio
 
 from pgwork.adapters.notify import Listener, Notice
 from pgwork.observability import LISTENER_RECONNECTED
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
 from pgwork.worker._wakeups import Wakeups
 

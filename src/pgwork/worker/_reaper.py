@@ -18,7 +18,7 @@ from uuid import UUID
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import WorkerStore
 from pgwork.observability import JOB_REAPED
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import JobStatus
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._wakeups import Wakeups

@@ -29,7 +29,6 @@ from pgwork.errors import (
     OutcomeNotStorableError,
     PgworkError,
 )
-from pgwork.middleware import CallNext
 from pgwork.observability import (
     ATTEMPT_ABANDONED,
     ATTEMPT_ABORTED,
@@ -39,7 +38,7 @@ from pgwork.observability import (
     ATTEMPT_STARTED,
     LEASE_LOST,
 )
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._announce import announce_ready, due_epoch
 from pgwork.worker._atomic import run_atomic
@@ -48,6 +47,7 @@ from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher, Pending
 from pgwork.worker._lease import abort_reason_for
 from pgwork.worker._slot import Abandoned, Slot, SlotState
+from pgwork.worker.middleware import CallNext
 
 log = logging.getLogger("pgwork.worker")
 

@@ -1,6 +1,6 @@
 """What starting a chain takes and gives back: ``ChainStart`` and ``StartedChain``.
 
-Below the client and its sync twins (``_client_sync``), which both build and return
+Below the client and its sync twins (``_sync.py``), which both build and return
 them; re-exported by ``pgwork.client`` and ``pgwork``.
 """
 
@@ -8,20 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+from pgwork._continuations import Schedule
 from pgwork.adapters.state import DedupSpec
 from pgwork.job_types import JobType
 from pgwork.records import JobStatus
 
-__all__ = ["ChainStart", "Schedule", "StartedChain"]
+__all__ = ["ChainStart", "StartedChain"]
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
-
-Schedule = datetime | timedelta | None
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -14,7 +14,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from pgwork._client_queries import MAX_PAGE_SIZE, _fetch_size, _page, decode_cursor, encode_cursor
 from pgwork._input_search import input_path, input_type_name, input_value_json
 from pgwork.adapters.state import PageKey
 from pgwork.adapters.work import (
@@ -26,6 +25,7 @@ from pgwork.adapters.work import (
     WorkFilter,
     WorkStatus,
 )
+from pgwork.client._queries import MAX_PAGE_SIZE, _fetch_size, _page, decode_cursor, encode_cursor
 from pgwork.errors import ConfigurationError
 from pgwork.records import Job, Page
 

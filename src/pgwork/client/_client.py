@@ -14,12 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
-from pgwork._client_control import ControlMixin
-from pgwork._client_history import HistoryMixin
-from pgwork._client_insight import InsightMixin
-from pgwork._client_queries import QueryMixin
-from pgwork._client_sync import SyncEnqueueMixin
-from pgwork._client_work import WorkMixin
+from pgwork._continuations import Schedule, split_schedule
 from pgwork._ids import new_id, new_ids
 from pgwork._limits import (
     check_context,
@@ -29,12 +24,17 @@ from pgwork._limits import (
     check_payload_cap,
     check_priority,
     check_queue_name,
-    check_run_at,
 )
-from pgwork._starts import ChainStart, Schedule, StartedChain
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter, TransactionHandle
+from pgwork.client._control import ControlMixin
+from pgwork.client._history import HistoryMixin
+from pgwork.client._insight import InsightMixin
+from pgwork.client._queries import QueryMixin
+from pgwork.client._starts import ChainStart, StartedChain
+from pgwork.client._sync import SyncEnqueueMixin
+from pgwork.client._work import WorkMixin
 from pgwork.errors import (
     ChainNotFoundError,
     ConfigurationError,
@@ -43,11 +43,11 @@ from pgwork.errors import (
 )
 from pgwork.job_types import JobType, JobTypeRegistry
 from pgwork.observability import JOB_ENQUEUED, Observer, default_observers
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.payload import DEFAULT_MAX_PAYLOAD_BYTES
 from pgwork.records import Chain, Job, JobStatus
 
-__all__ = ["ChainStart", "Client", "StartedChain", "create_client"]
+__all__ = ["Client", "create_client"]
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
@@ -145,7 +145,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
         tx: object,
     ) -> list[StartedChain[Any, Any]]:
         """The one enqueue: validate and encode, adopt ``tx``, insert, report. The
-        ``*_sync`` twins drive this same coroutine by hand (``_client_sync``)."""
+        ``*_sync`` twins drive this same coroutine by hand (``_sync.py``)."""
         names = [
             item.job_type.name if isinstance(item.job_type, JobType) else str(item.job_type)
             for item in items
@@ -394,22 +394,6 @@ def _dedup_spec(dedup: str | DedupSpec | None) -> DedupSpec | None:
     if dedup.window is not None:
         check_delay("dedup window", dedup.window)
     return dedup
-
-
-def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | None]:
-    """Turn ``schedule`` into (run_at, run_after); the database clock resolves both."""
-    if schedule is None:
-        return None, None
-    if isinstance(schedule, datetime):
-        if schedule.tzinfo is None or schedule.utcoffset() is None:
-            raise ConfigurationError(
-                f"schedule datetime {schedule.isoformat()} has no timezone; pass an aware "
-                "datetime (e.g. datetime.now(UTC) + ...) or a timedelta"
-            )
-        return check_run_at(schedule), None
-    if isinstance(schedule, timedelta):
-        return None, max(check_delay("schedule", schedule), timedelta(0))
-    raise ConfigurationError(f"schedule must be a datetime or timedelta, got {schedule!r}")
 
 
 def create_client(

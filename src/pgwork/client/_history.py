@@ -16,6 +16,7 @@ from pgwork.adapters.history import (
     FINE_KEEP,
     FINE_RESOLUTION,
     HISTORY_KEEP,
+    HISTORY_MAX_LAG,
     HOURLY_KEEP,
     HOURLY_RESOLUTION,
     HistoryRollup,
@@ -30,9 +31,6 @@ __all__ = ["MAX_HISTORY_POINTS", "HistoryMixin", "history_step"]
 
 # A window is cut into at most this many steps (a chart's bars).
 MAX_HISTORY_POINTS = 150
-# How long an open transaction may hold the history's count back (see
-# ``ControlStore.roll_up_history``).
-HISTORY_MAX_LAG = timedelta(hours=1)
 
 
 def history_step(window: timedelta) -> tuple[timedelta, timedelta, timedelta]:

@@ -3,6 +3,10 @@
 Every connection pgwork opens from a DSN goes through here, so a wrong host, a refused
 port, failed authentication or a malformed DSN all surface as one catchable error whose
 message shows the DSN *without its password*.
+
+Not re-exported by ``pgwork``: the adapters of this package, the CLI and the testing
+helpers import it by this name (a public module name, so nothing reaches into a
+private one from outside ``postgres/``).
 """
 
 from __future__ import annotations

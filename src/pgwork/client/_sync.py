@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
-from pgwork._starts import ChainStart, Schedule, StartedChain
+from pgwork._continuations import Schedule
 from pgwork.adapters.state import DedupSpec, SyncAdopter, TransactionHandle
+from pgwork.client._starts import ChainStart, StartedChain
 from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 

@@ -1,7 +1,7 @@
 """Client API of the operator's read side: recent activity and a chain's links.
 
 Mixed into ``Client``; what the dashboard reads besides the listings of
-``_client_queries``. Both read bounded index ranges, so they cost the same on any size
+``_queries.py``. Both read bounded index ranges, so they cost the same on any size
 of table.
 """
 

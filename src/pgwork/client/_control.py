@@ -14,10 +14,10 @@ from uuid import UUID
 
 import anyio
 
-from pgwork._ids import new_id
+from pgwork._continuations import continuation_job
 from pgwork._limits import check_queue_name
 from pgwork.adapters.notify import Notice, ready_notices
-from pgwork.adapters.state import Completion, NewJob
+from pgwork.adapters.state import Completion
 from pgwork.errors import (
     AwaitTimeoutError,
     ChainAlreadyFinishedError,
@@ -29,44 +29,14 @@ from pgwork.errors import (
     JobNotFoundError,
     JobNotRetryableError,
 )
-from pgwork.job_types import Continuation, JobType, JobTypeRegistry
+from pgwork.job_types import Continuation, JobTypeRegistry
 from pgwork.records import AbortReason, Chain, ChainStatus, Job, JobStatus
 
 if TYPE_CHECKING:
     from pgwork.adapters.notify import NotifyAdapter
     from pgwork.adapters.state import StateAdapter
 
-__all__ = ["ControlMixin", "continuation_job"]
-
-
-def continuation_job(
-    registry: JobTypeRegistry,
-    from_type: JobType[Any, Any],
-    job: Job[Any],
-    spec: Continuation,
-    *,
-    max_bytes: int,
-) -> NewJob:
-    """The next job of ``job``'s chain, checked against the registry's ``continue_with``."""
-    if not isinstance(spec, Continuation):
-        raise ConfigurationError(
-            f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
-        )
-    target = registry.continuation(from_type, spec.job_type, job.id)
-    run_after = spec.schedule_after
-    return NewJob(
-        id=new_id(),
-        type_name=target.name,
-        chain_id=job.chain_id,
-        chain_type_name=job.chain_type_name,
-        chain_index=job.chain_index + 1,
-        input_json=target.input_codec.encode(spec.input, max_bytes=max_bytes),
-        queue=target.queue,
-        priority=target.priority,
-        max_attempts=target.max_attempts,
-        run_after=run_after,
-        context=job.context,
-    )
+__all__ = ["ControlMixin"]
 
 
 class ControlMixin:

@@ -1,0 +1,71 @@
+"""The next job of a chain, and when a job runs: what the client and the worker share.
+
+A chain goes on from two places: ``Client.complete_job(continue_with=...)`` outside a
+worker, and ``attempt.complete(continue_with=...)`` inside one. Both build the next job
+with ``continuation_job``, checked against the registry's ``continue_with``. A schedule
+is given to ``start_chain`` and to ``attempt.reschedule``; ``split_schedule`` checks
+both the same way. Below the client and the worker, which import it downward.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgwork._ids import new_id
+from pgwork._limits import check_delay, check_run_at
+from pgwork.adapters.state import NewJob
+from pgwork.errors import ConfigurationError
+from pgwork.job_types import Continuation, JobType, JobTypeRegistry
+from pgwork.records import Job
+
+__all__ = ["Schedule", "continuation_job", "split_schedule"]
+
+Schedule = datetime | timedelta | None
+"""When a job runs: a timezone-aware datetime, a delay from now, or None for now."""
+
+
+def continuation_job(
+    registry: JobTypeRegistry,
+    from_type: JobType[Any, Any],
+    job: Job[Any],
+    spec: Continuation,
+    *,
+    max_bytes: int,
+) -> NewJob:
+    """The next job of ``job``'s chain, checked against the registry's ``continue_with``."""
+    if not isinstance(spec, Continuation):
+        raise ConfigurationError(
+            f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
+        )
+    target = registry.continuation(from_type, spec.job_type, job.id)
+    run_after = spec.schedule_after
+    return NewJob(
+        id=new_id(),
+        type_name=target.name,
+        chain_id=job.chain_id,
+        chain_type_name=job.chain_type_name,
+        chain_index=job.chain_index + 1,
+        input_json=target.input_codec.encode(spec.input, max_bytes=max_bytes),
+        queue=target.queue,
+        priority=target.priority,
+        max_attempts=target.max_attempts,
+        run_after=run_after,
+        context=job.context,
+    )
+
+
+def split_schedule(schedule: Schedule) -> tuple[datetime | None, timedelta | None]:
+    """Turn ``schedule`` into (run_at, run_after); the database clock resolves both."""
+    if schedule is None:
+        return None, None
+    if isinstance(schedule, datetime):
+        if schedule.tzinfo is None or schedule.utcoffset() is None:
+            raise ConfigurationError(
+                f"schedule datetime {schedule.isoformat()} has no timezone; pass an aware "
+                "datetime (e.g. datetime.now(UTC) + ...) or a timedelta"
+            )
+        return check_run_at(schedule), None
+    if isinstance(schedule, timedelta):
+        return None, max(check_delay("schedule", schedule), timedelta(0))
+    raise ConfigurationError(f"schedule must be a datetime or timedelta, got {schedule!r}")
