@@ -22,7 +22,7 @@ from pgwork import (
     create_in_process_worker,
 )
 from pgwork.adapters.state import Completion, Failure, Lease
-from pgwork.observability._events import Emitter
+from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason, AttemptError
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._bell import Bell
