@@ -28,7 +28,7 @@ from pgwork import (
 from pgwork.observability import ATTEMPT_FAILED, Event
 from pgwork.postgres import _atomic_group
 from pgwork.worker import _atomic_group as worker_groups
-from pgwork.worker._runner import SlotRunner
+from pgwork.worker._steps import AttemptSteps
 
 from .conftest import ClientFactory, eventually, scalar
 
@@ -260,7 +260,7 @@ async def test_a_failing_members_failure_commits_with_its_group(
     the group commits (here at its wait, the job being alone). The control records it
     in a transaction of its own, right after the rollback."""
     if build == "control-on-its-own":
-        monkeypatch.setattr(SlotRunner, "_failure_of", lambda self, slot, attempt, error: None)
+        monkeypatch.setattr(AttemptSteps, "failure_of", lambda self, slot, attempt, error: None)
     reg = JobTypeRegistry()
     pay = reg.job_type("pay", input=Num, mode="atomic", max_attempts=1)
     client = await make_client(reg)
@@ -614,13 +614,13 @@ async def test_a_member_cancelled_while_it_waits_for_its_lane_never_runs(
     handler never runs, and the job ends cancelled. (Control: an attempt built without
     the abort recorded while it waited: the cancelled job's handler runs.)"""
     if build == "control-abort-ignored":
-        attempt = SlotRunner._attempt
+        attempt = AttemptSteps.build_attempt
 
         def forgetful(self: Any, slot: Any, transaction: object | None) -> Any:
             slot.pending_abort = None
             return attempt(self, slot, transaction)
 
-        monkeypatch.setattr(SlotRunner, "_attempt", forgetful)
+        monkeypatch.setattr(AttemptSteps, "build_attempt", forgetful)
     reg = JobTypeRegistry()
     pay = reg.job_type(
         "pay", input=Num, mode="atomic", lease=timedelta(seconds=0.6), timeout=timedelta(seconds=30)

@@ -29,6 +29,7 @@ from pgwork.worker._bell import Bell
 from pgwork.worker._lease import renew_once
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
+from pgwork.worker._steps import AttemptSteps
 
 from .conftest import ClientFactory, acquired_job, eventually
 
@@ -94,13 +95,15 @@ async def _slots_holding_one_job(
     await conn.commit()
     [job] = await client.state.acquire(worker_id="w", leases=LEASES, queues=None, limit=1)
     runner = SlotRunner(
-        client=client,
-        worker_id="w",
-        handlers={},
-        batcher=CompletionBatcher(client.state),
-        events=Emitter([]),
-        rng=random.Random(0),
-        abandon_after=5.0,
+        steps=AttemptSteps(
+            client=client,
+            worker_id="w",
+            handlers={},
+            batcher=CompletionBatcher(client.state),
+            events=Emitter([]),
+            rng=random.Random(0),
+            abandon_after=5.0,
+        )
     )
     slots = Slots(
         runner=runner,

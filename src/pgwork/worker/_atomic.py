@@ -25,19 +25,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
-from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
-from pgwork.adapters.state import Completion, Failure, StateAdapter, TransactionHandle
+from pgwork.adapters.notify import Notice, ready_notices
+from pgwork.adapters.state import Completion, TransactionHandle
 from pgwork.worker._attempt import Attempt, Completed
 from pgwork.worker._slot import Slot, SlotState
+from pgwork.worker._steps import AttemptSteps
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["AttemptSteps", "run_atomic"]
+__all__ = ["run_atomic"]
 
 
 class _Refused(Exception):
@@ -48,52 +48,8 @@ class _Rollback(Exception):
     """Leaves an atomic attempt's transaction without committing the handler's writes."""
 
 
-class AttemptSteps(Protocol):
-    """What an atomic attempt uses of the slot runner (``_runner.SlotRunner``), which
-    sits above this module: the steps every attempt shares, whatever its mode."""
-
-    state: StateAdapter
-    notify: NotifyAdapter
-
-    def _attempt(
-        self, slot: Slot, transaction: object | None
-    ) -> tuple[Attempt[Any, Any] | None, BaseException | None]: ...
-
-    async def _call_handler(
-        self,
-        slot: Slot,
-        attempt: Attempt[Any, Any],
-        timeout: timedelta | None,
-        after: SlotState,
-    ) -> BaseException | None: ...
-
-    async def _write_outcome(
-        self, slot: Slot, attempt: Attempt[Any, Any], tx: Any | None
-    ) -> bool: ...
-
-    def _report_outcome(self, slot: Slot, attempt: Attempt[Any, Any], written: bool) -> None: ...
-
-    def _submit_completion(self, slot: Slot, outcome: Completed) -> None: ...
-
-    async def _settle(
-        self, slot: Slot, attempt: Attempt[Any, Any], error: BaseException | None
-    ) -> None: ...
-
-    async def _settle_failure(
-        self, slot: Slot, error: BaseException | None, *, terminal: bool
-    ) -> None: ...
-
-    def _failure_of(
-        self, slot: Slot, attempt: Attempt[Any, Any] | None, error: BaseException | None
-    ) -> Failure | None: ...
-
-    def _report_failure(self, slot: Slot, failure: Failure, accepted: bool) -> None: ...
-
-    def counted_failure(self, slot: Slot, error: BaseException) -> Failure: ...
-
-
 async def run_atomic(
-    runner: AttemptSteps, slot: Slot, *, timed: Callable[[str, float], None] | None = None
+    steps: AttemptSteps, slot: Slot, *, timed: Callable[[str, float], None] | None = None
 ) -> None:
     """Run ``slot``'s job as an atomic attempt and settle it. ``timed`` is told the job
     type's name and how long its handler took (the grouping worker's running mean)."""
@@ -104,36 +60,36 @@ async def run_atomic(
     # The outcome is being written (or committed): an error now is the write's.
     writing = False
     try:
-        async with runner.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
+        async with steps.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
             if tx is None:
                 log.warning(
                     "pgwork job %s was taken from this worker before it started",
                     slot.acquired.id,
                 )
                 return
-            attempt, failure = runner._attempt(slot, tx)
+            attempt, failure = steps.build_attempt(slot, tx)
             if attempt is None:
                 raise _Rollback
             # A handler given up on raises Abandoned here once it ends; the
             # watchdog's task closed this connection and settled the attempt.
             began = time.monotonic()
             # Its outcome is then written in its transaction, the slot still taken.
-            failure = await runner._call_handler(slot, attempt, deadline, SlotState.FINISHING)
+            failure = await steps.call_handler(slot, attempt, deadline, SlotState.FINISHING)
             if timed is not None:
                 timed(slot.job_type.name, time.monotonic() - began)
             if failure is not None or attempt.aborted:
                 raise _Rollback
             writing = True
             with anyio.CancelScope(shield=True):
-                written = await _write_outcome(runner, slot, attempt, tx)
+                written = await _write_atomic_outcome(steps, slot, attempt, tx)
             if not written:
                 # The lease no longer holds: the handler's writes must not commit.
                 raise _Refused
-        runner._report_outcome(slot, attempt, written)  # after the commit
+        steps.report_outcome(slot, attempt, written)  # after the commit
         return
     except _Refused:
         assert attempt is not None
-        runner._report_outcome(slot, attempt, False)
+        steps.report_outcome(slot, attempt, False)
         return
     except _Rollback:
         pass
@@ -146,26 +102,26 @@ async def run_atomic(
             "pgwork could not write the outcome of atomic job %s (%r)", slot.acquired.id, exc
         )
         with anyio.CancelScope(shield=True):
-            await runner._settle_failure(slot, exc, terminal=False)
+            await steps.settle_failure(slot, exc, terminal=False)
         return
     # The handler's writes were rolled back; record what happened on its own.
     with anyio.CancelScope(shield=True):
         if attempt is None:
-            await runner._settle_failure(slot, failure, terminal=True)
+            await steps.settle_failure(slot, failure, terminal=True)
         else:
-            await runner._settle(slot, attempt, failure)
+            await steps.settle(slot, attempt, failure)
 
 
-async def _write_outcome(
-    runner: AttemptSteps, slot: Slot, attempt: Attempt[Any, Any], tx: TransactionHandle
+async def _write_atomic_outcome(
+    steps: AttemptSteps, slot: Slot, attempt: Attempt[Any, Any], tx: TransactionHandle
 ) -> bool:
     """Write the handler's outcome; False when the lease no longer held (then nothing
     the handler wrote may commit)."""
     outcome = attempt.outcome
     if not isinstance(outcome, Completed) or outcome.continuation is not None:
-        return await runner._write_outcome(slot, attempt, tx)
+        return await steps.write_outcome(slot, attempt, tx)
     lease = slot.lease
-    result = await runner.state.complete_atomic(
+    result = await steps.state.complete_atomic(
         tx,
         completion=Completion(lease.job_id, lease.lease_token, outcome.output_json),
     )
@@ -174,5 +130,5 @@ async def _write_outcome(
     if result.chain_awaited:
         notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
     if notices:
-        await runner.notify.publish(None, notices=notices)
+        await steps.notify.publish(None, notices=notices)
     return result.accepted

@@ -66,9 +66,10 @@ from pgwork.adapters.state import (
 )
 from pgwork.errors import ConfigurationError
 from pgwork.worker._announce import announce_ready
-from pgwork.worker._atomic import AttemptSteps, run_atomic
+from pgwork.worker._atomic import run_atomic
 from pgwork.worker._attempt import Attempt, Completed, error_record
 from pgwork.worker._slot import Slot, SlotState
+from pgwork.worker._steps import AttemptSteps
 
 log = logging.getLogger("pgwork.worker")
 
@@ -125,14 +126,14 @@ class _Group:
         "kept",
         "notices",
         "refused",
-        "runner",
+        "steps",
         "store",
         "waited",
     )
 
-    def __init__(self, store: AtomicGroup, runner: AttemptSteps) -> None:
+    def __init__(self, store: AtomicGroup, steps: AttemptSteps) -> None:
         self.store = store
-        self.runner = runner
+        self.steps = steps
         self.due = math.inf  # commit by then (monotonic); set by the first kept member
         self.done = asyncio.Event()
         self.error: BaseException | None = None
@@ -241,12 +242,12 @@ class AtomicGroups:
         mean = self._mean_s.get(name, 0.0)
         self._mean_s[name] = mean + _SMOOTHING * (took - mean)
 
-    async def run(self, runner: AttemptSteps, slot: Slot) -> bool:
+    async def run(self, steps: AttemptSteps, slot: Slot) -> bool:
         """Run ``slot``'s job as a member of a group, or alone if its type's handlers
         are slow, and settle it; True when it is settled later, as its group ends
         (its slot's owner is then told, ``SlotOwner.settled``)."""
         if slot.acquired.id in self._alone or not self.takes(slot):
-            await run_atomic(runner, slot, timed=self._learn)
+            await run_atomic(steps, slot, timed=self._learn)
             return False
         deadline = slot.job_type.timeout or slot.job_type.lease
         # Its row is not locked while it waits and runs: its lease is renewed meanwhile.
@@ -264,15 +265,15 @@ class AtomicGroups:
         try:
             group = lane.group
             if group is None:
-                group = lane.group = _Group(await self.state.open_atomic_group(), runner)
+                group = lane.group = _Group(await self.state.open_atomic_group(), steps)
             tx = await group.store.enter(lease=slot.lease, deadline=deadline)
-            attempt, failure = runner._attempt(slot, tx)
+            attempt, failure = steps.build_attempt(slot, tx)
             if attempt is not None:
                 # A handler given up on raises Abandoned here once it ends; the
                 # watchdog's task closed the connection, lost the group and gave the
                 # lane back.
                 began = time.monotonic()
-                failure = await runner._call_handler(slot, attempt, deadline, SlotState.FINISHING)
+                failure = await steps.call_handler(slot, attempt, deadline, SlotState.FINISHING)
                 self._learn(slot.job_type.name, time.monotonic() - began)
             else:
                 slot.move(SlotState.FINISHING)  # its input could not be decoded
@@ -292,7 +293,7 @@ class AtomicGroups:
                     # Not shielded: one cancelled while it writes loses its group, of
                     # which nothing then commits.
                     try:
-                        kept = await self._keep(runner, slot, attempt, group, tx)
+                        kept = await self._keep(steps, slot, attempt, group, tx)
                         refused = not kept
                     except Exception as exc:
                         # The database refused its outcome (its handler left the
@@ -307,12 +308,12 @@ class AtomicGroups:
                         )
                         with anyio.CancelScope(shield=True):
                             await group.store.undo()
-                            failed = runner.counted_failure(slot, exc)
+                            failed = steps.counted_failure(slot, exc)
                             kept = await self._record_failure(slot, failed, group, tx)
             else:
                 with anyio.CancelScope(shield=True):
                     await group.store.undo()
-                    failed = runner._failure_of(slot, attempt, failure)
+                    failed = steps.failure_of(slot, attempt, failure)
                     if failed is not None:
                         kept = await self._record_failure(slot, failed, group, tx)
             if kept and group.due == math.inf:
@@ -332,8 +333,8 @@ class AtomicGroups:
                 await self._leave(lane, slot)
         if plain is not None:
             slot.move(SlotState.SETTLING)  # which frees its place
-            runner._submit_completion(slot, plain)
-            return True  # settled by the batcher (``runner._written``)
+            steps.submit_completion(slot, plain)
+            return True  # settled by the batcher (``AttemptSteps._written``)
         if kept:
             assert group is not None
             slot.move(SlotState.SETTLING)  # the slot takes its next job meanwhile
@@ -348,17 +349,17 @@ class AtomicGroups:
                 await then
             return False
         if failed is not None:  # its lease no longer held: nothing was written
-            runner._report_failure(slot, failed, False)
+            steps.report_failure(slot, failed, False)
             return False
         if refused:
             assert attempt is not None
-            runner._report_outcome(slot, attempt, False)
+            steps.report_outcome(slot, attempt, False)
             return False
         # Aborted, and rolled back to its savepoint: settled on its own (a stopping
         # worker hands the job back; a lost lease writes nothing).
         with anyio.CancelScope(shield=True):
             assert attempt is not None
-            await runner._settle(slot, attempt, failure)
+            await steps.settle(slot, attempt, failure)
         return False
 
     def _settle_kept(
@@ -373,11 +374,11 @@ class AtomicGroups:
         if group.error is not None:
             return self._hand_back(group, slot)
         if failed is not None:
-            group.runner._report_failure(slot, failed, True)
+            group.steps.report_failure(slot, failed, True)
             return None
         assert attempt is not None
         # Kept only if its outcome was accepted.
-        group.runner._report_outcome(slot, attempt, True)
+        group.steps.report_outcome(slot, attempt, True)
         return None
 
     def _end(self, group: _Group) -> None:
@@ -411,7 +412,7 @@ class AtomicGroups:
 
     async def _keep(
         self,
-        runner: AttemptSteps,
+        steps: AttemptSteps,
         slot: Slot,
         attempt: Attempt[Any, Any],
         group: _Group,
@@ -430,7 +431,7 @@ class AtomicGroups:
             return result.accepted
         # A continuation or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
-        if await runner._write_outcome(slot, attempt, tx):
+        if await steps.write_outcome(slot, attempt, tx):
             await group.store.keep()
             return True
         await group.store.undo()
@@ -584,6 +585,6 @@ class AtomicGroups:
         back = Failure(slot.acquired.id, slot.acquired.lease_token, error_record(error), _NOW)
         with anyio.CancelScope(shield=True):
             released = bool(await self.state.release(leases=[slot.lease]))
-            group.runner._report_failure(slot, back, released)
+            group.steps.report_failure(slot, back, released)
             if released:
                 await announce_ready(self.notify, [slot.acquired.queue])

@@ -56,6 +56,7 @@ from pgwork.worker._notices import NoticeRouter
 from pgwork.worker._reaper import Reaper
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
+from pgwork.worker._steps import AttemptSteps
 from pgwork.worker._wakeups import Wakeups
 from pgwork.worker._watchdog import keep_abandoned
 from pgwork.worker.middleware import CallNext, Middleware, compose
@@ -153,13 +154,15 @@ class InProcessWorker:
         self._leases = {name: t.lease for name, t in self._types.items()}
         self._slots = Slots(
             runner=SlotRunner(
-                client=client,
-                worker_id=self.worker_id,
-                handlers=self._handlers,
-                batcher=self._batcher,
-                events=self._events,
-                rng=self._rng,
-                abandon_after=abandon_after,
+                steps=AttemptSteps(
+                    client=client,
+                    worker_id=self.worker_id,
+                    handlers=self._handlers,
+                    batcher=self._batcher,
+                    events=self._events,
+                    rng=self._rng,
+                    abandon_after=abandon_after,
+                ),
                 groups=atomic_groups(
                     state=client.state,
                     notify=client.notify,
@@ -467,7 +470,7 @@ class InProcessWorker:
             tasks = self._slots.tasks
             if tasks:  # cancelled from outside, or stopping late: take the slots down
                 runner = self._slots.runner
-                limit = runner.abandon_after if self._settle_by is None else self._left()
+                limit = runner.steps.abandon_after if self._settle_by is None else self._left()
                 for task in await tasks.cancel_and_wait(limit or 0.0):
                     keep_abandoned(task, self._slots.abandoned, "cancelled with its worker")
 
@@ -555,7 +558,7 @@ class InProcessWorker:
         self._slots.abort_all(AbortReason.WORKER_STOPPING)
         # The watchdog gives up on a handler that ignores its abort ``abandon_after``
         # later, and then writes its failure: a moment more for that write.
-        self._settle_by = time.monotonic() + self._slots.runner.abandon_after + LATE_SETTLE_S
+        self._settle_by = time.monotonic() + self._slots.runner.steps.abandon_after + LATE_SETTLE_S
 
     def _left(self) -> float | None:
         """How long the stop has left to settle what it aborted (None: no stop yet, no

@@ -1,8 +1,8 @@
 """One acquired job's bookkeeping while this worker holds it: ``Slot``.
 
-What the lease renewer, the watchdog, admission and the attempt's runner
-(``_runner``) all read and write about one attempt, and nothing that runs it, so every
-one of them can import it without importing each other.
+What the lease renewer, the watchdog, admission and the attempt's runner and steps
+(``_runner``, ``_steps``) all read and write about one attempt, and nothing that runs
+it, so every one of them can import it without importing each other.
 
 Stopping a handler (its timeout, an abort) is asyncio's own cancellation of the slot's
 task, delivered once (``Slot.interrupt``), not an anyio cancel scope around the

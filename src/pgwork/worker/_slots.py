@@ -231,7 +231,7 @@ class Slots:
                 slot.task,
                 self.abandoned,
                 f"of job {slot.acquired.id}",
-                lambda late_s, outcome: self.runner.emit(
+                lambda late_s, outcome: self.runner.steps.emit(
                     HANDLER_ENDED_LATE, slot, duration=False, late_s=late_s, outcome=outcome
                 ),
             )
@@ -272,10 +272,10 @@ class Slots:
                 if slot.attempt is None:  # its handler never started
                     self.unsettled.append(slot.lease)
                 else:
-                    failure = self.runner.counted_failure(slot, exc)
+                    failure = self.runner.steps.counted_failure(slot, exc)
                     self.unsettled.append(failure)
                     record = failure.error
-                    self.runner.emit(
+                    self.runner.steps.emit(
                         ATTEMPT_FAILED,
                         slot,
                         error_type=record.type,
