@@ -12,6 +12,7 @@ import pytest
 from tests.engine.test_history import Ended, seed
 
 from pgwork import Client, JobTypeRegistry, PostgresStateAdapter, create_client
+from pgwork.adapters.history import duration_text
 
 pytestmark = pytest.mark.anyio
 
@@ -57,3 +58,12 @@ async def test_history_prints_what_ended_per_queue_and_type(
     assert "last day: 3 completed, 0 failed; counted up to" in text
     row = next(line for line in text.splitlines() if line.startswith("mail"))
     assert row.split()[:4] == ["mail", "send", "3", "0"]
+    assert row.split()[-2:] == ["1.5", "s"]  # the longest run
+
+
+def test_a_duration_reads_in_the_unit_that_suits_it() -> None:
+    """The table here and the dashboard's history page share this text."""
+    values = [None, 0.004, 2.5, 192.0, 9000.0]
+
+    assert [duration_text(v) for v in values] == ["-", "4 ms", "2.5 s", "3.2 min", "2.5 h"]
+    assert duration_text(None, missing="–") == "–"

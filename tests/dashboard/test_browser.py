@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from tests.dashboard._proxy import relayed
 from tests.dashboard._server import served
@@ -24,10 +25,13 @@ from tests.dashboard._support import (
     FLAKY_FAILS,
     PROCESSORS,
     SLOW_EVENTS,
+    Order,
     echo,
     flaky,
     job_status,
     mail,
+    orders,
+    retries,
     run_until_settled,
     slow,
     start,
@@ -194,6 +198,46 @@ async def test_retry_a_failed_job_and_see_it_run(
     await run_until_settled(client, [broken.id])
     await page.goto(f"/jobs/{broken.id}")
     await expect(page.locator('[data-testid="job-status"]')).to_have_text("completed")
+
+
+async def test_a_job_page_lists_each_failed_attempt_newest_first(
+    client: Client, pgwork_dsn: str, page: Page, shots: Path
+) -> None:
+    failing = await start(client, pgwork_dsn, retries, "charge card")
+    await run_until_settled(client, [failing.id])
+
+    await page.goto(f"/jobs/{failing.job_id}")
+    attempts = page.locator('table[data-testid="attempt-history"] tbody tr')
+    await expect(attempts).to_have_count(3)
+    await expect(attempts.first).to_contain_text("charge card #3")
+    await expect(attempts.last).to_contain_text("charge card #1")
+    # The picture shows the attempts, not the test's own file paths in the tracebacks.
+    await page.evaluate("document.querySelectorAll('details').forEach(d => d.open = false)")
+    await page.screenshot(path=shots / "dashboard-attempts.png", full_page=True)
+
+
+async def test_find_jobs_by_an_input_field_from_the_search_form(
+    client: Client, pgwork_dsn: str, page: Page, shots: Path
+) -> None:
+    wanted = []
+    for i in range(12):
+        order = Order(user_id=i % 4, email=f"customer{i}@example.com")
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+            started = await client.start_chain(conn, orders, order)
+            await conn.commit()
+        if i % 4 == 2:
+            wanted.append(str(started.id))
+
+    await page.goto("/search")
+    await page.fill('form[data-testid="input-search"] input[name="type"]', "dash.orders")
+    await page.fill('form[data-testid="input-search"] input[name="field"]', "user_id")
+    await page.fill('form[data-testid="input-search"] input[name="value"]', "2")
+    await page.click('form[data-testid="input-search"] button[type="submit"]')
+    rows = page.locator('table[data-testid="input-found"] tbody tr')
+    await expect(rows).to_have_count(3)
+    await expect(page.locator('[data-testid="search-extent"]')).to_contain_text("3 matched")
+    assert "field=user_id" in page.url
+    await page.screenshot(path=shots / "dashboard-search.png", full_page=True)
 
 
 async def test_cancel_a_running_chain(

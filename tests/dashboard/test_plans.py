@@ -1,5 +1,8 @@
 """The dashboard's reads use indexes: no sequential scan of ``jobs`` on a table of
-finished and unfinished jobs of several types, queues and chains, freshly analyzed.
+finished and unfinished jobs of several types, queues and chains, freshly analyzed;
+and beside a worker that has just completed a burst of jobs (newer than the last
+analyze), the listings and the last hour read the index entries of what they show, not
+every completed job newer than it.
 
 The statements are the ones the adapter sends (captured from its ``_read``), planned
 with the same parameters, like tests/engine/test_queries.py does for the listings.
@@ -14,6 +17,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
+from bench._pgwork_app import uuid7_sql
 from bench.dashboard import load_statements
 
 from pgwork import Client
@@ -43,8 +47,11 @@ async def plans_of(
     dsn: str,
     monkeypatch: pytest.MonkeyPatch,
     call: Callable[[Client], Awaitable[Any]],
+    *,
+    analyze: bool = False,
 ) -> list[list[dict[str, Any]]]:
-    """Plans of every statement ``call`` sends, with the parameters it sent."""
+    """Plans of every statement ``call`` sends, with the parameters it sent (run, with
+    the rows each node handled, when ``analyze``)."""
     sent: list[tuple[bytes, Any]] = []
     execute = psycopg.AsyncCursor.execute
 
@@ -62,9 +69,10 @@ async def plans_of(
         monkeypatch.undo()
     assert sent
     plans = []
+    explain = b"EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else b"EXPLAIN (FORMAT JSON) "
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         for query, params in sent:
-            cur = await conn.execute(b"EXPLAIN (FORMAT JSON) " + query, params, prepare=False)
+            cur = await conn.execute(explain + query, params, prepare=False)
             row = await cur.fetchone()
             assert row is not None
             document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
@@ -130,3 +138,88 @@ async def test_the_last_hour_of_a_million_jobs_is_one_range_of_the_ended_jobs_in
     assert [n["Node Type"] for n in on_jobs] in (["Index Scan"], ["Index Only Scan"]), on_jobs
     assert on_jobs[0]["Index Name"] == "jobs_ended_idx"
     assert on_jobs[0]["Scan Direction"] == "Backward"
+
+
+# A burst a worker has just completed: one bulk enqueue of no-op chains (one
+# ``created_at``, ids newer than every loaded job), ended over the last minute, not yet
+# analyzed. Reads that filter rows newest first walk past all of them.
+BURST = 20_000
+_BURST = f"""
+INSERT INTO pgwork.jobs (
+    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
+    created_at, scheduled_at, started_at, completed_at, attempt, max_attempts,
+    chain_status, chain_completed_at
+)
+SELECT u, 'noop', u, 'noop', 0, '{{}}', '{{}}', 'completed', 'default', now(), now(),
+       now(), ended, 1, 3, 'completed', ended
+FROM (
+    SELECT {uuid7_sql("clock_timestamp()")} AS u,
+           now() - (g % 60000) * interval '1 ms' AS ended
+    FROM generate_series(1, {BURST}) AS g
+) AS burst
+"""
+
+
+@pytest.fixture
+async def after_a_burst(loaded: Client, pgwork_dsn: str) -> Client:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
+        await conn.execute(_BURST)
+    return loaded
+
+
+def _read_from_jobs(nodes: list[dict[str, Any]]) -> int:
+    """Rows the plan's scans of ``jobs`` went through: returned and filtered out."""
+    return sum(
+        (n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+        for n in nodes
+        if n.get("Relation Name") == "jobs"
+    )
+
+
+async def test_failed_jobs_page_reads_failed_jobs_only_after_a_burst_of_completions(
+    after_a_burst: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Newest first from jobs_failed_idx: the primary key would walk past the burst."""
+    (nodes,) = await plans_of(after_a_burst, pgwork_dsn, monkeypatch, READS["failed"], analyze=True)
+
+    assert _read_from_jobs(nodes) <= 51, nodes
+    assert "jobs_failed_idx" in {n.get("Index Name") for n in nodes}, nodes
+
+
+CHAIN_PAGES: dict[str, Callable[[Client], Awaitable[Any]]] = {
+    "chains": READS["chains"],
+    "chains-completed": lambda c: c.list_chains(status=ChainStatus.COMPLETED, limit=50),
+    "chains-of-the-burst-type": lambda c: c.list_chains(type_name="noop", limit=50),
+}
+
+
+@pytest.mark.parametrize("read", CHAIN_PAGES.values(), ids=CHAIN_PAGES.keys())
+async def test_chain_listing_reads_a_page_of_keys_per_range_after_a_bulk_enqueue(
+    after_a_burst: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch, read: Any
+) -> None:
+    """The burst's chains share one ``created_at``: with ``id`` in jobs_chains_idx each
+    (type, status) range is read in page order and stops after a page, from the index
+    alone; only the page's rows are read whole."""
+    (nodes,) = await plans_of(after_a_burst, pgwork_dsn, monkeypatch, read, analyze=True)
+
+    ranges = [n for n in nodes if n.get("Index Name") == "jobs_chains_idx"]
+    assert ranges, nodes
+    assert all(n["Node Type"] == "Index Only Scan" for n in ranges), ranges
+    assert all(n["Actual Rows"] <= 51 for n in ranges), ranges
+    whole = [n for n in nodes if n.get("Index Name") == "jobs_pkey"]
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in whole) <= 51, whole
+
+
+async def test_last_hour_reads_each_ended_job_once_after_a_burst(
+    after_a_burst: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ended jobs go straight into their buckets: no CTE holds them to be read
+    again for the count and the oldest end time."""
+    (nodes,) = await plans_of(
+        after_a_burst, pgwork_dsn, monkeypatch, READS["overview-activity"], analyze=True
+    )
+
+    (scan,) = (n for n in nodes if n.get("Index Name") == "jobs_ended_idx")
+    assert scan["Actual Rows"] >= BURST, scan
+    reread = [n for n in nodes if n["Node Type"] == "CTE Scan" and n["Actual Rows"] >= BURST]
+    assert not reread, reread

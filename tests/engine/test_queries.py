@@ -530,11 +530,13 @@ MIDWAY = PageKey(datetime.now(UTC), first_id_at(datetime.now(UTC) - timedelta(da
 
 LIST_JOBS_WITH_AN_INDEX = {
     "chain": ({"chain_id": UUID(int=7)}, "jobs_chain_idx"),
-    "failed-of-type": ({"status": JobStatus.FAILED, "type_name": "email"}, "jobs_attention_idx"),
-    # Two partial indexes hold failed jobs: at this size the planner may read either
-    # (ended jobs' is as small here); at scale, where completed jobs outnumber failed
-    # ones, it is attention's (tests/dashboard/test_work_plans.py reads a million).
-    "failed": ({"status": JobStatus.FAILED}, ("jobs_attention_idx", "jobs_ended_idx")),
+    # Failed jobs of one type are a range of attention's index, or read newest first
+    # from the failed jobs' index, checking the type: either reads failed jobs only.
+    "failed-of-type": (
+        {"status": JobStatus.FAILED, "type_name": "email"},
+        ("jobs_attention_idx", "jobs_failed_idx"),
+    ),
+    "failed": ({"status": JobStatus.FAILED}, "jobs_failed_idx"),
     "blocked": ({"status": JobStatus.BLOCKED}, "jobs_attention_idx"),
     "running": ({"status": JobStatus.RUNNING}, "jobs_lease_expiry_idx"),
     "pending-in-queue": ({"status": JobStatus.PENDING, "queue": "mail"}, "jobs_acquire_idx"),

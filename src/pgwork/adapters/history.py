@@ -35,6 +35,7 @@ __all__ = [
     "HistoryPoint",
     "HistoryRollup",
     "JobHistory",
+    "duration_text",
 ]
 
 # Lower bounds (seconds) of the histogram's bins after the first: bin 0 holds
@@ -162,3 +163,17 @@ class HistoryRollup:
     rolled_up_to: datetime | None = None
     caught_up: bool = True
     pruned: int = 0
+
+
+def duration_text(value: float | None, *, missing: str = "-") -> str:
+    """A duration in seconds, short, as the history's views print it: ``4 ms``,
+    ``2.5 s``, ``3.2 min``, ``1.5 h``; ``missing`` for none (no job ended)."""
+    if value is None:
+        return missing
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"

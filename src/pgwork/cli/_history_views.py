@@ -14,22 +14,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pgwork.adapters.history import Durations, HistoryFigures, JobHistory
+from pgwork.adapters.history import Durations, HistoryFigures, JobHistory, duration_text
 
-__all__ = ["history_json", "history_view", "seconds"]
-
-
-def seconds(value: float | None) -> str:
-    """A duration, short: ``4 ms``, ``2.5 s``, ``3.2 min``, ``1.5 h``; ``-`` for none."""
-    if value is None:
-        return "-"
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 120:
-        return f"{value:.1f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+__all__ = ["history_json", "history_view"]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -97,10 +84,10 @@ def history_view(history: JobHistory, title: str) -> RenderableType:
             g.type_name,
             str(f.completed),
             Text(str(f.failed), style="red" if f.failed else ""),
-            seconds(f.wait.quantile(0.5)),
-            seconds(f.wait.quantile(0.95)),
-            seconds(f.run.quantile(0.5)),
-            seconds(f.run.quantile(0.95)),
-            seconds(f.run.max_s if f.run.count else None),
+            duration_text(f.wait.quantile(0.5)),
+            duration_text(f.wait.quantile(0.95)),
+            duration_text(f.run.quantile(0.5)),
+            duration_text(f.run.quantile(0.95)),
+            duration_text(f.run.max_s if f.run.count else None),
         )
     return Group(head, Text(""), table)

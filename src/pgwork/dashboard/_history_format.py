@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from pgwork.adapters.history import Durations, HistoryFigures, JobHistory
+from pgwork.adapters.history import Durations, HistoryFigures, JobHistory, duration_text
 
 __all__ = ["WINDOWS", "DurationChart", "ThroughputChart", "durations", "seconds", "throughput"]
 
@@ -31,16 +31,8 @@ FLOOR_S = 0.001  # the bottom of a duration chart's scale
 
 
 def seconds(value: float | None) -> str:
-    """A duration in seconds, short: ``4 ms``, ``2.5 s``, ``3.2 min``, ``1.5 h``."""
-    if value is None:
-        return "–"
-    if value < 1:
-        return f"{value * 1000:.0f} ms"
-    if value < 120:
-        return f"{value:.1f} s"
-    if value < 7200:
-        return f"{value / 60:.1f} min"
-    return f"{value / 3600:.1f} h"
+    """A duration, short (``duration_text``); a dash for none."""
+    return duration_text(value, missing="–")
 
 
 def _slots(history: JobHistory, window: timedelta) -> list[tuple[datetime, HistoryFigures | None]]:

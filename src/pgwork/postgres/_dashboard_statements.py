@@ -19,31 +19,39 @@ from pgwork.postgres._statements import _in_chain
 # Jobs that ended (completed or failed) since the start of the bucket the window begins
 # in, newest first from jobs_ended_idx (migration 0007) and capped at ``sample`` rows:
 # below the cap the count is exact; at it, ``since`` says how far back it reached. The
-# first row (kind 0) carries the database clock, how many jobs were read, the planner's
-# estimate of the table's rows and the end time of the oldest job read; the others
-# (kind 1) one bucket of ``bucket_s`` seconds each.
+# ended jobs are read once, straight into their buckets of ``bucket_s`` seconds per
+# queue (kind 1 rows), each numbered in float8 arithmetic (``date_part``: ``extract``
+# computes in numeric, several times slower per row) and turned into its start time
+# only once grouped. The first row (kind 0) carries the database clock, how many jobs
+# were read and the end time of the oldest, both taken from the buckets, and the
+# planner's estimate of the table's rows.
 RECENT_ACTIVITY = """
-WITH ended AS (
-    SELECT j.queue, j.status, j.completed_at
-    FROM {jobs} AS j
-    WHERE j.status IN ('completed', 'failed')
-      AND j.completed_at >= to_timestamp(
-          floor((extract(epoch FROM now()) - %(window_s)s) / %(bucket_s)s + 1) * %(bucket_s)s)
-    ORDER BY j.completed_at DESC
-    LIMIT %(sample)s
+WITH buckets AS MATERIALIZED (
+    SELECT e.queue, e.n,
+           count(*) FILTER (WHERE e.status = 'completed') AS completed,
+           count(*) FILTER (WHERE e.status = 'failed') AS failed,
+           min(e.completed_at) AS oldest
+    FROM (
+        SELECT j.queue, j.status, j.completed_at,
+               floor(date_part('epoch', j.completed_at) / %(bucket_s)s) AS n
+        FROM {jobs} AS j
+        WHERE j.status IN ('completed', 'failed')
+          AND j.completed_at >= to_timestamp(
+              floor((date_part('epoch', now()) - %(window_s)s) / %(bucket_s)s + 1)
+              * %(bucket_s)s)
+        ORDER BY j.completed_at DESC
+        LIMIT %(sample)s
+    ) AS e
+    GROUP BY e.queue, e.n
 )
-SELECT 0 AS kind, NULL::text, now(), (SELECT count(*) FROM ended),
+SELECT 0 AS kind, NULL::text, now(),
+       (SELECT COALESCE(sum(b.completed + b.failed), 0)::bigint FROM buckets AS b),
        (SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_class AS c
         WHERE c.oid = %(jobs_table)s::regclass),
-       (SELECT min(e.completed_at) FROM ended AS e)
+       (SELECT min(b.oldest) FROM buckets AS b)
 UNION ALL
-SELECT 1, e.queue,
-       to_timestamp(floor(extract(epoch FROM e.completed_at) / %(bucket_s)s) * %(bucket_s)s),
-       count(*) FILTER (WHERE e.status = 'completed'),
-       count(*) FILTER (WHERE e.status = 'failed'),
-       NULL
-FROM ended AS e
-GROUP BY 2, 3
+SELECT 1, b.queue, to_timestamp(b.n * %(bucket_s)s), b.completed, b.failed, NULL
+FROM buckets AS b
 ORDER BY 1, 2, 3
 """
 

@@ -67,14 +67,17 @@ _CHAIN_RANGE = """
         ORDER BY r.created_at DESC, r.id DESC
         LIMIT %(limit)s"""
 
-# Chains come from jobs_chains_idx (chain_type_name, chain_status, created_at) over root
-# rows, except roots that are running: those are among the running jobs, the few rows
-# of jobs_lease_expiry_idx (at most the workers' slots), read once (``running_roots``)
-# and listed beside it (migration 0006). Without a type filter the chain types present
-# are found by skipping through that index (one probe per type), plus the running
-# roots' types; then each (type, status) range is read newest first, at most ``limit``
-# rows each, and the ranges merged. A page costs probes proportional to types x
-# statuses x limit, whatever the table size. A dedup key narrows each range to
+# Chains come from jobs_chains_idx (chain_type_name, chain_status, created_at, id) over
+# root rows, except roots that are running: those are among the running jobs, the few
+# rows of jobs_lease_expiry_idx (at most the workers' slots), read once
+# (``running_roots``) and listed beside it (migration 0006). Without a type filter the
+# chain types present are found by skipping through that index (one probe per type),
+# plus the running roots' types; then each (type, status) range is read newest first
+# in page order (``id`` breaks ties of ``created_at``, migration 0010), at most
+# ``limit`` keys each from the index alone, and the ranges merged; only the page's rows
+# are read whole, each by primary key (a lateral read: never a hash of the table). A
+# page costs probes proportional to types x statuses x limit, whatever the table size
+# and however many chains one transaction enqueued. A dedup key narrows each range to
 # jobs_dedup_idx. (No queue filter: no index has the queue of finished chains, and a
 # filter checked row by row reads a whole range when nothing matches.)
 LIST_CHAINS = f"""
@@ -105,21 +108,26 @@ type_names AS (
     UNION
     SELECT %(type_name)s::text WHERE %(type_name)s::text IS NOT NULL
 ),
-page AS (
-    SELECT c.*
+page_keys AS (
+    SELECT c.created_at, c.id
     FROM type_names AS t
     CROSS JOIN unnest(%(statuses)s::{{chain_status}}[]) AS s(status)
     CROSS JOIN LATERAL (
-        (SELECT r.*
+        (SELECT r.created_at, r.id
         FROM {{jobs}} AS r
         WHERE r.id = r.chain_id AND r.status <> 'running'{_CHAIN_RANGE})
         UNION ALL
-        (SELECT r.*
+        (SELECT r.created_at, r.id
         FROM running_roots AS r
         WHERE true{_CHAIN_RANGE})
     ) AS c
     ORDER BY c.created_at DESC, c.id DESC
     LIMIT %(limit)s
+),
+page AS (
+    SELECT r.*
+    FROM page_keys AS k
+    CROSS JOIN LATERAL (SELECT r.* FROM {{jobs}} AS r WHERE r.id = k.id LIMIT 1) AS r
 )
 SELECT p.chain_status::text, p.chain_completed_at, {_columns("p")}, {_columns("cur")}
 FROM page AS p

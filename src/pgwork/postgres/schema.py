@@ -131,11 +131,14 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # Chains (root rows) by type and status, newest first for listings and retention.
         # A running root is left out: it is among the few rows of jobs_lease_expiry_idx,
         # where listings find it, and its claim then writes no entry here (migration 0006).
+        # ``id`` breaks ties: the chains of one bulk enqueue share their ``created_at``,
+        # and a page reads them in order without sorting them all (migration 0010).
         sa.Index(
             "jobs_chains_idx",
             "chain_type_name",
             "chain_status",
             "created_at",
+            "id",
             postgresql_where=sa.text("id = chain_id AND status <> 'running'"),
         ),
         # Deduplication lookups.
@@ -152,6 +155,13 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "type_name",
             "created_at",
             postgresql_where=sa.text("status IN ('failed', 'blocked')"),
+        ),
+        # Failed jobs newest first by id, for job listings filtered on failure: the
+        # primary key would walk past every newer job that did not fail (migration 0010).
+        sa.Index(
+            "jobs_failed_idx",
+            "id",
+            postgresql_where=sa.text("status = 'failed'"),
         ),
         # Ended jobs by end time: the dashboard counts the last hour as one range of it
         # (migration 0007). One entry per job, written by its completion or failure.
