@@ -34,10 +34,11 @@ from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import scheduled
-from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
+from pgwork.postgres.sql import Statements
+from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
 __all__ = [
     "CompletionOps",
@@ -69,7 +70,7 @@ class CompletionOps:
 
     if TYPE_CHECKING:
         schema: str
-        _sql: Statements
+        statements: Statements
         operation_timeout: float | None
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
@@ -125,7 +126,7 @@ class CompletionOps:
                 [one] = completions
                 rows = await self._fetch(
                     conn,
-                    self._sql.complete_one,
+                    self.statements.outcomes.complete_one,
                     {
                         "id": one.job_id,
                         "token": one.lease_token,
@@ -136,12 +137,14 @@ class CompletionOps:
             elif tx is None and all(c.lease_token is not None for c in completions):
                 # A worker's batch: a row a caller holds is skipped, not waited on.
                 rows = await self._fetch(
-                    conn, self._sql.complete_skipping, completion_params(completions)
+                    conn, self.statements.outcomes.complete_skipping, completion_params(completions)
                 )
                 deferred = [row[0] for row in rows if row[1] is None]
                 rows = [row for row in rows if row[1] is not None]
             else:
-                rows = await self._fetch(conn, self._sql.complete, completion_params(completions))
+                rows = await self._fetch(
+                    conn, self.statements.outcomes.complete, completion_params(completions)
+                )
         results = await self._completion_results(tx, completions, rows)
         if deferred:
             results = mark_deferred(results, deferred)
@@ -198,7 +201,7 @@ class CompletionOps:
             "ready": encode_notice(ready_notice) if channel is not None else None,
         }
         async with self._pooled() as conn:
-            rows = await self._fetch(conn, self._sql.complete_and_continue, params)
+            rows = await self._fetch(conn, self.statements.outcomes.complete_and_continue, params)
         if not rows:
             return CompletionResult(job_id=completion.job_id, accepted=False)
         ready_queues = (following.queue,) if runs_now else ()
@@ -232,7 +235,9 @@ class CompletionOps:
                     async with conn.pipeline():
                         cur = conn.cursor()
                         await cur.execute(
-                            self._sql.complete_atomic, params, prepare=False if aborted else None
+                            self.statements.outcomes.complete_atomic,
+                            params,
+                            prepare=False if aborted else None,
                         )
                         await conn.execute(b"COMMIT", prepare=False)
                     rows = await cur.fetchall()

@@ -35,9 +35,9 @@ from pgwork.postgres._enqueue import (
     write_jobs,
 )
 from pgwork.postgres._errors import missing_schema
-from pgwork.postgres._statements import Statements
 from pgwork.postgres._transactions import PgTransaction, require_transaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
+from pgwork.postgres.sql import Statements
 from pgwork.records import Job, JobStatus
 
 __all__ = ["EnqueueOps", "scheduled"]
@@ -53,7 +53,7 @@ class EnqueueOps:
 
     if TYPE_CHECKING:
         schema: str
-        _sql: Statements
+        statements: Statements
 
         def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
@@ -116,7 +116,7 @@ class EnqueueOps:
         if encoding is not None:
             check_encodable([job], encoding)
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
-        query, params = plain_job_statement(self._sql, job, channel=channel)
+        query, params = plain_job_statement(self.statements.enqueue, job, channel=channel)
         try:
             if isinstance(conn, psycopg.AsyncConnection):
                 await kept_cursor(conn).execute(query, params)
@@ -144,7 +144,7 @@ class EnqueueOps:
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
         ready = ready_queues(head) if notify is not None else []
         streamed = await insert_streamed(
-            conn, self._sql, self.schema, head, rest, channel=channel, ready=ready
+            conn, self.statements.enqueue, self.schema, head, rest, channel=channel, ready=ready
         )
         if streamed.aside:
             later = iter(await self._insert_listed(tx, streamed.aside, notify))
@@ -187,7 +187,7 @@ class EnqueueOps:
         # built while the server finishes a COPY.
         announced = await write_jobs(
             conn,
-            self._sql,
+            self.statements.enqueue,
             self.schema,
             fresh,
             channel=channel,
@@ -240,12 +240,12 @@ class EnqueueOps:
             for _, job in indexed
             if job.dedup
         ]
-        locked = await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        locked = await self._fetch(conn, self.statements.enqueue.lock_dedup_keys, {"keys": keys})
         if locked[0][0] not in _READ_COMMITTED:
             raise IsolationLevelError(locked[0][0])
         rows = await self._fetch(
             conn,
-            self._sql.find_dedup_matches,
+            self.statements.enqueue.find_dedup_matches,
             {
                 "chain_type_names": [job.chain_type_name for _, job in indexed],
                 "keys": [job.dedup.key for _, job in indexed if job.dedup],

@@ -22,7 +22,7 @@ read alone:
 - ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
-each part is rendered once per schema (``_statements``, ``_chain_statements``, ...).
+every part is in one catalogue (``pgwork.postgres.sql``), rendered once per schema.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from psycopg_pool import AsyncConnectionPool
 from pgwork.adapters.state import TransactionHandle
 from pgwork.errors import ConfigurationError, DatabaseTimeoutError
 from pgwork.postgres._callers import DbConn, fetch
-from pgwork.postgres._chain_statements import render_chain_statements
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._connect import connect, normalize_dsn, with_connect_timeout
 from pgwork.postgres._errors import translate_errors
@@ -48,14 +47,14 @@ from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._pool import BoundedPool, borrow, bounded, configure_session
 from pgwork.postgres._queries import QueryOps
-from pgwork.postgres._registry import RegistryOps, render_registry_statements
+from pgwork.postgres._registry import RegistryOps
 from pgwork.postgres._state_complete import CompletionOps
 from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
-from pgwork.postgres._statements import render
 from pgwork.postgres._transactions import PgTransaction, read_committed, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
 from pgwork.postgres._work import WorkOps
+from pgwork.postgres.sql import render
 
 __all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
 
@@ -110,9 +109,7 @@ class PostgresStateAdapter(
         self._owns_pool = owns_pool
         self._line: psycopg.AsyncConnection[Any] | None = None
         self._line_lock = anyio.Lock()
-        self._sql = render(self.schema)
-        self._csql = render_chain_statements(self.schema)
-        self._rsql = render_registry_statements(self.schema)
+        self.statements = render(self.schema)
 
     @classmethod
     async def connect(
