@@ -6,10 +6,8 @@ Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``_fetch``, ``_connectio
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from pgwork.adapters._state_records import earliest_due
@@ -23,11 +21,9 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.errors import ChainNotFoundError
+from pgwork.postgres._base import AdapterBase
+from pgwork.postgres._callers import DbConn
 from pgwork.records import ChainStatus, JobStatus
-
-if TYPE_CHECKING:
-    from pgwork.postgres._callers import DbConn
-    from pgwork.postgres.sql import Statements
 
 __all__ = ["ChainOps"]
 
@@ -36,21 +32,8 @@ __all__ = ["ChainOps"]
 MAX_RESOLVE_DEPTH = 64
 
 
-class ChainOps:
+class ChainOps(AdapterBase):
     """Blockers, cancel, retry, trigger, pause and await support."""
-
-    if TYPE_CHECKING:
-        statements: Statements
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
 
     # --- blockers ----------------------------------------------------------------------
 

@@ -7,10 +7,8 @@ ended job once however many workers run it, is in ``sql.history``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pgwork.adapters.history import (
     DAILY_RESOLUTION,
@@ -26,11 +24,8 @@ from pgwork.adapters.history import (
     JobHistory,
 )
 from pgwork.adapters.state import TransactionHandle
-from pgwork.postgres._callers import DbConn
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._transactions import unwrap
-
-if TYPE_CHECKING:
-    from pgwork.postgres.sql import Statements
 
 __all__ = ["HISTORY_WIDTHS_S", "HistoryOps"]
 
@@ -44,22 +39,8 @@ HISTORY_WIDTHS_S = [
 SETTLE_S = 1.0
 
 
-class HistoryOps:
+class HistoryOps(AdapterBase):
     """``roll_up_history`` and ``job_history`` of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        statements: Statements
-        schema: str
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
 
     async def roll_up_history(
         self, *, limit: int, keep: timedelta, max_lag: timedelta

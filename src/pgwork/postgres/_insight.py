@@ -6,32 +6,21 @@ Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from pgwork.adapters.insight import ActivityBucket, ChainLink, ChainLinks, RecentActivity
 from pgwork.adapters.state import TransactionHandle
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres.sql.insight import jobs_table
 from pgwork.records import ChainStatus, JobStatus
-
-if TYPE_CHECKING:
-    from pgwork.postgres.sql import Statements
 
 __all__ = ["InsightOps"]
 
 
-class InsightOps:
+class InsightOps(AdapterBase):
     """``recent_activity`` and ``chain_links`` of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        statements: Statements
-        schema: str
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
 
     async def recent_activity(
         self,

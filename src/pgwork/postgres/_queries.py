@@ -9,9 +9,8 @@ with its actual filter values, so the planner can use the partial index they mat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from pgwork._ids import first_id_at
@@ -26,43 +25,18 @@ from pgwork.adapters.state import (
     QueueCount,
     TransactionHandle,
 )
-from pgwork.postgres._callers import DbConn, fetch
-from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
 from pgwork.postgres.sql.queries import retention_lock_key
 from pgwork.records import Chain, ChainStatus, Job
 
-if TYPE_CHECKING:
-    from pgwork.postgres.sql import Statements
-
 __all__ = ["QueryOps"]
 
 
-class QueryOps:
+class QueryOps(AdapterBase):
     """Listing / counting / deleting operations of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        schema: str
-        statements: Statements
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
-
-    async def _read(
-        self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-    ) -> list[tuple[Any, ...]]:
-        async with self._connection(tx) as conn:
-            with translate_errors(self.schema):
-                return await fetch(conn, query, params, prepare=False)  # type: ignore[return-value]
 
     # --- by id -------------------------------------------------------------------------
 

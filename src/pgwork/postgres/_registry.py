@@ -10,34 +10,15 @@ stopped (once, whoever gets there first) so its jobs can be taken back at once.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
 
-from pgwork.adapters.state import TransactionHandle, WorkerInfo, WorkerRecord
-from pgwork.postgres._callers import DbConn
-
-if TYPE_CHECKING:
-    from pgwork.postgres.sql import Statements
+from pgwork.adapters.state import WorkerInfo, WorkerRecord
+from pgwork.postgres._base import AdapterBase
 
 __all__ = ["RegistryOps"]
 
 
-class RegistryOps:
+class RegistryOps(AdapterBase):
     """Register, heartbeat, find dead workers, list workers."""
-
-    if TYPE_CHECKING:
-        statements: Statements
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
 
     # Registration and heartbeats run on the adapter's own connection, never a pooled
     # one: handlers in atomic transactions may hold every pooled connection.

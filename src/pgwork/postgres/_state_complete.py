@@ -9,12 +9,10 @@ chains that ended. Mixed into ``PostgresStateAdapter`` (``state.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
@@ -24,20 +22,15 @@ from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
     Completion,
     CompletionResult,
-    InsertedJob,
-    NewJob,
-    Resolution,
     TransactionHandle,
 )
-from pgwork.postgres._callers import DbConn
 from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
-from pgwork.postgres._state_enqueue import scheduled
+from pgwork.postgres._state_enqueue import EnqueueOps, scheduled
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
-from pgwork.postgres.sql import Statements
 from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
 __all__ = [
@@ -65,37 +58,8 @@ _build_result = frozen_builder(
 )
 
 
-class CompletionOps:
+class CompletionOps(EnqueueOps):
     """Complete jobs, alone, in batches, handed on, or atomically."""
-
-    if TYPE_CHECKING:
-        schema: str
-        statements: Statements
-        operation_timeout: float | None
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
-
-        async def insert_jobs(
-            self,
-            tx: TransactionHandle,
-            *,
-            jobs: Iterable[NewJob],
-            notify: NotifyAdapter | None = None,
-        ) -> list[InsertedJob]: ...
-
-        async def resolve_dependants(
-            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
-        ) -> Resolution: ...
 
     async def complete(
         self,

@@ -7,10 +7,9 @@ under a per-key lock, blocked ones get their blocker edges and settle at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 from uuid import UUID
 
 import psycopg
@@ -24,6 +23,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.errors import IsolationLevelError
 from pgwork.postgres._callers import DbConn, can_copy, kept_cursor
+from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._encoding import check_encodable, narrow_encoding
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
@@ -35,10 +35,10 @@ from pgwork.postgres._enqueue import (
     write_jobs,
 )
 from pgwork.postgres._errors import missing_schema
+from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._transactions import PgTransaction, require_transaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
-from pgwork.postgres.sql import Statements
-from pgwork.records import Job, JobStatus
+from pgwork.records import JobStatus
 
 __all__ = ["EnqueueOps", "scheduled"]
 
@@ -48,32 +48,8 @@ _PENDING = JobStatus.PENDING  # an enum attribute lookup, once
 _READ_COMMITTED = frozenset({"read committed", "read uncommitted"})
 
 
-class EnqueueOps:
+class EnqueueOps(ChainOps, QueryOps):
     """Insert jobs: streamed, deduplicated, blocked."""
-
-    if TYPE_CHECKING:
-        schema: str
-        statements: Statements
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> list[Notice]: ...
-
-        async def _insert_blocker_edges(
-            self, conn: DbConn, jobs: Sequence[NewJob]
-        ) -> Resolution: ...
-
-        async def get_jobs(
-            self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
-        ) -> list[Job[Any]]: ...
 
     async def insert_jobs(
         self,

@@ -13,17 +13,15 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import anyio
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool
 
-from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
     Completion,
@@ -32,7 +30,6 @@ from pgwork.adapters.state import (
     Lease,
     ReapedJob,
     RenewResult,
-    Resolution,
     TransactionHandle,
 )
 from pgwork.errors import DatabaseTimeoutError
@@ -42,10 +39,9 @@ from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
-from pgwork.postgres._state_complete import mark_deferred
+from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
-from pgwork.postgres.sql import Statements
 from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
@@ -57,49 +53,8 @@ _IDLE = TransactionStatus.IDLE
 _PIPELINED_BEGIN_FROM = 170000
 
 
-class WorkerOps:
+class WorkerOps(CompletionOps):
     """Acquire, renew, fail, reschedule, release, reap; atomic transactions."""
-
-    if TYPE_CHECKING:
-        schema: str
-        statements: Statements
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
-        operation_timeout: float | None
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _open_line(self) -> psycopg.AsyncConnection[Any]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def complete(
-            self,
-            tx: TransactionHandle | None,
-            *,
-            completions: Sequence[Completion],
-            notify: NotifyAdapter | None = None,
-        ) -> list[CompletionResult]: ...
-
-        async def _completion_results(
-            self,
-            tx: TransactionHandle | None,
-            completions: Sequence[Completion],
-            rows: Sequence[tuple[Any, ...]],
-            *,
-            accepted: dict[int, tuple[Any, bool, bool, bool]] | None = None,
-        ) -> list[CompletionResult]: ...
-
-        async def resolve_dependants(
-            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
-        ) -> Resolution: ...
 
     @asynccontextmanager
     async def atomic_transaction(

@@ -6,8 +6,7 @@ Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from psycopg import errors as pg_errors
@@ -22,26 +21,16 @@ from pgwork.adapters.work import (
     WorkFilter,
 )
 from pgwork.errors import ConfigurationError
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._rows import job_from_row
 from pgwork.records import Job
-
-if TYPE_CHECKING:
-    from pgwork.postgres.sql import Statements
 
 __all__ = ["WorkOps"]
 
 
-class WorkOps:
+class WorkOps(AdapterBase):
     """``list_work``, ``running_by_worker``, ``pending_types``, ``error_groups``,
     ``jobs_in_id_range`` and ``scan_input``."""
-
-    if TYPE_CHECKING:
-        statements: Statements
-        schema: str
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
 
     async def list_work(
         self,
