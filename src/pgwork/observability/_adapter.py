@@ -126,7 +126,7 @@ class InstrumentedStateAdapter:
     def __repr__(self) -> str:
         return f"InstrumentedStateAdapter({self.inner!r})"
 
-    # Store
+    # The core: Store
     verify = _timed(StateAdapter.verify)
     close = _timed(StateAdapter.close)
     transaction = _timed_block(StateAdapter.transaction)
@@ -136,38 +136,55 @@ class InstrumentedStateAdapter:
     insert_jobs = _timed(StateAdapter.insert_jobs)
     mark_chain_awaited = _timed(StateAdapter.mark_chain_awaited)
 
-    # WorkerStore
+    # WorkerCore
     acquire = _timed(StateAdapter.acquire)
-    next_due = _timed(StateAdapter.next_due)
-    complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
     renew = _timed(StateAdapter.renew)
-    renew_in_line = _timed(StateAdapter.renew_in_line)
-    begin_atomic = _timed(StateAdapter.begin_atomic)
-    atomic_transaction = _timed_block(StateAdapter.atomic_transaction)
-    open_atomic_group = _timed(StateAdapter.open_atomic_group)
     complete = _timed(StateAdapter.complete)
-    complete_atomic = _timed(StateAdapter.complete_atomic)
     fail = _timed(StateAdapter.fail)
     reschedule = _timed(StateAdapter.reschedule)
     release = _timed(StateAdapter.release)
     reap = _timed(StateAdapter.reap)
-    blocker_outputs = _timed(StateAdapter.blocker_outputs)
-    resolve_dependants = _timed(StateAdapter.resolve_dependants)
-    sweep_blocked = _timed(StateAdapter.sweep_blocked)
 
-    # ReadStore
+    # ReadCore
     now = _timed(StateAdapter.now)
-    recent_activity = _timed(StateAdapter.recent_activity)
-    chain_links = _timed(StateAdapter.chain_links)
     get_jobs = _timed(StateAdapter.get_jobs)
     get_chains = _timed(StateAdapter.get_chains)
     list_chain_jobs = _timed(StateAdapter.list_chain_jobs)
     chains_of = _timed(StateAdapter.chains_of)
     list_jobs = _timed(StateAdapter.list_jobs)
     list_chains = _timed(StateAdapter.list_chains)
-    list_blocked_jobs = _timed(StateAdapter.list_blocked_jobs)
-    count_jobs = _timed(StateAdapter.count_jobs)
     list_workers = _timed(StateAdapter.list_workers)
+
+    # ControlCore
+    cancel_chains = _timed(StateAdapter.cancel_chains)
+    retry_failed = _timed(StateAdapter.retry_failed)
+    trigger = _timed(StateAdapter.trigger)
+    set_queue_paused = _timed(StateAdapter.set_queue_paused)
+    delete_chains = _timed(StateAdapter.delete_chains)
+
+    # WorkerRegistry
+    register_worker = _timed(StateAdapter.register_worker)
+    heartbeat = _timed(StateAdapter.heartbeat)
+    find_dead_workers = _timed(StateAdapter.find_dead_workers)
+
+    # The capabilities: BatchedTurns, DueTimes, AtomicAttempts, AtomicGroupCommit,
+    # InLineRenewal, ChainBlockers
+    complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
+    next_due = _timed(StateAdapter.next_due)
+    begin_atomic = _timed(StateAdapter.begin_atomic)
+    atomic_transaction = _timed_block(StateAdapter.atomic_transaction)
+    complete_atomic = _timed(StateAdapter.complete_atomic)
+    open_atomic_group = _timed(StateAdapter.open_atomic_group)
+    renew_in_line = _timed(StateAdapter.renew_in_line)
+    blocker_outputs = _timed(StateAdapter.blocker_outputs)
+    resolve_dependants = _timed(StateAdapter.resolve_dependants)
+    sweep_blocked = _timed(StateAdapter.sweep_blocked)
+
+    # OperatorViews
+    count_jobs = _timed(StateAdapter.count_jobs)
+    list_blocked_jobs = _timed(StateAdapter.list_blocked_jobs)
+    recent_activity = _timed(StateAdapter.recent_activity)
+    chain_links = _timed(StateAdapter.chain_links)
     list_work = _timed(StateAdapter.list_work)
     running_by_worker = _timed(StateAdapter.running_by_worker)
     pending_types = _timed(StateAdapter.pending_types)
@@ -176,20 +193,11 @@ class InstrumentedStateAdapter:
     scan_input = _timed(StateAdapter.scan_input)
     job_history = _timed(StateAdapter.job_history)
 
-    # ControlStore
-    cancel_chains = _timed(StateAdapter.cancel_chains)
-    retry_failed = _timed(StateAdapter.retry_failed)
-    trigger = _timed(StateAdapter.trigger)
-    set_queue_paused = _timed(StateAdapter.set_queue_paused)
-    delete_chains = _timed(StateAdapter.delete_chains)
+    # Maintenance
     delete_expired_chains = _timed(StateAdapter.delete_expired_chains)
     roll_up_history = _timed(StateAdapter.roll_up_history)
-
-    # WorkerRegistry
-    register_worker = _timed(StateAdapter.register_worker)
-    heartbeat = _timed(StateAdapter.heartbeat)
-    find_dead_workers = _timed(StateAdapter.find_dead_workers)
     prune_workers = _timed(StateAdapter.prune_workers)
+
 
 def _conforms(adapter: InstrumentedStateAdapter) -> StateAdapter:
     """mypy checks here that the wrapper still satisfies the whole protocol."""
