@@ -6,7 +6,7 @@
 Drains ``--jobs`` no-op jobs with one in-process worker (10 slots) (or, in the enqueue
 modes, enqueues them one per transaction or ``--batch`` (default 1,000) per batch) while psycopg is
 traced from inside: each round trip (cursor statement, BEGIN/COMMIT) is recorded with
-the statement's name (from ``pgwork.postgres._statements``), the asyncio task that sent
+the statement's name (from the catalogue ``pgwork.postgres.sql``), the asyncio task that sent
 it (the worker's main loop, a slot, the lease renewer) and its duration. Prints round
 trips per job, time spent waiting on PostgreSQL per task vs wall time, and the worker
 process's CPU time. ``--atomic-group`` sets the worker's ``atomic_group`` (atomic
@@ -36,7 +36,7 @@ from psycopg import _connection_base, _pipeline_base
 from bench._env import PgworkDatabases, server
 from bench._pgwork_app import SCHEMA, Counter, Item, bulk_load, open_client, wait_drained
 from pgwork import ChainStart, create_in_process_worker
-from pgwork.postgres._statements import render
+from pgwork.postgres.sql import render
 
 __all__ = ["main"]
 
@@ -287,8 +287,7 @@ def _report(trace: Trace, jobs: int, mode: str, timing: dict[str, float], batch:
 
 
 async def _run(args: argparse.Namespace) -> tuple[str, Any]:
-    statements = render(SCHEMA)
-    names = {getattr(statements, f): f for f in statements.__dataclass_fields__}
+    names = {query: name for name, query in render(SCHEMA).named().items()}
     trace = Trace(names=names)
     profile = None
     if args.pyinstrument:

@@ -40,7 +40,7 @@ from bench._env import PgworkDatabases, server
 from bench._pgwork_app import SCHEMA, bulk_load, settle
 from pgwork.adapters.state import Completion
 from pgwork.postgres._arrays import completion_arrays, turn_constants
-from pgwork.postgres._statements import render
+from pgwork.postgres.sql import render
 
 __all__ = ["flush_to", "main"]
 
@@ -130,7 +130,9 @@ Turn = Callable[[psycopg.AsyncConnection[Any], list[tuple[Any, Any]]], Any]
 
 
 def _pgwork_turn(batch: int) -> Turn:
-    statement = render(SCHEMA).complete_and_acquire.replace(b"%(limit)s", str(batch).encode())
+    statement = render(SCHEMA).outcomes.complete_and_acquire.replace(
+        b"%(limit)s", str(batch).encode()
+    )
 
     async def turn(
         conn: psycopg.AsyncConnection[Any], held: list[tuple[Any, Any]]

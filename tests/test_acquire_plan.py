@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgwork.postgres._statements import render
+from pgwork.postgres.sql import render
 
 PENDING = 20_000
 FINISHED = 20_000
@@ -59,7 +59,9 @@ def _acquire_plan(dsn: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(LOAD, {"pending": PENDING, "total": PENDING + FINISHED})
         conn.execute("ANALYZE pgwork.jobs")
-        row = conn.execute(b"EXPLAIN (FORMAT JSON) " + render("pgwork").acquire, params).fetchone()
+        row = conn.execute(
+            b"EXPLAIN (FORMAT JSON) " + render("pgwork").leases.acquire, params
+        ).fetchone()
     assert row is not None
     document = row[0] if not isinstance(row[0], str) else json.loads(row[0])
     return list(_nodes(document[0]["Plan"]))
@@ -149,13 +151,13 @@ def _roots_probes(dsn: str, statement: bytes) -> int:
 def test_a_turn_completing_one_job_chains_probes_no_chain_root(pgwork_dsn: str) -> None:
     # A one-job chain's job is its own root, already updated by the completion: the
     # ``roots`` update skips it on the completion's own columns, before any probe.
-    assert _roots_probes(pgwork_dsn, render("pgwork").complete_and_acquire) == 0
+    assert _roots_probes(pgwork_dsn, render("pgwork").outcomes.complete_and_acquire) == 0
 
 
 def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn: str) -> None:
     # Control: with the test written on the probed row (``r.id <> done.id``), the
     # primary key is probed once per completion.
-    statement = render("pgwork").complete_and_acquire
+    statement = render("pgwork").outcomes.complete_and_acquire
     control = statement.replace(b"done.chain_id <> done.id", b"r.id <> done.id")
     assert control != statement
     assert _roots_probes(pgwork_dsn, control) == RUNNING
@@ -164,14 +166,14 @@ def test_the_turn_testing_the_root_on_the_probed_row_probes_every_one(pgwork_dsn
 def test_a_terminal_failure_of_one_job_chains_probes_no_chain_root(pgwork_dsn: str) -> None:
     # ``FAIL`` ends a chain the same way when an attempt fails for good: the one-job
     # chain's job is its own root, skipped on the failed row's own columns.
-    assert _roots_probes(pgwork_dsn, render("pgwork").fail) == 0
+    assert _roots_probes(pgwork_dsn, render("pgwork").outcomes.fail) == 0
 
 
 def test_the_failure_testing_the_root_on_the_probed_row_probes_every_one(
     pgwork_dsn: str,
 ) -> None:
     # Control: written on the probed row, the failure probes the primary key once per job.
-    statement = render("pgwork").fail
+    statement = render("pgwork").outcomes.fail
     control = statement.replace(b"failed.chain_id <> failed.id", b"r.id <> failed.id")
     assert control != statement
     assert _roots_probes(pgwork_dsn, control) == RUNNING
@@ -209,12 +211,12 @@ def test_the_acquire_finds_its_locked_candidates_again_by_row_version(
 ) -> None:
     # The lease update re-reads each locked candidate by its ctid (one page), not by a
     # primary-key probe (three or four).
-    assert _lease_scans(pgwork_dsn, render("pgwork").acquire) == ["Tid Scan:"]
+    assert _lease_scans(pgwork_dsn, render("pgwork").leases.acquire) == ["Tid Scan:"]
 
 
 def test_the_acquire_matching_candidates_by_id_probes_the_primary_key(pgwork_dsn: str) -> None:
     # Control: matched by id alone, the lease update probes jobs_pkey for each candidate.
-    statement = render("pgwork").acquire
+    statement = render("pgwork").leases.acquire
     control = statement.replace(b"j.ctid = c.ctid AND ", b"")
     assert control != statement
     assert _lease_scans(pgwork_dsn, control) == ["Index Scan:jobs_pkey"]
@@ -250,13 +252,13 @@ def _acquired_rows(dsn: str, statement: bytes) -> tuple[int, int, int]:
 def test_a_quiet_acquire_updates_jobs_once_and_reports_no_miss(pgwork_dsn: str) -> None:
     # Every candidate kept its row version: ten jobs, no marker, and a single UPDATE
     # of jobs in the plan (no second one initialised on each run for the rare miss).
-    assert _acquired_rows(pgwork_dsn, render("pgwork").acquire) == (10, 0, 1)
+    assert _acquired_rows(pgwork_dsn, render("pgwork").leases.acquire) == (10, 0, 1)
 
 
 def test_an_acquire_whose_marker_ignores_the_counts_reports_a_miss(pgwork_dsn: str) -> None:
     # Control: without the test of the counts the marker row is always there, and
     # every acquire would be followed by another.
-    statement = render("pgwork").acquire
+    statement = render("pgwork").leases.acquire
     control = statement.replace(MISSED_GATE, b"WHERE true")
     assert control != statement
     assert _acquired_rows(pgwork_dsn, control) == (10, 1, 1)

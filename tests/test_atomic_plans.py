@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from pgwork.postgres._statements import render
+from pgwork.postgres.sql import render
 
 FINISHED = 3_000
 
@@ -92,13 +92,13 @@ def test_statements_on_leased_jobs_read_them_by_primary_key(pgwork_dsn: str) -> 
     plans = _plans(
         pgwork_dsn,
         {
-            "lock": statements.begin_atomic,
-            "bounded lock": statements.begin_atomic_bounded,
-            "completion": statements.complete_atomic,
-            "renewal": statements.renew,
-            "failure": statements.fail,
-            "rescheduling": statements.reschedule,
-            "release": statements.release,
+            "lock": statements.leases.begin_atomic,
+            "bounded lock": statements.leases.begin_atomic_bounded,
+            "completion": statements.outcomes.complete_atomic,
+            "renewal": statements.leases.renew,
+            "failure": statements.outcomes.fail,
+            "rescheduling": statements.outcomes.reschedule,
+            "release": statements.leases.release,
         },
     )
     for name, indexes in plans.items():
@@ -113,7 +113,10 @@ def test_the_same_statements_testing_the_status_as_an_enum_read_the_lease_index(
     # lock and the renewal are planned on the partial index of running leases.
     statements = render("pgwork")
     enum_tests = {}
-    for name, statement in (("lock", statements.begin_atomic), ("renewal", statements.renew)):
+    for name, statement in (
+        ("lock", statements.leases.begin_atomic),
+        ("renewal", statements.leases.renew),
+    ):
         enum_tests[name] = statement.replace(b"j.status::text = 'running'", b"j.status = 'running'")
         assert enum_tests[name] != statement
     plans = _plans(pgwork_dsn, enum_tests)

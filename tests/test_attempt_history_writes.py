@@ -4,14 +4,10 @@ history only when it fails."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from pgwork.postgres._statements import Statements, render
+from pgwork.postgres.sql import render
 
 
 def test_only_the_failure_and_the_reap_write_the_attempt_history() -> None:
-    statements = render("pgwork")
-    writers = {
-        f.name for f in fields(Statements) if b"attempt_history =" in getattr(statements, f.name)
-    }
-    assert writers == {"fail", "reap"}
+    statements = render("pgwork").named()
+    writers = {name for name, query in statements.items() if b"attempt_history =" in query}
+    assert writers == {"outcomes.fail", "leases.reap"}

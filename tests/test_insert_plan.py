@@ -22,7 +22,7 @@ import pytest
 
 from pgwork.adapters.state import NewJob
 from pgwork.postgres._enqueue import insert_params
-from pgwork.postgres._statements import render
+from pgwork.postgres.sql import render
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -66,7 +66,7 @@ def _insert_nodes(dsn: str, query: bytes, params: dict[str, Any]) -> list[dict[s
 
 @pytest.mark.parametrize("plain", [True, False], ids=["INSERT_PLAIN_JOBS", "INSERT_JOBS"])
 def test_a_batch_insert_unnests_its_arrays_as_it_inserts(pgwork_dsn: str, plain: bool) -> None:
-    statements = render("pgwork")
+    statements = render("pgwork").enqueue
     query = statements.insert_plain_jobs if plain else statements.insert_jobs
     params = insert_params(
         _jobs(plain=plain), channel="pgwork_events", ready=["default"], plain=plain

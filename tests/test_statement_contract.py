@@ -1,6 +1,6 @@
 """Every named SQL statement of the PostgreSQL adapter is valid against the migrated schema.
 
-The statements are constants rendered once per schema (``render``, ``render_*``); most run
+The statements are the catalogue ``pgwork.postgres.sql``, rendered once per schema; most run
 only on some path (a dedup key, a blocked chain, retention, the dashboard), so a renamed
 column or a typo would surface only when a user took that path. Here each one is parsed
 and analysed by the server (a protocol-level Prepare, nothing executed) against a schema
@@ -20,13 +20,7 @@ from collections.abc import Mapping
 import psycopg
 import pytest
 
-from pgwork.postgres._chain_statements import render_chain_statements
-from pgwork.postgres._dashboard_statements import render_dashboard_statements
-from pgwork.postgres._history_statements import render_history_statements
-from pgwork.postgres._query_statements import render_query_statements
-from pgwork.postgres._registry import render_registry_statements
-from pgwork.postgres._statements import render
-from pgwork.postgres._work_statements import render_work_statements
+from pgwork.postgres.sql import Statements, render
 
 SCHEMA = "pgwork"
 
@@ -36,19 +30,8 @@ _COPY = re.compile(rb"^\s*COPY\s+(\S+)\s*\(([^)]*)\)\s*FROM\s+STDIN\s*$", re.IGN
 
 
 def all_statements(schema: str) -> dict[str, bytes]:
-    """Every rendered statement, named ``group.name``."""
-    groups: dict[str, Mapping[str, bytes]] = {
-        "core": dataclasses.asdict(render(schema)),
-        "chains": dataclasses.asdict(render_chain_statements(schema)),
-        "queries": dataclasses.asdict(render_query_statements(schema)),
-        "dashboard": dataclasses.asdict(render_dashboard_statements(schema)),
-        "history": dataclasses.asdict(render_history_statements(schema)),
-        "registry": render_registry_statements(schema),
-        "work": render_work_statements(schema),
-    }
-    return {
-        f"{group}.{name}": query for group, named in groups.items() for name, query in named.items()
-    }
+    """Every statement of the rendered catalogue, by name."""
+    return render(schema).named()
 
 
 def server_form(query: bytes) -> bytes:
@@ -79,15 +62,17 @@ def problems(dsn: str, statements: Mapping[str, bytes]) -> dict[str, str]:
 
 def test_every_statement_prepares_against_the_migrated_schema(pgwork_dsn: str) -> None:
     statements = all_statements(SCHEMA)
-    assert len(statements) >= 50, sorted(statements)  # 59 at migration 0005
+    groups = {name.split(".")[0] for name in statements}
+    assert groups == {group.name for group in dataclasses.fields(Statements)}
+    assert len(statements) >= 80, sorted(statements)
     assert problems(pgwork_dsn, statements) == {}
 
 
 @pytest.mark.parametrize(
     ("name", "breakage", "message"),
     [
-        ("core.renew", (b"leased_until", b"leased_til"), "leased_til"),
-        ("core.copy_jobs", (b"dedup_key", b"dedupe_key"), "dedupe_key"),
+        ("leases.renew", (b"leased_until", b"leased_til"), "leased_til"),
+        ("enqueue.copy_jobs", (b"dedup_key", b"dedupe_key"), "dedupe_key"),
         ("queries.list_jobs", (b"created_at", b"createdat"), "createdat"),
         ("chains.insert_blockers", (b"position", b"pos"), "pos"),
     ],

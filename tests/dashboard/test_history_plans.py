@@ -23,7 +23,7 @@ from pgwork import Client, PostgresStateAdapter, create_client
 from pgwork.adapters.history import DURATION_BINS_S
 from pgwork.job_types import JobTypeRegistry
 from pgwork.postgres._history import HISTORY_WIDTHS_S
-from pgwork.postgres._history_statements import render_history_statements
+from pgwork.postgres.sql import render
 from pgwork.testing.databases import temporary_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -75,7 +75,7 @@ def rows_read(nodes: list[dict[str, Any]], relation: str) -> int:
 
 async def _roll_up_step_plan(dsn: str) -> list[dict[str, Any]]:
     """The executed plan of one rollup step from the middle of the week, rolled back."""
-    statements = render_history_statements("pgwork")
+    statements = render("pgwork").history
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
             "SELECT completed_at FROM pgwork.jobs WHERE status = 'completed'"

@@ -12,6 +12,7 @@ half of them scheduled, 0.1% running, 1% failed, four queues, eight types).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -26,7 +27,6 @@ from pgwork.client._work import EXAMINED
 from pgwork.dashboard import allow_any, create_dashboard
 from pgwork.dashboard._work_pages import JOBS_PER_WORKER
 from pgwork.job_types import JobTypeRegistry
-from pgwork.postgres._work_statements import render_work_statements
 from pgwork.testing.databases import temporary_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -220,14 +220,19 @@ async def test_control_without_lanes_the_ready_listing_reads_every_ready_job(
 ) -> None:
     """Read in time order straight from the pending jobs (no skip scan of the
     (queue, priority) lanes), the first page of ready jobs sorts every one of them."""
-    statements = dict(render_work_statements("pgwork"))
-    statements["list:ready:oldest"] = (
-        b'SELECT j.id FROM "pgwork"."jobs" AS j'
-        b" WHERE j.status = 'pending' AND j.scheduled_at <= now()"
-        b" ORDER BY j.scheduled_at, j.id LIMIT %(limit)s"
-    )
-    monkeypatch.setattr("pgwork.postgres._work.render_work_statements", lambda s: statements)
     state = await PostgresStateAdapter.connect(million_dsn, max_size=2)
+    views = state.statements.work_views
+    listings = {
+        **views.listings,
+        "ready:oldest": (
+            b'SELECT j.id FROM "pgwork"."jobs" AS j'
+            b" WHERE j.status = 'pending' AND j.scheduled_at <= now()"
+            b" ORDER BY j.scheduled_at, j.id LIMIT %(limit)s"
+        ),
+    }
+    state.statements = dataclasses.replace(
+        state.statements, work_views=dataclasses.replace(views, listings=listings)
+    )
     client = create_client(state_adapter=state, registry=JobTypeRegistry(), observers=[])
     try:
         plans = await plans_of(client, million_dsn, monkeypatch, _raw_ready)
@@ -248,12 +253,14 @@ async def test_control_without_its_window_the_input_search_reads_every_job(
 ) -> None:
     """The input search is bounded by its window of the newest jobs alone: without the
     window's LIMIT, a search that matches nothing reads the whole table."""
-    statements = dict(render_work_statements("pgwork"))
-    bounded = statements["input_scan"]
-    assert b"LIMIT %(examine)s::int + 1" in bounded
-    statements["input_scan"] = bounded.replace(b"LIMIT %(examine)s::int + 1", b"")
-    monkeypatch.setattr("pgwork.postgres._work.render_work_statements", lambda s: statements)
     state = await PostgresStateAdapter.connect(million_dsn, max_size=2)
+    views = state.statements.work_views
+    bounded = views.input_scan
+    assert b"LIMIT %(examine)s::int + 1" in bounded
+    unbounded = dataclasses.replace(
+        views, input_scan=bounded.replace(b"LIMIT %(examine)s::int + 1", b"")
+    )
+    state.statements = dataclasses.replace(state.statements, work_views=unbounded)
     client = create_client(state_adapter=state, registry=JobTypeRegistry(), observers=[])
     try:
         read = READS["input-field-none"][0]

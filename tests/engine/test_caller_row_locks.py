@@ -242,7 +242,9 @@ async def test_the_reaper_skips_a_job_whose_worker_waits_in_line_for_its_row(
         lambda: _lease_expired(pgwork_dsn, job.id), timeout=5, what="the lease to expire"
     )
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as line:
-        await line.execute(client.state._sql.take_lease_line, {"id": job.id, "wait_ms": "1000"})
+        await line.execute(
+            client.state.statements.leases.take_lease_line, {"id": job.id, "wait_ms": "1000"}
+        )
         assert await client.state.reap(type_names=["step"], exclude_worker="reaper") == []
         await line.rollback()
     [reaped] = await client.state.reap(type_names=["step"], exclude_worker="reaper")

@@ -374,5 +374,5 @@ async def test_a_small_batch_of_new_chains_runnable_now_takes_the_plain_statemen
         conn, batch(client, 99) + batch(client, 1, schedule=timedelta(seconds=1))
     )
     await conn.commit()
-    statements = state._sql
+    statements = state.statements.enqueue
     assert sent == [statements.insert_plain_jobs, statements.insert_jobs]

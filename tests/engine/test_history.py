@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pgwork import Client, JobTypeRegistry
 from pgwork.adapters.history import DURATION_BINS_S, Durations, HistoryFigures, JobHistory
 from pgwork.postgres._history import HISTORY_WIDTHS_S
-from pgwork.postgres._history_statements import render_history_statements
+from pgwork.postgres.sql import render
 from pgwork.worker._maintenance import Maintenance
 
 from .conftest import ClientFactory, eventually, scalar
@@ -231,7 +231,7 @@ async def test_two_rollups_at_once_count_each_job_once(
     client = await make_client(registry())
     jobs = workload(60)
     await seed(pgwork_dsn, jobs)
-    statements = render_history_statements("pgwork")
+    statements = render("pgwork").history
 
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as first:
         cur = await first.execute(

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import Attempt, JobTypeRegistry
+from pgwork.postgres import _base as base_module
 from pgwork.postgres import state as state_module
 
 from .conftest import ClientFactory, scalar
@@ -95,7 +96,8 @@ async def test_control_without_the_session_setup_the_database_default_applies(
     async def leave_as_is(connection: psycopg.AsyncConnection[Any]) -> None:
         return None
 
-    monkeypatch.setattr(state_module, "configure_session", leave_as_is)
+    monkeypatch.setattr(state_module, "configure_session", leave_as_is)  # the pool
+    monkeypatch.setattr(base_module, "configure_session", leave_as_is)  # the own line
     await _default_repeatable_read(pgwork_dsn)
     client = await make_client(JobTypeRegistry())
     assert await _levels(client.state) == ["repeatable read", "repeatable read"]

@@ -28,7 +28,7 @@ from pgwork._ids import first_id_at
 from pgwork.adapters.state import PageKey
 from pgwork.client._queries import encode_cursor
 from pgwork.postgres._history import HISTORY_WIDTHS_S
-from pgwork.postgres._query_statements import render_query_statements
+from pgwork.postgres.sql import render
 
 from .conftest import ClientFactory
 
@@ -708,7 +708,7 @@ DELETION_STATEMENTS = {
 async def test_deletion_and_retention_statements_read_through_an_index(
     loaded_client: Client, pgwork_dsn: str, name: str, params: dict[str, Any], index: str
 ) -> None:
-    statement = getattr(render_query_statements("pgwork"), name)
+    statement = getattr(render("pgwork").queries, name)
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
         cur = await c.execute(b"EXPLAIN (FORMAT JSON) " + statement, params, prepare=False)
         row = await cur.fetchone()

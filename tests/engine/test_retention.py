@@ -20,7 +20,7 @@ from pgwork import (
     JobTypeRegistry,
     StartedChain,
 )
-from pgwork.postgres._query_statements import retention_lock_key
+from pgwork.postgres.sql.queries import retention_lock_key
 
 from .conftest import ClientFactory, scalar
 

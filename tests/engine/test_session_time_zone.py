@@ -18,6 +18,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from pgwork import PostgresStateAdapter
+from pgwork.postgres import _base as base_module
 from pgwork.postgres import state as state_module
 
 from .conftest import ClientFactory, acquired_job
@@ -76,7 +77,8 @@ async def test_control_without_the_session_setup_timestamps_come_in_the_sessions
     async def leave_as_is(connection: psycopg.AsyncConnection[Any]) -> None:
         return None
 
-    monkeypatch.setattr(state_module, "configure_session", leave_as_is)
+    monkeypatch.setattr(state_module, "configure_session", leave_as_is)  # the pool
+    monkeypatch.setattr(base_module, "configure_session", leave_as_is)  # the own line
     client, acquired = await acquired_job(make_client, conn)
     job = await client.get_job(acquired.id)
     assert acquired.created_at.tzinfo == ZoneInfo(zone)

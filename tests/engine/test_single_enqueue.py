@@ -60,7 +60,10 @@ async def test_a_new_chain_without_context_takes_the_root_statement(
     await client.start_chain(conn, work, Payload(data={}))
     await client.start_chain(conn, work, Payload(data={}), context={"tenant": "t"})
     await conn.commit()
-    assert sent == [state._sql.insert_plain_root, state._sql.insert_plain_job]
+    assert sent == [
+        state.statements.enqueue.insert_plain_root,
+        state.statements.enqueue.insert_plain_job,
+    ]
 
 
 @pytest.mark.parametrize("options", [{}, {"queue": "other", "priority": -2, "max_attempts": 1}])

@@ -77,8 +77,8 @@ from pgwork import (
 )
 from pgwork.adapters.notify import Notice
 from pgwork.errors import DatabaseTimeoutError
-from pgwork.postgres import _statements
 from pgwork.postgres._atomic_group import PgAtomicGroup
+from pgwork.postgres.sql import leases, outcomes
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
@@ -278,12 +278,13 @@ def break_statements(spec: str) -> None:
             PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
             continue
         for constant, old, new in _BREAKAGES[name]:
-            template = getattr(_statements, constant)
+            module = leases if hasattr(leases, constant) else outcomes
+            template = getattr(module, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
             # Every occurrence: a statement that locks its rows first (SKIP LOCKED)
             # repeats its fence there.
-            setattr(_statements, constant, template.replace(old, new))
+            setattr(module, constant, template.replace(old, new))
 
 
 class _Events:

@@ -1,15 +1,22 @@
-"""The storage contract: named job operations every state adapter provides, by role.
+"""The storage contract: named job operations every state adapter provides.
 
 The client and the worker speak only these protocols; ``pgwork.postgres`` implements them.
-``StateAdapter`` is the whole contract, the union of the roles below; each role says who
-needs it, so that code needing one role can be typed against that role alone:
+The contract is cut two ways (docs/design/storage-contract.md):
 
-- ``Store``: verify, close, transactions (every role has these);
-- ``EnqueueStore``: insert jobs (the client's enqueue);
-- ``WorkerStore``: acquire, renew, complete, fail, release, reap (the worker);
-- ``ReadStore``: get and list jobs, chains, queues, workers (queries, the CLI, a dashboard);
-- ``ControlStore``: cancel, retry, trigger, pause, delete (an operator);
-- ``WorkerRegistry``: register, heartbeat, find dead workers (the worker's heartbeat).
+- **the core**, ``CoreStateAdapter``: what every store implements, enough for the client
+  to enqueue, read and control jobs and for a worker to run them. By role: ``Store``
+  (verify, close, transactions), ``EnqueueStore`` (insert jobs), ``WorkerCore`` (acquire,
+  renew, complete, fail, reschedule, release, reap), ``ReadCore`` (get and list jobs,
+  chains, workers), ``ControlCore`` (cancel, retry, trigger, pause, delete),
+  ``WorkerRegistry`` (register, heartbeat, find dead workers);
+- **the capabilities**, each an optimisation or an optional feature a store may offer:
+  ``BatchedTurns``, ``DueTimes``, ``AtomicAttempts``, ``AtomicGroupCommit``,
+  ``InLineRenewal``, ``ChainBlockers``, ``OperatorViews``, ``Maintenance``.
+
+The roles, whole (``WorkerStore``, ``ReadStore``, ``ControlStore``), are each core part
+with the capabilities it draws on, so that code needing one role is typed against that
+role alone; ``StateAdapter`` is every role: the core with every capability, what the
+client and the worker are given.
 
 Arguments are keyword-only and results are frozen dataclasses (``_state_records``,
 re-exported here), so a later field added to either breaks no adapter. Every write made on
@@ -71,27 +78,38 @@ from pgwork.records import Chain, Job
 
 __all__ = [
     "AcquiredJob",
+    "AtomicAttempts",
     "AtomicGroup",
+    "AtomicGroupCommit",
+    "BatchedTurns",
     "BlockedJob",
     "BlockerOutput",
     "BlockerStatus",
     "CancelledChain",
+    "ChainBlockers",
     "ChainDeletion",
     "ChainDependant",
     "ChainFilter",
     "ChainRef",
     "Completion",
     "CompletionResult",
+    "ControlCore",
     "ControlStore",
+    "CoreStateAdapter",
     "DedupSpec",
+    "DueTimes",
     "EnqueueStore",
     "Failure",
+    "InLineRenewal",
     "InsertedJob",
     "JobFilter",
     "Lease",
+    "Maintenance",
     "NewJob",
+    "OperatorViews",
     "PageKey",
     "QueueCount",
+    "ReadCore",
     "ReadStore",
     "ReapedJob",
     "RenewResult",
@@ -100,6 +118,7 @@ __all__ = [
     "Store",
     "SyncAdopter",
     "TransactionHandle",
+    "WorkerCore",
     "WorkerInfo",
     "WorkerRecord",
     "WorkerRegistry",
@@ -188,6 +207,9 @@ class AtomicGroup(Protocol):
         ...
 
 
+# --- the core: what every store implements ----------------------------------------------
+
+
 @runtime_checkable
 class Store(Protocol):
     """What every role has: a health check, a close, and transactions.
@@ -256,9 +278,9 @@ class EnqueueStore(Store, Protocol):
 
 
 @runtime_checkable
-class WorkerStore(Store, Protocol):
-    """What a worker does with jobs: lease them, keep the leases, settle the attempts,
-    hand jobs back, take back expired leases, and settle chains that wait on chains.
+class WorkerCore(Store, Protocol):
+    """The worker's core: lease jobs, keep the leases, settle the attempts, hand jobs
+    back, take back expired leases.
 
     Every write here on behalf of an attempt is fenced by its ``Lease``. ``complete`` also
     serves ``Client.complete_job`` (``lease_token=None``: from outside any worker)."""
@@ -275,83 +297,11 @@ class WorkerStore(Store, Protocol):
         that type's duration), in one statement, and commit. ``queues=None``: any."""
         ...
 
-    async def next_due(
-        self,
-        *,
-        type_names: Sequence[str],
-        queues: Sequence[str],
-        missed_after: float | None = None,
-    ) -> float | None:
-        """Seconds until the earliest pending job of ``type_names`` in ``queues`` that is
-        not due yet becomes due, on the database clock; None when there is none.
-
-        What an idle worker sleeps until instead of polling: time has no notification.
-        It must stay cheap however many jobs are scheduled (an index, never a scan).
-
-        ``missed_after`` is a ``time.monotonic()`` instant, about when an acquire that
-        found nothing was sent: a job that became due since then (reckoned when the
-        statement runs) counts too, as due now (0.0). That acquire may have seen it not
-        due yet: a timer that fired early, a worker clock ahead of the database's. A
-        job due before then is left out: that acquire passed it over (a caller holds
-        its row), and it must not hide the next due time.
-        """
-        ...
-
-    async def complete_and_acquire(
-        self,
-        *,
-        completions: Sequence[Completion],
-        worker_id: str,
-        leases: Mapping[str, timedelta],
-        queues: Sequence[str] | None,
-        limit: int,
-    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
-        """``complete(None, completions=...)`` then ``acquire(...)``, committed together:
-        both happen or, when this raises, neither. A worker's finished batch and its
-        next batch of work travel in one round trip, with one commit. Completions with
-        a continuation are refused (``ValueError``): they need a transaction of their
-        own."""
-        ...
-
     async def renew(
         self, *, leases: Sequence[Lease], duration: Mapping[UUID, timedelta]
     ) -> list[RenewResult]:
         """Extend each lease whose token still holds the running job by ``duration``
         (keyed by job id); one result per lease, identified by (job_id, lease_token)."""
-        ...
-
-    async def renew_in_line(
-        self, *, lease: Lease, duration: timedelta, wait: timedelta
-    ) -> RenewResult:
-        """``renew`` one lease whose row another transaction holds (``renew`` reported it
-        ``deferred``), waiting in line up to ``wait`` for that transaction to let go;
-        ``deferred`` again if it has not by then. While the worker waits, ``reap``
-        leaves the job alone, even once its lease has run out: the moment the caller
-        lets go, the worker still running the job renews its lease before any reaper
-        can take it. The lease counts from the moment the row was got."""
-        ...
-
-    async def begin_atomic(
-        self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
-    ) -> bool:
-        """Open an atomic attempt in ``tx``: bound the transaction and check that
-        ``lease`` still holds its job (False if not). The row is not locked: the
-        attempt's lease is renewed while it runs, and its completion is fenced."""
-        ...
-
-    def atomic_transaction(
-        self, *, lease: Lease, deadline: timedelta
-    ) -> AbstractAsyncContextManager[TransactionHandle | None]:
-        """``transaction()`` with ``begin_atomic`` already done, in as few round trips
-        as the store allows: yields the open transaction, or None (rolled back at
-        once) when ``lease`` no longer holds its job. Commits on clean exit, unless
-        ``complete_atomic`` ended the transaction already."""
-        ...
-
-    async def open_atomic_group(self) -> AtomicGroup:
-        """A group of atomic attempts sharing one transaction and one commit (see
-        ``AtomicGroup``); it holds one of the adapter's connections until its
-        ``commit`` or ``discard``."""
         ...
 
     async def complete(
@@ -370,18 +320,6 @@ class WorkerStore(Store, Protocol):
         ``insert_jobs``, given here so that an adapter sharing a database with
         ``notify`` can fold the announcement into its write. Without it the caller
         announces them."""
-        ...
-
-    async def complete_atomic(
-        self, tx: TransactionHandle, *, completion: Completion
-    ) -> CompletionResult:
-        """Complete an atomic attempt's job in ``tx`` (from ``atomic_transaction``) and
-        commit ``tx`` with it, in as few round trips as the store allows; ``tx`` is over
-        either way. When the completion is refused (the lease no longer holds the job),
-        ``tx`` is rolled back instead — nothing written in it commits — and the result
-        is not accepted. Dependants of a chain it ends are settled after the commit, as
-        ``complete(None, ...)`` does. ``completion`` has no continuation
-        (``ValueError``): a continuation goes through ``complete(tx, ...)``."""
         ...
 
     async def fail(
@@ -419,51 +357,14 @@ class WorkerStore(Store, Protocol):
         expired or not, whatever ``limit``."""
         ...
 
-    async def blocker_outputs(
-        self, tx: TransactionHandle | None, *, job_id: UUID
-    ) -> list[BlockerOutput]: ...
-
-    async def resolve_dependants(
-        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
-    ) -> Resolution:
-        """Settle jobs blocked on ``chain_ids`` (ended chains) per their edges' policy."""
-        ...
-
-    async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
-        """Settle blocked jobs whose blockers all ended but that were never resolved."""
-        ...
-
 
 @runtime_checkable
-class ReadStore(Store, Protocol):
-    """Reads that change nothing: jobs, chains, listings, counts, workers, the clock.
-
-    The client's queries and anything that only looks (``pgwork jobs``/``queues``/``workers``,
-    a dashboard) depend on this role alone."""
+class ReadCore(Store, Protocol):
+    """The core reads: the store's clock, jobs and chains by id, a chain's jobs, the
+    client's listings of jobs and chains, and the workers."""
 
     async def now(self) -> datetime:
         """The store's clock: the one clock for schedules and leases."""
-        ...
-
-    async def recent_activity(
-        self,
-        tx: TransactionHandle | None,
-        *,
-        window: timedelta,
-        bucket: timedelta,
-        sample_size: int,
-    ) -> RecentActivity:
-        """Jobs that completed or failed within ``window`` of now (from the start of its
-        first ``bucket``), per queue and ``bucket`` of their end time, counting at most
-        the newest ``sample_size`` of them (see ``RecentActivity``). Reads one index
-        range, never the table."""
-        ...
-
-    async def chain_links(
-        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
-    ) -> ChainLinks:
-        """Up to ``limit`` chains ``chain_id``'s jobs wait for, and up to ``limit`` jobs of
-        other chains waiting for it, each edge with the status at its other end."""
         ...
 
     async def get_jobs(
@@ -505,19 +406,243 @@ class ReadStore(Store, Protocol):
         """Chains matching ``where``, in ``list_jobs`` order of their first job."""
         ...
 
+    async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]: ...
+
+
+@runtime_checkable
+class ControlCore(Store, Protocol):
+    """An operator's core changes: cancel, retry, trigger, pause queues, delete chains."""
+
+    async def cancel_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
+    ) -> tuple[list[CancelledChain], Resolution]:
+        """Cancel active chains (every job not yet final); returns those cancelled."""
+        ...
+
+    async def retry_failed(
+        self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
+    ) -> list[tuple[UUID, str]]:
+        """Failed jobs back to pending with fresh attempts; returns (job id, queue)."""
+        ...
+
+    async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
+        """Make scheduled jobs due now; returns the queues touched."""
+        ...
+
+    async def set_queue_paused(
+        self, tx: TransactionHandle | None, *, queue: str, paused: bool
+    ) -> None: ...
+
+    async def delete_chains(
+        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID], cascade: bool
+    ) -> ChainDeletion:
+        """Delete whole chains in ``tx``. A job of another chain that may still run
+        (blocked, pending, running, or failed and retryable) and waits for one of them
+        is a dependant: without ``cascade`` its presence deletes nothing; with it, its
+        chain goes too, transitively. Unknown ids delete nothing."""
+        ...
+
+
+@runtime_checkable
+class WorkerRegistry(Store, Protocol):
+    """Workers announcing themselves: register, heartbeat, and declare the silent dead.
+    (Listing workers is a read: ``ReadCore.list_workers``; pruning the stopped is
+    ``Maintenance.prune_workers``.)"""
+
+    async def register_worker(self, *, worker: WorkerInfo) -> None:
+        """Record (or re-record) a worker as alive and idle."""
+        ...
+
+    async def heartbeat(
+        self, *, worker_id: str, active_slots: int, status: str, abandoned_handlers: int = 0
+    ) -> bool:
+        """Refresh the worker's heartbeat; False if it was declared dead meanwhile."""
+        ...
+
+    async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:
+        """Mark workers silent for longer than ``older_than_s`` stopped; return their ids."""
+        ...
+
+
+@runtime_checkable
+class CoreStateAdapter(EnqueueStore, WorkerCore, ReadCore, ControlCore, WorkerRegistry, Protocol):
+    """The core of the contract: what a store implements to hold jobs for the client and
+    the worker. Everything else is a capability below, an optimisation or an optional
+    feature a store may offer."""
+
+
+# --- capabilities: what a store may offer beyond the core -------------------------------
+
+
+@runtime_checkable
+class BatchedTurns(Protocol):
+    """A worker's turn in one round trip: the finished batch's completions and the next
+    acquire, committed together. Without it: ``complete`` then ``acquire``."""
+
+    async def complete_and_acquire(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str] | None,
+        limit: int,
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        """``complete(None, completions=...)`` then ``acquire(...)``, committed together:
+        both happen or, when this raises, neither. A worker's finished batch and its
+        next batch of work travel in one round trip, with one commit. Completions with
+        a continuation are refused (``ValueError``): they need a transaction of their
+        own."""
+        ...
+
+
+@runtime_checkable
+class DueTimes(Protocol):
+    """When the next scheduled job becomes due, so that an idle worker sleeps until then
+    instead of polling."""
+
+    async def next_due(
+        self,
+        *,
+        type_names: Sequence[str],
+        queues: Sequence[str],
+        missed_after: float | None = None,
+    ) -> float | None:
+        """Seconds until the earliest pending job of ``type_names`` in ``queues`` that is
+        not due yet becomes due, on the database clock; None when there is none.
+
+        What an idle worker sleeps until instead of polling: time has no notification.
+        It must stay cheap however many jobs are scheduled (an index, never a scan).
+
+        ``missed_after`` is a ``time.monotonic()`` instant, about when an acquire that
+        found nothing was sent: a job that became due since then (reckoned when the
+        statement runs) counts too, as due now (0.0). That acquire may have seen it not
+        due yet: a timer that fired early, a worker clock ahead of the database's. A
+        job due before then is left out: that acquire passed it over (a caller holds
+        its row), and it must not hide the next due time.
+        """
+        ...
+
+
+@runtime_checkable
+class AtomicAttempts(Protocol):
+    """Atomic attempts: a handler writes in a transaction of the store's, and its job's
+    completion commits with those writes or not at all. For a store that is the
+    application's own database."""
+
+    async def begin_atomic(
+        self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
+    ) -> bool:
+        """Open an atomic attempt in ``tx``: bound the transaction and check that
+        ``lease`` still holds its job (False if not). The row is not locked: the
+        attempt's lease is renewed while it runs, and its completion is fenced."""
+        ...
+
+    def atomic_transaction(
+        self, *, lease: Lease, deadline: timedelta
+    ) -> AbstractAsyncContextManager[TransactionHandle | None]:
+        """``transaction()`` with ``begin_atomic`` already done, in as few round trips
+        as the store allows: yields the open transaction, or None (rolled back at
+        once) when ``lease`` no longer holds its job. Commits on clean exit, unless
+        ``complete_atomic`` ended the transaction already."""
+        ...
+
+    async def complete_atomic(
+        self, tx: TransactionHandle, *, completion: Completion
+    ) -> CompletionResult:
+        """Complete an atomic attempt's job in ``tx`` (from ``atomic_transaction``) and
+        commit ``tx`` with it, in as few round trips as the store allows; ``tx`` is over
+        either way. When the completion is refused (the lease no longer holds the job),
+        ``tx`` is rolled back instead — nothing written in it commits — and the result
+        is not accepted. Dependants of a chain it ends are settled after the commit, as
+        ``complete(None, ...)`` does. ``completion`` has no continuation
+        (``ValueError``): a continuation goes through ``complete(tx, ...)``."""
+        ...
+
+
+@runtime_checkable
+class AtomicGroupCommit(Protocol):
+    """Several atomic attempts in one transaction, committed once (see ``AtomicGroup``)."""
+
+    async def open_atomic_group(self) -> AtomicGroup:
+        """A group of atomic attempts sharing one transaction and one commit (see
+        ``AtomicGroup``); it holds one of the adapter's connections until its
+        ``commit`` or ``discard``."""
+        ...
+
+
+@runtime_checkable
+class InLineRenewal(Protocol):
+    """Renewing a lease whose row a caller's transaction holds, waiting in line for it:
+    for a store whose callers' transactions can lock a job's row."""
+
+    async def renew_in_line(
+        self, *, lease: Lease, duration: timedelta, wait: timedelta
+    ) -> RenewResult:
+        """``renew`` one lease whose row another transaction holds (``renew`` reported it
+        ``deferred``), waiting in line up to ``wait`` for that transaction to let go;
+        ``deferred`` again if it has not by then. While the worker waits, ``reap``
+        leaves the job alone, even once its lease has run out: the moment the caller
+        lets go, the worker still running the job renews its lease before any reaper
+        can take it. The lease counts from the moment the row was got."""
+        ...
+
+
+@runtime_checkable
+class ChainBlockers(Protocol):
+    """Jobs that wait for other chains (``NewJob.blockers``): their blockers' outputs,
+    and settling them when their blockers end."""
+
+    async def blocker_outputs(
+        self, tx: TransactionHandle | None, *, job_id: UUID
+    ) -> list[BlockerOutput]: ...
+
+    async def resolve_dependants(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> Resolution:
+        """Settle jobs blocked on ``chain_ids`` (ended chains) per their edges' policy."""
+        ...
+
+    async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
+        """Settle blocked jobs whose blockers all ended but that were never resolved."""
+        ...
+
+
+@runtime_checkable
+class OperatorViews(Protocol):
+    """An operator's bounded views: counts, blocked jobs, recent activity, chain links,
+    the work views and the job history (the CLI's read commands, the dashboard)."""
+
+    async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
+        """One row per queue that has unfinished jobs or a ``queues`` entry, by name."""
+        ...
+
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
         """Blocked jobs with their blockers' status, in ``list_jobs`` order."""
         ...
 
-    async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
-        """One row per queue that has unfinished jobs or a ``queues`` entry, by name."""
+    async def recent_activity(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        window: timedelta,
+        bucket: timedelta,
+        sample_size: int,
+    ) -> RecentActivity:
+        """Jobs that completed or failed within ``window`` of now (from the start of its
+        first ``bucket``), per queue and ``bucket`` of their end time, counting at most
+        the newest ``sample_size`` of them (see ``RecentActivity``). Reads one index
+        range, never the table."""
         ...
 
-    async def list_workers(self, *, alive_within_s: float) -> list[WorkerRecord]: ...
-
-    # --- the operator's work views (records in ``work``) ---
+    async def chain_links(
+        self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
+    ) -> ChainLinks:
+        """Up to ``limit`` chains ``chain_id``'s jobs wait for, and up to ``limit`` jobs of
+        other chains waiting for it, each edge with the status at its other end."""
+        ...
 
     async def list_work(
         self,
@@ -574,8 +699,6 @@ class ReadStore(Store, Protocol):
         no index on inputs is needed, and no enqueue pays for one."""
         ...
 
-    # --- the job history (records in ``history``) ---
-
     async def job_history(
         self,
         tx: TransactionHandle | None,
@@ -596,38 +719,9 @@ class ReadStore(Store, Protocol):
 
 
 @runtime_checkable
-class ControlStore(Store, Protocol):
-    """An operator's changes: cancel, retry, trigger, pause queues, delete chains and
-    expire old ones (retention, which the worker's maintenance also runs)."""
-
-    async def cancel_chains(
-        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID]
-    ) -> tuple[list[CancelledChain], Resolution]:
-        """Cancel active chains (every job not yet final); returns those cancelled."""
-        ...
-
-    async def retry_failed(
-        self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
-    ) -> list[tuple[UUID, str]]:
-        """Failed jobs back to pending with fresh attempts; returns (job id, queue)."""
-        ...
-
-    async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
-        """Make scheduled jobs due now; returns the queues touched."""
-        ...
-
-    async def set_queue_paused(
-        self, tx: TransactionHandle | None, *, queue: str, paused: bool
-    ) -> None: ...
-
-    async def delete_chains(
-        self, tx: TransactionHandle, *, chain_ids: Sequence[UUID], cascade: bool
-    ) -> ChainDeletion:
-        """Delete whole chains in ``tx``. A job of another chain that may still run
-        (blocked, pending, running, or failed and retryable) and waits for one of them
-        is a dependant: without ``cascade`` its presence deletes nothing; with it, its
-        chain goes too, transitively. Unknown ids delete nothing."""
-        ...
+class Maintenance(Protocol):
+    """What the worker's maintenance runs: retention, the history rollup, pruning stopped
+    workers."""
 
     async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
         """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
@@ -651,31 +745,40 @@ class ControlStore(Store, Protocol):
         Jobs that ended more than ``keep`` ago are not counted."""
         ...
 
-
-@runtime_checkable
-class WorkerRegistry(Store, Protocol):
-    """Workers announcing themselves: register, heartbeat, and declare the silent dead.
-    (Listing workers is a read: ``ReadStore.list_workers``.)"""
-
-    async def register_worker(self, *, worker: WorkerInfo) -> None:
-        """Record (or re-record) a worker as alive and idle."""
-        ...
-
-    async def heartbeat(
-        self, *, worker_id: str, active_slots: int, status: str, abandoned_handlers: int = 0
-    ) -> bool:
-        """Refresh the worker's heartbeat; False if it was declared dead meanwhile."""
-        ...
-
-    async def find_dead_workers(self, *, older_than_s: float, exclude: str) -> list[str]:
-        """Mark workers silent for longer than ``older_than_s`` stopped; return their ids."""
-        ...
-
     async def prune_workers(self, *, stopped_for_s: float, limit: int = 1000) -> int:
         """Delete up to ``limit`` workers that have been stopped (by ``stop()`` or declared
         dead) for longer than ``stopped_for_s``; return how many. A worker not stopped is
         never deleted, however old its heartbeat."""
         ...
+
+
+# --- the roles, whole: each core part with the capabilities it draws on ----------------
+
+
+@runtime_checkable
+class WorkerStore(
+    WorkerCore,
+    BatchedTurns,
+    DueTimes,
+    AtomicAttempts,
+    AtomicGroupCommit,
+    InLineRenewal,
+    ChainBlockers,
+    Protocol,
+):
+    """What a worker does with jobs: its core and every capability it uses."""
+
+
+@runtime_checkable
+class ReadStore(ReadCore, OperatorViews, Protocol):
+    """Reads that change nothing: the client's queries and anything that only looks
+    (``pgwork jobs``/``queues``/``workers``, a dashboard) depend on this role alone."""
+
+
+@runtime_checkable
+class ControlStore(ControlCore, Maintenance, Protocol):
+    """An operator's changes, and the maintenance that expires old chains, rolls the
+    history up and prunes stopped workers."""
 
 
 @runtime_checkable

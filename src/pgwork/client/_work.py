@@ -2,7 +2,7 @@
 failures grouped by error, jobs by id prefix or by an input field.
 
 Mixed into ``Client``. Each call reads a bounded index range (see
-``pgwork.postgres._work_statements``), so a dashboard page built on them costs the same
+``pgwork.postgres.sql.work_views``), so a dashboard page built on them costs the same
 on a table of a thousand jobs or a hundred million.
 """
 

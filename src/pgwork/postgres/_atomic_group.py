@@ -84,9 +84,10 @@ from pgwork.adapters.state import (
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
-from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction
+from pgwork.postgres.sql import Statements
+from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
 __all__ = ["ATOMIC_SLACK", "GroupLostError", "PgAtomicGroup", "atomic_params"]
 
@@ -133,7 +134,7 @@ class _Ops(Protocol):
     """What a group uses of the adapter (``PostgresStateAdapter``)."""
 
     schema: str
-    _sql: Statements
+    statements: Statements
     operation_timeout: float | None
 
     async def _completion_results(
@@ -191,7 +192,7 @@ class PgAtomicGroup:
         self._escaping = Escaping(conn.pgconn)
         self._encoding = conn.info.encoding
         prepared = conn.prepare_threshold is not None
-        self._complete = _statement(ops._sql.complete_atomic, prepared)
+        self._complete = _statement(ops.statements.outcomes.complete_atomic, prepared)
         self.members = 0
 
     @property

@@ -1,15 +1,13 @@
 """PostgreSQL side of chain orchestration: blockers, cancel, retry, trigger, pause.
 
 Mixed into ``PostgresStateAdapter``; uses its ``pool``, ``_fetch``, ``_connection`` and
-``_csql`` (the rendered chain statements).
+``statements.chains`` (the rendered chain statements).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from pgwork.adapters._state_records import earliest_due
@@ -23,11 +21,9 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.errors import ChainNotFoundError
+from pgwork.postgres._base import AdapterBase
+from pgwork.postgres._callers import DbConn
 from pgwork.records import ChainStatus, JobStatus
-
-if TYPE_CHECKING:
-    from pgwork.postgres._callers import DbConn
-    from pgwork.postgres._chain_statements import ChainStatements
 
 __all__ = ["ChainOps"]
 
@@ -36,21 +32,8 @@ __all__ = ["ChainOps"]
 MAX_RESOLVE_DEPTH = 64
 
 
-class ChainOps:
+class ChainOps(AdapterBase):
     """Blockers, cancel, retry, trigger, pause and await support."""
-
-    if TYPE_CHECKING:
-        _csql: ChainStatements
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
 
     # --- blockers ----------------------------------------------------------------------
 
@@ -60,7 +43,7 @@ class ChainOps:
         acquire skips a locked row, so one that ran meanwhile may have left its worker
         idle until the poll."""
         wanted = sorted({b for job in jobs for b in job.blockers})
-        rows = await self._fetch(conn, self._csql.lock_blocker_chains, {"ids": wanted})
+        rows = await self._fetch(conn, self.statements.chains.lock_blocker_chains, {"ids": wanted})
         found = {row[0] for row in rows}
         missing = [chain_id for chain_id in wanted if chain_id not in found]
         if missing:
@@ -77,7 +60,7 @@ class ChainOps:
         ]
         await self._fetch(
             conn,
-            self._csql.insert_blockers,
+            self.statements.chains.insert_blockers,
             {
                 "job_ids": [e[0] for e in edges],
                 "chain_ids": [e[1] for e in edges],
@@ -90,7 +73,9 @@ class ChainOps:
         return first.merge(more)
 
     async def _resolve(self, conn: DbConn, job_ids: Sequence[UUID]) -> Resolution:
-        rows = await self._fetch(conn, self._csql.resolve_blocked, {"job_ids": list(job_ids)})
+        rows = await self._fetch(
+            conn, self.statements.chains.resolve_blocked, {"job_ids": list(job_ids)}
+        )
         return Resolution(
             ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
             ended_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING),
@@ -111,7 +96,7 @@ class ChainOps:
             if not pending:
                 break
             locked = await self._fetch(
-                conn, self._csql.lock_blocked_dependants, {"chain_ids": pending}
+                conn, self.statements.chains.lock_blocked_dependants, {"chain_ids": pending}
             )
             if not locked:
                 break
@@ -135,7 +120,9 @@ class ChainOps:
         """Settle blocked jobs whose blockers all ended but were never resolved (a
         process died between ending a blocker and resolving its dependants)."""
         async with self.transaction() as tx, self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._csql.find_resolvable_blocked, {"limit": limit})
+            rows = await self._fetch(
+                conn, self.statements.chains.find_resolvable_blocked, {"limit": limit}
+            )
             if not rows:
                 return Resolution()
             first = await self._resolve(conn, [row[0] for row in rows])
@@ -145,7 +132,9 @@ class ChainOps:
         self, tx: TransactionHandle | None, *, job_id: UUID
     ) -> list[BlockerOutput]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._csql.blocker_outputs, {"job_id": job_id})
+            rows = await self._fetch(
+                conn, self.statements.chains.blocker_outputs, {"job_id": job_id}
+            )
         return [
             BlockerOutput(
                 chain_id=row[0],
@@ -162,7 +151,7 @@ class ChainOps:
         self, tx: TransactionHandle | None, *, ids: Sequence[UUID]
     ) -> list[ChainRef]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._csql.chains_of, {"ids": list(ids)})
+            rows = await self._fetch(conn, self.statements.chains.chains_of, {"ids": list(ids)})
         return [
             ChainRef(
                 id=row[0],
@@ -181,12 +170,16 @@ class ChainOps:
             # Two statements: the second must see what was handed on before the
             # first's locks were granted (see LOCK_ACTIVE_CHAINS).
             locked = await self._fetch(
-                conn, self._csql.lock_active_chains, {"chain_ids": sorted(set(chain_ids))}
+                conn,
+                self.statements.chains.lock_active_chains,
+                {"chain_ids": sorted(set(chain_ids))},
             )
             if not locked:
                 return [], Resolution()
             rows = await self._fetch(
-                conn, self._csql.cancel_chains, {"chain_ids": [row[0] for row in locked]}
+                conn,
+                self.statements.chains.cancel_chains,
+                {"chain_ids": [row[0] for row in locked]},
             )
             cancelled = [CancelledChain(chain_id=row[0], job_ids=tuple(row[1])) for row in rows]
             resolution = await self._resolve_dependants_of(conn, [c.chain_id for c in cancelled])
@@ -197,21 +190,25 @@ class ChainOps:
     ) -> list[tuple[UUID, str]]:
         async with self._connection(tx) as conn:
             rows = await self._fetch(
-                conn, self._csql.retry_failed, {"ids": list(job_ids), "front": front}
+                conn, self.statements.chains.retry_failed, {"ids": list(job_ids), "front": front}
             )
-            await self._fetch(conn, self._csql.reopen_chains, {"chain_ids": [r[1] for r in rows]})
+            await self._fetch(
+                conn, self.statements.chains.reopen_chains, {"chain_ids": [r[1] for r in rows]}
+            )
         return [(row[0], row[2]) for row in rows]
 
     async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._csql.trigger, {"ids": list(job_ids)})
+            rows = await self._fetch(conn, self.statements.chains.trigger, {"ids": list(job_ids)})
         return sorted({row[1] for row in rows})
 
     async def set_queue_paused(
         self, tx: TransactionHandle | None, *, queue: str, paused: bool
     ) -> None:
         async with self._connection(tx) as conn:
-            await self._fetch(conn, self._csql.set_queue_paused, {"name": queue, "paused": paused})
+            await self._fetch(
+                conn, self.statements.chains.set_queue_paused, {"name": queue, "paused": paused}
+            )
 
     async def now(self) -> datetime:
         async with self._connection(None) as conn:
@@ -221,4 +218,4 @@ class ChainOps:
 
     async def mark_chain_awaited(self, *, chain_id: UUID) -> None:
         async with self._connection(None) as conn:
-            await self._fetch(conn, self._csql.mark_awaited, {"chain_id": chain_id})
+            await self._fetch(conn, self.statements.chains.mark_awaited, {"chain_id": chain_id})

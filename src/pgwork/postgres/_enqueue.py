@@ -43,8 +43,8 @@ from pgwork.adapters.notify import Notice
 from pgwork.adapters.state import InsertedJob, NewJob
 from pgwork.postgres._callers import DbConn, can_copy, execute
 from pgwork.postgres._errors import translate_errors
-from pgwork.postgres._statements import Statements
 from pgwork.postgres.notify import encode_notice
+from pgwork.postgres.sql.enqueue import EnqueueStatements
 from pgwork.records import JobStatus
 
 __all__ = [
@@ -273,7 +273,7 @@ def _copy_lines(jobs: Sequence[NewJob]) -> str:
 
 async def write_jobs(
     conn: DbConn,
-    statements: Statements,
+    statements: EnqueueStatements,
     schema: str,
     jobs: Sequence[NewJob],
     *,
@@ -326,7 +326,7 @@ async def write_jobs(
 
 
 def plain_job_statement(
-    statements: Statements, job: NewJob, *, channel: str | None
+    statements: EnqueueStatements, job: NewJob, *, channel: str | None
 ) -> tuple[bytes, dict[str, Any]]:
     """The statement and parameters that insert one plain job (see ``is_plain``) and,
     with ``channel``, announce its queue on it.
@@ -408,7 +408,7 @@ class Streamed:
 
 async def insert_streamed(
     conn: DbConn,
-    statements: Statements,
+    statements: EnqueueStatements,
     schema: str,
     head: Sequence[NewJob],
     rest: Iterator[NewJob],
@@ -432,7 +432,7 @@ async def insert_streamed(
 
 async def _copy(
     conn: DbConn,
-    statements: Statements,
+    statements: EnqueueStatements,
     rows: Iterator[NewJob],
     *,
     sort: Callable[[list[NewJob]], list[NewJob]] | None = None,
@@ -467,7 +467,7 @@ def _copy_chunks(
 
 
 async def _announce(
-    conn: DbConn, statements: Statements, channel: str, ready: Sequence[str]
+    conn: DbConn, statements: EnqueueStatements, channel: str, ready: Sequence[str]
 ) -> None:
     await _execute(conn, statements.notify_ready, {"channel": channel, "ready": _encoded(ready)})
 

@@ -2,16 +2,13 @@
 
 Mixed into ``PostgresStateAdapter``; uses its ``schema``, ``transaction``, ``_fetch``
 and the unprepared ``_read`` of ``QueryOps``. The SQL, and why the rollup counts each
-ended job once however many workers run it, is in ``_history_statements``.
+ended job once however many workers run it, is in ``sql.history``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pgwork.adapters.history import (
     DAILY_RESOLUTION,
@@ -27,8 +24,7 @@ from pgwork.adapters.history import (
     JobHistory,
 )
 from pgwork.adapters.state import TransactionHandle
-from pgwork.postgres._callers import DbConn
-from pgwork.postgres._history_statements import HistoryStatements, render_history_statements
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._transactions import unwrap
 
 __all__ = ["HISTORY_WIDTHS_S", "HistoryOps"]
@@ -43,25 +39,8 @@ HISTORY_WIDTHS_S = [
 SETTLE_S = 1.0
 
 
-class HistoryOps:
+class HistoryOps(AdapterBase):
     """``roll_up_history`` and ``job_history`` of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        schema: str
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
-
-    @cached_property
-    def _hsql(self) -> HistoryStatements:
-        return render_history_statements(self.schema)
 
     async def roll_up_history(
         self, *, limit: int, keep: timedelta, max_lag: timedelta
@@ -71,7 +50,7 @@ class HistoryOps:
             conn = await unwrap(tx)
             locked = await self._fetch(
                 conn,
-                self._hsql.lock_progress,
+                self.statements.history.lock_progress,
                 {
                     "keep_s": keep.total_seconds(),
                     "settle_s": SETTLE_S,
@@ -88,10 +67,12 @@ class HistoryOps:
                 "widths": HISTORY_WIDTHS_S,
             }
             jobs, rolled_up_to, caught_up, _ = (
-                await self._fetch(conn, self._hsql.roll_up, params)
+                await self._fetch(conn, self.statements.history.roll_up, params)
             )[0]
             pruned = await self._fetch(
-                conn, self._hsql.prune_history, {"widths": HISTORY_WIDTHS_S, "keep_s": keeps}
+                conn,
+                self.statements.history.prune_history,
+                {"widths": HISTORY_WIDTHS_S, "keep_s": keeps},
             )
         return HistoryRollup(
             skipped=False,
@@ -121,7 +102,7 @@ class HistoryOps:
             "queue": queue,
             "type_name": type_name,
         }
-        rows = await self._read(tx, self._hsql.read_history, params)
+        rows = await self._read(tx, self.statements.history.read_history, params)
         head, rest = rows[0], rows[1:]
         points = (HistoryPoint(r[1], _figures(r)) for r in rest if r[0] == 1)
         groups = (HistoryGroup(r[2], r[3], _figures(r)) for r in rest if r[0] == 2)

@@ -6,37 +6,21 @@ Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from pgwork.adapters.insight import ActivityBucket, ChainLink, ChainLinks, RecentActivity
 from pgwork.adapters.state import TransactionHandle
-from pgwork.postgres._dashboard_statements import (
-    DashboardStatements,
-    jobs_table,
-    render_dashboard_statements,
-)
+from pgwork.postgres._base import AdapterBase
+from pgwork.postgres.sql.insight import jobs_table
 from pgwork.records import ChainStatus, JobStatus
 
 __all__ = ["InsightOps"]
 
 
-class InsightOps:
+class InsightOps(AdapterBase):
     """``recent_activity`` and ``chain_links`` of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        schema: str
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-    @cached_property
-    def _dsql(self) -> DashboardStatements:
-        return render_dashboard_statements(self.schema)
 
     async def recent_activity(
         self,
@@ -52,7 +36,7 @@ class InsightOps:
             "bucket_s": bucket.total_seconds(),
             "jobs_table": jobs_table(self.schema),
         }
-        rows = await self._read(tx, self._dsql.recent_activity, params)
+        rows = await self._read(tx, self.statements.insight.recent_activity, params)
         _, _, now, sampled, estimated, oldest = rows[0]
         complete = int(sampled) < sample_size
         return RecentActivity(
@@ -71,8 +55,8 @@ class InsightOps:
         self, tx: TransactionHandle | None, *, chain_id: UUID, limit: int
     ) -> ChainLinks:
         params = {"chain_id": chain_id, "limit": limit}
-        blockers = await self._read(tx, self._dsql.chain_blockers, params)
-        dependants = await self._read(tx, self._dsql.chain_dependants, params)
+        blockers = await self._read(tx, self.statements.insight.chain_blockers, params)
+        dependants = await self._read(tx, self.statements.insight.chain_dependants, params)
         return ChainLinks(
             blockers=tuple(_link(row) for row in blockers),
             dependants=tuple(_link(row) for row in dependants),

@@ -9,10 +9,8 @@ with its actual filter values, so the planner can use the partial index they mat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from pgwork._ids import first_id_at
@@ -27,51 +25,18 @@ from pgwork.adapters.state import (
     QueueCount,
     TransactionHandle,
 )
-from pgwork.postgres._callers import DbConn, fetch
-from pgwork.postgres._errors import translate_errors
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._history import HISTORY_WIDTHS_S
-from pgwork.postgres._query_statements import (
-    QueryStatements,
-    render_query_statements,
-    retention_lock_key,
-)
 from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
+from pgwork.postgres.sql.queries import retention_lock_key
 from pgwork.records import Chain, ChainStatus, Job
-
-if TYPE_CHECKING:
-    from pgwork.postgres._statements import Statements
 
 __all__ = ["QueryOps"]
 
 
-class QueryOps:
+class QueryOps(AdapterBase):
     """Listing / counting / deleting operations of the PostgreSQL state adapter."""
-
-    if TYPE_CHECKING:
-        schema: str
-        _sql: Statements
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
-
-    @cached_property
-    def _qsql(self) -> QueryStatements:
-        return render_query_statements(self.schema)
-
-    async def _read(
-        self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-    ) -> list[tuple[Any, ...]]:
-        async with self._connection(tx) as conn:
-            with translate_errors(self.schema):
-                return await fetch(conn, query, params, prepare=False)  # type: ignore[return-value]
 
     # --- by id -------------------------------------------------------------------------
 
@@ -79,21 +44,25 @@ class QueryOps:
         self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
     ) -> list[Job[Any]]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.get_jobs, {"ids": list(job_ids)})
+            rows = await self._fetch(conn, self.statements.queries.get_jobs, {"ids": list(job_ids)})
         return [job_from_row(row) for row in rows]
 
     async def get_chains(
         self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
     ) -> list[Chain]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.get_chains, {"ids": list(chain_ids)})
+            rows = await self._fetch(
+                conn, self.statements.queries.get_chains, {"ids": list(chain_ids)}
+            )
         return [chain_from_row(row) for row in rows]
 
     async def list_chain_jobs(
         self, tx: TransactionHandle | None, *, chain_id: UUID
     ) -> list[Job[Any]]:
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.list_chain_jobs, {"chain_id": chain_id})
+            rows = await self._fetch(
+                conn, self.statements.queries.list_chain_jobs, {"chain_id": chain_id}
+            )
         return [job_from_row(row) for row in rows]
 
     # --- listings ----------------------------------------------------------------------
@@ -121,7 +90,7 @@ class QueryOps:
             "after_id": after.id if after is not None else None,
             "limit": limit,
         }
-        rows = await self._read(tx, self._qsql.list_jobs, params)
+        rows = await self._read(tx, self.statements.queries.list_jobs, params)
         return [job_from_row(row) for row in rows]
 
     async def list_chains(
@@ -141,13 +110,15 @@ class QueryOps:
             "dedup_key": where.dedup_key,
             **_page_params(after, limit),
         }
-        rows = await self._read(tx, self._qsql.list_chains, params)
+        rows = await self._read(tx, self.statements.queries.list_chains, params)
         return [chain_from_row(row) for row in rows]
 
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
-        rows = await self._read(tx, self._qsql.list_blocked_jobs, _page_params(after, limit))
+        rows = await self._read(
+            tx, self.statements.queries.list_blocked_jobs, _page_params(after, limit)
+        )
         return [
             BlockedJob(
                 job=job_from_row(row),
@@ -162,7 +133,7 @@ class QueryOps:
         ]
 
     async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
-        rows = await self._read(tx, self._qsql.count_jobs, {})
+        rows = await self._read(tx, self.statements.queries.count_jobs, {})
         return [
             QueueCount(
                 queue=r[0],
@@ -188,7 +159,8 @@ class QueryOps:
         if not wanted:
             return ChainDeletion(deleted_chains=0, deleted_jobs=0)
         locked = {
-            row[0] for row in await self._fetch(conn, self._qsql.lock_chains, {"ids": wanted})
+            row[0]
+            for row in await self._fetch(conn, self.statements.queries.lock_chains, {"ids": wanted})
         }
         missing = tuple(chain_id for chain_id in wanted if chain_id not in locked)
         if missing:
@@ -200,7 +172,9 @@ class QueryOps:
         # for, for the same reason as the first (see LOCK_CHAINS).
         while frontier:
             rows = await self._fetch(
-                conn, self._qsql.find_dependants, {"ids": frontier, "excluded": sorted(doomed)}
+                conn,
+                self.statements.queries.find_dependants,
+                {"ids": frontier, "excluded": sorted(doomed)},
             )
             level = [ChainDependant(*row) for row in rows]
             if level and not cascade:
@@ -208,9 +182,11 @@ class QueryOps:
             found.extend(level)
             frontier = sorted({d.chain_id for d in level} - doomed)
             if frontier:
-                await self._fetch(conn, self._qsql.lock_chains, {"ids": frontier})
+                await self._fetch(conn, self.statements.queries.lock_chains, {"ids": frontier})
                 doomed.update(frontier)
-        rows = await self._fetch(conn, self._qsql.delete_chains, {"ids": sorted(doomed)})
+        rows = await self._fetch(
+            conn, self.statements.queries.delete_chains, {"ids": sorted(doomed)}
+        )
         chains, jobs = rows[0]
         return ChainDeletion(
             deleted_chains=int(chains), deleted_jobs=int(jobs), dependants=tuple(found)
@@ -227,17 +203,20 @@ class QueryOps:
         async with self.transaction() as tx:
             conn = await unwrap(tx)
             key = {"key": retention_lock_key(self.schema)}
-            locked = await self._fetch(conn, self._qsql.try_retention_lock, key)
+            locked = await self._fetch(conn, self.statements.queries.try_retention_lock, key)
             if not locked[0][0]:
                 return 0
-            await self._fetch(conn, self._qsql.lock_history_progress, {})
+            await self._fetch(conn, self.statements.queries.lock_history_progress, {})
             ids = [
-                row[0] for row in await self._fetch(conn, self._qsql.lock_expired_chains, policy)
+                row[0]
+                for row in await self._fetch(
+                    conn, self.statements.queries.lock_expired_chains, policy
+                )
             ]
             if not ids:
                 return 0
             params = {"ids": ids, "widths": HISTORY_WIDTHS_S}
-            rows = await self._fetch(conn, self._qsql.delete_expired_chains, params)
+            rows = await self._fetch(conn, self.statements.queries.delete_expired_chains, params)
             return int(rows[0][0])
 
 

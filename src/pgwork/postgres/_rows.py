@@ -20,7 +20,7 @@ from pgwork.records import (
     history_from_json,
 )
 
-JOB_WIDTH = 23  # columns in _statements._JOB_COLUMNS
+JOB_WIDTH = 23  # columns in sql.fragments._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -69,7 +69,7 @@ def chain_from_row(row: Sequence[Any]) -> Chain:
     )
 
 
-# The acquire's columns, in order (``_statements``' acquire statements return them
+# The acquire's columns, in order (``sql.leases``' acquire statements return them
 # after their own leading columns). A worker builds one ``AcquiredJob`` per job: the
 # builder sets its fields without the frozen ``__init__``'s ``object.__setattr__``.
 _build_acquired = frozen_builder(

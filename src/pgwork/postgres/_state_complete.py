@@ -9,12 +9,10 @@ chains that ended. Mixed into ``PostgresStateAdapter`` (``state.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
@@ -24,20 +22,16 @@ from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
     Completion,
     CompletionResult,
-    InsertedJob,
-    NewJob,
-    Resolution,
     TransactionHandle,
 )
-from pgwork.postgres._callers import DbConn
 from pgwork.postgres._enqueue import due_notices
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
-from pgwork.postgres._state_enqueue import scheduled
-from pgwork.postgres._statements import ATOMIC_REFUSED, Statements
+from pgwork.postgres._state_enqueue import EnqueueOps, scheduled
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import own_connection
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
+from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
 __all__ = [
     "CompletionOps",
@@ -64,37 +58,8 @@ _build_result = frozen_builder(
 )
 
 
-class CompletionOps:
+class CompletionOps(EnqueueOps):
     """Complete jobs, alone, in batches, handed on, or atomically."""
-
-    if TYPE_CHECKING:
-        schema: str
-        _sql: Statements
-        operation_timeout: float | None
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        def transaction(self) -> AbstractAsyncContextManager[TransactionHandle]: ...
-
-        async def insert_jobs(
-            self,
-            tx: TransactionHandle,
-            *,
-            jobs: Iterable[NewJob],
-            notify: NotifyAdapter | None = None,
-        ) -> list[InsertedJob]: ...
-
-        async def resolve_dependants(
-            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
-        ) -> Resolution: ...
 
     async def complete(
         self,
@@ -125,7 +90,7 @@ class CompletionOps:
                 [one] = completions
                 rows = await self._fetch(
                     conn,
-                    self._sql.complete_one,
+                    self.statements.outcomes.complete_one,
                     {
                         "id": one.job_id,
                         "token": one.lease_token,
@@ -136,12 +101,14 @@ class CompletionOps:
             elif tx is None and all(c.lease_token is not None for c in completions):
                 # A worker's batch: a row a caller holds is skipped, not waited on.
                 rows = await self._fetch(
-                    conn, self._sql.complete_skipping, completion_params(completions)
+                    conn, self.statements.outcomes.complete_skipping, completion_params(completions)
                 )
                 deferred = [row[0] for row in rows if row[1] is None]
                 rows = [row for row in rows if row[1] is not None]
             else:
-                rows = await self._fetch(conn, self._sql.complete, completion_params(completions))
+                rows = await self._fetch(
+                    conn, self.statements.outcomes.complete, completion_params(completions)
+                )
         results = await self._completion_results(tx, completions, rows)
         if deferred:
             results = mark_deferred(results, deferred)
@@ -198,7 +165,7 @@ class CompletionOps:
             "ready": encode_notice(ready_notice) if channel is not None else None,
         }
         async with self._pooled() as conn:
-            rows = await self._fetch(conn, self._sql.complete_and_continue, params)
+            rows = await self._fetch(conn, self.statements.outcomes.complete_and_continue, params)
         if not rows:
             return CompletionResult(job_id=completion.job_id, accepted=False)
         ready_queues = (following.queue,) if runs_now else ()
@@ -232,7 +199,9 @@ class CompletionOps:
                     async with conn.pipeline():
                         cur = conn.cursor()
                         await cur.execute(
-                            self._sql.complete_atomic, params, prepare=False if aborted else None
+                            self.statements.outcomes.complete_atomic,
+                            params,
+                            prepare=False if aborted else None,
                         )
                         await conn.execute(b"COMMIT", prepare=False)
                     rows = await cur.fetchall()

@@ -7,10 +7,9 @@ under a per-key lock, blocked ones get their blocker edges and settle at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 from uuid import UUID
 
 import psycopg
@@ -24,6 +23,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.errors import IsolationLevelError
 from pgwork.postgres._callers import DbConn, can_copy, kept_cursor
+from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._encoding import check_encodable, narrow_encoding
 from pgwork.postgres._enqueue import (
     COPY_MIN_ROWS,
@@ -35,10 +35,10 @@ from pgwork.postgres._enqueue import (
     write_jobs,
 )
 from pgwork.postgres._errors import missing_schema
-from pgwork.postgres._statements import Statements
+from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._transactions import PgTransaction, require_transaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
-from pgwork.records import Job, JobStatus
+from pgwork.records import JobStatus
 
 __all__ = ["EnqueueOps", "scheduled"]
 
@@ -48,32 +48,8 @@ _PENDING = JobStatus.PENDING  # an enum attribute lookup, once
 _READ_COMMITTED = frozenset({"read committed", "read uncommitted"})
 
 
-class EnqueueOps:
+class EnqueueOps(ChainOps, QueryOps):
     """Insert jobs: streamed, deduplicated, blocked."""
-
-    if TYPE_CHECKING:
-        schema: str
-        _sql: Statements
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> list[Notice]: ...
-
-        async def _insert_blocker_edges(
-            self, conn: DbConn, jobs: Sequence[NewJob]
-        ) -> Resolution: ...
-
-        async def get_jobs(
-            self, tx: TransactionHandle | None, *, job_ids: Sequence[UUID]
-        ) -> list[Job[Any]]: ...
 
     async def insert_jobs(
         self,
@@ -116,7 +92,7 @@ class EnqueueOps:
         if encoding is not None:
             check_encodable([job], encoding)
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
-        query, params = plain_job_statement(self._sql, job, channel=channel)
+        query, params = plain_job_statement(self.statements.enqueue, job, channel=channel)
         try:
             if isinstance(conn, psycopg.AsyncConnection):
                 await kept_cursor(conn).execute(query, params)
@@ -144,7 +120,7 @@ class EnqueueOps:
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
         ready = ready_queues(head) if notify is not None else []
         streamed = await insert_streamed(
-            conn, self._sql, self.schema, head, rest, channel=channel, ready=ready
+            conn, self.statements.enqueue, self.schema, head, rest, channel=channel, ready=ready
         )
         if streamed.aside:
             later = iter(await self._insert_listed(tx, streamed.aside, notify))
@@ -187,7 +163,7 @@ class EnqueueOps:
         # built while the server finishes a COPY.
         announced = await write_jobs(
             conn,
-            self._sql,
+            self.statements.enqueue,
             self.schema,
             fresh,
             channel=channel,
@@ -240,12 +216,12 @@ class EnqueueOps:
             for _, job in indexed
             if job.dedup
         ]
-        locked = await self._fetch(conn, self._sql.lock_dedup_keys, {"keys": keys})
+        locked = await self._fetch(conn, self.statements.enqueue.lock_dedup_keys, {"keys": keys})
         if locked[0][0] not in _READ_COMMITTED:
             raise IsolationLevelError(locked[0][0])
         rows = await self._fetch(
             conn,
-            self._sql.find_dedup_matches,
+            self.statements.enqueue.find_dedup_matches,
             {
                 "chain_type_names": [job.chain_type_name for _, job in indexed],
                 "keys": [job.dedup.key for _, job in indexed if job.dedup],

@@ -13,17 +13,15 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 import anyio
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool
 
-from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.state import (
     AcquiredJob,
     Completion,
@@ -32,7 +30,6 @@ from pgwork.adapters.state import (
     Lease,
     ReapedJob,
     RenewResult,
-    Resolution,
     TransactionHandle,
 )
 from pgwork.errors import DatabaseTimeoutError
@@ -42,8 +39,7 @@ from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded, check_soon
 from pgwork.postgres._rows import acquired_from_rows
-from pgwork.postgres._state_complete import mark_deferred
-from pgwork.postgres._statements import Statements
+from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
 from pgwork.records import AttemptError, JobStatus
@@ -57,49 +53,8 @@ _IDLE = TransactionStatus.IDLE
 _PIPELINED_BEGIN_FROM = 170000
 
 
-class WorkerOps:
+class WorkerOps(CompletionOps):
     """Acquire, renew, fail, reschedule, release, reap; atomic transactions."""
-
-    if TYPE_CHECKING:
-        schema: str
-        _sql: Statements
-        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]
-        operation_timeout: float | None
-
-        def _pooled(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-        def _own_line(self) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _open_line(self) -> psycopg.AsyncConnection[Any]: ...
-
-        def _connection(
-            self, tx: TransactionHandle | None
-        ) -> AbstractAsyncContextManager[DbConn]: ...
-
-        async def _fetch(
-            self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-        async def complete(
-            self,
-            tx: TransactionHandle | None,
-            *,
-            completions: Sequence[Completion],
-            notify: NotifyAdapter | None = None,
-        ) -> list[CompletionResult]: ...
-
-        async def _completion_results(
-            self,
-            tx: TransactionHandle | None,
-            completions: Sequence[Completion],
-            rows: Sequence[tuple[Any, ...]],
-            *,
-            accepted: dict[int, tuple[Any, bool, bool, bool]] | None = None,
-        ) -> list[CompletionResult]: ...
-
-        async def resolve_dependants(
-            self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
-        ) -> Resolution: ...
 
     @asynccontextmanager
     async def atomic_transaction(
@@ -186,7 +141,9 @@ class WorkerOps:
             async with conn.pipeline():
                 await conn.execute(BEGIN_READ_COMMITTED)
                 cur = conn.cursor()
-                await cur.execute(self._sql.begin_atomic_bounded, atomic_params(lease, deadline))
+                await cur.execute(
+                    self.statements.leases.begin_atomic_bounded, atomic_params(lease, deadline)
+                )
             return bool(await cur.fetchall())
 
     async def acquire(
@@ -204,8 +161,8 @@ class WorkerOps:
             query = self._acquire_query(
                 queues,
                 limit - len(jobs),
-                by_queue=self._sql.acquire,
-                any_queue=self._sql.acquire_any_queue,
+                by_queue=self.statements.leases.acquire,
+                any_queue=self.statements.leases.acquire_any_queue,
             )
             async with self._pooled() as conn:
                 params = _turn_params(conn, worker_id, leases, queues)
@@ -236,7 +193,7 @@ class WorkerOps:
             if missed_after is not None and math.isfinite(missed_after):
                 since = max(time.monotonic() - missed_after, 0.0)
             params = {"type_names": list(type_names), "queues": list(queues), "since": since}
-            [(seconds,)] = await self._fetch(conn, self._sql.next_due, params)
+            [(seconds,)] = await self._fetch(conn, self.statements.leases.next_due, params)
         return None if seconds is None else max(float(seconds), 0.0)
 
     async def complete_and_acquire(
@@ -259,8 +216,8 @@ class WorkerOps:
         query = self._acquire_query(
             queues,
             limit,
-            by_queue=self._sql.complete_and_acquire,
-            any_queue=self._sql.complete_and_acquire_any_queue,
+            by_queue=self.statements.outcomes.complete_and_acquire,
+            any_queue=self.statements.outcomes.complete_and_acquire_any_queue,
         )
         async with self._pooled() as conn:
             params = _turn_params(conn, worker_id, leases, queues)
@@ -290,7 +247,9 @@ class WorkerOps:
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
     ) -> bool:
         conn = own_connection(tx)
-        rows = await self._fetch(conn, self._sql.begin_atomic, atomic_params(lease, deadline))
+        rows = await self._fetch(
+            conn, self.statements.leases.begin_atomic, atomic_params(lease, deadline)
+        )
         return bool(rows)
 
     async def renew(
@@ -311,7 +270,7 @@ class WorkerOps:
         # pool replaces its lost connections only as its reconnection backoff allows.
         # Either way a renewal waiting for a pooled connection lost every lease.
         async with self._own_line() as conn:
-            rows = await self._fetch(conn, self._sql.renew, params)
+            rows = await self._fetch(conn, self.statements.leases.renew, params)
         return [
             RenewResult(
                 job_id=job_id,
@@ -341,9 +300,11 @@ class WorkerOps:
             with anyio.fail_after(wait.total_seconds() + (self.operation_timeout or 60.0)):
                 line = await self._open_line()
                 async with line.transaction():
-                    await self._fetch(line, self._sql.take_lease_line, params)
-                    renewed = await self._fetch(line, self._sql.renew_in_line, params)
-                    found = renewed or await self._fetch(line, self._sql.job_status, params)
+                    await self._fetch(line, self.statements.leases.take_lease_line, params)
+                    renewed = await self._fetch(line, self.statements.leases.renew_in_line, params)
+                    found = renewed or await self._fetch(
+                        line, self.statements.leases.job_status, params
+                    )
         except psycopg.errors.LockNotAvailable:
             # Still held when the wait ran out: the lease stays as it was.
             return RenewResult(lease.job_id, lease.lease_token, False, None, None, deferred=True)
@@ -365,7 +326,7 @@ class WorkerOps:
         async with self._connection(tx) as conn:
             rows = await self._fetch(
                 conn,
-                self._sql.fail,
+                self.statements.outcomes.fail,
                 {
                     "ids": [f.job_id for f in failures],
                     "tokens": [f.lease_token for f in failures],
@@ -401,7 +362,7 @@ class WorkerOps:
             "count_attempt": count_attempt,
         }
         async with self._connection(tx) as conn:
-            rows = await self._fetch(conn, self._sql.reschedule, params)
+            rows = await self._fetch(conn, self.statements.outcomes.reschedule, params)
         return bool(rows)
 
     async def release(self, *, leases: Sequence[Lease]) -> int:
@@ -410,7 +371,7 @@ class WorkerOps:
         async with self._pooled() as conn:
             rows = await self._fetch(
                 conn,
-                self._sql.release,
+                self.statements.leases.release,
                 {
                     "ids": [lease.job_id for lease in leases],
                     "tokens": [lease.lease_token for lease in leases],
@@ -439,7 +400,7 @@ class WorkerOps:
             "held": uuids(list(held)) if held is not None else None,
         }
         async with self._pooled() as conn:
-            rows = await self._fetch(conn, self._sql.reap, params)
+            rows = await self._fetch(conn, self.statements.leases.reap, params)
         await self.resolve_dependants(None, chain_ids=[r[5] for r in rows if r[6]])
         return [
             ReapedJob(
@@ -473,7 +434,7 @@ def _error_json(error: AttemptError, codec: str) -> str:
 
 
 # How many more acquires follow one whose lease missed candidates (see ``_LEASE`` in
-# ``_statements``): each needs a write to a pending row committed in the instant
+# ``sql.leases``): each needs a write to a pending row committed in the instant
 # between its statement's snapshot and its row lock.
 _ACQUIRES_AFTER_A_MISS = 3
 

@@ -12,7 +12,7 @@ from psycopg import errors as pg_errors
 
 from pgwork.adapters.state import Completion
 from pgwork.errors import OutcomeNotStorableError
-from pgwork.postgres._statements import ATOMIC_REFUSED
+from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
 __all__ = ["storable"]
 

@@ -6,9 +6,7 @@ Mixed into ``PostgresStateAdapter``; uses its ``schema`` and the unprepared ``_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from psycopg import errors as pg_errors
@@ -23,27 +21,16 @@ from pgwork.adapters.work import (
     WorkFilter,
 )
 from pgwork.errors import ConfigurationError
+from pgwork.postgres._base import AdapterBase
 from pgwork.postgres._rows import job_from_row
-from pgwork.postgres._work_statements import render_work_statements
 from pgwork.records import Job
 
 __all__ = ["WorkOps"]
 
 
-class WorkOps:
+class WorkOps(AdapterBase):
     """``list_work``, ``running_by_worker``, ``pending_types``, ``error_groups``,
     ``jobs_in_id_range`` and ``scan_input``."""
-
-    if TYPE_CHECKING:
-        schema: str
-
-        async def _read(
-            self, tx: TransactionHandle | None, query: bytes, params: Mapping[str, Any]
-        ) -> list[tuple[Any, ...]]: ...
-
-    @cached_property
-    def _wsql(self) -> dict[str, bytes]:
-        return render_work_statements(self.schema)
 
     async def list_work(
         self,
@@ -63,14 +50,16 @@ class WorkOps:
             "after_id": after.id if after is not None else None,
             "limit": limit,
         }
-        key = f"list:{where.status.value}:{'oldest' if oldest_first else 'newest'}"
-        rows = await self._read(tx, self._wsql[key], params)
+        key = f"{where.status.value}:{'oldest' if oldest_first else 'newest'}"
+        rows = await self._read(tx, self.statements.work_views.listings[key], params)
         return [job_from_row(row) for row in rows]
 
     async def running_by_worker(
         self, tx: TransactionHandle | None, *, per_worker: int
     ) -> list[WorkerJobs]:
-        rows = await self._read(tx, self._wsql["running_by_worker"], {"per_worker": per_worker})
+        rows = await self._read(
+            tx, self.statements.work_views.running_by_worker, {"per_worker": per_worker}
+        )
         held: dict[str, tuple[int, list[Job[Any]]]] = {}
         for row in rows:
             job = job_from_row(row, offset=1)
@@ -84,7 +73,9 @@ class WorkOps:
     async def pending_types(
         self, tx: TransactionHandle | None, *, sample: int
     ) -> list[PendingType]:
-        rows = await self._read(tx, self._wsql["pending_types"], {"queue": None, "sample": sample})
+        rows = await self._read(
+            tx, self.statements.work_views.pending_types, {"queue": None, "sample": sample}
+        )
         return [
             PendingType(queue=r[0], type_name=r[1], jobs=int(r[2]), oldest_due_at=r[3])
             for r in rows
@@ -93,7 +84,9 @@ class WorkOps:
     async def error_groups(
         self, tx: TransactionHandle | None, *, sample: int, limit: int
     ) -> list[ErrorGroup]:
-        rows = await self._read(tx, self._wsql["error_groups"], {"sample": sample, "limit": limit})
+        rows = await self._read(
+            tx, self.statements.work_views.error_groups, {"sample": sample, "limit": limit}
+        )
         return [
             ErrorGroup(
                 error_type=r[0], message=r[1], jobs=int(r[2]), queues=tuple(r[3]), newest_at=r[4]
@@ -105,7 +98,7 @@ class WorkOps:
         self, tx: TransactionHandle | None, *, low: UUID, high: UUID, limit: int
     ) -> list[Job[Any]]:
         params = {"low": low, "high": high, "limit": limit}
-        rows = await self._read(tx, self._wsql["jobs_in_id_range"], params)
+        rows = await self._read(tx, self.statements.work_views.jobs_in_id_range, params)
         return [job_from_row(row) for row in rows]
 
     async def scan_input(
@@ -126,7 +119,7 @@ class WorkOps:
             "limit": limit + 1,
         }
         try:
-            rows = await self._read(tx, self._wsql["input_scan"], params)
+            rows = await self._read(tx, self.statements.work_views.input_scan, params)
         except (UnicodeError, pg_errors.DataException) as exc:
             # The client checks what it sends; this is the database's own refusal of a
             # value (a character its encoding lacks, say), named, not a server error.

@@ -232,7 +232,7 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
     # The history of ended jobs, counted per bucket of end time, queue and job type
     # (migration 0009): throughput, wait and run time over days, kept after retention
     # deleted the jobs. Filled by the worker's maintenance from jobs_ended_idx
-    # (``_history_statements``); nothing on the enqueue, claim or completion path
+    # (``sql.history``); nothing on the enqueue, claim or completion path
     # writes it. Each bucket width (``bucket_seconds``) is a resolution of its own.
     # Besides each queue and type, a rollup writes each queue's total (type '') and
     # the grand total (queue and type ''; neither name can be empty), so a chart of

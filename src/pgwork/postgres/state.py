@@ -9,8 +9,11 @@ dead. Operations that take ``tx`` run on the caller's connection inside the call
 transaction and never commit it.
 
 The class is composed of one mixin per role of ``pgwork.adapters.state`` (this module
-keeps the ``Store`` role: the pool, transactions, ``connect``), so that each part can be
-read alone:
+keeps the ``Store`` role: ``connect``, ``verify``, ``close``, ``adopt``), so that each
+part can be read alone. Every mixin stands on ``_base.AdapterBase`` (the pool, the own
+connection, transactions, the SQL catalogue); one that calls another's operations
+subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``,
+``QueryOps``):
 
 - ``_state_enqueue.EnqueueOps``: ``EnqueueStore`` (``insert_jobs``);
 - ``_state_worker.WorkerOps`` and ``_state_complete.CompletionOps``: ``WorkerStore``
@@ -22,14 +25,11 @@ read alone:
 - ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
-each part is rendered once per schema (``_statements``, ``_chain_statements``, ...).
+every part is in one catalogue (``pgwork.postgres.sql``), rendered once per schema.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from typing import Any, Self
 
 import anyio
@@ -37,30 +37,25 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgwork.adapters.state import TransactionHandle
-from pgwork.errors import ConfigurationError, DatabaseTimeoutError
-from pgwork.postgres._callers import DbConn, fetch
-from pgwork.postgres._chain_statements import render_chain_statements
+from pgwork.errors import ConfigurationError
+from pgwork.postgres._base import PSYCOPG_PREPARE_THRESHOLD
 from pgwork.postgres._chains import ChainOps
-from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
-from pgwork.postgres._pool import BoundedPool, borrow, bounded, configure_session
+from pgwork.postgres._pool import BoundedPool, configure_session
 from pgwork.postgres._queries import QueryOps
-from pgwork.postgres._registry import RegistryOps, render_registry_statements
+from pgwork.postgres._registry import RegistryOps
 from pgwork.postgres._state_complete import CompletionOps
 from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
-from pgwork.postgres._statements import render
-from pgwork.postgres._transactions import PgTransaction, read_committed, unwrap, unwrap_sync
+from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
 from pgwork.postgres._work import WorkOps
 from pgwork.postgres.connect import connect, normalize_dsn, with_connect_timeout
+from pgwork.postgres.sql import render
 
 __all__ = ["DEFAULT_OPERATION_TIMEOUT", "PSYCOPG_PREPARE_THRESHOLD", "PostgresStateAdapter"]
-
-# psycopg's own default for ``prepare_threshold``.
-PSYCOPG_PREPARE_THRESHOLD = 5
 
 # Bound on one operation on the adapter's own connections (seconds). Every statement
 # pgwork runs for itself takes milliseconds; one that takes this long is waiting on a
@@ -69,12 +64,12 @@ DEFAULT_OPERATION_TIMEOUT = 30.0
 
 
 class PostgresStateAdapter(
-    EnqueueOps,
     WorkerOps,
     CompletionOps,
+    EnqueueOps,
+    ChainOps,
     QueryOps,
     InsightOps,
-    ChainOps,
     RegistryOps,
     WorkOps,
     HistoryOps,
@@ -110,9 +105,7 @@ class PostgresStateAdapter(
         self._owns_pool = owns_pool
         self._line: psycopg.AsyncConnection[Any] | None = None
         self._line_lock = anyio.Lock()
-        self._sql = render(self.schema)
-        self._csql = render_chain_statements(self.schema)
-        self._rsql = render_registry_statements(self.schema)
+        self.statements = render(self.schema)
 
     @classmethod
     async def connect(
@@ -175,69 +168,7 @@ class PostgresStateAdapter(
         if self._owns_pool:
             await self.pool.close()
 
-    @asynccontextmanager
-    async def _pooled(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection from the pool for one operation, bounded by
-        ``operation_timeout`` (``_pool.borrow``). When it turns out broken (server
-        restarted, backend terminated, no answer), every idle connection is checked:
-        after a restart they are all dead, and the pool hands out each of them once
-        more otherwise, each failing one worker turn."""
-        async with borrow(self.pool, self.operation_timeout) as conn:
-            yield conn
-
-    @asynccontextmanager
-    async def _own_line(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """The adapter's connection outside the pool (opened on first use with the
-        pool's settings), for one operation bounded like a pooled one. A failed or
-        timed-out operation closes it; the next opens a new one."""
-        async with self._line_lock:
-            done = False
-            try:
-                with anyio.move_on_after(self.operation_timeout) as scope:
-                    line = self._line
-                    if line is None or line.closed or line.broken:
-                        line = self._line = await self._open_line()
-                    yield line
-                    done = True
-            finally:
-                if not done:
-                    await self._drop_line()
-            if scope.cancelled_caught:
-                raise DatabaseTimeoutError("a statement", self.operation_timeout or 0.0)
-
-    async def _open_line(self) -> psycopg.AsyncConnection[Any]:
-        # A pool may take its settings as callables (sync or async) returning them.
-        settings: list[Any] = [self.pool.conninfo, self.pool.kwargs]
-        for n, value in enumerate(settings):
-            if callable(value):
-                value = value()
-                settings[n] = await value if inspect.isawaitable(value) else value
-        conninfo, kwargs = settings
-        kwargs = {**(kwargs or {}), "autocommit": True}
-        line = await connect(conninfo or "", **kwargs)
-        if kwargs.get("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD) is not None:
-            try:
-                await configure_session(line)  # as the pool's own (no transaction pooler)
-            except BaseException:
-                await line.close()
-                raise
-        return line
-
-    async def _drop_line(self) -> None:
-        line, self._line = self._line, None
-        if line is not None:
-            with anyio.CancelScope(shield=True):
-                await line.close()
-
     # --- transactions ------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[TransactionHandle]:
-        # Not bounded: the block is the caller's, and may hold anything.
-        async with borrow(self.pool, None) as conn:
-            await read_committed(conn)
-            async with conn.transaction():
-                yield PgTransaction(conn)
 
     async def adopt(self, tx: object) -> TransactionHandle:
         if isinstance(tx, psycopg.AsyncConnection) and not tx.closed:
@@ -249,28 +180,6 @@ class PostgresStateAdapter(
         """``adopt`` for the ``*_sync`` client calls: a blocking psycopg connection,
         whose operations then complete without an event loop."""
         return PgTransaction(unwrap_sync(tx))
-
-    @asynccontextmanager
-    async def _connection(self, tx: TransactionHandle | None) -> AsyncIterator[DbConn]:
-        if tx is None:
-            async with self._pooled() as conn:
-                yield conn
-            return
-        held = await unwrap(tx)
-        bound = tx.bound if isinstance(tx, PgTransaction) else None
-        if bound is None or not isinstance(held, psycopg.AsyncConnection):
-            yield held
-            return
-        # A transaction of the worker's own (an atomic attempt's): bounded as a
-        # statement on a pooled connection is.
-        async with bounded(held, bound):
-            yield held
-
-    async def _fetch(
-        self, conn: DbConn, query: bytes, params: Mapping[str, Any]
-    ) -> list[tuple[Any, ...]]:
-        with translate_errors(self.schema):
-            return await fetch(conn, query, params)  # type: ignore[return-value]
 
 
 def _check_operation_timeout(value: float | None) -> None:

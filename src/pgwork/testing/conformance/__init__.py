@@ -24,6 +24,10 @@ in a test module named ``test_*.py`` and give it the adapter under test::
 
 The tests speak only the protocols. Time passes for real: leases of a fraction of a
 second are left to run out on the store's clock, waited for in bounded polls.
+
+A case that needs a capability of the contract beyond its core (``BatchedTurns``,
+``AtomicAttempts``... in ``pgwork.adapters.state``) is marked ``@requires(...)``, and
+skipped, saying which, for a store that does not offer it.
 """
 
 import pytest
@@ -59,6 +63,7 @@ from pgwork.testing.conformance._harness import (  # noqa: E402
     LockWaiters,
     StateHarness,
     StateSuiteBase,
+    requires,
 )
 from pgwork.testing.conformance._notify import (  # noqa: E402
     NotifyAdapterConformance,
@@ -73,4 +78,5 @@ __all__ = [
     "StateHarness",
     "StateSuiteBase",
     "TransactionFactory",
+    "requires",
 ]

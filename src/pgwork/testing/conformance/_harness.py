@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import anyio
 import pytest
@@ -26,6 +26,7 @@ from pgwork.adapters.state import (
     AcquiredJob,
     Completion,
     CompletionResult,
+    CoreStateAdapter,
     DedupSpec,
     Failure,
     InsertedJob,
@@ -35,7 +36,7 @@ from pgwork.adapters.state import (
 )
 from pgwork.records import AttemptError, Chain, Job
 
-__all__ = ["LockWaiters", "RecordingNotify", "StateHarness", "StateSuiteBase"]
+__all__ = ["LockWaiters", "RecordingNotify", "StateHarness", "StateSuiteBase", "requires"]
 
 ALPHA = "conformance.alpha"
 BETA = "conformance.beta"
@@ -43,6 +44,40 @@ CHAIN_TYPE = "conformance.chain"
 
 LockWaiters = Callable[[], Awaitable[int]]
 """Optional probe: how many of the store's sessions are blocked waiting for a lock."""
+
+Case = TypeVar("Case", bound=Callable[..., Any] | type)
+
+
+def requires(*capabilities: type) -> Callable[[Case], Case]:
+    """Mark a conformance case as needing the store to offer ``capabilities`` (capability
+    protocols of ``pgwork.adapters.state``: ``BatchedTurns``, ``AtomicAttempts``...).
+
+    On a test, that test; on a suite class, each test it defines. A case is skipped for
+    a store that lacks one of them, and runs as any other for a store that has them all
+    (PostgreSQL has every one). Which cases need what is checked against the operations
+    each case calls (``tests/test_conformance_capabilities.py``)."""
+
+    def mark(case: Case) -> Case:
+        if isinstance(case, type):
+            for name, member in vars(case).items():
+                if name.startswith("test_") and callable(member):
+                    _add_requirements(member, capabilities)
+        else:
+            _add_requirements(case, capabilities)
+        return case
+
+    return mark
+
+
+def required_capabilities(case: Callable[..., Any]) -> tuple[type, ...]:
+    """The capabilities ``requires`` marked ``case`` with (none: the core alone)."""
+    found: tuple[type, ...] = getattr(case, "required_capabilities", ())
+    return found
+
+
+def _add_requirements(case: Callable[..., Any], capabilities: Sequence[type]) -> None:
+    joined = dict.fromkeys((*required_capabilities(case), *capabilities))
+    case.required_capabilities = tuple(joined)  # type: ignore[attr-defined]
 
 
 class RecordingNotify:
@@ -319,8 +354,19 @@ class StateSuiteBase:
 
     @pytest.fixture
     def store(self, state_adapter: StateAdapter) -> StateHarness:
-        assert isinstance(state_adapter, StateAdapter), "state_adapter is no StateAdapter"
+        assert isinstance(state_adapter, CoreStateAdapter), "state_adapter has not the core"
         return StateHarness(state_adapter, lease=self.lease, poll=self.poll)
+
+    @pytest.fixture(autouse=True)
+    def _offers_what_the_case_requires(self, request: pytest.FixtureRequest) -> None:
+        """Skip a case marked with ``requires`` when the store lacks a capability."""
+        needed = required_capabilities(request.function)
+        if not needed:
+            return
+        adapter = request.getfixturevalue("state_adapter")
+        missing = [c.__name__ for c in needed if not isinstance(adapter, c)]
+        if missing:
+            pytest.skip(f"the store does not offer {', '.join(missing)}")
 
 
 def _json(value: Any) -> str:

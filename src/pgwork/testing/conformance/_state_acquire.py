@@ -11,7 +11,7 @@ from uuid import UUID
 
 import anyio
 
-from pgwork.adapters.state import AcquiredJob, Completion, Lease
+from pgwork.adapters.state import AcquiredJob, Completion, DueTimes, Lease
 from pgwork.records import JobStatus
 from pgwork.testing.conformance._harness import (
     ALPHA,
@@ -19,6 +19,7 @@ from pgwork.testing.conformance._harness import (
     CHAIN_TYPE,
     StateHarness,
     StateSuiteBase,
+    requires,
 )
 from pgwork.testing.conformance._rollback import rolled_back
 
@@ -188,6 +189,7 @@ class AcquireConformance(StateSuiteBase):
         busy = sum(1 for batch in taken.values() if batch)
         assert busy > 1, "only one acquirer got jobs: the test exercised no concurrency"
 
+    @requires(DueTimes)
     async def test_next_due_is_the_wait_until_the_earliest_job_not_due_yet(
         self, store: StateHarness
     ) -> None:
@@ -204,6 +206,7 @@ class AcquireConformance(StateSuiteBase):
         assert wait is not None
         assert abs(wait - 1800) < CLOCK_SLACK.total_seconds() * 5
 
+    @requires(DueTimes)
     async def test_next_due_counts_a_job_due_since_the_last_acquire_as_due_now(
         self, store: StateHarness
     ) -> None:
@@ -228,6 +231,7 @@ class AcquireConformance(StateSuiteBase):
         assert abs(wait - 300) < CLOCK_SLACK.total_seconds() * 5
         assert await next_due(60) == 0.0
 
+    @requires(DueTimes)
     async def test_next_due_looks_only_at_the_given_types_and_queues(
         self, store: StateHarness
     ) -> None:

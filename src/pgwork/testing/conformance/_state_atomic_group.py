@@ -22,6 +22,8 @@ import pytest
 
 from pgwork.adapters.state import (
     AcquiredJob,
+    AtomicGroupCommit,
+    ChainBlockers,
     Completion,
     Failure,
     Lease,
@@ -29,7 +31,7 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.records import AttemptError, ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase, requires
 
 BOOM = AttemptError(type="RuntimeError", message="member failed")
 DEADLINE = timedelta(seconds=30)
@@ -52,6 +54,7 @@ async def _use(state_adapter: StateAdapter, tx: TransactionHandle, job: Acquired
     assert read.status is JobStatus.RUNNING
 
 
+@requires(AtomicGroupCommit)
 class AtomicGroupConformance(StateSuiteBase):
     async def test_a_group_commits_every_kept_member_and_its_writes_at_once(
         self, state_adapter: StateAdapter, store: StateHarness
@@ -381,6 +384,7 @@ class AtomicGroupConformance(StateSuiteBase):
                 [result] = await state_adapter.complete(None, completions=[_done(job, '"later"')])
             assert result.accepted
 
+    @requires(ChainBlockers)
     async def test_members_that_end_chains_others_wait_on_make_them_ready(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -415,6 +419,7 @@ class AtomicGroupConformance(StateSuiteBase):
             assert (await store.job(dependant.id)).status is JobStatus.PENDING
         assert (await store.job(undone.id)).status is JobStatus.RUNNING
 
+    @requires(ChainBlockers)
     async def test_members_that_wrote_nothing_make_the_dependants_of_their_chains_ready(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:

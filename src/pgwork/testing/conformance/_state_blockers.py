@@ -19,15 +19,16 @@ from typing import Literal
 import anyio
 import pytest
 
-from pgwork.adapters.state import BlockerOutput, Completion, NewJob, Resolution
+from pgwork.adapters.state import BlockerOutput, ChainBlockers, Completion, NewJob, Resolution
 from pgwork.errors import ChainNotFoundError
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 Ending = Literal["failed", "cancelled", "reaped"]
 
 
+@requires(ChainBlockers)
 class BlockerConformance(StateSuiteBase):
     async def test_job_with_active_blockers_is_inserted_blocked_and_not_acquirable(
         self, store: StateHarness

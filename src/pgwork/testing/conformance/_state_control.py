@@ -10,9 +10,9 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from pgwork.adapters.state import ChainRef, Completion, Failure
+from pgwork.adapters.state import ChainBlockers, ChainRef, Completion, Failure
 from pgwork.records import AttemptError, ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 BOOM = AttemptError(type="RuntimeError", message="cancelled under it")
@@ -47,6 +47,7 @@ class ControlConformance(StateSuiteBase):
         assert found[ghost] == ChainRef(ghost, None, None, None, None)
         assert await store.adapter.chains_of(None, ids=[]) == []
 
+    @requires(ChainBlockers)
     async def test_cancel_chains_cancels_every_unfinished_job_and_skips_ended_chains(
         self, store: StateHarness
     ) -> None:

@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import anyio
 
-from pgwork.adapters.state import ChainDeletion, ChainDependant, NewJob
+from pgwork.adapters.state import ChainBlockers, ChainDeletion, ChainDependant, Maintenance, NewJob
 from pgwork.records import ChainStatus
-from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 SHORT = "conformance.short-lived"
@@ -68,6 +68,7 @@ class DeletionConformance(StateSuiteBase):
         assert await store.exists(real.id)
         assert await store.exists(follow.id)
 
+    @requires(ChainBlockers)
     async def test_a_chain_others_wait_for_is_deleted_only_by_cascading(
         self, store: StateHarness
     ) -> None:
@@ -95,6 +96,7 @@ class DeletionConformance(StateSuiteBase):
         for job in (source, middle, last):
             assert not await store.exists(job.id)
 
+    @requires(ChainBlockers)
     async def test_only_dependants_that_may_still_run_hold_their_blocker_back(
         self, store: StateHarness
     ) -> None:
@@ -118,10 +120,12 @@ class DeletionConformance(StateSuiteBase):
         assert await store.exists(retryable.id)
 
 
+@requires(Maintenance)
 class RetentionConformance(StateSuiteBase):
     short_retention: ClassVar[timedelta] = timedelta(seconds=0.2)
     """Retention period the suite waits out (on the store's clock) before sweeping."""
 
+    @requires(ChainBlockers)
     async def test_retention_deletes_only_ended_chains_of_listed_types_past_their_period(
         self, store: StateHarness
     ) -> None:

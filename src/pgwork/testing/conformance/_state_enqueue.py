@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-from pgwork.adapters.state import Completion, DedupSpec, NewJob, StateAdapter
+from pgwork.adapters.state import ChainBlockers, Completion, DedupSpec, NewJob, StateAdapter
 from pgwork.records import ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import (
     ALPHA,
@@ -18,6 +18,7 @@ from pgwork.testing.conformance._harness import (
     RecordingNotify,
     StateHarness,
     StateSuiteBase,
+    requires,
 )
 from pgwork.testing.conformance._rollback import rolled_back
 
@@ -183,6 +184,7 @@ class EnqueueConformance(StateSuiteBase):
             await state_adapter.insert_jobs(tx, jobs=jobs, notify=notify)
         assert notify.ready_queues == ["mail", "sms"]
 
+    @requires(ChainBlockers)
     async def test_insert_takes_its_jobs_from_a_one_shot_iterator_and_answers_in_order(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -228,6 +230,7 @@ class EnqueueConformance(StateSuiteBase):
         assert inserted.status is JobStatus.PENDING
         assert await store.exists(new.id)
 
+    @requires(ChainBlockers)
     async def test_deduplicated_and_blocked_jobs_announce_nothing(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -243,6 +246,7 @@ class EnqueueConformance(StateSuiteBase):
         assert blocked.status is JobStatus.BLOCKED
         assert notify.published == []
 
+    @requires(ChainBlockers)
     async def test_a_blocker_still_pending_is_announced(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -267,6 +271,7 @@ class EnqueueConformance(StateSuiteBase):
         assert queue == "late"
         assert abs(at - (datetime.now(UTC) + timedelta(hours=1)).timestamp()) < 60
 
+    @requires(ChainBlockers)
     async def test_job_whose_blockers_already_ended_is_announced(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from pgwork.adapters.state import ChainFilter, DedupSpec
+from pgwork.adapters.state import ChainBlockers, ChainFilter, DedupSpec, OperatorViews
 from pgwork.records import ChainStatus, JobStatus
 from pgwork.testing.conformance._harness import (
     BETA,
     CHAIN_TYPE,
     StateHarness,
     StateSuiteBase,
+    requires,
 )
 from pgwork.testing.conformance._state_queries import OTHER_CHAIN
 
@@ -40,6 +41,7 @@ class InsightConformance(StateSuiteBase):
         assert await ids(dedup_key="nobody") == set()
         assert await ids() == {keyed.id, other_key.id, other_type.id, plain.id}
 
+    @requires(OperatorViews)
     async def test_recent_activity_counts_completions_and_failures_per_queue(
         self, store: StateHarness
     ) -> None:
@@ -68,6 +70,7 @@ class InsightConformance(StateSuiteBase):
         assert activity.counted_from is None
         assert activity.estimated_jobs >= 0
 
+    @requires(OperatorViews)
     async def test_recent_activity_reads_no_more_than_its_sample(self, store: StateHarness) -> None:
         older, newer = store.new_job(), store.new_job()
         await store.seed(older)
@@ -86,6 +89,7 @@ class InsightConformance(StateSuiteBase):
         assert activity.counted_from is not None
         assert newest.start <= activity.counted_from <= activity.now
 
+    @requires(ChainBlockers, OperatorViews)
     async def test_chain_links_give_blockers_and_dependants_with_their_status(
         self, store: StateHarness
     ) -> None:

@@ -19,7 +19,8 @@ from pgwork.adapters.history import (
     HOURLY_RESOLUTION,
     JobHistory,
 )
-from pgwork.testing.conformance._harness import ALPHA, StateHarness, StateSuiteBase
+from pgwork.adapters.state import Maintenance, OperatorViews
+from pgwork.testing.conformance._harness import ALPHA, StateHarness, StateSuiteBase, requires
 
 HOUR = timedelta(hours=1)
 
@@ -43,6 +44,7 @@ def _ended(history: JobHistory) -> tuple[int, int]:
     )
 
 
+@requires(Maintenance, OperatorViews)
 class JobHistoryConformance(StateSuiteBase):
     async def _roll_up_until(self, store: StateHarness, ended: tuple[int, int]) -> int:
         """Roll up until the last hour's history holds ``ended`` (completed, failed);

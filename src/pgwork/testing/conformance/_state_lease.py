@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from pgwork.adapters.state import Completion, Lease
+from pgwork.adapters.state import Completion, InLineRenewal, Lease
 from pgwork.records import JobStatus
-from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 CLOCK_SLACK = timedelta(seconds=1)
@@ -78,6 +78,7 @@ class LeaseConformance(StateSuiteBase):
         assert again.renewed
         assert not again.deferred
 
+    @requires(InLineRenewal)
     async def test_renew_in_line_renews_once_the_other_transaction_lets_go(
         self, store: StateHarness
     ) -> None:
@@ -102,6 +103,7 @@ class LeaseConformance(StateSuiteBase):
         assert abs(result.leased_until - held.leased_until - timedelta(seconds=570)) < CLOCK_SLACK
         assert (await store.job(held.id)).leased_until == result.leased_until
 
+    @requires(InLineRenewal)
     async def test_renew_in_line_reports_a_lease_the_other_transaction_ended(
         self, store: StateHarness
     ) -> None:

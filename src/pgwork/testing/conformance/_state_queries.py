@@ -19,10 +19,12 @@ from uuid import UUID
 
 from pgwork.adapters.state import (
     BlockerStatus,
+    ChainBlockers,
     ChainFilter,
     Completion,
     JobFilter,
     NewJob,
+    OperatorViews,
     PageKey,
 )
 from pgwork.records import ChainStatus, JobStatus
@@ -32,6 +34,7 @@ from pgwork.testing.conformance._harness import (
     CHAIN_TYPE,
     StateHarness,
     StateSuiteBase,
+    requires,
 )
 from pgwork.testing.conformance._rollback import rolled_back
 
@@ -257,6 +260,7 @@ class QueryConformance(StateSuiteBase):
         assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.COMPLETED) == [running.id]
         assert await ids(type_name=OTHER_CHAIN, status=ChainStatus.ACTIVE) == []
 
+    @requires(ChainBlockers, OperatorViews)
     async def test_list_blocked_jobs_gives_each_blockers_status_in_declaration_order(
         self, store: StateHarness
     ) -> None:
@@ -294,6 +298,7 @@ class QueryConformance(StateSuiteBase):
         await store.finish(active.id)
         assert await store.adapter.list_blocked_jobs(None, after=None, limit=10) == []
 
+    @requires(ChainBlockers, OperatorViews)
     async def test_count_jobs_gives_each_queues_unfinished_work_and_pause_state(
         self, store: StateHarness
     ) -> None:

@@ -17,9 +17,17 @@ from datetime import timedelta
 import anyio
 import pytest
 
-from pgwork.adapters.state import AcquiredJob, Completion, Failure, Lease, StateAdapter
+from pgwork.adapters.state import (
+    AcquiredJob,
+    AtomicAttempts,
+    ChainBlockers,
+    Completion,
+    Failure,
+    Lease,
+    StateAdapter,
+)
 from pgwork.records import AttemptError, ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 BOOM = AttemptError(type="RuntimeError", message="late")
@@ -149,6 +157,7 @@ class ReapConformance(StateSuiteBase):
         assert (await store.job(beta.id)).status is JobStatus.RUNNING
         assert await store.adapter.reap(type_names=[], exclude_worker="reaper", limit=10) == []
 
+    @requires(AtomicAttempts)
     async def test_stale_holder_can_neither_renew_nor_complete_nor_fail(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:
@@ -193,6 +202,7 @@ class ReapConformance(StateSuiteBase):
         assert (await store.job(fresh.id)).output == "fresh"
 
 
+@requires(AtomicAttempts)
 class AtomicConformance(StateSuiteBase):
     async def test_begin_atomic_accepts_only_the_current_lease(
         self, state_adapter: StateAdapter, store: StateHarness
@@ -262,6 +272,7 @@ class AtomicConformance(StateSuiteBase):
         async with state_adapter.atomic_transaction(lease=first.lease, deadline=deadline) as tx:
             assert tx is None  # completed: the lease is spent
 
+    @requires(ChainBlockers)
     async def test_complete_atomic_commits_the_transaction_with_its_completion(
         self, state_adapter: StateAdapter, store: StateHarness
     ) -> None:

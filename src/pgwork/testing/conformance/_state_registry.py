@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import anyio
 
-from pgwork.adapters.state import Completion, WorkerInfo
+from pgwork.adapters.state import Completion, Maintenance, WorkerInfo
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 
 # A window every heartbeat of a test falls within.
 ALIVE_WITHIN_S = 3600.0
@@ -106,6 +106,7 @@ class RegistryConformance(StateSuiteBase):
         ]
         assert back.alive
 
+    @requires(Maintenance)
     async def test_prune_deletes_only_workers_stopped_longer_than_the_retention(
         self, store: StateHarness
     ) -> None:

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from pgwork.adapters.state import AcquiredJob, Completion
+from pgwork.adapters.state import AcquiredJob, BatchedTurns, ChainBlockers, Completion
 from pgwork.records import JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 
@@ -19,6 +19,7 @@ def _done(held: AcquiredJob, output: object = None) -> Completion:
     return Completion(held.id, held.lease_token, json.dumps(output))
 
 
+@requires(BatchedTurns)
 class TurnConformance(StateSuiteBase):
     async def test_turn_completes_the_batch_and_leases_the_next_jobs(
         self, store: StateHarness
@@ -129,6 +130,7 @@ class TurnConformance(StateSuiteBase):
         assert acquired == []
         assert (await store.job(waiting.id)).status is JobStatus.PENDING
 
+    @requires(ChainBlockers)
     async def test_turn_reports_unblocked_dependants_and_awaited_chains(
         self, store: StateHarness
     ) -> None:

@@ -8,13 +8,14 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
-from pgwork.adapters.state import PageKey
+from pgwork.adapters.state import OperatorViews, PageKey
 from pgwork.adapters.work import InputMatch, WorkFilter, WorkStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 
 HOUR = timedelta(hours=1)
 
 
+@requires(OperatorViews)
 class WorkConformance(StateSuiteBase):
     async def test_list_work_pages_ready_jobs_across_queues_and_priorities_in_due_order(
         self, store: StateHarness

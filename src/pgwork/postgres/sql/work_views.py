@@ -1,9 +1,8 @@
 """SQL of the operator's work views: jobs waiting or running, stuck job types, failures
 grouped by error, jobs by id prefix, jobs by an input field.
 
-Same conventions as ``_query_statements``: named templates, schema identifiers filled
-in once (``render_work_statements``), every caller value a bound parameter, run
-unprepared so a NULL filter folds away. Each reads a bounded index range:
+Run unprepared, as ``queries``, so a NULL filter folds away. Each reads a bounded index
+range:
 
 - waiting jobs (ready or scheduled) come from jobs_acquire_idx ``(queue, priority,
   scheduled_at) WHERE status = 'pending'``. Its ``(queue, priority)`` lanes are found by
@@ -26,14 +25,12 @@ bound on the time alone lets the index start at the cursor.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from psycopg import sql
+from pgwork.postgres.sql.fragments import job_columns
 
-from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres._statements import _columns
-
-__all__ = ["render_work_statements"]
+__all__ = ["WorkViewStatements"]
 
 # The (queue, priority) pairs of pending jobs, by a skip scan of jobs_acquire_idx.
 _LANES = """
@@ -73,7 +70,7 @@ def _order(column: str, oldest_first: bool, alias: str = "j") -> str:
 
 def _waiting(due: str, oldest_first: bool) -> str:
     return f"""{_LANES}
-SELECT {_columns("j")}
+SELECT {job_columns("j")}
 FROM lanes AS l
 CROSS JOIN LATERAL (
     SELECT j.*
@@ -93,7 +90,7 @@ LIMIT %(limit)s
 
 def _running(oldest_first: bool) -> str:
     return f"""
-SELECT {_columns("j")}
+SELECT {job_columns("j")}
 FROM {{jobs}} AS j
 WHERE j.status = 'running'
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
@@ -130,7 +127,7 @@ def _failed(oldest_first: bool) -> str:
     merged. The queue and error filters are checked row by row within a type: failed
     jobs are few, and a filter that matches none reads them, never the table."""
     return f"""{_FAILED_LANES}
-SELECT {_columns("j")}
+SELECT {job_columns("j")}
 FROM lanes AS l
 CROSS JOIN LATERAL (
     SELECT j.*
@@ -153,7 +150,7 @@ LIMIT %(limit)s
 
 # One statement per (status, order): each planned for its own index.
 LISTINGS = {
-    (status, oldest_first): text
+    f"{status}:{'oldest' if oldest_first else 'newest'}": text
     for oldest_first in (True, False)
     for status, text in (
         ("ready", _waiting("<=", oldest_first)),
@@ -169,7 +166,7 @@ LISTINGS = {
 # A page of workers receives workers x per_worker rows, not every job they run (which
 # the dashboard would decode one by one).
 RUNNING_BY_WORKER = f"""
-SELECT h.held, {_columns("j")}
+SELECT h.held, {job_columns("j")}
 FROM (
     SELECT r.leased_by, count(*) AS held,
            (array_agg(r.id ORDER BY r.started_at, r.id))[1:%(per_worker)s] AS first
@@ -222,7 +219,7 @@ LIMIT %(limit)s
 
 # An id prefix as a range of the primary key.
 JOBS_IN_ID_RANGE = f"""
-SELECT {_columns("j")}
+SELECT {job_columns("j")}
 FROM {{jobs}} AS j
 WHERE j.id >= %(low)s::uuid AND j.id <= %(high)s::uuid
 ORDER BY j.id
@@ -253,7 +250,7 @@ hits AS (
     LIMIT %(limit)s
 )
 SELECT COALESCE(w.n, 0), w.created_at, w.id,
-    EXISTS (SELECT 1 FROM examined AS e WHERE e.n > %(examine)s::int), h.n, {_columns("j")}
+    EXISTS (SELECT 1 FROM examined AS e WHERE e.n > %(examine)s::int), h.n, {job_columns("j")}
 FROM (SELECT 1) AS one
 LEFT JOIN (
     SELECT e.n, e.created_at, e.id FROM examined AS e
@@ -266,26 +263,13 @@ ORDER BY h.id DESC
 """
 
 
-def _render(text: str, schema: str) -> bytes:
-    names = {"jobs": sql.Identifier(schema, "jobs")}
-    return sql.SQL(text).format(**names).as_bytes(None)
+@dataclass(frozen=True, slots=True)
+class WorkViewStatements:
+    """``listings`` are keyed ``<status>:<order>`` (order ``oldest`` or ``newest``)."""
 
-
-@lru_cache(maxsize=32)
-def render_work_statements(schema: str) -> dict[str, bytes]:
-    """Every statement above for ``schema``: listings keyed ``list:<status>:<order>``
-    (order ``oldest`` or ``newest``), the others by their lower-case name."""
-    schema = validate_schema_name(schema)
-    rendered = {
-        f"list:{status}:{'oldest' if oldest else 'newest'}": _render(text, schema)
-        for (status, oldest), text in LISTINGS.items()
-    }
-    for name in (
-        "RUNNING_BY_WORKER",
-        "PENDING_TYPES",
-        "ERROR_GROUPS",
-        "JOBS_IN_ID_RANGE",
-        "INPUT_SCAN",
-    ):
-        rendered[name.lower()] = _render(globals()[name], schema)
-    return rendered
+    listings: Mapping[str, bytes]
+    running_by_worker: bytes
+    pending_types: bytes
+    error_groups: bytes
+    jobs_in_id_range: bytes
+    input_scan: bytes

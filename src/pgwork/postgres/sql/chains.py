@@ -1,8 +1,5 @@
 """SQL for chain orchestration: blockers, cancel, retry, trigger, pause, awaiting.
 
-Same conventions as ``_statements``: named templates, schema identifiers filled in once
-(``render_chain_statements``), every caller value a bound parameter.
-
 Blocked jobs are always chain roots (only ``start_chain`` takes blockers). Resolving
 them is two statements in one transaction: LOCK_BLOCKED_DEPENDANTS first, so two
 transactions ending two blockers of one job serialise on that job's row, then
@@ -11,12 +8,11 @@ RESOLVE_BLOCKED under a fresh snapshot that sees whichever committed first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from psycopg import sql
+from pgwork.postgres.sql.fragments import in_chain, last_job
 
-from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres._statements import _in_chain, _last_job
+__all__ = ["ChainStatements"]
 
 # Mark the blocker chains' roots as having dependants, in the enqueueing transaction.
 # Writing the row makes a concurrent end of that chain wait for us and then read the
@@ -136,7 +132,7 @@ BLOCKER_OUTPUTS = f"""
 SELECT b.blocker_chain_id, r.chain_status::text, last.type_name, last.output
 FROM {{job_blockers}} AS b
 LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
-LEFT JOIN LATERAL {_last_job("r")} AS last ON true
+LEFT JOIN LATERAL {last_job("r")} AS last ON true
 WHERE b.job_id = %(job_id)s
 ORDER BY b.position
 """
@@ -173,7 +169,7 @@ jobs_cancelled AS (
         chain_completed_at = CASE WHEN j.id = j.chain_id THEN now()
                                   ELSE j.chain_completed_at END
     FROM target AS t
-    WHERE {_in_chain("j", "t.id")} AND j.status IN ('blocked', 'pending', 'running')
+    WHERE {in_chain("j", "t.id")} AND j.status IN ('blocked', 'pending', 'running')
     RETURNING j.id, j.chain_id, j.status
 ),
 roots AS (
@@ -261,19 +257,3 @@ class ChainStatements:
     trigger: bytes
     set_queue_paused: bytes
     mark_awaited: bytes
-
-
-def render_chain_statements(schema: str) -> ChainStatements:
-    schema = validate_schema_name(schema)
-    names = {
-        "jobs": sql.Identifier(schema, "jobs"),
-        "job_blockers": sql.Identifier(schema, "job_blockers"),
-        "queues": sql.Identifier(schema, "queues"),
-        "job_status": sql.Identifier(schema, "job_status"),
-        "chain_status": sql.Identifier(schema, "chain_status"),
-    }
-    rendered = {
-        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
-        for f in fields(ChainStatements)
-    }
-    return ChainStatements(**rendered)

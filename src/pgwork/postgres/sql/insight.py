@@ -1,20 +1,20 @@
 """SQL of the operator's read side beyond the listings: recent activity, chain links.
 
-Same conventions as ``_query_statements``: named templates, schema identifiers filled in
-once (``render_dashboard_statements``), every caller value a bound parameter, run
-unprepared so each is planned with its actual values. Each reads a bounded index range:
-a dashboard page must cost the same on a table of a thousand jobs or a hundred million.
+Run unprepared, as ``queries``, so each is planned with its actual values. Each reads a
+bounded index range: a dashboard page must cost the same on a table of a thousand jobs
+or a hundred million.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from functools import lru_cache
+from dataclasses import dataclass
 
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres._statements import _in_chain
+from pgwork.postgres.sql.fragments import in_chain
+
+__all__ = ["InsightStatements", "jobs_table"]
 
 # Jobs that ended (completed or failed) since the start of the bucket the window begins
 # in, newest first from jobs_ended_idx (migration 0007) and capped at ``sample`` rows:
@@ -63,7 +63,7 @@ SELECT j.chain_id, j.id, e.blocker_chain_id, r.chain_status::text, j.status::tex
 FROM {{jobs}} AS j
 JOIN {{job_blockers}} AS e ON e.job_id = j.id
 LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
-WHERE {_in_chain("j", "%(chain_id)s::uuid")}
+WHERE {in_chain("j", "%(chain_id)s::uuid")}
 ORDER BY j.chain_index, e.position
 LIMIT %(limit)s
 """
@@ -83,27 +83,10 @@ LIMIT %(limit)s
 
 
 @dataclass(frozen=True, slots=True)
-class DashboardStatements:
-    """The statements above, rendered for one schema (bytes, like ``Statements``)."""
-
+class InsightStatements:
     recent_activity: bytes
     chain_blockers: bytes
     chain_dependants: bytes
-
-
-@lru_cache(maxsize=32)
-def render_dashboard_statements(schema: str) -> DashboardStatements:
-    """Fill every template with ``schema``'s quoted identifiers."""
-    schema = validate_schema_name(schema)
-    names = {
-        "jobs": sql.Identifier(schema, "jobs"),
-        "job_blockers": sql.Identifier(schema, "job_blockers"),
-    }
-    rendered = {
-        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
-        for f in fields(DashboardStatements)
-    }
-    return DashboardStatements(**rendered)
 
 
 def jobs_table(schema: str) -> str:

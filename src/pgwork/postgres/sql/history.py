@@ -1,8 +1,6 @@
 """SQL of the job history: rolling ended jobs up into buckets, pruning, reading.
 
-Same conventions as ``_query_statements``: named templates, schema identifiers filled in
-once (``render_history_statements``), every caller value a bound parameter. The
-histogram's bins (``DURATION_BINS_S``) are constants of the stored format, written into
+The histogram's bins (``DURATION_BINS_S``) are constants of the stored format, written into
 the text once here.
 
 How the rollup stays exact with several workers and with retention:
@@ -18,19 +16,17 @@ How the rollup stays exact with several workers and with retention:
   jobs), a second before now at the latest: every end before it was committed before
   that snapshot. A transaction open longer than ``max_lag`` no longer holds it back.
 * Retention locks the same row before it deletes, and counts the ended jobs it deletes
-  at or after W (``_query_statements.DELETE_EXPIRED_CHAINS``): what it removes before
+  at or after W (``queries.DELETE_EXPIRED_CHAINS``): what it removes before
   the rollup reached it is counted by retention, what it removes after, by the rollup.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from functools import lru_cache
-
-from psycopg import sql
+from dataclasses import dataclass
 
 from pgwork.adapters.history import DURATION_BINS_S
-from pgwork.postgres._names import validate_schema_name
+
+__all__ = ["HistoryStatements", "count_into_history", "ended_row"]
 
 _BINS = "ARRAY[" + ", ".join(repr(float(b)) for b in DURATION_BINS_S) + "]::float8[]"
 _SLOTS = range(len(DURATION_BINS_S) + 1)
@@ -226,24 +222,7 @@ GROUP BY 3, 4)
 
 @dataclass(frozen=True, slots=True)
 class HistoryStatements:
-    """The statements above, rendered for one schema (bytes, like ``Statements``)."""
-
     lock_progress: bytes
     roll_up: bytes
     prune_history: bytes
     read_history: bytes
-
-
-@lru_cache(maxsize=32)
-def render_history_statements(schema: str) -> HistoryStatements:
-    """Fill every template with ``schema``'s quoted identifiers."""
-    schema = validate_schema_name(schema)
-    names = {
-        name: sql.Identifier(schema, name)
-        for name in ("jobs", "job_history", "job_history_progress")
-    }
-    rendered = {
-        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
-        for f in fields(HistoryStatements)
-    }
-    return HistoryStatements(**rendered)

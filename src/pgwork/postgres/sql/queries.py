@@ -1,29 +1,27 @@
 """SQL of the read side: listings, counts, deletion and retention.
 
-Same conventions as ``_statements``: named templates, schema identifiers filled in once
-(``render_query_statements``), every caller value a bound parameter. Optional filters
-are written ``(%(x)s IS NULL OR ...)``; the adapter sends these statements unprepared,
-so each is planned with its actual parameters and a NULL filter folds away, leaving the
-planner free to pick the partial index the remaining filters match.
+Optional filters are written ``(%(x)s IS NULL OR ...)``; the adapter sends these
+statements unprepared, so each is planned with its actual parameters and a NULL filter
+folds away, leaving the planner free to pick the partial index the remaining filters
+match.
 
 Job listings are newest first by id: ids are UUIDv7, so the primary key reads them in
 the order they were made (migration 0006 dropped the creation-time index this took
 before). Chain and blocked-job listings are newest first by ``(created_at, id)``, read
-from their partial indexes. A page continues strictly after the previous page's last
-row (``after_id``, and ``after_at`` where the order starts with ``created_at``: the
+from their partial indexes. A page continues strictly after the previous page's last row
+(``after_id``, and ``after_at`` where the order starts with ``created_at``: the
 redundant ``created_at <= after_at`` lets the index start at the cursor).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from functools import lru_cache
+from dataclasses import dataclass
 
-from psycopg import sql
-
-from pgwork.postgres._history_statements import count_into_history, ended_row
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres._statements import _columns, _in_chain, _last_job
+from pgwork.postgres.sql.fragments import in_chain, job_columns, last_job
+from pgwork.postgres.sql.history import count_into_history, ended_row
+
+__all__ = ["QueryStatements", "retention_lock_key"]
 
 # A job that may still run (a failed one can be retried) and then reads its blockers'
 # outputs: while one exists, the chains it waits for are kept.
@@ -36,12 +34,12 @@ _MAY_STILL_RUN = "('blocked', 'pending', 'running', 'failed')"
 # on ``created_at`` itself still decides). ``created_before`` has no such bound: a
 # transaction may insert long after it began, which ``created_at`` (its start) records.
 LIST_JOBS = f"""
-SELECT {_columns("j")}
+SELECT {job_columns("j")}
 FROM {{jobs}} AS j
 WHERE (%(type_name)s::text IS NULL OR j.type_name = %(type_name)s::text)
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
   AND (%(status)s::{{job_status}} IS NULL OR j.status = %(status)s::{{job_status}})
-  AND (%(chain_id)s::uuid IS NULL OR {_in_chain("j", "%(chain_id)s::uuid")})
+  AND (%(chain_id)s::uuid IS NULL OR {in_chain("j", "%(chain_id)s::uuid")})
   AND (%(created_after)s::timestamptz IS NULL
        OR (j.created_at > %(created_after)s::timestamptz
            AND j.id >= %(created_since_id)s::uuid))
@@ -129,16 +127,16 @@ page AS (
     FROM page_keys AS k
     CROSS JOIN LATERAL (SELECT r.* FROM {{jobs}} AS r WHERE r.id = k.id LIMIT 1) AS r
 )
-SELECT p.chain_status::text, p.chain_completed_at, {_columns("p")}, {_columns("cur")}
+SELECT p.chain_status::text, p.chain_completed_at, {job_columns("p")}, {job_columns("cur")}
 FROM page AS p
-CROSS JOIN LATERAL {_last_job("p")} AS cur
+CROSS JOIN LATERAL {last_job("p")} AS cur
 ORDER BY p.created_at DESC, p.id DESC
 """
 
 # Blocked jobs are few (jobs_attention_idx); each comes with its blockers in declaration
 # order and their chain status (NULL: the blocker chain was deleted).
 LIST_BLOCKED_JOBS = f"""
-SELECT {_columns("j")}, blk.chain_ids, blk.statuses
+SELECT {job_columns("j")}, blk.chain_ids, blk.statuses
 FROM (
     SELECT b.*
     FROM {{jobs}} AS b
@@ -203,7 +201,7 @@ ORDER BY n.name
 """
 
 # Deleting chains starts by locking their roots: enqueueing a job blocked on a chain
-# locks that root row too (see _chain_statements), so from here on no new dependant
+# locks that root row too (see ``chains``), so from here on no new dependant
 # can appear, and the next statement sees every one that committed.
 LOCK_CHAINS = """
 SELECT r.id
@@ -227,7 +225,7 @@ ORDER BY e.blocker_chain_id, d.id
 DELETE_CHAINS = f"""
 WITH gone AS (
     DELETE FROM {{jobs}} AS j
-    WHERE {_in_chain("j", "ANY(%(ids)s::uuid[])")}
+    WHERE {in_chain("j", "ANY(%(ids)s::uuid[])")}
     RETURNING j.id, j.chain_id
 )
 SELECT count(*) FILTER (WHERE id = chain_id), count(*) FROM gone
@@ -272,7 +270,7 @@ LIMIT %(limit)s
 
 # The history's progress row, locked before retention deletes anything: a rollup in
 # progress finishes first, and none starts until this sweep commits (see
-# ``_history_statements``).
+# ``history``).
 LOCK_HISTORY_PROGRESS = """
 SELECT 1 FROM {job_history_progress} FOR UPDATE
 """
@@ -285,7 +283,7 @@ SELECT 1 FROM {job_history_progress} FOR UPDATE
 DELETE_EXPIRED_CHAINS = f"""
 WITH gone AS (
     DELETE FROM {{jobs}} AS j
-    WHERE {_in_chain("j", "ANY(%(ids)s::uuid[])")}
+    WHERE {in_chain("j", "ANY(%(ids)s::uuid[])")}
       AND NOT EXISTS (
           SELECT 1
           FROM {{job_blockers}} AS e
@@ -307,10 +305,32 @@ SELECT count(*) FILTER (WHERE id = chain_id), (SELECT count(*) FROM counted) FRO
 """
 
 
+GET_JOBS = f"""
+SELECT {job_columns("j")}
+FROM {{jobs}} AS j
+WHERE j.id = ANY(%(ids)s::uuid[])
+"""
+
+LIST_CHAIN_JOBS = f"""
+SELECT {job_columns("j")}
+FROM {{jobs}} AS j
+WHERE {in_chain("j", "%(chain_id)s::uuid")}
+ORDER BY j.chain_index
+"""
+
+GET_CHAINS = f"""
+SELECT r.chain_status::text, r.chain_completed_at, {job_columns("r")}, {job_columns("cur")}
+FROM {{jobs}} AS r
+CROSS JOIN LATERAL {last_job("r")} AS cur
+WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class QueryStatements:
-    """The statements above, rendered for one schema (bytes, like ``Statements``)."""
-
+    get_jobs: bytes
+    list_chain_jobs: bytes
+    get_chains: bytes
     list_jobs: bytes
     list_chains: bytes
     list_blocked_jobs: bytes
@@ -322,26 +342,6 @@ class QueryStatements:
     lock_expired_chains: bytes
     lock_history_progress: bytes
     delete_expired_chains: bytes
-
-
-@lru_cache(maxsize=32)
-def render_query_statements(schema: str) -> QueryStatements:
-    """Fill every template with ``schema``'s quoted identifiers."""
-    schema = validate_schema_name(schema)
-    names = {
-        "jobs": sql.Identifier(schema, "jobs"),
-        "job_blockers": sql.Identifier(schema, "job_blockers"),
-        "queues": sql.Identifier(schema, "queues"),
-        "job_status": sql.Identifier(schema, "job_status"),
-        "chain_status": sql.Identifier(schema, "chain_status"),
-        "job_history": sql.Identifier(schema, "job_history"),
-        "job_history_progress": sql.Identifier(schema, "job_history_progress"),
-    }
-    rendered = {
-        f.name: sql.SQL(globals()[f.name.upper()]).format(**names).as_bytes(None)
-        for f in fields(QueryStatements)
-    }
-    return QueryStatements(**rendered)
 
 
 def retention_lock_key(schema: str) -> str:
