@@ -1,16 +1,19 @@
 """The in-process worker: one main loop feeding a fixed number of slots.
 
-The loop is ``InProcessWorker._turns``. Each turn (1) reaps at most one expired lease
-of a type this worker handles (``_reaper``), (2) fills the free slots, plus prefetch
-room while handlers are short (``_admission``), with ONE acquire statement that runs
-beside the loop and carries the finished jobs' completions (``_fetch``, ``_batch``),
-unless the last acquire found the queues drained and nothing has said otherwise since
-(``_wakeups``), and (3) waits for the first of: a notification (``_notices``), a
-handler returning, an acquire coming back, a job becoming due, or the poll interval
-since the queues were found drained. The jobs the worker holds, and the task each
-attempt runs in, are ``_slots``'; an attempt runs in ``_runner`` (``_atomic`` for
-atomic ones). Side tasks renew leases (``_lease``), send heartbeats (``_heartbeat``),
-give up on stuck handlers (``_watchdog``) and run maintenance (``_maintenance``).
+The loop is ``InProcessWorker._turns``. Each turn (1) starts what the last acquires
+brought (``_fetch``'s arrivals), (2) reaps at most one expired lease of a type this
+worker handles (``_reaper``), (3) decides how many jobs to ask for, the free slots plus
+prefetch room while handlers are short (``_admission``), and sends ONE acquire that
+runs beside the loop and carries the finished jobs' completions (``_fetch``,
+``_batch``), unless the last acquire found the queues drained and nothing has said
+otherwise since (``_wakeups``), and (4) waits for the bell (``_bell``): a notification
+(``_notices``), a slot freed, an acquire back, a job becoming due, or the poll
+interval since the queues were found drained. The jobs the worker holds, and the task
+each attempt runs in, are ``_slots``'; each moves through the states of ``_slot``. An
+attempt runs in ``_runner`` by mode (``_atomic``, ``_atomic_group``), through the
+steps they share (``_steps``). Side tasks renew leases (``_lease``), send heartbeats
+(``_heartbeat``), give up on stuck handlers (``_watchdog``) and run maintenance
+(``_maintenance``).
 """
 
 from __future__ import annotations
