@@ -424,15 +424,15 @@ class InProcessWorker:
                 self._wakeups.tick()
             self._fetcher.stop_filling()
             await self._drain()
-            # What an acquire still in flight then brought goes straight back.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
-                await self._fetcher.idle()
-                await self._hand_back_arrivals()
             # What was aborted has until ``_left`` to settle: a handler that ignores
             # its abort is given up on by then, and a write the database does not
             # answer is not waited for longer (it is left behind, see ``_main_loop``).
             with anyio.move_on_after(self._left()):
                 await self._slots.tasks.wait()
+        # The acquires still in flight have come back (the task group waited for them):
+        # what they brought goes straight back, within what is left of the stop.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
+            await self._hand_back_arrivals()
 
     @property
     def _idle(self) -> bool:
