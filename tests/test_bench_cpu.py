@@ -1,8 +1,8 @@
 """``python -m bench.cpu``'s enqueue yardstick: the bare multi-row INSERT it compares
 ``start_chains`` of 100 with writes the very rows ``start_chains`` writes.
 
-Issue 20 asks for batches of 100 at 0.8x "a multi-row INSERT of the same rows"; the
-benchmark's raw floor inserts four-column rows into a table of its own, so
+Batched enqueue is held to a multi-row INSERT of the same rows; the benchmark's raw
+floor inserts four-column rows into a table of its own, so
 ``bench.cpu`` and ``python -m bench --peers`` (the column "raw SQL, pgwork's rows") also
 measure a bare INSERT into pgwork's own table (``bench/peers/_peer_common.py``). It is
 only that yardstick if every column it leaves to the defaults, and every one it writes,
