@@ -35,6 +35,7 @@ import anyio
 from pgwork.adapters.state import Completion, CompletionResult, StateAdapter
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._acquires import Acquires
+from pgwork.worker._deadline import StopDeadline
 
 log = logging.getLogger("pgwork.worker")
 
@@ -82,6 +83,7 @@ class CompletionBatcher:
         max_size: int = 200,
         max_delay: float = 0.002,
         acquires: Acquires | None = None,
+        deadline: StopDeadline | None = None,
     ):
         self.state = state
         self.max_size = max_size
@@ -97,6 +99,8 @@ class CompletionBatcher:
         self._acquires = acquires
         # Batches an acquire could not take along (``write_apart``): written here.
         self._apart: list[Pending] = []
+        # A stopping worker's deadline, which also ends the writes shielded here.
+        self._deadline = StopDeadline() if deadline is None else deadline
 
     @property
     def waiting(self) -> int:
@@ -238,11 +242,11 @@ class CompletionBatcher:
                 if not batch:  # (only ``apart`` woke it: ``take`` reset nothing)
                     self._arrived = asyncio.Event()
                     self._full = asyncio.Event()
-                with anyio.CancelScope(shield=True):
+                with self._deadline.shield():
                     await self._flush(apart)
                     await self._flush(batch)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(FINAL_FLUSH_S):
+            with self._deadline.shield(), anyio.move_on_after(FINAL_FLUSH_S):
                 apart, self._apart = self._apart, []
                 await self._flush(apart)
                 await self._flush_the_rest()

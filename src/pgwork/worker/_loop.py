@@ -50,6 +50,7 @@ from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._bell import Bell
+from pgwork.worker._deadline import StopDeadline
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
 from pgwork.worker._handlers import require_async
 from pgwork.worker._heartbeat import Heartbeat
@@ -133,15 +134,14 @@ class InProcessWorker:
         # slots, the rest waited for a write of their own (400 slots: 30,000-31,000
         # against 34,500 jobs/s, bench.cpu).
         acquires = Acquires()
+        # Once a stop aborted what still ran: by when the rest of the stop is done.
+        self._deadline = StopDeadline()
         self._batcher = CompletionBatcher(
-            client.state, max_size=max(200, max_slots), acquires=acquires
+            client.state, max_size=max(200, max_slots), acquires=acquires, deadline=self._deadline
         )
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
         self._bell = Bell()
-        # Once a stop aborted what still ran: by when (monotonic) the rest of the stop
-        # is done (see ``_left``).
-        self._settle_by: float | None = None
         self._types: dict[str, JobType[Any, Any]] = {}
         self._handlers: dict[str, CallNext] = {}
         for middleware in self.middlewares:
@@ -331,9 +331,12 @@ class InProcessWorker:
             await anyio.lowlevel.checkpoint()
             tasks = self._slots.tasks
             if tasks:
-                with anyio.move_on_after(LATE_SETTLE_S):
+                # Stopping, the stop's deadline bounds this as it bounds the rest.
+                left = self._left()
+                with anyio.move_on_after(LATE_SETTLE_S if left is None else left):
                     await tasks.wait()
-                await tasks.cancel_and_wait(LATE_SETTLE_S)
+                left = self._left()
+                await tasks.cancel_and_wait(LATE_SETTLE_S if left is None else left)
 
     async def start(self) -> Callable[[], Awaitable[None]]:
         """Run the worker in the background (asyncio) and return its ``stop``.
@@ -429,6 +432,10 @@ class InProcessWorker:
             # answer is not waited for longer (it is left behind, see ``_main_loop``).
             with anyio.move_on_after(self._left()):
                 await self._slots.tasks.wait()
+            # An acquire still in flight is waited for (what it brings is handed back
+            # below) until the deadline, and left behind then: a statement the
+            # database does not answer would keep the stop for ``operation_timeout``.
+            self._deadline.cut(self._fetcher.group.cancel_scope)
         # The acquires still in flight have come back (the task group waited for them):
         # what they brought goes straight back, within what is left of the stop.
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
@@ -473,7 +480,8 @@ class InProcessWorker:
             tasks = self._slots.tasks
             if tasks:  # cancelled from outside, or stopping late: take the slots down
                 runner = self._slots.runner
-                limit = runner.steps.abandon_after if self._settle_by is None else self._left()
+                left = self._deadline.left()
+                limit = runner.steps.abandon_after if left is None else left
                 for task in await tasks.cancel_and_wait(limit or 0.0):
                     keep_abandoned(task, self._slots.abandoned, "cancelled with its worker")
 
@@ -561,15 +569,13 @@ class InProcessWorker:
         self._slots.abort_all(AbortReason.WORKER_STOPPING)
         # The watchdog gives up on a handler that ignores its abort ``abandon_after``
         # later, and then writes its failure: a moment more for that write.
-        self._settle_by = time.monotonic() + self._slots.runner.steps.abandon_after + LATE_SETTLE_S
+        self._deadline.set_in(self._slots.runner.steps.abandon_after + LATE_SETTLE_S)
 
     def _left(self) -> float | None:
         """How long the stop has left to settle what it aborted (None: no stop yet, no
         bound): it returns within ``grace_period + abandon_after`` and a moment for the
         last writes (``LATE_SETTLE_S``), whatever the database does."""
-        if self._settle_by is None:
-            return None
-        return max(self._settle_by - time.monotonic(), 0.0)
+        return self._deadline.left()
 
     async def _renew_forever(self) -> None:
         shortest = min(self._leases.values())
