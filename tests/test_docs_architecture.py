@@ -39,7 +39,39 @@ def named_in_section(title: str) -> set[str]:
 
 
 def worker_modules() -> list[str]:
-    return sorted(path.name for path in WORKER.glob("*.py"))
+    """The worker's modules, as the table names them (``_side/lease.py``); a
+    sub-package's ``__init__.py`` holds only its docstring, and is not listed."""
+    return sorted(
+        str(path.relative_to(WORKER))
+        for path in WORKER.rglob("*.py")
+        if path.parent == WORKER or path.name != "__init__.py"
+    )
+
+
+def worker_table() -> list[str]:
+    """The modules in the rows of the worker's table, top to bottom."""
+    section = ARCHITECTURE.read_text().split("\n## The worker\n")[1].split("\n## ")[0]
+    return re.findall(r"^\| `([^`]+\.py)` \|", section, re.MULTILINE)
+
+
+def worker_imports(module: str) -> set[str]:
+    """The worker modules ``module`` imports (as the table names them)."""
+    tree = ast.parse((WORKER / module).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    prefix = "pgwork.worker."
+    found = set()
+    for name in names:
+        if name.startswith(prefix):
+            path = name[len(prefix) :].replace(".", "/") + ".py"
+            if (WORKER / path).exists() and path != module:
+                found.add(path)
+    return found
 
 
 def protocol_operations() -> list[tuple[str, str]]:
@@ -61,7 +93,8 @@ def protocol_operations() -> list[tuple[str, str]]:
 def test_the_code_has_modules_and_operations_to_check() -> None:
     # Guards the two listings below against reading nothing (a moved file, a renamed
     # class) and so passing having checked nothing.
-    assert {"_loop.py", "_atomic_group.py", "_runner.py"} <= set(worker_modules())
+    assert {"_loop.py", "_atomic_group.py", "_side/lease.py"} <= set(worker_modules())
+    assert {"_loop.py", "_slot.py", "_side/watchdog.py"} <= set(worker_table())
     operations = {name for _, name in protocol_operations()}
     assert {"acquire", "complete_and_acquire", "renew_in_line", "adopt_sync"} <= operations
     assert len(operations) > 40
@@ -72,6 +105,19 @@ def test_every_worker_module_is_named_in_the_architecture(module: str) -> None:
     assert module in named_in_section("The worker"), (
         f"docs/architecture.md does not name worker/{module} under 'The worker': add it "
         "to the table of the worker's modules, with its one job"
+    )
+
+
+@pytest.mark.parametrize("module", worker_modules())
+def test_a_worker_module_imports_only_modules_further_down_the_table(module: str) -> None:
+    """The table reads from the loop down: each module builds on those below it, and
+    never on one above."""
+    table = worker_table()
+    assert module in table
+    above = set(table[: table.index(module)])
+    assert not worker_imports(module) & above, (
+        f"worker/{module} imports {sorted(worker_imports(module) & above)}, which "
+        "docs/architecture.md lists above it: reorder the table, or the imports"
     )
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from pgwork import InvalidOptionError, JobTypeRegistry
 from pgwork.schedules import CronSchedule
-from pgwork.worker._maintenance import Maintenance
+from pgwork.worker._side.maintenance import Maintenance
 
 from .conftest import ClientFactory, scalar
 

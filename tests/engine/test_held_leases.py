@@ -26,8 +26,8 @@ from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason, AttemptError
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._bell import Bell
-from pgwork.worker._lease import renew_once
 from pgwork.worker._runner import SlotRunner
+from pgwork.worker._side.lease import renew_once
 from pgwork.worker._slots import Slots
 from pgwork.worker._steps import AttemptSteps
 

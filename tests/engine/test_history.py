@@ -25,7 +25,7 @@ from pgwork import Client, JobTypeRegistry
 from pgwork.adapters.history import DURATION_BINS_S, Durations, HistoryFigures, JobHistory
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres.sql import render
-from pgwork.worker._maintenance import Maintenance
+from pgwork.worker._side.maintenance import Maintenance
 
 from .conftest import ClientFactory, eventually, scalar
 

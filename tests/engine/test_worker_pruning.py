@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from pgwork import JobTypeRegistry
 from pgwork.adapters.state import WorkerInfo
-from pgwork.worker._maintenance import WORKER_RETENTION_S, Maintenance
+from pgwork.worker._side.maintenance import WORKER_RETENTION_S, Maintenance
 
 from .conftest import ClientFactory, eventually
 

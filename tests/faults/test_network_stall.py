@@ -95,7 +95,7 @@ SOLO_STALL = 5 * SOLO_LEASE
 def test_stalled_worker_aborts_a_handler_whose_lease_ran_out(
     fault_dsn: str, cluster: PrivateCluster
 ) -> None:
-    """pgwork's promise (worker/_lease.py): when renewals fail past the moment the lease
+    """pgwork's promise (worker/_side/lease.py): when renewals fail past the moment the lease
     would expire, the attempt is aborted, because another worker may own the job by
     then. A renewal refused at once (server down) keeps it; a renewal that never
     answers must keep it too: the worker's handler should stop within its lease (plus

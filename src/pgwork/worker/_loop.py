@@ -53,16 +53,16 @@ from pgwork.worker._bell import Bell
 from pgwork.worker._deadline import StopDeadline
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
 from pgwork.worker._handlers import require_async
-from pgwork.worker._heartbeat import Heartbeat
-from pgwork.worker._lease import renew_forever
-from pgwork.worker._maintenance import Maintenance
-from pgwork.worker._notices import NoticeRouter
-from pgwork.worker._reaper import Reaper
 from pgwork.worker._runner import SlotRunner
+from pgwork.worker._side.heartbeat import Heartbeat
+from pgwork.worker._side.lease import renew_forever
+from pgwork.worker._side.maintenance import Maintenance
+from pgwork.worker._side.notices import NoticeRouter
+from pgwork.worker._side.reaper import Reaper
+from pgwork.worker._side.watchdog import keep_abandoned
 from pgwork.worker._slots import Slots
 from pgwork.worker._steps import AttemptSteps
 from pgwork.worker._wakeups import Wakeups
-from pgwork.worker._watchdog import keep_abandoned
 from pgwork.worker.middleware import CallNext, Middleware, compose
 
 log = logging.getLogger("pgwork.worker")

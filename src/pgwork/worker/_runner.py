@@ -21,7 +21,7 @@ from pgwork.records import AbortReason
 from pgwork.worker._atomic import run_atomic
 from pgwork.worker._atomic_group import AtomicGroups
 from pgwork.worker._attempt import Completed
-from pgwork.worker._lease import abort_reason_for
+from pgwork.worker._side.lease import abort_reason_for
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._steps import AttemptSteps
 

@@ -37,7 +37,7 @@ from pgwork.adapters.state import AcquiredJob, Lease
 from pgwork.job_types import JobType
 from pgwork.records import AbortReason
 from pgwork.worker._attempt import Attempt
-from pgwork.worker._watchdog import Watchdog
+from pgwork.worker._side.watchdog import Watchdog
 
 _task_states: Any
 try:  # where anyio keeps each task's innermost cancel scope (asyncio backend)

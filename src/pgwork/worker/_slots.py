@@ -28,9 +28,9 @@ from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._bell import Bell
 from pgwork.worker._runner import SlotRunner
+from pgwork.worker._side.watchdog import Watchdog, keep_abandoned
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slot_tasks import SlotTasks
-from pgwork.worker._watchdog import Watchdog, keep_abandoned
 
 log = logging.getLogger("pgwork.worker")
 
