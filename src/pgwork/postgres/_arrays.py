@@ -1,10 +1,10 @@
 """Array parameters of the worker's turn statement, dumped by pgwork itself.
 
 psycopg dumps a Python list with its generic list dumper, which inspects the elements
-on every call: about 10 µs for a one-element list and 13 µs for ten uuids. A worker's
-turn (``complete_and_acquire``) sends seven arrays, ~96 µs of dumping per turn of about
-ten jobs, a tenth of a drained job's CPU. Here each array is written straight in
-PostgreSQL's binary array format (ten uuids in under 3 µs) into a ``bytes`` subclass
+on every call. A worker's turn (``complete_and_acquire``) sends seven arrays, and their
+dumping came to about a tenth of a drained job's CPU (``python -m bench.cpu --only
+drain``). Here each array is written straight in PostgreSQL's binary array format,
+several times faster, into a ``bytes`` subclass
 whose dumper hands it over as it is, and the turn's constant arrays (type names, lease
 seconds, queues) are built once per worker and reused.
 

@@ -93,9 +93,9 @@ def kept_cursor(conn: Any) -> Any:
 
     A new cursor builds an adapters map and a transformer, whose dumpers are then
     looked up anew; psycopg keeps a cursor's transformer while it runs the same query
-    object. In a warm loop a new cursor costs ~4 µs; between a caller's statements,
-    with the caches cold after each round trip, it cost ~17 µs of a ``start_chain``'s
-    CPU (a fifth of what it spent beyond a bare ``INSERT``). Sharing it is safe: each
+    object. Between a caller's statements, with the caches cold after each round trip,
+    a new cursor was a fifth of what a ``start_chain`` spent beyond a bare ``INSERT``
+    (``python -m bench.cpu --only enqueue`` measures it). Sharing it is safe: each
     ``execute`` runs under the connection's lock and resets the cursor first, and nobody
     reads its results. Kept on the connection object itself, a cycle the collector frees
     with it: a cursor refers to its connection, so in a ``WeakKeyDictionary`` it would

@@ -5,7 +5,7 @@ A connection whose network path drops packets without a reset (a NAT or a load
 balancer that lost the flow's state) stays open on the client's side and never
 answers: TCP keepalives do not help while the middlebox still acknowledges them, and
 libpq waits for ever. Without a bound, a worker whose pooled connections went that
-way never ran a job again (fault-tier finding 15). So:
+way never ran a job again (tests/faults/test_network_blackhole.py). So:
 
 - every operation the adapter runs on a connection it borrows (not in a caller's
   transaction) is bounded by ``operation_timeout``; cancelling the statement makes

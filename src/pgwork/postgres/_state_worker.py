@@ -468,11 +468,11 @@ async def _fetch_turn(
     binary.
 
     psycopg parses a statement's ``%(name)s`` placeholders on every call once its text
-    is longer than 4 KiB (shorter ones it caches), and the turn statement is: ~30 µs per
-    turn, more than a job's share of it at fifty jobs a turn. Numbered once
+    is longer than 4 KiB (shorter ones it caches), and the turn statement is: that
+    parse cost more than a job's share of the turn at fifty jobs a turn. Numbered once
     (``to_numbered``, cached like the limit's variants), it goes through a raw cursor
-    as it is. Binary uuids, integers and timestamps load faster than their text (2.4
-    against 2.9 µs for an acquired row); the values are the same."""
+    as it is. Binary uuids, integers and timestamps load faster than their text; the
+    values are the same (``python -m bench.cpu --only drain`` measures both)."""
     numbered, names = _numbered(query)
     with translate_errors(schema):
         async with psycopg.AsyncRawCursor(conn) as cur:

@@ -6,11 +6,11 @@ in the batcher with it (one round trip, one commit per turn). Room that frees up
 it is in flight gets a second acquire of its own; no more than two are ever in flight.
 With prefetch the two take turns: one is on the server while the worker runs the jobs
 the other brought. One at a time left the worker waiting for the server a third of the
-time (no-op jobs: about 5,000 against 6,200-8,700 jobs/s with two). Splitting one
-turn's slots between two acquires on purpose was measured and rejected: two half-size
-acquires racing on one queue (each skipping the other's locked rows, each with its own
-commit) cost the server about 2.5 times as much CPU per job as one (470 against 190
-µs), and the worker more too.
+time. Splitting one turn's slots between two acquires on purpose was measured and
+rejected: two half-size acquires racing on one queue (each skipping the other's
+locked rows, each with its own commit) cost the server more than twice the CPU per job
+of one, and the worker more too (``python -m bench.cpu --only drain`` reports both;
+docs/design/prefetch.md says why).
 
 Two acquires in flight race on the queue: the second skips the rows the first locked
 and takes the ones after them, and either may come back first, so a job can start

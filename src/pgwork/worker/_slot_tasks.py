@@ -1,9 +1,9 @@
 """The worker's slot tasks: one plain asyncio task per attempt, owned by the worker.
 
 Not anyio's task group, for speed: starting a task through ``TaskGroup.start_soon``
-costs about six times what ``loop.create_task`` does (measured here: ~97 µs against
-~16 µs, start to finish of an empty task), and a worker starts one per job, so with
-no-op handlers it was a fifth of the worker's CPU. Ownership stays structured: the
+costs several times what ``loop.create_task`` does, start to finish of an empty task,
+and a worker starts one per job, so with no-op handlers it was a fifth of the worker's
+CPU (``python -m bench.cpu --only drain``). Ownership stays structured: the
 worker waits for every slot task before it returns, and when the worker itself is
 cancelled it cancels them and waits for them to end.
 
