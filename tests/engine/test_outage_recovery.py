@@ -67,7 +67,7 @@ async def _client(
 
 async def _unhealthy(worker: InProcessWorker) -> None:
     async def stale() -> bool:
-        return not worker._side.heartbeat.healthy
+        return not worker._heartbeat.healthy
 
     await eventually(stale, timeout=PROMPT, what="the worker's heartbeat to fail")
 
@@ -186,7 +186,7 @@ async def test_atomic_handlers_holding_every_pooled_connection_do_not_stop_the_h
         await held.wait()
     # Four heartbeats' worth, and more than half of dead_worker_after.
     await anyio.sleep(1.0)
-    healthy_while_held.append(worker._side.heartbeat.healthy)
+    healthy_while_held.append(worker._heartbeat.healthy)
     release.set()
     assert await starts.within(PROMPT, count=JOBS), (
         f"{len(starts.times)} of {JOBS} jobs started once the long handlers ended"
