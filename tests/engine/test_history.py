@@ -310,6 +310,23 @@ async def test_an_end_committed_late_by_an_open_transaction_is_still_counted(
     assert (counted.completed, counted.failed) == (2, 1)
 
 
+async def test_a_window_reaches_back_to_the_start_of_the_hour_it_begins_in(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    """An hour's window read at any minute holds every job that ended within the hour:
+    it starts at the start of the hour the window begins in (the totals per queue and
+    type come from hourly buckets), never later. (Control: a window starting at the
+    next whole hour instead misses a job that ended 59 minutes ago at every minute but
+    the first of the hour.)"""
+    client = await make_client(registry())
+    await seed(pgwork_dsn, [Ended("default", "mail", "completed", 59 * 60.0, 0.1, 0.1)])
+    assert await roll_up_all(client) == 1
+    history = await client.job_history(window=timedelta(hours=1))
+    assert history.since <= history.now - timedelta(hours=1)
+    assert total(history).completed == 1
+    assert [(g.type_name, g.figures.completed) for g in history.groups] == [("mail", 1)]
+
+
 def _params(job: Ended) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(),

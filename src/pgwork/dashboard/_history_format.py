@@ -35,15 +35,14 @@ def seconds(value: float | None) -> str:
     return duration_text(value, missing="–")
 
 
-def _slots(history: JobHistory, window: timedelta) -> list[tuple[datetime, HistoryFigures | None]]:
-    """Every step of the window, oldest first, with its figures (None: no job ended)."""
-    count = max(1, math.ceil(window / history.step))
+def _slots(history: JobHistory) -> list[tuple[datetime, HistoryFigures | None]]:
+    """Every step from the window's start (the start of the hour or day it begins in,
+    so a little longer than the window asked for) to now, oldest first, with its
+    figures (None: no job ended)."""
+    count = max(1, math.floor((history.now - history.since) / history.step) + 1)
     found = {p.start: p.figures for p in history.points}
-    return [
-        (start, found.get(start))
-        for start in (history.since + history.step * i for i in range(count))
-        if start <= history.now
-    ]
+    starts = (history.since + history.step * i for i in range(count))
+    return [(start, found.get(start)) for start in starts]
 
 
 def _label(start: datetime, step: timedelta) -> str:
@@ -86,9 +85,9 @@ def _geometry(index: int, slots: int) -> tuple[float, float]:
     return round(index * slot_width + 0.5, 2), round(max(slot_width - 1, 0.5), 2)
 
 
-def throughput(history: JobHistory, window: timedelta) -> ThroughputChart:
+def throughput(history: JobHistory) -> ThroughputChart:
     """Completed (below) and failed (on top) jobs per step."""
-    slots = _slots(history, window)
+    slots = _slots(history)
     totals = [(f.completed, f.failed) if f else (0, 0) for _, f in slots]
     peak = max((d + f for d, f in totals), default=0)
     scale = (HEIGHT - 4) / peak if peak else 0.0
@@ -125,12 +124,10 @@ def _height(value: float | None, top: float) -> float:
     return (HEIGHT - 4) * min(1.0, math.log10(value / FLOOR_S) / span)
 
 
-def durations(
-    history: JobHistory, window: timedelta, pick: Callable[[HistoryFigures], Durations]
-) -> DurationChart:
+def durations(history: JobHistory, pick: Callable[[HistoryFigures], Durations]) -> DurationChart:
     """Per step, the median (darker, below) and the 95th percentile (lighter, above)
     of the durations ``pick`` chooses, each to within its histogram bin."""
-    slots = _slots(history, window)
+    slots = _slots(history)
     picked = [pick(f) if f else None for _, f in slots]
     p95s = [d.quantile(0.95) if d else None for d in picked]
     top = max((p for p in p95s if p), default=FLOOR_S * 10)

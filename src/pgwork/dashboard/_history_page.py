@@ -45,8 +45,8 @@ class HistoryPage:
             windows=[(key, label) for key, (_, label) in fmt.WINDOWS.items()],
             title=title,
             filters=filters,
-            throughput=fmt.throughput(history, window),
-            waits=fmt.durations(history, window, lambda f: f.wait),
-            runs=fmt.durations(history, window, lambda f: f.run),
+            throughput=fmt.throughput(history),
+            waits=fmt.durations(history, lambda f: f.wait),
+            runs=fmt.durations(history, lambda f: f.run),
             seconds=fmt.seconds,
         )

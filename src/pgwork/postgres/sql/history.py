@@ -175,7 +175,7 @@ SELECT count(*) FROM gone
 """
 
 _SINCE = """to_timestamp(
-    floor((extract(epoch FROM now()) - %(window_s)s) / %(align)s + 1) * %(align)s)"""
+    floor((extract(epoch FROM now()) - %(window_s)s) / %(align)s) * %(align)s)"""
 
 _SUMS = f"""
        sum(h.completed), sum(h.failed),
