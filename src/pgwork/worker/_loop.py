@@ -131,8 +131,8 @@ class InProcessWorker:
             raise ConfigurationError(f"schedule names must be unique, got {names}")
         self._maintenance = Maintenance(client, schedules)
         # A turn carries a completion for every slot: with a batch smaller than the
-        # slots, the rest waited for a write of their own (400 slots: 30,000-31,000
-        # against 34,500 jobs/s, bench.cpu).
+        # slots, the rest waited for a write of their own, and a worker of hundreds of
+        # slots drained slower (python -m bench.cpu --slots 400).
         acquires = Acquires()
         # Once a stop aborted what still ran: by when the rest of the stop is done.
         self._deadline = StopDeadline()
@@ -288,7 +288,7 @@ class InProcessWorker:
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
                 side.start_soon(self._batcher.run_forever)
-                side.start_soon(self._slots.watchdog.run_forever)
+                side.start_soon(self._slots.watch_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,

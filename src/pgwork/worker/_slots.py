@@ -73,7 +73,7 @@ class Slots:
             max_slots=max_slots, prefetch=prefetch, start=self._launch, rank=self._rank
         )
         self.tasks = SlotTasks()
-        self.watchdog: Watchdog[Slot] = Watchdog(self.held.keys, self._abandon, Slot.time_out)
+        self.watchdog: Watchdog[Slot] = Watchdog()
         # Handlers given up on that have not ended yet (see ``_watchdog``).
         self.abandoned: set[asyncio.Task[Any]] = set()
         # Attempts to settle once the database is reachable: the failure to write (its
@@ -219,6 +219,18 @@ class Slots:
         slot.move(SlotState.STARTING)
         slot.context = context = contextvars.copy_context()
         slot.task = self.tasks.start(self._run(slot), name="pgwork-slot", context=context)
+
+    async def watch_forever(self) -> None:
+        """Stop the handlers past their timeout and give up on those that ignore
+        being stopped, as the watchdog finds them, until cancelled."""
+        watchdog = self.watchdog
+        while True:
+            due = watchdog.look(list(self.held), time.monotonic())
+            for slot in due.timed_out:
+                slot.time_out()
+            for slot in due.abandoned:
+                self._abandon(slot)
+            await watchdog.wait(due.next_look)
 
     def _abandon(self, slot: Slot) -> None:
         """The watchdog gave up on ``slot``'s handler: free the slot now, let the

@@ -14,7 +14,8 @@ The handler runs in its slot's own task, not a task of its own that the slot wai
 for: with no-op handlers that second task (and its event) was about a tenth of the
 worker's CPU. One watchdog per worker looks only at the handlers running now (at most
 ``max_slots``) and sleeps until the earliest of their deadlines, or until an abort or
-a new timeout makes one earlier.
+a new timeout makes one earlier. It decides nothing itself: each look returns what it
+found (``Due``), and the worker's slots act on it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import anyio
@@ -33,7 +35,7 @@ log = logging.getLogger("pgwork.worker")
 # The longest the watchdog sleeps without looking at the running handlers (seconds).
 RECHECK_S = 1.0
 
-__all__ = ["Watchdog", "Watched", "keep_abandoned"]
+__all__ = ["Due", "Watchdog", "Watched", "keep_abandoned"]
 
 
 class Watched(Protocol):
@@ -52,23 +54,27 @@ class Watched(Protocol):
 W = TypeVar("W", bound=Watched)
 
 
+@dataclass(frozen=True, slots=True)
+class Due(Generic[W]):
+    """What one look found: the attempts whose handler is past its timeout (to stop),
+    those past the deadline to give up on them (to abandon), and when to look again
+    (monotonic)."""
+
+    timed_out: list[W]
+    abandoned: list[W]
+    next_look: float
+
+
 class Watchdog(Generic[W]):
-    """Calls ``time_out(attempt)`` for each attempt in ``running()`` whose handler is
-    past its timeout, and ``abandon(attempt)`` for each one past the deadline to give
-    up on it. ``poke`` after making a deadline earlier (an abort, or a handler that
-    starts with a timeout shorter than the watchdog's current sleep)."""
+    """Looks at the running attempts and says which to stop and which to give up on
+    (``look``), then sleeps until the earliest of their deadlines (``wait``); its
+    owner acts on what it found. ``watch`` or ``poke`` after making a deadline earlier
+    (an abort, or a handler that starts with a timeout shorter than the current
+    sleep)."""
 
-    __slots__ = ("_abandon", "_next", "_poked", "_running", "_time_out")
+    __slots__ = ("_next", "_poked")
 
-    def __init__(
-        self,
-        running: Callable[[], Iterable[W]],
-        abandon: Callable[[W], None],
-        time_out: Callable[[W], None],
-    ) -> None:
-        self._running = running
-        self._abandon = abandon
-        self._time_out = time_out
+    def __init__(self) -> None:
         # asyncio's event, not anyio's: an anyio Event looks the backend up when made.
         self._poked = asyncio.Event()
         self._next = math.inf
@@ -82,32 +88,37 @@ class Watchdog(Generic[W]):
     def poke(self) -> None:
         self._poked.set()
 
-    async def run_forever(self) -> None:
-        while True:
-            now = time.monotonic()
-            earliest = math.inf
-            for attempt in list(self._running()):
-                stop_at = attempt.timeout_deadline()
-                if stop_at is not None:
-                    if stop_at <= now:
-                        self._time_out(attempt)
-                    else:
-                        earliest = min(earliest, stop_at)
-                deadline = attempt.abandon_deadline()
-                if deadline is None:
-                    continue
-                if deadline <= now:
-                    self._abandon(attempt)
+    def look(self, running: Iterable[W], now: float) -> Due[W]:
+        """Which of ``running`` are past their timeout, which past the deadline to give
+        up on them, and when the next deadline passes (never later than RECHECK_S from
+        ``now``: a handler starting with a deadline later than that pokes nobody, and
+        short jobs with a timeout would otherwise wake the watchdog once each). A poke
+        from here on, while the owner acts on the answer, wakes the next ``wait``."""
+        self._poked.clear()
+        timed_out: list[W] = []
+        abandoned: list[W] = []
+        earliest = now + RECHECK_S
+        for attempt in running:
+            stop_at = attempt.timeout_deadline()
+            if stop_at is not None:
+                if stop_at <= now:
+                    timed_out.append(attempt)
                 else:
-                    earliest = min(earliest, deadline)
-            # Never beyond RECHECK_S: a handler starting with a deadline later than
-            # that pokes nobody (short jobs with a timeout would otherwise wake the
-            # watchdog once each), the next look finds it.
-            earliest = min(earliest, now + RECHECK_S)
-            self._next = earliest
-            self._poked.clear()
-            with anyio.move_on_after(earliest - now):
-                await self._poked.wait()
+                    earliest = min(earliest, stop_at)
+            deadline = attempt.abandon_deadline()
+            if deadline is None:
+                continue
+            if deadline <= now:
+                abandoned.append(attempt)
+            else:
+                earliest = min(earliest, deadline)
+        self._next = earliest
+        return Due(timed_out, abandoned, earliest)
+
+    async def wait(self, until: float) -> None:
+        """Sleep until ``until`` (monotonic), or until poked."""
+        with anyio.move_on_after(until - time.monotonic()):
+            await self._poked.wait()
 
 
 def keep_abandoned(
