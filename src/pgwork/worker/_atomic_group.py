@@ -147,6 +147,26 @@ class _Group:
         self.kept: list[tuple[Slot, Attempt[Any, Any] | None, Failure | None]] = []
 
 
+class _Part:
+    """What one member came to in its group: its attempt (None: its input could not be
+    decoded) and the handler's failure; then one of: ``plain`` (it wrote nothing and
+    completed: left to the batcher), ``kept`` (its outcome, or its counted ``failed``,
+    is written in the group and commits with it), ``refused`` (its lease no longer
+    held its job: nothing written), ``failed`` alone (the same, for a failure), or
+    none (aborted, rolled back to its savepoint)."""
+
+    __slots__ = ("attempt", "failed", "failure", "group", "kept", "plain", "refused")
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+        self.attempt: Attempt[Any, Any] | None = None
+        self.failure: BaseException | None = None
+        self.plain: Completed | None = None
+        self.failed: Failure | None = None
+        self.kept = False
+        self.refused = False
+
+
 class _Lane:
     """A connection's turn: held by one member (or a committer) at a time, handed to
     those waiting in the order they came."""
@@ -249,109 +269,114 @@ class AtomicGroups:
         if slot.acquired.id in self._alone or not self.takes(slot):
             await run_atomic(steps, slot, timed=self._learn)
             return False
-        deadline = slot.job_type.timeout or slot.job_type.lease
         # Its row is not locked while it waits and runs: its lease is renewed meanwhile.
         slot.move(SlotState.JOINING)
         lane = min(self._lanes, key=lambda lane: lane.load)
         await lane.take(slot)
-        attempt: Attempt[Any, Any] | None = None
-        failure: BaseException | None = None
-        group: _Group | None = None
-        kept = refused = False
-        # A plain completion of a member that wrote nothing: left with the batcher.
-        plain: Completed | None = None
-        # A member that failed: its failure, written in the group (committed with it).
-        failed: Failure | None = None
         try:
-            group = lane.group
-            if group is None:
-                group = lane.group = _Group(await self.state.open_atomic_group(), steps)
-            tx = await group.store.enter(lease=slot.lease, deadline=deadline)
-            attempt, failure = steps.build_attempt(slot, tx)
-            if attempt is not None:
-                # A handler given up on raises Abandoned here once it ends; the
-                # watchdog's task closed the connection, lost the group and gave the
-                # lane back.
-                began = time.monotonic()
-                failure = await steps.call_handler(slot, attempt, deadline, SlotState.FINISHING)
-                self._learn(slot.job_type.name, time.monotonic() - began)
-            else:
-                slot.move(SlotState.FINISHING)  # its input could not be decoded
-            if attempt is not None and failure is None and not attempt.aborted:
-                outcome = attempt.outcome
-                if (
-                    isinstance(outcome, Completed)
-                    and outcome.continuation is None
-                    and not group.store.used
-                ):
-                    # It wrote nothing: its completion is all there is to commit, and
-                    # needs no group. It is written as a staged attempt's is, with the
-                    # worker's other completions and its next acquire.
-                    group.store.leave()
-                    plain = outcome
-                else:
-                    # Not shielded: one cancelled while it writes loses its group, of
-                    # which nothing then commits.
-                    try:
-                        kept = await self._keep(steps, slot, attempt, group, tx)
-                        refused = not kept
-                    except Exception as exc:
-                        # The database refused its outcome (its handler left the
-                        # transaction aborted, or wrote what cannot be stored): it is
-                        # rolled back to its savepoint, the other members' writes
-                        # stay, and its attempt counts, failed with the write's error.
-                        # (A connection that broke cannot roll back: the group is lost.)
-                        log.warning(
-                            "pgwork could not write the outcome of atomic job %s (%r)",
-                            slot.acquired.id,
-                            exc,
-                        )
-                        with anyio.CancelScope(shield=True):
-                            await group.store.undo()
-                            failed = steps.counted_failure(slot, exc)
-                            kept = await self._record_failure(slot, failed, group, tx)
-            else:
-                with anyio.CancelScope(shield=True):
-                    await group.store.undo()
-                    failed = steps.failure_of(slot, attempt, failure)
-                    if failed is not None:
-                        kept = await self._record_failure(slot, failed, group, tx)
-            if kept and group.due == math.inf:
-                group.due = time.monotonic() + self.wait
-            if not group.done.is_set() and (
-                group.store.members >= self.size or time.monotonic() >= group.due
-            ):
-                with anyio.CancelScope(shield=True):
-                    await self._commit(lane, group)
+            part = await self._take_part(steps, slot, lane)
         except BaseException as exc:
-            if lane.owner is slot and group is not None:
+            if lane.owner is slot and lane.group is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._lose(lane, group, exc)
+                    await self._lose(lane, lane.group, exc)
             raise
         finally:
             if lane.owner is slot:
                 await self._leave(lane, slot)
-        if plain is not None:
+        return await self._settle_part(steps, slot, lane, part)
+
+    async def _take_part(self, steps: AttemptSteps, slot: Slot, lane: _Lane) -> _Part:
+        """With the lane held: run the member's handler in its group's transaction,
+        write its outcome there (or roll it back to its savepoint), and commit the
+        group if it is full or due. What it comes to is the returned ``_Part``."""
+        deadline = slot.job_type.timeout or slot.job_type.lease
+        group = lane.group
+        if group is None:
+            group = lane.group = _Group(await self.state.open_atomic_group(), steps)
+        part = _Part(group)
+        tx = await group.store.enter(lease=slot.lease, deadline=deadline)
+        attempt, part.failure = steps.build_attempt(slot, tx)
+        part.attempt = attempt
+        if attempt is not None:
+            # A handler given up on raises Abandoned here once it ends; the watchdog's
+            # task closed the connection, lost the group and gave the lane back.
+            began = time.monotonic()
+            part.failure = await steps.call_handler(slot, attempt, deadline, SlotState.FINISHING)
+            self._learn(slot.job_type.name, time.monotonic() - began)
+        else:
+            slot.move(SlotState.FINISHING)  # its input could not be decoded
+        if attempt is not None and part.failure is None and not attempt.aborted:
+            outcome = attempt.outcome
+            if (
+                isinstance(outcome, Completed)
+                and outcome.continuation is None
+                and not group.store.used
+            ):
+                # It wrote nothing: its completion is all there is to commit, and needs
+                # no group. It is written as a staged attempt's is, with the worker's
+                # other completions and its next acquire.
+                group.store.leave()
+                part.plain = outcome
+            else:
+                # Not shielded: one cancelled while it writes loses its group, of which
+                # nothing then commits.
+                try:
+                    part.kept = await self._keep(steps, slot, attempt, group, tx)
+                    part.refused = not part.kept
+                except Exception as exc:
+                    # The database refused its outcome (its handler left the
+                    # transaction aborted, or wrote what cannot be stored): it is rolled
+                    # back to its savepoint, the other members' writes stay, and its
+                    # attempt counts, failed with the write's error. (A connection that
+                    # broke cannot roll back: the group is lost.)
+                    log.warning(
+                        "pgwork could not write the outcome of atomic job %s (%r)",
+                        slot.acquired.id,
+                        exc,
+                    )
+                    with anyio.CancelScope(shield=True):
+                        await group.store.undo()
+                        part.failed = steps.counted_failure(slot, exc)
+                        part.kept = await self._record_failure(slot, part.failed, group, tx)
+        else:
+            with anyio.CancelScope(shield=True):
+                await group.store.undo()
+                part.failed = steps.failure_of(slot, attempt, part.failure)
+                if part.failed is not None:
+                    part.kept = await self._record_failure(slot, part.failed, group, tx)
+        if part.kept and group.due == math.inf:
+            group.due = time.monotonic() + self.wait
+        if not group.done.is_set() and (
+            group.store.members >= self.size or time.monotonic() >= group.due
+        ):
+            with anyio.CancelScope(shield=True):
+                await self._commit(lane, group)
+        return part
+
+    async def _settle_part(self, steps: AttemptSteps, slot: Slot, lane: _Lane, part: _Part) -> bool:
+        """The lane given back: settle the member by what its part came to (True: it is
+        settled later, by the batcher or as its group ends)."""
+        attempt, group = part.attempt, part.group
+        if part.plain is not None:
             slot.move(SlotState.SETTLING)  # which frees its place
-            steps.submit_completion(slot, plain)
+            steps.submit_completion(slot, part.plain)
             return True  # settled by the batcher (``AttemptSteps._written``)
-        if kept:
-            assert group is not None
+        if part.kept:
             slot.move(SlotState.SETTLING)  # the slot takes its next job meanwhile
             if not group.done.is_set():
                 if group.waited:
-                    group.kept.append((slot, attempt, failed))
+                    group.kept.append((slot, attempt, part.failed))
                     return True  # settled when the group ends (``_end``)
                 group.waited = True
                 await self._committed(lane, group)
-            then = self._settle_kept(group, slot, attempt, failed)
+            then = self._settle_kept(group, slot, attempt, part.failed)
             if then is not None:
                 await then
             return False
-        if failed is not None:  # its lease no longer held: nothing was written
-            steps.report_failure(slot, failed, False)
+        if part.failed is not None:  # its lease no longer held: nothing was written
+            steps.report_failure(slot, part.failed, False)
             return False
-        if refused:
+        if part.refused:
             assert attempt is not None
             steps.report_outcome(slot, attempt, False)
             return False
@@ -359,7 +384,7 @@ class AtomicGroups:
         # worker hands the job back; a lost lease writes nothing).
         with anyio.CancelScope(shield=True):
             assert attempt is not None
-            await steps.settle(slot, attempt, failure)
+            await steps.settle(slot, attempt, part.failure)
         return False
 
     def _settle_kept(
