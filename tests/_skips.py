@@ -34,9 +34,9 @@ EXPECTED_SKIPS: dict[str, str] = {
     ),
     r"^needs signals$": "POSIX only; CI runs on Linux, so this never skips there",
     r"^the store does not offer [A-Za-z]+(, [A-Za-z]+)*$": (
-        "tests/test_conformance_core_only.py runs the state suite on a store offering the "
+        "tests/adapters/test_conformance_core_only.py runs the state suite on a store offering the "
         "core alone: the cases that need a capability skip there, by design, and run "
-        "against the full PostgreSQL adapter in tests/test_conformance_postgres.py"
+        "against the full PostgreSQL adapter in tests/adapters/test_conformance_postgres.py"
     ),
 }
 

@@ -162,7 +162,7 @@ WHERE p.priority IS NOT NULL
 # the statistics show nearly empty) and filter it by id, walking every entry there, dead
 # ones included: each job a drain finished leaves one until a vacuum, so the check grew
 # with every job drained, where a primary key lookup stays flat
-# (tests/test_atomic_plans.py holds the plan). A predicate on ``status::text`` matches
+# (tests/plans/test_atomic_plans.py holds the plan). A predicate on ``status::text`` matches
 # no index.
 BEGIN_ATOMIC = """
 SELECT j.id

@@ -55,7 +55,7 @@ def requires(*capabilities: type) -> Callable[[Case], Case]:
     On a test, that test; on a suite class, each test it defines. A case is skipped for
     a store that lacks one of them, and runs as any other for a store that has them all
     (PostgreSQL has every one). Which cases need what is checked against the operations
-    each case calls (``tests/test_conformance_capabilities.py``)."""
+    each case calls (``tests/adapters/test_conformance_capabilities.py``)."""
 
     def mark(case: Case) -> Case:
         if isinstance(case, type):

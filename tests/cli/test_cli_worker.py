@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from pgwork.cli import EXIT_ABANDONED, EXIT_ERROR, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REFUSED = "postgresql://pgwork:hunter2-secret@127.0.0.1:1/pgwork"
 
 # A module `pgwork worker` can load: a job that blocks until aborted, a factory taking

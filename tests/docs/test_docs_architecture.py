@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 WORKER = ROOT / "src" / "pgwork" / "worker"
 STATE_PROTOCOLS = ROOT / "src" / "pgwork" / "adapters" / "state.py"

@@ -18,7 +18,7 @@ from pgwork.postgres._names import HEAD_REVISION
 from pgwork.postgres.schema import VERSION_TABLE, build_metadata
 from pgwork.testing import temporary_database
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _autogenerate_diff(dsn: str, schema: str) -> list[Any]:

@@ -11,8 +11,8 @@ from uuid import UUID
 
 import pytest
 from click.testing import CliRunner, Result
+from tests.cli._cli_seed import Seeded, seed
 
-from _cli_seed import Seeded, seed
 from pgwork.cli import EXIT_ERROR, main
 
 JOB_KEYS = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 EXPECTED = {
@@ -51,7 +51,7 @@ EXPECTED = {
 
 
 def test_every_example_is_run_by_some_test() -> None:
-    tests = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
+    tests = "\n".join(p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py"))
     examples = [p.stem for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"]
 
     assert [name for name in examples if name not in tests] == []

@@ -45,7 +45,7 @@ from pgwork.observability import (
 from pgwork.observability.emitter import Emitter
 from pgwork.postgres.stats import queue_depths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Num(BaseModel):

@@ -40,7 +40,7 @@ def test_the_progress_line_shows_while_the_run_captures_a_tests_output(
 ) -> None:
     """In a run of its own, pytest captures standard output at its file descriptor while
     a test runs: a line written there would show only with a failing test's output."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_long=LONG_TEST)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # What a user's conftest does to stand for a machine without pgwork[embedded].
 NO_EMBEDDED = """

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from pydantic import BaseModel
+from tests.cli._cli_seed import seed
 
-from _cli_seed import seed
 from pgwork import JobTypeRegistry, PostgresStateAdapter, create_client
 from pgwork.adapters.state import WorkerInfo
 from pgwork.cli import main
