@@ -1,5 +1,5 @@
 """scripts/dev.py, the README's entry point: its everyday tier (``test --fast``) leaves
-out the slow parts, and only those."""
+out the slow parts, and only those; the whole suite includes the benchmark's tests."""
 
 from __future__ import annotations
 
@@ -65,10 +65,41 @@ def test_fast_tier_collects_no_fault_pooler_browser_or_benchmark_test() -> None:
         for i in ids
         if i.startswith(("tests/faults/", "tests/pooler/"))
         or "tests/dashboard/test_browser" in i
-        or "test_bench" in i
+        or i.startswith("bench/")
     ]
     assert slow == []
     assert any(i.startswith("tests/engine/") for i in ids)
+
+
+@pytest.mark.timeout(120)
+def test_the_whole_suite_includes_the_benchmarks_tests() -> None:
+    """``dev.py test`` with no path runs pytest's testpaths: bench/tests must be one."""
+    dev = load_dev()
+    collected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            # The library's tests (the test above collects them); a glob, since pytest
+            # never ignores a path it was given, and tests/ is one of the testpaths too.
+            "--ignore-glob=tests/*",
+            *dev.pytest_args([]),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    ids = [line for line in collected.stdout.splitlines() if "::" in line]
+
+    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr[-2000:]
+    assert any(i.startswith("bench/tests/test_smoke.py::") for i in ids)
+    assert any(i.startswith("bench/tests/test_dashboard.py::") for i in ids)
 
 
 def test_the_install_says_what_it_does_and_shows_pips_progress(
