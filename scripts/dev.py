@@ -9,9 +9,12 @@
     python3 scripts/dev.py lint                    ruff, ruff format, mypy, import-linter
 
 Each command first makes sure `.venv` exists and holds pgwork installed editable with
-its `dev` extra (with `uv` when it is on PATH, else venv + pip). The install is redone
-only when pyproject.toml changes: its hash is kept in a stamp file inside `.venv`.
-Standard library only, Python 3.11+.
+the extras the suite exercises, the benchmark (bench/, a project of its own) editable
+too, and the `dev` dependency group of pyproject.toml (PEP 735: the test and lint
+tools); with `uv` when it is on PATH, else venv + pip, which reads dependency groups
+from 25.1 on and is upgraded first when older. The install is redone only when what it
+reads changes (pyproject.toml, bench/pyproject.toml, the command itself): their hash is
+kept in a stamp file inside `.venv`. Standard library only, Python 3.11+.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ STAMP = VENV / ".pgwork-dev-install"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 
+# pgwork's extras the suite exercises: psycopg's wheels (a libpq of their own), the
+# embedded server, the dashboard, metrics, asyncpg and uvloop.
+EXTRAS = "asyncpg,binary,dashboard,embedded,prometheus,uvloop"
+# The first pip that installs a dependency group (`--group`).
+PIP = "pip>=25.1"
+# The files the install reads: a change to any of them reinstalls.
+INSTALL_INPUTS = ("pyproject.toml", "bench/pyproject.toml")
+
 LINTERS: list[tuple[str, list[str]]] = [
     ("ruff check", [str(PYTHON), "-m", "ruff", "check", "."]),
     ("ruff format", [str(PYTHON), "-m", "ruff", "format", "--check", "."]),
@@ -46,8 +57,9 @@ FAST_TIER = [
     "--ignore=tests/faults",
     "--ignore=tests/pooler",
     "--ignore-glob=tests/dashboard/test_browser*.py",
-    "--ignore-glob=tests/test_bench_*.py",
-    "--ignore=tests/dashboard/test_bench.py",
+    # A glob of its files: bench/tests is one of the testpaths, and pytest never ignores
+    # a path it was given (--ignore=bench/tests would leave it in).
+    "--ignore-glob=bench/tests/*",
     "-m",
     "not slow",
 ]
@@ -68,9 +80,17 @@ def _must(command: Sequence[str]) -> None:
         raise SystemExit(code)
 
 
+def install_arguments() -> list[str]:
+    """What follows ``pip install`` (run from the repository root): pgwork with its
+    extras and the benchmark, both editable, and the ``dev`` dependency group."""
+    return ["-e", f"{ROOT}[{EXTRAS}]", "-e", str(ROOT / "bench"), "--group", "dev"]
+
+
 def _install_fingerprint() -> str:
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
-    digest.update(sys.version.encode())
+    digest = hashlib.sha256(sys.version.encode())
+    for name in INSTALL_INPUTS:
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    digest.update("\0".join(install_arguments()).encode())
     return digest.hexdigest()
 
 
@@ -87,17 +107,19 @@ def ensure_environment() -> None:
     if STAMP.exists() and STAMP.read_text().strip() == fingerprint:
         return
     _say(
-        "installing pgwork (editable) and its dev dependencies into "
+        "installing pgwork and the benchmark (editable) and the dev tools into "
         f"{VENV.relative_to(ROOT)}: a minute or two the first time, again only when "
-        "pyproject.toml changes"
+        "pyproject.toml or bench/pyproject.toml changes"
     )
-    target = f"{ROOT}[dev]"
     started = time.monotonic()
     if uv:
-        _must([uv, "pip", "install", "--python", str(PYTHON), "-e", target])
+        _must([uv, "pip", "install", "--python", str(PYTHON), *install_arguments()])
     else:
+        pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check"]
+        # A no-op when the venv's pip is recent enough already.
+        _must([*pip, PIP])
         # pip's own lines (one per package) are the progress display.
-        _must([str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-e", target])
+        _must([*pip, *install_arguments()])
     STAMP.write_text(fingerprint + "\n")
     _say(f"installed in {time.monotonic() - started:.0f} s")
 

@@ -1,6 +1,6 @@
 """A progress line while a test runs long: pytest prints a test's result only once it
 ends, and some tests here run for a minute or more (fault scenarios, demos, servers),
-so a run could sit silent for minutes. A pytest plugin (tests/conftest.py loads it).
+so a run could sit silent for minutes. A pytest plugin (the root conftest.py loads it).
 
 The line is written while a test runs, when pytest's output capture holds the
 process's standard output (file descriptor 1 points at a capture file): written there,

@@ -18,7 +18,7 @@ import pytest
 
 __all__ = ["EXPECTED_SKIPS", "in_ci", "unexpected"]
 
-# A pytest plugin (tests/conftest.py loads it): the hooks at the end of this module.
+# A pytest plugin (the root conftest.py loads it): the hooks at the end of this module.
 
 # Regex on the skip reason -> why it is expected.
 EXPECTED_SKIPS: dict[str, str] = {

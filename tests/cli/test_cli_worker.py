@@ -410,7 +410,7 @@ def test_sigterm_stops_the_worker_gracefully_with_exit_zero(targets: Path, pgwor
 @pytest.mark.parametrize(
     ("args", "loop"),
     [
-        ((), "uvloop"),  # auto: uvloop is installed here (the dev extra)
+        ((), "uvloop"),  # auto: uvloop is installed here (scripts/dev.py)
         (("--loop", "uvloop"), "uvloop"),
         (("--loop", "asyncio"), "asyncio"),
     ],

@@ -68,7 +68,7 @@ def _docker_engine_reachable() -> str | None:
     try:
         import docker
     except ImportError:
-        return "the docker client library is not installed: pip install 'pgwork[dev]'"
+        return "the docker client library is not installed: pip install 'testcontainers[postgres]'"
     try:
         client = docker.from_env()
         try:

@@ -5,15 +5,8 @@ should not rest on one draw."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench._report import Cost, Measurement, medians  # noqa: E402
-from tests._bench_runs import run_bench  # noqa: E402
+from bench._report import Cost, Measurement, medians
+from bench.tests._runs import run_bench
 
 
 def _drain(value: float, library: str = "pgwork", note: str = "") -> Measurement:

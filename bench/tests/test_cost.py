@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
-from pathlib import Path
 
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench._cost import CostMeter, _run_time, backends_cpu  # noqa: E402
-from bench._env import fresh_database  # noqa: E402
-from bench._report import Cost, Measurement, render_markdown  # noqa: E402
+from bench._cost import CostMeter, _run_time, backends_cpu
+from bench._env import fresh_database
+from bench._report import Cost, Measurement, render_markdown
 
 # Server work of a few hundred milliseconds in one backend.
 BUSY = "SELECT count(*) FROM generate_series(1, 3000000) AS g WHERE g % 7 = 3"

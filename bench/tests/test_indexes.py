@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from _bench_runs import needs_walinspect, run_bench
+from bench.tests._runs import needs_walinspect, run_bench
 
 
 def _phase(output: str, name: str) -> str:

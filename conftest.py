@@ -1,4 +1,6 @@
-"""Shared test configuration.
+"""Shared test configuration of the repository's two suites, the library's (tests/) and
+the benchmark's (bench/tests/); at the root, so that its plugins load however pytest is
+started (`python -m pytest`, `python -m pytest bench/tests`, `pytest .`).
 
 The PostgreSQL fixtures (``pgwork_dsn``, ``empty_database_dsn``, ``pg_server_dsn``, ...)
 come from pgwork's own pytest plugin, ``pgwork.testing.plugin``. Async tests run on

@@ -12,20 +12,14 @@ time-ordered as pgwork's are.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import psycopg
 import pytest
 
-from _bench_runs import REPO, run_bench
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 from bench._pgwork_app import Item, open_client
 from bench.peers._peer_common import pgwork_rows_insert, pgwork_rows_params
-
+from bench.tests._runs import run_bench
 from pgwork import ChainStart
 
 # Differ from row to row whoever writes them: ids, and the clock at the insert.

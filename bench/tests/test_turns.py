@@ -8,16 +8,11 @@ end and read its WAL back.
 from __future__ import annotations
 
 import re
-import sys
 
 import psycopg
 import pytest
 
-from _bench_runs import REPO, needs_walinspect, run_bench
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
+from bench.tests._runs import needs_walinspect, run_bench
 from bench.turns import flush_to
 
 

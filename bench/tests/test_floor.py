@@ -16,7 +16,7 @@ import sys
 import psycopg
 import pytest
 
-from _bench_runs import REPO
+from bench.tests._runs import REPO
 
 RUNNER = REPO / "bench" / "peers" / "run_raw.py"
 

@@ -17,14 +17,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-# The harness lives beside src/, not in the package: make it importable however pytest
-# was started.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench._env import fresh_database  # noqa: E402
-from bench._idle import cpu_seconds, read_counters  # noqa: E402
+from bench._env import fresh_database
+from bench._idle import cpu_seconds, read_counters
+from bench.tests._runs import REPO
 
 EXPECTED_ROWS = [
     "| enqueue, 1 job per transaction |",

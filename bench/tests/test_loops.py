@@ -11,22 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench._loop import current, resolve, run  # noqa: E402
-from bench._worker_process import WorkerProcess  # noqa: E402
-from bench.peers import FLOOR, PEERS  # noqa: E402
-
-if str(REPO / "bench" / "peers") not in sys.path:
-    sys.path.insert(0, str(REPO / "bench" / "peers"))
-
-from _peer_common import run_on_loop  # noqa: E402
+from bench._loop import current, resolve, run
+from bench._worker_process import WorkerProcess
+from bench.peers import FLOOR, PEERS
+from bench.peers._peer_common import run_on_loop
 
 
 async def _kind() -> str:
@@ -34,7 +25,7 @@ async def _kind() -> str:
 
 
 def test_auto_picks_uvloop_where_it_is_installed() -> None:
-    assert resolve("auto") == "uvloop"  # the dev extra installs it
+    assert resolve("auto") == "uvloop"  # the benchmark depends on it
     assert resolve("asyncio") == "asyncio"
 
 

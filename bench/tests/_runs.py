@@ -1,4 +1,5 @@
-"""Running a ``bench`` module the way a user does, for the tests that keep it working."""
+"""Running a ``bench`` module the way a user does (``python -m bench...`` from the
+repository root), for the tests that keep it working."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def needs_walinspect(dsn: str) -> None:
