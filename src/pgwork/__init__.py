@@ -10,6 +10,7 @@ from pgwork.backoff import RetryPolicy, backoff_delay
 from pgwork.client import ChainStart, Client, StartedChain, create_client
 from pgwork.errors import (
     AttemptAlreadyFinishedError,
+    CapabilityMissingError,
     ChainHasDependantsError,
     ChainNotFoundError,
     ConfigurationError,
@@ -72,6 +73,7 @@ __all__ = [
     "AttemptError",
     "BlockedJob",
     "BlockerStatus",
+    "CapabilityMissingError",
     "Chain",
     "ChainHasDependantsError",
     "ChainNotFoundError",

@@ -9,7 +9,8 @@ The tree::
     │   ├── InvalidDedupWindowError   a dedup window that is not positive
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
-    │   └── SyncHandlerError          a handler or middleware that is not an async callable
+    │   ├── SyncHandlerError          a handler or middleware that is not an async callable
+    │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
     │   ├── DatabaseTimeoutError      an open connection gave no answer in time
@@ -61,6 +62,7 @@ from uuid import UUID
 __all__ = [
     "AttemptAlreadyFinishedError",
     "AwaitTimeoutError",
+    "CapabilityMissingError",
     "ChainAlreadyFinishedError",
     "ChainFailedError",
     "ChainHasDependantsError",
@@ -183,6 +185,23 @@ class SyncHandlerError(ConfigurationError, TypeError):
             f"the {role} {shown!r}{of} is not an async function: sync {role}s are not "
             f"supported yet. Declare it with `async def`, or wrap blocking code in an "
             f"`async def` that calls `await asyncio.to_thread(...)`"
+        )
+
+
+class CapabilityMissingError(ConfigurationError):
+    """A feature that needs a capability of the storage contract (atomic job types,
+    blockers, the operator's views, ...) asked of a store that offers only the core, or
+    not that capability: refused before any statement, saying what the store lacks."""
+
+    def __init__(self, capability: str, feature: str, store_type: str) -> None:
+        self.capability = capability
+        self.feature = feature
+        self.store_type = store_type
+        super().__init__(
+            f"{feature} needs the storage capability {capability}, and the state adapter "
+            f"{store_type} does not offer it: use a store that does (the "
+            "PostgreSQL adapter offers every capability), or do without "
+            "(docs/design/storage-contract.md)"
         )
 
 

@@ -17,31 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from tests._core_only import CAPABILITIES, operations
 
 from pgwork.adapters import state
 from pgwork.testing.conformance import StateAdapterConformance
 from pgwork.testing.conformance._harness import required_capabilities
 
-CAPABILITIES = (
-    state.BatchedTurns,
-    state.DueTimes,
-    state.AtomicAttempts,
-    state.AtomicGroupCommit,
-    state.InLineRenewal,
-    state.ChainBlockers,
-    state.OperatorViews,
-    state.Maintenance,
-)
 CORE = state.CoreStateAdapter
-
-
-def operations(protocol: type) -> set[str]:
-    return {
-        name
-        for klass in protocol.__mro__
-        for name, value in vars(klass).items()
-        if not name.startswith("_") and callable(value) and klass is not object
-    }
 
 
 OWNER = {name: capability for capability in CAPABILITIES for name in operations(capability)}

@@ -12,39 +12,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tests._core_only import CAPABILITIES, CoreOnly
 
 from pgwork import PostgresStateAdapter
 from pgwork.adapters import state
 from pgwork.testing.conformance import StateAdapterConformance, StateHarness
 
 pytestmark = pytest.mark.anyio
-
-CAPABILITIES = (
-    state.BatchedTurns,
-    state.DueTimes,
-    state.AtomicAttempts,
-    state.AtomicGroupCommit,
-    state.InLineRenewal,
-    state.ChainBlockers,
-    state.OperatorViews,
-    state.Maintenance,
-)
-
-CORE_OPERATIONS = sorted(
-    name
-    for klass in state.CoreStateAdapter.__mro__
-    if klass is not object
-    for name, value in vars(klass).items()
-    if not name.startswith("_") and callable(value)
-)
-
-
-class CoreOnly:
-    """``inner``'s core operations, and nothing else."""
-
-    def __init__(self, inner: PostgresStateAdapter) -> None:
-        for name in CORE_OPERATIONS:
-            setattr(self, name, getattr(inner, name))
 
 
 class TestCoreOnlyStateAdapter(StateAdapterConformance):

@@ -304,7 +304,12 @@ async def test_a_slow_job_type_runs_alone_once_its_handlers_outlast_the_wait(
     slow = reg.job_type("slow", input=Num, mode="atomic")
     client = await make_client(reg)
     groups = worker_groups.atomic_groups(
-        state=client.state, notify=client.notify, size=8, wait=0.01, max_slots=8
+        state=client.state,
+        opener=client.state,
+        notify=client.notify,
+        size=8,
+        wait=0.01,
+        max_slots=8,
     )
     assert groups is not None
     slot: Any = type("S", (), {"job_type": slow})()

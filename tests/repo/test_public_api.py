@@ -11,6 +11,7 @@ EXPECTED = {
     "AttemptError",
     "BlockedJob",
     "BlockerStatus",
+    "CapabilityMissingError",
     "Chain",
     "ChainHasDependantsError",
     "ChainNotFoundError",

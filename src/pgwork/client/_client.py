@@ -25,9 +25,10 @@ from pgwork._limits import (
     check_priority,
     check_queue_name,
 )
+from pgwork.adapters.capabilities import Capabilities
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import DedupSpec, NewJob, StateAdapter, TransactionHandle
+from pgwork.adapters.state import CoreStateAdapter, DedupSpec, NewJob, TransactionHandle
 from pgwork.client._control import ControlMixin
 from pgwork.client._history import HistoryMixin
 from pgwork.client._insight import InsightMixin
@@ -62,7 +63,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
     def __init__(
         self,
         *,
-        state_adapter: StateAdapter,
+        state_adapter: CoreStateAdapter,
         notify_adapter: NotifyAdapter,
         registry: JobTypeRegistry,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -70,8 +71,11 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
     ) -> None:
         registry.validate()
         check_payload_cap(max_payload_bytes)
-        # Every role: the query mixin asks only for ReadStore, the rest for more.
-        self.state: StateAdapter = state_adapter
+        # The core of the contract; what the store offers beyond it is asked once, here
+        # (the worker built on this client reads it too). A feature that needs a
+        # capability the store lacks raises ``CapabilityMissingError``.
+        self.state: CoreStateAdapter = state_adapter
+        self.capabilities = Capabilities.of(state_adapter)
         self.notify = notify_adapter
         self.registry = registry
         self.max_payload_bytes = max_payload_bytes
@@ -280,6 +284,8 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                 or item.blockers
             ):
                 _check_options(item)
+                if item.blockers:
+                    self.capabilities.require_blockers("starting a chain with blockers")
         checked = zip(resolved, inputs, schedules, dedups, strict=True)
         return _build_jobs(items, checked, new_ids(len(items)), trace)
 
@@ -399,7 +405,7 @@ def _dedup_spec(dedup: str | DedupSpec | None) -> DedupSpec | None:
 
 def create_client(
     *,
-    state_adapter: StateAdapter,
+    state_adapter: CoreStateAdapter,
     notify_adapter: NotifyAdapter | None = None,
     registry: JobTypeRegistry,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -408,7 +414,9 @@ def create_client(
     """Build a Client. Without ``notify_adapter`` an in-process one is used (workers in
     other processes then find new jobs by polling only). ``observers`` receive the
     events of ``pgwork.observability`` (default: a ``LoggingObserver``; ``[]``: none);
-    workers built on this client share them unless given their own."""
+    workers built on this client share them unless given their own. ``state_adapter``
+    needs only the core of the storage contract; a feature that needs a capability it
+    does not offer raises ``CapabilityMissingError`` (docs/design/storage-contract.md)."""
     for name, adapter in (("state_adapter", state_adapter), ("notify_adapter", notify_adapter)):
         _refuse_awaitable(name, adapter)
     return Client(

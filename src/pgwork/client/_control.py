@@ -33,8 +33,9 @@ from pgwork.job_types import Continuation, JobTypeRegistry
 from pgwork.records import AbortReason, Chain, ChainStatus, Job, JobStatus
 
 if TYPE_CHECKING:
+    from pgwork.adapters.capabilities import Capabilities
     from pgwork.adapters.notify import NotifyAdapter
-    from pgwork.adapters.state import StateAdapter
+    from pgwork.adapters.state import CoreStateAdapter
 
 __all__ = ["ControlMixin"]
 
@@ -43,7 +44,8 @@ class ControlMixin:
     """Await, cancel, retry, workerless completion, trigger, pause/resume, deletion."""
 
     if TYPE_CHECKING:
-        state: StateAdapter
+        state: CoreStateAdapter
+        capabilities: Capabilities
         notify: NotifyAdapter
         registry: JobTypeRegistry
         max_payload_bytes: int
@@ -236,4 +238,6 @@ class ControlMixin:
         retention = {t.name: t.retention for t in self.registry if t.retention is not None}
         if not retention:
             return 0
-        return await self.state.delete_expired_chains(retention=retention, limit=limit)
+        return await self.capabilities.require_maintenance(
+            "Client.purge_expired"
+        ).delete_expired_chains(retention=retention, limit=limit)

@@ -25,7 +25,8 @@ from pgwork.adapters.history import (
 from pgwork.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import StateAdapter, TransactionHandle
+    from pgwork.adapters.capabilities import Capabilities
+    from pgwork.adapters.state import TransactionHandle
 
 __all__ = ["MAX_HISTORY_POINTS", "HistoryMixin", "history_step"]
 
@@ -53,7 +54,7 @@ class HistoryMixin:
     """``job_history`` and ``roll_up_history`` of ``Client``."""
 
     if TYPE_CHECKING:
-        state: StateAdapter
+        capabilities: Capabilities
 
         async def _read_handle(self, tx: object | None) -> TransactionHandle | None: ...
 
@@ -81,7 +82,7 @@ class HistoryMixin:
                 f"window must be positive and at most {HISTORY_KEEP.days} days, got {window}"
             )
         resolution, step, groups = history_step(window)
-        return await self.state.job_history(
+        return await self.capabilities.require_views("Client.job_history").job_history(
             await self._read_handle(tx),
             window=window,
             resolution=resolution,
@@ -104,4 +105,6 @@ class HistoryMixin:
             raise ConfigurationError(
                 f"keep must be between {FINE_KEEP.days} days and ten years, got {keep}"
             )
-        return await self.state.roll_up_history(limit=limit, keep=keep, max_lag=HISTORY_MAX_LAG)
+        return await self.capabilities.require_maintenance(
+            "Client.roll_up_history"
+        ).roll_up_history(limit=limit, keep=keep, max_lag=HISTORY_MAX_LAG)

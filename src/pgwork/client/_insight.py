@@ -15,7 +15,8 @@ from pgwork.adapters.insight import ChainLinks, RecentActivity
 from pgwork.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import StateAdapter, TransactionHandle
+    from pgwork.adapters.capabilities import Capabilities
+    from pgwork.adapters.state import TransactionHandle
 
 __all__ = ["InsightMixin"]
 
@@ -27,7 +28,7 @@ class InsightMixin:
     """``recent_activity`` and ``chain_links`` of ``Client``."""
 
     if TYPE_CHECKING:
-        state: StateAdapter
+        capabilities: Capabilities
 
         async def _read_handle(self, tx: object | None) -> TransactionHandle | None: ...
 
@@ -53,7 +54,7 @@ class InsightMixin:
             )
         if not 1 <= sample_size <= 1_000_000:
             raise ConfigurationError(f"sample_size must be in 1..1000000, got {sample_size}")
-        return await self.state.recent_activity(
+        return await self.capabilities.require_views("Client.recent_activity").recent_activity(
             await self._read_handle(tx), window=window, bucket=bucket, sample_size=sample_size
         )
 
@@ -64,6 +65,6 @@ class InsightMixin:
         for it (up to ``limit`` of each), with the status at the other end of each edge."""
         if not 1 <= limit <= MAX_LINKS:
             raise ConfigurationError(f"limit must be between 1 and {MAX_LINKS}, got {limit}")
-        return await self.state.chain_links(
+        return await self.capabilities.require_views("Client.chain_links").chain_links(
             await self._read_handle(tx), chain_id=chain_id, limit=limit
         )

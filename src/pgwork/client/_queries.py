@@ -32,7 +32,8 @@ from pgwork.errors import ConfigurationError, InvalidCursorError
 from pgwork.records import Chain, ChainStatus, Job, JobStatus, Page
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import ReadStore, TransactionHandle
+    from pgwork.adapters.capabilities import Capabilities
+    from pgwork.adapters.state import ReadCore, TransactionHandle
     from pgwork.job_types import JobTypeRegistry
 
 __all__ = ["MAX_PAGE_SIZE", "QueryMixin", "decode_cursor", "encode_cursor"]
@@ -56,7 +57,8 @@ class QueryMixin:
     """Listings, counts and workers of ``Client``: reads only."""
 
     if TYPE_CHECKING:
-        state: ReadStore
+        state: ReadCore
+        capabilities: Capabilities
         registry: JobTypeRegistry
 
         def _decoded(self, job: Job[Any]) -> Job[Any]: ...
@@ -132,7 +134,9 @@ class QueryMixin:
         their status: what an operator looks at when work seems stuck."""
         size, after = _fetch_size(limit), decode_cursor(cursor, "b")
         handle = await self._read_handle(tx)
-        blocked = await self.state.list_blocked_jobs(handle, after=after, limit=size)
+        blocked = await self.capabilities.require_views(
+            "Client.list_blocked_jobs"
+        ).list_blocked_jobs(handle, after=after, limit=size)
         items = [replace(item, job=self._decoded(item.job)) for item in blocked]
         return _page(items, limit, "b", lambda item: _job_key(item.job))
 
@@ -144,7 +148,9 @@ class QueryMixin:
 
         Reads every unfinished job's index entry, never a finished one's.
         """
-        return await self.state.count_jobs(await self._read_handle(tx))
+        return await self.capabilities.require_views("Client.count_jobs").count_jobs(
+            await self._read_handle(tx)
+        )
 
     # --- workers ----------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import StateAdapter
+    from pgwork.adapters.state import CoreStateAdapter
 
 __all__ = ["SyncEnqueueMixin"]
 
@@ -35,7 +35,7 @@ class SyncEnqueueMixin:
     """Mixed into ``Client``: the blocking twins of ``start_chain`` / ``start_chains``."""
 
     if TYPE_CHECKING:
-        state: StateAdapter
+        state: CoreStateAdapter
 
         def _start_chains(
             self,

@@ -30,7 +30,8 @@ from pgwork.errors import ConfigurationError
 from pgwork.records import Job, Page
 
 if TYPE_CHECKING:
-    from pgwork.adapters.state import ReadStore, TransactionHandle
+    from pgwork.adapters.capabilities import Capabilities
+    from pgwork.adapters.state import TransactionHandle
 
 __all__ = ["WorkMixin"]
 
@@ -79,7 +80,7 @@ class WorkMixin:
     ``find_by_id_prefix``, ``find_by_input``."""
 
     if TYPE_CHECKING:
-        state: ReadStore
+        capabilities: Capabilities
 
         async def _read_handle(self, tx: object | None) -> TransactionHandle | None: ...
 
@@ -123,7 +124,7 @@ class WorkMixin:
         kind = _listing(chosen, oldest_first)
         size, after = _fetch_size(limit), decode_cursor(cursor, kind)
         handle = await self._read_handle(tx)
-        jobs = await self.state.list_work(
+        jobs = await self.capabilities.require_views("Client.list_work").list_work(
             handle, where=where, after=after, oldest_first=oldest_first, limit=size
         )
         return _page([self._decoded(job) for job in jobs], limit, kind, _work_key(chosen))
@@ -143,7 +144,7 @@ class WorkMixin:
             raise ConfigurationError(
                 f"per_worker must be between 1 and {MAX_PAGE_SIZE}, got {per_worker!r}"
             )
-        found = await self.state.running_by_worker(
+        found = await self.capabilities.require_views("Client.running_by_worker").running_by_worker(
             await self._read_handle(tx), per_worker=per_worker
         )
         return [
@@ -158,7 +159,9 @@ class WorkMixin:
         queue."""
         if not 1 <= sample <= MAX_SAMPLE:
             raise ConfigurationError(f"sample must be in 1..{MAX_SAMPLE}, got {sample}")
-        return await self.state.pending_types(await self._read_handle(tx), sample=sample)
+        return await self.capabilities.require_views("Client.pending_types").pending_types(
+            await self._read_handle(tx), sample=sample
+        )
 
     async def error_groups(
         self, *, sample: int = 10_000, limit: int = 50, tx: object | None = None
@@ -168,7 +171,7 @@ class WorkMixin:
         if not 1 <= sample <= MAX_SAMPLE:
             raise ConfigurationError(f"sample must be in 1..{MAX_SAMPLE}, got {sample}")
         _fetch_size(limit)
-        return await self.state.error_groups(
+        return await self.capabilities.require_views("Client.error_groups").error_groups(
             await self._read_handle(tx), sample=sample, limit=limit
         )
 
@@ -184,7 +187,7 @@ class WorkMixin:
         """
         low, high = id_range(prefix)
         _fetch_size(limit)
-        jobs = await self.state.jobs_in_id_range(
+        jobs = await self.capabilities.require_views("Client.find_by_id_prefix").jobs_in_id_range(
             await self._read_handle(tx), low=low, high=high, limit=limit
         )
         return [self._decoded(job) for job in jobs]
@@ -222,7 +225,7 @@ class WorkMixin:
             raise ConfigurationError(f"examine must be in 1..{MAX_EXAMINED}, got {examine!r}")
         _fetch_size(limit)
         before = decode_cursor(cursor, _INPUT_SEARCH)
-        scan = await self.state.scan_input(
+        scan = await self.capabilities.require_views("Client.find_by_input").scan_input(
             await self._read_handle(tx), match=match, before=before, examine=examine, limit=limit
         )
         oldest = scan.oldest_examined

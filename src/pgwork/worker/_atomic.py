@@ -59,8 +59,10 @@ async def run_atomic(
     failure: BaseException | None = None
     # The outcome is being written (or committed): an error now is the write's.
     writing = False
+    atomic = steps.atomic
+    assert atomic is not None  # a worker on a store without it refuses atomic types
     try:
-        async with steps.state.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
+        async with atomic.atomic_transaction(lease=slot.lease, deadline=deadline) as tx:
             if tx is None:
                 log.warning(
                     "pgwork job %s was taken from this worker before it started",
@@ -121,7 +123,8 @@ async def _write_atomic_outcome(
     if not isinstance(outcome, Completed) or outcome.continuation is not None:
         return await steps.write_outcome(slot, attempt, tx)
     lease = slot.lease
-    result = await steps.state.complete_atomic(
+    assert steps.atomic is not None  # as in ``run_atomic``
+    result = await steps.atomic.complete_atomic(
         tx,
         completion=Completion(lease.job_id, lease.lease_token, outcome.output_json),
     )

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from pgwork._continuations import continuation_job, split_schedule
-from pgwork.adapters.state import AcquiredJob, NewJob, StateAdapter
+from pgwork.adapters.state import AcquiredJob, ChainBlockers, NewJob
 from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError, LeaseLostError
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
@@ -80,7 +80,7 @@ class Attempt(Generic[I, O]):
         registry: JobTypeRegistry,
         max_payload_bytes: int,
         transaction: Any | None,
-        state: StateAdapter,
+        blockers: ChainBlockers | None,
     ) -> None:
         self.job = job
         self.job_type = job_type
@@ -91,7 +91,8 @@ class Attempt(Generic[I, O]):
         self.connection: Any = getattr(transaction, "connection", None)
         self._acquired = acquired
         self._registry = registry
-        self._state = state
+        # The store, when it offers blockers; without them no job has any.
+        self._blockers = blockers
         self._max_payload_bytes = max_payload_bytes
         self.outcome: Outcome | None = None
 
@@ -156,9 +157,12 @@ class Attempt(Generic[I, O]):
     async def blocker_outputs(self) -> list[Any]:
         """Outputs of the chains this job was blocked on, in the order they were given,
         each decoded with the output model of the job that ended that chain (``None``
-        for a blocker that failed or was cancelled and let this job run anyway)."""
+        for a blocker that failed or was cancelled and let this job run anyway). Empty
+        for a job without blockers, as every job is on a store without ``ChainBlockers``."""
         outputs: list[Any] = []
-        for blocker in await self._state.blocker_outputs(self.transaction, job_id=self.job.id):
+        if self._blockers is None:
+            return outputs
+        for blocker in await self._blockers.blocker_outputs(self.transaction, job_id=self.job.id):
             if blocker.status is not ChainStatus.COMPLETED or blocker.type_name is None:
                 outputs.append(None)
             elif blocker.type_name in self._registry:

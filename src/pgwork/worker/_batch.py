@@ -32,7 +32,7 @@ from typing import Any
 
 import anyio
 
-from pgwork.adapters.state import Completion, CompletionResult, StateAdapter
+from pgwork.adapters.state import Completion, CompletionResult, WorkerCore
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._acquires import Acquires
 from pgwork.worker._deadline import StopDeadline
@@ -78,7 +78,7 @@ class CompletionBatcher:
 
     def __init__(
         self,
-        state: StateAdapter,
+        state: WorkerCore,
         *,
         max_size: int = 200,
         max_delay: float = 0.002,
@@ -95,7 +95,7 @@ class CompletionBatcher:
         self._arrived = asyncio.Event()
         self._full = asyncio.Event()
         # The worker's acquires, which take the waiting completions along (None: a
-        # batcher that writes everything itself).
+        # batcher that writes everything itself, as on a store without ``BatchedTurns``).
         self._acquires = acquires
         # Batches an acquire could not take along (``write_apart``): written here.
         self._apart: list[Pending] = []

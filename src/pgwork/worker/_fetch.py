@@ -22,6 +22,10 @@ An acquire that comes back short tells ``Wakeups`` (the queues are drained until
 next hint). What an acquire brought waits in ``arrivals`` and the main loop is rung: the
 loop starts the jobs, sending the next acquire first when prefetching.
 
+On a store without ``BatchedTurns`` an acquire goes alone (``acquire``) and carries no
+completions: the batcher writes them all itself (the worker builds it without the
+acquires' record, so it never waits for one to take them along).
+
 A failed acquire gives its completions back to the batcher (which retries them on its
 own) and leaves its error for the main loop, which backs off. One that failed because
 an outcome it carried cannot be stored leaves its completions to the batcher (which
@@ -38,7 +42,7 @@ from datetime import timedelta
 import anyio
 import anyio.abc
 
-from pgwork.adapters.state import AcquiredJob, CompletionResult, StateAdapter
+from pgwork.adapters.state import AcquiredJob, BatchedTurns, CompletionResult, WorkerCore
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._acquires import Acquires
 from pgwork.worker._batch import CompletionBatcher, Pending
@@ -66,7 +70,8 @@ class Fetcher:
     def __init__(
         self,
         *,
-        state: StateAdapter,
+        state: WorkerCore,
+        turns: BatchedTurns | None,
         batcher: CompletionBatcher,
         acquires: Acquires,
         worker_id: str,
@@ -78,6 +83,9 @@ class Fetcher:
         max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.state = state
+        self._turns = turns
+        # Chosen once: the turn that carries completions, or an acquire alone.
+        self._send = self._complete_and_acquire if turns is not None else self._acquire_alone
         self._max_in_flight = max_in_flight
         self._batcher = batcher
         self._worker_id = worker_id
@@ -121,7 +129,7 @@ class Fetcher:
         acquires.sent()
         # Taken now, not when the task first runs: the batcher, seeing an acquire go
         # out, leaves the completions waiting at this moment to it.
-        batch = self._batcher.take()
+        batch = self._batcher.take() if self._turns is not None else []
         generation = self._wakeups.generation
         # The leases it takes run from their transaction's start, which is later: a
         # lease counted from here ends no later than the database's (see ``Slot``).
@@ -145,13 +153,13 @@ class Fetcher:
         try:
             try:
                 try:
-                    results, acquired = await self._complete_and_acquire(batch, limit)
+                    results, acquired = await self._send(batch, limit)
                 except OutcomeNotStorableError:
                     # One of its outcomes cannot be stored: the batcher writes them on
                     # their own (that one fails alone), and the acquire goes without.
                     self._batcher.write_apart(batch)
                     batch = []
-                    results, acquired = await self._complete_and_acquire(batch, limit)
+                    results, acquired = await self._send(batch, limit)
             except Exception as exc:
                 self._batcher.give_back(batch)
                 self.error = exc
@@ -182,13 +190,24 @@ class Fetcher:
     async def _complete_and_acquire(
         self, batch: list[Pending], limit: int
     ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
-        return await self.state.complete_and_acquire(
+        assert self._turns is not None  # chosen only then (``__init__``)
+        return await self._turns.complete_and_acquire(
             completions=[pending.completion for pending in batch],
             worker_id=self._worker_id,
             leases=self._leases,
             queues=self._queues,
             limit=limit,
         )
+
+    async def _acquire_alone(
+        self, batch: list[Pending], limit: int
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        """The acquire of a store without ``BatchedTurns``: ``batch`` is empty (the
+        batcher writes every completion)."""
+        acquired = await self.state.acquire(
+            worker_id=self._worker_id, leases=self._leases, queues=self._queues, limit=limit
+        )
+        return [], acquired
 
     def _came_back(self, limit: int) -> None:
         self.asked -= limit

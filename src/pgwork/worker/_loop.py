@@ -14,6 +14,12 @@ attempt runs in ``_runner`` by mode (``_atomic``, ``_atomic_group``), through th
 steps they share (``_steps``). Side tasks renew leases (``_lease``), send heartbeats
 (``_heartbeat``), give up on stuck handlers (``_watchdog``) and run maintenance
 (``_maintenance``).
+
+What the store offers beyond the core of the contract is read once, as the worker is
+built (``client.capabilities``): each part is wired with the capability or without it
+(an acquire alone instead of a batched turn, no look-ahead without due times, no
+waiter in line for a held row, no sweep or rollup), and a job type or option that
+cannot work without one (an atomic type, ``atomic_group`` > 1) is refused then.
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ import anyio.lowlevel
 
 from pgwork.adapters.state import WorkerInfo
 from pgwork.client import Client
-from pgwork.errors import ConfigurationError, DatabaseTimeoutError, PgworkError, WorkerStateError
+from pgwork.errors import (
+    CapabilityMissingError,
+    ConfigurationError,
+    DatabaseTimeoutError,
+    PgworkError,
+    WorkerStateError,
+)
 from pgwork.job_types import JobType
 from pgwork.observability import (
     WORKER_STARTED,
@@ -118,6 +130,7 @@ class InProcessWorker:
         self.client = client
         self.state = client.state
         self.notify = client.notify
+        capabilities = client.capabilities
         self.worker_id = worker_id or default_worker_id()
         self.max_slots = max_slots
         self.poll_interval = poll_interval
@@ -137,7 +150,12 @@ class InProcessWorker:
         # Once a stop aborted what still ran: by when the rest of the stop is done.
         self._deadline = StopDeadline()
         self._batcher = CompletionBatcher(
-            client.state, max_size=max(200, max_slots), acquires=acquires, deadline=self._deadline
+            client.state,
+            max_size=max(200, max_slots),
+            # Without batched turns no acquire takes completions along: the batcher
+            # writes them all, and never waits for an acquire to.
+            acquires=acquires if capabilities.turns is not None else None,
+            deadline=self._deadline,
         )
         self._events = Emitter(client.observers if observers is None else observers)
         self._drain_scope: anyio.CancelScope | None = None
@@ -151,6 +169,12 @@ class InProcessWorker:
             require_async(handler, job_type.name)
             self._types[job_type.name] = job_type
             self._handlers[job_type.name] = compose(self.middlewares, handler)
+            if job_type.mode == "atomic" and capabilities.atomic is None:
+                raise CapabilityMissingError(
+                    "AtomicAttempts",
+                    f"the atomic job type {job_type.name!r}",
+                    capabilities.store_type,
+                )
         self.queues: tuple[str, ...] = (
             tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in self._types.values()))
         )
@@ -168,6 +192,7 @@ class InProcessWorker:
                 ),
                 groups=atomic_groups(
                     state=client.state,
+                    opener=capabilities.atomic_groups,
                     notify=client.notify,
                     size=atomic_group,
                     wait=atomic_group_wait,
@@ -198,6 +223,7 @@ class InProcessWorker:
         self._task: Any = None
         self._fetcher = Fetcher(
             state=client.state,
+            turns=capabilities.turns,
             batcher=self._batcher,
             acquires=acquires,
             worker_id=self.worker_id,
@@ -235,6 +261,8 @@ class InProcessWorker:
             wakeups=self._wakeups,
             idle_interval=poll_interval,
         )
+        self._due_times = capabilities.due_times
+        self._in_line_renewal = capabilities.in_line_renewal
         self._notices = NoticeRouter(
             worker_id=self.worker_id,
             queues=self.queues,
@@ -543,12 +571,17 @@ class InProcessWorker:
 
     async def _look_ahead(self) -> None:
         """Once the queues are drained, learn when the next job becomes due (see
-        ``_wakeups``): at start, and after a timer fired but found nothing."""
+        ``_wakeups``): at start, and after a timer fired but found nothing. A store
+        without ``DueTimes`` is not asked: an idle worker finds scheduled jobs by the
+        poll (and the notifications that announce them)."""
         wakeups = self._wakeups
         if not wakeups.look_ahead or wakeups.may_have_work or self._fetcher.in_flight:
             return
         wakeups.look_ahead = False
-        seconds = await self.state.next_due(
+        due_times = self._due_times
+        if due_times is None:
+            return
+        seconds = await due_times.next_due(
             type_names=list(self._types), queues=self.queues, missed_after=wakeups.missed_after()
         )
         if seconds is not None:
@@ -579,7 +612,12 @@ class InProcessWorker:
 
     async def _renew_forever(self) -> None:
         shortest = min(self._leases.values())
-        await renew_forever(self.state, self._slots.lease_holders, shortest_lease=shortest)
+        await renew_forever(
+            self.state,
+            self._slots.lease_holders,
+            shortest_lease=shortest,
+            in_line=self._in_line_renewal,
+        )
 
 
 def default_worker_id() -> str:

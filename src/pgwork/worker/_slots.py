@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import AcquiredJob, Failure, Lease, StateAdapter
+from pgwork.adapters.state import AcquiredJob, Failure, Lease, WorkerCore
 from pgwork.job_types import JobType
 from pgwork.observability import ATTEMPT_FAILED, HANDLER_ENDED_LATE
 from pgwork.records import AbortReason
@@ -62,7 +62,7 @@ class Slots:
         bell: Bell,
     ) -> None:
         self.runner = runner
-        self.state: StateAdapter = runner.state
+        self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
         self.worker_id = worker_id
         self._types = types

@@ -109,6 +109,10 @@ class AttemptSteps:
     ) -> None:
         self.client = client
         self.state = client.state
+        capabilities = client.capabilities
+        self._blockers = capabilities.blockers
+        # The store's atomic attempts (a worker without them runs no atomic type).
+        self.atomic = capabilities.atomic
         self.notify = client.notify
         self.worker_id = worker_id
         self._handlers = handlers
@@ -159,7 +163,7 @@ class AttemptSteps:
             registry=self.client.registry,
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
-            state=self.state,
+            blockers=self._blockers,
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:

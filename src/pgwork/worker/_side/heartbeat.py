@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import anyio
 
-from pgwork.adapters.state import StateAdapter, WorkerInfo
+from pgwork.adapters.state import CoreStateAdapter, WorkerInfo
 
 log = logging.getLogger("pgwork.worker")
 
@@ -35,7 +35,7 @@ RECLAIM_BATCH = 10_000
 class Heartbeat:
     def __init__(
         self,
-        state: StateAdapter,
+        state: CoreStateAdapter,
         info: WorkerInfo,
         *,
         interval: float,

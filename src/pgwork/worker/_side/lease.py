@@ -8,9 +8,11 @@ cancelling or completing it) is skipped by that statement, not waited on, and no
 taken for lost, and the other leases are renewed meanwhile. That one lease gets a
 waiter of its own, which waits in line for the row (``renew_in_line``): the caller may
 hold it past the lease, and the moment it lets go the waiter renews the lease before
-any reaper can take the job. If renewals keep failing (database unreachable) past the
-moment the lease would have expired, the attempt is aborted too: another worker may
-own the job by then, and pgwork prefers stopping a duplicate to racing it.
+any reaper can take the job. On a store without ``InLineRenewal`` there is no waiter:
+the deferred lease is simply tried again on the next tick. If renewals keep failing
+(database unreachable) past the moment the lease would have expired, the attempt is
+aborted too: another worker may own the job by then, and pgwork prefers stopping a
+duplicate to racing it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from uuid import UUID
 
 import anyio
 
-from pgwork.adapters.state import Lease, StateAdapter
+from pgwork.adapters.state import InLineRenewal, Lease, WorkerCore
 from pgwork.records import AbortReason, JobStatus
 
 log = logging.getLogger("pgwork.worker")
@@ -75,35 +77,42 @@ def abort_reason_for(status: JobStatus | None) -> AbortReason:
 
 
 async def renew_forever(
-    state: StateAdapter,
+    state: WorkerCore,
     holders: Callable[[], Iterable[LeaseHolder]],
     *,
     shortest_lease: timedelta,
+    in_line: InLineRenewal | None,
 ) -> None:
     """Renew the leases of ``holders()`` until cancelled, every third of
     ``shortest_lease`` (the shortest a holder can have): a lease taken just after a
     renewal is renewed at most a third of its duration later, also when the worker
-    was idle before."""
+    was idle before. A lease whose row a caller holds gets a waiter in line for it
+    (``in_line``, the store's ``InLineRenewal``), or without one is tried again on the
+    next tick."""
     tick = min(max(shortest_lease.total_seconds() / 3.0, 0.05), MAX_TICK)
-    in_line: set[UUID] = set()  # jobs whose waiter is waiting in line for the row
+    waiting: set[UUID] = set()  # jobs whose waiter is waiting in line for the row
     async with anyio.create_task_group() as waiters:
         while True:
             await anyio.sleep(tick)
             current = list(holders())
             if not current:
                 continue
-            for holder in await renew_once(state, current, holding=holders):
+            deferred = await renew_once(state, current, holding=holders)
+            if in_line is None:
+                continue
+            for holder in deferred:
                 job_id = holder.lease.job_id
-                if job_id not in in_line:
-                    in_line.add(job_id)
-                    waiters.start_soon(_wait_in_line, state, holder, holders, in_line)
+                if job_id not in waiting:
+                    waiting.add(job_id)
+                    waiters.start_soon(_wait_in_line, state, in_line, holder, holders, waiting)
 
 
 async def _wait_in_line(
-    state: StateAdapter,
+    state: WorkerCore,
+    in_line: InLineRenewal,
     holder: LeaseHolder,
     holding: Callable[[], Iterable[LeaseHolder]],
-    in_line: set[UUID],
+    waiting: set[UUID],
 ) -> None:
     """Wait in line for the row of ``holder``'s job, which a caller holds, while the
     worker still holds the lease; once the caller let go, renew the lease as every
@@ -112,7 +121,7 @@ async def _wait_in_line(
     try:
         while any(h is holder for h in holding()):
             try:
-                result = await state.renew_in_line(
+                result = await in_line.renew_in_line(
                     lease=holder.lease, duration=holder.lease_duration, wait=wait
                 )
             except Exception as exc:
@@ -123,11 +132,11 @@ async def _wait_in_line(
                 await renew_once(state, [holder], holding=holding)
                 return
     finally:
-        in_line.discard(holder.lease.job_id)
+        waiting.discard(holder.lease.job_id)
 
 
 async def renew_once(
-    state: StateAdapter,
+    state: WorkerCore,
     holders: list[LeaseHolder],
     *,
     holding: Callable[[], Iterable[LeaseHolder]] | None = None,

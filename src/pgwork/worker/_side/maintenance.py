@@ -9,6 +9,10 @@ time, and pruning deletes rows it locked with SKIP LOCKED. The rollup runs befor
 retention in a round, so retention rarely deletes a job the history has not counted
 (when it does, it counts it itself).
 A failing step is logged and retried on the next round; it never stops the worker.
+
+Each step but the schedules' needs a capability of the store (``ChainBlockers`` for
+the sweep, ``Maintenance`` for the rollup, retention and pruning): on a store without
+it the step is not run. Schedule ticks only enqueue, and run on any store.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ class Maintenance:
         self.history_every = history_every
         self.history_keep = history_keep
         self._fired: dict[str, datetime] = {}
+        self._blockers = client.capabilities.blockers
+        self._store = client.capabilities.maintenance
         self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
 
     async def run_forever(self) -> None:
@@ -76,16 +82,17 @@ class Maintenance:
             if self.schedules:
                 await self._guarded("schedules", self.fire_due)
             now = time.monotonic()
-            if now >= next_sweep:
+            if self._blockers is not None and now >= next_sweep:
                 next_sweep = now + self.sweep_every
                 await self._guarded("blocker sweep", self.sweep)
-            if now >= next_history:
+            maintained = self._store is not None
+            if maintained and now >= next_history:
                 next_history = now + self.history_every
                 await self._guarded("history rollup", self.roll_up_history)
-            if self._retention and now >= next_retention:
+            if maintained and self._retention and now >= next_retention:
                 next_retention = now + self.retention_every
                 await self._guarded("retention", self.purge)
-            if now >= next_prune:
+            if maintained and now >= next_prune:
                 next_prune = now + self.prune_every
                 await self._guarded("worker pruning", self.prune_workers)
             await anyio.sleep(self.tick)
@@ -126,14 +133,16 @@ class Maintenance:
         return fired
 
     async def sweep(self) -> None:
-        resolution = await self.client.state.sweep_blocked(limit=500)
+        blockers = self.client.capabilities.require_blockers("the blocker sweep")
+        resolution = await blockers.sweep_blocked(limit=500)
         if resolution.ready_queues or resolution.due:
             await self.client.notify.publish(
                 None, notices=ready_notices(resolution.ready_queues, resolution.due)
             )
 
     async def prune_workers(self) -> None:
-        pruned = await self.client.state.prune_workers(stopped_for_s=self.worker_retention)
+        store = self.client.capabilities.require_maintenance("pruning stopped workers")
+        pruned = await store.prune_workers(stopped_for_s=self.worker_retention)
         if pruned:
             log.info(
                 "pgwork removed %d worker(s) stopped over %.0fs ago", pruned, self.worker_retention
@@ -142,9 +151,10 @@ class Maintenance:
     async def roll_up_history(self) -> int:
         """Count the jobs that ended since the history's progress, a batch at a time
         while it is behind; returns how many."""
+        store = self.client.capabilities.require_maintenance("the history rollup")
         counted = 0
         for _ in range(HISTORY_BATCHES_PER_ROUND):
-            step = await self.client.state.roll_up_history(
+            step = await store.roll_up_history(
                 limit=HISTORY_BATCH, keep=self.history_keep, max_lag=HISTORY_MAX_LAG
             )
             counted += step.jobs
@@ -153,8 +163,7 @@ class Maintenance:
         return counted
 
     async def purge(self) -> None:
-        deleted = await self.client.state.delete_expired_chains(
-            retention=self._retention, limit=1000
-        )
+        store = self.client.capabilities.require_maintenance("retention")
+        deleted = await store.delete_expired_chains(retention=self._retention, limit=1000)
         if deleted:
             log.info("pgwork retention deleted %d expired chain(s)", deleted)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from uuid import UUID
 
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import WorkerStore
+from pgwork.adapters.state import WorkerCore
 from pgwork.observability import JOB_REAPED
 from pgwork.observability.emitter import Emitter
 from pgwork.records import JobStatus
@@ -33,7 +33,7 @@ class Reaper:
     def __init__(
         self,
         *,
-        state: WorkerStore,
+        state: WorkerCore,
         notify: NotifyAdapter,
         worker_id: str,
         type_names: Sequence[str],

@@ -1,0 +1,91 @@
+"""What a store offers beyond the core of the contract, found once.
+
+``Capabilities.of(store)`` asks a store, once, which capability protocols of
+``adapters.state`` it implements, and keeps the store itself, typed as each one it
+offers (``None`` for one it lacks). The worker and the client build it when they are
+built and decide from it which path to take; the hot path then holds a reference or
+``None``, never an ``isinstance`` against a protocol (a runtime-checkable protocol's
+check looks up every one of its operations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pgwork.adapters.state import (
+    AtomicAttempts,
+    AtomicGroupCommit,
+    BatchedTurns,
+    ChainBlockers,
+    DueTimes,
+    InLineRenewal,
+    Maintenance,
+    OperatorViews,
+)
+from pgwork.errors import CapabilityMissingError
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The store, once per capability it offers; ``None`` where it lacks one."""
+
+    turns: BatchedTurns | None = None
+    due_times: DueTimes | None = None
+    atomic: AtomicAttempts | None = None
+    atomic_groups: AtomicGroupCommit | None = None
+    in_line_renewal: InLineRenewal | None = None
+    blockers: ChainBlockers | None = None
+    views: OperatorViews | None = None
+    maintenance: Maintenance | None = None
+    # The store's class name, for the errors below.
+    store_type: str = "the state adapter"
+
+    @classmethod
+    def of(cls, store: object) -> Capabilities:
+        """What ``store`` offers, asked once."""
+        return cls(
+            turns=store if isinstance(store, BatchedTurns) else None,
+            due_times=store if isinstance(store, DueTimes) else None,
+            atomic=store if isinstance(store, AtomicAttempts) else None,
+            atomic_groups=store if isinstance(store, AtomicGroupCommit) else None,
+            in_line_renewal=store if isinstance(store, InLineRenewal) else None,
+            blockers=store if isinstance(store, ChainBlockers) else None,
+            views=store if isinstance(store, OperatorViews) else None,
+            maintenance=store if isinstance(store, Maintenance) else None,
+            store_type=type(store).__name__,
+        )
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The names of the capability protocols the store lacks."""
+        names = {
+            "turns": "BatchedTurns",
+            "due_times": "DueTimes",
+            "atomic": "AtomicAttempts",
+            "atomic_groups": "AtomicGroupCommit",
+            "in_line_renewal": "InLineRenewal",
+            "blockers": "ChainBlockers",
+            "views": "OperatorViews",
+            "maintenance": "Maintenance",
+        }
+        return tuple(name for field, name in names.items() if getattr(self, field) is None)
+
+    def require_views(self, feature: str) -> OperatorViews:
+        """The store as ``OperatorViews``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.views is None:
+            raise CapabilityMissingError("OperatorViews", feature, self.store_type)
+        return self.views
+
+    def require_maintenance(self, feature: str) -> Maintenance:
+        """The store as ``Maintenance``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.maintenance is None:
+            raise CapabilityMissingError("Maintenance", feature, self.store_type)
+        return self.maintenance
+
+    def require_blockers(self, feature: str) -> ChainBlockers:
+        """The store as ``ChainBlockers``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.blockers is None:
+            raise CapabilityMissingError("ChainBlockers", feature, self.store_type)
+        return self.blockers
