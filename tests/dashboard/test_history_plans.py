@@ -139,11 +139,13 @@ async def test_the_rollup_and_the_history_reads_are_bounded_at_a_million_jobs(
     # A chart reads one row per bucket of the window (the total's), the table per queue
     # and type the window's coarser buckets (of every key of the width: each queue and
     # type, and the totals the filter then drops): a few dozen rows each. Never a job.
+    # The window reaches back to the start of the hour (or day) it begins in: a day's
+    # window spans up to 25 hours, a week's up to 8 days.
     bounds = {
-        timedelta(days=1): 289 + 25 * keys,
-        timedelta(days=7): 7 * 24 + 1 + 8 * keys,
-        timedelta(days=30): 31 + 31 * keys,
-        timedelta(days=90): 91 + 91 * keys,
+        timedelta(days=1): 25 * 12 + 1 + 26 * keys,
+        timedelta(days=7): 8 * 24 + 1 + 9 * keys,
+        timedelta(days=30): 32 + 32 * keys,
+        timedelta(days=90): 92 + 92 * keys,
     }
     for window, bound in bounds.items():
 

@@ -197,7 +197,9 @@ def test_atomic_attempt_whose_connections_blackhole_is_settled_by_its_worker(
     finally:
         worker.close()
         proxy.close()
-    gave_up = [line for line in lines if "no answer" in line]
+    # The attempt's statements giving up (the notify adapter's announcements have a
+    # bound of their own, whatever operation_timeout is).
+    gave_up = [line for line in lines if "no answer" in line and "announce" not in line]
     if build == "control-unbounded":
         assert not gave_up, lines[-15:]
         return
