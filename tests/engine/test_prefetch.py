@@ -225,8 +225,7 @@ class _Slot:
 
 
 def test_automatic_prefetch_follows_the_handlers_recent_duration() -> None:
-    launched: list[_Slot] = []
-    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=None, start=launched.append)
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=None)
     # Nothing seen yet: no prefetch, so a worker whose first jobs are slow holds none.
     assert not admission.prefetching
     assert admission.room() == 2
@@ -245,23 +244,20 @@ def test_automatic_prefetch_follows_the_handlers_recent_duration() -> None:
 
 
 def test_jobs_beyond_the_slots_wait_and_start_as_slots_free() -> None:
-    launched: list[_Slot] = []
-    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=3, start=launched.append)
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=3)
     slots = [_Slot(started=0.0) for _ in range(5)]
-    for slot in slots:
-        admission.arrived(slot)
-    assert launched == slots[:2]
+    started = [slot for slot in slots if admission.arrived(slot)]
+    assert started == slots[:2]
     assert list(admission.queued) == slots[2:]
     assert admission.room() == 0
-    admission.freed(slots[0], now=1.0)
-    assert launched == slots[:3]
+    assert admission.freed(slots[0], now=1.0) is slots[2]
     assert admission.take_queued() == slots[3:]
     assert admission.room() == 2 + 3 - 2
 
 
 @pytest.mark.parametrize("prefetch", [0, 4])
 def test_an_explicit_prefetch_ignores_handler_durations(prefetch: int) -> None:
-    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=prefetch, start=lambda s: None)
+    admission: Admission[_Slot] = Admission(max_slots=2, prefetch=prefetch)
     slot = _Slot(started=0.0)
     admission.arrived(slot)
     admission.freed(slot, now=100.0)
@@ -303,14 +299,12 @@ class _Ranked:
 def test_waiting_jobs_start_in_rank_order_not_arrival_order() -> None:
     """A job of a more important queue (a retry fallen due, say) acquired while slower
     jobs already wait for a slot starts before them."""
-    launched: list[_Ranked] = []
-    admission: Admission[_Ranked] = Admission(
-        max_slots=1, prefetch=3, start=launched.append, rank=lambda s: s.rank
-    )
+    admission: Admission[_Ranked] = Admission(max_slots=1, prefetch=3, rank=lambda s: s.rank)
     running, slow_a, slow_b, urgent = _Ranked(1), _Ranked(1), _Ranked(1), _Ranked(0)
-    for slot in (running, slow_a, slow_b, urgent):
-        admission.arrived(slot)
+    launched = [slot for slot in (running, slow_a, slow_b, urgent) if admission.arrived(slot)]
     assert launched == [running]
     for _ in range(3):
-        admission.freed(launched[-1], now=0.001)
+        following = admission.freed(launched[-1], now=0.001)
+        assert following is not None
+        launched.append(following)
     assert launched == [running, urgent, slow_a, slow_b]

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from pgwork.worker._slot_tasks import SlotTasks
+from pgwork.worker._slots import SlotTasks
 
 pytestmark = pytest.mark.anyio
 

@@ -9,10 +9,12 @@ from typing import Any
 
 from pgwork._limits import check_queue_name, check_seconds
 from pgwork.client import Client
+from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 from pgwork.observability import Observer
 from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt
+from pgwork.worker._build import build
 from pgwork.worker._gc import tune_gc
 from pgwork.worker._loop import Handler, InProcessWorker
 from pgwork.worker.middleware import Middleware
@@ -69,23 +71,38 @@ def create_in_process_worker(
     tick is enqueued once). ``observers``: receive the worker's
     events (default: the client's observers).
     """
+    poll_s = _seconds(poll_interval, "poll_interval")
+    grace_s = _seconds(grace_period, "grace_period")
+    abandon_s = _seconds(abandon_after, "abandon_after")
+    if max_slots < 1:
+        raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
+    if poll_s <= 0:
+        raise ConfigurationError(f"poll_interval must be positive, got {poll_s}")
+    if grace_s < 0:
+        raise ConfigurationError(f"grace_period must not be negative, got {grace_s}")
+    if abandon_s < 0:
+        raise ConfigurationError(f"abandon_after must not be negative, got {abandon_s}")
+    if prefetch is not None and prefetch < 0:
+        raise ConfigurationError(f"prefetch must not be negative, got {prefetch}")
+    if not processors:
+        raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
     for queue in queues or ():
         check_queue_name(queue, where="the worker's queues")
-    return InProcessWorker(
+    return build(
         client=client,
         processors=processors,
         max_slots=max_slots,
         worker_id=worker_id,
-        poll_interval=_seconds(poll_interval, "poll_interval"),
+        poll_interval=poll_s,
         queues=queues,
         middlewares=middlewares,
-        grace_period=_seconds(grace_period, "grace_period"),
+        grace_period=grace_s,
         rng=rng,
         observers=observers,
         schedules=schedules,
         heartbeat_interval=_seconds(heartbeat_interval, "heartbeat_interval"),
         dead_worker_after=_seconds(dead_worker_after, "dead_worker_after"),
-        abandon_after=_seconds(abandon_after, "abandon_after"),
+        abandon_after=abandon_s,
         prefetch=prefetch,
         atomic_group=atomic_group,
         atomic_group_wait=_seconds(atomic_group_wait, "atomic_group_wait"),

@@ -41,24 +41,23 @@ S = TypeVar("S", bound=_Waiting)
 
 
 class Admission(Generic[S]):
-    """Counts running handlers, holds prefetched jobs, and starts them as slots free.
+    """Counts running handlers, holds prefetched jobs, and says which start as slots
+    free: ``arrived`` and ``freed`` return the job to start, and the caller starts it.
 
     ``prefetch`` None means automatic: up to ``max_slots`` while handlers are short,
-    else none. ``start`` launches a job's attempt."""
+    else none. ``rank`` orders the jobs that wait (a sort key; None: arrival order)."""
 
-    __slots__ = ("_mean_s", "_prefetch", "_rank", "_start", "max_slots", "queued", "running")
+    __slots__ = ("_mean_s", "_prefetch", "_rank", "max_slots", "queued", "running")
 
     def __init__(
         self,
         *,
         max_slots: int,
         prefetch: int | None,
-        start: Callable[[S], None],
         rank: Callable[[S], Any] | None = None,
     ):
         self.max_slots = max_slots
         self._prefetch = prefetch
-        self._start = start
         self._rank = rank
         self.running = 0
         # At most ``most_prefetched`` long, kept in rank order.
@@ -85,23 +84,27 @@ class Admission(Generic[S]):
             limit += self.most_prefetched
         return limit - self.running - len(self.queued)
 
-    def arrived(self, slot: S) -> None:
-        """A job was acquired: start it if a slot is free, else keep it waiting."""
+    def arrived(self, slot: S) -> bool:
+        """A job was acquired: True if it takes a free slot (start it now), else it
+        waits here."""
         if self.running < self.max_slots:
             self.running += 1
-            self._start(slot)
-        elif self._rank is None:
+            return True
+        if self._rank is None:
             self.queued.append(slot)
         else:
             insort(self.queued, slot, key=self._rank)  # after equals: arrival order
+        return False
 
-    def freed(self, slot: S, now: float) -> None:
-        """``slot``'s handler is done (``now``, monotonic): start the next waiting job."""
+    def freed(self, slot: S, now: float) -> S | None:
+        """``slot``'s handler is done (``now``, monotonic): the waiting job that takes
+        its place (start it now), if any."""
         self.running -= 1
         self._mean_s += _SMOOTHING * ((now - slot.started) - self._mean_s)
         if self.queued and self.running < self.max_slots:
             self.running += 1
-            self._start(self.queued.pop(0))
+            return self.queued.pop(0)
+        return None
 
     def take_queued(self) -> list[S]:
         """Remove and return every waiting job (the worker is stopping)."""

@@ -44,8 +44,7 @@ import anyio.abc
 
 from pgwork.adapters.state import AcquiredJob, BatchedTurns, CompletionResult, WorkerCore
 from pgwork.errors import OutcomeNotStorableError
-from pgwork.worker._acquires import Acquires
-from pgwork.worker._batch import CompletionBatcher, Pending
+from pgwork.worker._batch import Acquires, CompletionBatcher, Pending
 from pgwork.worker._bell import Bell
 from pgwork.worker._wakeups import Wakeups
 

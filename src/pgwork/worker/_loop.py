@@ -15,23 +15,22 @@ steps they share (``_steps``). Side tasks renew leases (``_lease``), send heartb
 (``_heartbeat``), give up on stuck handlers (``_watchdog``) and run maintenance
 (``_maintenance``).
 
-What the store offers beyond the core of the contract is read once, as the worker is
-built (``client.capabilities``): each part is wired with the capability or without it
-(an acquire alone instead of a batched turn, no look-ahead without due times, no
-waiter in line for a held row, no sweep or rollup), and a job type or option that
-cannot work without one (an atomic type, ``atomic_group`` > 1) is refused then.
+The worker is given its parts made and wired (``_build``); it only runs them. What
+the store offers beyond the core of the contract is read once, as the worker is built
+(``client.capabilities``): each part is made with the capability or without it (an
+acquire alone instead of a batched turn, no look-ahead without due times, no waiter in
+line for a held row, no sweep or rollup), and a job type or option that cannot work
+without one (an atomic type, ``atomic_group`` > 1) is refused then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import os
 import random
-import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -39,11 +38,9 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from pgwork.adapters.state import WorkerInfo
+from pgwork.adapters.notify import Listener
 from pgwork.client import Client
 from pgwork.errors import (
-    CapabilityMissingError,
-    ConfigurationError,
     DatabaseTimeoutError,
     PgworkError,
     WorkerStateError,
@@ -52,20 +49,14 @@ from pgwork.job_types import JobType
 from pgwork.observability import (
     WORKER_STARTED,
     WORKER_STOPPED,
-    Observer,
 )
 from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
-from pgwork.schedules import CronSchedule
-from pgwork.worker._acquires import Acquires
-from pgwork.worker._atomic_group import atomic_groups
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._bell import Bell
 from pgwork.worker._deadline import StopDeadline
-from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
-from pgwork.worker._handlers import require_async
-from pgwork.worker._runner import SlotRunner
+from pgwork.worker._fetch import Fetcher
 from pgwork.worker._side.heartbeat import Heartbeat
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
@@ -73,13 +64,11 @@ from pgwork.worker._side.notices import NoticeRouter
 from pgwork.worker._side.reaper import Reaper
 from pgwork.worker._side.watchdog import keep_abandoned
 from pgwork.worker._slots import Slots
-from pgwork.worker._steps import AttemptSteps
 from pgwork.worker._wakeups import Wakeups
-from pgwork.worker.middleware import CallNext, Middleware, compose
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Handler", "InProcessWorker"]
+__all__ = ["Handler", "InProcessWorker", "Limits"]
 
 Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
 
@@ -87,6 +76,20 @@ Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
 LOOP_BACKOFF_MAX = 5.0
 # A cancelled worker waits this long for the reports of its batcher's last write.
 LATE_SETTLE_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The numbers the main loop decides by."""
+
+    max_slots: int
+    poll_interval: float
+    grace_period: float
+    # At most this many jobs unsettled at once (prefetched, running, outcome unwritten).
+    max_unsettled: int
+    # While prefetched jobs wait, no acquire asks for fewer.
+    least_acquire: int
+    shortest_lease: timedelta
 
 
 class InProcessWorker:
@@ -98,193 +101,60 @@ class InProcessWorker:
         self,
         *,
         client: Client,
-        processors: Mapping[JobType[Any, Any] | str, Handler],
-        max_slots: int,
-        worker_id: str | None,
-        poll_interval: float,
-        queues: Sequence[str] | None,
-        middlewares: Sequence[Middleware],
-        grace_period: float,
-        rng: random.Random | None,
-        observers: Sequence[Observer] | None = None,
-        schedules: Sequence[CronSchedule[Any]] = (),
-        heartbeat_interval: float = 5.0,
-        dead_worker_after: float = 30.0,
-        abandon_after: float = 5.0,
-        prefetch: int | None = None,
-        atomic_group: int = 1,
-        atomic_group_wait: float = 0.005,
+        worker_id: str,
+        types: Mapping[str, JobType[Any, Any]],
+        queues: tuple[str, ...],
+        limits: Limits,
+        rng: random.Random,
+        events: Emitter,
+        bell: Bell,
+        wakeups: Wakeups,
+        deadline: StopDeadline,
+        stopping: anyio.Event,
+        batcher: CompletionBatcher,
+        slots: Slots,
+        fetcher: Fetcher,
+        heartbeat: Heartbeat,
+        reaper: Reaper,
+        notices: NoticeRouter,
+        maintenance: Maintenance,
     ) -> None:
-        if max_slots < 1:
-            raise ConfigurationError(f"max_slots must be >= 1, got {max_slots}")
-        if poll_interval <= 0:
-            raise ConfigurationError(f"poll_interval must be positive, got {poll_interval}")
-        if grace_period < 0:
-            raise ConfigurationError(f"grace_period must not be negative, got {grace_period}")
-        if abandon_after < 0:
-            raise ConfigurationError(f"abandon_after must not be negative, got {abandon_after}")
-        if prefetch is not None and prefetch < 0:
-            raise ConfigurationError(f"prefetch must not be negative, got {prefetch}")
-        if not processors:
-            raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
+        """Made by ``create_in_process_worker`` (``_build``), which wires the parts."""
         self.client = client
         self.state = client.state
         self.notify = client.notify
+        self.worker_id = worker_id
+        self.queues = queues
+        self.max_slots = limits.max_slots
+        self.poll_interval = limits.poll_interval
+        self.grace_period = limits.grace_period
+        self._limits = limits
+        self._types = types
+        self._rng = rng
+        self._events = events
+        self._bell = bell
+        self._wakeups = wakeups
+        self._deadline = deadline
+        self._stop_requested = stopping
+        self._batcher = batcher
+        self._slots = slots
+        self._fetcher = fetcher
+        self._heartbeat = heartbeat
+        self._reaper = reaper
+        self._notices = notices
+        self._maintenance = maintenance
         capabilities = client.capabilities
-        self.worker_id = worker_id or default_worker_id()
-        self.max_slots = max_slots
-        self.poll_interval = poll_interval
-        self.grace_period = grace_period
-        self.middlewares = tuple(middlewares)
-        self._rng = rng or random.Random()
-        for schedule in schedules:
-            client.registry.entry(schedule.job_type)
-        names = [schedule.name for schedule in schedules]
-        if len(set(names)) != len(names):
-            raise ConfigurationError(f"schedule names must be unique, got {names}")
-        self._maintenance = Maintenance(client, schedules)
-        # A turn carries a completion for every slot: with a batch smaller than the
-        # slots, the rest waited for a write of their own, and a worker of hundreds of
-        # slots drained slower (python -m bench.cpu --slots 400).
-        acquires = Acquires()
-        # Once a stop aborted what still ran: by when the rest of the stop is done.
-        self._deadline = StopDeadline()
-        self._batcher = CompletionBatcher(
-            client.state,
-            max_size=max(200, max_slots),
-            # Without batched turns no acquire takes completions along: the batcher
-            # writes them all, and never waits for an acquire to.
-            acquires=acquires if capabilities.turns is not None else None,
-            deadline=self._deadline,
-        )
-        self._events = Emitter(client.observers if observers is None else observers)
+        self._due_times = capabilities.due_times
+        self._in_line_renewal = capabilities.in_line_renewal
         self._drain_scope: anyio.CancelScope | None = None
-        self._bell = Bell()
-        self._types: dict[str, JobType[Any, Any]] = {}
-        self._handlers: dict[str, CallNext] = {}
-        for middleware in self.middlewares:
-            require_async(middleware, "", role="middleware")
-        for key, handler in processors.items():
-            job_type = client.registry.resolve(key)
-            require_async(handler, job_type.name)
-            self._types[job_type.name] = job_type
-            self._handlers[job_type.name] = compose(self.middlewares, handler)
-            if job_type.mode == "atomic" and capabilities.atomic is None:
-                raise CapabilityMissingError(
-                    "AtomicAttempts",
-                    f"the atomic job type {job_type.name!r}",
-                    capabilities.store_type,
-                )
-        self.queues: tuple[str, ...] = (
-            tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in self._types.values()))
-        )
-        self._leases = {name: t.lease for name, t in self._types.items()}
-        self._slots = Slots(
-            runner=SlotRunner(
-                steps=AttemptSteps(
-                    client=client,
-                    worker_id=self.worker_id,
-                    handlers=self._handlers,
-                    batcher=self._batcher,
-                    events=self._events,
-                    rng=self._rng,
-                    abandon_after=abandon_after,
-                ),
-                groups=atomic_groups(
-                    state=client.state,
-                    opener=capabilities.atomic_groups,
-                    notify=client.notify,
-                    size=atomic_group,
-                    wait=atomic_group_wait,
-                    max_slots=max_slots,
-                ),
-            ),
-            worker_id=self.worker_id,
-            types=self._types,
-            queues=self.queues,
-            max_slots=max_slots,
-            prefetch=prefetch,
-            bell=self._bell,
-        )
-        # Staged slots count as free once their handler returns; at most this many
-        # jobs may be unsettled (prefetched, handler running or outcome not yet
-        # durable), so writing one batch of outcomes overlaps acquiring and running the
-        # next.
-        self._max_unsettled = 2 * (max_slots + self._slots.admission.most_prefetched)
-        # While prefetched jobs wait, acquire no fewer than this many at a time.
-        self._least_acquire = max(1, max_slots // 2)
-        self._wakeups = Wakeups()
         self._failures = 0  # turns failed in a row
-        self._stop_requested = anyio.Event()
         self._running = anyio.Event()
         self._stopped = anyio.Event()
         self._phase = "new"
         self._startup_error: BaseException | None = None
         self._task: Any = None
-        self._fetcher = Fetcher(
-            state=client.state,
-            turns=capabilities.turns,
-            batcher=self._batcher,
-            acquires=acquires,
-            worker_id=self.worker_id,
-            leases=self._leases,
-            queues=self.queues,
-            wakeups=self._wakeups,
-            poll_interval=poll_interval,
-            bell=self._bell,
-            # One slot runs its jobs strictly in order: no second acquire to race the
-            # first (see ``_fetch``).
-            max_in_flight=1 if max_slots == 1 else MAX_IN_FLIGHT,
-        )
-        self._heartbeat = Heartbeat(
-            client.state,
-            WorkerInfo(
-                id=self.worker_id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                queues=self.queues,
-                job_types=tuple(self._types),
-                max_slots=max_slots,
-            ),
-            interval=heartbeat_interval,
-            dead_after=dead_worker_after,
-            status=self._status,
-            hint=self._hint,
-            retry_max=poll_interval,
-        )
-        self._reaper = Reaper(
-            state=client.state,
-            notify=client.notify,
-            worker_id=self.worker_id,
-            type_names=list(self._types),
-            events=self._events,
-            wakeups=self._wakeups,
-            idle_interval=poll_interval,
-        )
-        self._due_times = capabilities.due_times
-        self._in_line_renewal = capabilities.in_line_renewal
-        self._notices = NoticeRouter(
-            worker_id=self.worker_id,
-            queues=self.queues,
-            wakeups=self._wakeups,
-            wake=self._bell.ring,
-            abort_job=self._slots.abort_job,
-            events=self._events,
-        )
 
     # --- lifecycle ---------------------------------------------------------------------
-
-    def _status(self) -> tuple[str, int, int]:
-        """What the heartbeat reports: status, active slots, abandoned handlers."""
-        abandoned = self.abandoned_handlers
-        if self._stop_requested.is_set():
-            return "stopping", len(self._slots), abandoned
-        return ("busy" if self._slots else "idle"), len(self._slots), abandoned
-
-    def _hint(self) -> None:
-        """Jobs may be ready now: acquire even if the queues were found drained."""
-        self._wakeups.hint()
-        self._bell.ring()
 
     @property
     def active_slots(self) -> int:
@@ -307,11 +177,7 @@ class InProcessWorker:
         try:
             await self._heartbeat.register()
             async with self.notify.listen() as listener, anyio.create_task_group() as side:
-                side.start_soon(
-                    functools.partial(
-                        self._notices.listen_forever, listener, timeout=self.poll_interval
-                    )
-                )
+                side.start_soon(self._listen, listener)
                 side.start_soon(self._renew_forever)
                 side.start_soon(self._maintenance.run_forever)
                 side.start_soon(self._heartbeat.run_forever)
@@ -520,7 +386,7 @@ class InProcessWorker:
         fetcher = self._fetcher
         error, fetcher.error = fetcher.error, None
         admission = self._slots.admission
-        free = min(admission.room(), self._max_unsettled - len(self._slots)) - incoming
+        free = min(admission.room(), self._limits.max_unsettled - len(self._slots)) - incoming
         blocked = error is not None or not self._heartbeat.healthy
         if (
             blocked
@@ -537,7 +403,7 @@ class InProcessWorker:
         for a slot to keep the slots busy, and no completion would ride along. Slots
         whose attempts free them one at a time (atomic ones: each waits for its own
         round trips) otherwise send an acquire, and a commit, for every job or two."""
-        least = self._least_acquire
+        least = self._limits.least_acquire
         return (
             wanted < least
             and waiting >= least
@@ -553,7 +419,7 @@ class InProcessWorker:
         Then the turn lets their tasks take a first step before it decides anything
         else: a quick handler is done by then, and its completion rides with the
         acquire this turn sends, rather than leaving the batcher to write it alone
-        (``_batch``, ``_acquires``)."""
+        (``_batch``)."""
         arrivals = self._fetcher.take_arrivals()
         if not arrivals:
             return
@@ -611,14 +477,14 @@ class InProcessWorker:
         return self._deadline.left()
 
     async def _renew_forever(self) -> None:
-        shortest = min(self._leases.values())
         await renew_forever(
             self.state,
             self._slots.lease_holders,
-            shortest_lease=shortest,
+            shortest_lease=self._limits.shortest_lease,
             in_line=self._in_line_renewal,
         )
 
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{random.randbytes(2).hex()}"
+    async def _listen(self, listener: Listener) -> None:
+        """Act on the notices the listener hears; the aborts are the slots' to act on."""
+        async for abort in self._notices.aborts(listener, timeout=self.poll_interval):
+            self._slots.abort_job(abort.job_id, abort.reason)

@@ -18,18 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Collection
+from typing import Protocol
 
 import anyio
 
 from pgwork.adapters.state import CoreStateAdapter, WorkerInfo
+from pgwork.worker._bell import Bell
+from pgwork.worker._wakeups import Wakeups
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "Occupancy"]
 
 # Jobs taken back from dead workers per statement.
 RECLAIM_BATCH = 10_000
+
+
+class Occupancy(Protocol):
+    """What a beat reports of the worker's slots: how many jobs it holds, and the
+    handlers it gave up on that still run."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def abandoned(self) -> Collection[object]: ...
 
 
 class Heartbeat:
@@ -40,18 +53,23 @@ class Heartbeat:
         *,
         interval: float,
         dead_after: float,
-        status: Callable[[], tuple[str, int, int]],
-        hint: Callable[[], None],
+        slots: Occupancy,
+        stopping: anyio.Event,
+        wakeups: Wakeups,
+        bell: Bell,
         retry_max: float | None = None,
     ) -> None:
-        """``hint``: jobs may be ready now (dead workers' jobs taken back, or this
-        worker may take jobs again)."""
+        """``slots`` and ``stopping`` (set once the worker stops taking jobs) are what
+        each beat reports; ``wakeups`` and ``bell`` are told when jobs may be ready
+        now (dead workers' jobs taken back, or this worker may take jobs again)."""
         self.state = state
         self.info = info
         self.interval = interval
         self.dead_after = dead_after
-        self._status = status
-        self._hint = hint
+        self._slots = slots
+        self._stopping = stopping
+        self._wakeups = wakeups
+        self._bell = bell
         self.retry_max = interval if retry_max is None else min(interval, retry_max)
         self._last_ok: float | None = None  # None: never registered yet
         self._registered = False
@@ -76,6 +94,19 @@ class Heartbeat:
         if recovered:
             log.warning("pgwork worker %s wrote its heartbeat again; taking jobs", self.info.id)
             self._hint()
+
+    def _hint(self) -> None:
+        """Jobs may be ready now: the loop acquires even if it found the queues drained."""
+        self._wakeups.hint()
+        self._bell.ring()
+
+    def status(self) -> tuple[str, int, int]:
+        """What a beat reports: the worker's status, its active slots, and the handlers
+        it gave up on that still run."""
+        slots = self._slots
+        if self._stopping.is_set():
+            return "stopping", len(slots), len(slots.abandoned)
+        return ("busy" if slots else "idle"), len(slots), len(slots.abandoned)
 
     async def run_forever(self) -> None:
         """Beat, and look for dead workers, each in a task of its own: taking back a
@@ -107,7 +138,7 @@ class Heartbeat:
     async def beat(self) -> None:
         if not self._registered:
             await self.register()
-        status, active, abandoned = self._status()
+        status, active, abandoned = self.status()
         if not await self.state.heartbeat(
             worker_id=self.info.id,
             active_slots=active,

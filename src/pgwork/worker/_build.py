@@ -1,0 +1,228 @@
+"""Wiring a worker: every part made once, given what it uses when it is made.
+
+``create_in_process_worker`` checks the options and calls ``build``. The parts are
+made from the bottom up (the bell, the wakeups and the stop's deadline first, then the
+batcher, the slots with their runner, the fetcher and the side tasks), so each one
+receives the parts it talks to as it is constructed and nothing is assigned to a part
+afterwards. What the store offers beyond the core of the contract is read here, once
+(``client.capabilities``): each part is made with the capability or without it, and a
+job type that cannot run without one (an atomic type on a store without
+``AtomicAttempts``) is refused before the worker exists.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from pgwork.adapters.state import WorkerInfo
+from pgwork.client import Client
+from pgwork.errors import CapabilityMissingError, ConfigurationError
+from pgwork.job_types import JobType
+from pgwork.observability import Observer
+from pgwork.observability.emitter import Emitter
+from pgwork.schedules import CronSchedule
+from pgwork.worker._atomic_group import atomic_groups
+from pgwork.worker._batch import Acquires, CompletionBatcher
+from pgwork.worker._bell import Bell
+from pgwork.worker._deadline import StopDeadline
+from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
+from pgwork.worker._handlers import require_async
+from pgwork.worker._loop import Handler, InProcessWorker, Limits
+from pgwork.worker._runner import SlotRunner
+from pgwork.worker._side.heartbeat import Heartbeat
+from pgwork.worker._side.maintenance import Maintenance
+from pgwork.worker._side.notices import NoticeRouter
+from pgwork.worker._side.reaper import Reaper
+from pgwork.worker._slots import Slots
+from pgwork.worker._steps import AttemptSteps
+from pgwork.worker._wakeups import Wakeups
+from pgwork.worker.middleware import CallNext, Middleware, compose
+
+__all__ = ["build", "default_worker_id"]
+
+
+def build(
+    *,
+    client: Client,
+    processors: Mapping[JobType[Any, Any] | str, Handler],
+    max_slots: int,
+    worker_id: str | None,
+    poll_interval: float,
+    queues: Sequence[str] | None,
+    middlewares: Sequence[Middleware],
+    grace_period: float,
+    rng: random.Random | None,
+    observers: Sequence[Observer] | None,
+    schedules: Sequence[CronSchedule[Any]],
+    heartbeat_interval: float,
+    dead_worker_after: float,
+    abandon_after: float,
+    prefetch: int | None,
+    atomic_group: int,
+    atomic_group_wait: float,
+) -> InProcessWorker:
+    """The worker for options ``create_in_process_worker`` has checked."""
+    capabilities = client.capabilities
+    worker_id = worker_id or default_worker_id()
+    rng = rng or random.Random()
+    types, handlers = _resolve(client, processors, middlewares)
+    queues = tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in types.values()))
+    for schedule in schedules:
+        client.registry.entry(schedule.job_type)
+    names = [schedule.name for schedule in schedules]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"schedule names must be unique, got {names}")
+    events = Emitter(client.observers if observers is None else observers)
+
+    bell = Bell()
+    wakeups = Wakeups()
+    deadline = StopDeadline()  # once a stop aborted what still ran: by when it is done
+    stopping = anyio.Event()
+    acquires = Acquires()
+    batcher = CompletionBatcher(
+        client.state,
+        # A turn carries a completion for every slot: with a batch smaller than the
+        # slots, the rest waited for a write of their own, and a worker of hundreds of
+        # slots drained slower (python -m bench.cpu --slots 400).
+        max_size=max(200, max_slots),
+        # Without batched turns no acquire takes completions along: the batcher
+        # writes them all, and never waits for an acquire to.
+        acquires=acquires if capabilities.turns is not None else None,
+        deadline=deadline,
+    )
+    slots = Slots(
+        runner=SlotRunner(
+            steps=AttemptSteps(
+                client=client,
+                worker_id=worker_id,
+                handlers=handlers,
+                batcher=batcher,
+                events=events,
+                rng=rng,
+                abandon_after=abandon_after,
+            ),
+            groups=atomic_groups(
+                state=client.state,
+                opener=capabilities.atomic_groups,
+                notify=client.notify,
+                size=atomic_group,
+                wait=atomic_group_wait,
+                max_slots=max_slots,
+            ),
+        ),
+        worker_id=worker_id,
+        types=types,
+        queues=queues,
+        max_slots=max_slots,
+        prefetch=prefetch,
+        bell=bell,
+    )
+    leases = {name: t.lease for name, t in types.items()}
+    return InProcessWorker(
+        client=client,
+        worker_id=worker_id,
+        types=types,
+        queues=queues,
+        limits=Limits(
+            max_slots=max_slots,
+            poll_interval=poll_interval,
+            grace_period=grace_period,
+            # Staged slots count as free once their handler returns; at most this many
+            # jobs may be unsettled (prefetched, handler running or outcome not yet
+            # durable), so writing one batch of outcomes overlaps acquiring and running
+            # the next.
+            max_unsettled=2 * (max_slots + slots.admission.most_prefetched),
+            # While prefetched jobs wait, acquire no fewer than this many at a time.
+            least_acquire=max(1, max_slots // 2),
+            shortest_lease=min(leases.values()),
+        ),
+        rng=rng,
+        events=events,
+        bell=bell,
+        wakeups=wakeups,
+        deadline=deadline,
+        stopping=stopping,
+        batcher=batcher,
+        slots=slots,
+        fetcher=Fetcher(
+            state=client.state,
+            turns=capabilities.turns,
+            batcher=batcher,
+            acquires=acquires,
+            worker_id=worker_id,
+            leases=leases,
+            queues=queues,
+            wakeups=wakeups,
+            poll_interval=poll_interval,
+            bell=bell,
+            # One slot runs its jobs strictly in order: no second acquire to race the
+            # first (see ``_fetch``).
+            max_in_flight=1 if max_slots == 1 else MAX_IN_FLIGHT,
+        ),
+        heartbeat=Heartbeat(
+            client.state,
+            WorkerInfo(
+                id=worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=queues,
+                job_types=tuple(types),
+                max_slots=max_slots,
+            ),
+            interval=heartbeat_interval,
+            dead_after=dead_worker_after,
+            slots=slots,
+            stopping=stopping,
+            wakeups=wakeups,
+            bell=bell,
+            retry_max=poll_interval,
+        ),
+        reaper=Reaper(
+            state=client.state,
+            notify=client.notify,
+            worker_id=worker_id,
+            type_names=list(types),
+            events=events,
+            wakeups=wakeups,
+            idle_interval=poll_interval,
+        ),
+        notices=NoticeRouter(
+            worker_id=worker_id, queues=queues, wakeups=wakeups, bell=bell, events=events
+        ),
+        maintenance=Maintenance(client, schedules),
+    )
+
+
+def _resolve(
+    client: Client,
+    processors: Mapping[JobType[Any, Any] | str, Handler],
+    middlewares: Sequence[Middleware],
+) -> tuple[dict[str, JobType[Any, Any]], dict[str, CallNext]]:
+    """The job types the worker runs, by name, and each one's handler inside the
+    middlewares; refuses a handler or middleware that is not async, and an atomic type
+    on a store without atomic attempts."""
+    capabilities = client.capabilities
+    for middleware in middlewares:
+        require_async(middleware, "", role="middleware")
+    types: dict[str, JobType[Any, Any]] = {}
+    handlers: dict[str, CallNext] = {}
+    for key, handler in processors.items():
+        job_type = client.registry.resolve(key)
+        require_async(handler, job_type.name)
+        types[job_type.name] = job_type
+        handlers[job_type.name] = compose(middlewares, handler)
+        if job_type.mode == "atomic" and capabilities.atomic is None:
+            raise CapabilityMissingError(
+                "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type
+            )
+    return types, handlers
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{random.randbytes(2).hex()}"
