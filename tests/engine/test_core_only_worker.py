@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -31,10 +30,7 @@ from pgwork import (
     Continue,
     JobStatus,
     JobTypeRegistry,
-    PostgresNotifyAdapter,
-    PostgresStateAdapter,
     RetryPolicy,
-    create_client,
     create_in_process_worker,
 )
 from pgwork.adapters.capabilities import Capabilities
@@ -43,11 +39,9 @@ from pgwork.records import AbortReason
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
 
-from .conftest import eventually, scalar
+from .conftest import ClientFactory, eventually, scalar
 
 pytestmark = pytest.mark.anyio
-
-CoreClientFactory = Callable[[JobTypeRegistry], Awaitable[Client]]
 
 # What the worker logs when a turn, a maintenance step or a waiter in line failed.
 FAILED = ("turn failed", "maintenance step", "could not wait")
@@ -55,27 +49,6 @@ FAILED = ("turn failed", "maintenance step", "could not wait")
 
 class Num(BaseModel):
     n: int
-
-
-@pytest.fixture
-async def core_client(pgwork_dsn: str) -> AsyncIterator[CoreClientFactory]:
-    """Clients whose state adapter offers only the core of the contract."""
-    clients: list[Client] = []
-
-    async def factory(registry: JobTypeRegistry) -> Client:
-        adapter = await PostgresStateAdapter.connect(pgwork_dsn, max_size=20)
-        store: Any = CoreOnly(adapter)
-        client = create_client(
-            state_adapter=store,
-            notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
-            registry=registry,
-        )
-        clients.append(client)
-        return client
-
-    yield factory
-    for client in clients:
-        await client.close()
 
 
 def assert_no_failed_turns(caplog: pytest.LogCaptureFixture) -> None:
@@ -90,15 +63,15 @@ async def _status(client: Client, job_id: Any) -> JobStatus:
 
 
 async def test_the_client_sees_a_store_without_any_capability(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
 ) -> None:
-    client = await core_client(JobTypeRegistry())
+    client = await make_client(JobTypeRegistry(), store=CoreOnly)
     assert client.capabilities == Capabilities(store_type="CoreOnly")
     assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITIES)
 
 
 async def test_a_core_only_worker_runs_staged_jobs_to_completion(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     pgwork_dsn: str,
@@ -111,7 +84,7 @@ async def test_a_core_only_worker_runs_staged_jobs_to_completion(
     async def handle(attempt: Attempt[Num, Num]) -> Num:
         return Num(n=attempt.job.input.n**2)
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await workers(client=client, processors={square: handle}, max_slots=4)
     started = [await client.start_chain(conn, square, Num(n=i)) for i in range(30)]
     await conn.commit()
@@ -128,7 +101,7 @@ async def test_a_core_only_worker_runs_staged_jobs_to_completion(
 
 
 async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -146,7 +119,7 @@ async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
     async def finish(attempt: Attempt[Num, Num]) -> Num:
         return Num(n=attempt.job.input.n * 10)
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await workers(client=client, processors={first: hand_on, second: finish})
     started = await client.start_chain(conn, first, Num(n=4))
     await conn.commit()
@@ -166,7 +139,7 @@ async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
 
 
 async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -182,7 +155,7 @@ async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
         attempts.append(attempt.job.attempt)
         raise ValueError(f"boom on attempt {attempt.job.attempt}")
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await workers(client=client, processors={flaky: handle}, poll_interval=0.2)
     started = await client.start_chain(conn, flaky, Num(n=1))
     await conn.commit()
@@ -200,7 +173,7 @@ async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
 
 
 async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -215,7 +188,7 @@ async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
         ran_at.append(time.monotonic())
         ran.set()
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     # Enqueued before the worker listens: no notice announces its due time, and
     # without ``DueTimes`` the worker cannot ask for it; only the poll finds it.
     enqueued = time.monotonic()
@@ -229,12 +202,12 @@ async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
 
 
 async def test_a_core_only_worker_refuses_an_atomic_job_type_when_built(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
 ) -> None:
     reg = JobTypeRegistry()
     staged = reg.job_type("staged", input=Num)
     ledger = reg.job_type("ledger", input=Num, mode="atomic")
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
 
     async def handle(attempt: Attempt[Num, Any]) -> None:
         return None
@@ -251,11 +224,11 @@ async def test_a_core_only_worker_refuses_an_atomic_job_type_when_built(
 
 
 async def test_the_client_refuses_what_needs_a_capability_before_any_statement(
-    core_client: CoreClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     gate = await client.start_chain(conn, step, Num(n=1))
     with pytest.raises(CapabilityMissingError, match="ChainBlockers"):
         await client.start_chain(conn, step, Num(n=2), blockers=[gate])
@@ -268,10 +241,10 @@ async def test_the_client_refuses_what_needs_a_capability_before_any_statement(
 
 
 async def test_core_only_maintenance_skips_the_steps_the_store_cannot_run(
-    core_client: CoreClientFactory, caplog: pytest.LogCaptureFixture
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="pgwork")
-    client = await core_client(JobTypeRegistry())
+    client = await make_client(JobTypeRegistry(), store=CoreOnly)
     maintenance = Maintenance(
         client,
         [],
@@ -307,7 +280,7 @@ class _Holder:
 
 
 async def test_a_lease_whose_row_a_caller_holds_is_renewed_on_a_later_tick(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     conn: psycopg.AsyncConnection[Any],
     pgwork_dsn: str,
     caplog: pytest.LogCaptureFixture,
@@ -315,7 +288,7 @@ async def test_a_lease_whose_row_a_caller_holds_is_renewed_on_a_later_tick(
     caplog.set_level(logging.WARNING, logger="pgwork")
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await client.start_chain(conn, step, Num(n=1))
     await conn.commit()
     store: Any = client.state
