@@ -6,7 +6,8 @@ groups, in-line renewal, blockers, operator views or maintenance. The worker tak
 another path for each (an acquire alone, the batcher writing every completion, the
 poll for scheduled jobs, no sweep or rollup), and refuses what cannot work without
 one when it is built. A turn that failed, or a maintenance step that failed, would be
-logged: none may be.
+logged: none may be. Wrapped in ``InstrumentedStateAdapter``, the store offers no more
+than it does on its own, and the worker runs on it the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
-from tests._core_only import CAPABILITIES, CoreOnly
+from tests._core_only import CORE_OPERATIONS, CoreOnly
 
 from pgwork import (
     Attempt,
@@ -29,12 +30,19 @@ from pgwork import (
     Client,
     Continue,
     JobStatus,
+    JobType,
     JobTypeRegistry,
     RetryPolicy,
     create_in_process_worker,
 )
-from pgwork.adapters.capabilities import Capabilities
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS, Capabilities
 from pgwork.adapters.state import Lease, RenewResult
+from pgwork.observability import (
+    ADAPTER_CALL_ERROR,
+    ADAPTER_CALL_STOP,
+    Event,
+    InstrumentedStateAdapter,
+)
 from pgwork.records import AbortReason
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
@@ -58,6 +66,17 @@ def assert_no_failed_turns(caplog: pytest.LogCaptureFixture) -> None:
     assert failed == []
 
 
+def squaring() -> tuple[JobTypeRegistry, JobType[Num, Num], dict[Any, Any]]:
+    """A registry of one staged job type, ``square``, and the processors that run it."""
+    reg = JobTypeRegistry()
+    square = reg.job_type("square", input=Num, output=Num)
+
+    async def handle(attempt: Attempt[Num, Num]) -> Num:
+        return Num(n=attempt.job.input.n**2)
+
+    return reg, square, {square: handle}
+
+
 async def _status(client: Client, job_id: Any) -> JobStatus:
     return (await client.get_job(job_id)).status
 
@@ -67,7 +86,7 @@ async def test_the_client_sees_a_store_without_any_capability(
 ) -> None:
     client = await make_client(JobTypeRegistry(), store=CoreOnly)
     assert client.capabilities == Capabilities(store_type="CoreOnly")
-    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITIES)
+    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITY_PROTOCOLS)
 
 
 async def test_a_core_only_worker_runs_staged_jobs_to_completion(
@@ -78,14 +97,9 @@ async def test_a_core_only_worker_runs_staged_jobs_to_completion(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="pgwork")
-    reg = JobTypeRegistry()
-    square = reg.job_type("square", input=Num, output=Num)
-
-    async def handle(attempt: Attempt[Num, Num]) -> Num:
-        return Num(n=attempt.job.input.n**2)
-
+    reg, square, processors = squaring()
     client = await make_client(reg, store=CoreOnly)
-    await workers(client=client, processors={square: handle}, max_slots=4)
+    await workers(client=client, processors=processors, max_slots=4)
     started = [await client.start_chain(conn, square, Num(n=i)) for i in range(30)]
     await conn.commit()
 
@@ -98,6 +112,46 @@ async def test_a_core_only_worker_runs_staged_jobs_to_completion(
         job = await client.get_job(chain.job_id)
         assert job.output == Num(n=i * i)
     assert_no_failed_turns(caplog)
+
+
+class Calls:
+    """The operations an instrumented store reported: those that returned, those that
+    raised."""
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+        self.failed: set[str] = set()
+
+    def on_event(self, event: Event) -> None:
+        if event.name == ADAPTER_CALL_STOP:
+            self.done.add(event["operation"])
+        elif event.name == ADAPTER_CALL_ERROR:
+            self.failed.add(event["operation"])
+
+
+async def test_a_worker_on_an_instrumented_core_only_store_runs_jobs_and_reports_its_calls(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgwork")
+    reg, square, processors = squaring()
+    calls = Calls()
+    client = await make_client(
+        reg, store=lambda state: InstrumentedStateAdapter(CoreOnly(state), observers=[calls])
+    )
+    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITY_PROTOCOLS)
+    await workers(client=client, processors=processors, max_slots=4)
+    started = [await client.start_chain(conn, square, Num(n=i)) for i in range(10)]
+    await conn.commit()
+
+    outputs = [await client.await_chain(chain.id, timeout=20) for chain in started]
+
+    assert outputs == [Num(n=i * i) for i in range(10)]
+    assert_no_failed_turns(caplog)
+    assert calls.failed == set()
+    assert {"insert_jobs", "acquire", "complete"} <= calls.done <= set(CORE_OPERATIONS)
 
 
 async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
