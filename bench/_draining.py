@@ -31,9 +31,9 @@ KEEP_ALIVE_EVERY = 5.0
 
 _KEEP_ALIVE = (
     "UPDATE {workers} SET heartbeat_at = now()"
-    " WHERE status <> 'stopped' AND id LIKE 'bench-worker-%'",
+    " WHERE status <> 'stopped' AND id LIKE 'sample-worker-%'",
     "UPDATE {jobs} SET leased_until = now() + interval '1 minute'"
-    " WHERE status = 'running' AND leased_by LIKE 'bench-worker-%'",
+    " WHERE status = 'running' AND leased_by LIKE 'sample-worker-%'",
 )
 
 

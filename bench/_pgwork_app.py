@@ -27,6 +27,7 @@ from pgwork import (
     PostgresStateAdapter,
     create_client,
 )
+from pgwork.testing import uuid7_sql
 
 __all__ = [
     "SCHEMA",
@@ -164,15 +165,6 @@ class Counter:
             self.hit(attempt.job.input.n)
 
         return {"step1": step1, "step2": step2, "step3": step3}
-
-
-def uuid7_sql(moment: str) -> str:
-    """SQL (PostgreSQL 13+) for a UUIDv7 of the timestamp expression ``moment`` with
-    random bits, as pgwork makes its ids: rows generated server-side keep the primary
-    key in time order, which job listings read newest first."""
-    return f"""encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-               placing substring(int8send(floor(extract(epoch FROM {moment})
-                   * 1000)::bigint) FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid"""
 
 
 # Server-side generation is the fastest way to a big backlog: no client encoding, one

@@ -27,115 +27,10 @@ from typing import Any
 import anyio
 import httpx
 import psycopg
-from psycopg import sql
 
-from bench._pgwork_app import uuid7_sql
+from pgwork.testing import sample_statements
 
-__all__ = ["load_statements", "main"]
-
-# One row per job, in creation order over the last week; ``g`` numbers them (the newest
-# is ``jobs - 1``). Status by ``g % 1000``: 1% failed, 0.5% blocked, 0.1% running, 4%
-# pending (half of them scheduled for later), 2% cancelled, the rest completed.
-_JOBS = f"""
-INSERT INTO {{jobs}} (
-    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
-    priority, created_at, scheduled_at, started_at, completed_at, attempt, max_attempts,
-    last_attempt_error, last_attempt_at, leased_by, leased_until, chain_status,
-    chain_completed_at, dedup_key
-)
-SELECT u, t, u, t, 0,
-       jsonb_build_object('n', g, 'email', 'user' || g || '@example.com'),
-       CASE WHEN s = 'completed' THEN jsonb_build_object('sent', true) END,
-       s::{{job_status}}, q, 0, created, scheduled,
-       CASE WHEN s NOT IN ('pending', 'blocked') THEN scheduled END,
-       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
-       CASE WHEN s IN ('pending', 'blocked') THEN 0 WHEN s = 'failed' THEN 3 ELSE 1 END,
-       3,
-       CASE WHEN s = 'failed' THEN jsonb_build_object(
-           'type', 'TimeoutError', 'message', 'upstream timed out after 30 s (job ' || g || ')',
-           'traceback', 'Traceback (most recent call last):\n  File "app.py", line 1\n')
-       END,
-       CASE WHEN s NOT IN ('pending', 'blocked') THEN scheduled END,
-       CASE WHEN s = 'running' THEN 'bench-worker-' || (g % 4) END,
-       CASE WHEN s = 'running' THEN now() + interval '1 minute' END,
-       CASE WHEN s IN ('pending', 'running', 'blocked') THEN 'active' ELSE s END
-           ::{{chain_status}},
-       CASE WHEN s IN ('completed', 'failed', 'cancelled') THEN scheduled + interval '2 s' END,
-       CASE WHEN g % 100 = 0 THEN 'key-' || g END
-FROM (
-    SELECT g, {uuid7_sql("created")} AS u, t, q, s, created,
-           CASE WHEN s = 'pending' AND g % 2 = 0 THEN now() + interval '1 hour'
-                ELSE created END AS scheduled
-    FROM (
-        SELECT g,
-               'bench.' || (ARRAY['email', 'resize', 'report', 'sync', 'charge', 'export',
-                                  'notify', 'index'])[1 + g % 8] AS t,
-               (ARRAY['default', 'mail', 'reports', 'slow'])[1 + (g / 7) % 4] AS q,
-               CASE WHEN g % 1000 < 10 THEN 'failed'
-                    WHEN g % 1000 < 15 THEN 'blocked'
-                    WHEN g % 1000 = 15 THEN 'running'
-                    WHEN g % 1000 < 56 THEN 'pending'
-                    WHEN g % 1000 < 76 THEN 'cancelled'
-                    ELSE 'completed' END AS s,
-               now() - (%(jobs)s - g) * (interval '7 days' / %(jobs)s) AS created
-        FROM generate_series(0, %(jobs)s - 1) AS g
-    ) AS numbered
-) AS rows
-"""
-
-# A second job for one completed chain in ten (its continuation, completed too).
-_CONTINUATIONS = f"""
-INSERT INTO {{jobs}} (
-    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
-    created_at, scheduled_at, started_at, completed_at, attempt, max_attempts
-)
-SELECT {uuid7_sql("r.created_at + interval '1 s'")}, r.type_name || '.next', r.id,
-       r.type_name, 1, '{{{{}}}}',
-       '{{{{"done": true}}}}', 'completed', r.queue, r.created_at + interval '1 s',
-       r.created_at + interval '1 s', r.created_at + interval '1 s', r.completed_at, 1, 3
-FROM {{jobs}} AS r
-WHERE r.status = 'completed' AND r.chain_index = 0 AND get_byte(uuid_send(r.id), 15) < 26
-"""
-
-# Each blocked job waits for one pending chain.
-_BLOCKERS = """
-INSERT INTO {job_blockers} (job_id, blocker_chain_id, position)
-SELECT d.id, b.id, 0
-FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM {jobs}
-      WHERE status = 'blocked') AS d
-JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM {jobs}
-      WHERE status = 'pending' AND chain_index = 0) AS b ON b.n = d.n
-"""
-
-_WORKERS = """
-INSERT INTO {workers} (id, host, pid, queues, job_types, max_slots, active_slots, status,
-                       started_at, heartbeat_at)
-SELECT 'bench-worker-' || w, 'host-' || (w % 2), 1000 + w, ARRAY['default', 'mail'],
-       ARRAY['bench.email'], 16, w % 16, CASE WHEN w < 4 THEN 'busy' ELSE 'stopped' END,
-       now() - interval '2 hours', CASE WHEN w < 4 THEN now() ELSE now() - interval '1 hour' END
-FROM generate_series(0, 5) AS w
-"""
-
-
-def load_statements(*, jobs: int, schema: str = "pgwork") -> list[sql.Composed]:
-    """The statements that fill ``schema`` with ``jobs`` jobs (plus continuations,
-    blocker edges and workers), ready for ``execute`` on an autocommit connection."""
-    names = {
-        "jobs": sql.Identifier(schema, "jobs"),
-        "job_blockers": sql.Identifier(schema, "job_blockers"),
-        "workers": sql.Identifier(schema, "workers"),
-        "job_status": sql.Identifier(schema, "job_status"),
-        "chain_status": sql.Identifier(schema, "chain_status"),
-    }
-    count = sql.Literal(jobs)
-    return [
-        sql.SQL(_JOBS.replace("%(jobs)s", "{count}")).format(count=count, **names),
-        sql.SQL(_CONTINUATIONS).format(**names),
-        sql.SQL(_BLOCKERS).format(**names),
-        sql.SQL(_WORKERS).format(**names),
-        sql.SQL("VACUUM (ANALYZE) {jobs}").format(**names),
-        sql.SQL("VACUUM (ANALYZE) {job_blockers}").format(**names),
-    ]
+__all__ = ["main"]
 
 
 async def _ids(dsn: str) -> dict[str, str]:
@@ -147,7 +42,7 @@ async def _ids(dsn: str) -> dict[str, str]:
             "blocked": "SELECT chain_id FROM pgwork.jobs WHERE status = 'blocked' LIMIT 1",
             "key": "SELECT dedup_key FROM pgwork.jobs WHERE dedup_key IS NOT NULL LIMIT 1",
             "newest_email": "SELECT input ->> 'n' FROM pgwork.jobs"
-            " WHERE type_name = 'bench.email' AND chain_index = 0 ORDER BY id DESC LIMIT 1",
+            " WHERE type_name = 'sample.email' AND chain_index = 0 ORDER BY id DESC LIMIT 1",
         }
         found = {}
         for name, query in picks.items():
@@ -185,7 +80,7 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
                 "chains `/chains`": "/chains",
                 "chains, next page": cursor.replace("&amp;", "&"),
                 "chains by status (failed)": "/chains?status=failed",
-                "chains by type": "/chains?type=bench.email",
+                "chains by type": "/chains?type=sample.email",
                 "chains by queue": "/chains?queue=mail",
                 "chains by dedup key": f"/chains?q={ids['key']}",
                 "chain `/chains/{id}`": f"/chains/{ids['chain']}",
@@ -203,17 +98,17 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
                 "errors `/errors`": "/errors",
                 "search by id prefix": f"/search?id={ids['failed'][:6]}",
                 "search by input field (a match among the newest)": (
-                    "/search?type=bench.email&field=email&value=%22user%40example.com%22".replace(
+                    "/search?type=sample.email&field=email&value=%22user%40example.com%22".replace(
                         "user", f"user{ids['newest_email']}"
                     )
                 ),
                 "search by input field (none of 10,000 match)": (
-                    "/search?type=bench.email&field=email&value=%22nobody%40example.com%22"
+                    "/search?type=sample.email&field=email&value=%22nobody%40example.com%22"
                 ),
                 "history, last day `/history`": "/history",
                 "history, last week": "/history?window=7d",
                 "history, 90 days": "/history?window=90d",
-                "history of a queue and type": "/history?queue=mail&type=bench.email",
+                "history of a queue and type": "/history?queue=mail&type=sample.email",
             }
             for label, path in pages.items():
                 if only and not any(text in label for text in only):
@@ -264,7 +159,7 @@ async def _run(args: argparse.Namespace) -> int:
             with fresh_database(admin, template=name) as dsn:
                 started = time.perf_counter()
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    for statement in load_statements(jobs=args.jobs):
+                    for statement in sample_statements(jobs=args.jobs):
                         conn.execute(statement)
                     row = conn.execute("SELECT count(*) FROM pgwork.jobs").fetchone()
                 loaded = time.perf_counter() - started

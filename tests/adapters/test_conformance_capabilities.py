@@ -17,16 +17,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests._core_only import CAPABILITIES, operations
 
 from pgwork.adapters import state
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS, operations
 from pgwork.testing.conformance import StateAdapterConformance
 from pgwork.testing.conformance._harness import required_capabilities
 
 CORE = state.CoreStateAdapter
 
 
-OWNER = {name: capability for capability in CAPABILITIES for name in operations(capability)}
+OWNER = {name: capability for capability in CAPABILITY_PROTOCOLS for name in operations(capability)}
 
 
 def cases() -> list[tuple[str, Callable[..., Any]]]:
@@ -92,4 +92,4 @@ def test_each_case_requires_the_capabilities_it_uses(name: str, case: Callable[.
 
 @pytest.mark.parametrize(("name", "case"), cases(), ids=[name for name, _ in cases()])
 def test_each_case_requires_only_capabilities(name: str, case: Callable[..., Any]) -> None:
-    assert set(required_capabilities(case)) <= set(CAPABILITIES)
+    assert set(required_capabilities(case)) <= set(CAPABILITY_PROTOCOLS)

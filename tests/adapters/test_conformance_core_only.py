@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from tests._core_only import CAPABILITIES, CoreOnly
+from tests._core_only import CoreOnly
 
 from pgwork import PostgresStateAdapter
 from pgwork.adapters import state
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS
 from pgwork.testing.conformance import StateAdapterConformance, StateHarness
 
 pytestmark = pytest.mark.anyio
@@ -34,5 +35,5 @@ class TestCoreOnlyStateAdapter(StateAdapterConformance):
         self, state_adapter: Any, store: StateHarness
     ) -> None:
         assert isinstance(state_adapter, state.CoreStateAdapter)
-        assert [c.__name__ for c in CAPABILITIES if isinstance(state_adapter, c)] == []
+        assert [c.__name__ for c in CAPABILITY_PROTOCOLS if isinstance(state_adapter, c)] == []
         assert not isinstance(state_adapter, state.StateAdapter)

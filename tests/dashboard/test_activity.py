@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import psycopg
 import pytest
-from bench._pgwork_app import uuid7_sql
 
 from pgwork import Client
 from pgwork.dashboard._format import chart
 from pgwork.dashboard._pages import BUCKET, WINDOW
+from pgwork.testing import uuid7_sql
 
 pytestmark = pytest.mark.anyio
 

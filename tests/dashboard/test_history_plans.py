@@ -1,9 +1,10 @@
 """The job history at a million jobs: the rollup reads one bounded range of the ended
 jobs' index per step, and the history page reads a range of buckets, never ``jobs``.
 
-The jobs are bench/dashboard.py's week of history (four queues, eight types); the
-history is counted by the real rollup, and 90 days of older hourly buckets are added
-for every queue and type, so the longest window reads as many buckets as it ever can.
+The jobs are a week of history (``pgwork.testing.sample_statements``: four queues,
+eight types); the history is counted by the real rollup, and 90 days of older hourly
+buckets are added for every queue and type, so the longest window reads as many
+buckets as it ever can.
 Statements are captured as the adapter sends them and run under ``EXPLAIN ANALYZE``
 with the same parameters (tests/dashboard/test_work_plans.py).
 """
@@ -16,7 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from bench.dashboard import load_statements
 from tests.dashboard.test_work_plans import _nodes, plans_of
 
 from pgwork import Client, PostgresStateAdapter, create_client
@@ -24,7 +24,7 @@ from pgwork.adapters.history import DURATION_BINS_S
 from pgwork.job_types import JobTypeRegistry
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres.sql import render
-from pgwork.testing.databases import temporary_database
+from pgwork.testing import sample_statements, temporary_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ ON CONFLICT DO NOTHING
 def million_dsn(pg_server_dsn: str, pgwork_template_database: str) -> Iterator[str]:
     with temporary_database(pg_server_dsn, template=pgwork_template_database) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for statement in load_statements(jobs=JOBS, schema="pgwork"):
+            for statement in sample_statements(jobs=JOBS, schema="pgwork"):
                 conn.execute(statement)
         yield dsn
 

@@ -17,12 +17,11 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from bench._pgwork_app import uuid7_sql
-from bench.dashboard import load_statements
 
 from pgwork import Client
 from pgwork.errors import PgworkError
 from pgwork.records import ChainStatus, JobStatus
+from pgwork.testing import sample_statements, uuid7_sql
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 async def loaded(client: Client, pgwork_dsn: str) -> Client:
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        for statement in load_statements(jobs=30_000, schema="pgwork"):
+        for statement in sample_statements(jobs=30_000, schema="pgwork"):
             await conn.execute(statement)
     return client
 
@@ -87,7 +86,7 @@ READS: dict[str, Callable[[Client], Awaitable[Any]]] = {
     "overview-activity": lambda c: c.recent_activity(),
     "chains": lambda c: c.list_chains(limit=50),
     "chains-by-status": lambda c: c.list_chains(status=ChainStatus.FAILED, limit=50),
-    "chains-by-type": lambda c: c.list_chains(type_name="bench.email", limit=50),
+    "chains-by-type": lambda c: c.list_chains(type_name="sample.email", limit=50),
     "chains-by-dedup-key": lambda c: c.list_chains(dedup_key="key-77", limit=50),
     "chain": lambda c: c.get_chain(SOME),
     "chain-jobs": lambda c: c.list_chain_jobs(SOME),
@@ -129,7 +128,7 @@ async def test_the_last_hour_of_a_million_jobs_is_one_range_of_the_ended_jobs_in
     client: Client, pgwork_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        for statement in load_statements(jobs=1_000_000, schema="pgwork"):
+        for statement in sample_statements(jobs=1_000_000, schema="pgwork"):
             await conn.execute(statement)
 
     plans = await plans_of(client, pgwork_dsn, monkeypatch, READS["overview-activity"])

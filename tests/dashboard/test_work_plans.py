@@ -5,8 +5,9 @@ workers page receives a few jobs per worker, however many they run.
 The statements are the ones the adapter sends (captured like tests/dashboard/
 test_plans.py does), run under ``EXPLAIN ANALYZE`` with the same parameters; the rows
 each plan node over ``jobs`` produced or filtered out are added up. The table is
-loaded with ``generate_series`` (bench/dashboard.py: a week of history, 4% pending,
-half of them scheduled, 0.1% running, 1% failed, four queues, eight types).
+loaded with ``generate_series`` (``pgwork.testing.sample_statements``: a week of
+history, 4% pending, half of them scheduled, 0.1% running, 1% failed, four queues,
+eight types).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from bench.dashboard import load_statements
 
 from pgwork import Client, PostgresStateAdapter, create_client
 from pgwork.client._work import EXAMINED
 from pgwork.dashboard import allow_any, create_dashboard
 from pgwork.dashboard._work_pages import JOBS_PER_WORKER
 from pgwork.job_types import JobTypeRegistry
-from pgwork.testing.databases import temporary_database
+from pgwork.testing import sample_statements, temporary_database
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -42,7 +42,7 @@ WORKERS, BUSY = 6, 4
 def million_dsn(pg_server_dsn: str, pgwork_template_database: str) -> Iterator[str]:
     with temporary_database(pg_server_dsn, template=pgwork_template_database) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for statement in load_statements(jobs=JOBS, schema="pgwork"):
+            for statement in sample_statements(jobs=JOBS, schema="pgwork"):
                 conn.execute(statement)
         yield dsn
 
@@ -118,10 +118,10 @@ async def _some_prefix(c: Client) -> Any:
 
 
 async def _input_search_further(c: Client) -> Any:
-    first = await c.find_by_input("bench.email", "email", "nobody@example.com")
+    first = await c.find_by_input("sample.email", "email", "nobody@example.com")
     assert first.next_cursor
     return await c.find_by_input(
-        "bench.email", "email", "nobody@example.com", cursor=first.next_cursor
+        "sample.email", "email", "nobody@example.com", cursor=first.next_cursor
     )
 
 
@@ -140,7 +140,7 @@ READS: dict[str, tuple[Callable[[Client], Awaitable[Any]], int]] = {
     "scheduled-newest": (lambda c: c.list_work(status="scheduled", oldest_first=False), 1_000),
     "running": (lambda c: c.list_work(status="running"), 2 * RUNNING),
     "running-by-worker": (
-        lambda c: c.list_work(status="running", leased_by="bench-worker-1"),
+        lambda c: c.list_work(status="running", leased_by="sample-worker-1"),
         2 * RUNNING,
     ),
     "running-per-worker": (lambda c: c.running_by_worker(), 2 * RUNNING),
@@ -155,9 +155,9 @@ READS: dict[str, tuple[Callable[[Client], Awaitable[Any]], int]] = {
     "id-prefix": (_some_prefix, 1_000),
     # The newest 10,000 jobs (and one more, to tell whether older ones remain), then
     # the matches by primary key.
-    "input-field": (lambda c: c.find_by_input("bench.email", "n", JOBS - 8), EXAMINED + 200),
+    "input-field": (lambda c: c.find_by_input("sample.email", "n", JOBS - 8), EXAMINED + 200),
     "input-field-none": (
-        lambda c: c.find_by_input("bench.email", "email", "nobody@example.com"),
+        lambda c: c.find_by_input("sample.email", "email", "nobody@example.com"),
         EXAMINED + 200,
     ),
     "input-field-further": (_input_search_further, EXAMINED + 200),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import psycopg
@@ -23,7 +23,15 @@ from pgwork import (
 )
 from pgwork.adapters.state import AcquiredJob
 
-ClientFactory = Callable[[JobTypeRegistry], Awaitable[Client]]
+
+class ClientFactory(Protocol):
+    """``make_client(registry)``: a client on this test's database. ``store`` makes its
+    state adapter of the PostgreSQL one: ``store=CoreOnly`` gives a client over a store
+    that offers only the core of the contract."""
+
+    def __call__(
+        self, registry: JobTypeRegistry, *, store: Callable[[PostgresStateAdapter], Any] = ...
+    ) -> Awaitable[Client]: ...
 
 
 @pytest.fixture
@@ -31,10 +39,12 @@ async def make_client(pgwork_dsn: str) -> AsyncIterator[ClientFactory]:
     """Build clients (PostgreSQL state + LISTEN/NOTIFY) on this test's database."""
     clients: list[Client] = []
 
-    async def factory(registry: JobTypeRegistry) -> Client:
+    async def factory(
+        registry: JobTypeRegistry, *, store: Callable[[PostgresStateAdapter], Any] = lambda s: s
+    ) -> Client:
         state = await PostgresStateAdapter.connect(pgwork_dsn, max_size=20)
         client = create_client(
-            state_adapter=state,
+            state_adapter=store(state),
             notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
             registry=registry,
         )

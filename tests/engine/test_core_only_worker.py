@@ -6,7 +6,8 @@ groups, in-line renewal, blockers, operator views or maintenance. The worker tak
 another path for each (an acquire alone, the batcher writing every completion, the
 poll for scheduled jobs, no sweep or rollup), and refuses what cannot work without
 one when it is built. A turn that failed, or a maintenance step that failed, would be
-logged: none may be.
+logged: none may be. Wrapped in ``InstrumentedStateAdapter``, the store offers no more
+than it does on its own, and the worker runs on it the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +22,7 @@ import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
-from tests._core_only import CAPABILITIES, CoreOnly
+from tests._core_only import CORE_OPERATIONS, CoreOnly
 
 from pgwork import (
     Attempt,
@@ -30,24 +30,26 @@ from pgwork import (
     Client,
     Continue,
     JobStatus,
+    JobType,
     JobTypeRegistry,
-    PostgresNotifyAdapter,
-    PostgresStateAdapter,
     RetryPolicy,
-    create_client,
     create_in_process_worker,
 )
-from pgwork.adapters.capabilities import Capabilities
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS, Capabilities
 from pgwork.adapters.state import Lease, RenewResult
+from pgwork.observability import (
+    ADAPTER_CALL_ERROR,
+    ADAPTER_CALL_STOP,
+    Event,
+    InstrumentedStateAdapter,
+)
 from pgwork.records import AbortReason
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
 
-from .conftest import eventually, scalar
+from .conftest import ClientFactory, eventually, scalar
 
 pytestmark = pytest.mark.anyio
-
-CoreClientFactory = Callable[[JobTypeRegistry], Awaitable[Client]]
 
 # What the worker logs when a turn, a maintenance step or a waiter in line failed.
 FAILED = ("turn failed", "maintenance step", "could not wait")
@@ -57,27 +59,6 @@ class Num(BaseModel):
     n: int
 
 
-@pytest.fixture
-async def core_client(pgwork_dsn: str) -> AsyncIterator[CoreClientFactory]:
-    """Clients whose state adapter offers only the core of the contract."""
-    clients: list[Client] = []
-
-    async def factory(registry: JobTypeRegistry) -> Client:
-        adapter = await PostgresStateAdapter.connect(pgwork_dsn, max_size=20)
-        store: Any = CoreOnly(adapter)
-        client = create_client(
-            state_adapter=store,
-            notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
-            registry=registry,
-        )
-        clients.append(client)
-        return client
-
-    yield factory
-    for client in clients:
-        await client.close()
-
-
 def assert_no_failed_turns(caplog: pytest.LogCaptureFixture) -> None:
     """The worker logged no failed turn or maintenance step: a capability's operation
     called on a store without it fails softly, that way, and must not have been."""
@@ -85,34 +66,40 @@ def assert_no_failed_turns(caplog: pytest.LogCaptureFixture) -> None:
     assert failed == []
 
 
-async def _status(client: Client, job_id: Any) -> JobStatus:
-    return (await client.get_job(job_id)).status
-
-
-async def test_the_client_sees_a_store_without_any_capability(
-    core_client: CoreClientFactory,
-) -> None:
-    client = await core_client(JobTypeRegistry())
-    assert client.capabilities == Capabilities(store_type="CoreOnly")
-    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITIES)
-
-
-async def test_a_core_only_worker_runs_staged_jobs_to_completion(
-    core_client: CoreClientFactory,
-    workers: Any,
-    conn: psycopg.AsyncConnection[Any],
-    pgwork_dsn: str,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.WARNING, logger="pgwork")
+def squaring() -> tuple[JobTypeRegistry, JobType[Num, Num], dict[Any, Any]]:
+    """A registry of one staged job type, ``square``, and the processors that run it."""
     reg = JobTypeRegistry()
     square = reg.job_type("square", input=Num, output=Num)
 
     async def handle(attempt: Attempt[Num, Num]) -> Num:
         return Num(n=attempt.job.input.n**2)
 
-    client = await core_client(reg)
-    await workers(client=client, processors={square: handle}, max_slots=4)
+    return reg, square, {square: handle}
+
+
+async def _status(client: Client, job_id: Any) -> JobStatus:
+    return (await client.get_job(job_id)).status
+
+
+async def test_the_client_sees_a_store_without_any_capability(
+    make_client: ClientFactory,
+) -> None:
+    client = await make_client(JobTypeRegistry(), store=CoreOnly)
+    assert client.capabilities == Capabilities(store_type="CoreOnly")
+    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITY_PROTOCOLS)
+
+
+async def test_a_core_only_worker_runs_staged_jobs_to_completion(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgwork")
+    reg, square, processors = squaring()
+    client = await make_client(reg, store=CoreOnly)
+    await workers(client=client, processors=processors, max_slots=4)
     started = [await client.start_chain(conn, square, Num(n=i)) for i in range(30)]
     await conn.commit()
 
@@ -127,8 +114,48 @@ async def test_a_core_only_worker_runs_staged_jobs_to_completion(
     assert_no_failed_turns(caplog)
 
 
+class Calls:
+    """The operations an instrumented store reported: those that returned, those that
+    raised."""
+
+    def __init__(self) -> None:
+        self.done: set[str] = set()
+        self.failed: set[str] = set()
+
+    def on_event(self, event: Event) -> None:
+        if event.name == ADAPTER_CALL_STOP:
+            self.done.add(event["operation"])
+        elif event.name == ADAPTER_CALL_ERROR:
+            self.failed.add(event["operation"])
+
+
+async def test_a_worker_on_an_instrumented_core_only_store_runs_jobs_and_reports_its_calls(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgwork")
+    reg, square, processors = squaring()
+    calls = Calls()
+    client = await make_client(
+        reg, store=lambda state: InstrumentedStateAdapter(CoreOnly(state), observers=[calls])
+    )
+    assert sorted(client.capabilities.missing) == sorted(c.__name__ for c in CAPABILITY_PROTOCOLS)
+    await workers(client=client, processors=processors, max_slots=4)
+    started = [await client.start_chain(conn, square, Num(n=i)) for i in range(10)]
+    await conn.commit()
+
+    outputs = [await client.await_chain(chain.id, timeout=20) for chain in started]
+
+    assert outputs == [Num(n=i * i) for i in range(10)]
+    assert_no_failed_turns(caplog)
+    assert calls.failed == set()
+    assert {"insert_jobs", "acquire", "complete"} <= calls.done <= set(CORE_OPERATIONS)
+
+
 async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -146,7 +173,7 @@ async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
     async def finish(attempt: Attempt[Num, Num]) -> Num:
         return Num(n=attempt.job.input.n * 10)
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await workers(client=client, processors={first: hand_on, second: finish})
     started = await client.start_chain(conn, first, Num(n=4))
     await conn.commit()
@@ -166,7 +193,7 @@ async def test_a_chain_hands_on_to_its_continuation_on_a_core_only_store(
 
 
 async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -182,7 +209,7 @@ async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
         attempts.append(attempt.job.attempt)
         raise ValueError(f"boom on attempt {attempt.job.attempt}")
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await workers(client=client, processors={flaky: handle}, poll_interval=0.2)
     started = await client.start_chain(conn, flaky, Num(n=1))
     await conn.commit()
@@ -200,7 +227,7 @@ async def test_a_failing_job_is_retried_up_to_max_attempts_on_a_core_only_store(
 
 
 async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     workers: Any,
     conn: psycopg.AsyncConnection[Any],
     caplog: pytest.LogCaptureFixture,
@@ -215,7 +242,7 @@ async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
         ran_at.append(time.monotonic())
         ran.set()
 
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     # Enqueued before the worker listens: no notice announces its due time, and
     # without ``DueTimes`` the worker cannot ask for it; only the poll finds it.
     enqueued = time.monotonic()
@@ -229,12 +256,12 @@ async def test_a_job_scheduled_a_second_ahead_is_found_by_the_poll(
 
 
 async def test_a_core_only_worker_refuses_an_atomic_job_type_when_built(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
 ) -> None:
     reg = JobTypeRegistry()
     staged = reg.job_type("staged", input=Num)
     ledger = reg.job_type("ledger", input=Num, mode="atomic")
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
 
     async def handle(attempt: Attempt[Num, Any]) -> None:
         return None
@@ -251,11 +278,11 @@ async def test_a_core_only_worker_refuses_an_atomic_job_type_when_built(
 
 
 async def test_the_client_refuses_what_needs_a_capability_before_any_statement(
-    core_client: CoreClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     gate = await client.start_chain(conn, step, Num(n=1))
     with pytest.raises(CapabilityMissingError, match="ChainBlockers"):
         await client.start_chain(conn, step, Num(n=2), blockers=[gate])
@@ -268,10 +295,10 @@ async def test_the_client_refuses_what_needs_a_capability_before_any_statement(
 
 
 async def test_core_only_maintenance_skips_the_steps_the_store_cannot_run(
-    core_client: CoreClientFactory, caplog: pytest.LogCaptureFixture
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="pgwork")
-    client = await core_client(JobTypeRegistry())
+    client = await make_client(JobTypeRegistry(), store=CoreOnly)
     maintenance = Maintenance(
         client,
         [],
@@ -307,7 +334,7 @@ class _Holder:
 
 
 async def test_a_lease_whose_row_a_caller_holds_is_renewed_on_a_later_tick(
-    core_client: CoreClientFactory,
+    make_client: ClientFactory,
     conn: psycopg.AsyncConnection[Any],
     pgwork_dsn: str,
     caplog: pytest.LogCaptureFixture,
@@ -315,7 +342,7 @@ async def test_a_lease_whose_row_a_caller_holds_is_renewed_on_a_later_tick(
     caplog.set_level(logging.WARNING, logger="pgwork")
     reg = JobTypeRegistry()
     step = reg.job_type("step", input=Num)
-    client = await core_client(reg)
+    client = await make_client(reg, store=CoreOnly)
     await client.start_chain(conn, step, Num(n=1))
     await conn.commit()
     store: Any = client.state

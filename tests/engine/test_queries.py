@@ -9,7 +9,6 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from bench._pgwork_app import uuid7_sql
 from pydantic import BaseModel
 
 from pgwork import (
@@ -29,6 +28,7 @@ from pgwork.adapters.state import PageKey
 from pgwork.client._queries import encode_cursor
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres.sql import render
+from pgwork.testing import uuid7_sql
 
 from .conftest import ClientFactory
 

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
+from tests._core_only import CoreOnly
 
 import pgwork.observability._events as catalogue
 from pgwork import (
@@ -30,6 +31,8 @@ from pgwork import (
     create_client,
     create_in_process_worker,
 )
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS, Capabilities, operations
+from pgwork.adapters.state import CoreStateAdapter, DueTimes, OperatorViews, SyncAdopter
 from pgwork.observability import (
     ADAPTER_CALL_ERROR,
     ADAPTER_CALL_START,
@@ -155,24 +158,14 @@ def test_logging_observer_skips_disabled_levels(caplog: pytest.LogCaptureFixture
 # --- the instrumented adapter --------------------------------------------------------
 
 
-def _protocol_methods() -> set[str]:
-    """Every operation of ``StateAdapter``, which declares none itself: its roles do."""
-    return {
-        name
-        for role in StateAdapter.__mro__
-        for name, value in vars(role).items()
-        if not name.startswith("_") and callable(value)
-    }
-
-
 def test_instrumented_adapter_wraps_every_protocol_operation() -> None:
     own = {name for name in vars(InstrumentedStateAdapter) if not name.startswith("_")}
 
     # control: the roles' operations are found at all (an empty set would pass below)
     assert {"acquire", "insert_jobs", "list_jobs", "cancel_chains", "heartbeat"} <= (
-        _protocol_methods()
+        operations(StateAdapter)
     )
-    assert _protocol_methods() - own == set()
+    assert operations(StateAdapter) - own == set()
 
 
 @pytest.mark.anyio
@@ -200,6 +193,48 @@ async def test_instrumented_adapter_reports_each_call(pgwork_dsn: str) -> None:
     error = recorder.events[3]
     assert error["error_type"] == "DivisionByZero"
     assert error["duration_s"] >= 0
+
+
+def _core_with(*offered: type) -> Any:
+    """A view of the PostgreSQL adapter with the core and the capabilities ``offered``."""
+
+    def view(adapter: PostgresStateAdapter) -> Any:
+        store = CoreOnly(adapter)
+        for name in {name for protocol in offered for name in operations(protocol)}:
+            setattr(store, name, getattr(adapter, name))
+        return store
+
+    return view
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("store", "lacks"),
+    [
+        (CoreOnly, [p.__name__ for p in CAPABILITY_PROTOCOLS]),
+        (
+            _core_with(DueTimes, OperatorViews),
+            [p.__name__ for p in CAPABILITY_PROTOCOLS if p not in (DueTimes, OperatorViews)],
+        ),
+        (lambda adapter: adapter, []),
+    ],
+    ids=["core only", "core, due times and views", "PostgreSQL"],
+)
+async def test_instrumented_adapter_offers_the_capabilities_of_the_store_it_wraps(
+    pgwork_dsn: str, store: Any, lacks: list[str]
+) -> None:
+    adapter = await PostgresStateAdapter.connect(pgwork_dsn)
+    try:
+        inner = store(adapter)
+        instrumented = InstrumentedStateAdapter(inner, observers=[])
+
+        # control: the store lacks what the case says (the views are what they claim)
+        assert list(Capabilities.of(inner).missing) == lacks
+        assert list(Capabilities.of(instrumented).missing) == lacks
+        assert isinstance(instrumented, CoreStateAdapter)
+        assert isinstance(instrumented, SyncAdopter) == isinstance(inner, SyncAdopter)
+    finally:
+        await adapter.close()
 
 
 async def _divide_by_zero_in_a_transaction(adapter: InstrumentedStateAdapter) -> None:

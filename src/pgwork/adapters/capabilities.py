@@ -24,7 +24,31 @@ from pgwork.adapters.state import (
 )
 from pgwork.errors import CapabilityMissingError
 
-__all__ = ["Capabilities"]
+__all__ = ["CAPABILITY_PROTOCOLS", "Capabilities", "operations"]
+
+# Every capability protocol, in the order ``Capabilities`` lists them.
+CAPABILITY_PROTOCOLS: tuple[type, ...] = (
+    BatchedTurns,
+    DueTimes,
+    AtomicAttempts,
+    AtomicGroupCommit,
+    InLineRenewal,
+    ChainBlockers,
+    OperatorViews,
+    Maintenance,
+)
+
+
+def operations(protocol: type) -> frozenset[str]:
+    """The operations ``protocol`` declares, its bases' included: the members a runtime
+    check against it looks up."""
+    return frozenset(
+        name
+        for klass in protocol.__mro__
+        if klass is not object
+        for name, value in vars(klass).items()
+        if not name.startswith("_") and callable(value)
+    )
 
 
 @dataclass(frozen=True, slots=True)

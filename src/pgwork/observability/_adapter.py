@@ -1,10 +1,18 @@
 """Instrumenting any state adapter at the seam: start/stop/error and a duration per call.
 
-``InstrumentedStateAdapter`` is itself a ``StateAdapter``: it forwards every operation
-unchanged to the adapter it wraps, so it passes the same conformance suite, and emits
-``adapter.call.start`` before and ``adapter.call.stop`` (or ``adapter.call.error``)
-after each one. ``transaction()`` and ``atomic_transaction()`` are measured from
-entering to leaving the block.
+``InstrumentedStateAdapter`` forwards every operation unchanged to the adapter it
+wraps, so it passes the same conformance suite, and emits ``adapter.call.start`` before
+and ``adapter.call.stop`` (or ``adapter.call.error``) after each one.
+``transaction()`` and ``atomic_transaction()`` are measured from entering to leaving
+the block.
+
+It offers what the adapter it wraps offers, no more: the core of the contract always,
+and each capability (and ``adopt_sync``) only when the wrapped adapter has it. The
+client and the worker ask once which capabilities a store offers
+(``Capabilities.of``, a runtime ``isinstance`` against each protocol) and take another
+path for one it lacks; a wrapper that claimed them all would send them to an operation
+the store does not have. A wrapper of a store that lacks some is an instance of a
+subclass in which their operations are None, which such a check takes for missing.
 
 The wrappers are made from the protocol's own operations (``_timed(StateAdapter.acquire)``
 is the wrapper of ``acquire``, typed exactly as the protocol declares it), so no
@@ -19,7 +27,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
 
-from pgwork.adapters.state import StateAdapter, SyncAdopter, TransactionHandle
+from pgwork.adapters.capabilities import CAPABILITY_PROTOCOLS, operations
+from pgwork.adapters.state import (
+    CoreStateAdapter,
+    StateAdapter,
+    SyncAdopter,
+    TransactionHandle,
+)
 from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
     ADAPTER_CALL_ERROR,
@@ -98,9 +112,21 @@ class InstrumentedStateAdapter:
     Pass it as ``state_adapter`` to ``create_client``; ``inner`` keeps its pool and is
     closed through the wrapper. An atomic group's own steps are not instrumented: they
     are its members' round trips (``open_atomic_group`` is).
+
+    The wrapper offers the capabilities ``inner`` offers and no other: around a store
+    with only the core of the contract, ``Capabilities.of(wrapper)`` finds none, and the
+    client and the worker do without them as they would on the store itself. Its type
+    is the whole ``StateAdapter`` (one class wraps every store); what it offers is
+    asked of it at run time, as of any store.
     """
 
-    def __init__(self, inner: StateAdapter, *, observers: Iterable[Observer]) -> None:
+    def __new__(
+        cls, inner: CoreStateAdapter, *, observers: Iterable[Observer]
+    ) -> InstrumentedStateAdapter:
+        lacking = frozenset(p for p in _OPTIONAL if not isinstance(inner, p))
+        return super().__new__(_without(cls, lacking))
+
+    def __init__(self, inner: CoreStateAdapter, *, observers: Iterable[Observer]) -> None:
         self.inner = inner
         self._events = Emitter(observers)
 
@@ -197,6 +223,31 @@ class InstrumentedStateAdapter:
     delete_expired_chains = _timed(StateAdapter.delete_expired_chains)
     roll_up_history = _timed(StateAdapter.roll_up_history)
     prune_workers = _timed(StateAdapter.prune_workers)
+
+
+# The protocols whose operations the wrapper offers only when the adapter it wraps does.
+_OPTIONAL: tuple[type, ...] = (*CAPABILITY_PROTOCOLS, SyncAdopter)
+
+_WrapperClass = type[InstrumentedStateAdapter]
+_classes: dict[tuple[_WrapperClass, frozenset[type]], _WrapperClass] = {}
+
+
+def _without(cls: _WrapperClass, lacking: frozenset[type]) -> _WrapperClass:
+    """``cls`` with the operations of the ``lacking`` protocols set to None, made once
+    for each set of them.
+
+    A runtime check against a protocol takes an operation that is None for a missing
+    one, but it asks the class first: None on the instance alone would not hide the
+    class's wrapper.
+    """
+    if not lacking:
+        return cls
+    made = _classes.get((cls, lacking))
+    if made is None:
+        hidden = {name: None for protocol in lacking for name in operations(protocol)}
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, **hidden}
+        made = _classes[cls, lacking] = cast(_WrapperClass, type(cls.__name__, (cls,), namespace))
+    return made
 
 
 def _conforms(adapter: InstrumentedStateAdapter) -> StateAdapter:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         temporary_database,
         unique_database_name,
     )
+    from pgwork.testing.sample import sample_statements, uuid7_sql
     from pgwork.testing.servers import ServerUnavailable, docker_server, embedded_server
 
 __all__ = [
@@ -33,8 +34,10 @@ __all__ = [
     "docker_server",
     "drop_database",
     "embedded_server",
+    "sample_statements",
     "temporary_database",
     "unique_database_name",
+    "uuid7_sql",
 ]
 
 _HOMES = {
@@ -47,6 +50,8 @@ _HOMES = {
     "drop_database": "pgwork.testing.databases",
     "temporary_database": "pgwork.testing.databases",
     "unique_database_name": "pgwork.testing.databases",
+    "sample_statements": "pgwork.testing.sample",
+    "uuid7_sql": "pgwork.testing.sample",
 }
 
 
