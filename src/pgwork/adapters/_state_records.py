@@ -40,6 +40,7 @@ __all__ = [
     "ReapedJob",
     "RenewResult",
     "Resolution",
+    "TypeLimits",
     "WorkerInfo",
     "WorkerRecord",
 ]
@@ -161,6 +162,28 @@ class AcquiredJob:
     @property
     def lease(self) -> Lease:
         return Lease(self.id, self.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class TypeLimits:
+    """What an acquire may lease of one job type (``FlowControl.acquire_limited``).
+
+    ``concurrency``: at most this many of the type running at once, across every
+    worker; ``key_concurrency``: at most this many per limit group (a limit key, or the
+    group of the type's jobs enqueued without one). The store reads an operator's
+    overrides of both at each acquire. ``most``: at most this many leased by this
+    acquire (the worker's own cap on the type, less what it holds). None: no such
+    limit."""
+
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    most: int | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether the limits count what every worker runs (so acquires of the type
+        must not race), not only this one."""
+        return self.concurrency is not None or self.key_concurrency is not None
 
 
 @dataclass(frozen=True, slots=True)

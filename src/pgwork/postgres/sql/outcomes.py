@@ -19,7 +19,7 @@ from pgwork.postgres.sql.leases import (
     LEASES,
 )
 
-__all__ = ["ATOMIC_REFUSED", "OutcomeStatements"]
+__all__ = ["ATOMIC_REFUSED", "OutcomeStatements", "complete_and_acquire"]
 
 # Completes jobs. A worker's completion is fenced by its lease token; a completion
 # without token (workerless) applies to any job not yet final. A chain ends when its
@@ -252,18 +252,21 @@ FROM acquired AS a
 """
 
 
-def _complete_and_acquire(candidates: str) -> str:
+def complete_and_acquire(candidates: str, *, after_lease: str = "") -> str:
+    """A turn's statement over ``candidates`` (a CTE naming the rows to lease);
+    ``after_lease``: more CTEs that follow the lease (``leased``)."""
+    more = f",{after_lease}" if after_lease else ""
     return (
         f"WITH {_COMPLETE_CTES_SKIPPING},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},"
         f"{LEASES},"
-        f"{LEASED},\nacquired AS ({LEASE_CANDIDATES})"
+        f"{LEASED}{more},\nacquired AS ({LEASE_CANDIDATES})"
         f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
 
 
-COMPLETE_AND_ACQUIRE = _complete_and_acquire(CANDIDATES_BY_QUEUE)
-COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(CANDIDATES_ANY_QUEUE)
+COMPLETE_AND_ACQUIRE = complete_and_acquire(CANDIDATES_BY_QUEUE)
+COMPLETE_AND_ACQUIRE_ANY_QUEUE = complete_and_acquire(CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
 # (which fails the chain). Each failure is appended to the job's history.
