@@ -18,6 +18,7 @@ from pgwork._flow_control import Rate, check_concurrency, check_rate
 from pgwork._limits import (
     check_atomic_deadline,
     check_delay,
+    check_limit_key,
     check_max_attempts,
     check_priority,
     check_queue_name,
@@ -111,11 +112,12 @@ class Continuation:
     let mypy solve ``Continue(next_type, input)`` against ``Any`` and accept any input.
     """
 
-    __slots__ = ("input", "job_type", "schedule_after")
+    __slots__ = ("input", "job_type", "limit_key", "schedule_after")
 
     job_type: JobType[Any, Any]
     input: Any
     schedule_after: timedelta | None
+    limit_key: str | None
 
 
 class Continue(Continuation, Generic[I2]):
@@ -123,6 +125,8 @@ class Continue(Continuation, Generic[I2]):
 
     Passed to ``attempt.complete(continue_with=...)`` (or returned by a handler); the
     next job is inserted in the same transaction that completes the current one.
+    ``limit_key``: the key the next job's flow limits are counted by; without one it
+    keeps the key of the job that hands on (as it keeps the chain's ``context``).
     """
 
     __slots__ = ()
@@ -131,13 +135,19 @@ class Continue(Continuation, Generic[I2]):
     input: I2
 
     def __init__(
-        self, job_type: JobType[I2, Any], input: I2, *, after: timedelta | None = None
+        self,
+        job_type: JobType[I2, Any],
+        input: I2,
+        *,
+        after: timedelta | None = None,
+        limit_key: str | None = None,
     ) -> None:
         self.job_type = job_type
         self.input = input
         # Checked here, in the handler that builds it: past the database clock's
         # range the continuation could never be written.
         self.schedule_after = None if after is None else check_delay("after", after)
+        self.limit_key = None if limit_key is None else check_limit_key(limit_key)
 
     def __repr__(self) -> str:
         return f"Continue({self.job_type.name!r}, {self.input!r})"
