@@ -106,6 +106,9 @@ class NewJob:
     # A logging context (``start_chain(context=...)``), already checked; continuations
     # inherit their chain's.
     context: Mapping[str, str] | None = None
+    # The key its type's flow limits count it by, already checked; a continuation
+    # carries the key of the job that handed on unless ``Continue`` gave its own.
+    limit_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -158,6 +161,8 @@ class AcquiredJob:
     last_attempt_at: datetime | None = None
     dedup_key: str | None = None
     context: dict[str, str] | None = None
+    # The job's limit key (``NewJob.limit_key``).
+    limit_key: str | None = None
 
     @property
     def lease(self) -> Lease:
