@@ -36,6 +36,7 @@ depends_on = None
 
 
 def upgrade(*, schema: str) -> None:
+    now = sa.text("now()")
     op.add_column("jobs", sa.Column("limit_key", sa.Text(), nullable=True), schema=schema)
     op.create_index(
         "jobs_limit_pending_idx",
@@ -62,9 +63,7 @@ def upgrade(*, schema: str) -> None:
         sa.Column("key_rate_n", sa.Integer(), nullable=True),
         sa.Column("key_rate_per_s", sa.Float(), nullable=True),
         sa.Column("paused_until", sa.DateTime(timezone=True), nullable=True),
-        sa.Column(
-            "updated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")
-        ),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.CheckConstraint(
             "concurrency > 0 AND key_concurrency > 0", name="job_limits_concurrency_positive"
         ),
