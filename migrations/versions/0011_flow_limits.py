@@ -9,17 +9,22 @@ window of time, for the type as a whole and per limit key (a tenant, a host), th
 given at enqueue (``start_chain(limit_key=...)``) and kept by the chain's
 continuations.
 
-* ``jobs.limit_key``: the key, NULL for none. Nullable without a default: adding it
-  rewrites nothing, even on a large table.
-* ``jobs_limit_pending_idx``: ready jobs by type and key in acquire order (priority,
-  then due time), so the acquire can take the next job of each key that has room.
-* ``jobs_limit_running_idx``: running jobs by type and key, so the acquire counts what
-  runs of a type, or of one of its keys, in one index range.
+* ``jobs.limit_key``: the key, NULL for none. ``jobs.limit_group``: the group a
+  limited type's limits count the job in (its key, or '' for none), NULL for a job of a
+  type without limits. Nullable without a default: adding them rewrites nothing, even
+  on a large table.
+* ``jobs_limit_pending_idx``: ready jobs of limited types by type and group in acquire
+  order (priority, then due time), so the acquire can take the next job of each group
+  that has room.
+* ``jobs_limit_running_idx``: running jobs of limited types by type and group, so the
+  acquire counts what runs of a type, or of one of its groups, in one index range.
+* ``job_limits.cursor_key``: the group a keyed type's last acquire served last.
 * ``job_limits``: limits changed at run time, kept like a queue's pause: a row per
   type (``limit_key`` '') or per key of one; a NULL column keeps the code's
   declaration.
 
-Every job costs one entry more in each index while it is pending and while it runs.
+A job of a limited type costs one entry more in each index while it is pending and
+while it runs; a job of any other type none.
 Building the two indexes locks ``jobs`` against writes (not reads) for the time it
 takes; creating the table takes no lock on ``jobs``.
 """
@@ -38,19 +43,20 @@ depends_on = None
 def upgrade(*, schema: str) -> None:
     now = sa.text("now()")
     op.add_column("jobs", sa.Column("limit_key", sa.Text(), nullable=True), schema=schema)
+    op.add_column("jobs", sa.Column("limit_group", sa.Text(), nullable=True), schema=schema)
     op.create_index(
         "jobs_limit_pending_idx",
         "jobs",
-        ["type_name", "limit_key", "priority", "scheduled_at"],
+        ["type_name", "limit_group", "priority", "scheduled_at"],
         schema=schema,
-        postgresql_where=sa.text("status = 'pending'"),
+        postgresql_where=sa.text("status = 'pending' AND limit_group IS NOT NULL"),
     )
     op.create_index(
         "jobs_limit_running_idx",
         "jobs",
-        ["type_name", "limit_key"],
+        ["type_name", "limit_group"],
         schema=schema,
-        postgresql_where=sa.text("status = 'running'"),
+        postgresql_where=sa.text("status = 'running' AND limit_group IS NOT NULL"),
     )
     op.create_table(
         "job_limits",
@@ -63,6 +69,7 @@ def upgrade(*, schema: str) -> None:
         sa.Column("key_rate_n", sa.Integer(), nullable=True),
         sa.Column("key_rate_per_s", sa.Float(), nullable=True),
         sa.Column("paused_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("cursor_key", sa.Text(), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.CheckConstraint(
             "concurrency > 0 AND key_concurrency > 0", name="job_limits_concurrency_positive"
@@ -85,4 +92,5 @@ def downgrade(*, schema: str) -> None:
     op.drop_table("job_limits", schema=schema)
     op.drop_index("jobs_limit_running_idx", table_name="jobs", schema=schema)
     op.drop_index("jobs_limit_pending_idx", table_name="jobs", schema=schema)
+    op.drop_column("jobs", "limit_group", schema=schema)
     op.drop_column("jobs", "limit_key", schema=schema)

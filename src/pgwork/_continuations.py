@@ -56,7 +56,8 @@ def continuation_job(
         max_attempts=target.max_attempts,
         run_after=run_after,
         context=job.context,
-        limit_key=job.limit_key if spec.limit_key is None else spec.limit_key,
+        limit_key=(key := job.limit_key if spec.limit_key is None else spec.limit_key),
+        limit_group=target.limit_group(key),
     )
 
 

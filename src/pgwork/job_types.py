@@ -101,6 +101,17 @@ class JobType(Generic[I, O]):
         their own: the missing key counts as one key."""
         return self.key_concurrency is not None or self.key_rate is not None
 
+    def limit_group(self, limit_key: str | None) -> str | None:
+        """The group this type's limits count a job with ``limit_key`` in: the key for
+        a keyed type, '' for a type limited as a whole (and for a keyed type's job
+        without a key: those share one group); None for a type without limits, whose
+        jobs the limited acquire never counts."""
+        if not self.limited:
+            return None
+        if self.keyed and limit_key is not None:
+            return limit_key
+        return ""
+
     def __repr__(self) -> str:
         return f"JobType({self.name!r})"
 

@@ -373,11 +373,6 @@ async def test_a_worker_writes_the_key_a_continuation_gives(
     assert stored == ["tenant-1", "mail"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the acquire does not return jobs.limit_key yet, so a handler's job has none "
-    "to hand on (AcquiredJob.limit_key is None in a worker)",
-)
 @pytest.mark.parametrize(("mode", "group"), MODES, ids=MODE_IDS)
 async def test_a_worker_hands_on_the_key_of_the_job_that_continues(
     make_client: ClientFactory,

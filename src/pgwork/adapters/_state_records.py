@@ -109,6 +109,9 @@ class NewJob:
     # The key its type's flow limits count it by, already checked; a continuation
     # carries the key of the job that handed on unless ``Continue`` gave its own.
     limit_key: str | None = None
+    # The group its type's limits count it in (``JobType.limit_group``); None for a type
+    # without limits.
+    limit_group: str | None = None
 
 
 @dataclass(slots=True)

@@ -250,6 +250,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                 blocker_failure=resolved.blocker_failure,
                 context=context,
                 limit_key=limit_key,
+                limit_group=resolved.limit_group(limit_key),
             )
             handle = await adopt(tx)
             (result,) = await self.state.insert_jobs(handle, jobs=[job], notify=self.notify)
@@ -388,6 +389,7 @@ def _build_jobs(
             blocker_failure=job_type.blocker_failure,
             context=item.context,
             limit_key=item.limit_key,
+            limit_group=job_type.limit_group(item.limit_key),
         )
 
 

@@ -150,7 +150,8 @@ def insert_params(
             [as_json(j.trace_context) if j.trace_context else "NULL" for j in jobs]
         ),
         "contexts": _array([as_json(j.context) if j.context else "NULL" for j in jobs]),
-        "limit_keys": _limit_keys(jobs),
+        "limit_keys": _limit_keys([j.limit_key for j in jobs]),
+        "limit_groups": _limit_keys([j.limit_group for j in jobs]),
         "channel": channel,
         "ready": _array([_element(notice) for notice in _encoded(ready)] if channel else []),
     }
@@ -171,13 +172,12 @@ def insert_params(
     return params
 
 
-def _limit_keys(jobs: Sequence[NewJob]) -> str:
-    """The array literal of ``jobs``' limit keys (NULL for none), each key quoted once:
-    a batch mostly repeats a few keys, or has none at all."""
+def _limit_keys(keys: Sequence[str | None]) -> str:
+    """The array literal of jobs' limit keys or groups (NULL for none), each quoted
+    once: a batch mostly repeats a few keys, or has none at all."""
     quoted: dict[str | None, str] = {None: "NULL"}
     elements = []
-    for j in jobs:
-        key = j.limit_key
+    for key in keys:
         element = quoted.get(key)
         if element is None:
             assert key is not None
@@ -281,10 +281,14 @@ def _copy_lines(jobs: Sequence[NewJob]) -> str:
             )
         key = j.limit_key
         limit_key = _NULL if key is None else seen.get(key) or seen.setdefault(key, _field(key))
+        group = j.limit_group
+        limit_group = (
+            _NULL if group is None else seen.get(group) or seen.setdefault(group, _field(group))
+        )
         lines.append(
             f"{job_id}\t{type_name}\t{chain_id}\t{chain_type}\t{j.chain_index:d}\t"
             f"{_field(j.input_json)}\tpending\t{queue}\t{j.priority:d}\t{j.max_attempts:d}\t"
-            f"{chain_status}\t{dedup}\t{trace}\t{context}\t{limit_key}\n"
+            f"{chain_status}\t{dedup}\t{trace}\t{context}\t{limit_key}\t{limit_group}\n"
         )
     return "".join(lines)
 
@@ -362,6 +366,7 @@ def plain_job_statement(
         and not context
         and not trace
         and job.limit_key is None
+        and job.limit_group is None
         and job.chain_index == 0
         and (job.chain_id is job.id or job.chain_id == job.id)
         and job.chain_type_name == job.type_name
@@ -389,6 +394,7 @@ def plain_job_statement(
         "trace_context": json.dumps(dict(trace)) if trace else None,
         "context": json.dumps(dict(context)) if context else None,
         "limit_key": job.limit_key,
+        "limit_group": job.limit_group,
         "channel": channel,
         "ready": ready_notice(job.queue) if channel is not None else None,
     }
@@ -511,6 +517,7 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
         "trace_context": json.dumps(dict(j.trace_context)) if j.trace_context else None,
         "context": json.dumps(dict(j.context)) if j.context else None,
         "limit_key": j.limit_key,
+        "limit_group": j.limit_group,
         "channel": channel,
         "ready": _encoded(ready)[0] if channel and ready else None,
     }

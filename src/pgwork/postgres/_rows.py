@@ -96,6 +96,7 @@ _build_acquired = frozen_builder(
         "last_attempt_at",
         "dedup_key",
         "context",
+        "limit_key",
     ),
 )
 
@@ -135,6 +136,7 @@ def acquired_from_rows(rows: Sequence[Sequence[Any]], skip: int = 0) -> list[Acq
             last_attempt_at,
             dedup_key,
             context,
+            limit_key,
         ) = row[skip:] if skip else row
         jobs.append(
             build(
@@ -158,6 +160,7 @@ def acquired_from_rows(rows: Sequence[Sequence[Any]], skip: int = 0) -> list[Acq
                 last_attempt_at,
                 dedup_key,
                 context,
+                limit_key,
             )
         )
     return jobs

@@ -162,6 +162,7 @@ class CompletionOps(EnqueueOps):
             ),
             "next_context": json.dumps(dict(following.context)) if following.context else None,
             "next_limit_key": following.limit_key,
+            "next_limit_group": following.limit_group,
             "channel": channel,
             "ready": encode_notice(ready_notice) if channel is not None else None,
         }

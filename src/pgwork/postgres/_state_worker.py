@@ -565,16 +565,20 @@ async def _fetch_limited_turn(
 def _limit_params(
     leases: Mapping[str, timedelta], limits: Mapping[str, TypeLimits], encoding: str
 ) -> dict[str, Any]:
-    """A limited acquire's arrays: the limited types with their limits, the others, and
-    the types whose acquires must not race, in the order their locks are taken."""
-    limited = [name for name in leases if name in limits]
+    """A limited acquire's arrays: the types with limits shared by every worker (counted
+    by group, under their locks, taken in name order), those only this worker caps,
+    and the others."""
+    limited = [name for name in leases if name in limits and limits[name].shared]
+    capped = [name for name in leases if name in limits and not limits[name].shared]
     return {
         "limited_names": texts(limited, encoding),
         "limited_concurrency": ints([limits[name].concurrency for name in limited]),
         "limited_key_concurrency": ints([limits[name].key_concurrency for name in limited]),
         "limited_most": ints([limits[name].most for name in limited]),
+        "capped_names": texts(capped, encoding),
+        "capped_most": ints([limits[name].most for name in capped]),
         "free_names": texts([name for name in leases if name not in limits], encoding),
-        "lock_names": sorted(name for name in limited if limits[name].shared),
+        "lock_names": sorted(limited),
     }
 
 

@@ -103,6 +103,11 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # kept by continuations; NULL: no key, which a keyed type counts as one key of
         # its own (migration 0011).
         sa.Column("limit_key", sa.Text, nullable=True),
+        # The group a limited type's flow limits count the job in: its limit key for a
+        # keyed type, '' for a type limited as a whole or a keyed type's job without a
+        # key; NULL for a type without limits, which keeps it out of the two indexes
+        # below (migration 0011).
+        sa.Column("limit_group", sa.Text, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -176,23 +181,24 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "status",
             postgresql_where=sa.text("status IN ('completed', 'failed')"),
         ),
-        # Flow limits (migration 0011): a limited type's ready jobs by key in acquire
-        # order, so the acquire takes the next job of each key that has room; and its
-        # running jobs by key, so it counts what runs of a type, or of one of its keys,
-        # in one index range.
+        # Flow limits (migration 0011): a limited type's ready jobs by group in acquire
+        # order, so the acquire walks the groups and takes the next job of each that
+        # has room; and its running jobs by group, so it counts what runs of a type, or
+        # of one of its groups, in one index range. Jobs of types without limits have
+        # no group and no entry in either.
         sa.Index(
             "jobs_limit_pending_idx",
             "type_name",
-            "limit_key",
+            "limit_group",
             "priority",
             "scheduled_at",
-            postgresql_where=sa.text("status = 'pending'"),
+            postgresql_where=sa.text("status = 'pending' AND limit_group IS NOT NULL"),
         ),
         sa.Index(
             "jobs_limit_running_idx",
             "type_name",
-            "limit_key",
-            postgresql_where=sa.text("status = 'running'"),
+            "limit_group",
+            postgresql_where=sa.text("status = 'running' AND limit_group IS NOT NULL"),
         ),
         postgresql_with={
             "fillfactor": "70",
@@ -269,6 +275,9 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("key_rate_n", sa.Integer, nullable=True),
         sa.Column("key_rate_per_s", sa.Float, nullable=True),
         sa.Column("paused_until", sa.DateTime(timezone=True), nullable=True),
+        # The type-wide row's: the limit group the type's last acquire served last (the
+        # next starts after it, so groups are served in turn).
+        sa.Column("cursor_key", sa.Text, nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.CheckConstraint(
             "concurrency > 0 AND key_concurrency > 0", name="job_limits_concurrency_positive"

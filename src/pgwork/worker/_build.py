@@ -131,7 +131,7 @@ def build(
         max_slots=max_slots,
         prefetch=prefetch,
         bell=bell,
-        limited=[name for name, terms in limits.items() if terms.shared],
+        limited=list(limits),
     )
     leases = {name: t.lease for name, t in types.items()}
     return InProcessWorker(

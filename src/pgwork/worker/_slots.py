@@ -161,9 +161,9 @@ class Slots:
         bell: Bell,
         limited: Collection[str] = (),
     ) -> None:
-        """``limited``: the job types with limits shared by every worker; the queue of
-        one whose attempt ends goes to ``freed_queues`` (its room may let another worker's
-        job start)."""
+        """``limited``: the job types with limits (or this worker's caps); the queue of
+        one whose attempt ends goes to ``freed_queues`` (its room may let a job start
+        that an acquire held back, here or on another worker)."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify

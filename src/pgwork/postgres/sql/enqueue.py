@@ -27,14 +27,14 @@ WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
         priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context, limit_key
+        context, limit_key, limit_group
     )
     SELECT
         n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
         n.status::{job_status}, n.queue, n.priority, n.max_attempts,
         GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
-        n.dedup_key, n.trace_context::jsonb, n.context::jsonb, n.limit_key
+        n.dedup_key, n.trace_context::jsonb, n.context::jsonb, n.limit_key, n.limit_group
     FROM (
         SELECT
             unnest(%(ids)s::text::uuid[]) AS id,
@@ -52,7 +52,8 @@ WITH inserted AS (
             unnest(%(trace_contexts)s::text::text[]) AS trace_context,
             unnest(%(statuses)s::text::text[]) AS status,
             unnest(%(contexts)s::text::text[]) AS context,
-            unnest(%(limit_keys)s::text::text[]) AS limit_key
+            unnest(%(limit_keys)s::text::text[]) AS limit_key,
+            unnest(%(limit_groups)s::text::text[]) AS limit_group
     ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
@@ -68,12 +69,12 @@ INSERT_PLAIN_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, input, status, queue, priority,
-        max_attempts, chain_status, trace_context, context, limit_key
+        max_attempts, chain_status, trace_context, context, limit_key, limit_group
     )
     SELECT
         n.id, n.type_name, n.id, n.chain_type_name, n.input::jsonb, 'pending', n.queue,
         n.priority, n.max_attempts, 'active', n.trace_context::jsonb, n.context::jsonb,
-        n.limit_key
+        n.limit_key, n.limit_group
     FROM (
         SELECT
             unnest(%(ids)s::text::uuid[]) AS id,
@@ -85,7 +86,8 @@ WITH inserted AS (
             unnest(%(max_attempts)s::text::int[]) AS max_attempts,
             unnest(%(trace_contexts)s::text::text[]) AS trace_context,
             unnest(%(contexts)s::text::text[]) AS context,
-            unnest(%(limit_keys)s::text::text[]) AS limit_key
+            unnest(%(limit_keys)s::text::text[]) AS limit_key,
+            unnest(%(limit_groups)s::text::text[]) AS limit_group
     ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
@@ -99,7 +101,7 @@ WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
         priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context, limit_key
+        context, limit_key, limit_group
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
@@ -110,7 +112,7 @@ WITH inserted AS (
         ),
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
         %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb,
-        %(limit_key)s::text
+        %(limit_key)s::text, %(limit_group)s::text
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
@@ -124,14 +126,16 @@ INSERT_PLAIN_JOB = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, chain_status, trace_context, context, limit_key
+        priority, max_attempts, chain_status, trace_context, context, limit_key,
+        limit_group
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
         %(chain_index)s::int, %(input)s::jsonb, 'pending', %(queue)s::text,
         %(priority)s::smallint, %(max_attempts)s::int,
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
-        %(trace_context)s::jsonb, %(context)s::jsonb, %(limit_key)s::text
+        %(trace_context)s::jsonb, %(context)s::jsonb, %(limit_key)s::text,
+        %(limit_group)s::text
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
@@ -165,7 +169,8 @@ SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
 COPY_JOBS = """
 COPY {jobs} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-    priority, max_attempts, chain_status, dedup_key, trace_context, context, limit_key
+    priority, max_attempts, chain_status, dedup_key, trace_context, context, limit_key,
+    limit_group
 ) FROM STDIN
 """
 

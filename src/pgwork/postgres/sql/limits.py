@@ -167,16 +167,36 @@ free AS (
     WHERE cardinality(%(free_names)s::text[]) > 0
 )"""
 
-# Both, in the worker's queue order; within a queue every group's first job comes
+# The types only this worker caps (``most``, no limit shared with other workers): as
+# many as each cap leaves room for, with no lock and no group.
+_CAPPED = """
+capped AS (
+    SELECT c.id, c.ctid, c.queue, c.priority, c.scheduled_at
+    FROM unnest(%(capped_names)s::text[], %(capped_most)s::int[]) AS t(name, most)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.queue = ANY(%(queues)s::text[])
+          AND j.scheduled_at <= now() AND j.type_name = t.name
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT greatest(least(t.most, %(limit)s), 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)"""
+
+# All three, in the worker's queue order; within a queue every group's first job comes
 # before any group's second, then priority and due time. Rows locked beyond the
 # LIMIT are released at commit, as in any acquire.
-LIMITED_CANDIDATES = f"""{_ROOM},{_GROUPS},{_LIMITED},{_FREE},
+LIMITED_CANDIDATES = f"""{_ROOM},{_GROUPS},{_LIMITED},{_FREE},{_CAPPED},
 candidates AS (
     SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
     FROM (
         SELECT f.id, f.ctid, f.queue, 1::bigint AS round, f.priority, f.scheduled_at,
             NULL::text AS name, NULL::text AS limit_group, 0 AS pos
         FROM free AS f
+        UNION ALL
+        SELECT k.id, k.ctid, k.queue, 1, k.priority, k.scheduled_at, NULL, NULL, 0
+        FROM capped AS k
         UNION ALL
         SELECT w.id, w.ctid, w.queue, w.round, w.priority, w.scheduled_at, w.name,
             w.limit_group, w.pos

@@ -187,7 +187,8 @@ completed AS ({_COMPLETE_RESULT}),
 continued AS (
     INSERT INTO {{jobs}} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, trace_context, context, limit_key
+        priority, max_attempts, scheduled_at, trace_context, context, limit_key,
+        limit_group
     )
     SELECT %(next_id)s::uuid, %(next_type_name)s::text, %(next_chain_id)s::uuid,
         %(next_chain_type_name)s::text, %(next_chain_index)s::int, %(next_input)s::jsonb,
@@ -197,7 +198,8 @@ continued AS (
             now(), %(next_run_at)s::timestamptz,
             now() + %(next_run_after)s::float8 * interval '1 second'
         ),
-        %(next_trace_context)s::jsonb, %(next_context)s::jsonb, %(next_limit_key)s::text
+        %(next_trace_context)s::jsonb, %(next_context)s::jsonb, %(next_limit_key)s::text,
+        %(next_limit_group)s::text
     FROM completed
 )
 SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
