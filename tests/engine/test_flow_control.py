@@ -233,3 +233,19 @@ async def test_jobs_of_types_without_limits_carry_no_limit_group(
         ("plain", "t1", None),
         ("whole", "t1", ""),
     ]
+
+
+async def test_a_type_with_a_rate_is_refused_rather_than_run_unlimited(
+    make_client: ClientFactory,
+) -> None:
+    """Rates are declared but not yet enforced by the worker: a worker refuses a type
+    that declares one instead of running it past its rate."""
+    from datetime import timedelta
+
+    from pgwork import Rate
+
+    reg = JobTypeRegistry()
+    paced = reg.job_type("paced", input=Item, rate=Rate(10, per=timedelta(seconds=1)))
+    client = await make_client(reg)
+    with pytest.raises(ConfigurationError, match="does not enforce yet"):
+        create_in_process_worker(client=client, processors={paced: Overlap()})

@@ -23,7 +23,6 @@ from pgwork import (
     InvalidOptionError,
     JobTypeRegistry,
     ProcessingMode,
-    Rate,
 )
 from pgwork._limits import MAX_LIMIT_KEY_LENGTH
 from pgwork.cli import main
@@ -346,7 +345,6 @@ def chain_registry(mode: ProcessingMode) -> JobTypeRegistry:
         "first",
         input=Call,
         mode=mode,
-        rate=Rate(100, per=timedelta(seconds=1)),
         key_concurrency=1,
         continue_with=["second"],
     )

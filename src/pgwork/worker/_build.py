@@ -252,6 +252,13 @@ def _limits(
         for name, t in types.items()
         if t.concurrency is not None or t.key_concurrency is not None or name in caps
     }
+    for name, t in types.items():
+        if t.rate is not None or t.key_rate is not None:
+            raise ConfigurationError(
+                f"job type {name!r} declares a rate (rate= or key_rate=), which this version "
+                "of the worker does not enforce yet: declare concurrency or key_concurrency "
+                "instead, or run the type on a worker that enforces rates"
+            )
     capabilities = client.capabilities
     if limits and capabilities.flow is None:
         name = next(iter(limits))
