@@ -60,6 +60,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 from tests._loop import run as run_on_test_loop
@@ -373,6 +374,36 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
             await attempt.connection.execute("INSERT INTO faults_unique VALUES (1)")
         return attempt.worker_id
 
+    async def interval(attempt: Attempt[Spec, Any]) -> str:
+        # The ledger row and the interval's start in one statement; the end is written
+        # whatever ends the handler (a cancelled one too), unless its process dies.
+        async with ledger.connection() as conn:
+            cur = await conn.execute(
+                "WITH ledger AS (INSERT INTO faults_ledger (job_id, attempt, worker)"
+                " VALUES (%(job)s, %(attempt)s, %(worker)s))"
+                " INSERT INTO faults_intervals (job_id, attempt, limit_key, worker)"
+                " VALUES (%(job)s, %(attempt)s, %(key)s, %(worker)s) RETURNING id",
+                {
+                    "job": attempt.job.id,
+                    "attempt": attempt.job.attempt,
+                    "key": attempt.limit_key,
+                    "worker": attempt.worker_id,
+                },
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        print(f"started {attempt.job.id} {attempt.job.attempt}", flush=True)
+        try:
+            await watched(attempt, asyncio.sleep(duration(attempt)))
+        finally:
+            with anyio.CancelScope(shield=True):
+                async with ledger.connection() as conn:
+                    await conn.execute(
+                        "UPDATE faults_intervals SET ended_at = clock_timestamp() WHERE id = %s",
+                        (row[0],),
+                    )
+        return attempt.worker_id
+
     async def relay(attempt: Attempt[Spec, Any]) -> Continue[Spec]:
         await record(attempt)
         await attempt.connection.execute(
@@ -392,6 +423,8 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
         "suicide": suicide,
         "unwritable": unwritable,
         "relay": relay,
+        "limited": interval,
+        "keyed": interval,
     }
 
 
