@@ -43,6 +43,8 @@ oracle catches the failure it is meant to catch:
 ``no-timeout``  a handler past its timeout is never stopped (nor given up on)
 ``no-dead-reclaim`` workers whose heartbeat went silent are never found dead: their
                 jobs come back only as their leases expire
+``racy-limits`` a limited acquire takes no lock on its types before it counts what
+                runs: check-then-acquire, two acquires at once each fill the same room
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ from pgwork import (
 from pgwork.adapters.notify import Notice
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._atomic_group import PgAtomicGroup
-from pgwork.postgres.sql import leases, outcomes
+from pgwork.postgres.sql import leases, limits, outcomes
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
@@ -145,6 +147,12 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "COMPLETE_AND_ACQUIRE",
             "COMPLETE_AND_ACQUIRE_ANY_QUEUE",
         )
+    ],
+    # The statement still runs (and still reads its parameter), it only locks nothing:
+    # the acquire after it counts the running jobs of a snapshot that another acquire,
+    # leasing the same room at the same moment, has not committed to yet.
+    "racy-limits": [
+        ("LOCK_TYPES", "pg_advisory_xact_lock({limit_lock}, hashtext(t.name))", "hashtext(t.name)")
     ],
 }
 
@@ -279,7 +287,7 @@ def break_statements(spec: str) -> None:
             PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
             continue
         for constant, old, new in _BREAKAGES[name]:
-            module = leases if hasattr(leases, constant) else outcomes
+            module = next(m for m in (leases, limits, outcomes) if hasattr(m, constant))
             template = getattr(module, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
