@@ -9,11 +9,11 @@ spends per job moves much less, and it is what a change to pgwork's Python side 
 shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged, no-
 op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
 (start-up and the first turns are not counted); ``limited`` is the same drain of a type
-whose ``concurrency`` never binds, so every acquire counts it under the type's lock. ``--tune-gc`` sets the garbage
-collector up as ``pgwork worker`` and the benchmark's worker processes do
-(``pgwork.worker.tune_gc``, once everything is imported); without it the collector
-keeps CPython's defaults, and at 50 slots or more its collections are a fifth to a
-third of the drain's CPU. The atomic rows drain the same way with
+whose ``concurrency`` never binds, so every acquire counts it under the type's lock.
+``--tune-gc`` sets the garbage collector up as ``pgwork worker`` and the benchmark's
+worker processes do (``pgwork.worker.tune_gc``, once everything is imported); without
+it the collector keeps CPython's defaults, and at 50 slots or more its collections are
+a fifth to a third of the drain's CPU. The atomic rows drain the same way with
 the job type ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of
 32 (``atomic32``), and in groups of 32 with each handler inserting a row through its
 connection first (``atomic32w``: a member that writes, in its group's transaction).
