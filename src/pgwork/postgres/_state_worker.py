@@ -546,16 +546,15 @@ async def _fetch_limited_turn(
     params: Mapping[str, Any],
     schema: str,
 ) -> list[tuple[Any, ...]]:
-    """The rows of a limited acquire: its types' locks, then the statement, in one
-    transaction sent as one pipeline (one round trip). The locks come in a statement of
-    their own so that the acquire's snapshot is taken once they are held (see
-    ``sql.limits``)."""
+    """The rows of a limited acquire: its types' locks (none for a worker's own caps
+    alone), then the statement, in one transaction sent as one pipeline (one round
+    trip). The locks come in a statement of their own so that the acquire's snapshot is
+    taken once they are held (see ``sql.limits``)."""
     numbered, names = _numbered(query)
     with translate_errors(schema):
         async with conn.pipeline():
             async with conn.transaction():
-                if params["lock_names"]:
-                    await conn.execute(lock, {"lock_names": params["lock_names"]})
+                await conn.execute(lock, {"lock_names": params["lock_names"]})
                 cur = psycopg.AsyncRawCursor(conn)
                 await cur.execute(numbered, [params[name] for name in names], binary=True)
             rows: list[tuple[Any, ...]] = await cur.fetchall()

@@ -36,9 +36,15 @@ __all__ = ["LIMIT_LOCK", "LimitStatements"]
 # lock, which only serialises their acquires.
 LIMIT_LOCK = 0x7067776C
 
+# Also sets ``plan_cache_mode`` for the transaction: the acquire's custom plans cost
+# more to make than the statement costs to run, and its generic plan is as good (the
+# parameters are a worker's constant arrays), so it is planned once per connection
+# (``python -m bench.cpu --only drain,limited`` measures both).
 LOCK_TYPES = """
-SELECT count(pg_advisory_xact_lock({limit_lock}, hashtext(t.name)))
-FROM (SELECT n AS name FROM unnest(%(lock_names)s::text[]) AS n ORDER BY n) AS t
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), (
+    SELECT count(pg_advisory_xact_lock({limit_lock}, hashtext(t.name)))
+    FROM (SELECT n AS name FROM unnest(%(lock_names)s::text[]) AS n ORDER BY n) AS t
+)
 """
 
 # The limited types this acquire may lease: the worker's declared limits (NULL: none),
