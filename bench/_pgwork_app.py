@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 SCHEMA = "pgwork"
+# ``noop_limited``'s concurrency: more than any drain runs at once, so the limit is
+# counted on every acquire and never binds.
+GENEROUS = 5_000
 
 
 class Item(BaseModel):
@@ -50,9 +53,12 @@ class Item(BaseModel):
 
 
 def registry() -> JobTypeRegistry:
-    """The benchmark's job types: a staged and an atomic no-op, and a 3-step chain."""
+    """The benchmark's job types: a staged and an atomic no-op, a staged no-op with a
+    limit that never binds (``concurrency`` far above any drain's slots), and a 3-step
+    chain."""
     reg = JobTypeRegistry()
     reg.job_type("noop", input=Item)
+    reg.job_type("noop_limited", input=Item, concurrency=GENEROUS)
     reg.job_type("noop_atomic", input=Item, mode="atomic")
     reg.job_type("step1", input=Item, continue_with=["step2"])
     reg.job_type("step2", input=Item, entry=False, continue_with=["step3"])
@@ -178,10 +184,10 @@ WITH s AS (
 )
 INSERT INTO {{jobs}} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-    priority, max_attempts, scheduled_at, chain_status
+    priority, max_attempts, scheduled_at, chain_status, limit_group
 )
 SELECT u, %(type_name)s, u, %(type_name)s, 0, jsonb_build_object('n', g), 'pending',
-       'default', 0, 5, now(), 'active'
+       'default', 0, 5, now(), 'active', %(limit_group)s
 FROM s
 """
 
@@ -204,7 +210,13 @@ async def bulk_load(
             size = min(BULK_CHUNK, count - done)
             await conn.execute(
                 query,
-                {"first": first + done, "last": first + done + size - 1, "type_name": type_name},
+                {
+                    "first": first + done,
+                    "last": first + done + size - 1,
+                    "type_name": type_name,
+                    # As the client writes it for a type limited as a whole.
+                    "limit_group": "" if type_name == "noop_limited" else None,
+                },
             )
             done += size
             if on_chunk is not None:

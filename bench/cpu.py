@@ -1,18 +1,19 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
     python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10]
-        [--only drain,atomic,atomic32,atomic32w,enqueue]
+        [--only drain,limited,atomic,atomic32,atomic32w,enqueue]
         [--tune-gc] [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
 spends per job moves much less, and it is what a change to pgwork's Python side can
 shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged, no-
 op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
-(start-up and the first turns are not counted). ``--tune-gc`` sets the garbage
-collector up as ``pgwork worker`` and the benchmark's worker processes do
-(``pgwork.worker.tune_gc``, once everything is imported); without it the collector
-keeps CPython's defaults, and at 50 slots or more its collections are a fifth to a
-third of the drain's CPU. The atomic rows drain the same way with
+(start-up and the first turns are not counted); ``limited`` is the same drain of a type
+whose ``concurrency`` never binds, so every acquire counts it under the type's lock.
+``--tune-gc`` sets the garbage collector up as ``pgwork worker`` and the benchmark's
+worker processes do (``pgwork.worker.tune_gc``, once everything is imported); without
+it the collector keeps CPython's defaults, and at 50 slots or more its collections are
+a fifth to a third of the drain's CPU. The atomic rows drain the same way with
 the job type ``mode="atomic"``, a transaction per attempt (``atomic``) and in groups of
 32 (``atomic32``), and in groups of 32 with each handler inserting a row through its
 connection first (``atomic32w``: a member that writes, in its group's transaction).
@@ -300,6 +301,13 @@ async def enqueue(
 # --only name, job type, atomic_group, whether the handler writes a row, row title
 _DRAINS = (
     ("drain", "noop", 1, False, "drain, 1 worker x {slots} slots"),
+    (
+        "limited",
+        "noop_limited",
+        1,
+        False,
+        "drain, 1 worker x {slots} slots, a concurrency limit that never binds",
+    ),
     ("atomic", "noop_atomic", 1, False, "atomic drain, 1 worker x {slots} slots"),
     ("atomic32", "noop_atomic", 32, False, "atomic drain, 1 worker x {slots} slots, groups of 32"),
     (

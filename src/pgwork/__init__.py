@@ -3,6 +3,7 @@
 This module only re-exports the public API; see the README for a tour.
 """
 
+from pgwork._flow_control import Rate
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
 from pgwork.adapters.state import BlockedJob, BlockerStatus, DedupSpec, QueueCount, StateAdapter
@@ -125,6 +126,7 @@ __all__ = [
     "PostgresStateAdapter",
     "ProcessingMode",
     "QueueCount",
+    "Rate",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

@@ -33,7 +33,11 @@ def continuation_job(
     *,
     max_bytes: int,
 ) -> NewJob:
-    """The next job of ``job``'s chain, checked against the registry's ``continue_with``."""
+    """The next job of ``job``'s chain, checked against the registry's ``continue_with``.
+
+    It keeps the chain's logging context and ``job``'s limit key, unless ``spec``
+    gives a key of its own: a chain's later steps usually call the same tenant's (or
+    host's) service, and their limits should count them there too."""
     if not isinstance(spec, Continuation):
         raise ConfigurationError(
             f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
@@ -52,6 +56,8 @@ def continuation_job(
         max_attempts=target.max_attempts,
         run_after=run_after,
         context=job.context,
+        limit_key=(key := job.limit_key if spec.limit_key is None else spec.limit_key),
+        limit_group=target.limit_group(key),
     )
 
 

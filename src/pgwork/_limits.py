@@ -23,6 +23,7 @@ __all__ = [
     "MAX_ATTEMPTS_RANGE",
     "MAX_CONTEXT_BYTES",
     "MAX_DEDUP_KEY_BYTES",
+    "MAX_LIMIT_KEY_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_CAP",
     "PRIORITY_RANGE",
@@ -30,6 +31,7 @@ __all__ = [
     "check_context",
     "check_dedup_key",
     "check_delay",
+    "check_limit_key",
     "check_max_attempts",
     "check_payload_cap",
     "check_priority",
@@ -49,6 +51,10 @@ MAX_PAYLOAD_CAP = 2**28 - 1
 # A dedup key is indexed: a btree entry holds at most about 2.7 kB (a third of a page),
 # and the key shares it with the chain type's name.
 MAX_DEDUP_KEY_BYTES = 1024
+# A limit key is indexed with its job's type name (``jobs_limit_pending_idx``): 200
+# characters keep an entry well inside a btree page's third in any encoding, and a
+# tenant, an account or a host name fits.
+MAX_LIMIT_KEY_LENGTH = 200
 # The latest time a job may be scheduled for: read back in any session time zone (up
 # to UTC+14) it is still in the year 9999, the last a Python datetime (and so the
 # driver) can return.
@@ -128,6 +134,26 @@ def check_dedup_key(value: Any, *, where: str = "") -> str:
             value,
             f"a non-empty string of at most {MAX_DEDUP_KEY_BYTES} bytes in UTF-8, without "
             "NUL characters or lone surrogates (or a DedupSpec)",
+            where,
+        )
+    return value
+
+
+def check_limit_key(value: Any, *, where: str = "") -> str:
+    """The key a job's flow limits are counted by (``start_chain(limit_key=...)``,
+    ``Continue(..., limit_key=...)``). The empty string is refused: ``job_limits``
+    uses it for a type's row as a whole, and no job's key may look like that."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_LIMIT_KEY_LENGTH
+        or not storable_text(value)
+    ):
+        raise InvalidOptionError(
+            "limit_key",
+            value,
+            f"a non-empty string of at most {MAX_LIMIT_KEY_LENGTH} characters, without NUL "
+            "characters or lone surrogates (or None for no key)",
             where,
         )
     return value

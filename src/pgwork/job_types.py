@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from pgwork._flow_control import Rate, check_concurrency, check_rate
 from pgwork._limits import (
     check_atomic_deadline,
     check_delay,
+    check_limit_key,
     check_max_attempts,
     check_priority,
     check_queue_name,
@@ -56,6 +58,8 @@ class JobType(Generic[I, O]):
     """One declared job type. Create with ``JobTypeRegistry.job_type``.
 
     Compared and hashed by identity, so it can key the worker's ``processors`` mapping.
+    The flow limits (``concurrency``, ``key_concurrency``, ``rate``, ``key_rate``) are
+    ``None`` when not declared; see ``JobTypeRegistry.job_type``.
     """
 
     name: str
@@ -75,6 +79,38 @@ class JobType(Generic[I, O]):
     blocker_failure: BlockerFailurePolicy
     input_codec: Codec[I] = field(repr=False)
     output_codec: Codec[O] = field(repr=False)
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    rate: Rate | None = None
+    key_rate: Rate | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any flow limit is declared: the acquire has something to count."""
+        return (
+            self.concurrency is not None
+            or self.key_concurrency is not None
+            or self.rate is not None
+            or self.key_rate is not None
+        )
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a limit is counted per limit key (``key_concurrency`` or
+        ``key_rate``). Jobs of such a type enqueued without a key share one key of
+        their own: the missing key counts as one key."""
+        return self.key_concurrency is not None or self.key_rate is not None
+
+    def limit_group(self, limit_key: str | None) -> str | None:
+        """The group this type's limits count a job with ``limit_key`` in: the key for
+        a keyed type, '' for a type limited as a whole (and for a keyed type's job
+        without a key: those share one group); None for a type without limits, whose
+        jobs the limited acquire never counts."""
+        if not self.limited:
+            return None
+        if self.keyed and limit_key is not None:
+            return limit_key
+        return ""
 
     def __repr__(self) -> str:
         return f"JobType({self.name!r})"
@@ -87,11 +123,12 @@ class Continuation:
     let mypy solve ``Continue(next_type, input)`` against ``Any`` and accept any input.
     """
 
-    __slots__ = ("input", "job_type", "schedule_after")
+    __slots__ = ("input", "job_type", "limit_key", "schedule_after")
 
     job_type: JobType[Any, Any]
     input: Any
     schedule_after: timedelta | None
+    limit_key: str | None
 
 
 class Continue(Continuation, Generic[I2]):
@@ -99,6 +136,8 @@ class Continue(Continuation, Generic[I2]):
 
     Passed to ``attempt.complete(continue_with=...)`` (or returned by a handler); the
     next job is inserted in the same transaction that completes the current one.
+    ``limit_key``: the key the next job's flow limits are counted by; without one it
+    keeps the key of the job that hands on (as it keeps the chain's ``context``).
     """
 
     __slots__ = ()
@@ -107,13 +146,19 @@ class Continue(Continuation, Generic[I2]):
     input: I2
 
     def __init__(
-        self, job_type: JobType[I2, Any], input: I2, *, after: timedelta | None = None
+        self,
+        job_type: JobType[I2, Any],
+        input: I2,
+        *,
+        after: timedelta | None = None,
+        limit_key: str | None = None,
     ) -> None:
         self.job_type = job_type
         self.input = input
         # Checked here, in the handler that builds it: past the database clock's
         # range the continuation could never be written.
         self.schedule_after = None if after is None else check_delay("after", after)
+        self.limit_key = None if limit_key is None else check_limit_key(limit_key)
 
     def __repr__(self) -> str:
         return f"Continue({self.job_type.name!r}, {self.input!r})"
@@ -148,6 +193,10 @@ class JobTypeRegistry:
         abandon_after: timedelta | None = ...,
         retention: timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
+        concurrency: int | None = ...,
+        key_concurrency: int | None = ...,
+        rate: Rate | None = ...,
+        key_rate: Rate | None = ...,
     ) -> JobType[I, O]: ...
 
     @overload
@@ -169,6 +218,10 @@ class JobTypeRegistry:
         abandon_after: timedelta | None = ...,
         retention: timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
+        concurrency: int | None = ...,
+        key_concurrency: int | None = ...,
+        rate: Rate | None = ...,
+        key_rate: Rate | None = ...,
     ) -> JobType[I, Any]: ...
 
     def job_type(
@@ -189,6 +242,10 @@ class JobTypeRegistry:
         abandon_after: timedelta | None = None,
         retention: timedelta | None = None,
         blocker_failure: BlockerFailurePolicy = "fail",
+        concurrency: int | None = None,
+        key_concurrency: int | None = None,
+        rate: Rate | None = None,
+        key_rate: Rate | None = None,
     ) -> JobType[Any, Any]:
         """Declare a job type.
 
@@ -204,6 +261,20 @@ class JobTypeRegistry:
         (a worker maintenance step; ``None`` keeps them).
         ``blocker_failure``: when a chain this job is blocked on fails or is cancelled,
         ``"fail"`` or ``"cancel"`` this job (and its chain), or ``"unblock"`` it anyway.
+
+        Flow limits, each ``None`` (no limit) unless given, enforced by the workers'
+        acquire across every worker (docs/flow-control.md):
+        ``concurrency``: at most this many attempts of the type running at once.
+        ``key_concurrency``: at most this many running at once per limit key (the
+        ``limit_key`` given at enqueue, kept by continuations).
+        ``rate``: a ``Rate``, at most ``n`` attempts started in any window ``per``.
+        ``key_rate``: a ``Rate`` per limit key.
+        A count is 1 to ``MAX_CONCURRENCY`` (10,000): more costs every acquire its
+        counting and bounds nothing a fleet reaches. Type-wide and per-key limits
+        combine: an attempt starts only when each allows it. Jobs of a keyed type
+        enqueued without a key share one key of their own (the missing key counts as
+        one key), and a key given to a type without a key limit is stored all the
+        same (shown on the job, ready for a key limit declared later).
         """
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -248,6 +319,10 @@ class JobTypeRegistry:
                 f"blocker_failure of {name!r} must be 'fail', 'cancel' or 'unblock', "
                 f"got {blocker_failure!r}"
             )
+        check_concurrency("concurrency", concurrency, where=where)
+        check_concurrency("key_concurrency", key_concurrency, where=where)
+        check_rate("rate", rate, where=where)
+        check_rate("key_rate", key_rate, where=where)
         output_model = Any if output is None else output
         job_type: JobType[Any, Any] = JobType(
             name=name,
@@ -267,6 +342,10 @@ class JobTypeRegistry:
             blocker_failure=blocker_failure,
             input_codec=Codec(input, type_name=name, what="input"),
             output_codec=Codec(output_model, type_name=name, what="output"),
+            concurrency=concurrency,
+            key_concurrency=key_concurrency,
+            rate=rate,
+            key_rate=key_rate,
         )
         self._types[name] = job_type
         return job_type

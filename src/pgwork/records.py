@@ -189,6 +189,9 @@ class Job(Generic[T]):
     # them, kept when a later attempt completes. A job read by a worker's acquire (a
     # handler's ``attempt.job``) comes without them: read the job to see them.
     attempt_history: tuple[FailedAttempt, ...] = ()
+    # The key its type's flow limits count it by (``start_chain(limit_key=...)``),
+    # kept by the chain's continuations unless one gives its own; ``None``: no key.
+    limit_key: str | None = None
 
     @property
     def is_chain_root(self) -> bool:

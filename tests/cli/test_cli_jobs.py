@@ -39,6 +39,7 @@ JOB_KEYS = {
     "leased_until",
     "dedup_key",
     "context",
+    "limit_key",
 }
 
 

@@ -103,6 +103,7 @@ def test_an_acquired_row_becomes_the_acquired_job_the_constructor_makes() -> Non
         now + timedelta(seconds=5),
         "dedup",
         {"tenant": "t1"},
+        "tenant-1",
     )
     assert acquired_from_row(row) == AcquiredJob(
         id=ids[0],
@@ -125,6 +126,7 @@ def test_an_acquired_row_becomes_the_acquired_job_the_constructor_makes() -> Non
         last_attempt_at=now + timedelta(seconds=5),
         dedup_key="dedup",
         context={"tenant": "t1"},
+        limit_key="tenant-1",
     )
 
 

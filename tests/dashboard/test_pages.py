@@ -143,6 +143,19 @@ async def test_job_page_shows_input_error_traceback_and_lease(
     assert "Retry job" in page
 
 
+async def test_job_page_shows_the_limit_key(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    keyed = await start(client, pgwork_dsn, mail, "keyed", limit_key="tenant <42>")
+    plain = await start(client, pgwork_dsn, mail, "plain")
+
+    keyed_page = (await http.get(f"/jobs/{keyed.id}")).text
+    plain_page = (await http.get(f"/jobs/{plain.id}")).text
+
+    assert '<dd data-testid="limit-key">tenant &lt;42&gt;</dd>' in keyed_page
+    assert '<dd data-testid="limit-key">—</dd>' in plain_page
+
+
 async def test_job_page_shows_each_failed_attempt_newest_first(
     client: Client, pgwork_dsn: str, http: httpx.AsyncClient
 ) -> None:

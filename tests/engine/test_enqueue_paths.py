@@ -173,6 +173,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
             dedup=DedupSpec(f"key {awkward} {job_id}") if dedup else None,
             trace_context={"traceparent": awkward},
             context={"tenant": awkward},
+            limit_key=f"tenant {awkward}",
         )
 
     # Chain roots, and later jobs of chains (continuations are inserted in batches too).
@@ -224,6 +225,7 @@ async def test_copy_and_statement_paths_write_identical_rows(
     assert row["queue"] == f"q {awkward}"
     assert row["trace_context"] == {"traceparent": awkward}
     assert row["context"] == {"tenant": awkward}
+    assert row["limit_key"] == f"tenant {awkward}"
     assert (row["status"], row["chain_status"], row["priority"]) == ("pending", "active", -3)
 
 
@@ -311,6 +313,7 @@ async def test_a_single_start_chain_writes_the_row_a_batch_of_one_writes(
         "priority": 5,
         "max_attempts": 2,
         "context": {"tenant": "a\tb"},
+        "limit_key": 'k "quoted" \\ back',
     }
     single = await client.start_chain(conn, work, Payload(data={"x": [1, "é"]}), **options)
     [batched] = await client.start_chains(
@@ -334,6 +337,7 @@ async def test_a_single_start_chain_writes_the_row_a_batch_of_one_writes(
         "pending",
         {"tenant": "a\tb"},
     )
+    assert one["limit_key"] == options["limit_key"]
 
 
 async def test_single_enqueues_of_one_transaction_wake_their_queue_once(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
@@ -24,6 +25,7 @@ __all__ = [
     "kill_random_worker",
     "kill_worker_mid_group",
     "outage",
+    "pause_busiest_worker",
     "recovery_bound",
     "restart_server",
     "stall_path",
@@ -91,6 +93,46 @@ def _kill(dsn: str, fleet: Fleet, index: int, figures: Figures, timeout: float) 
     held = _union(frozen, held_leases(dsn, worker=victim.worker_id))
     figures.notes.setdefault("victims", []).append(victim.worker_id)
     _probe(dsn, figures, held, stopped_at, timeout)
+
+
+def pause_busiest_worker(
+    dsn: str, load: Load, seconds: float, probe_timeout: float | None = None
+) -> Inject:
+    """SIGSTOP the worker holding the most leases for ``seconds``, less than a lease,
+    then SIGCONT it: its leases hold throughout, so its jobs are still its own (and
+    still count as running) when it resumes. The busiest, so that the pause does not
+    fall on a replacement still starting up, holding nothing. Its leases are read
+    while it is stopped, and again a moment later (a statement it sent just before
+    may commit meanwhile)."""
+    if seconds >= load.lease:
+        raise ValueError(f"a pause of {seconds}s is not shorter than the {load.lease}s lease")
+    timeout = probe_timeout if probe_timeout is not None else recovery_bound(load) + 3
+
+    def inject(fleet: Fleet, figures: Figures) -> None:
+        holding = _leases_by_worker(dsn)
+        victim = max(fleet.each(), key=lambda w: holding[w.worker_id])
+        victim.send(signal.SIGSTOP)
+        at = time.monotonic()
+        try:
+            held = held_leases(dsn, worker=victim.worker_id)
+            time.sleep(min(0.1, seconds))
+            held = _union(held, held_leases(dsn, worker=victim.worker_id))
+            time.sleep(max(0.0, at + seconds - time.monotonic()))
+        finally:
+            victim.send(signal.SIGCONT)
+        figures.notes.setdefault("paused", []).append((victim.worker_id, len(held)))
+        _probe(dsn, figures, held, at, timeout)
+
+    return inject
+
+
+def _leases_by_worker(dsn: str) -> Counter[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT leased_by, count(*) FROM pgwork.jobs WHERE status = 'running'"
+            " GROUP BY leased_by"
+        ).fetchall()
+    return Counter({str(worker): int(n) for worker, n in rows})
 
 
 # A job whose handler began this long ago and that is still running: with handlers of a

@@ -5,7 +5,10 @@ the ledger survives whatever happens to the attempt afterwards, so it counts
 executions. ``effect`` (atomic mode) also writes an *effect* row through
 ``attempt.connection``: that row commits with the job's completion or not at all, so
 two effect rows for one job are a duplicate effect, the thing atomic mode promises
-never to produce.
+never to produce. The flow-limited types (``limited``, ``keyed``) also write an
+*interval* row: when their handler began and, on its way out, when it ended, both by
+the database's clock, so the attempts running at any instant can be counted from
+outside pgwork.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pydantic import BaseModel
 
 from pgwork import JobTypeRegistry, RetryPolicy
 
-__all__ = ["FAULT_TABLES", "RETRY", "Spec", "registry"]
+__all__ = ["FAULT_TABLES", "FLOW_CONCURRENCY", "FLOW_KEY_CONCURRENCY", "RETRY", "Spec", "registry"]
 
 # Kept in the template database, so every test's clone starts with empty tables.
 FAULT_TABLES = """
@@ -38,10 +41,25 @@ CREATE INDEX ON faults_effects (job_id);
 -- Holds the one key ``unwritable`` handlers insert again: their write always fails.
 CREATE TABLE faults_unique (k int PRIMARY KEY);
 INSERT INTO faults_unique VALUES (1);
+-- One row per attempt of a flow-limited type: ``ended_at`` stays NULL when its process
+-- was killed mid-attempt.
+CREATE TABLE faults_intervals (
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    attempt int NOT NULL,
+    limit_key text,
+    worker text NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at timestamptz
+);
 """
 
 # Fast retries: a fault that fails an attempt should cost milliseconds, not minutes.
 RETRY = RetryPolicy(initial=timedelta(seconds=0.05), multiplier=2.0, maximum=timedelta(seconds=0.5))
+# The flow limits: at most this many ``limited`` attempts running at once, and this many
+# ``keyed`` ones per limit key (its jobs enqueued without a key share one group).
+FLOW_CONCURRENCY = 3
+FLOW_KEY_CONCURRENCY = 2
 # The schedule "boom" is checked against: 0.3 s, then 0.6 s.
 BOOM_RETRY = RetryPolicy(initial=timedelta(seconds=0.3), multiplier=2.0)
 
@@ -108,5 +126,21 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
         retry=RETRY,
         max_attempts=25,
         continue_with=["work"],
+    )
+    reg.job_type(
+        "limited",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        retry=RETRY,
+        max_attempts=25,
+        concurrency=FLOW_CONCURRENCY,
+    )
+    reg.job_type(
+        "keyed",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        retry=RETRY,
+        max_attempts=25,
+        key_concurrency=FLOW_KEY_CONCURRENCY,
     )
     return reg

@@ -19,8 +19,17 @@ from pgwork import ChainStart, PostgresNotifyAdapter, PostgresStateAdapter, crea
 __all__ = ["Load", "enqueue", "mixed_jobs", "run_under_faults", "saturating_jobs"]
 
 
-def enqueue(dsn: str, jobs: Sequence[tuple[str, Spec]], *, chunk: int = 1000) -> list[UUID]:
-    """Start one chain per (type name, spec) through pgwork's client; return job ids."""
+def enqueue(
+    dsn: str,
+    jobs: Sequence[tuple[str, Spec]],
+    *,
+    chunk: int = 1000,
+    keys: Sequence[str | None] | None = None,
+) -> list[UUID]:
+    """Start one chain per (type name, spec) through pgwork's client, each with its
+    limit key from ``keys`` (default: none); return job ids."""
+    limit_keys = list(keys) if keys is not None else [None] * len(jobs)
+    assert len(limit_keys) == len(jobs)
 
     async def go() -> list[UUID]:
         reg = registry()
@@ -33,8 +42,12 @@ def enqueue(dsn: str, jobs: Sequence[tuple[str, Spec]], *, chunk: int = 1000) ->
             async with await psycopg.AsyncConnection.connect(dsn) as conn:
                 for start in range(0, len(jobs), chunk):
                     items = [
-                        ChainStart(reg.get(name), spec)
-                        for name, spec in jobs[start : start + chunk]
+                        ChainStart(reg.get(name), spec, limit_key=key)
+                        for (name, spec), key in zip(
+                            jobs[start : start + chunk],
+                            limit_keys[start : start + chunk],
+                            strict=True,
+                        )
                     ]
                     started = await client.start_chains(conn, items)
                     await conn.commit()

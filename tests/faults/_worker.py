@@ -43,6 +43,8 @@ oracle catches the failure it is meant to catch:
 ``no-timeout``  a handler past its timeout is never stopped (nor given up on)
 ``no-dead-reclaim`` workers whose heartbeat went silent are never found dead: their
                 jobs come back only as their leases expire
+``racy-limits`` a limited acquire takes no lock on its types before it counts what
+                runs: check-then-acquire, two acquires at once each fill the same room
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 from tests._loop import run as run_on_test_loop
@@ -78,7 +81,7 @@ from pgwork import (
 from pgwork.adapters.notify import Notice
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._atomic_group import PgAtomicGroup
-from pgwork.postgres.sql import leases, outcomes
+from pgwork.postgres.sql import leases, limits, outcomes
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slots import Slots
 from pgwork.worker._wakeups import Wakeups
@@ -144,6 +147,12 @@ _BREAKAGES: dict[str, list[tuple[str, str, str]]] = {
             "COMPLETE_AND_ACQUIRE",
             "COMPLETE_AND_ACQUIRE_ANY_QUEUE",
         )
+    ],
+    # The statement still runs (and still reads its parameter), it only locks nothing:
+    # the acquire after it counts the running jobs of a snapshot that another acquire,
+    # leasing the same room at the same moment, has not committed to yet.
+    "racy-limits": [
+        ("LOCK_TYPES", "pg_advisory_xact_lock({limit_lock}, hashtext(t.name))", "hashtext(t.name)")
     ],
 }
 
@@ -278,7 +287,7 @@ def break_statements(spec: str) -> None:
             PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
             continue
         for constant, old, new in _BREAKAGES[name]:
-            module = leases if hasattr(leases, constant) else outcomes
+            module = next(m for m in (leases, limits, outcomes) if hasattr(m, constant))
             template = getattr(module, constant)
             if old not in template:
                 raise SystemExit(f"broken build {name!r}: {constant} no longer contains {old!r}")
@@ -373,6 +382,36 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
             await attempt.connection.execute("INSERT INTO faults_unique VALUES (1)")
         return attempt.worker_id
 
+    async def interval(attempt: Attempt[Spec, Any]) -> str:
+        # The ledger row and the interval's start in one statement; the end is written
+        # whatever ends the handler (a cancelled one too), unless its process dies.
+        async with ledger.connection() as conn:
+            cur = await conn.execute(
+                "WITH ledger AS (INSERT INTO faults_ledger (job_id, attempt, worker)"
+                " VALUES (%(job)s, %(attempt)s, %(worker)s))"
+                " INSERT INTO faults_intervals (job_id, attempt, limit_key, worker)"
+                " VALUES (%(job)s, %(attempt)s, %(key)s, %(worker)s) RETURNING id",
+                {
+                    "job": attempt.job.id,
+                    "attempt": attempt.job.attempt,
+                    "key": attempt.limit_key,
+                    "worker": attempt.worker_id,
+                },
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        print(f"started {attempt.job.id} {attempt.job.attempt}", flush=True)
+        try:
+            await watched(attempt, asyncio.sleep(duration(attempt)))
+        finally:
+            with anyio.CancelScope(shield=True):
+                async with ledger.connection() as conn:
+                    await conn.execute(
+                        "UPDATE faults_intervals SET ended_at = clock_timestamp() WHERE id = %s",
+                        (row[0],),
+                    )
+        return attempt.worker_id
+
     async def relay(attempt: Attempt[Spec, Any]) -> Continue[Spec]:
         await record(attempt)
         await attempt.connection.execute(
@@ -392,6 +431,8 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
         "suicide": suicide,
         "unwritable": unwritable,
         "relay": relay,
+        "limited": interval,
+        "keyed": interval,
     }
 
 

@@ -269,6 +269,25 @@ async def test_a_batch_large_enough_for_copy_commits_and_rolls_back_whole(
     assert {s.status for s in started} == {JobStatus.PENDING}
 
 
+async def test_a_limit_key_is_stored_by_every_statement(
+    kind: Opener, client: Client, pgwork_dsn: str
+) -> None:
+    # One job, a few (INSERT_PLAIN_JOBS), a batch for COPY, a scheduled few (INSERT_JOBS).
+    async with kind() as tx:
+        await tx.start_chains(client, _send(client, limit_key="one"))
+        await tx.start_chains(client, _send(client, 3, limit_key="few"))
+        await tx.start_chains(client, _send(client, 300, limit_key="copied"))
+        await tx.start_chains(client, _send(client, 2, limit_key="t", schedule=timedelta(hours=1)))
+        await tx.start_chains(client, _send(client, 2))
+        await tx.commit()
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT limit_key, count(*) FROM pgwork.jobs GROUP BY 1 ORDER BY 1 NULLS FIRST"
+        )
+        counts = await cur.fetchall()
+    assert counts == [(None, 2), ("copied", 300), ("few", 3), ("one", 1), ("t", 2)]
+
+
 async def test_a_dedup_key_returns_the_committed_chain(kind: Opener, client: Client) -> None:
     async with kind() as tx:
         [first] = await tx.start_chains(client, _send(client, dedup="k"))
@@ -509,6 +528,7 @@ UNSTORABLE: list[tuple[str, dict[str, Any], str]] = [
     ("input", {"input": Email(to="caf€")}, "input of job type 'send_email' at $.to"),
     ("dedup", {"dedup": "clé-€"}, "dedup key"),
     ("context", {"context": {"note": "5 €"}}, "context['note']"),
+    ("limit_key", {"limit_key": "tenant €"}, "limit key"),
 ]
 
 

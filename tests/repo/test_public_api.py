@@ -63,6 +63,7 @@ EXPECTED = {
     "PostgresStateAdapter",
     "ProcessingMode",
     "QueueCount",
+    "Rate",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

@@ -40,6 +40,7 @@ __all__ = [
     "ReapedJob",
     "RenewResult",
     "Resolution",
+    "TypeLimits",
     "WorkerInfo",
     "WorkerRecord",
 ]
@@ -105,6 +106,12 @@ class NewJob:
     # A logging context (``start_chain(context=...)``), already checked; continuations
     # inherit their chain's.
     context: Mapping[str, str] | None = None
+    # The key its type's flow limits count it by, already checked; a continuation
+    # carries the key of the job that handed on unless ``Continue`` gave its own.
+    limit_key: str | None = None
+    # The group its type's limits count it in (``JobType.limit_group``); None for a type
+    # without limits.
+    limit_group: str | None = None
 
 
 @dataclass(slots=True)
@@ -157,10 +164,34 @@ class AcquiredJob:
     last_attempt_at: datetime | None = None
     dedup_key: str | None = None
     context: dict[str, str] | None = None
+    # The job's limit key (``NewJob.limit_key``).
+    limit_key: str | None = None
 
     @property
     def lease(self) -> Lease:
         return Lease(self.id, self.lease_token)
+
+
+@dataclass(frozen=True, slots=True)
+class TypeLimits:
+    """What an acquire may lease of one job type (``FlowControl.acquire_limited``).
+
+    ``concurrency``: at most this many of the type running at once, across every
+    worker; ``key_concurrency``: at most this many per limit group (a limit key, or the
+    group of the type's jobs enqueued without one). The store reads an operator's
+    overrides of both at each acquire. ``most``: at most this many leased by this
+    acquire (the worker's own cap on the type, less what it holds). None: no such
+    limit."""
+
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    most: int | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether the limits count what every worker runs (so acquires of the type
+        must not race), not only this one."""
+        return self.concurrency is not None or self.key_concurrency is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from pgwork.adapters.state import (
     BatchedTurns,
     ChainBlockers,
     DueTimes,
+    FlowControl,
     InLineRenewal,
     Maintenance,
     OperatorViews,
@@ -29,6 +30,7 @@ __all__ = ["CAPABILITY_PROTOCOLS", "Capabilities", "operations"]
 # Every capability protocol, in the order ``Capabilities`` lists them.
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (
     BatchedTurns,
+    FlowControl,
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,
@@ -56,6 +58,7 @@ class Capabilities:
     """The store, once per capability it offers; ``None`` where it lacks one."""
 
     turns: BatchedTurns | None = None
+    flow: FlowControl | None = None
     due_times: DueTimes | None = None
     atomic: AtomicAttempts | None = None
     atomic_groups: AtomicGroupCommit | None = None
@@ -71,6 +74,7 @@ class Capabilities:
         """What ``store`` offers, asked once."""
         return cls(
             turns=store if isinstance(store, BatchedTurns) else None,
+            flow=store if isinstance(store, FlowControl) else None,
             due_times=store if isinstance(store, DueTimes) else None,
             atomic=store if isinstance(store, AtomicAttempts) else None,
             atomic_groups=store if isinstance(store, AtomicGroupCommit) else None,
@@ -86,6 +90,7 @@ class Capabilities:
         """The names of the capability protocols the store lacks."""
         names = {
             "turns": "BatchedTurns",
+            "flow": "FlowControl",
             "due_times": "DueTimes",
             "atomic": "AtomicAttempts",
             "atomic_groups": "AtomicGroupCommit",

@@ -60,6 +60,7 @@ from pgwork.adapters._state_records import (
     ReapedJob,
     RenewResult,
     Resolution,
+    TypeLimits,
     WorkerInfo,
     WorkerRecord,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "DueTimes",
     "EnqueueStore",
     "Failure",
+    "FlowControl",
     "InLineRenewal",
     "InsertedJob",
     "JobFilter",
@@ -118,6 +120,7 @@ __all__ = [
     "Store",
     "SyncAdopter",
     "TransactionHandle",
+    "TypeLimits",
     "WorkerCore",
     "WorkerInfo",
     "WorkerRecord",
@@ -497,6 +500,33 @@ class BatchedTurns(Protocol):
 
 
 @runtime_checkable
+class FlowControl(Protocol):
+    """Acquiring within job types' limits, exactly: however many workers acquire at
+    once, no more jobs of a type (or of one of its limit groups) run than its limit, and
+    the jobs of a keyed type are served fairly across groups. Without it a worker
+    refuses job types that declare limits."""
+
+    async def acquire_limited(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str],
+        limit: int,
+        limits: Mapping[str, TypeLimits],
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        """``complete_and_acquire`` (or ``acquire``, without completions) where each
+        type that is a key of ``limits`` is leased only within them: counted against
+        what runs now, under a serialisation that no other acquire of the type can
+        race, and round-robin across its limit groups (each group's first job before
+        any group's second, starting after the group served last). Types of ``leases``
+        absent from ``limits`` are acquired as ``acquire`` would. Completions with a
+        continuation are refused (``ValueError``)."""
+        ...
+
+
+@runtime_checkable
 class DueTimes(Protocol):
     """When the next scheduled job becomes due, so that an idle worker sleeps until then
     instead of polling."""
@@ -759,6 +789,7 @@ class Maintenance(Protocol):
 class WorkerStore(
     WorkerCore,
     BatchedTurns,
+    FlowControl,
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,

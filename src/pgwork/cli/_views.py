@@ -98,6 +98,7 @@ def job_json(job: Job[Any]) -> dict[str, Any]:
         "leased_until": _iso(job.leased_until),
         "dedup_key": job.dedup_key,
         "context": job.context,
+        "limit_key": job.limit_key,
         "attempt_history": [
             {
                 "attempt": a.attempt,
@@ -358,6 +359,7 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
         ("last attempt", _when(job.last_attempt_at, now)),
         ("lease", lease),
         ("dedup key", job.dedup_key or "-"),
+        ("limit key", job.limit_key or "-"),
         ("context", _json_text(job.context) if job.context else "-"),
         ("input", _json_text(job.input)),
     ]

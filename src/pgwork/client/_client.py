@@ -20,6 +20,7 @@ from pgwork._limits import (
     check_context,
     check_dedup_key,
     check_delay,
+    check_limit_key,
     check_max_attempts,
     check_payload_cap,
     check_priority,
@@ -97,6 +98,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
         context: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
     ) -> StartedChain[I, O]:
         """Start a chain with ``job_type`` inside the caller's open transaction ``tx``.
 
@@ -111,10 +113,24 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
         ``context``: a small ``{str: str}`` map (a request id, a tenant; at most 4 KiB
         encoded) stored with the job, inherited by its chain's continuations, returned
         as ``Job.context`` and bound to every log line of its attempts.
+        ``limit_key``: the key its type's per-key flow limits (``key_concurrency``,
+        ``key_rate``) count the chain's jobs by, such as a tenant or a host: a
+        non-empty string of at most 200 characters, kept by the chain's
+        continuations and returned as ``Job.limit_key``. Accepted for any type (a type
+        without a key limit stores it all the same); a keyed type's jobs enqueued
+        without one share one key of their own.
         """
         if schedule is None and dedup is None and not blockers:
             return await self._start_plain(
-                job_type, input, queue, priority, max_attempts, context, self.state.adopt, tx
+                job_type,
+                input,
+                queue,
+                priority,
+                max_attempts,
+                context,
+                limit_key,
+                self.state.adopt,
+                tx,
             )
         started = await self.start_chains(
             tx,
@@ -129,6 +145,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                     max_attempts=max_attempts,
                     blockers=blockers,
                     context=context,
+                    limit_key=limit_key,
                 )
             ],
         )
@@ -189,6 +206,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
         priority: int | None,
         max_attempts: int | None,
         context: Mapping[str, str] | None,
+        limit_key: str | None,
         adopt: Callable[[object], Awaitable[TransactionHandle]],
         tx: object,
     ) -> StartedChain[I, O]:
@@ -211,6 +229,8 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                 check_max_attempts(max_attempts)
             if context is not None:
                 check_context(context)
+            if limit_key is not None:
+                check_limit_key(limit_key)
             job_id = new_id()
             job = NewJob(
                 id=job_id,
@@ -229,6 +249,8 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                 blockers=(),
                 blocker_failure=resolved.blocker_failure,
                 context=context,
+                limit_key=limit_key,
+                limit_group=resolved.limit_group(limit_key),
             )
             handle = await adopt(tx)
             (result,) = await self.state.insert_jobs(handle, jobs=[job], notify=self.notify)
@@ -281,6 +303,7 @@ class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin
                 or item.priority is not None
                 or item.max_attempts is not None
                 or item.context is not None
+                or item.limit_key is not None
                 or item.blockers
             ):
                 _check_options(item)
@@ -365,6 +388,8 @@ def _build_jobs(
             blockers=item.blockers if len(item.blockers) < 2 else _distinct(item.blockers),
             blocker_failure=job_type.blocker_failure,
             context=item.context,
+            limit_key=item.limit_key,
+            limit_group=job_type.limit_group(item.limit_key),
         )
 
 
@@ -383,6 +408,8 @@ def _check_options(item: ChainStart[Any]) -> None:
         check_max_attempts(item.max_attempts)
     if item.context is not None:
         check_context(item.context)
+    if item.limit_key is not None:
+        check_limit_key(item.limit_key)
     for blocker in item.blockers:
         if not isinstance(blocker, UUID):
             raise ConfigurationError(

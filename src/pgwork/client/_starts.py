@@ -35,6 +35,7 @@ class ChainStart(Generic[I]):
     max_attempts: int | None
     blockers: tuple[UUID, ...]
     context: Mapping[str, str] | None
+    limit_key: str | None
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class ChainStart(Generic[I]):
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
         context: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
     ) -> None:
         # Built by the thousand for start_chains, so kept cheap.
         set_ = object.__setattr__
@@ -64,6 +66,7 @@ class ChainStart(Generic[I]):
         set_(self, "priority", priority)
         set_(self, "max_attempts", max_attempts)
         set_(self, "context", context)
+        set_(self, "limit_key", limit_key)
 
 
 @dataclass(frozen=True, slots=True)

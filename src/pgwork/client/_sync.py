@@ -52,6 +52,7 @@ class SyncEnqueueMixin:
             priority: int | None,
             max_attempts: int | None,
             context: Mapping[str, str] | None,
+            limit_key: str | None,
             adopt: Callable[[object], Awaitable[TransactionHandle]],
             tx: object,
         ) -> Coroutine[Any, Any, StartedChain[I, O]]: ...
@@ -69,6 +70,7 @@ class SyncEnqueueMixin:
         max_attempts: int | None = None,
         blockers: Sequence[UUID | StartedChain[Any, Any]] = (),
         context: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
     ) -> StartedChain[I, O]:
         """``start_chain`` in the caller's open transaction on a blocking connection.
 
@@ -80,7 +82,15 @@ class SyncEnqueueMixin:
         """
         if schedule is None and dedup is None and not blockers:
             plain = self._start_plain(
-                job_type, input, queue, priority, max_attempts, context, self._sync_adopt(), conn
+                job_type,
+                input,
+                queue,
+                priority,
+                max_attempts,
+                context,
+                limit_key,
+                self._sync_adopt(),
+                conn,
             )
             return _drive(plain)
         start = ChainStart(
@@ -93,6 +103,7 @@ class SyncEnqueueMixin:
             max_attempts=max_attempts,
             blockers=blockers,
             context=context,
+            limit_key=limit_key,
         )
         return self.start_chains_sync(conn, [start])[0]
 

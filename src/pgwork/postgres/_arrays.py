@@ -39,8 +39,9 @@ _UUID_LEN = b"\x00\x00\x00\x10"
 _NULL = b"\xff\xff\xff\xff"  # an element of length -1
 _TRUE, _FALSE = b"\x00\x00\x00\x01\x01", b"\x00\x00\x00\x01\x00"
 _INT4 = struct.Struct("!i")
+_INT4_VALUE = struct.Struct("!ii")  # an element's length, then the value
 
-_UUID, _TEXT, _BOOL, _FLOAT = 2950, 25, 16, 701
+_UUID, _TEXT, _BOOL, _FLOAT, _INT = 2950, 25, 16, 701, 23
 
 
 class _Array(bytes):
@@ -65,6 +66,10 @@ class Float8Array(_Array):
     __slots__ = ()
 
 
+class Int4Array(_Array):
+    __slots__ = ()
+
+
 class _Passed(Dumper):
     format = Format.BINARY
 
@@ -81,6 +86,7 @@ _register(UuidArray, 2951)
 _register(TextArray, 1009)
 _register(BoolArray, 1000)
 _register(Float8Array, 1022)
+_register(Int4Array, 1007)
 
 
 def _head(oid: int, length: int) -> bytes:
@@ -110,6 +116,15 @@ def texts(values: Sequence[str], encoding: str) -> TextArray:
         parts.append(_INT4.pack(len(data)))
         parts.append(data)
     return TextArray(b"".join(parts))
+
+
+def ints(values: Sequence[int | None]) -> Int4Array:
+    """An ``int[]``; ``None`` is a NULL element (a limit not set)."""
+    nulls = None in values
+    head = _HEAD.pack(1, int(nulls), _INT, len(values), 1) if values else _EMPTY.pack(0, 0, _INT)
+    return Int4Array(
+        head + b"".join([_NULL if v is None else _INT4_VALUE.pack(4, v) for v in values])
+    )
 
 
 def bools(values: Sequence[bool]) -> BoolArray:

@@ -71,6 +71,8 @@ def _texts(job: NewJob) -> Iterator[tuple[str, str]]:
     yield "queue", job.queue
     if job.dedup is not None:
         yield "dedup key", job.dedup.key
+    if job.limit_key is not None:
+        yield "limit key", job.limit_key
     for key, value in (job.context or {}).items():
         yield "context", key
         yield f"context[{key!r}]", value

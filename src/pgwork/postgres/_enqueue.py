@@ -150,6 +150,8 @@ def insert_params(
             [as_json(j.trace_context) if j.trace_context else "NULL" for j in jobs]
         ),
         "contexts": _array([as_json(j.context) if j.context else "NULL" for j in jobs]),
+        "limit_keys": _limit_keys([j.limit_key for j in jobs]),
+        "limit_groups": _limit_keys([j.limit_group for j in jobs]),
         "channel": channel,
         "ready": _array([_element(notice) for notice in _encoded(ready)] if channel else []),
     }
@@ -168,6 +170,20 @@ def insert_params(
     )
     params["statuses"] = _array(["blocked" if j.blockers else "pending" for j in jobs])
     return params
+
+
+def _limit_keys(keys: Sequence[str | None]) -> str:
+    """The array literal of jobs' limit keys or groups (NULL for none), each quoted
+    once: a batch mostly repeats a few keys, or has none at all."""
+    quoted: dict[str | None, str] = {None: "NULL"}
+    elements = []
+    for key in keys:
+        element = quoted.get(key)
+        if element is None:
+            assert key is not None
+            element = quoted[key] = _element(key)
+        elements.append(element)
+    return _array(elements)
 
 
 def _array(elements: list[str]) -> str:
@@ -263,10 +279,16 @@ def _copy_lines(jobs: Sequence[NewJob]) -> str:
             context = traces.get(id(j.context)) or traces.setdefault(
                 id(j.context), _field(json.dumps(dict(j.context)))
             )
+        key = j.limit_key
+        limit_key = _NULL if key is None else seen.get(key) or seen.setdefault(key, _field(key))
+        group = j.limit_group
+        limit_group = (
+            _NULL if group is None else seen.get(group) or seen.setdefault(group, _field(group))
+        )
         lines.append(
             f"{job_id}\t{type_name}\t{chain_id}\t{chain_type}\t{j.chain_index:d}\t"
             f"{_field(j.input_json)}\tpending\t{queue}\t{j.priority:d}\t{j.max_attempts:d}\t"
-            f"{chain_status}\t{dedup}\t{trace}\t{context}\n"
+            f"{chain_status}\t{dedup}\t{trace}\t{context}\t{limit_key}\t{limit_group}\n"
         )
     return "".join(lines)
 
@@ -331,11 +353,11 @@ def plain_job_statement(
     """The statement and parameters that insert one plain job (see ``is_plain``) and,
     with ``channel``, announce its queue on it.
 
-    The commonest of them, a new chain's first job with no trace or logging context,
-    takes ``INSERT_PLAIN_ROOT``: eight parameters instead of thirteen and no result
-    row; any other plain job ``INSERT_PLAIN_JOB``. The caller runs it (on
-    ``start_chain``'s path every call between the caller's statements counts: this
-    one is plain code, not a coroutine).
+    The commonest of them, a new chain's first job with no trace or logging context
+    and no limit key, takes ``INSERT_PLAIN_ROOT``: eight parameters instead of
+    fourteen and no result row; any other plain job ``INSERT_PLAIN_JOB``. The caller
+    runs it (on ``start_chain``'s path every call between the caller's statements
+    counts: this one is plain code, not a coroutine).
     """
     context = job.context
     trace = job.trace_context
@@ -343,6 +365,8 @@ def plain_job_statement(
         channel is not None
         and not context
         and not trace
+        and job.limit_key is None
+        and job.limit_group is None
         and job.chain_index == 0
         and (job.chain_id is job.id or job.chain_id == job.id)
         and job.chain_type_name == job.type_name
@@ -369,6 +393,8 @@ def plain_job_statement(
         "max_attempts": job.max_attempts,
         "trace_context": json.dumps(dict(trace)) if trace else None,
         "context": json.dumps(dict(context)) if context else None,
+        "limit_key": job.limit_key,
+        "limit_group": job.limit_group,
         "channel": channel,
         "ready": ready_notice(job.queue) if channel is not None else None,
     }
@@ -490,6 +516,8 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
         "dedup_key": j.dedup.key if j.dedup else None,
         "trace_context": json.dumps(dict(j.trace_context)) if j.trace_context else None,
         "context": json.dumps(dict(j.context)) if j.context else None,
+        "limit_key": j.limit_key,
+        "limit_group": j.limit_group,
         "channel": channel,
         "ready": _encoded(ready)[0] if channel and ready else None,
     }

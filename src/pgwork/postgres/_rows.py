@@ -20,7 +20,7 @@ from pgwork.records import (
     history_from_json,
 )
 
-JOB_WIDTH = 23  # columns in sql.fragments._JOB_COLUMNS
+JOB_WIDTH = 24  # columns in sql.fragments._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -49,6 +49,7 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         dedup_key=r[20],
         context=r[21],
         attempt_history=history_from_json(parse_stored_json(r[22])),
+        limit_key=r[23],
     )
 
 
@@ -95,6 +96,7 @@ _build_acquired = frozen_builder(
         "last_attempt_at",
         "dedup_key",
         "context",
+        "limit_key",
     ),
 )
 
@@ -134,6 +136,7 @@ def acquired_from_rows(rows: Sequence[Sequence[Any]], skip: int = 0) -> list[Acq
             last_attempt_at,
             dedup_key,
             context,
+            limit_key,
         ) = row[skip:] if skip else row
         jobs.append(
             build(
@@ -157,6 +160,7 @@ def acquired_from_rows(rows: Sequence[Sequence[Any]], skip: int = 0) -> list[Acq
                 last_attempt_at,
                 dedup_key,
                 context,
+                limit_key,
             )
         )
     return jobs

@@ -161,6 +161,8 @@ class CompletionOps(EnqueueOps):
                 json.dumps(dict(following.trace_context)) if following.trace_context else None
             ),
             "next_context": json.dumps(dict(following.context)) if following.context else None,
+            "next_limit_key": following.limit_key,
+            "next_limit_group": following.limit_group,
             "channel": channel,
             "ready": encode_notice(ready_notice) if channel is not None else None,
         }

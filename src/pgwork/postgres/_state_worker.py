@@ -31,9 +31,10 @@ from pgwork.adapters.state import (
     ReapedJob,
     RenewResult,
     TransactionHandle,
+    TypeLimits,
 )
 from pgwork.errors import DatabaseTimeoutError
-from pgwork.postgres._arrays import completion_arrays, floats, turn_constants, uuids
+from pgwork.postgres._arrays import completion_arrays, floats, ints, texts, turn_constants, uuids
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
@@ -224,6 +225,18 @@ class WorkerOps(CompletionOps):
             with storable(completions):
                 params.update(completion_arrays(completions, conn.info.encoding))
                 rows = await _fetch_turn(conn, query, params, self.schema)
+        results, acquired, missed = await self._turn_outcome(completions, rows)
+        if missed:
+            acquired += await self.acquire(
+                worker_id=worker_id, leases=leases, queues=queues, limit=limit - len(acquired)
+            )
+        return results, acquired
+
+    async def _turn_outcome(
+        self, completions: Sequence[Completion], rows: Sequence[Sequence[Any]]
+    ) -> tuple[list[CompletionResult], list[AcquiredJob], bool]:
+        """What a turn's ``rows`` say: the completions' results (from the head row), the
+        jobs acquired, and whether candidates were locked but missed (see ``_add_acquired``)."""
         head = next(row for row in rows if row[0])
         # What ``_completion_results`` makes of completed rows, straight from the head's
         # arrays (every completion here ends its chain's step; a NULL flag is false).
@@ -237,10 +250,49 @@ class WorkerOps(CompletionOps):
         if head[5]:
             results = mark_deferred(results, head[5])
         acquired: list[AcquiredJob] = []
-        if _add_acquired(acquired, [row for row in rows if not row[0]], skip=6):
-            acquired += await self.acquire(
-                worker_id=worker_id, leases=leases, queues=queues, limit=limit - len(acquired)
-            )
+        missed = _add_acquired(acquired, [row for row in rows if not row[0]], skip=6)
+        return results, acquired, missed
+
+    async def acquire_limited(
+        self,
+        *,
+        completions: Sequence[Completion],
+        worker_id: str,
+        leases: Mapping[str, timedelta],
+        queues: Sequence[str],
+        limit: int,
+        limits: Mapping[str, TypeLimits],
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        if any(c.continuation for c in completions):
+            raise ValueError("acquire_limited takes completions without continuation")
+        if limit <= 0 or not leases:
+            return (await self.complete(None, completions=completions) if completions else []), []
+        statements = self.statements.limits
+        query = _with_limit(
+            statements.complete_and_acquire_limited if completions else statements.acquire_limited,
+            limit,
+        )
+        results: list[CompletionResult] = []
+        acquired: list[AcquiredJob] = []
+        for _ in range(_ACQUIRES_AFTER_A_MISS + 1):
+            async with self._pooled() as conn:
+                params = _turn_params(conn, worker_id, leases, queues)
+                params.update(_limit_params(leases, limits, conn.info.encoding))
+                with storable(completions):
+                    if completions:
+                        params.update(completion_arrays(completions, conn.info.encoding))
+                    rows = await _fetch_limited_turn(
+                        conn, statements.lock_types, query, params, self.schema
+                    )
+            if completions:
+                results, acquired, missed = await self._turn_outcome(completions, rows)
+            else:
+                missed = _add_acquired(acquired, rows)
+            completions = ()
+            limit -= len(acquired)
+            if not missed or limit <= 0:
+                break
+            query = _with_limit(statements.acquire_limited, limit)
         return results, acquired
 
     async def begin_atomic(
@@ -485,6 +537,48 @@ async def _fetch_turn(
 def _numbered(query: bytes) -> tuple[bytes, tuple[str, ...]]:
     text, names = to_numbered(query)
     return text.encode(), names
+
+
+async def _fetch_limited_turn(
+    conn: psycopg.AsyncConnection[Any],
+    lock: bytes,
+    query: bytes,
+    params: Mapping[str, Any],
+    schema: str,
+) -> list[tuple[Any, ...]]:
+    """The rows of a limited acquire: its types' locks (none for a worker's own caps
+    alone), then the statement, in one transaction sent as one pipeline (one round
+    trip). The locks come in a statement of their own so that the acquire's snapshot is
+    taken once they are held (see ``sql.limits``)."""
+    numbered, names = _numbered(query)
+    with translate_errors(schema):
+        async with conn.pipeline():
+            async with conn.transaction():
+                await conn.execute(lock, {"lock_names": params["lock_names"]})
+                cur = psycopg.AsyncRawCursor(conn)
+                await cur.execute(numbered, [params[name] for name in names], binary=True)
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+    return rows
+
+
+def _limit_params(
+    leases: Mapping[str, timedelta], limits: Mapping[str, TypeLimits], encoding: str
+) -> dict[str, Any]:
+    """A limited acquire's arrays: the types with limits shared by every worker (counted
+    by group, under their locks, taken in name order), those only this worker caps,
+    and the others."""
+    limited = [name for name in leases if name in limits and limits[name].shared]
+    capped = [name for name in leases if name in limits and not limits[name].shared]
+    return {
+        "limited_names": texts(limited, encoding),
+        "limited_concurrency": ints([limits[name].concurrency for name in limited]),
+        "limited_key_concurrency": ints([limits[name].key_concurrency for name in limited]),
+        "limited_most": ints([limits[name].most for name in limited]),
+        "capped_names": texts(capped, encoding),
+        "capped_most": ints([limits[name].most for name in capped]),
+        "free_names": texts([name for name in leases if name not in limits], encoding),
+        "lock_names": sorted(limited),
+    }
 
 
 def _turn_params(

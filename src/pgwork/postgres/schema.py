@@ -99,6 +99,15 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # by the failure and reap statements only, so a job that never fails holds NULL
         # and no other write touches it.
         sa.Column("attempt_history", pg.JSONB, nullable=True),
+        # The key its type's per-key flow limits count it by (``start_chain(limit_key=...)``),
+        # kept by continuations; NULL: no key, which a keyed type counts as one key of
+        # its own (migration 0011).
+        sa.Column("limit_key", sa.Text, nullable=True),
+        # The group a limited type's flow limits count the job in: its limit key for a
+        # keyed type, '' for a type limited as a whole or a keyed type's job without a
+        # key; NULL for a type without limits, which keeps it out of the two indexes
+        # below (migration 0011).
+        sa.Column("limit_group", sa.Text, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -172,6 +181,25 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "status",
             postgresql_where=sa.text("status IN ('completed', 'failed')"),
         ),
+        # Flow limits (migration 0011): a limited type's ready jobs by group in acquire
+        # order, so the acquire walks the groups and takes the next job of each that
+        # has room; and its running jobs by group, so it counts what runs of a type, or
+        # of one of its groups, in one index range. Jobs of types without limits have
+        # no group and no entry in either.
+        sa.Index(
+            "jobs_limit_pending_idx",
+            "type_name",
+            "limit_group",
+            "priority",
+            "scheduled_at",
+            postgresql_where=sa.text("status = 'pending' AND limit_group IS NOT NULL"),
+        ),
+        sa.Index(
+            "jobs_limit_running_idx",
+            "type_name",
+            "limit_group",
+            postgresql_where=sa.text("status = 'running' AND limit_group IS NOT NULL"),
+        ),
         postgresql_with={
             "fillfactor": "70",
             "autovacuum_vacuum_scale_factor": "0.01",
@@ -227,6 +255,42 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.text("false")),
         sa.Column("paused_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+    )
+
+    # Flow limits changed at run time (migration 0011), kept like a queue's pause: a row
+    # per job type (``limit_key`` '', which no job's key can be) or per key of one
+    # (``limit_key`` the key). A NULL column keeps what the code declares; a value
+    # overrides it. ``rate_per_s`` / ``key_rate_per_s`` are a ``Rate``'s window in
+    # seconds, set together with their count. ``paused_until``: no attempt of the type
+    # (or key) starts before then.
+    sa.Table(
+        "job_limits",
+        md,
+        sa.Column("type_name", sa.Text, primary_key=True),
+        sa.Column("limit_key", sa.Text, primary_key=True, server_default=sa.text("''")),
+        sa.Column("concurrency", sa.Integer, nullable=True),
+        sa.Column("key_concurrency", sa.Integer, nullable=True),
+        sa.Column("rate_n", sa.Integer, nullable=True),
+        sa.Column("rate_per_s", sa.Float, nullable=True),
+        sa.Column("key_rate_n", sa.Integer, nullable=True),
+        sa.Column("key_rate_per_s", sa.Float, nullable=True),
+        sa.Column("paused_until", sa.DateTime(timezone=True), nullable=True),
+        # The type-wide row's: the limit group the type's last acquire served last (the
+        # next starts after it, so groups are served in turn).
+        sa.Column("cursor_key", sa.Text, nullable=True),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.CheckConstraint(
+            "concurrency > 0 AND key_concurrency > 0", name="job_limits_concurrency_positive"
+        ),
+        sa.CheckConstraint(
+            "(rate_n IS NULL) = (rate_per_s IS NULL) AND rate_n > 0 AND rate_per_s > 0",
+            name="job_limits_rate_whole",
+        ),
+        sa.CheckConstraint(
+            "(key_rate_n IS NULL) = (key_rate_per_s IS NULL)"
+            " AND key_rate_n > 0 AND key_rate_per_s > 0",
+            name="job_limits_key_rate_whole",
+        ),
     )
 
     # The history of ended jobs, counted per bucket of end time, queue and job type

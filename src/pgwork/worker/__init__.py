@@ -45,6 +45,7 @@ def create_in_process_worker(
     prefetch: int | None = None,
     atomic_group: int = 1,
     atomic_group_wait: float | timedelta = 0.005,
+    type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
     ``max_slots`` concurrent attempts.
@@ -69,7 +70,10 @@ def create_in_process_worker(
     takes back all of a worker's running jobs. ``schedules``: recurring
     ``CronSchedule``s this worker fires (every worker may carry the same ones: each
     tick is enqueued once). ``observers``: receive the worker's
-    events (default: the client's observers).
+    events (default: the client's observers). ``type_slots``: ``{job_type: n}``, the
+    most attempts of that type this worker runs (or holds prefetched) at once, beside
+    ``max_slots`` (for a memory- or CPU-heavy type); a job type's ``concurrency``
+    limits what every worker runs together.
     """
     poll_s = _seconds(poll_interval, "poll_interval")
     grace_s = _seconds(grace_period, "grace_period")
@@ -88,6 +92,12 @@ def create_in_process_worker(
         raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
     for queue in queues or ():
         check_queue_name(queue, where="the worker's queues")
+    for key, cap in (type_slots or {}).items():
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            name = key if isinstance(key, str) else key.name
+            raise ConfigurationError(
+                f"type_slots[{name!r}] must be a whole number of attempts >= 1, got {cap!r}"
+            )
     return build(
         client=client,
         processors=processors,
@@ -106,4 +116,5 @@ def create_in_process_worker(
         prefetch=prefetch,
         atomic_group=atomic_group,
         atomic_group_wait=_seconds(atomic_group_wait, "atomic_group_wait"),
+        type_slots=type_slots,
     )

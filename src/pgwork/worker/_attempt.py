@@ -97,6 +97,12 @@ class Attempt(Generic[I, O]):
         self.outcome: Outcome | None = None
 
     @property
+    def limit_key(self) -> str | None:
+        """The job's limit key (``start_chain(limit_key=...)``, kept by its chain's
+        continuations), None for none."""
+        return self.job.limit_key
+
+    @property
     def aborted(self) -> bool:
         return self.abort_reason is not None
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from pgwork.adapters.state import WorkerInfo
+from pgwork.adapters.state import TypeLimits, WorkerInfo
 from pgwork.client import Client
 from pgwork.errors import CapabilityMissingError, ConfigurationError
 from pgwork.job_types import JobType
@@ -66,12 +66,21 @@ def build(
     prefetch: int | None,
     atomic_group: int,
     atomic_group_wait: float,
+    type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
 ) -> InProcessWorker:
     """The worker for options ``create_in_process_worker`` has checked."""
     capabilities = client.capabilities
     worker_id = worker_id or default_worker_id()
     rng = rng or random.Random()
     types, handlers = _resolve(client, processors, middlewares)
+    caps = {client.registry.resolve(key).name: cap for key, cap in (type_slots or {}).items()}
+    for name in caps:
+        if name not in types:
+            raise ConfigurationError(
+                f"type_slots names {name!r}, which this worker does not process: give a cap "
+                "only for a type in processors"
+            )
+    limits = _limits(client, types, caps)
     queues = tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in types.values()))
     for schedule in schedules:
         client.registry.entry(schedule.job_type)
@@ -122,6 +131,7 @@ def build(
         max_slots=max_slots,
         prefetch=prefetch,
         bell=bell,
+        limited=list(limits),
     )
     leases = {name: t.lease for name, t in types.items()}
     return InProcessWorker(
@@ -163,7 +173,13 @@ def build(
             bell=bell,
             # One slot runs its jobs strictly in order: no second acquire to race the
             # first (see ``_fetch``).
-            max_in_flight=1 if max_slots == 1 else MAX_IN_FLIGHT,
+            # Caps count what the worker holds: one acquire at a time, so that two in
+            # flight cannot each take a cap's whole room.
+            max_in_flight=1 if max_slots == 1 or caps else MAX_IN_FLIGHT,
+            flow=capabilities.flow,
+            limits=limits,
+            caps=caps,
+            held=slots.held_by_type,
         ),
         heartbeat=Heartbeat(
             client.state,
@@ -222,6 +238,34 @@ def _resolve(
                 "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type
             )
     return types, handlers
+
+
+def _limits(
+    client: Client, types: Mapping[str, JobType[Any, Any]], caps: Mapping[str, int]
+) -> dict[str, TypeLimits]:
+    """The limits of the job types that declare some or that this worker caps, for the
+    acquire; refused on a store that cannot keep them (without ``FlowControl``)."""
+    limits = {
+        name: TypeLimits(
+            concurrency=t.concurrency, key_concurrency=t.key_concurrency, most=caps.get(name)
+        )
+        for name, t in types.items()
+        if t.concurrency is not None or t.key_concurrency is not None or name in caps
+    }
+    for name, t in types.items():
+        if t.rate is not None or t.key_rate is not None:
+            raise ConfigurationError(
+                f"job type {name!r} declares a rate (rate= or key_rate=), which this version "
+                "of the worker does not enforce yet: declare concurrency or key_concurrency "
+                "instead, or run the type on a worker that enforces rates"
+            )
+    capabilities = client.capabilities
+    if limits and capabilities.flow is None:
+        name = next(iter(limits))
+        raise CapabilityMissingError(
+            "FlowControl", f"the limited job type {name!r}", capabilities.store_type
+        )
+    return limits
 
 
 def default_worker_id() -> str:

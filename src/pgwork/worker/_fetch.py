@@ -22,6 +22,10 @@ An acquire that comes back short tells ``Wakeups`` (the queues are drained until
 next hint). What an acquire brought waits in ``arrivals`` and the main loop is rung: the
 loop starts the jobs, sending the next acquire first when prefetching.
 
+A worker that runs job types with limits sends every acquire through the store's
+``FlowControl.acquire_limited``, which leases those types only within their limits
+and carries completions as a turn does.
+
 On a store without ``BatchedTurns`` an acquire goes alone (``acquire``) and carries no
 completions: the batcher writes them all itself (the worker builds it without the
 acquires' record, so it never waits for one to take them along).
@@ -36,13 +40,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import anyio
 import anyio.abc
 
-from pgwork.adapters.state import AcquiredJob, BatchedTurns, CompletionResult, WorkerCore
+from pgwork.adapters.state import (
+    AcquiredJob,
+    BatchedTurns,
+    CompletionResult,
+    FlowControl,
+    TypeLimits,
+    WorkerCore,
+)
 from pgwork.errors import OutcomeNotStorableError
 from pgwork.worker._batch import Acquires, CompletionBatcher, Pending
 from pgwork.worker._bell import Bell
@@ -80,11 +91,31 @@ class Fetcher:
         poll_interval: float,
         bell: Bell,
         max_in_flight: int = MAX_IN_FLIGHT,
+        flow: FlowControl | None = None,
+        limits: Mapping[str, TypeLimits] | None = None,
+        caps: Mapping[str, int] | None = None,
+        held: Mapping[str, int] | None = None,
     ) -> None:
+        """``flow`` and ``limits``: the worker runs job types with limits, and every
+        acquire goes through ``flow.acquire_limited`` (which carries completions too).
+        ``caps``: the most jobs of a type this worker may hold at once, against
+        ``held`` (what it holds, by type)."""
         self.state = state
         self._turns = turns
-        # Chosen once: the turn that carries completions, or an acquire alone.
-        self._send = self._complete_and_acquire if turns is not None else self._acquire_alone
+        self._flow = flow
+        self._limits = limits
+        self._caps = caps or {}
+        self._held = held or {}
+        # Chosen once: a turn within limits, the turn that carries completions, or an
+        # acquire alone.
+        if flow is not None and limits:
+            self._send = self._acquire_limited
+        elif turns is not None:
+            self._send = self._complete_and_acquire
+        else:
+            self._send = self._acquire_alone
+        # Whether an acquire takes the waiting completions along.
+        self.carries = self._send is not self._acquire_alone
         self._max_in_flight = max_in_flight
         self._batcher = batcher
         self._worker_id = worker_id
@@ -128,7 +159,7 @@ class Fetcher:
         acquires.sent()
         # Taken now, not when the task first runs: the batcher, seeing an acquire go
         # out, leaves the completions waiting at this moment to it.
-        batch = self._batcher.take() if self._turns is not None else []
+        batch = self._batcher.take() if self.carries else []
         generation = self._wakeups.generation
         # The leases it takes run from their transaction's start, which is later: a
         # lease counted from here ends no later than the database's (see ``Slot``).
@@ -197,6 +228,41 @@ class Fetcher:
             queues=self._queues,
             limit=limit,
         )
+
+    async def _acquire_limited(
+        self, batch: list[Pending], limit: int
+    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+        assert self._flow is not None  # chosen only then (``__init__``)
+        assert self._limits
+        assert self._queues is not None  # the worker always names its queues
+        limits = self._limits
+        if self._caps:
+            limits = {**limits, **self._room_by_type()}
+        return await self._flow.acquire_limited(
+            completions=[pending.completion for pending in batch],
+            worker_id=self._worker_id,
+            leases=self._leases,
+            queues=self._queues,
+            limit=limit,
+            limits=limits,
+        )
+
+    def _room_by_type(self) -> dict[str, TypeLimits]:
+        """The limits of the capped types for this acquire: each cap less what the
+        worker holds of the type and what acquires brought that it has not started (a
+        worker with caps sends one acquire at a time, so none is in flight)."""
+        assert self._limits is not None
+        waiting: dict[str, int] = {}
+        for arrival in self.arrivals:
+            for job in arrival.jobs:
+                waiting[job.type_name] = waiting.get(job.type_name, 0) + 1
+        return {
+            name: replace(
+                self._limits[name],
+                most=max(cap - self._held.get(name, 0) - waiting.get(name, 0), 0),
+            )
+            for name, cap in self._caps.items()
+        }
 
     async def _acquire_alone(
         self, batch: list[Pending], limit: int

@@ -52,6 +52,7 @@ from pgwork.observability import (
 )
 from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
+from pgwork.worker._announce import announce_ready
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._batch import CompletionBatcher
 from pgwork.worker._bell import Bell
@@ -302,6 +303,7 @@ class InProcessWorker:
                 self._bell.clear()
                 try:
                     await self._start_arrivals()
+                    self._announce_freed()
                     await self._slots.hand_back_unsettled()
                     await self._reaper.reap_one(held=self._slots.held_tokens, idle=self._idle)
                     self._fill()
@@ -428,6 +430,17 @@ class InProcessWorker:
         for arrival in arrivals:
             self._slots.arrived(arrival.jobs, leased_at=arrival.sent_at)
         await anyio.lowlevel.checkpoint()
+
+    def _announce_freed(self) -> None:
+        """Attempts of limited types ended: their room may let a job start that an
+        acquire held back (here or on another worker, which took its short acquire for
+        drained queues). Tell them all, this worker first."""
+        freed = self._slots.freed_queues
+        if not freed or self._fetcher.group is None:
+            return
+        queues, self._slots.freed_queues = list(freed), set()
+        self._wakeups.hint()
+        self._fetcher.group.start_soon(announce_ready, self.notify, queues)
 
     async def _hand_back_arrivals(self) -> None:
         """The worker is stopping: hand what the acquires brought straight back, no

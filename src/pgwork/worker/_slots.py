@@ -15,7 +15,7 @@ import contextvars
 import logging
 import operator
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -159,7 +159,11 @@ class Slots:
         max_slots: int,
         prefetch: int | None,
         bell: Bell,
+        limited: Collection[str] = (),
     ) -> None:
+        """``limited``: the job types with limits (or this worker's caps); the queue of
+        one whose attempt ends goes to ``freed_queues`` (its room may let a job start
+        that an acquire held back, here or on another worker)."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
@@ -178,6 +182,11 @@ class Slots:
         # Attempts to settle once the database is reachable: the failure to write (its
         # handler had started), or the lease to hand back (it had not).
         self.unsettled: list[Failure | Lease] = []
+        self._limited = frozenset(limited)
+        # How many jobs of each type this worker holds (for a worker's own caps).
+        self.held_by_type: dict[str, int] = dict.fromkeys(types, 0)
+        # The queues of limited types whose attempts ended since the loop last looked.
+        self.freed_queues: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.held)
@@ -201,9 +210,10 @@ class Slots:
                 acquired.sort(key=_PRIORITY_THEN_DUE)
         now = time.monotonic()
         leased = now if leased_at is None else min(leased_at, now)
-        types, held, watchdog, admit, launch = (
+        types, held, by_type, watchdog, admit, launch = (
             self._types,
             self.held,
+            self.held_by_type,
             self.watchdog,
             self.admission.arrived,
             self._launch,
@@ -213,6 +223,7 @@ class Slots:
                 job, types[job.type_name], now, leased_at=leased, owner=self, watchdog=watchdog
             )
             held[slot] = None
+            by_type[job.type_name] += 1
             if admit(slot):
                 launch(slot)
 
@@ -238,7 +249,10 @@ class Slots:
         held one)."""
         if slot.state is not SlotState.ABANDONED:
             slot.move(SlotState.DONE)
-        self.held.pop(slot, None)
+        if self.held.pop(slot, False) is None:
+            self.held_by_type[slot.job_type.name] -= 1
+        if self._limited and slot.job_type.name in self._limited:
+            self.freed_queues.add(slot.acquired.queue)
         self._bell.ring()
 
     def abort_all(self, reason: AbortReason) -> None:
@@ -270,7 +284,8 @@ class Slots:
         waiting = self.admission.take_queued()
         for slot in waiting:
             slot.move(SlotState.DONE)
-            self.held.pop(slot, None)
+            if self.held.pop(slot, False) is None:
+                self.held_by_type[slot.job_type.name] -= 1
         if not waiting:
             return
         try:

@@ -76,6 +76,7 @@ _build_job = frozen_builder(
         "leased_until",
         "dedup_key",
         "context",
+        "limit_key",
     ),
 )
 # A plain staged completion: job_id, lease_token, output_json, continuation.
@@ -154,6 +155,7 @@ class AttemptSteps:
             acquired.leased_until,
             acquired.dedup_key,
             acquired.context,
+            acquired.limit_key,
         )
         attempt = Attempt(
             job=job,

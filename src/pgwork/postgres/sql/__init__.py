@@ -5,6 +5,7 @@ Each module holds the statements of one concern as named constants (``ACQUIRE``,
 
 - ``enqueue``: inserting jobs, announcing ready queues, deduplication;
 - ``leases``: acquire, next due, atomic attempts, renew, release, reap;
+- ``limits``: acquiring within job types' limits, fairly across limit keys;
 - ``outcomes``: complete (and its batched turn with the next acquire), fail, reschedule;
 - ``chains``: blockers, cancel, retry, trigger, pause, awaiting;
 - ``queries``: reads by id, listings, counts, deletion and retention;
@@ -36,6 +37,7 @@ from pgwork.postgres.sql.enqueue import EnqueueStatements
 from pgwork.postgres.sql.history import HistoryStatements
 from pgwork.postgres.sql.insight import InsightStatements
 from pgwork.postgres.sql.leases import LEASE_LINE_LOCK, LeaseStatements
+from pgwork.postgres.sql.limits import LIMIT_LOCK, LimitStatements
 from pgwork.postgres.sql.outcomes import OutcomeStatements
 from pgwork.postgres.sql.queries import QueryStatements
 from pgwork.postgres.sql.work_views import WorkViewStatements
@@ -51,6 +53,7 @@ _SCHEMA_OBJECTS = (
     "workers",
     "job_history",
     "job_history_progress",
+    "job_limits",
     "job_status",
     "chain_status",
 )
@@ -66,6 +69,7 @@ class Statements:
 
     enqueue: EnqueueStatements
     leases: LeaseStatements
+    limits: LimitStatements
     outcomes: OutcomeStatements
     chains: ChainStatements
     queries: QueryStatements
@@ -101,6 +105,7 @@ def render(schema: str) -> Statements:
         name: sql.Identifier(schema, name) for name in _SCHEMA_OBJECTS
     }
     names["lease_line"] = sql.Literal(LEASE_LINE_LOCK)
+    names["limit_lock"] = sql.Literal(LIMIT_LOCK)
 
     def fill(template: str) -> bytes:
         return sql.SQL(template).format(**names).as_bytes(None)

@@ -27,14 +27,14 @@ WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
         priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context
+        context, limit_key, limit_group
     )
     SELECT
         n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
         n.status::{job_status}, n.queue, n.priority, n.max_attempts,
         GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
         CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
-        n.dedup_key, n.trace_context::jsonb, n.context::jsonb
+        n.dedup_key, n.trace_context::jsonb, n.context::jsonb, n.limit_key, n.limit_group
     FROM (
         SELECT
             unnest(%(ids)s::text::uuid[]) AS id,
@@ -51,7 +51,9 @@ WITH inserted AS (
             unnest(%(dedup_keys)s::text::text[]) AS dedup_key,
             unnest(%(trace_contexts)s::text::text[]) AS trace_context,
             unnest(%(statuses)s::text::text[]) AS status,
-            unnest(%(contexts)s::text::text[]) AS context
+            unnest(%(contexts)s::text::text[]) AS context,
+            unnest(%(limit_keys)s::text::text[]) AS limit_key,
+            unnest(%(limit_groups)s::text::text[]) AS limit_group
     ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
@@ -67,11 +69,12 @@ INSERT_PLAIN_JOBS = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, input, status, queue, priority,
-        max_attempts, chain_status, trace_context, context
+        max_attempts, chain_status, trace_context, context, limit_key, limit_group
     )
     SELECT
         n.id, n.type_name, n.id, n.chain_type_name, n.input::jsonb, 'pending', n.queue,
-        n.priority, n.max_attempts, 'active', n.trace_context::jsonb, n.context::jsonb
+        n.priority, n.max_attempts, 'active', n.trace_context::jsonb, n.context::jsonb,
+        n.limit_key, n.limit_group
     FROM (
         SELECT
             unnest(%(ids)s::text::uuid[]) AS id,
@@ -82,7 +85,9 @@ WITH inserted AS (
             unnest(%(priorities)s::text::smallint[]) AS priority,
             unnest(%(max_attempts)s::text::int[]) AS max_attempts,
             unnest(%(trace_contexts)s::text::text[]) AS trace_context,
-            unnest(%(contexts)s::text::text[]) AS context
+            unnest(%(contexts)s::text::text[]) AS context,
+            unnest(%(limit_keys)s::text::text[]) AS limit_key,
+            unnest(%(limit_groups)s::text::text[]) AS limit_group
     ) AS n
 )
 SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
@@ -96,7 +101,7 @@ WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
         priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context
+        context, limit_key, limit_group
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
@@ -106,7 +111,8 @@ WITH inserted AS (
             now(), %(run_at)s::timestamptz, now() + %(run_after)s::float8 * interval '1 second'
         ),
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
-        %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb
+        %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb,
+        %(limit_key)s::text, %(limit_group)s::text
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
@@ -114,31 +120,33 @@ SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NO
 
 # INSERT_JOB for the commonest enqueue, one job runnable now (no schedule, no blocker,
 # no dedup key): what the others compute from NULLs is written as constants, so the
-# client sends thirteen parameters, not seventeen, and the server has no GREATEST/CASE over
+# client sends fourteen parameters, not eighteen, and the server has no GREATEST/CASE over
 # them to evaluate. ``%(ready)s``: the one encoded notice, or NULL for none.
 INSERT_PLAIN_JOB = """
 WITH inserted AS (
     INSERT INTO {jobs} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, chain_status, trace_context, context
+        priority, max_attempts, chain_status, trace_context, context, limit_key,
+        limit_group
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
         %(chain_index)s::int, %(input)s::jsonb, 'pending', %(queue)s::text,
         %(priority)s::smallint, %(max_attempts)s::int,
         CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
-        %(trace_context)s::jsonb, %(context)s::jsonb
+        %(trace_context)s::jsonb, %(context)s::jsonb, %(limit_key)s::text,
+        %(limit_group)s::text
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL
 """
 
-# INSERT_PLAIN_JOB for the first job of a new chain with no trace or logging context
-# (``start_chain``'s commonest call) that announces its queue: the chain's id and type
-# are the job's own (one parameter each, used twice), its index, status and chain status
-# constants, so the client sends eight parameters, not thirteen. The notice is sent from
-# the FROM clause, which yields one row, so the insert runs once, and the statement
-# returns no row for the driver to describe and load. ``%(ready)s``: the encoded notice.
+# INSERT_PLAIN_JOB for the first job of a new chain with no trace or logging context and
+# no limit key (``start_chain``'s commonest call) that announces its queue: the chain's
+# id and type are the job's own (one parameter each, used twice), its index, status and
+# chain status constants, so the client sends eight parameters, not fourteen. The notice
+# is sent from the FROM clause, which yields one row, so the insert runs once, and the
+# statement returns no row for the driver to describe and load. ``%(ready)s``: the encoded notice.
 INSERT_PLAIN_ROOT = """
 INSERT INTO {jobs} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
@@ -161,7 +169,8 @@ SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)b::text[]) AS p
 COPY_JOBS = """
 COPY {jobs} (
     id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-    priority, max_attempts, chain_status, dedup_key, trace_context, context
+    priority, max_attempts, chain_status, dedup_key, trace_context, context, limit_key,
+    limit_group
 ) FROM STDIN
 """
 

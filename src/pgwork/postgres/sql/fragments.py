@@ -18,7 +18,8 @@ _JOB_COLUMNS = """
     {alias}.queue, {alias}.priority, {alias}.created_at, {alias}.scheduled_at,
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
-    {alias}.leased_until, {alias}.dedup_key, {alias}.context, {alias}.attempt_history::text
+    {alias}.leased_until, {alias}.dedup_key, {alias}.context, {alias}.attempt_history::text,
+    {alias}.limit_key
 """
 
 

@@ -54,7 +54,7 @@ _LEASE = """
     RETURNING j.id, j.type_name, j.chain_id, j.chain_type_name, j.chain_index,
         j.input::text, j.queue, j.priority, j.attempt, j.max_attempts, j.lease_token,
         j.leased_until, j.created_at, j.scheduled_at, j.last_attempt_error,
-        j.trace_context, j.started_at, j.last_attempt_at, j.dedup_key, j.context
+        j.trace_context, j.started_at, j.last_attempt_at, j.dedup_key, j.context, j.limit_key
 """
 
 LEASED = f"""
@@ -62,7 +62,7 @@ leased AS ({_LEASE})"""
 
 # Columns of an acquired row (``_rows.acquired_from_row``): a handler sees every field
 # ``get_job`` returns, so the acquire hands them all back.
-ACQUIRED_WIDTH = 20
+ACQUIRED_WIDTH = 21
 
 # The leased rows, then the ``missed`` marker (a row whose id is NULL) when the lease
 # found fewer candidates than were locked.

@@ -19,7 +19,7 @@ from pgwork.postgres.sql.leases import (
     LEASES,
 )
 
-__all__ = ["ATOMIC_REFUSED", "OutcomeStatements"]
+__all__ = ["ATOMIC_REFUSED", "OutcomeStatements", "complete_and_acquire"]
 
 # Completes jobs. A worker's completion is fenced by its lease token; a completion
 # without token (workerless) applies to any job not yet final. A chain ends when its
@@ -187,7 +187,8 @@ completed AS ({_COMPLETE_RESULT}),
 continued AS (
     INSERT INTO {{jobs}} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, trace_context, context
+        priority, max_attempts, scheduled_at, trace_context, context, limit_key,
+        limit_group
     )
     SELECT %(next_id)s::uuid, %(next_type_name)s::text, %(next_chain_id)s::uuid,
         %(next_chain_type_name)s::text, %(next_chain_index)s::int, %(next_input)s::jsonb,
@@ -197,7 +198,8 @@ continued AS (
             now(), %(next_run_at)s::timestamptz,
             now() + %(next_run_after)s::float8 * interval '1 second'
         ),
-        %(next_trace_context)s::jsonb, %(next_context)s::jsonb
+        %(next_trace_context)s::jsonb, %(next_context)s::jsonb, %(next_limit_key)s::text,
+        %(next_limit_group)s::text
     FROM completed
 )
 SELECT r.*, CASE WHEN %(ready)s::text IS NOT NULL
@@ -252,18 +254,21 @@ FROM acquired AS a
 """
 
 
-def _complete_and_acquire(candidates: str) -> str:
+def complete_and_acquire(candidates: str, *, after_lease: str = "") -> str:
+    """A turn's statement over ``candidates`` (a CTE naming the rows to lease);
+    ``after_lease``: more CTEs that follow the lease (``leased``)."""
+    more = f",{after_lease}" if after_lease else ""
     return (
         f"WITH {_COMPLETE_CTES_SKIPPING},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},"
         f"{LEASES},"
-        f"{LEASED},\nacquired AS ({LEASE_CANDIDATES})"
+        f"{LEASED}{more},\nacquired AS ({LEASE_CANDIDATES})"
         f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
 
 
-COMPLETE_AND_ACQUIRE = _complete_and_acquire(CANDIDATES_BY_QUEUE)
-COMPLETE_AND_ACQUIRE_ANY_QUEUE = _complete_and_acquire(CANDIDATES_ANY_QUEUE)
+COMPLETE_AND_ACQUIRE = complete_and_acquire(CANDIDATES_BY_QUEUE)
+COMPLETE_AND_ACQUIRE_ANY_QUEUE = complete_and_acquire(CANDIDATES_ANY_QUEUE)
 
 # Ends attempts with an error: back to pending after a delay, or failed for good
 # (which fails the chain). Each failure is appended to the job's history.

@@ -135,9 +135,12 @@ class StateHarness:
         dedup: DedupSpec | None = None,
         blockers: Sequence[uuid.UUID] = (),
         blocker_failure: Literal["fail", "cancel", "unblock"] = "fail",
+        limit_key: str | None = None,
+        limit_group: str | None = None,
     ) -> NewJob:
         """A new chain's first job (``id == chain_id``, ``chain_index == 0``), blocked
-        on the chains ``blockers`` when given."""
+        on the chains ``blockers`` when given; ``limit_group`` as a limited type's job
+        carries one (``JobType.limit_group``)."""
         job_id = new_id()
         return NewJob(
             id=job_id,
@@ -154,6 +157,8 @@ class StateHarness:
             dedup=dedup,
             blockers=tuple(blockers),
             blocker_failure=blocker_failure,
+            limit_key=limit_key,
+            limit_group=limit_group,
         )
 
     def continuation(

@@ -10,6 +10,7 @@ from pgwork.testing.conformance._state_control import ControlConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
+from pgwork.testing.conformance._state_flow import FlowConformance
 from pgwork.testing.conformance._state_history import AttemptHistoryConformance
 from pgwork.testing.conformance._state_insight import InsightConformance
 from pgwork.testing.conformance._state_job_history import JobHistoryConformance
@@ -29,6 +30,7 @@ class StateAdapterConformance(
     LeaseConformance,
     CompleteConformance,
     TurnConformance,
+    FlowConformance,
     FailConformance,
     AttemptHistoryConformance,
     ReapConformance,

@@ -151,6 +151,22 @@ class CompleteConformance(StateSuiteBase):
         assert result.continuation_id == follow.id
         assert (await store.job(follow.id)).status is JobStatus.PENDING
 
+    async def test_a_continuation_is_written_with_its_limit_key(self, store: StateHarness) -> None:
+        # Handed on in the caller's transaction, and outside any (one statement).
+        await store.seed(store.new_job(), store.new_job())
+        first, second = await store.acquire_one(), await store.acquire_one()
+        inside = replace(store.continuation(first), limit_key="tenant-1")
+        outside = replace(store.continuation(second), limit_key="mail")
+        async with store.adapter.transaction() as tx:
+            await store.adapter.complete(
+                tx, completions=[Completion(first.id, first.lease_token, "1", inside)]
+            )
+        await store.adapter.complete(
+            None, completions=[Completion(second.id, second.lease_token, "1", outside)]
+        )
+        assert (await store.job(inside.id)).limit_key == "tenant-1"
+        assert (await store.job(outside.id)).limit_key == "mail"
+
     async def test_rejected_completion_inserts_no_continuation(self, store: StateHarness) -> None:
         await store.seed(store.new_job())
         held = await store.acquire_one()

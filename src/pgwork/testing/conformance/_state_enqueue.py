@@ -7,6 +7,7 @@ Role exercised: ``EnqueueStore`` and ``Store`` (transactions), read back through
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from pgwork.adapters.state import ChainBlockers, Completion, DedupSpec, NewJob, StateAdapter
@@ -58,6 +59,20 @@ class EnqueueConformance(StateSuiteBase):
         assert job.last_attempt_at is None
         assert job.created_at.tzinfo is not None
         assert job.scheduled_at - job.created_at < CLOCK_SLACK
+
+    async def test_a_limit_key_is_stored_and_read_back(self, store: StateHarness) -> None:
+        keyed = replace(store.new_job(), limit_key="tenant-1")
+        many = [
+            replace(store.new_job(), limit_key=f"k{i % 3}" if i % 2 else None) for i in range(6)
+        ]
+        await store.seed(keyed)
+        await store.seed(*many)
+        assert (await store.job(keyed.id)).limit_key == "tenant-1"
+        found = {
+            job.id: job.limit_key
+            for job in await store.adapter.get_jobs(None, job_ids=[job.id for job in many])
+        }
+        assert [found[job.id] for job in many] == [job.limit_key for job in many]
 
     async def test_jobs_are_stamped_with_the_stores_own_clock(self, store: StateHarness) -> None:
         before = await store.adapter.now()

@@ -1,0 +1,241 @@
+"""SQL of flow control: acquiring within each job type's limits, fairly across keys.
+
+A limited acquire runs in a transaction of its own that first takes, in name order, a
+transaction-level advisory lock per limited type it may lease (``LOCK_TYPES``), and
+only then the acquire (``ACQUIRE_LIMITED``, or ``COMPLETE_AND_ACQUIRE_LIMITED`` with
+the finished batch's completions). Under READ COMMITTED each statement takes its
+snapshot when it starts, so the acquire's snapshot is taken after the locks: every
+other acquire that leased jobs of those types has committed by then, and the jobs it
+counts as running are all of them. Jobs leave ``running`` without the lock (completed,
+failed, reaped): a snapshot that still counts one only under-fills, it never lets more
+run than the limit.
+
+Jobs of a limited type carry a ``limit_group`` from their enqueue: the limit key given,
+or ``''`` (a type limited as a whole, or a keyed type's jobs enqueued without a key,
+which share one group). Jobs of other types have none, so the two indexes over groups
+(pending, running) hold limited jobs only and cost nothing to the rest.
+
+Fair service across groups: the acquire walks the groups that have pending jobs in
+key order, starting after the group it served last (``job_limits.cursor_key``) and
+wrapping around, one index probe per group, and takes the first job of each group
+before the second of any; the walk visits no more groups than it can fill plus those
+already at their limit. The cursor moves to the last group served.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pgwork.postgres.sql.leases import LEASE_CANDIDATES, LEASED, LEASES
+from pgwork.postgres.sql.outcomes import complete_and_acquire
+
+__all__ = ["LIMIT_LOCK", "LimitStatements"]
+
+# The first key of a limited type's lock (a two-key advisory lock; the second key is the
+# type name's hash): "pgwl" read as an int4. Two types whose names hash alike share a
+# lock, which only serialises their acquires.
+LIMIT_LOCK = 0x7067776C
+
+# Also sets ``plan_cache_mode`` for the transaction: the acquire's custom plans cost
+# more to make than the statement costs to run, and its generic plan is as good (the
+# parameters are a worker's constant arrays), so it is planned once per connection
+# (``python -m bench.cpu --only drain,limited`` measures both).
+LOCK_TYPES = """
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), (
+    SELECT count(pg_advisory_xact_lock({limit_lock}, hashtext(t.name)))
+    FROM (SELECT n AS name FROM unnest(%(lock_names)s::text[]) AS n ORDER BY n) AS t
+)
+"""
+
+# The limited types this acquire may lease: the worker's declared limits (NULL: none),
+# overridden by an operator's row in ``job_limits``, less what runs now; ``most`` caps
+# what this acquire takes of the type (the worker's own cap less what it holds).
+_ROOM = """
+declared AS (
+    SELECT t.name,
+        COALESCE(o.concurrency, t.concurrency) AS concurrency,
+        COALESCE(o.key_concurrency, t.key_concurrency) AS key_concurrency,
+        t.most,
+        COALESCE(o.cursor_key, '') AS cursor_key
+    FROM unnest(
+        %(limited_names)s::text[], %(limited_concurrency)s::int[],
+        %(limited_key_concurrency)s::int[], %(limited_most)s::int[]
+    ) AS t(name, concurrency, key_concurrency, most)
+    LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
+),
+running AS (
+    SELECT r.type_name, r.limit_group, count(*) AS n
+    FROM {jobs} AS r
+    WHERE r.status = 'running' AND r.limit_group IS NOT NULL
+      AND r.type_name = ANY(%(limited_names)s::text[])
+    GROUP BY r.type_name, r.limit_group
+),
+room AS (
+    SELECT d.name, d.key_concurrency, d.cursor_key,
+        greatest(least(
+            d.concurrency - (SELECT COALESCE(sum(r.n), 0) FROM running AS r
+                             WHERE r.type_name = d.name),
+            d.most,
+            %(limit)s
+        ), 0)::int AS room,
+        (SELECT count(*) FROM running AS r
+         WHERE r.type_name = d.name AND r.n >= d.key_concurrency)::int AS full_groups
+    FROM declared AS d
+)"""
+
+# The next group after ``{after}`` with pending jobs of the type, or (``{wrap}``) the
+# first from the start of the key order up to the cursor.
+_NEXT_GROUP = """
+        (SELECT j.limit_group, {wrapped} AS wrapped FROM {{jobs}} AS j
+         WHERE j.status = 'pending' AND j.limit_group IS NOT NULL
+           AND j.type_name = rm.name AND j.limit_group > {after}{bound}
+         ORDER BY j.limit_group LIMIT 1)
+        UNION ALL
+        (SELECT j.limit_group, true FROM {{jobs}} AS j
+         WHERE {wrap} AND j.status = 'pending' AND j.limit_group IS NOT NULL
+           AND j.type_name = rm.name AND j.limit_group <= rm.cursor_key
+         ORDER BY j.limit_group LIMIT 1)
+        LIMIT 1"""
+
+_FIRST_GROUP = _NEXT_GROUP.format(wrapped="false", after="rm.cursor_key", bound="", wrap="true")
+_FOLLOWING_GROUP = _NEXT_GROUP.format(
+    wrapped="w.wrapped",
+    after="w.limit_group",
+    bound="\n           AND (NOT w.wrapped OR j.limit_group <= rm.cursor_key)",
+    wrap="NOT w.wrapped",
+)
+
+# The groups to serve, in the walk's order (``pos``); no more than the type has room
+# for, plus those already at their key limit (which yield nothing).
+_GROUPS = f"""
+groups AS (
+    SELECT rm.name, w.limit_group, w.pos
+    FROM room AS rm
+    CROSS JOIN LATERAL (
+        WITH RECURSIVE walk(limit_group, pos, wrapped) AS (
+            SELECT g.limit_group, 1, g.wrapped FROM ({_FIRST_GROUP}
+            ) AS g
+            UNION ALL
+            SELECT n.limit_group, w.pos + 1, n.wrapped
+            FROM walk AS w
+            CROSS JOIN LATERAL ({_FOLLOWING_GROUP}
+            ) AS n
+            WHERE w.pos < rm.room + rm.full_groups
+        )
+        SELECT walk.limit_group, walk.pos FROM walk
+    ) AS w
+    WHERE rm.room > 0
+)"""
+
+# Each group's first jobs, as many as its key limit leaves room for; ``round`` is a
+# job's place within its group (for a keyed type), so sorting by it takes every
+# group's first job before any group's second.
+_LIMITED = """
+limited AS (
+    SELECT g.name, g.limit_group, g.pos, rm.room, c.id, c.ctid, c.queue, c.priority,
+        c.scheduled_at,
+        CASE WHEN rm.key_concurrency IS NULL THEN 1 ELSE
+            row_number() OVER (PARTITION BY g.name, g.limit_group
+                               ORDER BY c.priority, c.scheduled_at) END AS round
+    FROM groups AS g
+    JOIN room AS rm ON rm.name = g.name
+    LEFT JOIN running AS r ON r.type_name = g.name AND r.limit_group = g.limit_group
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.limit_group = g.limit_group AND j.type_name = g.name
+          AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT greatest(least(rm.key_concurrency - COALESCE(r.n, 0), rm.room), 0)
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS c
+),
+within AS (
+    SELECT l.*, row_number() OVER (PARTITION BY l.name ORDER BY l.round, l.pos) AS nth
+    FROM limited AS l
+)"""
+
+# The worker's other types, as an acquire without limits takes them.
+_FREE = """
+free AS (
+    SELECT c.id, c.ctid, c.queue, c.priority, c.scheduled_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.queue = q.name AND j.scheduled_at <= now()
+          AND j.type_name = ANY(%(free_names)s::text[])
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    -- No other type: no scan of the queues at all.
+    WHERE cardinality(%(free_names)s::text[]) > 0
+)"""
+
+# The types only this worker caps (``most``, no limit shared with other workers): as
+# many as each cap leaves room for, with no lock and no group.
+_CAPPED = """
+capped AS (
+    SELECT c.id, c.ctid, c.queue, c.priority, c.scheduled_at
+    FROM unnest(%(capped_names)s::text[], %(capped_most)s::int[]) AS t(name, most)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.queue = ANY(%(queues)s::text[])
+          AND j.scheduled_at <= now() AND j.type_name = t.name
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT greatest(least(t.most, %(limit)s), 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+)"""
+
+# All three, in the worker's queue order; within a queue every group's first job comes
+# before any group's second, then priority and due time. Rows locked beyond the
+# LIMIT are released at commit, as in any acquire.
+LIMITED_CANDIDATES = f"""{_ROOM},{_GROUPS},{_LIMITED},{_FREE},{_CAPPED},
+candidates AS (
+    SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
+    FROM (
+        SELECT f.id, f.ctid, f.queue, 1::bigint AS round, f.priority, f.scheduled_at,
+            NULL::text AS name, NULL::text AS limit_group, 0 AS pos
+        FROM free AS f
+        UNION ALL
+        SELECT k.id, k.ctid, k.queue, 1, k.priority, k.scheduled_at, NULL, NULL, 0
+        FROM capped AS k
+        UNION ALL
+        SELECT w.id, w.ctid, w.queue, w.round, w.priority, w.scheduled_at, w.name,
+            w.limit_group, w.pos
+        FROM within AS w
+        WHERE w.nth <= w.room
+    ) AS c
+    JOIN unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank) ON q.name = c.queue
+    WHERE NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = q.name AND p.paused)
+    ORDER BY q.rank, c.round, c.priority, c.scheduled_at, c.pos
+    LIMIT %(limit)s
+)"""
+
+# The next acquire of a keyed type starts after the last group this one served.
+CURSORS = """
+cursors AS (
+    INSERT INTO {job_limits} AS o (type_name, limit_key, cursor_key)
+    SELECT DISTINCT ON (c.name) c.name, '', c.limit_group
+    FROM candidates AS c
+    JOIN leased AS x ON x.id = c.id
+    JOIN room AS rm ON rm.name = c.name
+    WHERE rm.key_concurrency IS NOT NULL
+    ORDER BY c.name, c.pos DESC
+    ON CONFLICT (type_name, limit_key) DO UPDATE
+    SET cursor_key = EXCLUDED.cursor_key
+)"""
+
+ACQUIRE_LIMITED = f"WITH {LIMITED_CANDIDATES},{LEASES},{LEASED},{CURSORS}{LEASE_CANDIDATES}"
+
+COMPLETE_AND_ACQUIRE_LIMITED = complete_and_acquire(LIMITED_CANDIDATES, after_lease=CURSORS)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStatements:
+    lock_types: bytes
+    acquire_limited: bytes
+    complete_and_acquire_limited: bytes

@@ -1,0 +1,133 @@
+"""Flow control: acquiring within job types' limits, fairly across limit groups.
+
+Role exercised: ``WorkerStore`` (``acquire_limited``). A limited type's jobs carry the
+group the client gave them (``NewJob.limit_group``: the key, or '' for none).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import anyio
+
+from pgwork.adapters.state import AcquiredJob, Completion, FlowControl, TypeLimits
+from pgwork.records import JobStatus
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
+
+
+def _done(held: AcquiredJob) -> Completion:
+    return Completion(held.id, held.lease_token, json.dumps(None))
+
+
+async def _acquire(
+    store: StateHarness,
+    limits: dict[str, TypeLimits],
+    *,
+    limit: int = 10,
+    completions: list[Completion] | None = None,
+    types: tuple[str, ...] = (ALPHA,),
+) -> list[AcquiredJob]:
+    _, acquired = await store.adapter.acquire_limited(
+        completions=completions or [],
+        worker_id="worker-a",
+        leases=dict.fromkeys(types, store.lease),
+        queues=["default"],
+        limit=limit,
+        limits=limits,
+    )
+    return acquired
+
+
+@requires(FlowControl)
+class FlowConformance(StateSuiteBase):
+    async def test_a_type_never_runs_past_its_concurrency(self, store: StateHarness) -> None:
+        """Two may run: the first acquire takes two of five, the next none; once one
+        of them is completed, one more."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(5)))
+        limits = {ALPHA: TypeLimits(concurrency=2)}
+        first = await _acquire(store, limits)
+        assert len(first) == 2
+        assert await _acquire(store, limits) == []
+        await store.adapter.complete(None, completions=[_done(first[0])])
+        assert len(await _acquire(store, limits)) == 1
+
+    async def test_a_group_never_runs_past_its_key_concurrency(self, store: StateHarness) -> None:
+        """One per group: three groups of three jobs (one the group of jobs without a
+        key) give three jobs, one each, then none."""
+        for group in ("a", "b", ""):
+            await store.seed(
+                *(store.new_job(limit_key=group or None, limit_group=group) for _ in range(3))
+            )
+        limits = {ALPHA: TypeLimits(key_concurrency=1)}
+        acquired = await _acquire(store, limits)
+        assert sorted(j.limit_key or "" for j in acquired) == ["", "a", "b"]
+        assert await _acquire(store, limits) == []
+
+    async def test_groups_are_served_in_turn(self, store: StateHarness) -> None:
+        """Each group's first job before any group's second, whatever was enqueued
+        first (groups in key order); the next acquire goes on from the group after the
+        last one served, and wraps around."""
+        await store.seed(*(store.new_job(limit_key="a", limit_group="a") for _ in range(6)))
+        await store.seed(*(store.new_job(limit_key=k, limit_group=k) for k in ("b", "c")))
+        limits = {ALPHA: TypeLimits(key_concurrency=10)}
+        first = await _acquire(store, limits, limit=2)
+        second = await _acquire(store, limits, limit=2)
+        assert sorted(j.limit_key or "" for j in first) == ["a", "b"]
+        assert sorted(j.limit_key or "" for j in second) == ["a", "c"]
+
+    async def test_concurrent_acquires_never_lease_past_the_limit(
+        self, store: StateHarness
+    ) -> None:
+        """Eight acquires at once, each asking for ten of a type limited to three:
+        three run, however their statements interleave."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(30)))
+        limits = {ALPHA: TypeLimits(concurrency=3)}
+        taken: list[AcquiredJob] = []
+
+        async def one() -> None:
+            taken.extend(await _acquire(store, limits))
+
+        for _ in range(5):
+            async with anyio.create_task_group() as group:
+                for _ in range(8):
+                    group.start_soon(one)
+        assert len(taken) == 3
+        running = [j for j in taken if (await store.job(j.id)).status is JobStatus.RUNNING]
+        assert len(running) == 3
+
+    async def test_the_acquires_own_cap_bounds_what_it_takes(self, store: StateHarness) -> None:
+        """``most`` caps one acquire, with or without a shared limit; other types are
+        taken beside the limited ones, as acquire would."""
+        await store.seed(*(store.new_job() for _ in range(4)))
+        await store.seed(*(store.new_job(BETA, limit_group="") for _ in range(4)))
+        limits = {ALPHA: TypeLimits(most=1), BETA: TypeLimits(concurrency=10, most=2)}
+        acquired = await _acquire(store, limits, types=(ALPHA, BETA))
+        assert Counter(j.type_name for j in acquired) == {ALPHA: 1, BETA: 2}
+
+    async def test_types_without_limits_are_acquired_beside_limited_ones(
+        self, store: StateHarness
+    ) -> None:
+        await store.seed(*(store.new_job() for _ in range(3)))
+        await store.seed(*(store.new_job(BETA, limit_group="") for _ in range(3)))
+        limits = {BETA: TypeLimits(concurrency=1)}
+        acquired = await _acquire(store, limits, types=(ALPHA, BETA))
+        assert Counter(j.type_name for j in acquired) == {ALPHA: 3, BETA: 1}
+
+    async def test_a_limited_turn_completes_the_batch_it_carries(self, store: StateHarness) -> None:
+        """The completions are written with the acquire; the room a completion frees
+        counts from the next acquire on (this one may still count it as running)."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
+        limits = {ALPHA: TypeLimits(concurrency=1)}
+        [held] = await _acquire(store, limits)
+        results, _ = await store.adapter.acquire_limited(
+            completions=[_done(held)],
+            worker_id="worker-a",
+            leases={ALPHA: store.lease},
+            queues=["default"],
+            limit=5,
+            limits=limits,
+        )
+        assert [(r.job_id, r.accepted) for r in results] == [(held.id, True)]
+        assert (await store.job(held.id)).status is JobStatus.COMPLETED
+        assert len(await _acquire(store, limits)) <= 1

@@ -1,0 +1,251 @@
+"""Flow control on running workers: a type's ``concurrency`` and ``key_concurrency`` hold
+across several workers, keys are served in turn, a freed place wakes a waiting job at
+once, and a worker's ``type_slots`` caps what it runs of a type.
+
+Exactness under crashes, stops and many processes is the fault suite's
+(``tests/faults/test_flow_limits.py``); here every worker shares one process, so the
+handlers count what runs in plain Python."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from pydantic import BaseModel
+from tests._core_only import CoreOnly
+from tests.engine.conftest import ClientFactory, eventually, scalar
+
+from pgwork import ChainStart, JobTypeRegistry, create_in_process_worker
+from pgwork.errors import CapabilityMissingError, ConfigurationError
+
+pytestmark = pytest.mark.anyio
+
+
+class Item(BaseModel):
+    n: int
+
+
+class Overlap:
+    """A handler that holds each attempt a moment and records how many ran at once, in
+    all and per limit key, and the order attempts started in."""
+
+    def __init__(self, hold: float = 0.05) -> None:
+        self.hold = hold
+        self.running: Counter[str | None] = Counter()
+        self.most: Counter[str | None] = Counter()
+        self.together = 0
+        self.most_together = 0
+        self.started: list[tuple[str | None, int]] = []
+
+    async def __call__(self, attempt: Any) -> None:
+        key = attempt.limit_key
+        self.started.append((key, attempt.job.input.n))
+        self.running[key] += 1
+        self.together += 1
+        self.most[key] = max(self.most[key], self.running[key])
+        self.most_together = max(self.most_together, self.together)
+        try:
+            await anyio.sleep(self.hold)
+        finally:
+            self.running[key] -= 1
+            self.together -= 1
+
+
+async def _all_completed(dsn: str, count: int) -> Callable[[], Any]:
+    async def done() -> bool:
+        completed = await scalar(dsn, "SELECT count(*) FROM pgwork.jobs WHERE status = 'completed'")
+        return bool(completed == count)
+
+    return done
+
+
+async def _enqueue(
+    client: Any, conn: psycopg.AsyncConnection[Any], job_type: Any, keys: list[str | None]
+) -> None:
+    await client.start_chains(
+        conn, [ChainStart(job_type, Item(n=n), limit_key=key) for n, key in enumerate(keys)]
+    )
+    await conn.commit()
+
+
+async def test_a_types_concurrency_holds_across_workers(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """Three workers of five slots each run at most two attempts of a type limited to two
+    at once, and do reach two. Control: without ``concurrency`` the same run reaches
+    far more than two."""
+    reg = JobTypeRegistry()
+    export = reg.job_type("export", input=Item, concurrency=2)
+    client = await make_client(reg)
+    handler = Overlap()
+    await _enqueue(client, conn, export, [None] * 30)
+    for _ in range(3):
+        await workers(client=client, processors={export: handler}, max_slots=5)
+    await eventually(await _all_completed(pgwork_dsn, 30), what="every export completed")
+    assert handler.most_together == 2
+
+
+async def test_a_key_concurrency_holds_per_key_while_keys_run_side_by_side(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """At most one attempt per key runs, while the three keys (and the jobs enqueued
+    without a key, a group of their own) run beside each other."""
+    reg = JobTypeRegistry()
+    call = reg.job_type("call", input=Item, key_concurrency=1)
+    client = await make_client(reg)
+    handler = Overlap()
+    keys: list[str | None] = ["a", "b", "c", None] * 6
+    await _enqueue(client, conn, call, keys)
+    for _ in range(2):
+        await workers(client=client, processors={call: handler}, max_slots=6)
+    await eventually(await _all_completed(pgwork_dsn, len(keys)), what="every call completed")
+    assert dict(handler.most) == {"a": 1, "b": 1, "c": 1, None: 1}
+    assert handler.most_together > 1
+
+
+async def test_a_key_with_a_deep_backlog_does_not_hold_back_a_newcomer(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """Keys are served in turn: a key that enqueues three jobs behind another's 150
+    has all three started within the next two acquires' worth of starts (8 slots), not
+    after the backlog, though neither key reaches its limit. Control: ranking the
+    candidates by due time alone (no turns across keys, in the type's room and the
+    final order) starts the newcomer's jobs after the 150."""
+    reg = JobTypeRegistry()
+    sync = reg.job_type("sync", input=Item, key_concurrency=50)
+    client = await make_client(reg)
+    handler = Overlap(hold=0.01)
+    await _enqueue(client, conn, sync, ["big"] * 150)
+    await _enqueue(client, conn, sync, ["small"] * 3)
+    await workers(client=client, processors={sync: handler}, max_slots=8, prefetch=0)
+    await eventually(await _all_completed(pgwork_dsn, 153), what="every sync completed")
+    order = [key for key, _ in handler.started]
+    last_small = max(i for i, key in enumerate(order) if key == "small")
+    assert last_small < 2 * 8
+
+
+async def test_a_freed_place_starts_the_next_job_without_waiting_for_the_poll(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """With one place and a poll of a minute, four jobs still run one after the other
+    within seconds: each attempt that ends announces its place. Control: without the
+    announcement the second job waits for the poll and this times out."""
+    reg = JobTypeRegistry()
+    one = reg.job_type("one", input=Item, concurrency=1)
+    client = await make_client(reg)
+    handler = Overlap(hold=0.02)
+    for _ in range(2):
+        await workers(client=client, processors={one: handler}, max_slots=4, poll_interval=60)
+    await _enqueue(client, conn, one, [None] * 4)
+    await eventually(
+        await _all_completed(pgwork_dsn, 4), timeout=10, what="four jobs, one at a time"
+    )
+    assert handler.most_together == 1
+
+
+async def test_a_workers_type_slots_cap_what_it_runs_of_that_type(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """``type_slots={heavy: 2}`` on a worker of eight slots: at most two heavy attempts
+    at once, while light jobs fill the other slots. Control: without the cap the
+    heavy jobs take all eight."""
+    reg = JobTypeRegistry()
+    heavy = reg.job_type("heavy", input=Item)
+    light = reg.job_type("light", input=Item)
+    client = await make_client(reg)
+    heavy_handler, light_handler = Overlap(hold=0.05), Overlap(hold=0.05)
+    await _enqueue(client, conn, heavy, [None] * 20)
+    await _enqueue(client, conn, light, [None] * 20)
+    await workers(
+        client=client,
+        processors={heavy: heavy_handler, light: light_handler},
+        max_slots=8,
+        type_slots={heavy: 2},
+    )
+    await eventually(await _all_completed(pgwork_dsn, 40), what="every job completed")
+    assert heavy_handler.most_together == 2
+    assert light_handler.most_together > 2
+
+
+async def test_a_limited_type_is_refused_on_a_store_without_flow_control(
+    make_client: ClientFactory,
+) -> None:
+    reg = JobTypeRegistry()
+    export = reg.job_type("export", input=Item, concurrency=2)
+    client = await make_client(reg, store=CoreOnly)
+    with pytest.raises(CapabilityMissingError, match="FlowControl"):
+        create_in_process_worker(client=client, processors={export: Overlap()})
+
+
+@pytest.mark.parametrize("cap", [0, -1, 1.5, True, "2"])
+async def test_a_type_slots_cap_that_cannot_work_is_refused(
+    make_client: ClientFactory, cap: Any
+) -> None:
+    reg = JobTypeRegistry()
+    heavy = reg.job_type("heavy", input=Item)
+    client = await make_client(reg)
+    with pytest.raises(ConfigurationError, match="type_slots"):
+        create_in_process_worker(
+            client=client, processors={heavy: Overlap()}, type_slots={heavy: cap}
+        )
+
+
+async def test_type_slots_for_a_type_the_worker_does_not_run_is_refused(
+    make_client: ClientFactory,
+) -> None:
+    reg = JobTypeRegistry()
+    heavy = reg.job_type("heavy", input=Item)
+    other = reg.job_type("other", input=Item)
+    client = await make_client(reg)
+    with pytest.raises(ConfigurationError, match="does not process"):
+        create_in_process_worker(
+            client=client, processors={heavy: Overlap()}, type_slots={other: 1}
+        )
+
+
+async def test_jobs_of_types_without_limits_carry_no_limit_group(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """Only limited types' jobs enter the indexes the limited acquire reads: a job of a
+    type without limits has no group, even with a key; a keyed type's job without a key
+    is in the group of its own ''."""
+    reg = JobTypeRegistry()
+    plain = reg.job_type("plain", input=Item)
+    whole = reg.job_type("whole", input=Item, concurrency=3)
+    keyed = reg.job_type("keyed", input=Item, key_concurrency=3)
+    client = await make_client(reg)
+    await _enqueue(client, conn, plain, ["t1"])
+    await _enqueue(client, conn, whole, ["t1"])
+    await _enqueue(client, conn, keyed, ["t1", None])
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
+        cur = await c.execute(
+            "SELECT type_name, limit_key, limit_group FROM pgwork.jobs"
+            " ORDER BY type_name, limit_key"
+        )
+        rows = await cur.fetchall()
+    assert rows == [
+        ("keyed", "t1", "t1"),
+        ("keyed", None, ""),
+        ("plain", "t1", None),
+        ("whole", "t1", ""),
+    ]
+
+
+async def test_a_type_with_a_rate_is_refused_rather_than_run_unlimited(
+    make_client: ClientFactory,
+) -> None:
+    """Rates are declared but not yet enforced by the worker: a worker refuses a type
+    that declares one instead of running it past its rate."""
+    from datetime import timedelta
+
+    from pgwork import Rate
+
+    reg = JobTypeRegistry()
+    paced = reg.job_type("paced", input=Item, rate=Rate(10, per=timedelta(seconds=1)))
+    client = await make_client(reg)
+    with pytest.raises(ConfigurationError, match="does not enforce yet"):
+        create_in_process_worker(client=client, processors={paced: Overlap()})
