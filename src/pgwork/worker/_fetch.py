@@ -115,7 +115,7 @@ class Fetcher:
         else:
             self._send = self._acquire_alone
         # Whether an acquire takes the waiting completions along.
-        self.carries = self._send is not self._acquire_alone
+        self.carries = (flow is not None and bool(limits)) or turns is not None
         self._max_in_flight = max_in_flight
         self._batcher = batcher
         self._worker_id = worker_id
