@@ -107,15 +107,16 @@ class Fetcher:
         self._caps = caps or {}
         self._held = held or {}
         # Chosen once: a turn within limits, the turn that carries completions, or an
-        # acquire alone.
+        # acquire alone; ``carries``: whether an acquire takes the waiting completions
+        # along (all but the last).
+        self.carries = True
         if flow is not None and limits:
             self._send = self._acquire_limited
         elif turns is not None:
             self._send = self._complete_and_acquire
         else:
             self._send = self._acquire_alone
-        # Whether an acquire takes the waiting completions along.
-        self.carries = (flow is not None and bool(limits)) or turns is not None
+            self.carries = False
         self._max_in_flight = max_in_flight
         self._batcher = batcher
         self._worker_id = worker_id
