@@ -34,12 +34,15 @@ __all__ = ["main"]
 
 
 async def _ids(dsn: str) -> dict[str, str]:
-    """Ids of rows worth opening: a two-job chain, a failed job, a blocked chain."""
+    """Ids of rows worth opening: a two-job chain, a failed job, a blocked chain, and an
+    id prefix shared by many jobs (a prefix only one job has redirects to that job)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         picks = {
             "chain": "SELECT chain_id FROM pgwork.jobs WHERE chain_index = 1 LIMIT 1",
             "failed": "SELECT id FROM pgwork.jobs WHERE status = 'failed' LIMIT 1",
             "blocked": "SELECT chain_id FROM pgwork.jobs WHERE status = 'blocked' LIMIT 1",
+            "shared_prefix": "SELECT left(id::text, 6) FROM pgwork.jobs"
+            " GROUP BY 1 ORDER BY count(*) DESC LIMIT 1",
             "key": "SELECT dedup_key FROM pgwork.jobs WHERE dedup_key IS NOT NULL LIMIT 1",
             "newest_email": "SELECT input ->> 'n' FROM pgwork.jobs"
             " WHERE type_name = 'sample.email' AND chain_index = 0 ORDER BY id DESC LIMIT 1",
@@ -96,7 +99,7 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
                 "running jobs": "/jobs?status=running",
                 "failed jobs, newest": "/jobs?status=failed&order=newest",
                 "errors `/errors`": "/errors",
-                "search by id prefix": f"/search?id={ids['failed'][:6]}",
+                "search by id prefix": f"/search?id={ids['shared_prefix']}",
                 "search by input field (a match among the newest)": (
                     "/search?type=sample.email&field=email&value=%22user%40example.com%22".replace(
                         "user", f"user{ids['newest_email']}"
