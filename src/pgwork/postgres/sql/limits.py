@@ -17,9 +17,14 @@ which share one group). Jobs of other types have none, so the two indexes over g
 
 Fair service across groups: the acquire walks the groups that have pending jobs in
 key order, starting after the group it served last (``job_limits.cursor_key``) and
-wrapping around, one index probe per group, and takes the first job of each group
-before the second of any; the walk visits no more groups than it can fill plus those
-already at their limit. The cursor moves to the last group served.
+wrapping around, a few index probes per group, and takes the first job of each group
+before the second of any; the walk stops once it has found as many groups with room
+as it can fill, passing over those at their key limit or paused. The cursor moves to
+the last group served.
+
+Every limit is the declaration unless an operator's row in ``job_limits`` overrides
+it: the type's row (``limit_key`` '') for the type's limits, its default key limit
+and its pause; a key's own row for that key's limit and pause.
 """
 
 from __future__ import annotations
@@ -49,37 +54,31 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), (
 
 # The limited types this acquire may lease: the worker's declared limits (NULL: none),
 # overridden by an operator's row in ``job_limits``, less what runs now; ``most`` caps
-# what this acquire takes of the type (the worker's own cap less what it holds).
+# what this acquire takes of the type (the worker's own cap less what it holds). A type
+# paused until later has no room.
 _ROOM = """
 declared AS (
     SELECT t.name,
         COALESCE(o.concurrency, t.concurrency) AS concurrency,
         COALESCE(o.key_concurrency, t.key_concurrency) AS key_concurrency,
         t.most,
-        COALESCE(o.cursor_key, '') AS cursor_key
+        COALESCE(o.cursor_key, '') AS cursor_key,
+        COALESCE(o.paused_until > now(), false) AS paused
     FROM unnest(
         %(limited_names)s::text[], %(limited_concurrency)s::int[],
         %(limited_key_concurrency)s::int[], %(limited_most)s::int[]
     ) AS t(name, concurrency, key_concurrency, most)
     LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
 ),
-running AS (
-    SELECT r.type_name, r.limit_group, count(*) AS n
-    FROM {jobs} AS r
-    WHERE r.status = 'running' AND r.limit_group IS NOT NULL
-      AND r.type_name = ANY(%(limited_names)s::text[])
-    GROUP BY r.type_name, r.limit_group
-),
 room AS (
     SELECT d.name, d.key_concurrency, d.cursor_key,
-        greatest(least(
-            d.concurrency - (SELECT COALESCE(sum(r.n), 0) FROM running AS r
-                             WHERE r.type_name = d.name),
+        CASE WHEN d.paused THEN 0 ELSE greatest(least(
+            d.concurrency - (SELECT count(*) FROM {jobs} AS r
+                             WHERE r.status = 'running' AND r.limit_group IS NOT NULL
+                               AND r.type_name = d.name),
             d.most,
             %(limit)s
-        ), 0)::int AS room,
-        (SELECT count(*) FROM running AS r
-         WHERE r.type_name = d.name AND r.n >= d.key_concurrency)::int AS full_groups
+        ), 0) END::int AS room
     FROM declared AS d
 )"""
 
@@ -105,31 +104,53 @@ _FOLLOWING_GROUP = _NEXT_GROUP.format(
     wrap="NOT w.wrapped",
 )
 
-# The groups to serve, in the walk's order (``pos``); no more than the type has room
-# for, plus those already at their key limit (which yield nothing).
+# What one group ``{g}`` may start: its key limit (the key's own row in ``job_limits``,
+# else the type's) less what runs in it; nothing while the key is paused. A type
+# limited as a whole (no key limit) leaves each group the type's room.
+_GROUP_ROOM = """
+        CROSS JOIN LATERAL (
+            SELECT CASE WHEN COALESCE(k.paused_until > now(), false) THEN 0
+                ELSE greatest(least(
+                    COALESCE(k.key_concurrency, rm.key_concurrency) - (
+                        SELECT count(*) FROM {{jobs}} AS r
+                        WHERE r.status = 'running' AND r.limit_group = {g}.limit_group
+                          AND r.type_name = rm.name),
+                    rm.room
+                ), 0) END::int AS room
+            FROM (SELECT 1) AS one
+            LEFT JOIN {{job_limits}} AS k
+                ON k.type_name = rm.name AND k.limit_key = {g}.limit_group
+                AND {g}.limit_group <> ''
+        ) AS {g}r"""
+
+# The groups to serve, in the walk's order (``pos``), each with the room it has. The
+# walk stops once it has found as many groups with room as the type has room (each has
+# a pending job; a group at its key limit or paused is passed over, not waited on), or
+# when it has come round to where it started.
 _GROUPS = f"""
 groups AS (
-    SELECT rm.name, w.limit_group, w.pos
+    SELECT rm.name, w.limit_group, w.pos, w.room
     FROM room AS rm
     CROSS JOIN LATERAL (
-        WITH RECURSIVE walk(limit_group, pos, wrapped) AS (
-            SELECT g.limit_group, 1, g.wrapped FROM ({_FIRST_GROUP}
-            ) AS g
+        WITH RECURSIVE walk(limit_group, pos, wrapped, room, filled) AS (
+            SELECT f.limit_group, 1, f.wrapped, fr.room, (fr.room > 0)::int
+            FROM ({_FIRST_GROUP}
+            ) AS f{_GROUP_ROOM.format(g="f")}
             UNION ALL
-            SELECT n.limit_group, w.pos + 1, n.wrapped
+            SELECT n.limit_group, w.pos + 1, n.wrapped, nr.room, w.filled + (nr.room > 0)::int
             FROM walk AS w
             CROSS JOIN LATERAL ({_FOLLOWING_GROUP}
-            ) AS n
-            WHERE w.pos < rm.room + rm.full_groups
+            ) AS n{_GROUP_ROOM.format(g="n")}
+            WHERE w.filled < rm.room
         )
-        SELECT walk.limit_group, walk.pos FROM walk
+        SELECT walk.limit_group, walk.pos, walk.room FROM walk WHERE walk.room > 0
     ) AS w
     WHERE rm.room > 0
 )"""
 
-# Each group's first jobs, as many as its key limit leaves room for; ``round`` is a
-# job's place within its group (for a keyed type), so sorting by it takes every
-# group's first job before any group's second.
+# Each group's first jobs, as many as its room allows; ``round`` is a job's place
+# within its group (for a keyed type), so sorting by it takes every group's first job
+# before any group's second.
 _LIMITED = """
 limited AS (
     SELECT g.name, g.limit_group, g.pos, rm.room, c.id, c.ctid, c.queue, c.priority,
@@ -139,14 +160,13 @@ limited AS (
                                ORDER BY c.priority, c.scheduled_at) END AS round
     FROM groups AS g
     JOIN room AS rm ON rm.name = g.name
-    LEFT JOIN running AS r ON r.type_name = g.name AND r.limit_group = g.limit_group
     CROSS JOIN LATERAL (
         SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
         FROM {jobs} AS j
         WHERE j.status = 'pending' AND j.limit_group = g.limit_group AND j.type_name = g.name
           AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
         ORDER BY j.priority, j.scheduled_at
-        LIMIT greatest(least(rm.key_concurrency - COALESCE(r.n, 0), rm.room), 0)
+        LIMIT g.room
         FOR UPDATE OF j SKIP LOCKED
     ) AS c
 ),
