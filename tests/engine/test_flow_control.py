@@ -1,6 +1,7 @@
 """Flow control on running workers: a type's ``concurrency`` and ``key_concurrency`` hold
 across several workers, keys are served in turn, a freed place wakes a waiting job at
-once, and a worker's ``type_slots`` caps what it runs of a type.
+once (and only a waiting one: no notice where nobody waits), and a worker's
+``type_slots`` caps what it runs of a type.
 
 Exactness under crashes, stops and many processes is the fault suite's
 (``tests/faults/test_flow_limits.py``); here every worker shares one process, so the
@@ -20,6 +21,7 @@ from tests._core_only import CoreOnly
 from tests.engine.conftest import ClientFactory, eventually, scalar
 
 from pgwork import ChainStart, JobTypeRegistry, create_in_process_worker
+from pgwork.adapters.notify import Notice
 from pgwork.errors import CapabilityMissingError, ConfigurationError
 
 pytestmark = pytest.mark.anyio
@@ -132,8 +134,10 @@ async def test_a_freed_place_starts_the_next_job_without_waiting_for_the_poll(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
     """With one place and a poll of a minute, four jobs still run one after the other
-    within seconds: each attempt that ends announces its place. Control: without the
-    announcement the second job waits for the poll and this times out."""
+    within seconds: the worker whose attempt ends acquires again at once (though its
+    last acquire came back short) and, finding the other worker waiting, announces the
+    place. Control: without that acquire the second job waits for the poll and this
+    times out."""
     reg = JobTypeRegistry()
     one = reg.job_type("one", input=Item, concurrency=1)
     client = await make_client(reg)
@@ -145,6 +149,54 @@ async def test_a_freed_place_starts_the_next_job_without_waiting_for_the_poll(
         await _all_completed(pgwork_dsn, 4), timeout=10, what="four jobs, one at a time"
     )
     assert handler.most_together == 1
+
+
+async def test_a_place_freed_on_one_worker_wakes_another_that_waits_for_it(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """One place, two workers serving different queues, and a poll of a minute: the
+    worker of queue "b" found the place taken and sleeps; the attempt that ends on the
+    worker of queue "a" (which has nothing more to run) wakes it, so every job is done
+    within seconds. Control: with the announcement of the waited-for type removed from
+    the worker's turn, the job of queue "b" waits for the poll and this times out."""
+    reg = JobTypeRegistry()
+    one = reg.job_type("one", input=Item, concurrency=1)
+    client = await make_client(reg)
+    handler = Overlap(hold=1.0)
+    await workers(client=client, processors={one: handler}, queues=["a"], poll_interval=60)
+    await client.start_chain(conn, one, Item(n=0), queue="a")
+    await conn.commit()
+    await eventually(lambda: _running(pgwork_dsn, 1), what="the place taken")
+    await workers(client=client, processors={one: handler}, queues=["b"], poll_interval=60)
+    await client.start_chain(conn, one, Item(n=1), queue="b")
+    await conn.commit()
+    await eventually(
+        await _all_completed(pgwork_dsn, 2), timeout=10, what="the job of queue b, woken"
+    )
+    assert handler.most_together == 1
+
+
+async def test_an_attempt_that_ends_where_nobody_waits_sends_no_notice(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """A limit that never binds: the worker drains thirty jobs and no ``ready`` notice is
+    sent but the enqueue's own. Control: announcing every ended attempt of a limited
+    type (as if a worker always waited) sends one per turn, and this fails."""
+    reg = JobTypeRegistry()
+    wide = reg.job_type("wide", input=Item, concurrency=1000)
+    client = await make_client(reg)
+    async with client.notify.listen() as listener:
+        await workers(client=client, processors={wide: Overlap(hold=0.01)}, max_slots=4)
+        await _enqueue(client, conn, wide, [None] * 30)
+        await eventually(await _all_completed(pgwork_dsn, 30), what="thirty jobs done")
+        heard = await listener.wait(0.5)
+        heard += await listener.wait(0.5)
+    assert [n for n in heard if n.kind == "ready"] == [Notice(kind="ready", queue="default")]
+
+
+async def _running(dsn: str, count: int) -> bool:
+    running = await scalar(dsn, "SELECT count(*) FROM pgwork.jobs WHERE status = 'running'")
+    return bool(running == count)
 
 
 async def test_a_workers_type_slots_cap_what_it_runs_of_that_type(

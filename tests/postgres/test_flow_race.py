@@ -44,7 +44,7 @@ def _job(key: str) -> NewJob:
 
 
 async def _acquire(state: PostgresStateAdapter) -> list[AcquiredJob]:
-    _, acquired = await state.acquire_limited(
+    turn = await state.acquire_limited(
         completions=(),
         worker_id="w",
         leases={"fetch": timedelta(seconds=60)},
@@ -52,7 +52,7 @@ async def _acquire(state: PostgresStateAdapter) -> list[AcquiredJob]:
         limit=10,
         limits=LIMITS,
     )
-    return acquired
+    return turn.acquired
 
 
 async def test_a_second_acquire_waits_for_the_first_and_counts_its_jobs(

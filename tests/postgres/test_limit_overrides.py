@@ -63,7 +63,7 @@ async def _seed(state: PostgresStateAdapter, keys: Iterable[str], each: int = 3)
 async def _acquire(
     state: PostgresStateAdapter, limits: dict[str, TypeLimits], limit: int = 10
 ) -> list[AcquiredJob]:
-    _, acquired = await state.acquire_limited(
+    turn = await state.acquire_limited(
         completions=(),
         worker_id="w",
         leases={"fetch": timedelta(seconds=60)},
@@ -71,7 +71,7 @@ async def _acquire(
         limit=limit,
         limits=limits,
     )
-    return acquired
+    return turn.acquired
 
 
 async def _sql(dsn: str, query: str) -> None:

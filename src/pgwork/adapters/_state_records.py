@@ -195,6 +195,19 @@ class TypeLimits:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitedTurn:
+    """What ``FlowControl.acquire_limited`` did: the completions' results, the jobs it
+    leased, and ``waited_for``: the limited types in which a worker waits for room (an
+    acquire of its came back short with jobs of the type left pending) and that have
+    room now. The caller announces their jobs as ready, so the waiting workers wake;
+    where nobody waits, an attempt that ends announces nothing."""
+
+    results: list[CompletionResult]
+    acquired: list[AcquiredJob]
+    waited_for: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class RenewResult:
     """Outcome of renewing one lease: ``renewed``, or the job's status now (if any).
 

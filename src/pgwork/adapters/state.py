@@ -54,6 +54,7 @@ from pgwork.adapters._state_records import (
     InsertedJob,
     JobFilter,
     Lease,
+    LimitedTurn,
     NewJob,
     PageKey,
     QueueCount,
@@ -106,6 +107,7 @@ __all__ = [
     "InsertedJob",
     "JobFilter",
     "Lease",
+    "LimitedTurn",
     "Maintenance",
     "NewJob",
     "OperatorViews",
@@ -515,14 +517,19 @@ class FlowControl(Protocol):
         queues: Sequence[str],
         limit: int,
         limits: Mapping[str, TypeLimits],
-    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+    ) -> LimitedTurn:
         """``complete_and_acquire`` (or ``acquire``, without completions) where each
         type that is a key of ``limits`` is leased only within them: counted against
         what runs now, under a serialisation that no other acquire of the type can
         race, and round-robin across its limit groups (each group's first job before
         any group's second, starting after the group served last). Types of ``leases``
         absent from ``limits`` are acquired as ``acquire`` would. Completions with a
-        continuation are refused (``ValueError``)."""
+        continuation are refused (``ValueError``).
+
+        An acquire that comes back short with jobs of a limited type left pending
+        marks that a worker waits for room in the type; an acquire that finds a type so
+        marked (by an earlier acquire) with room left clears the mark and returns the
+        type in ``waited_for``."""
         ...
 
 

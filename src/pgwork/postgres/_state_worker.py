@@ -28,6 +28,7 @@ from pgwork.adapters.state import (
     CompletionResult,
     Failure,
     Lease,
+    LimitedTurn,
     ReapedJob,
     RenewResult,
     TransactionHandle,
@@ -43,6 +44,7 @@ from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
+from pgwork.postgres.sql.limits import LimitStatements
 from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
@@ -262,11 +264,12 @@ class WorkerOps(CompletionOps):
         queues: Sequence[str],
         limit: int,
         limits: Mapping[str, TypeLimits],
-    ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
+    ) -> LimitedTurn:
         if any(c.continuation for c in completions):
             raise ValueError("acquire_limited takes completions without continuation")
         if limit <= 0 or not leases:
-            return (await self.complete(None, completions=completions) if completions else []), []
+            written = await self.complete(None, completions=completions) if completions else []
+            return LimitedTurn(written, [])
         statements = self.statements.limits
         query = _with_limit(
             statements.complete_and_acquire_limited if completions else statements.acquire_limited,
@@ -274,6 +277,8 @@ class WorkerOps(CompletionOps):
         )
         results: list[CompletionResult] = []
         acquired: list[AcquiredJob] = []
+        waited_for: set[str] = set()
+        asked = limit
         for _ in range(_ACQUIRES_AFTER_A_MISS + 1):
             async with self._pooled() as conn:
                 params = _turn_params(conn, worker_id, leases, queues)
@@ -281,19 +286,20 @@ class WorkerOps(CompletionOps):
                 with storable(completions):
                     if completions:
                         params.update(completion_arrays(completions, conn.info.encoding))
-                    rows = await _fetch_limited_turn(
-                        conn, statements.lock_types, query, params, self.schema
+                    rows, waited = await _fetch_limited_turn(
+                        conn, statements, query, params, self.schema
                     )
+            waited_for.update(waited)
             if completions:
                 results, acquired, missed = await self._turn_outcome(completions, rows)
             else:
                 missed = _add_acquired(acquired, rows)
             completions = ()
-            limit -= len(acquired)
+            limit = asked - len(acquired)  # ``acquired`` holds every try's jobs
             if not missed or limit <= 0:
                 break
             query = _with_limit(statements.acquire_limited, limit)
-        return results, acquired
+        return LimitedTurn(results, acquired, frozenset(waited_for))
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
@@ -541,24 +547,31 @@ def _numbered(query: bytes) -> tuple[bytes, tuple[str, ...]]:
 
 async def _fetch_limited_turn(
     conn: psycopg.AsyncConnection[Any],
-    lock: bytes,
+    statements: LimitStatements,
     query: bytes,
     params: Mapping[str, Any],
     schema: str,
-) -> list[tuple[Any, ...]]:
-    """The rows of a limited acquire: its types' locks (none for a worker's own caps
-    alone), then the statement, in one transaction sent as one pipeline (one round
-    trip). The locks come in a statement of their own so that the acquire's snapshot is
-    taken once they are held (see ``sql.limits``)."""
+) -> tuple[list[tuple[Any, ...]], list[str]]:
+    """The rows of a limited acquire, and the types with room that a worker waits for
+    (``sql.limits.CLEAR_WAITING``): its types' locks (none for a worker's own caps
+    alone), the acquire, then the marks, sent as one pipeline (one round trip). The
+    locks come in a statement of their own so that the acquire's snapshot is taken once
+    they are held (see ``sql.limits``). On the adapter's autocommit connections the
+    three share the implicit transaction a pipeline's statements run in until its sync,
+    which commits them together: the locks are held until the leases are committed,
+    with no BEGIN or COMMIT to send."""
     numbered, names = _numbered(query)
+    clear, clear_names = _numbered(statements.clear_waiting)
     with translate_errors(schema):
         async with conn.pipeline():
-            async with conn.transaction():
-                await conn.execute(lock, {"lock_names": params["lock_names"]})
-                cur = psycopg.AsyncRawCursor(conn)
-                await cur.execute(numbered, [params[name] for name in names], binary=True)
+            await conn.execute(statements.lock_types, {"lock_names": params["lock_names"]})
+            cur = psycopg.AsyncRawCursor(conn)
+            await cur.execute(numbered, [params[name] for name in names], binary=True)
+            marks = psycopg.AsyncRawCursor(conn)
+            await marks.execute(clear, [params[name] for name in clear_names], binary=True)
             rows: list[tuple[Any, ...]] = await cur.fetchall()
-    return rows
+            waited = [name for (name,) in await marks.fetchall()]
+    return rows, waited
 
 
 def _limit_params(

@@ -279,6 +279,11 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # next starts after it, so groups are served in turn).
         sa.Column("cursor_key", sa.Text, nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        # The type-wide row's (migration 0012): since when an acquire that came back
+        # short left jobs of the type pending that it could not start (its worker
+        # sleeps until told); the next acquire that finds room clears it and its
+        # worker announces the type's jobs.
+        sa.Column("waiting_since", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint(
             "concurrency > 0 AND key_concurrency > 0", name="job_limits_concurrency_positive"
         ),

@@ -127,6 +127,9 @@ class Fetcher:
         self._bell = bell
         self.acquires = acquires
         self.arrivals: list[Arrival] = []
+        # Limited types with room that a worker waits for, as acquires found them since
+        # the loop last looked: the loop announces their jobs.
+        self.waited_for: frozenset[str] = frozenset()
         self.asked = 0
         self.error: BaseException | None = None
         self.failures = 0  # acquires that failed in a row
@@ -239,7 +242,7 @@ class Fetcher:
         limits = self._limits
         if self._caps:
             limits = {**limits, **self._room_by_type()}
-        return await self._flow.acquire_limited(
+        turn = await self._flow.acquire_limited(
             completions=[pending.completion for pending in batch],
             worker_id=self._worker_id,
             leases=self._leases,
@@ -247,6 +250,8 @@ class Fetcher:
             limit=limit,
             limits=limits,
         )
+        self.waited_for |= turn.waited_for
+        return turn.results, turn.acquired
 
     def _room_by_type(self) -> dict[str, TypeLimits]:
         """The limits of the capped types for this acquire: each cap less what the

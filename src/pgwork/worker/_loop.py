@@ -194,6 +194,11 @@ class InProcessWorker:
                 )
                 try:
                     await self._main_loop()
+                    if self._slots.limited:
+                        # The room its last attempts freed (their completions written
+                        # by the batcher, with no acquire after them) may be waited for.
+                        with anyio.move_on_after(LATE_SETTLE_S):
+                            await announce_ready(self.notify, [None])
                 finally:
                     side.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
@@ -432,15 +437,18 @@ class InProcessWorker:
         await anyio.lowlevel.checkpoint()
 
     def _announce_freed(self) -> None:
-        """Attempts of limited types ended: their room may let a job start that an
-        acquire held back (here or on another worker, which took its short acquire for
-        drained queues). Tell them all, this worker first."""
-        freed = self._slots.freed_queues
-        if not freed or self._fetcher.group is None:
+        """Room in limited types: an attempt of one ended here, so this worker acquires
+        again (an idle one took its last short acquire for drained queues), and that
+        acquire, under the type's lock, tells whether a worker waits for the room
+        (``LimitedTurn.waited_for``). Only then are the jobs announced, to every
+        worker: where nobody waits, an attempt that ends sends no notice."""
+        if self._slots.limited_ended:
+            self._slots.limited_ended = False
+            self._wakeups.hint()
+        if not self._fetcher.waited_for or self._fetcher.group is None:
             return
-        queues, self._slots.freed_queues = list(freed), set()
-        self._wakeups.hint()
-        self._fetcher.group.start_soon(announce_ready, self.notify, queues)
+        self._fetcher.waited_for = frozenset()
+        self._fetcher.group.start_soon(announce_ready, self.notify, [None])
 
     async def _hand_back_arrivals(self) -> None:
         """The worker is stopping: hand what the acquires brought straight back, no

@@ -161,9 +161,9 @@ class Slots:
         bell: Bell,
         limited: Collection[str] = (),
     ) -> None:
-        """``limited``: the job types with limits (or this worker's caps); the queue of
-        one whose attempt ends goes to ``freed_queues`` (its room may let a job start
-        that an acquire held back, here or on another worker)."""
+        """``limited``: the job types with limits (or this worker's caps); an attempt of
+        one that ends sets ``limited_ended`` (its room may let a job start that an acquire held
+        back, here or on another worker)."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
@@ -182,11 +182,11 @@ class Slots:
         # Attempts to settle once the database is reachable: the failure to write (its
         # handler had started), or the lease to hand back (it had not).
         self.unsettled: list[Failure | Lease] = []
-        self._limited = frozenset(limited)
+        self.limited = frozenset(limited)
         # How many jobs of each type this worker holds (for a worker's own caps).
         self.held_by_type: dict[str, int] = dict.fromkeys(types, 0)
-        # The queues of limited types whose attempts ended since the loop last looked.
-        self.freed_queues: set[str] = set()
+        # An attempt of a limited type ended since the loop last looked.
+        self.limited_ended = False
 
     def __len__(self) -> int:
         return len(self.held)
@@ -251,8 +251,8 @@ class Slots:
             slot.move(SlotState.DONE)
         if self.held.pop(slot, False) is None:
             self.held_by_type[slot.job_type.name] -= 1
-        if self._limited and slot.job_type.name in self._limited:
-            self.freed_queues.add(slot.acquired.queue)
+        if self.limited and slot.job_type.name in self.limited:
+            self.limited_ended = True
         self._bell.ring()
 
     def abort_all(self, reason: AbortReason) -> None:

@@ -63,7 +63,9 @@ declared AS (
         COALESCE(o.key_concurrency, t.key_concurrency) AS key_concurrency,
         t.most,
         COALESCE(o.cursor_key, '') AS cursor_key,
-        COALESCE(o.paused_until > now(), false) AS paused
+        COALESCE(o.paused_until > now(), false) AS paused,
+        t.key_concurrency IS NOT NULL AS keyed,
+        o.waiting_since
     FROM unnest(
         %(limited_names)s::text[], %(limited_concurrency)s::int[],
         %(limited_key_concurrency)s::int[], %(limited_most)s::int[]
@@ -71,7 +73,7 @@ declared AS (
     LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
 ),
 room AS (
-    SELECT d.name, d.key_concurrency, d.cursor_key,
+    SELECT d.name, d.key_concurrency, d.cursor_key, d.keyed, d.waiting_since,
         CASE WHEN d.paused THEN 0 ELSE greatest(least(
             d.concurrency - (SELECT count(*) FROM {jobs} AS r
                              WHERE r.status = 'running' AND r.limit_group IS NOT NULL
@@ -145,19 +147,19 @@ groups AS (
         )
         SELECT walk.limit_group, walk.pos, walk.room FROM walk WHERE walk.room > 0
     ) AS w
-    WHERE rm.room > 0
+    WHERE rm.room > 0 AND rm.keyed
 )"""
 
 # Each group's first jobs, as many as its room allows; ``round`` is a job's place
-# within its group (for a keyed type), so sorting by it takes every group's first job
-# before any group's second.
+# within its group, so sorting by it takes every group's first job before any group's
+# second. A type limited as a whole has one group, and no walk: its first jobs, as many
+# as its room allows.
 _LIMITED = """
 limited AS (
     SELECT g.name, g.limit_group, g.pos, rm.room, c.id, c.ctid, c.queue, c.priority,
         c.scheduled_at,
-        CASE WHEN rm.key_concurrency IS NULL THEN 1 ELSE
-            row_number() OVER (PARTITION BY g.name, g.limit_group
-                               ORDER BY c.priority, c.scheduled_at) END AS round
+        row_number() OVER (PARTITION BY g.name, g.limit_group
+                           ORDER BY c.priority, c.scheduled_at) AS round
     FROM groups AS g
     JOIN room AS rm ON rm.name = g.name
     CROSS JOIN LATERAL (
@@ -173,6 +175,20 @@ limited AS (
 within AS (
     SELECT l.*, row_number() OVER (PARTITION BY l.name ORDER BY l.round, l.pos) AS nth
     FROM limited AS l
+),
+whole AS (
+    SELECT rm.name, c.id, c.ctid, c.queue, c.priority, c.scheduled_at
+    FROM room AS rm
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.ctid, j.queue, j.priority, j.scheduled_at
+        FROM {jobs} AS j
+        WHERE j.status = 'pending' AND j.limit_group = '' AND j.type_name = rm.name
+          AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
+        ORDER BY j.priority, j.scheduled_at
+        LIMIT rm.room
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS c
+    WHERE rm.room > 0 AND NOT rm.keyed
 )"""
 
 # The worker's other types, as an acquire without limits takes them.
@@ -210,7 +226,7 @@ capped AS (
     ) AS c
 )"""
 
-# All three, in the worker's queue order; within a queue every group's first job comes
+# All four, in the worker's queue order; within a queue every group's first job comes
 # before any group's second, then priority and due time. Rows locked beyond the
 # LIMIT are released at commit, as in any acquire.
 LIMITED_CANDIDATES = f"""{_ROOM},{_GROUPS},{_LIMITED},{_FREE},{_CAPPED},
@@ -224,6 +240,9 @@ candidates AS (
         SELECT k.id, k.ctid, k.queue, 1, k.priority, k.scheduled_at, NULL, NULL, 0
         FROM capped AS k
         UNION ALL
+        SELECT h.id, h.ctid, h.queue, 1, h.priority, h.scheduled_at, h.name, NULL, 0
+        FROM whole AS h
+        UNION ALL
         SELECT w.id, w.ctid, w.queue, w.round, w.priority, w.scheduled_at, w.name,
             w.limit_group, w.pos
         FROM within AS w
@@ -235,19 +254,60 @@ candidates AS (
     LIMIT %(limit)s
 )"""
 
-# The next acquire of a keyed type starts after the last group this one served.
+# Written to each type's row, once the jobs are leased: the cursor (the next acquire of
+# a keyed type starts after the last group this one served), and that a worker waits
+# for room in the type: this acquire came back short, and jobs of the type it could
+# not start are left pending in its queues (more than it leased of them). An attempt
+# of the type that ends then frees room somebody waits for (``CLEAR_WAITING``). Only
+# a short acquire looks for jobs left, so a drain that never waits on its limits
+# writes nothing but the cursor.
 CURSORS = """
+waits AS (
+    SELECT rm.name
+    FROM room AS rm
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM leased AS x WHERE x.type_name = rm.name) AS got
+    WHERE CASE WHEN rm.waiting_since IS NULL AND (SELECT count(*) FROM leased) < %(limit)s
+        THEN (SELECT count(*) FROM (
+            SELECT 1 FROM {jobs} AS j
+            WHERE j.status = 'pending' AND j.limit_group IS NOT NULL AND j.type_name = rm.name
+              AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
+            LIMIT got.n + 1) AS p) > got.n
+        ELSE false END
+),
 cursors AS (
-    INSERT INTO {job_limits} AS o (type_name, limit_key, cursor_key)
-    SELECT DISTINCT ON (c.name) c.name, '', c.limit_group
-    FROM candidates AS c
-    JOIN leased AS x ON x.id = c.id
-    JOIN room AS rm ON rm.name = c.name
-    WHERE rm.key_concurrency IS NOT NULL
-    ORDER BY c.name, c.pos DESC
+    INSERT INTO {job_limits} AS o (type_name, limit_key, cursor_key, waiting_since)
+    SELECT COALESCE(k.name, w.name), '', k.cursor_key,
+        CASE WHEN w.name IS NOT NULL THEN now() END
+    FROM (
+        SELECT DISTINCT ON (c.name) c.name, c.limit_group AS cursor_key
+        FROM candidates AS c
+        JOIN leased AS x ON x.id = c.id
+        WHERE c.limit_group IS NOT NULL  -- a group of a keyed type's walk
+        ORDER BY c.name, c.pos DESC
+    ) AS k
+    FULL JOIN waits AS w ON w.name = k.name
     ON CONFLICT (type_name, limit_key) DO UPDATE
-    SET cursor_key = EXCLUDED.cursor_key
+    SET cursor_key = COALESCE(EXCLUDED.cursor_key, o.cursor_key),
+        waiting_since = COALESCE(o.waiting_since, EXCLUDED.waiting_since)
 )"""
+
+# After the acquire, in its transaction (so under its locks, seeing its leases): the
+# types a worker has waited for since before this transaction, that have room left
+# now. Their marks are cleared and returned, and the worker announces their jobs:
+# the waiting workers wake, and one that is still held back marks the type again. A
+# mark this transaction's own acquire wrote (``now()``) is left for a later one: the
+# worker that wrote it took what it could.
+CLEAR_WAITING = """
+UPDATE {job_limits} AS o SET waiting_since = NULL
+FROM unnest(%(limited_names)s::text[], %(limited_concurrency)s::int[]) AS t(name, concurrency)
+WHERE o.type_name = t.name AND o.limit_key = '' AND o.waiting_since < now()
+  AND NOT COALESCE(o.paused_until > now(), false)
+  AND COALESCE(COALESCE(o.concurrency, t.concurrency) > (
+      SELECT count(*) FROM {jobs} AS r
+      WHERE r.status = 'running' AND r.limit_group IS NOT NULL AND r.type_name = t.name
+  ), true)
+RETURNING o.type_name
+"""
 
 ACQUIRE_LIMITED = f"WITH {LIMITED_CANDIDATES},{LEASES},{LEASED},{CURSORS}{LEASE_CANDIDATES}"
 
@@ -259,3 +319,4 @@ class LimitStatements:
     lock_types: bytes
     acquire_limited: bytes
     complete_and_acquire_limited: bytes
+    clear_waiting: bytes

@@ -11,7 +11,13 @@ from collections import Counter
 
 import anyio
 
-from pgwork.adapters.state import AcquiredJob, Completion, FlowControl, TypeLimits
+from pgwork.adapters.state import (
+    AcquiredJob,
+    Completion,
+    FlowControl,
+    LimitedTurn,
+    TypeLimits,
+)
 from pgwork.records import JobStatus
 from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 
@@ -28,7 +34,7 @@ async def _acquire(
     completions: list[Completion] | None = None,
     types: tuple[str, ...] = (ALPHA,),
 ) -> list[AcquiredJob]:
-    _, acquired = await store.adapter.acquire_limited(
+    turn = await store.adapter.acquire_limited(
         completions=completions or [],
         worker_id="worker-a",
         leases=dict.fromkeys(types, store.lease),
@@ -36,7 +42,7 @@ async def _acquire(
         limit=limit,
         limits=limits,
     )
-    return acquired
+    return turn.acquired
 
 
 @requires(FlowControl)
@@ -120,7 +126,7 @@ class FlowConformance(StateSuiteBase):
         await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
         limits = {ALPHA: TypeLimits(concurrency=1)}
         [held] = await _acquire(store, limits)
-        results, _ = await store.adapter.acquire_limited(
+        turn = await store.adapter.acquire_limited(
             completions=[_done(held)],
             worker_id="worker-a",
             leases={ALPHA: store.lease},
@@ -128,6 +134,52 @@ class FlowConformance(StateSuiteBase):
             limit=5,
             limits=limits,
         )
-        assert [(r.job_id, r.accepted) for r in results] == [(held.id, True)]
+        assert [(r.job_id, r.accepted) for r in turn.results] == [(held.id, True)]
         assert (await store.job(held.id)).status is JobStatus.COMPLETED
         assert len(await _acquire(store, limits)) <= 1
+
+    async def test_room_a_short_acquire_waited_for_is_reported_once_it_frees(
+        self, store: StateHarness
+    ) -> None:
+        """One place, three jobs. The first acquire takes one and comes back short with
+        two left: a worker waits. An acquire that finds no room reports nothing; the
+        turn that completes the running job finds room left and reports the type, once."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
+        limits = {ALPHA: TypeLimits(concurrency=1)}
+        first = await _turn(store, limits)
+        assert len(first.acquired) == 1
+        assert first.waited_for == frozenset()
+        assert (await _turn(store, limits)).waited_for == frozenset()  # no room
+        freed = await _turn(store, limits, completions=[_done(first.acquired[0])])
+        assert freed.waited_for == frozenset({ALPHA})
+        taken = await _turn(store, limits)
+        assert len(taken.acquired) == 1
+        assert taken.waited_for == frozenset()
+
+    async def test_an_acquire_that_takes_all_it_may_leaves_no_one_waiting(
+        self, store: StateHarness
+    ) -> None:
+        """A limit that does not bind: the acquire takes every job, nobody waits, and
+        the turns that complete them report nothing."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
+        limits = {ALPHA: TypeLimits(concurrency=10)}
+        taken = await _turn(store, limits)
+        assert len(taken.acquired) == 3
+        done = await _turn(store, limits, completions=[_done(j) for j in taken.acquired])
+        assert taken.waited_for == done.waited_for == frozenset()
+
+
+async def _turn(
+    store: StateHarness,
+    limits: dict[str, TypeLimits],
+    *,
+    completions: list[Completion] | None = None,
+) -> LimitedTurn:
+    return await store.adapter.acquire_limited(
+        completions=completions or [],
+        worker_id="worker-a",
+        leases={ALPHA: store.lease},
+        queues=["default"],
+        limit=10,
+        limits=limits,
+    )
