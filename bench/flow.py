@@ -73,6 +73,9 @@ class Scenario:
     hot_share: float
     hold_ms: float
     seed: int = 0
+    # The type drained; a test drains ``noop`` (no limit) with the same keys, to watch
+    # the oracle see a key run past two.
+    type_name: str = "keyed"
 
     def describe(self) -> str:
         return (
@@ -101,17 +104,17 @@ class Run:
     completed: int
 
 
-async def _enqueue(dsn: str, keys: Sequence[str]) -> None:
+async def _enqueue(dsn: str, type_name: str, keys: Sequence[str]) -> None:
     async with (
         open_client(dsn, pool_size=2) as client,
         await psycopg.AsyncConnection.connect(dsn) as conn,
     ):
-        keyed = client.registry.get("keyed")
+        job_type = client.registry.get(type_name)
         for first in range(0, len(keys), ENQUEUE_BATCH):
             await client.start_chains(
                 conn,
                 [
-                    ChainStart(keyed, Item(n=n), limit_key=keys[n])
+                    ChainStart(job_type, Item(n=n), limit_key=keys[n])
                     for n in range(first, min(len(keys), first + ENQUEUE_BATCH))
                 ],
             )
@@ -131,11 +134,11 @@ async def _completed(dsn: str) -> int:
 
 async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
     """One run of the scenario on the fresh pgwork database ``dsn``."""
-    await _enqueue(dsn, scenario_keys(s))
+    await _enqueue(dsn, s.type_name, scenario_keys(s))
     await settle(dsn)
     children = [
         await WorkerProcess.start(
-            dsn, type_name="keyed", slots=s.slots, hold_ms=s.hold_ms, spans=True
+            dsn, type_name=s.type_name, slots=s.slots, hold_ms=s.hold_ms, spans=True
         )
         for _ in range(s.processes)
     ]
