@@ -22,6 +22,9 @@ their keys in a seeded random order, the table vacuumed, then the processes star
   handler's start to the drained queue; **server CPU per job**: the server's backends
   serving the database over the same interval (bench/_cost.py, so only for a server
   on this machine);
+- **commits per job**: transactions the database committed over the run, from the
+  workers' start to their stop (``pg_stat_database``, read once their backends have
+  exited and so reported them): acquires, empty ones included, and completions;
 - **most at once per key**: from the handlers' own spans (bench/_spans.py), read
   outside pgwork: never above the limit, or the run fails;
 - **place freed → next start**: for each place an attempt freed while its key had jobs
@@ -44,6 +47,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -102,6 +106,7 @@ class Run:
     server_us: float | None
     found: Oracle
     completed: int
+    commits: float
 
 
 async def _enqueue(dsn: str, type_name: str, keys: Sequence[str]) -> None:
@@ -132,6 +137,26 @@ async def _completed(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+_COMMITS = "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+_OTHERS = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid()"
+)
+
+
+async def _commits(conn: psycopg.AsyncConnection[Any], *, alone: bool = False) -> int:
+    """The database's committed transactions so far; ``alone``: first wait (up to 10 s)
+    for every other backend of it to exit, which reports what it committed."""
+    for _ in range(200 if alone else 0):
+        row = await (await conn.execute(_OTHERS)).fetchone()
+        if row is None or row[0] == 0:
+            break
+        await asyncio.sleep(0.05)
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = await (await conn.execute(_COMMITS)).fetchone()
+    return int(row[0]) if row else 0
+
+
 async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
     """One run of the scenario on the fresh pgwork database ``dsn``."""
     await _enqueue(dsn, s.type_name, scenario_keys(s))
@@ -142,7 +167,9 @@ async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
         )
         for _ in range(s.processes)
     ]
+    stats = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     try:
+        before = await _commits(stats)
         for child in children:
             await child.start_metering(dsn, admin_dsn)
         for child in children:
@@ -157,6 +184,10 @@ async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
     finally:
         for child in children:
             await child.stop()  # each writes its handlers' spans
+    try:
+        commits = await _commits(stats, alone=True) - before
+    finally:
+        await stats.close()
     firsts = [c.first for c in children if c.first is not None]
     measured = [c for c in costs if c is not None]
     servers = [c.server_us for c in measured if c.server_us is not None]
@@ -168,6 +199,7 @@ async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
         server_us=max(servers) if servers else None,
         found=oracle(read_spans(dsn)),
         completed=await _completed(dsn),
+        commits=commits / s.jobs,
     )
 
 
@@ -176,9 +208,9 @@ def _us(value: float | None) -> str:
 
 
 HEADER = (
-    "| run | jobs/s | worker CPU µs/job | server CPU µs/job | most at once per key "
+    "| run | jobs/s | worker CPU µs/job | server CPU µs/job | commits/job | most at once per key "
     f"(limit {KEY_CONCURRENCY}) | place freed → next start, ms: median / p95 / max "
-    "| places timed |\n|---|---:|---:|---:|---:|---|---:|"
+    "| places timed |\n|---|---:|---:|---:|---:|---:|---|---:|"
 )
 
 
@@ -186,7 +218,8 @@ def row(label: str, r: Run) -> str:
     median, p95, most = r.found.wait_ms()
     return (
         f"| {label} | {r.jobs_per_s:,.0f} | {_us(r.worker_us)} | {_us(r.server_us)} | "
-        f"{r.found.most} | {median:.1f} / {p95:.1f} / {most:.1f} | {len(r.found.waits):,} |"
+        f"{r.commits:.2f} | {r.found.most} | {median:.1f} / {p95:.1f} / {most:.1f} | "
+        f"{len(r.found.waits):,} |"
     )
 
 
@@ -199,6 +232,7 @@ def median_row(runs: Sequence[Run]) -> str:
     return (
         f"| median of {len(runs)} | {statistics.median(r.jobs_per_s for r in runs):,.0f} | "
         f"{_us(med([r.worker_us for r in runs]))} | {_us(med([r.server_us for r in runs]))} | "
+        f"{statistics.median(r.commits for r in runs):.2f} | "
         f"{max(r.found.most for r in runs)} (most) | "
         + " / ".join(f"{statistics.median(w[i] for w in waits):.1f}" for i in range(3))
         + f" | {statistics.median(len(r.found.waits) for r in runs):,.0f} |"

@@ -71,7 +71,7 @@ def test_the_hot_keys_hold_their_share_of_the_jobs() -> None:
 
 
 def test_a_run_past_the_limit_or_short_of_its_jobs_fails() -> None:
-    past = Run(1.0, None, None, oracle([("a", 0.0, 1.0)] * 3), completed=3)
+    past = Run(1.0, None, None, oracle([("a", 0.0, 1.0)] * 3), completed=3, commits=1.0)
 
     assert failures(Scenario(3, 1, 1, 2, 1, 0.5, 1), past) == [
         f"key 'a' ran 3 handlers at once, past its limit of {KEY_CONCURRENCY}"
@@ -123,6 +123,6 @@ def test_the_bench_prints_a_row_per_run_and_their_median(pg_server_dsn: str) -> 
     rows = re.findall(r"^\| (keys, run \d|median of 2) \|(.*)$", out, re.MULTILINE)
     assert [label for label, _ in rows] == ["keys, run 1", "keys, run 2", "median of 2"]
     for _label, cells in rows[:2]:
-        most = int(cells.split("|")[3])
+        most = int(cells.split("|")[4])
         assert 1 <= most <= KEY_CONCURRENCY, out
     assert "FAILED" not in out
