@@ -30,6 +30,7 @@ from pgwork import (
 from pgwork.testing import uuid7_sql
 
 __all__ = [
+    "KEY_CONCURRENCY",
     "SCHEMA",
     "Counter",
     "Item",
@@ -46,6 +47,8 @@ SCHEMA = "pgwork"
 # ``noop_limited``'s concurrency: more than any drain runs at once, so the limit is
 # counted on every acquire and never binds.
 GENEROUS = 5_000
+# ``keyed``'s key_concurrency: what ``python -m bench.flow`` makes bind.
+KEY_CONCURRENCY = 2
 
 
 class Item(BaseModel):
@@ -54,12 +57,13 @@ class Item(BaseModel):
 
 def registry() -> JobTypeRegistry:
     """The benchmark's job types: a staged and an atomic no-op, a staged no-op with a
-    limit that never binds (``concurrency`` far above any drain's slots), and a 3-step
-    chain."""
+    limit that never binds (``concurrency`` far above any drain's slots), a staged type
+    limited per key (``bench.flow``), and a 3-step chain."""
     reg = JobTypeRegistry()
     reg.job_type("noop", input=Item)
     reg.job_type("noop_limited", input=Item, concurrency=GENEROUS)
     reg.job_type("noop_atomic", input=Item, mode="atomic")
+    reg.job_type("keyed", input=Item, key_concurrency=KEY_CONCURRENCY)
     reg.job_type("step1", input=Item, continue_with=["step2"])
     reg.job_type("step2", input=Item, entry=False, continue_with=["step3"])
     reg.job_type("step3", input=Item, entry=False)

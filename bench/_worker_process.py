@@ -17,9 +17,12 @@ instead of up to a report interval later); on ``stop`` it stops the worker, prin
 ``{"event": "stopped", ...}`` and exits.
 
     python -m bench._worker_process --dsn DSN --type noop [--slots 10] [--poll-interval S]
-        [--atomic-group N] [--target N]
+        [--atomic-group N] [--target N] [--hold-ms MS] [--spans]
 
-Without ``--slots`` and ``--poll-interval`` the worker has pgwork's defaults.
+Without ``--slots`` and ``--poll-interval`` the worker has pgwork's defaults. With
+``--hold-ms`` or ``--spans`` each handler holds its attempt ``--hold-ms`` milliseconds
+and notes when it began and ended; ``--spans`` writes those spans into
+``bench_spans`` as the worker stops (the flow bench's oracle, bench/_spans.py).
 Enqueuer: ``--enqueue N --batch B`` (B 0: one job per transaction) enqueues N jobs on
 ``go``, printing ``{"event": "count", ...}`` as it goes and ``{"event": "enqueued",
 "seconds": ...}`` at the end.
@@ -41,6 +44,7 @@ from bench._cost import CostMeter
 from bench._loop import current, run
 from bench._pgwork_app import Counter, enqueue_jobs, open_client
 from bench._report import Cost
+from bench._spans import Spans
 
 __all__ = ["WorkerProcess"]
 
@@ -70,10 +74,10 @@ async def _child(args: argparse.Namespace) -> None:
         options["poll_interval"] = args.poll_interval
     if args.atomic_group != 1:
         options["atomic_group"] = args.atomic_group
+    spans = Spans(counter, args.hold_ms / 1e3) if args.hold_ms or args.spans else None
+    handler = counter.handler() if spans is None else spans.handler()
     async with open_client(args.dsn) as client:
-        worker = create_in_process_worker(
-            client=client, processors={args.type: counter.handler()}, **options
-        )
+        worker = create_in_process_worker(client=client, processors={args.type: handler}, **options)
         if not args.no_gc_tuning:
             tune_gc()  # as the `pgwork worker` program does once the application is loaded
         _say(event="ready", loop=current())
@@ -95,6 +99,8 @@ async def _child(args: argparse.Namespace) -> None:
             await anyio.to_thread.run_sync(sys.stdin.readline)
             tg.cancel_scope.cancel()
         await stop()
+        if spans is not None and args.spans:
+            await spans.write(args.dsn)
         _say(event="stopped", count=counter.count, first=counter.first)
 
 
@@ -138,11 +144,19 @@ class WorkerProcess:
         report_every: float = REPORT_EVERY,
         atomic_group: int = 1,
         target: int | None = None,
+        hold_ms: float = 0.0,
+        spans: bool = False,
     ) -> WorkerProcess:
         """A worker process, ready (its client open); ``go()`` starts the worker.
         ``slots`` / ``poll_interval`` None: pgwork's defaults. ``target``: the count of
-        handler starts it reports as soon as it is reached."""
+        handler starts it reports as soon as it is reached. ``hold_ms``: each handler
+        holds its attempt that long; ``spans``: and the handlers' spans are written into
+        ``bench_spans`` as the worker stops."""
         args = ["--type", type_name, "--report-every", str(report_every)]
+        if hold_ms:
+            args += ["--hold-ms", str(hold_ms)]
+        if spans:
+            args.append("--spans")
         if target is not None:
             args += ["--target", str(target)]
         if slots is not None:
@@ -273,6 +287,12 @@ def main() -> None:
     parser.add_argument("--report-every", type=float, default=REPORT_EVERY)
     parser.add_argument(
         "--target", type=int, default=None, help="report at once when this many handlers ran"
+    )
+    parser.add_argument(
+        "--hold-ms", type=float, default=0.0, help="each handler holds its attempt this long"
+    )
+    parser.add_argument(
+        "--spans", action="store_true", help="write the handlers' spans into bench_spans"
     )
     parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")

@@ -9,7 +9,9 @@ spends per job moves much less, and it is what a change to pgwork's Python side 
 shrink. The drain row is one in-process worker (10 slots unless ``--slots``, staged, no-
 op handler) on a pre-loaded queue, measured from its 1,000th handler start to its last
 (start-up and the first turns are not counted); ``limited`` is the same drain of a type
-whose ``concurrency`` never binds, so every acquire counts it under the type's lock.
+whose ``concurrency`` never binds, so every acquire counts it under the type's lock;
+with both, a line gives the limited drain's jobs/s and CPU per job (the server's and
+the worker's) as multiples of the plain drain's.
 ``--tune-gc`` sets the garbage collector up as ``pgwork worker`` and the benchmark's
 worker processes do (``pgwork.worker.tune_gc``, once everything is imported); without
 it the collector keeps CPython's defaults, and at 50 slots or more its collections are
@@ -298,6 +300,18 @@ async def enqueue(
     return {name: tally.per_job() for name, tally in tallies.items()}
 
 
+def _limited_ratio(limited: DrainCpu, plain: DrainCpu) -> str:
+    """The limited drain beside the plain one: what counting a limit costs."""
+    server = "?"
+    if limited.server_us is not None and plain.server_us:
+        server = f"{limited.server_us / plain.server_us:.2f}"
+    return (
+        f"limited / plain drain: {limited.jobs_per_s / plain.jobs_per_s:.2f} x the jobs/s, "
+        f"{server} x the server's CPU per job, "
+        f"{limited.client_us / plain.client_us:.2f} x the worker's"
+    )
+
+
 # --only name, job type, atomic_group, whether the handler writes a row, row title
 _DRAINS = (
     ("drain", "noop", 1, False, "drain, 1 worker x {slots} slots"),
@@ -328,6 +342,7 @@ async def _run(args: argparse.Namespace) -> None:
     with server(args.dsn) as (admin, _kind):
         dbs = PgworkDatabases(admin)
         try:
+            drained: dict[str, DrainCpu] = {}
             for name, type_name, group, writes, title in _DRAINS:
                 if name not in only:
                     continue
@@ -351,6 +366,9 @@ async def _run(args: argparse.Namespace) -> None:
                 )
                 if profile is not None:
                     profile.dump_stats(f"{args.profile}.{name}")
+                drained[name] = row
+            if "drain" in drained and "limited" in drained:
+                print(_limited_ratio(drained["limited"], drained["drain"]))
             if "enqueue" in only:
                 profiles = None
                 if args.profile:
