@@ -258,13 +258,11 @@ class LimitsMixin:
         wanted = _type_name(job_type) if job_type is not None else None
         store = self.capabilities.require_limit_control("Client.limits")
         declared = await self._declarations()
-        names = [wanted] if wanted is not None else sorted(declared)
+        names = [wanted] if wanted is not None else sorted(n for n, d in declared.items() if d.any)
         usage = await store.limit_usage(
             await self._read_handle(tx),
             type_names=names,
-            key_concurrency={
-                n: d.key_concurrency for n, d in declared.items() if d.key_concurrency
-            },
+            key_concurrency={n: d.key_concurrency for n, d in declared.items() if d.key_concurrency},
             keys=keys,
         )
         found = [_status(u, declared.get(u.type_name)) for u in usage]
@@ -280,22 +278,22 @@ class LimitsMixin:
     # --- what the types declare --------------------------------------------------------
 
     async def _declarations(self) -> dict[str, Limits]:
-        """Each limited type's declaration: the registry's, else the newest registered
-        worker's that records one."""
+        """Each type's declaration (``Limits()`` for a type that declares none): the
+        registry's, else the newest registered worker's that records its types'."""
         found: dict[str, Limits] = {}
         workers = await self.state.list_workers(alive_within_s=0.0)
         for worker in sorted(workers, key=lambda w: w.started_at):
             recorded = worker.metadata.get(LIMITS_KEY) if worker.metadata else None
             if isinstance(recorded, Mapping):
+                # A worker that records declarations runs its other types unlimited.
+                for name in worker.job_types:
+                    found[name] = Limits()
                 for name, value in recorded.items():
                     limits = _recorded(value)
                     if isinstance(name, str) and limits is not None:
                         found[name] = limits
         for job_type in self.registry:
-            if job_type.limited:
-                found[job_type.name] = declared_limits(job_type)
-            else:
-                found.pop(job_type.name, None)
+            found[job_type.name] = declared_limits(job_type)
         return found
 
     async def _check_declared(self, name: str, *, keyed: bool) -> None:

@@ -196,8 +196,8 @@ class LimitControlConformance(StateSuiteBase):
     ) -> None:
         """The fairness cursor shares the type's row: an override written after an
         acquire moved it leaves the next acquire going on from where it was."""
-        await store.seed(*(store.new_job(limit_key=k, limit_group=k) for k in "abcd"))
-        limits = {ALPHA: TypeLimits(key_concurrency=1)}
+        await store.seed(*(store.new_job(limit_key=k, limit_group=k) for k in "abcdabcd"))
+        limits = {ALPHA: TypeLimits(key_concurrency=10)}
 
         async def acquire(limit: int) -> list[str]:
             _, acquired = await store.adapter.acquire_limited(
