@@ -181,9 +181,7 @@ def check_delay(option: str, value: timedelta, *, where: str = "") -> timedelta:
     return value
 
 
-def check_pause(
-    until: Any = None, after: Any = None, *, where: str = ""
-) -> datetime | timedelta:
+def check_pause(until: Any = None, after: Any = None, *, where: str = "") -> datetime | timedelta:
     """How long a flow limit's pause lasts: exactly one of ``until`` (an aware datetime
     later than now, at the latest ``LATEST_SCHEDULE``) or ``after`` (a timedelta longer
     than zero, from now on the database's clock). A naive time is refused rather than

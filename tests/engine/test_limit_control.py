@@ -196,7 +196,7 @@ async def test_a_raised_limit_starts_waiting_jobs_within_a_notification(
 async def test_an_attempt_pauses_its_key_and_reschedules_itself(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    """"429, retry after": ``throttle`` pauses the job's key on the store (in a
+    """ "429, retry after": ``throttle`` pauses the job's key on the store (in a
     transaction of its own: an atomic attempt rolling back keeps it) and puts the job
     back without counting the attempt."""
     reg = JobTypeRegistry()

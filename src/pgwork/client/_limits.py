@@ -262,7 +262,9 @@ class LimitsMixin:
         usage = await store.limit_usage(
             await self._read_handle(tx),
             type_names=names,
-            key_concurrency={n: d.key_concurrency for n, d in declared.items() if d.key_concurrency},
+            key_concurrency={
+                n: d.key_concurrency for n, d in declared.items() if d.key_concurrency
+            },
             keys=keys,
         )
         found = [_status(u, declared.get(u.type_name)) for u in usage]

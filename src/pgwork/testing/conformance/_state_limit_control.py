@@ -49,9 +49,7 @@ class LimitControlConformance(StateSuiteBase):
             rate=Rate(10, per=timedelta(seconds=1)),
             key_rate=Rate(3, per=timedelta(minutes=1)),
         )
-        assert [(k.limit_key, k.override) for k in usage.keys] == [
-            ("k", Limits(key_concurrency=7))
-        ]
+        assert [(k.limit_key, k.override) for k in usage.keys] == [("k", Limits(key_concurrency=7))]
 
     async def test_a_change_in_a_transaction_is_kept_only_if_it_commits(
         self, store: StateHarness
@@ -111,15 +109,15 @@ class LimitControlConformance(StateSuiteBase):
         await pause(None, extend=False)
         assert await paused_for() is None
 
-    async def test_usage_counts_the_limited_jobs_running_and_due(
-        self, store: StateHarness
-    ) -> None:
+    async def test_usage_counts_the_limited_jobs_running_and_due(self, store: StateHarness) -> None:
         """Running and due pending jobs of the type's limit groups; jobs scheduled
         later, and jobs without a group (of a type enqueued before it was limited), are
         not counted. The keys closest to their limit come back with their counts."""
         await store.seed(*(store.new_job(limit_key="a", limit_group="a") for _ in range(3)))
         await store.seed(store.new_job(limit_key="b", limit_group="b"))
-        await store.seed(store.new_job(limit_key="b", limit_group="b", run_after=timedelta(hours=1)))
+        await store.seed(
+            store.new_job(limit_key="b", limit_group="b", run_after=timedelta(hours=1))
+        )
         await store.seed(store.new_job())
         held = await store.acquire(ALPHA, limit=10)
         assert len(held) == 5
@@ -191,9 +189,7 @@ class LimitControlConformance(StateSuiteBase):
         assert queues == ["bulk", "default"]
 
     @requires(FlowControl)
-    async def test_a_change_leaves_the_acquires_cursor_as_it_was(
-        self, store: StateHarness
-    ) -> None:
+    async def test_a_change_leaves_the_acquires_cursor_as_it_was(self, store: StateHarness) -> None:
         """The fairness cursor shares the type's row: an override written after an
         acquire moved it leaves the next acquire going on from where it was."""
         await store.seed(*(store.new_job(limit_key=k, limit_group=k) for k in "abcdabcd"))
