@@ -150,7 +150,7 @@ async def test_a_client_without_the_type_knows_it_from_the_workers_registration(
     """The command line's client has an empty registry: what a registered worker
     declares is what it checks against and shows. Control: a worker that records no
     declaration leaves the type unknown (the first refusal below)."""
-    reg, keyed, whole, plain = _registry()
+    reg, keyed, _whole, plain = _registry()
     operator = await make_client(JobTypeRegistry())
     with pytest.raises(LimitNotDeclaredError, match="no flow limits are known"):
         await operator.set_limits("call", concurrency=2)

@@ -21,9 +21,9 @@ from pgwork._flow_control import Rate
 
 __all__ = [
     "KEEP",
+    "Keep",
     "KeyLimitStatus",
     "KeyUsage",
-    "Keep",
     "LimitChange",
     "LimitStatus",
     "Limits",
@@ -95,11 +95,11 @@ class LimitChange:
     The operator fairness cursor the acquire keeps in the same row is never touched.
     """
 
-    concurrency: int | None | Keep = KEEP
-    key_concurrency: int | None | Keep = KEEP
-    rate: Rate | None | Keep = KEEP
-    key_rate: Rate | None | Keep = KEEP
-    paused_until: datetime | timedelta | None | Keep = KEEP
+    concurrency: int | Keep | None = KEEP
+    key_concurrency: int | Keep | None = KEEP
+    rate: Rate | Keep | None = KEEP
+    key_rate: Rate | Keep | None = KEEP
+    paused_until: datetime | timedelta | Keep | None = KEEP
     extend_pause: bool = False
 
 

@@ -127,10 +127,10 @@ class LimitsMixin:
         job_type: JobType[Any, Any] | str,
         *,
         key: str | None = None,
-        concurrency: int | None | Keep = KEEP,
-        key_concurrency: int | None | Keep = KEEP,
-        rate: Rate | None | Keep = KEEP,
-        key_rate: Rate | None | Keep = KEEP,
+        concurrency: int | Keep | None = KEEP,
+        key_concurrency: int | Keep | None = KEEP,
+        rate: Rate | Keep | None = KEEP,
+        key_rate: Rate | Keep | None = KEEP,
         tx: object | None = None,
     ) -> None:
         """Override the limits ``job_type`` declares, for every worker, until changed
@@ -326,11 +326,11 @@ class LimitsMixin:
         )
 
 
-def _limit(option: str, value: Any, where: str) -> int | None | Keep:
+def _limit(option: str, value: Any, where: str) -> int | Keep | None:
     return KEEP if value is KEEP else check_concurrency(option, value, where=where)
 
 
-def _rate(option: str, value: Any, where: str) -> Rate | None | Keep:
+def _rate(option: str, value: Any, where: str) -> Rate | Keep | None:
     return KEEP if value is KEEP else check_rate(option, value, where=where)
 
 

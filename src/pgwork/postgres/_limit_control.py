@@ -99,7 +99,7 @@ class LimitControlOps(AdapterBase):
         ]
 
 
-def _rate(name: str, value: Rate | None | object) -> dict[str, Any]:
+def _rate(name: str, value: Rate | object | None) -> dict[str, Any]:
     rate = value if isinstance(value, Rate) else None
     return {
         f"set_{name}": value is not KEEP,

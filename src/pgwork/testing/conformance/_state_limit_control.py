@@ -96,10 +96,10 @@ class LimitControlConformance(StateSuiteBase):
 
         async def paused_for() -> timedelta | None:
             usage = (await _usage(store, ALPHA))[ALPHA]
-            [key] = [k for k in usage.keys if k.limit_key == "k"] or [None]
-            if key is None or key.paused_until is None:
+            until = [k.paused_until for k in usage.keys if k.limit_key == "k"]
+            if not until or until[0] is None:
                 return None
-            return key.paused_until - usage.now
+            return until[0] - usage.now
 
         await pause(timedelta(hours=2), extend=True)
         await pause(timedelta(minutes=1), extend=True)
@@ -183,10 +183,10 @@ class LimitControlConformance(StateSuiteBase):
                     max_slots=1,
                 )
             )
-        queues = await store.adapter.change_limits(
+        announced = await store.adapter.change_limits(
             None, type_name=ALPHA, limit_key="", change=LimitChange(paused_until=None)
         )
-        assert queues == ["bulk", "default"]
+        assert announced == ["bulk", "default"]
 
     @requires(FlowControl)
     async def test_a_change_leaves_the_acquires_cursor_as_it_was(self, store: StateHarness) -> None:
