@@ -5,6 +5,7 @@ This module only re-exports the public API; see the README for a tour.
 
 from pgwork._flow_control import Rate
 from pgwork.adapters.in_process import InProcessNotifyAdapter
+from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
 from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
 from pgwork.adapters.state import BlockedJob, BlockerStatus, DedupSpec, QueueCount, StateAdapter
 from pgwork.backoff import RetryPolicy, backoff_delay
@@ -29,6 +30,7 @@ from pgwork.errors import (
     JobNotFoundError,
     JobTypeError,
     LeaseLostError,
+    LimitNotDeclaredError,
     NotAnEntryTypeError,
     NotificationsUnavailableError,
     OutcomeNotStorableError,
@@ -105,7 +107,11 @@ __all__ = [
     "JobType",
     "JobTypeError",
     "JobTypeRegistry",
+    "KeyLimitStatus",
     "LeaseLostError",
+    "LimitNotDeclaredError",
+    "LimitStatus",
+    "Limits",
     "Listener",
     "LogContextFilter",
     "Middleware",

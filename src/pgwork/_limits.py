@@ -33,6 +33,7 @@ __all__ = [
     "check_delay",
     "check_limit_key",
     "check_max_attempts",
+    "check_pause",
     "check_payload_cap",
     "check_priority",
     "check_queue_name",
@@ -178,6 +179,38 @@ def check_delay(option: str, value: timedelta, *, where: str = "") -> timedelta:
     if late:
         raise InvalidOptionError(option, value, rule, where)
     return value
+
+
+def check_pause(until: Any = None, after: Any = None, *, where: str = "") -> datetime | timedelta:
+    """How long a flow limit's pause lasts: exactly one of ``until`` (an aware datetime
+    later than now, at the latest ``LATEST_SCHEDULE``) or ``after`` (a timedelta longer
+    than zero, from now on the database's clock). A naive time is refused rather than
+    read in some zone, and a past one because it would pause nothing."""
+    if (until is None) == (after is None):
+        raise InvalidOptionError(
+            "until/after", (until, after), "exactly one of until= or after=", where
+        )
+    if after is not None:
+        if not isinstance(after, timedelta) or after <= timedelta(0):
+            raise InvalidOptionError("after", after, "a timedelta longer than zero", where)
+        return check_delay("after", after, where=where)
+    if (
+        not isinstance(until, datetime)
+        or until.tzinfo is None
+        or until.tzinfo.utcoffset(until) is None
+    ):
+        raise InvalidOptionError(
+            "until", until, "a timezone-aware datetime (e.g. datetime.now(UTC) + ...)", where
+        )
+    try:
+        late = until.astimezone(UTC) > LATEST_SCHEDULE
+    except OverflowError:
+        late = True
+    if late or until <= datetime.now(UTC):
+        raise InvalidOptionError(
+            "until", until, f"a time later than now and at the latest {LATEST_SCHEDULE}", where
+        )
+    return until
 
 
 def check_run_at(value: datetime, *, where: str = "") -> datetime:

@@ -10,6 +10,7 @@ The tree::
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
     │   ├── SyncHandlerError          a handler or middleware that is not an async callable
+    │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
     │   ├── DatabaseUnreachableError  wrong DSN, server down, authentication refused
@@ -86,6 +87,7 @@ __all__ = [
     "JobNotRetryableError",
     "JobTypeError",
     "LeaseLostError",
+    "LimitNotDeclaredError",
     "NotAnEntryTypeError",
     "NotificationsUnavailableError",
     "OutcomeNotStorableError",
@@ -186,6 +188,44 @@ class SyncHandlerError(ConfigurationError, TypeError):
             f"supported yet. Declare it with `async def`, or wrap blocking code in an "
             f"`async def` that calls `await asyncio.to_thread(...)`"
         )
+
+
+class LimitNotDeclaredError(ConfigurationError):
+    """An override or a pause of a flow limit that the job type does not declare, or
+    for a type whose limits are not known here: refused before any statement, since
+    the workers' acquire would never read it.
+
+    ``reason``: ``"unknown"`` (neither the client's registry nor any registered worker
+    declares limits for the type), ``"unlimited"`` (the type declares no limit at
+    all) or ``"unkeyed"`` (a key's limit or pause on a type whose limits do not count
+    per key)."""
+
+    def __init__(self, type_name: str, reason: str, known_types: Iterable[str] = ()) -> None:
+        self.type_name = type_name
+        self.reason = reason
+        self.known_types = tuple(sorted(known_types))
+        if reason == "unknown":
+            message = (
+                f"no flow limits are known for job type {type_name!r}: neither this "
+                "client's registry nor any registered worker declares it (limited types "
+                f"known: {_names(self.known_types)}). Check the name, or start a worker "
+                "that runs the type so that its declaration is recorded"
+            )
+        elif reason == "unkeyed":
+            message = (
+                f"job type {type_name!r} declares no per-key limit (key_concurrency or "
+                "key_rate): its jobs count as one group, so a key's limit or pause would "
+                "change nothing. Change or pause the type as a whole (no key), or declare "
+                "a per-key limit"
+            )
+        else:
+            message = (
+                f"job type {type_name!r} declares no flow limit (concurrency, "
+                "key_concurrency, rate or key_rate), so its workers' acquire reads no "
+                "override or pause of it. Declare one in registry.job_type(...), or "
+                "pause its queue (pause_queue)"
+            )
+        super().__init__(message)
 
 
 class CapabilityMissingError(ConfigurationError):

@@ -37,6 +37,10 @@ waits = registry.job_type("dash.waits", input=Note, queue="merge")
 slow = registry.job_type("dash.slow", input=Note, queue="slow")
 flaky = registry.job_type("dash.flaky", input=Note, max_attempts=1)
 orders = registry.job_type("dash.orders", input=Order, queue="orders")
+# Limited: three at once, one per tenant.
+tenant = registry.job_type(
+    "dash.tenant", input=Note, queue="tenants", concurrency=3, key_concurrency=1
+)
 # Fails each attempt with its number, retried at once, three attempts in all.
 retries = registry.job_type(
     "dash.retries",

@@ -20,6 +20,7 @@ from pgwork.adapters.state import (
     DueTimes,
     FlowControl,
     InLineRenewal,
+    LimitControl,
     Maintenance,
     OperatorViews,
 )
@@ -31,6 +32,7 @@ __all__ = ["CAPABILITY_PROTOCOLS", "Capabilities", "operations"]
 CAPABILITY_PROTOCOLS: tuple[type, ...] = (
     BatchedTurns,
     FlowControl,
+    LimitControl,
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,
@@ -59,6 +61,7 @@ class Capabilities:
 
     turns: BatchedTurns | None = None
     flow: FlowControl | None = None
+    limit_control: LimitControl | None = None
     due_times: DueTimes | None = None
     atomic: AtomicAttempts | None = None
     atomic_groups: AtomicGroupCommit | None = None
@@ -75,6 +78,7 @@ class Capabilities:
         return cls(
             turns=store if isinstance(store, BatchedTurns) else None,
             flow=store if isinstance(store, FlowControl) else None,
+            limit_control=store if isinstance(store, LimitControl) else None,
             due_times=store if isinstance(store, DueTimes) else None,
             atomic=store if isinstance(store, AtomicAttempts) else None,
             atomic_groups=store if isinstance(store, AtomicGroupCommit) else None,
@@ -91,6 +95,7 @@ class Capabilities:
         names = {
             "turns": "BatchedTurns",
             "flow": "FlowControl",
+            "limit_control": "LimitControl",
             "due_times": "DueTimes",
             "atomic": "AtomicAttempts",
             "atomic_groups": "AtomicGroupCommit",
@@ -106,6 +111,12 @@ class Capabilities:
         if self.views is None:
             raise CapabilityMissingError("OperatorViews", feature, self.store_type)
         return self.views
+
+    def require_limit_control(self, feature: str) -> LimitControl:
+        """The store as ``LimitControl``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.limit_control is None:
+            raise CapabilityMissingError("LimitControl", feature, self.store_type)
+        return self.limit_control
 
     def require_maintenance(self, feature: str) -> Maintenance:
         """The store as ``Maintenance``, or ``CapabilityMissingError`` for ``feature``."""

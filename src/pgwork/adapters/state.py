@@ -10,8 +10,9 @@ The contract is cut two ways (docs/design/storage-contract.md):
   chains, workers), ``ControlCore`` (cancel, retry, trigger, pause, delete),
   ``WorkerRegistry`` (register, heartbeat, find dead workers);
 - **the capabilities**, each an optimisation or an optional feature a store may offer:
-  ``BatchedTurns``, ``DueTimes``, ``AtomicAttempts``, ``AtomicGroupCommit``,
-  ``InLineRenewal``, ``ChainBlockers``, ``OperatorViews``, ``Maintenance``.
+  ``BatchedTurns``, ``FlowControl``, ``LimitControl``, ``DueTimes``, ``AtomicAttempts``,
+  ``AtomicGroupCommit``, ``InLineRenewal``, ``ChainBlockers``, ``OperatorViews``,
+  ``Maintenance``.
 
 The roles, whole (``WorkerStore``, ``ReadStore``, ``ControlStore``), are each core part
 with the capabilities it draws on, so that code needing one role is typed against that
@@ -67,6 +68,7 @@ from pgwork.adapters._state_records import (
 )
 from pgwork.adapters.history import HistoryRollup, JobHistory
 from pgwork.adapters.insight import ChainLinks, RecentActivity
+from pgwork.adapters.limits import LimitChange, TypeUsage
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.work import (
     ErrorGroup,
@@ -107,6 +109,7 @@ __all__ = [
     "InsertedJob",
     "JobFilter",
     "Lease",
+    "LimitControl",
     "LimitedTurn",
     "Maintenance",
     "NewJob",
@@ -534,6 +537,50 @@ class FlowControl(Protocol):
 
 
 @runtime_checkable
+class LimitControl(Protocol):
+    """Flow limits changed at run time: an operator's overrides of a type's declared
+    limits and pauses of a type or of one of its keys, kept in the store (one row per
+    type, ``limit_key`` '', or per key of a type) for every worker's acquire to read,
+    and read back with what runs against them. Without it a client cannot change
+    limits (``CapabilityMissingError``), and an attempt cannot pause its key."""
+
+    async def change_limits(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        type_name: str,
+        limit_key: str,
+        change: LimitChange,
+    ) -> list[str]:
+        """Write ``change`` to the row of ``type_name`` and ``limit_key`` ('' for the
+        type's own row), creating it when missing: each field that is not ``KEEP`` is
+        set (None clears it); the acquire's own columns (its fairness cursor) are never
+        touched. A ``timedelta`` pause is from now on the store's clock. Returns the
+        queues that workers running the type take jobs from (to announce them ready:
+        a raised limit or an ended pause starts waiting jobs at once). The values were
+        checked by the caller; the store only keeps them. Without ``tx`` the change
+        commits on its own."""
+        ...
+
+    async def limit_usage(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        type_names: Sequence[str],
+        key_concurrency: Mapping[str, int],
+        keys: int,
+    ) -> list[TypeUsage]:
+        """One ``TypeUsage`` per type of ``type_names`` and per type that has a row of
+        its own, by name: its row's overrides and pause (a pause that has passed reads
+        None), how many of its limited jobs run and wait now, and up to ``keys`` of its
+        keys closest to their concurrency limit (running over the key's own override,
+        else the type row's per-key override, else ``key_concurrency[type]``; with
+        none, by running jobs), then up to ``keys`` more that are paused now or have an
+        override of their own."""
+        ...
+
+
+@runtime_checkable
 class DueTimes(Protocol):
     """When the next scheduled job becomes due, so that an idle worker sleeps until then
     instead of polling."""
@@ -797,6 +844,7 @@ class WorkerStore(
     WorkerCore,
     BatchedTurns,
     FlowControl,
+    LimitControl,
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,
@@ -814,9 +862,9 @@ class ReadStore(ReadCore, OperatorViews, Protocol):
 
 
 @runtime_checkable
-class ControlStore(ControlCore, Maintenance, Protocol):
-    """An operator's changes, and the maintenance that expires old chains, rolls the
-    history up and prunes stopped workers."""
+class ControlStore(ControlCore, LimitControl, Maintenance, Protocol):
+    """An operator's changes (flow limits at run time included), and the maintenance
+    that expires old chains, rolls the history up and prunes stopped workers."""
 
 
 @runtime_checkable

@@ -9,6 +9,8 @@ another:
 - ``_worker`` (with ``_worker_target``): ``worker MODULE:ATTR`` and its signals;
 - ``_operator`` (printing through ``_views`` and ``_history_views``, which are pure):
   ``jobs``, ``chains``, ``queues``, ``workers``, ``history``;
+- ``_limits`` (printing through ``_limit_views``): ``limits``, flow limits at run time;
+- ``_operate``: what the operator commands share (a client per command, ``--json``);
 - ``_demo`` (running ``_demo_run``): ``demo``;
 - ``_common``: the ``--dsn``/``--schema`` options, consoles, signal handling.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 from pgwork.cli._app import EXIT_ABANDONED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_NOT_AT_HEAD, main
 from pgwork.cli._dashboard import dashboard
 from pgwork.cli._demo import demo
+from pgwork.cli._limits import limits
 from pgwork.cli._operator import chains, history, jobs, queues, workers
 from pgwork.cli._schema import check, migrate
 from pgwork.cli._worker import worker
@@ -39,4 +42,5 @@ main.add_command(chains)
 main.add_command(queues)
 main.add_command(workers)
 main.add_command(history)
+main.add_command(limits)
 main.add_command(dashboard)

@@ -2,76 +2,29 @@
 
 Each is a click command or group defined here and attached to ``main`` by
 ``pgwork.cli`` (``main.add_command``); of its siblings this module imports only ``_common``,
-``_views`` and ``_history_views``. They need no job-type registry: the client's empty
+``_operate``, ``_views`` and ``_history_views``. They need no job-type registry: the client's empty
 registry leaves inputs and outputs as the stored JSON, so an operator can look at any
 deployment's jobs.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
-import anyio
 import click
-from rich.console import Console, RenderableType
 
 from pgwork.adapters.state import QueueCount, WorkerRecord
 from pgwork.cli import _history_views as history_views
 from pgwork.cli import _views as views
-from pgwork.cli._common import dsn_option, require_dsn, schema_option, stdout
-from pgwork.client import Client, create_client
+from pgwork.cli._common import dsn_option, require_dsn, schema_option
+from pgwork.cli._operate import committed, group_connection, json_option, operate, show
+from pgwork.client import Client
 from pgwork.errors import ConfigurationError
-from pgwork.job_types import JobTypeRegistry
-from pgwork.postgres.connect import connect
-from pgwork.postgres.notify import PostgresNotifyAdapter
-from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.records import Chain, Job, JobStatus, Page
 
 __all__ = ["chains", "history", "jobs", "queues", "workers"]
-
-T = TypeVar("T")
-
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document (stable keys) for scripts."
-)
-
-
-def _operate(dsn: str | None, schema: str, operation: Callable[[Client], Awaitable[T]]) -> T:
-    """Run ``operation`` on a client of ``schema`` at ``dsn``, closing it afterwards."""
-    given = require_dsn(dsn)
-
-    async def run() -> T:
-        state = await PostgresStateAdapter.connect(given, schema=schema, max_size=2)
-        client = create_client(
-            state_adapter=state,
-            notify_adapter=PostgresNotifyAdapter(given, schema=schema),
-            registry=JobTypeRegistry(),
-            observers=[],
-        )
-        try:
-            return await operation(client)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
-
-    return anyio.run(run)
-
-
-async def _committed(dsn: str, work: Callable[[object], Awaitable[T]]) -> T:
-    """Run ``work`` in a transaction of its own and commit it; on any error the
-    connection is closed uncommitted, so nothing of it (notices included) happens."""
-    conn = await connect(dsn)
-    try:
-        result = await work(conn)
-        await conn.commit()
-        return result
-    finally:
-        with anyio.CancelScope(shield=True):
-            await conn.close()
 
 
 def _parse_ids(values: tuple[str, ...], what: str) -> list[UUID]:
@@ -94,22 +47,6 @@ def _job_status(value: str | None) -> JobStatus | None:
     except ValueError:
         known = ", ".join(JobStatus)
         raise ConfigurationError(f"unknown job status {value!r}; use one of {known}") from None
-
-
-PIPE_WIDTH = 1000
-
-
-def _show(as_json: bool, data: Any, view: Callable[[int], RenderableType]) -> None:
-    """Print ``data`` as JSON, or ``view(width)`` (a table fitted to the terminal)."""
-    if as_json:
-        click.echo(views.dumps(data))
-    else:
-        out = stdout()
-        if not out.is_terminal and not os.environ.get("COLUMNS"):
-            # A pipe has no width: rich would assume 80 columns and cut rows that a
-            # script reads whole (ids, type names). COLUMNS still sets one.
-            out = Console(highlight=False, soft_wrap=True, width=PIPE_WIDTH)
-        out.print(view(out.width))
 
 
 @click.group(short_help="List, show, retry and cancel jobs.")
@@ -153,8 +90,8 @@ def list_jobs(
         )
         return page, await client.state.now()
 
-    page, now = _operate(dsn, schema, read)
-    _show(as_json, views.job_page_json(page), lambda w: views.job_page_view(page, now, width=w))
+    page, now = operate(dsn, schema, read)
+    show(as_json, views.job_page_json(page), lambda w: views.job_page_view(page, now, width=w))
 
 
 @jobs.command("show", short_help="Every field of one job.")
@@ -169,8 +106,8 @@ def show_job(dsn: str | None, schema: str, job_id: str, as_json: bool) -> None:
     async def read(client: Client) -> tuple[Job[Any], datetime]:
         return await client.get_job(wanted), await client.state.now()
 
-    job, now = _operate(dsn, schema, read)
-    _show(as_json, views.job_json(job), lambda _: views.job_view(job, now))
+    job, now = operate(dsn, schema, read)
+    show(as_json, views.job_json(job), lambda _: views.job_view(job, now))
 
 
 @jobs.command("retry", short_help="Put failed jobs back to work.")
@@ -188,9 +125,9 @@ def retry_jobs(dsn: str | None, schema: str, job_ids: tuple[str, ...], front: bo
     given, wanted = require_dsn(dsn), _parse_ids(job_ids, "job")
 
     async def retry(client: Client) -> list[UUID]:
-        return await _committed(given, lambda tx: client.retry(tx, wanted, front=front))
+        return await committed(given, lambda tx: client.retry(tx, wanted, front=front))
 
-    for job_id in _operate(given, schema, retry):
+    for job_id in operate(given, schema, retry):
         click.echo(f"retried {job_id}")
 
 
@@ -206,9 +143,9 @@ def cancel_jobs(dsn: str | None, schema: str, ids: tuple[str, ...]) -> None:
     given, wanted = require_dsn(dsn), _parse_ids(ids, "job or chain")
 
     async def cancel(client: Client) -> list[UUID]:
-        return await _committed(given, lambda tx: client.cancel(tx, wanted))
+        return await committed(given, lambda tx: client.cancel(tx, wanted))
 
-    for chain_id in _operate(given, schema, cancel):
+    for chain_id in operate(given, schema, cancel):
         click.echo(f"cancelled chain {chain_id}")
 
 
@@ -230,8 +167,8 @@ def show_chain(dsn: str | None, schema: str, chain_id: str, as_json: bool) -> No
         chain = await client.get_chain(wanted)
         return chain, await client.list_chain_jobs(wanted), await client.state.now()
 
-    chain, chain_jobs, now = _operate(dsn, schema, read)
-    _show(
+    chain, chain_jobs, now = operate(dsn, schema, read)
+    show(
         as_json,
         views.chain_json(chain, chain_jobs),
         lambda w: views.chain_view(chain, chain_jobs, now, width=w),
@@ -256,8 +193,8 @@ def queues(ctx: click.Context, dsn: str | None, schema: str, as_json: bool) -> N
         unhandled = await _unhandled(client, counts, live)
         return counts, sum(w.active_slots for w in live), unhandled
 
-    counts, in_handlers, unhandled = _operate(dsn, schema, read)
-    _show(
+    counts, in_handlers, unhandled = operate(dsn, schema, read)
+    show(
         as_json,
         views.queues_json(counts, unhandled),
         lambda w: views.queues_view(counts, width=w, in_handlers=in_handlers, unhandled=unhandled),
@@ -293,14 +230,6 @@ async def _unhandled(
     return found
 
 
-def _group_connection(ctx: click.Context, dsn: str | None, schema: str) -> tuple[str | None, str]:
-    """--dsn / --schema given before the subcommand (`pgwork queues --dsn X pause q`)."""
-    given = ctx.parent.params if ctx.parent is not None else {}
-    if ctx.get_parameter_source("schema") is click.core.ParameterSource.DEFAULT:
-        schema = given.get("schema") or schema
-    return dsn or given.get("dsn"), schema
-
-
 @queues.command("pause")
 @click.argument("name")
 @dsn_option
@@ -309,8 +238,8 @@ def _group_connection(ctx: click.Context, dsn: str | None, schema: str) -> tuple
 def pause_queue(ctx: click.Context, name: str, dsn: str | None, schema: str) -> None:
     """Stop workers taking jobs from queue NAME; running attempts go on. The pause is
     stored, so it outlasts worker restarts."""
-    dsn, schema = _group_connection(ctx, dsn, schema)
-    _operate(dsn, schema, lambda client: client.pause_queue(name))
+    dsn, schema = group_connection(ctx, dsn, schema)
+    operate(dsn, schema, lambda client: client.pause_queue(name))
     click.echo(f"paused queue {name!r}: workers take no new jobs from it")
 
 
@@ -321,8 +250,8 @@ def pause_queue(ctx: click.Context, name: str, dsn: str | None, schema: str) -> 
 @click.pass_context
 def resume_queue(ctx: click.Context, name: str, dsn: str | None, schema: str) -> None:
     """Let workers take jobs from queue NAME again (and wake them up)."""
-    dsn, schema = _group_connection(ctx, dsn, schema)
-    _operate(dsn, schema, lambda client: client.resume_queue(name))
+    dsn, schema = group_connection(ctx, dsn, schema)
+    operate(dsn, schema, lambda client: client.resume_queue(name))
     click.echo(f"resumed queue {name!r}")
 
 
@@ -344,10 +273,8 @@ def workers(dsn: str | None, schema: str, dead_after: float, as_json: bool) -> N
     async def read(client: Client) -> tuple[list[WorkerRecord], datetime]:
         return await client.list_workers(dead_after=dead_after), await client.state.now()
 
-    found, now = _operate(dsn, schema, read)
-    _show(
-        as_json, views.workers_json(found, now), lambda w: views.workers_view(found, now, width=w)
-    )
+    found, now = operate(dsn, schema, read)
+    show(as_json, views.workers_json(found, now), lambda w: views.workers_view(found, now, width=w))
 
 
 HISTORY_WINDOWS = {
@@ -388,9 +315,9 @@ def history(
     async def read(client: Client) -> Any:
         return await client.job_history(window=span, queue=queue, type_name=type_name)
 
-    found = _operate(dsn, schema, read)
+    found = operate(dsn, schema, read)
     title = HISTORY_WINDOWS[window]
-    _show(
+    show(
         as_json,
         history_views.history_json(found),
         lambda _: history_views.history_view(found, title),

@@ -4,11 +4,13 @@ This module only re-exports. ``Client`` (``_client.py``: enqueue and the reads o
 job or chain) is assembled from one mixin per concern: listings and counts
 (``_queries.py``), control (``_control.py``: await, cancel, retry, complete from
 outside, trigger, pause, delete), work views (``_work.py``), the operator's read side
-(``_insight.py``), the job history (``_history.py``) and the enqueue without an event
-loop (``_sync.py``). ``ChainStart`` and ``StartedChain`` are in ``_starts.py``.
+(``_insight.py``), the job history (``_history.py``), flow limits at run time
+(``_limits.py``) and the enqueue without an event loop (``_sync.py``). ``ChainStart``
+and ``StartedChain`` are in ``_starts.py``.
 """
 
 from pgwork.client._client import Client, create_client
+from pgwork.client._limits import limits_metadata
 from pgwork.client._starts import ChainStart, StartedChain
 
-__all__ = ["ChainStart", "Client", "StartedChain", "create_client"]
+__all__ = ["ChainStart", "Client", "StartedChain", "create_client", "limits_metadata"]

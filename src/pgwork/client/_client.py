@@ -33,6 +33,7 @@ from pgwork.adapters.state import CoreStateAdapter, DedupSpec, NewJob, Transacti
 from pgwork.client._control import ControlMixin
 from pgwork.client._history import HistoryMixin
 from pgwork.client._insight import InsightMixin
+from pgwork.client._limits import LimitsMixin
 from pgwork.client._queries import QueryMixin
 from pgwork.client._starts import ChainStart, StartedChain
 from pgwork.client._sync import SyncEnqueueMixin
@@ -58,7 +59,15 @@ _Schedule = tuple[datetime | None, timedelta | None]  # (run_at, run_after)
 _NOW: _Schedule = (None, None)
 
 
-class Client(QueryMixin, ControlMixin, InsightMixin, SyncEnqueueMixin, WorkMixin, HistoryMixin):
+class Client(
+    QueryMixin,
+    ControlMixin,
+    LimitsMixin,
+    InsightMixin,
+    SyncEnqueueMixin,
+    WorkMixin,
+    HistoryMixin,
+):
     """Enqueue and query jobs. Create with ``create_client``."""
 
     def __init__(

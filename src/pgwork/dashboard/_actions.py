@@ -1,5 +1,6 @@
 """The operator's actions: retry failed jobs (chosen, or all a filter matches), cancel
-or delete a chain, pause or resume a queue, run scheduled jobs now.
+or delete a chain, pause or resume a queue, run scheduled jobs now, change or pause a
+job type's flow limits (``_limit_forms``).
 
 Each is a POST form checked for its CSRF token, run through the public client API in a
 transaction of its own (committed only if the whole action succeeds), and answered with
@@ -23,6 +24,7 @@ from pgwork.client import Client
 from pgwork.dashboard._audit import DASHBOARD_ACTION, client_address, emit, who
 from pgwork.dashboard._context import NOTICE_COOKIE, Context
 from pgwork.dashboard._csrf import CSRF_FIELD, csrf_matches
+from pgwork.dashboard._limit_forms import pause_limit, resume_limit, set_limit
 from pgwork.errors import (
     ConfigurationError,
     DatabaseTimeoutError,
@@ -138,6 +140,9 @@ ACTIONS: dict[str, Action] = {
     "resume": _resume,
     "trigger": _trigger,
     "retry_all": _retry_all,
+    "set_limit": set_limit,
+    "pause_limit": pause_limit,
+    "resume_limit": resume_limit,
 }
 
 
@@ -162,7 +167,9 @@ class Actions:
 
         def audit(outcome: str, message: str) -> None:
             ids = tuple(
-                str(v) for key in ("job_id", "chain_id", "queue") for v in form.getlist(key)
+                str(v)
+                for key in ("job_id", "chain_id", "queue", "job_type", "limit_key")
+                for v in form.getlist(key)
             )
             emit(
                 self.ctx.client_source,

@@ -17,6 +17,7 @@ from pgwork.dashboard._actions import Actions
 from pgwork.dashboard._context import Context
 from pgwork.dashboard._csrf import CsrfSigner
 from pgwork.dashboard._history_page import HistoryPage
+from pgwork.dashboard._limits_page import LimitsPage
 from pgwork.dashboard._origin import LOOPBACK_NAMES, parse_hosts
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
@@ -88,6 +89,7 @@ def create_dashboard(
     actions = Actions(context)
     work = WorkPages(context, schedules=tuple(schedules))
     history = HistoryPage(context)
+    flow = LimitsPage(context)
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -112,6 +114,7 @@ def create_dashboard(
         Route("/search", work.search, methods=["GET"]),
         Route("/schedules", work.schedules, methods=["GET"]),
         Route("/history", history.history, methods=["GET"]),
+        Route("/limits", flow.limits, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

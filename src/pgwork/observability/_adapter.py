@@ -193,10 +193,12 @@ class InstrumentedStateAdapter:
     heartbeat = _timed(StateAdapter.heartbeat)
     find_dead_workers = _timed(StateAdapter.find_dead_workers)
 
-    # The capabilities: BatchedTurns, FlowControl, DueTimes, AtomicAttempts,
-    # AtomicGroupCommit, InLineRenewal, ChainBlockers
+    # The capabilities: BatchedTurns, FlowControl, LimitControl, DueTimes,
+    # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers
     complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
     acquire_limited = _timed(StateAdapter.acquire_limited)
+    change_limits = _timed(StateAdapter.change_limits)
+    limit_usage = _timed(StateAdapter.limit_usage)
     next_due = _timed(StateAdapter.next_due)
     begin_atomic = _timed(StateAdapter.begin_atomic)
     atomic_transaction = _timed_block(StateAdapter.atomic_transaction)

@@ -9,7 +9,10 @@ the handler runs, so spans the handler opens (HTTP calls, queries) nest under it
 Metrics: ``pgwork.jobs.enqueued`` and ``pgwork.jobs.processed`` (counters, by job type,
 queue and outcome), ``pgwork.attempt.duration`` (histogram, seconds),
 ``pgwork.worker.active_slots`` (up-down counter) and, when given a ``queue_depth``
-callable, ``pgwork.queue.depth`` (observable gauge of pending jobs per queue).
+callable, ``pgwork.queue.depth`` (observable gauge of pending jobs per queue); when
+given a ``flow_usage`` callable, ``pgwork.flow.running`` and ``pgwork.flow.limit``
+(observable gauges per limited job type: attempts running on every worker, and the
+effective concurrency limit).
 
 OpenTelemetry is imported when the observer is created, never by ``import pgwork``.
 """
@@ -86,7 +89,10 @@ class OpenTelemetryObserver:
     ``tracer_provider`` / ``meter_provider``: default to the global ones.
     ``queue_depth``: a callable returning ``{queue: pending jobs}`` (e.g.
     ``functools.partial(pgwork.postgres.stats.queue_depths, dsn)``), called from the
-    metric reader's thread at each collection.
+    metric reader's thread at each collection. ``flow_usage``: a callable returning
+    ``{job type: (running, concurrency limit or None)}`` (e.g.
+    ``functools.partial(pgwork.postgres.stats.flow_usage, dsn, registry)``), read the
+    same way; a type without a concurrency limit reports no limit.
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class OpenTelemetryObserver:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         queue_depth: Callable[[], Mapping[str, int]] | None = None,
+        flow_usage: Callable[[], Mapping[str, tuple[int, int | None]]] | None = None,
     ) -> None:
         from opentelemetry import metrics, trace
 
@@ -130,6 +137,21 @@ class OpenTelemetryObserver:
                 callbacks=[self._observe_queue_depth],
                 unit="{job}",
                 description="Pending jobs per queue.",
+            )
+        self._flow_usage = flow_usage
+        self._types_seen: set[str] = set()
+        if flow_usage is not None:
+            meter.create_observable_gauge(
+                "pgwork.flow.running",
+                callbacks=[self._observe_flow_running],
+                unit="{attempt}",
+                description="Attempts of a limited job type running on every worker.",
+            )
+            meter.create_observable_gauge(
+                "pgwork.flow.limit",
+                callbacks=[self._observe_flow_limit],
+                unit="{attempt}",
+                description="A limited job type's effective concurrency limit.",
             )
         self._running: dict[tuple[Any, Any], _Running] = {}
 
@@ -263,6 +285,37 @@ class OpenTelemetryObserver:
         return [
             Observation(depths.get(queue, 0), {"queue": queue})
             for queue in sorted(self._queues_seen)
+        ]
+
+    def _read_flow(self) -> Mapping[str, tuple[int, int | None]]:
+        assert self._flow_usage is not None
+        try:
+            found = self._flow_usage()
+        except Exception as exc:
+            log.warning("pgwork flow usage could not be read: %s", exc)
+            return {}
+        self._types_seen.update(found)
+        return found
+
+    def _observe_flow_running(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        found = self._read_flow()
+        if not found:
+            return []
+        # As for queues: a type seen once reports 0 rather than dropping out.
+        return [
+            Observation(found.get(name, (0, None))[0], {"job_type": name})
+            for name in sorted(self._types_seen)
+        ]
+
+    def _observe_flow_limit(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        return [
+            Observation(limit, {"job_type": name})
+            for name, (_, limit) in sorted(self._read_flow().items())
+            if limit is not None
         ]
 
     def __repr__(self) -> str:

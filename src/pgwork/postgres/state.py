@@ -22,7 +22,9 @@ subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``
 - ``_queries.QueryOps``: ``ReadStore`` (get, list, count) and chain deletion;
 - ``_chains.ChainOps``: ``ControlStore``'s cancel, retry, trigger, pause;
 - ``_registry.RegistryOps``: ``WorkerRegistry`` (and ``list_workers``);
-- ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``).
+- ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``);
+- ``_limit_control.LimitControlOps``: ``LimitControl`` (limits and pauses changed at
+  run time).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
 every part is in one catalogue (``pgwork.postgres.sql``), rendered once per schema.
@@ -42,6 +44,7 @@ from pgwork.postgres._base import PSYCOPG_PREPARE_THRESHOLD
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
+from pgwork.postgres._limit_control import LimitControlOps
 from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._pool import BoundedPool, configure_session
 from pgwork.postgres._queries import QueryOps
@@ -73,6 +76,7 @@ class PostgresStateAdapter(
     RegistryOps,
     WorkOps,
     HistoryOps,
+    LimitControlOps,
 ):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 

@@ -16,8 +16,16 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from pgwork._continuations import continuation_job, split_schedule
-from pgwork.adapters.state import AcquiredJob, ChainBlockers, NewJob
-from pgwork.errors import AttemptAlreadyFinishedError, ConfigurationError, LeaseLostError
+from pgwork._limits import check_pause
+from pgwork.adapters.limits import LimitChange
+from pgwork.adapters.state import AcquiredJob, ChainBlockers, LimitControl, NewJob
+from pgwork.errors import (
+    AttemptAlreadyFinishedError,
+    CapabilityMissingError,
+    ConfigurationError,
+    LeaseLostError,
+    LimitNotDeclaredError,
+)
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
 
@@ -81,6 +89,7 @@ class Attempt(Generic[I, O]):
         max_payload_bytes: int,
         transaction: Any | None,
         blockers: ChainBlockers | None,
+        limit_control: LimitControl | None = None,
     ) -> None:
         self.job = job
         self.job_type = job_type
@@ -93,6 +102,8 @@ class Attempt(Generic[I, O]):
         self._registry = registry
         # The store, when it offers blockers; without them no job has any.
         self._blockers = blockers
+        # The store, when it keeps run-time limits (``pause_limit_key``).
+        self._limit_control = limit_control
         self._max_payload_bytes = max_payload_bytes
         self.outcome: Outcome | None = None
 
@@ -143,6 +154,49 @@ class Attempt(Generic[I, O]):
             raise ConfigurationError("reschedule() takes exactly one of at= or after=")
         run_at, run_after = split_schedule(at if at is not None else after)
         self.outcome = Rescheduled(run_at, run_after)
+
+    async def pause_limit_key(
+        self, *, until: datetime | None = None, after: timedelta | None = None
+    ) -> None:
+        """Start no attempt of this job's limit key before ``until`` (an aware
+        datetime) or for ``after`` (a timedelta, from now on the database's clock), on
+        any worker: what a handler does when the service its key stands for answers
+        "429, retry after 30 s". Running attempts go on, this one included.
+
+        The key paused is the job's limit group: its limit key for a keyed type; for a
+        type limited as a whole, or a keyed type's job enqueued without a key, the
+        type as a whole (those jobs share the type's own row). A pause already longer
+        is kept. It is written and committed at once in a transaction of its own, so
+        it holds whatever becomes of this attempt (an atomic attempt's transaction
+        rolling back included). The job itself is not rescheduled: call
+        ``reschedule`` too, or ``throttle`` for both. A type that declares no limit
+        raises ``LimitNotDeclaredError``, before any statement."""
+        pause = check_pause(until, after, where="pause_limit_key")
+        self._ensure_held("pause_limit_key()")
+        job_type = self.job_type
+        if not job_type.limited:
+            raise LimitNotDeclaredError(job_type.name, "unlimited")
+        if self._limit_control is None:
+            raise CapabilityMissingError(
+                "LimitControl", "Attempt.pause_limit_key", "the worker's state adapter"
+            )
+        key = self.job.limit_key if job_type.keyed else None
+        await self._limit_control.change_limits(
+            None,
+            type_name=job_type.name,
+            limit_key=key or "",
+            change=LimitChange(paused_until=pause, extend_pause=True),
+        )
+
+    async def throttle(
+        self, *, until: datetime | None = None, after: timedelta | None = None
+    ) -> None:
+        """``pause_limit_key`` then ``reschedule`` to the same time: the key waits, and
+        this job runs again when the pause ends, without counting this attempt."""
+        self._ensure_held("throttle()")
+        self._ensure_open("throttle")
+        await self.pause_limit_key(until=until, after=after)
+        await self.reschedule(at=until, after=after)
 
     def _ensure_held(self, action: str) -> None:
         if self.abort_reason in _LOST:

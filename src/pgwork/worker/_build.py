@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from pgwork.adapters.state import TypeLimits, WorkerInfo
-from pgwork.client import Client
+from pgwork.client import Client, limits_metadata
 from pgwork.errors import CapabilityMissingError, ConfigurationError
 from pgwork.job_types import JobType
 from pgwork.observability import Observer
@@ -190,6 +190,8 @@ def build(
                 queues=queues,
                 job_types=tuple(types),
                 max_slots=max_slots,
+                # What its limited types declare, for clients without them (the CLI).
+                metadata=limits_metadata(types),
             ),
             interval=heartbeat_interval,
             dead_after=dead_worker_after,

@@ -112,6 +112,7 @@ class AttemptSteps:
         self.state = client.state
         capabilities = client.capabilities
         self._blockers = capabilities.blockers
+        self._limit_control = capabilities.limit_control
         # The store's atomic attempts (a worker without them runs no atomic type).
         self.atomic = capabilities.atomic
         self.notify = client.notify
@@ -166,6 +167,7 @@ class AttemptSteps:
             max_payload_bytes=self.client.max_payload_bytes,
             transaction=transaction,
             blockers=self._blockers,
+            limit_control=self._limit_control,
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:

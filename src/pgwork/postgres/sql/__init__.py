@@ -6,6 +6,7 @@ Each module holds the statements of one concern as named constants (``ACQUIRE``,
 - ``enqueue``: inserting jobs, announcing ready queues, deduplication;
 - ``leases``: acquire, next due, atomic attempts, renew, release, reap;
 - ``limits``: acquiring within job types' limits, fairly across limit keys;
+- ``limit_control``: limits and pauses changed at run time, and read back;
 - ``outcomes``: complete (and its batched turn with the next acquire), fail, reschedule;
 - ``chains``: blockers, cancel, retry, trigger, pause, awaiting;
 - ``queries``: reads by id, listings, counts, deletion and retention;
@@ -37,6 +38,7 @@ from pgwork.postgres.sql.enqueue import EnqueueStatements
 from pgwork.postgres.sql.history import HistoryStatements
 from pgwork.postgres.sql.insight import InsightStatements
 from pgwork.postgres.sql.leases import LEASE_LINE_LOCK, LeaseStatements
+from pgwork.postgres.sql.limit_control import LimitControlStatements
 from pgwork.postgres.sql.limits import LIMIT_LOCK, LimitStatements
 from pgwork.postgres.sql.outcomes import OutcomeStatements
 from pgwork.postgres.sql.queries import QueryStatements
@@ -70,6 +72,7 @@ class Statements:
     enqueue: EnqueueStatements
     leases: LeaseStatements
     limits: LimitStatements
+    limit_control: LimitControlStatements
     outcomes: OutcomeStatements
     chains: ChainStatements
     queries: QueryStatements

@@ -1,0 +1,146 @@
+"""SQL of flow limits changed at run time: overrides and pauses written to
+``job_limits``, and what runs against them read back.
+
+A row per job type (``limit_key`` '') or per key of one; a NULL column keeps what the
+code declares. ``cursor_key`` belongs to the acquire (``limits``): no statement here
+writes it, and the upsert leaves it as it is. Reads are run unprepared, as the other
+operator views: each counts an index range of the limited jobs (``jobs_limit_running_idx``,
+``jobs_limit_pending_idx``), never the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LimitControlStatements"]
+
+# Each column is set only when its ``set_*`` flag is true (None clears it); the row is
+# created when missing. ``paused_until``: the time given, or now plus ``pause_for_s`` on
+# the database's clock; with ``extend_pause``, the later of the stored pause and this
+# one. Returns the queues of the workers running the type, to announce ready.
+CHANGE_LIMITS = """
+WITH changed AS (
+    INSERT INTO {job_limits} AS o (
+        type_name, limit_key, concurrency, key_concurrency, rate_n, rate_per_s,
+        key_rate_n, key_rate_per_s, paused_until, updated_at
+    )
+    VALUES (
+        %(type_name)s::text, %(limit_key)s::text, %(concurrency)s::int,
+        %(key_concurrency)s::int, %(rate_n)s::int, %(rate_per_s)s::float8,
+        %(key_rate_n)s::int, %(key_rate_per_s)s::float8,
+        CASE WHEN %(set_pause)s::boolean THEN COALESCE(
+            %(paused_until)s::timestamptz, now() + %(pause_for_s)s::float8 * interval '1 second'
+        ) END,
+        now()
+    )
+    ON CONFLICT (type_name, limit_key) DO UPDATE SET
+        concurrency = CASE WHEN %(set_concurrency)s::boolean
+            THEN EXCLUDED.concurrency ELSE o.concurrency END,
+        key_concurrency = CASE WHEN %(set_key_concurrency)s::boolean
+            THEN EXCLUDED.key_concurrency ELSE o.key_concurrency END,
+        rate_n = CASE WHEN %(set_rate)s::boolean THEN EXCLUDED.rate_n ELSE o.rate_n END,
+        rate_per_s = CASE WHEN %(set_rate)s::boolean
+            THEN EXCLUDED.rate_per_s ELSE o.rate_per_s END,
+        key_rate_n = CASE WHEN %(set_key_rate)s::boolean
+            THEN EXCLUDED.key_rate_n ELSE o.key_rate_n END,
+        key_rate_per_s = CASE WHEN %(set_key_rate)s::boolean
+            THEN EXCLUDED.key_rate_per_s ELSE o.key_rate_per_s END,
+        paused_until = CASE
+            WHEN NOT %(set_pause)s::boolean THEN o.paused_until
+            WHEN %(extend_pause)s::boolean THEN greatest(o.paused_until, EXCLUDED.paused_until)
+            ELSE EXCLUDED.paused_until END,
+        updated_at = now()
+    RETURNING 1
+)
+SELECT DISTINCT q.name
+FROM {workers} AS w
+CROSS JOIN unnest(w.queues) AS q(name)
+WHERE w.status <> 'stopped' AND %(type_name)s::text = ANY(w.job_types)
+ORDER BY 1
+"""
+
+# Each type asked about and each type with a row: its row's overrides and pause (a pause
+# that has passed reads NULL), its limited jobs running, and those pending and due.
+TYPE_USAGE = """
+WITH names AS (
+    SELECT n AS name FROM unnest(%(type_names)s::text[]) AS n
+    UNION
+    SELECT o.type_name FROM {job_limits} AS o
+)
+SELECT n.name, o.concurrency, o.key_concurrency, o.rate_n, o.rate_per_s, o.key_rate_n,
+    o.key_rate_per_s, CASE WHEN o.paused_until > now() THEN o.paused_until END,
+    (SELECT count(*) FROM {jobs} AS j
+     WHERE j.status = 'running' AND j.limit_group IS NOT NULL AND j.type_name = n.name),
+    (SELECT count(*) FROM {jobs} AS j
+     WHERE j.status = 'pending' AND j.limit_group IS NOT NULL AND j.type_name = n.name
+       AND j.scheduled_at <= now()),
+    now()
+FROM names AS n
+LEFT JOIN {job_limits} AS o ON o.type_name = n.name AND o.limit_key = ''
+ORDER BY n.name
+"""
+
+# Per type, up to ``keys`` of its groups closest to their concurrency limit (running
+# over the key's own limit, else the type's per-key one: its row's override, else the
+# declaration given), and up to ``keys`` keys paused now or overridden; each with its
+# running and due pending jobs and its own row.
+KEY_USAGE = """
+WITH types AS (
+    SELECT t.name, COALESCE(o.key_concurrency, t.declared) AS key_concurrency
+    FROM unnest(%(type_names)s::text[], %(key_concurrency)s::int[]) AS t(name, declared)
+    LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
+),
+key_rows AS (
+    SELECT o.type_name, o.limit_key AS limit_group, o.key_concurrency, o.key_rate_n,
+        o.key_rate_per_s, CASE WHEN o.paused_until > now() THEN o.paused_until END AS paused_until
+    FROM {job_limits} AS o
+    WHERE o.type_name = ANY(%(type_names)s::text[]) AND o.limit_key <> ''
+),
+running AS (
+    SELECT j.type_name, j.limit_group, count(*) AS n
+    FROM {jobs} AS j
+    WHERE j.status = 'running' AND j.limit_group IS NOT NULL
+      AND j.type_name = ANY(%(type_names)s::text[])
+    GROUP BY j.type_name, j.limit_group
+),
+closest AS (
+    SELECT r.type_name, r.limit_group,
+        row_number() OVER (
+            PARTITION BY r.type_name
+            ORDER BY r.n::float8 / COALESCE(k.key_concurrency, t.key_concurrency, 1) DESC,
+                r.limit_group
+        ) AS rank
+    FROM running AS r
+    JOIN types AS t ON t.name = r.type_name
+    LEFT JOIN key_rows AS k ON k.type_name = r.type_name AND k.limit_group = r.limit_group
+),
+marked AS (
+    SELECT k.type_name, k.limit_group,
+        row_number() OVER (
+            PARTITION BY k.type_name ORDER BY k.paused_until DESC NULLS LAST, k.limit_group
+        ) AS rank
+    FROM key_rows AS k
+    WHERE k.paused_until IS NOT NULL OR k.key_concurrency IS NOT NULL OR k.key_rate_n IS NOT NULL
+),
+chosen AS (
+    SELECT c.type_name, c.limit_group FROM closest AS c WHERE c.rank <= %(keys)s
+    UNION
+    SELECT m.type_name, m.limit_group FROM marked AS m WHERE m.rank <= %(keys)s
+)
+SELECT c.type_name, c.limit_group, COALESCE(r.n, 0),
+    (SELECT count(*) FROM {jobs} AS j
+     WHERE j.status = 'pending' AND j.limit_group = c.limit_group
+       AND j.type_name = c.type_name AND j.scheduled_at <= now()),
+    k.key_concurrency, k.key_rate_n, k.key_rate_per_s, k.paused_until
+FROM chosen AS c
+LEFT JOIN running AS r ON r.type_name = c.type_name AND r.limit_group = c.limit_group
+LEFT JOIN key_rows AS k ON k.type_name = c.type_name AND k.limit_group = c.limit_group
+ORDER BY c.type_name, c.limit_group
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitControlStatements:
+    change_limits: bytes
+    type_usage: bytes
+    key_usage: bytes
