@@ -520,6 +520,7 @@ class FlowControl(Protocol):
         queues: Sequence[str],
         limit: int,
         limits: Mapping[str, TypeLimits],
+        expect_short: bool = True,
     ) -> LimitedTurn:
         """``complete_and_acquire`` (or ``acquire``, without completions) where each
         type that is a key of ``limits`` is leased only within them: counted against
@@ -532,7 +533,9 @@ class FlowControl(Protocol):
         An acquire that comes back short with jobs of a limited type left pending
         marks that a worker waits for room in the type; an acquire that finds a type so
         marked (by an earlier acquire) with room left clears the mark and returns the
-        type in ``waited_for``."""
+        type in ``waited_for``. ``expect_short`` is a hint (the caller's last acquire
+        came back short): a store may leave the marks out of an acquire not expected to
+        come back short, but then must acquire again, with them, if it does."""
         ...
 
 

@@ -44,7 +44,7 @@ from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
-from pgwork.postgres.sql.limits import LimitStatements
+from pgwork.postgres.sql.limits import LimitStatements, variant
 from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
@@ -264,6 +264,7 @@ class WorkerOps(CompletionOps):
         queues: Sequence[str],
         limit: int,
         limits: Mapping[str, TypeLimits],
+        expect_short: bool = True,
     ) -> LimitedTurn:
         if any(c.continuation for c in completions):
             raise ValueError("acquire_limited takes completions without continuation")
@@ -271,15 +272,21 @@ class WorkerOps(CompletionOps):
             written = await self.complete(None, completions=completions) if completions else []
             return LimitedTurn(written, [])
         statements = self.statements.limits
-        query = _with_limit(
-            statements.complete_and_acquire_limited if completions else statements.acquire_limited,
-            limit,
+        kinds = _kinds(leases, limits)
+        # Without the marks a short acquire leaves, unless it is expected to come back
+        # short: one that does anyway is followed at once by one with them.
+        shared = "whole" in kinds or "keyed" in kinds
+        marks = expect_short or not shared
+        chosen = (
+            statements.complete_and_acquire_limited if completions else statements.acquire_limited
         )
+        query = _with_limit(chosen[_statement(kinds, marks)], limit)
         results: list[CompletionResult] = []
         acquired: list[AcquiredJob] = []
         waited_for: set[str] = set()
         asked = limit
-        for _ in range(_ACQUIRES_AFTER_A_MISS + 1):
+        misses = 0
+        while True:
             async with self._pooled() as conn:
                 params = _turn_params(conn, worker_id, leases, queues)
                 params.update(_limit_params(leases, limits, conn.info.encoding))
@@ -296,9 +303,15 @@ class WorkerOps(CompletionOps):
                 missed = _add_acquired(acquired, rows)
             completions = ()
             limit = asked - len(acquired)  # ``acquired`` holds every try's jobs
-            if not missed or limit <= 0:
+            if limit <= 0:
                 break
-            query = _with_limit(statements.acquire_limited, limit)
+            if missed and misses < _ACQUIRES_AFTER_A_MISS:
+                misses += 1
+            elif not marks:
+                marks = True
+            else:
+                break
+            query = _with_limit(statements.acquire_limited[_statement(kinds, marks)], limit)
         return LimitedTurn(results, acquired, frozenset(waited_for))
 
     async def begin_atomic(
@@ -572,6 +585,31 @@ async def _fetch_limited_turn(
             rows: list[tuple[Any, ...]] = await cur.fetchall()
             waited = [name for (name,) in await marks.fetchall()]
     return rows, waited
+
+
+@functools.lru_cache(maxsize=64)
+def _kinds_of(leases: tuple[str, ...], limits: tuple[tuple[str, TypeLimits], ...]) -> str:
+    by_name = dict(limits)
+    kinds = set()
+    for name in leases:
+        found = by_name.get(name)
+        if found is None:
+            kinds.add("free")
+        elif not found.shared:
+            kinds.add("capped")
+        else:
+            kinds.add("whole" if found.key_concurrency is None else "keyed")
+    return variant(kinds)
+
+
+def _statement(kinds: str, marks: bool) -> str:
+    return kinds + ("+marks" if marks else "")
+
+
+def _kinds(leases: Mapping[str, timedelta], limits: Mapping[str, TypeLimits]) -> str:
+    """Which of the limited acquire's statements serves these types (``sql.limits``:
+    one per combination of kinds, each with only the parts its types need)."""
+    return _kinds_of(tuple(leases), tuple(limits.items()))
 
 
 def _limit_params(

@@ -249,6 +249,7 @@ class Fetcher:
             queues=self._queues,
             limit=limit,
             limits=limits,
+            expect_short=self._wakeups.found_nothing,
         )
         self.waited_for |= turn.waited_for
         return turn.results, turn.acquired

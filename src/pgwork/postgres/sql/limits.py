@@ -29,12 +29,14 @@ and its pause; a key's own row for that key's limit and pause.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pgwork.postgres.sql.leases import LEASE_CANDIDATES, LEASED, LEASES
 from pgwork.postgres.sql.outcomes import complete_and_acquire
 
-__all__ = ["LIMIT_LOCK", "LimitStatements"]
+__all__ = ["KINDS", "LIMIT_LOCK", "LimitStatements", "variant"]
 
 # The first key of a limited type's lock (a two-key advisory lock; the second key is the
 # type name's hash): "pgwl" read as an int4. Two types whose names hash alike share a
@@ -152,8 +154,7 @@ groups AS (
 
 # Each group's first jobs, as many as its room allows; ``round`` is a job's place
 # within its group, so sorting by it takes every group's first job before any group's
-# second. A type limited as a whole has one group, and no walk: its first jobs, as many
-# as its room allows.
+# second.
 _LIMITED = """
 limited AS (
     SELECT g.name, g.limit_group, g.pos, rm.room, c.id, c.ctid, c.queue, c.priority,
@@ -175,7 +176,11 @@ limited AS (
 within AS (
     SELECT l.*, row_number() OVER (PARTITION BY l.name ORDER BY l.round, l.pos) AS nth
     FROM limited AS l
-),
+)"""
+
+# A type limited as a whole has one group and no walk: its first jobs, as many as its
+# room allows.
+_WHOLE = """
 whole AS (
     SELECT rm.name, c.id, c.ctid, c.queue, c.priority, c.scheduled_at
     FROM room AS rm
@@ -226,33 +231,60 @@ capped AS (
     ) AS c
 )"""
 
-# All four, in the worker's queue order; within a queue every group's first job comes
-# before any group's second, then priority and due time. Rows locked beyond the
-# LIMIT are released at commit, as in any acquire.
-LIMITED_CANDIDATES = f"""{_ROOM},{_GROUPS},{_LIMITED},{_FREE},{_CAPPED},
-candidates AS (
-    SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
-    FROM (
-        SELECT f.id, f.ctid, f.queue, 1::bigint AS round, f.priority, f.scheduled_at,
-            NULL::text AS name, NULL::text AS limit_group, 0 AS pos
-        FROM free AS f
-        UNION ALL
-        SELECT k.id, k.ctid, k.queue, 1, k.priority, k.scheduled_at, NULL, NULL, 0
-        FROM capped AS k
-        UNION ALL
-        SELECT h.id, h.ctid, h.queue, 1, h.priority, h.scheduled_at, h.name, NULL, 0
-        FROM whole AS h
-        UNION ALL
+# Each kind of type a limited acquire may lease, as a branch of its candidates: the
+# columns are (id, ctid, queue, round, priority, scheduled_at, name, limit_group, pos).
+_BRANCHES = {
+    "free": """
+        SELECT f.id, f.ctid, f.queue, 1::bigint, f.priority, f.scheduled_at,
+            NULL::text, NULL::text, 0
+        FROM free AS f""",
+    "capped": """
+        SELECT k.id, k.ctid, k.queue, 1::bigint, k.priority, k.scheduled_at,
+            NULL::text, NULL::text, 0
+        FROM capped AS k""",
+    "whole": """
+        SELECT h.id, h.ctid, h.queue, 1::bigint, h.priority, h.scheduled_at, h.name,
+            NULL::text, 0
+        FROM whole AS h""",
+    "keyed": """
         SELECT w.id, w.ctid, w.queue, w.round, w.priority, w.scheduled_at, w.name,
             w.limit_group, w.pos
         FROM within AS w
-        WHERE w.nth <= w.room
-    ) AS c
+        WHERE w.nth <= w.room""",
+}
+_CTES = {
+    "free": [_FREE],
+    "capped": [_CAPPED],
+    "whole": [_WHOLE],
+    "keyed": [_GROUPS, _LIMITED],
+}
+
+
+def _candidates(kinds: frozenset[str]) -> str:
+    """The candidates of an acquire whose types are of ``kinds``: the branches of those
+    kinds only, so that the statement plans and starts no part it never runs. In the
+    worker's queue order; within a queue every group's first job comes before any
+    group's second, then priority and due time. Rows locked beyond the LIMIT are
+    released at commit, as in any acquire."""
+    order = [kind for kind in _BRANCHES if kind in kinds]
+    ctes = ([_ROOM] if kinds & {"whole", "keyed"} else []) + [
+        cte for kind in order for cte in _CTES[kind]
+    ]
+    union = "\n        UNION ALL".join(_BRANCHES[kind] for kind in order)
+    return (
+        ",".join(ctes)
+        + f""",
+candidates AS (
+    SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
+    FROM ({union}
+    ) AS c(id, ctid, queue, round, priority, scheduled_at, name, limit_group, pos)
     JOIN unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, rank) ON q.name = c.queue
     WHERE NOT EXISTS (SELECT 1 FROM {{queues}} AS p WHERE p.name = q.name AND p.paused)
     ORDER BY q.rank, c.round, c.priority, c.scheduled_at, c.pos
     LIMIT %(limit)s
 )"""
+    )
+
 
 # Written to each type's row, once the jobs are leased: the cursor (the next acquire of
 # a keyed type starts after the last group this one served), and that a worker waits
@@ -261,7 +293,7 @@ candidates AS (
 # of the type that ends then frees room somebody waits for (``CLEAR_WAITING``). Only
 # a short acquire looks for jobs left, so a drain that never waits on its limits
 # writes nothing but the cursor.
-CURSORS = """
+_WAITS = """
 waits AS (
     SELECT rm.name
     FROM room AS rm
@@ -271,9 +303,13 @@ waits AS (
             SELECT 1 FROM {jobs} AS j
             WHERE j.status = 'pending' AND j.limit_group IS NOT NULL AND j.type_name = rm.name
               AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
+            ORDER BY j.limit_group, j.priority, j.scheduled_at  -- by its pending index
             LIMIT got.n + 1) AS p) > got.n
         ELSE false END
-),
+)"""
+
+# The marks, and the cursors of keyed types.
+_CURSORS = """
 cursors AS (
     INSERT INTO {job_limits} AS o (type_name, limit_key, cursor_key, waiting_since)
     SELECT COALESCE(k.name, w.name), '', k.cursor_key,
@@ -289,6 +325,15 @@ cursors AS (
     ON CONFLICT (type_name, limit_key) DO UPDATE
     SET cursor_key = COALESCE(EXCLUDED.cursor_key, o.cursor_key),
         waiting_since = COALESCE(o.waiting_since, EXCLUDED.waiting_since)
+)"""
+
+# The marks alone, where no type is keyed.
+_MARKS = """
+cursors AS (
+    INSERT INTO {job_limits} AS o (type_name, limit_key, waiting_since)
+    SELECT w.name, '', now() FROM waits AS w
+    ON CONFLICT (type_name, limit_key) DO UPDATE
+    SET waiting_since = COALESCE(o.waiting_since, EXCLUDED.waiting_since)
 )"""
 
 # After the acquire, in its transaction (so under its locks, seeing its leases): the
@@ -309,14 +354,75 @@ WHERE o.type_name = t.name AND o.limit_key = '' AND o.waiting_since < now()
 RETURNING o.type_name
 """
 
-ACQUIRE_LIMITED = f"WITH {LIMITED_CANDIDATES},{LEASES},{LEASED},{CURSORS}{LEASE_CANDIDATES}"
+# The kinds of job type a limited acquire serves: limited as a whole, keyed, capped by
+# the worker alone, free of limits. A statement per combination (``variant``).
+KINDS = ("whole", "keyed", "capped", "free")
 
-COMPLETE_AND_ACQUIRE_LIMITED = complete_and_acquire(LIMITED_CANDIDATES, after_lease=CURSORS)
+
+def variant(kinds: Iterable[str]) -> str:
+    """The name of the statement for an acquire whose types are of ``kinds``."""
+    return "+".join(kind for kind in KINDS if kind in kinds)
+
+
+# A keyed type's cursors alone, for an acquire that leaves no marks.
+_CURSORS_ONLY = """
+cursors AS (
+    INSERT INTO {job_limits} AS o (type_name, limit_key, cursor_key)
+    SELECT DISTINCT ON (c.name) c.name, '', c.limit_group
+    FROM candidates AS c
+    JOIN leased AS x ON x.id = c.id
+    WHERE c.limit_group IS NOT NULL  -- a group of a keyed type's walk
+    ORDER BY c.name, c.pos DESC
+    ON CONFLICT (type_name, limit_key) DO UPDATE
+    SET cursor_key = EXCLUDED.cursor_key
+)"""
+
+
+def _after_lease(kinds: frozenset[str], marks: bool) -> str:
+    if "keyed" in kinds:
+        return f"{_WAITS},{_CURSORS}" if marks else _CURSORS_ONLY
+    if "whole" in kinds and marks:
+        return f"{_WAITS},{_MARKS}"
+    return ""
+
+
+_VARIANTS = [
+    frozenset(k for k, on in zip(KINDS, bits, strict=True) if on)
+    for bits in itertools.product((False, True), repeat=len(KINDS))
+]
+_VARIANTS = [kinds for kinds in _VARIANTS if kinds & {"whole", "keyed", "capped"}]
+
+
+def _acquire(kinds: frozenset[str], marks: bool) -> str:
+    after = _after_lease(kinds, marks)
+    return (
+        f"WITH {_candidates(kinds)},{LEASES},{LEASED}"
+        f"{',' + after if after else ''}{LEASE_CANDIDATES}"
+    )
+
+
+def _name(kinds: frozenset[str], marks: bool) -> str:
+    return variant(kinds) + ("+marks" if marks else "")
+
+
+# Each combination of kinds, with and without the marks of a short acquire (an
+# acquire that expects to take what it asks for leaves them out: they cost the
+# statement a data-modifying part, see ``python -m bench.cpu --only drain,limited``).
+ACQUIRE_LIMITED = {
+    _name(kinds, marks): _acquire(kinds, marks) for kinds in _VARIANTS for marks in (True, False)
+}
+COMPLETE_AND_ACQUIRE_LIMITED = {
+    _name(kinds, marks): complete_and_acquire(
+        _candidates(kinds), after_lease=_after_lease(kinds, marks)
+    )
+    for kinds in _VARIANTS
+    for marks in (True, False)
+}
 
 
 @dataclass(frozen=True, slots=True)
 class LimitStatements:
     lock_types: bytes
-    acquire_limited: bytes
-    complete_and_acquire_limited: bytes
+    acquire_limited: Mapping[str, bytes]
+    complete_and_acquire_limited: Mapping[str, bytes]
     clear_waiting: bytes

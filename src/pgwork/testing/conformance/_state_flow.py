@@ -156,6 +156,20 @@ class FlowConformance(StateSuiteBase):
         assert len(taken.acquired) == 1
         assert taken.waited_for == frozenset()
 
+    async def test_a_short_acquire_not_expected_short_still_leaves_its_mark(
+        self, store: StateHarness
+    ) -> None:
+        """``expect_short=False`` is a hint only: the acquire that comes back short
+        anyway still marks the type, and the turn that frees the place reports it."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
+        limits = {ALPHA: TypeLimits(concurrency=1)}
+        first = await _turn(store, limits, expect_short=False)
+        assert len(first.acquired) == 1
+        freed = await _turn(
+            store, limits, completions=[_done(first.acquired[0])], expect_short=False
+        )
+        assert freed.waited_for == frozenset({ALPHA})
+
     async def test_an_acquire_that_takes_all_it_may_leaves_no_one_waiting(
         self, store: StateHarness
     ) -> None:
@@ -174,6 +188,7 @@ async def _turn(
     limits: dict[str, TypeLimits],
     *,
     completions: list[Completion] | None = None,
+    expect_short: bool = True,
 ) -> LimitedTurn:
     return await store.adapter.acquire_limited(
         completions=completions or [],
@@ -182,4 +197,5 @@ async def _turn(
         queues=["default"],
         limit=10,
         limits=limits,
+        expect_short=expect_short,
     )
