@@ -575,9 +575,11 @@ async def _fetch_limited_turn(
     with no BEGIN or COMMIT to send."""
     numbered, names = _numbered(query)
     clear, clear_names = _numbered(statements.clear_waiting)
+    lock, lock_names = _numbered(statements.lock_types)
     with translate_errors(schema):
         async with conn.pipeline():
-            await conn.execute(statements.lock_types, {"lock_names": params["lock_names"]})
+            locks = psycopg.AsyncRawCursor(conn)
+            await locks.execute(lock, [params[name] for name in lock_names], binary=True)
             cur = psycopg.AsyncRawCursor(conn)
             await cur.execute(numbered, [params[name] for name in names], binary=True)
             marks = psycopg.AsyncRawCursor(conn)
@@ -617,7 +619,16 @@ def _limit_params(
 ) -> dict[str, Any]:
     """A limited acquire's arrays: the types with limits shared by every worker (counted
     by group, under their locks, taken in name order), those only this worker caps,
-    and the others."""
+    and the others. Built once per set of limits (do not mutate): a worker's are the
+    same on every acquire but for its caps' room."""
+    return _limit_arrays(tuple(leases), tuple(limits.items()), encoding)
+
+
+@functools.lru_cache(maxsize=256)
+def _limit_arrays(
+    leases: tuple[str, ...], items: tuple[tuple[str, TypeLimits], ...], encoding: str
+) -> dict[str, Any]:
+    limits = dict(items)
     limited = [name for name in leases if name in limits and limits[name].shared]
     capped = [name for name in leases if name in limits and not limits[name].shared]
     return {
@@ -628,7 +639,7 @@ def _limit_params(
         "capped_names": texts(capped, encoding),
         "capped_most": ints([limits[name].most for name in capped]),
         "free_names": texts([name for name in leases if name not in limits], encoding),
-        "lock_names": sorted(limited),
+        "lock_names": texts(sorted(limited), encoding),
     }
 
 
