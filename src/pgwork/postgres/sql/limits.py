@@ -79,7 +79,7 @@ room AS (
         CASE WHEN d.paused THEN 0 ELSE greatest(least(
             d.concurrency - (SELECT count(*) FROM {jobs} AS r
                              WHERE r.status = 'running' AND r.limit_group IS NOT NULL
-                               AND r.type_name = d.name),
+                               AND r.type_name = d.name)/*freed-type*/,
             d.most,
             %(limit)s
         ), 0) END::int AS room
@@ -118,7 +118,7 @@ _GROUP_ROOM = """
                     COALESCE(k.key_concurrency, rm.key_concurrency) - (
                         SELECT count(*) FROM {{jobs}} AS r
                         WHERE r.status = 'running' AND r.limit_group = {g}.limit_group
-                          AND r.type_name = rm.name),
+                          AND r.type_name = rm.name)/*freed-group:{g}*/,
                     rm.room
                 ), 0) END::int AS room
             FROM (SELECT 1) AS one
@@ -260,7 +260,27 @@ _CTES = {
 }
 
 
-def _candidates(kinds: frozenset[str]) -> str:
+# What a turn's own completions free (``done``: its completed jobs, which its snapshot
+# still counts as running): the room they leave is taken in the same statement.
+_FREED = {
+    "/*freed-type*/": """ + (SELECT count(*) FROM done AS x
+                                WHERE x.type_name = d.name AND x.limit_group IS NOT NULL)""",
+    "/*freed-group:f*/": """ + (SELECT count(*) FROM done AS x
+                           WHERE x.type_name = rm.name AND x.limit_group = f.limit_group)""",
+    "/*freed-group:n*/": """ + (SELECT count(*) FROM done AS x
+                           WHERE x.type_name = rm.name AND x.limit_group = n.limit_group)""",
+}
+
+
+def _counting(text: str, completing: bool) -> str:
+    """``text`` with the room a turn's completions free counted in (``completing``),
+    or without."""
+    for marker, freed in _FREED.items():
+        text = text.replace(marker, freed if completing else "")
+    return text
+
+
+def _candidates(kinds: frozenset[str], completing: bool = False) -> str:
     """The candidates of an acquire whose types are of ``kinds``: the branches of those
     kinds only, so that the statement plans and starts no part it never runs. In the
     worker's queue order; within a queue every group's first job comes before any
@@ -272,7 +292,7 @@ def _candidates(kinds: frozenset[str]) -> str:
     ]
     union = "\n        UNION ALL".join(_BRANCHES[kind] for kind in order)
     return (
-        ",".join(ctes)
+        _counting(",".join(ctes), completing)
         + f""",
 candidates AS (
     SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
@@ -413,7 +433,7 @@ ACQUIRE_LIMITED = {
 }
 COMPLETE_AND_ACQUIRE_LIMITED = {
     _name(kinds, marks): complete_and_acquire(
-        _candidates(kinds), after_lease=_after_lease(kinds, marks)
+        _candidates(kinds, completing=True), after_lease=_after_lease(kinds, marks)
     )
     for kinds in _VARIANTS
     for marks in (True, False)

@@ -51,7 +51,7 @@ done AS (
       AND CASE WHEN c.token IS NULL THEN j.status IN ('pending', 'running', 'blocked')
                ELSE j.lease_token = c.token AND j.status = 'running' END
     RETURNING j.id, j.chain_id, j.chain_index, c.ends_chain, j.chain_awaited AS awaited,
-        j.chain_has_dependants AS has_dependants
+        j.chain_has_dependants AS has_dependants, j.type_name, j.limit_group
 ),
 roots AS (
     UPDATE {jobs} AS r

@@ -121,36 +121,43 @@ class FlowConformance(StateSuiteBase):
         assert Counter(j.type_name for j in acquired) == {ALPHA: 3, BETA: 1}
 
     async def test_a_limited_turn_completes_the_batch_it_carries(self, store: StateHarness) -> None:
-        """The completions are written with the acquire; the room a completion frees
-        counts from the next acquire on (this one may still count it as running)."""
+        """The completions are written with the acquire, and the room they free is
+        taken by the same acquire: one place, its job completed, the next one leased
+        in the same turn, and none beyond."""
         await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
         limits = {ALPHA: TypeLimits(concurrency=1)}
         [held] = await _acquire(store, limits)
-        turn = await store.adapter.acquire_limited(
-            completions=[_done(held)],
-            worker_id="worker-a",
-            leases={ALPHA: store.lease},
-            queues=["default"],
-            limit=5,
-            limits=limits,
-        )
+        turn = await _turn(store, limits, completions=[_done(held)])
         assert [(r.job_id, r.accepted) for r in turn.results] == [(held.id, True)]
         assert (await store.job(held.id)).status is JobStatus.COMPLETED
-        assert len(await _acquire(store, limits)) <= 1
+        assert len(turn.acquired) == 1
+        assert await _acquire(store, limits) == []
+
+    async def test_a_turn_takes_the_place_its_completion_frees_in_a_key(
+        self, store: StateHarness
+    ) -> None:
+        """One per key: the turn that completes key "a"'s job leases "a"'s next job."""
+        await store.seed(*(store.new_job(limit_key="a", limit_group="a") for _ in range(2)))
+        limits = {ALPHA: TypeLimits(key_concurrency=1)}
+        [held] = await _acquire(store, limits)
+        turn = await _turn(store, limits, completions=[_done(held)])
+        assert [j.limit_key for j in turn.acquired] == ["a"]
 
     async def test_room_a_short_acquire_waited_for_is_reported_once_it_frees(
         self, store: StateHarness
     ) -> None:
-        """One place, three jobs. The first acquire takes one and comes back short with
-        two left: a worker waits. An acquire that finds no room reports nothing; the
-        turn that completes the running job finds room left and reports the type, once."""
-        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
-        limits = {ALPHA: TypeLimits(concurrency=1)}
+        """Two places, four jobs. The first acquire takes two and comes back short with
+        two left: a worker waits. An acquire that finds no room reports nothing. The
+        turn that completes both and asks for one job takes one place and leaves the
+        other, which it reports, once."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(4)))
+        limits = {ALPHA: TypeLimits(concurrency=2)}
         first = await _turn(store, limits)
-        assert len(first.acquired) == 1
+        assert len(first.acquired) == 2
         assert first.waited_for == frozenset()
         assert (await _turn(store, limits)).waited_for == frozenset()  # no room
-        freed = await _turn(store, limits, completions=[_done(first.acquired[0])])
+        freed = await _turn(store, limits, completions=[_done(j) for j in first.acquired], limit=1)
+        assert len(freed.acquired) == 1
         assert freed.waited_for == frozenset({ALPHA})
         taken = await _turn(store, limits)
         assert len(taken.acquired) == 1
@@ -160,13 +167,17 @@ class FlowConformance(StateSuiteBase):
         self, store: StateHarness
     ) -> None:
         """``expect_short=False`` is a hint only: the acquire that comes back short
-        anyway still marks the type, and the turn that frees the place reports it."""
-        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
-        limits = {ALPHA: TypeLimits(concurrency=1)}
+        anyway still marks the type, and the turn that frees room reports it."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(4)))
+        limits = {ALPHA: TypeLimits(concurrency=2)}
         first = await _turn(store, limits, expect_short=False)
-        assert len(first.acquired) == 1
+        assert len(first.acquired) == 2
         freed = await _turn(
-            store, limits, completions=[_done(first.acquired[0])], expect_short=False
+            store,
+            limits,
+            completions=[_done(j) for j in first.acquired],
+            limit=1,
+            expect_short=False,
         )
         assert freed.waited_for == frozenset({ALPHA})
 
@@ -188,6 +199,7 @@ async def _turn(
     limits: dict[str, TypeLimits],
     *,
     completions: list[Completion] | None = None,
+    limit: int = 10,
     expect_short: bool = True,
 ) -> LimitedTurn:
     return await store.adapter.acquire_limited(
@@ -195,7 +207,7 @@ async def _turn(
         worker_id="worker-a",
         leases={ALPHA: store.lease},
         queues=["default"],
-        limit=10,
+        limit=limit,
         limits=limits,
         expect_short=expect_short,
     )
