@@ -157,6 +157,9 @@ class CompletionBatcher:
         # The worker's acquires, which take the waiting completions along (None: a
         # batcher that writes everything itself, as on a store without ``BatchedTurns``).
         self._acquires = acquires
+        # Completions written here, with no acquire (a worker with flow limits then
+        # acquires: the room they freed may be waited for).
+        self.written_alone = 0
         # Batches an acquire could not take along (``write_apart``): written here.
         self._apart: list[Pending] = []
         # A stopping worker's deadline, which also ends the writes shielded here.
@@ -348,6 +351,7 @@ class CompletionBatcher:
             except Exception as exc:
                 error = exc
             else:
+                self.written_alone += len(batch)
                 self.deliver(batch, results)
                 return
             delay = next(delays)

@@ -149,6 +149,7 @@ class InProcessWorker:
         self._in_line_renewal = capabilities.in_line_renewal
         self._drain_scope: anyio.CancelScope | None = None
         self._failures = 0  # turns failed in a row
+        self._written_alone = 0  # the batcher's ``written_alone`` when the loop last looked
         self._running = anyio.Event()
         self._stopped = anyio.Event()
         self._phase = "new"
@@ -438,13 +439,18 @@ class InProcessWorker:
 
     def _announce_freed(self) -> None:
         """Room in limited types: an attempt of one ended here, so this worker acquires
-        again (an idle one took its last short acquire for drained queues), and that
-        acquire, under the type's lock, tells whether a worker waits for the room
-        (``LimitedTurn.waited_for``). Only then are the jobs announced, to every
-        worker: where nobody waits, an attempt that ends sends no notice."""
-        if self._slots.limited_ended:
+        again (an idle one took its last short acquire for drained queues). A handler
+        that returned leaves its completion with the batcher, and that acquire carries
+        it, freeing the place and leasing into it in one statement; an outcome written
+        on its own (the batcher's ``written_alone``, a failure, an atomic commit) is
+        followed by one. Under the type's lock the acquire tells whether a worker waits
+        for room left (``LimitedTurn.waited_for``); only then are the jobs announced,
+        to every worker: where nobody waits, an attempt that ends sends no notice."""
+        alone = self._batcher.written_alone
+        if self._slots.limited_ended or (alone != self._written_alone and self._slots.limited):
             self._slots.limited_ended = False
             self._wakeups.hint()
+        self._written_alone = alone
         if not self._fetcher.waited_for or self._fetcher.group is None:
             return
         self._fetcher.waited_for = frozenset()

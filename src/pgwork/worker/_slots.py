@@ -162,8 +162,9 @@ class Slots:
         limited: Collection[str] = (),
     ) -> None:
         """``limited``: the job types with limits (or this worker's caps); an attempt of
-        one that ends sets ``limited_ended`` (its room may let a job start that an acquire held
-        back, here or on another worker)."""
+        one whose handler returns, or whose outcome is written on its own, sets
+        ``limited_ended`` (its room may let a job start that an acquire held back, here
+        or on another worker)."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
@@ -233,6 +234,10 @@ class Slots:
         following = self.admission.freed(slot, time.monotonic())
         if following is not None:
             self._launch(following)
+        if self.limited and slot.job_type.name in self.limited:
+            # Its completion, left with the batcher, rides with the acquire the loop
+            # now sends: the statement frees the place and leases into it.
+            self.limited_ended = True
         self._bell.ring()
 
     def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None:
@@ -242,17 +247,18 @@ class Slots:
         if then is not None:
             self.tasks.start(self._run(slot, then=then), name="pgwork-settle", context=slot.context)
             return
-        self._let_go(slot)
+        self._let_go(slot, batched=True)
 
-    def _let_go(self, slot: Slot) -> None:
+    def _let_go(self, slot: Slot, *, batched: bool = False) -> None:
         """``slot``'s attempt is settled: forget the job (its place freed, if it still
-        held one)."""
+        held one). ``batched``: its completion was written by the batcher, with an
+        acquire (which took the room it freed) or alone (``written_alone``)."""
         if slot.state is not SlotState.ABANDONED:
             slot.move(SlotState.DONE)
         if self.held.pop(slot, False) is None:
             self.held_by_type[slot.job_type.name] -= 1
-        if self.limited and slot.job_type.name in self.limited:
-            self.limited_ended = True
+        if not batched and self.limited and slot.job_type.name in self.limited:
+            self.limited_ended = True  # written on its own: its room is free now
         self._bell.ring()
 
     def abort_all(self, reason: AbortReason) -> None:
@@ -414,7 +420,7 @@ class Slots:
                     )
             finally:
                 if not later and (abandoned or not slot.abandoned):
-                    self._let_go(slot)
+                    self._let_go(slot, batched=then is not None)
         except BaseException as exc:
             error = exc
             raise
