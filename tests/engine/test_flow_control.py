@@ -176,6 +176,30 @@ async def test_a_place_freed_on_one_worker_wakes_another_that_waits_for_it(
     assert handler.most_together == 1
 
 
+async def test_a_key_freed_on_one_worker_wakes_another_that_waits_for_that_key(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """One place per key, as above across queues: key "a"'s attempt on the worker of
+    queue "a" ends, and the worker of queue "b", held back by that key, is woken.
+    Control: with the acquire told of no freed keys (``freed=()``), a keyed type is
+    never reported and the job of queue "b" waits for the poll: this times out."""
+    reg = JobTypeRegistry()
+    per_key = reg.job_type("per_key", input=Item, key_concurrency=1)
+    client = await make_client(reg)
+    handler = Overlap(hold=1.0)
+    await workers(client=client, processors={per_key: handler}, queues=["a"], poll_interval=60)
+    await client.start_chain(conn, per_key, Item(n=0), queue="a", limit_key="k")
+    await conn.commit()
+    await eventually(lambda: _running(pgwork_dsn, 1), what="the key's place taken")
+    await workers(client=client, processors={per_key: handler}, queues=["b"], poll_interval=60)
+    await client.start_chain(conn, per_key, Item(n=1), queue="b", limit_key="k")
+    await conn.commit()
+    await eventually(
+        await _all_completed(pgwork_dsn, 2), timeout=10, what="the job of queue b, woken"
+    )
+    assert handler.most["k"] == 1
+
+
 async def test_an_attempt_that_ends_where_nobody_waits_sends_no_notice(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:

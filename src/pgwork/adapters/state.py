@@ -521,6 +521,7 @@ class FlowControl(Protocol):
         limit: int,
         limits: Mapping[str, TypeLimits],
         expect_short: bool = True,
+        freed: Sequence[tuple[str, str]] = (),
     ) -> LimitedTurn:
         """``complete_and_acquire`` (or ``acquire``, without completions) where each
         type that is a key of ``limits`` is leased only within them: counted against
@@ -535,7 +536,11 @@ class FlowControl(Protocol):
         marked (by an earlier acquire) with room left clears the mark and returns the
         type in ``waited_for``. ``expect_short`` is a hint (the caller's last acquire
         came back short): a store may leave the marks out of an acquire not expected to
-        come back short, but then must acquire again, with them, if it does."""
+        come back short, but then must acquire again, with them, if it does.
+        ``freed``: the (type, limit key, '' for none) of the caller's attempts that
+        ended since its last acquire; a keyed type is reported only when one of them
+        left room in its group (a key limit holds its waiting workers back, and only an
+        attempt of that key that ends lets them on)."""
         ...
 
 

@@ -265,6 +265,7 @@ class WorkerOps(CompletionOps):
         limit: int,
         limits: Mapping[str, TypeLimits],
         expect_short: bool = True,
+        freed: Sequence[tuple[str, str]] = (),
     ) -> LimitedTurn:
         if any(c.continuation for c in completions):
             raise ValueError("acquire_limited takes completions without continuation")
@@ -290,6 +291,8 @@ class WorkerOps(CompletionOps):
             async with self._pooled() as conn:
                 params = _turn_params(conn, worker_id, leases, queues)
                 params.update(_limit_params(leases, limits, conn.info.encoding))
+                params["freed_types"] = texts([name for name, _ in freed], conn.info.encoding)
+                params["freed_groups"] = texts([key for _, key in freed], conn.info.encoding)
                 with storable(completions):
                     if completions:
                         params.update(completion_arrays(completions, conn.info.encoding))

@@ -180,6 +180,7 @@ def build(
             limits=limits,
             caps=caps,
             held=slots.held_by_type,
+            freed=slots.freed_keys,
         ),
         heartbeat=Heartbeat(
             client.state,

@@ -95,17 +95,21 @@ class Fetcher:
         limits: Mapping[str, TypeLimits] | None = None,
         caps: Mapping[str, int] | None = None,
         held: Mapping[str, int] | None = None,
+        freed: set[tuple[str, str]] | None = None,
     ) -> None:
         """``flow`` and ``limits``: the worker runs job types with limits, and every
         acquire goes through ``flow.acquire_limited`` (which carries completions too).
         ``caps``: the most jobs of a type this worker may hold at once, against
-        ``held`` (what it holds, by type)."""
+        ``held`` (what it holds, by type). ``freed``: the (type, limit key) of the
+        limited attempts that ended since the last acquire was sent (the slots add to
+        it; each limited acquire takes it along)."""
         self.state = state
         self._turns = turns
         self._flow = flow
         self._limits = limits
         self._caps = caps or {}
         self._held = held or {}
+        self._freed = freed if freed is not None else set()
         # Chosen once: a turn within limits, the turn that carries completions, or an
         # acquire alone; ``carries``: whether an acquire takes the waiting completions
         # along (all but the last).
@@ -242,6 +246,8 @@ class Fetcher:
         limits = self._limits
         if self._caps:
             limits = {**limits, **self._room_by_type()}
+        freed = sorted(self._freed)
+        self._freed.clear()
         turn = await self._flow.acquire_limited(
             completions=[pending.completion for pending in batch],
             worker_id=self._worker_id,
@@ -250,6 +256,7 @@ class Fetcher:
             limit=limit,
             limits=limits,
             expect_short=self._wakeups.found_nothing,
+            freed=freed,
         )
         self.waited_for |= turn.waited_for
         return turn.results, turn.acquired

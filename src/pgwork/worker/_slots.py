@@ -188,6 +188,10 @@ class Slots:
         self.held_by_type: dict[str, int] = dict.fromkeys(types, 0)
         # An attempt of a limited type ended since the loop last looked.
         self.limited_ended = False
+        # The (job type, limit key) of each attempt of a limited type that ended since
+        # the last acquire was sent: that acquire looks for room left in them, for the
+        # workers a key limit holds back (``FlowControl.acquire_limited``'s ``freed``).
+        self.freed_keys: set[tuple[str, str]] = set()
 
     def __len__(self) -> int:
         return len(self.held)
@@ -238,6 +242,7 @@ class Slots:
             # Its completion, left with the batcher, rides with the acquire the loop
             # now sends: the statement frees the place and leases into it.
             self.limited_ended = True
+            self.freed_keys.add((slot.job_type.name, slot.acquired.limit_key or ""))
         self._bell.ring()
 
     def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None:
@@ -259,6 +264,7 @@ class Slots:
             self.held_by_type[slot.job_type.name] -= 1
         if not batched and self.limited and slot.job_type.name in self.limited:
             self.limited_ended = True  # written on its own: its room is free now
+            self.freed_keys.add((slot.job_type.name, slot.acquired.limit_key or ""))
         self._bell.ring()
 
     def abort_all(self, reason: AbortReason) -> None:

@@ -358,19 +358,40 @@ cursors AS (
 
 # After the acquire, in its transaction (so under its locks, seeing its leases): the
 # types a worker has waited for since before this transaction, that have room left
-# now. Their marks are cleared and returned, and the worker announces their jobs:
-# the waiting workers wake, and one that is still held back marks the type again. A
-# mark this transaction's own acquire wrote (``now()``) is left for a later one: the
-# worker that wrote it took what it could.
+# now: for a keyed type, in a group where an attempt of the caller's ended (a key limit
+# held the waiting workers back, and only such a group can have let them on). Their
+# marks are cleared and returned, and the worker announces their jobs: the waiting
+# workers wake, and one that is still held back marks the type again. A mark this
+# transaction's own acquire wrote (``now()``) is left for a later one: the worker that
+# wrote it took what it could.
 CLEAR_WAITING = """
 UPDATE {job_limits} AS o SET waiting_since = NULL
-FROM unnest(%(limited_names)s::text[], %(limited_concurrency)s::int[]) AS t(name, concurrency)
+FROM unnest(
+    %(limited_names)s::text[], %(limited_concurrency)s::int[],
+    %(limited_key_concurrency)s::int[]
+) AS t(name, concurrency, key_concurrency)
 WHERE o.type_name = t.name AND o.limit_key = '' AND o.waiting_since < now()
   AND NOT COALESCE(o.paused_until > now(), false)
   AND COALESCE(COALESCE(o.concurrency, t.concurrency) > (
       SELECT count(*) FROM {jobs} AS r
       WHERE r.status = 'running' AND r.limit_group IS NOT NULL AND r.type_name = t.name
   ), true)
+  AND (t.key_concurrency IS NULL OR EXISTS (
+      SELECT 1
+      FROM unnest(%(freed_types)s::text[], %(freed_groups)s::text[]) AS f(name, limit_group)
+      LEFT JOIN {job_limits} AS k
+          ON k.type_name = f.name AND k.limit_key = f.limit_group AND f.limit_group <> ''
+      WHERE f.name = t.name
+        AND NOT COALESCE(k.paused_until > now(), false)
+        AND COALESCE(k.key_concurrency, o.key_concurrency, t.key_concurrency) > (
+            SELECT count(*) FROM {jobs} AS r
+            WHERE r.status = 'running' AND r.limit_group = f.limit_group
+              AND r.type_name = t.name)
+        AND EXISTS (
+            SELECT 1 FROM {jobs} AS j
+            WHERE j.status = 'pending' AND j.limit_group = f.limit_group
+              AND j.type_name = t.name AND j.scheduled_at <= now())
+  ))
 RETURNING o.type_name
 """
 
