@@ -44,7 +44,7 @@ from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
-from pgwork.postgres.sql.limits import LimitStatements, variant
+from pgwork.postgres.sql.limits import WAITED, LimitStatements, variant
 from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
@@ -297,7 +297,13 @@ class WorkerOps(CompletionOps):
                     if completions:
                         params.update(completion_arrays(completions, conn.info.encoding))
                     rows, waited = await _fetch_limited_turn(
-                        conn, statements, query, params, self.schema
+                        conn,
+                        statements,
+                        query,
+                        params,
+                        self.schema,
+                        marks=marks,
+                        skip=6 if completions else 0,
                     )
             waited_for.update(waited)
             if completions:
@@ -567,28 +573,45 @@ async def _fetch_limited_turn(
     query: bytes,
     params: Mapping[str, Any],
     schema: str,
+    *,
+    marks: bool,
+    skip: int,
 ) -> tuple[list[tuple[Any, ...]], list[str]]:
     """The rows of a limited acquire, and the types with room that a worker waits for
     (``sql.limits.CLEAR_WAITING``): its types' locks (none for a worker's own caps
     alone), the acquire, then the marks, sent as one pipeline (one round trip). The
     locks come in a statement of their own so that the acquire's snapshot is taken once
     they are held (see ``sql.limits``). On the adapter's autocommit connections the
-    three share the implicit transaction a pipeline's statements run in until its sync,
-    which commits them together: the locks are held until the leases are committed,
-    with no BEGIN or COMMIT to send."""
+    statements share the implicit transaction a pipeline's statements run in until its
+    sync, which commits them together: the locks are held until the leases are
+    committed, with no BEGIN or COMMIT to send.
+
+    An acquire without the ``marks`` leaves ``CLEAR_WAITING`` out, unless its rows say
+    a worker waits for one of its types (``sql.limits.WAITED``, in the type column of
+    the acquired rows, which start at ``skip``): then it is sent after them, in the
+    same transaction (a second round trip, only then)."""
     numbered, names = _numbered(query)
     clear, clear_names = _numbered(statements.clear_waiting)
     lock, lock_names = _numbered(statements.lock_types)
+    waited: list[str] = []
     with translate_errors(schema):
         async with conn.pipeline():
             locks = psycopg.AsyncRawCursor(conn)
             await locks.execute(lock, [params[name] for name in lock_names], binary=True)
             cur = psycopg.AsyncRawCursor(conn)
             await cur.execute(numbered, [params[name] for name in names], binary=True)
-            marks = psycopg.AsyncRawCursor(conn)
-            await marks.execute(clear, [params[name] for name in clear_names], binary=True)
+            marked = psycopg.AsyncRawCursor(conn)
+            if marks:
+                await marked.execute(clear, [params[name] for name in clear_names], binary=True)
             rows: list[tuple[Any, ...]] = await cur.fetchall()
-            waited = [name for (name,) in await marks.fetchall()]
+            if not marks:
+                kept = [r for r in rows if r[skip] is not None or r[skip + 1] != WAITED]
+                if len(kept) < len(rows):
+                    rows = kept
+                    await marked.execute(clear, [params[name] for name in clear_names], binary=True)
+                    marks = True
+            if marks:
+                waited = [name for (name,) in await marked.fetchall()]
     return rows, waited
 
 

@@ -33,10 +33,10 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from pgwork.postgres.sql.leases import LEASE_CANDIDATES, LEASED, LEASES
+from pgwork.postgres.sql.leases import ACQUIRED_WIDTH, LEASE_CANDIDATES, LEASED, LEASES
 from pgwork.postgres.sql.outcomes import complete_and_acquire
 
-__all__ = ["KINDS", "LIMIT_LOCK", "LimitStatements", "variant"]
+__all__ = ["KINDS", "LIMIT_LOCK", "WAITED", "LimitStatements", "variant"]
 
 # The first key of a limited type's lock (a two-key advisory lock; the second key is the
 # type name's hash): "pgwl" read as an int4. Two types whose names hash alike share a
@@ -434,11 +434,26 @@ _VARIANTS = [
 _VARIANTS = [kinds for kinds in _VARIANTS if kinds & {"whole", "keyed", "capped"}]
 
 
+# The leased rows and the marker of candidates missed (``LEASE_CANDIDATES``), then,
+# for an acquire that leaves the marks out, the marker of a type some worker waits for
+# (a row whose id is NULL and whose type is ``WAITED``): its caller then sends
+# ``CLEAR_WAITING`` in the same transaction (see ``_state_worker``).
+WAITED = "(waited for)"
+_WAITED_ROWS = f"""{LEASE_CANDIDATES}UNION ALL
+SELECT NULL, '{WAITED}', {", ".join(["NULL"] * (ACQUIRED_WIDTH - 2))}
+WHERE EXISTS (SELECT 1 FROM room AS rm WHERE rm.waiting_since IS NOT NULL)
+"""
+
+
+def _rows(kinds: frozenset[str], marks: bool) -> str:
+    return _WAITED_ROWS if not marks and kinds & {"whole", "keyed"} else LEASE_CANDIDATES
+
+
 def _acquire(kinds: frozenset[str], marks: bool) -> str:
     after = _after_lease(kinds, marks)
     return (
         f"WITH {_candidates(kinds)},{LEASES},{LEASED}"
-        f"{',' + after if after else ''}{LEASE_CANDIDATES}"
+        f"{',' + after if after else ''}{_rows(kinds, marks)}"
     )
 
 
@@ -454,7 +469,9 @@ ACQUIRE_LIMITED = {
 }
 COMPLETE_AND_ACQUIRE_LIMITED = {
     _name(kinds, marks): complete_and_acquire(
-        _candidates(kinds, completing=True), after_lease=_after_lease(kinds, marks)
+        _candidates(kinds, completing=True),
+        after_lease=_after_lease(kinds, marks),
+        rows=_rows(kinds, marks),
     )
     for kinds in _VARIANTS
     for marks in (True, False)

@@ -254,14 +254,17 @@ FROM acquired AS a
 """
 
 
-def complete_and_acquire(candidates: str, *, after_lease: str = "") -> str:
+def complete_and_acquire(
+    candidates: str, *, after_lease: str = "", rows: str = LEASE_CANDIDATES
+) -> str:
     """A turn's statement over ``candidates`` (a CTE naming the rows to lease);
-    ``after_lease``: more CTEs that follow the lease (``leased``)."""
+    ``after_lease``: more CTEs that follow the lease (``leased``); ``rows``: what it
+    hands back of the lease (``LEASE_CANDIDATES``, or more marker rows)."""
     more = f",{after_lease}" if after_lease else ""
     return (
         f"WITH {_COMPLETE_CTES_SKIPPING},\ncompleted AS ({_COMPLETE_RESULT}),{candidates},"
         f"{LEASES},"
-        f"{LEASED}{more},\nacquired AS ({LEASE_CANDIDATES})"
+        f"{LEASED}{more},\nacquired AS ({rows})"
         f"\nSELECT h.*, {', '.join(['NULL'] * ACQUIRED_WIDTH)}"
         f"\nFROM ({_HEAD}) AS h\nUNION ALL{_ACQUIRED_ROWS}"
     )
