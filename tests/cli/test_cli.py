@@ -14,13 +14,6 @@ from pgwork.postgres import migrate
 REFUSED = "postgresql://pgwork:hunter2-secret@127.0.0.1:1/pgwork"
 
 
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA"):
-        monkeypatch.delenv(name, raising=False)
-    return CliRunner()
-
-
 def _assert_one_line_error(result: Result, code: int = EXIT_ERROR) -> str:
     assert result.exit_code == code
     assert "Traceback" not in result.output

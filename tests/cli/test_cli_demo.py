@@ -12,12 +12,6 @@ from click.testing import CliRunner
 from pgwork.cli import main
 
 
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.delenv("PGWORK_DSN", raising=False)
-    return CliRunner()
-
-
 def test_demo_migrates_the_database_given_and_finishes_every_job(
     runner: CliRunner, empty_database_dsn: str
 ) -> None:

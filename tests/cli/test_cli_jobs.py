@@ -12,8 +12,9 @@ from uuid import UUID
 import pytest
 from click.testing import CliRunner, Result
 from tests.cli._cli_seed import Seeded, seed
+from tests.cli._run import run
 
-from pgwork.cli import EXIT_ERROR, main
+from pgwork.cli import EXIT_ERROR
 
 JOB_KEYS = {
     "attempt_history",
@@ -44,19 +45,8 @@ JOB_KEYS = {
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA", "COLUMNS"):
-        monkeypatch.delenv(name, raising=False)
-    return CliRunner()
-
-
-@pytest.fixture
 def seeded(pgwork_dsn: str) -> Seeded:
     return seed(pgwork_dsn)
-
-
-def run(runner: CliRunner, dsn: str, *args: str, width: int = 160) -> Result:
-    return runner.invoke(main, [*args, "--dsn", dsn], env={"COLUMNS": str(width)})
 
 
 def run_json(runner: CliRunner, dsn: str, *args: str) -> Any:

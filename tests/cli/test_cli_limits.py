@@ -12,12 +12,13 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 from pydantic import BaseModel
+from tests.cli._run import run
 
 from pgwork import JobTypeRegistry, PostgresNotifyAdapter, PostgresStateAdapter, create_client
 from pgwork.adapters.state import WorkerInfo
-from pgwork.cli import EXIT_ERROR, main
+from pgwork.cli import EXIT_ERROR
 from pgwork.client import limits_metadata
 
 
@@ -65,17 +66,6 @@ def _declare(dsn: str, *, keys: Sequence[str | None] = ()) -> None:
             await client.close()
 
     anyio.run(go)
-
-
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA", "COLUMNS"):
-        monkeypatch.delenv(name, raising=False)
-    return CliRunner()
-
-
-def run(runner: CliRunner, dsn: str, *args: str) -> Result:
-    return runner.invoke(main, [*args, "--dsn", dsn], env={"COLUMNS": "160"})
 
 
 def limits_json(runner: CliRunner, dsn: str) -> dict[str, Any]:

@@ -28,13 +28,6 @@ def _name(command: list[str]) -> str:
     return " ".join(c for c in command if c != SOME_ID)
 
 
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA"):
-        monkeypatch.delenv(name, raising=False)
-    return CliRunner()
-
-
 def one_line_error(result: Result) -> str:
     assert result.exit_code == EXIT_ERROR, result.output
     assert "Traceback" not in result.output

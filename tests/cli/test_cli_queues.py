@@ -8,25 +8,14 @@ from typing import Any
 
 import anyio
 import psycopg
-import pytest
 from click.testing import CliRunner, Result
 from pydantic import BaseModel
 from tests.cli._cli_seed import seed
+from tests.cli._run import run
 
 from pgwork import JobTypeRegistry, PostgresStateAdapter, create_client
 from pgwork.adapters.state import WorkerInfo
 from pgwork.cli import main
-
-
-@pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    for name in ("PGWORK_DSN", "DATABASE_URL", "PGWORK_SCHEMA", "COLUMNS"):
-        monkeypatch.delenv(name, raising=False)
-    return CliRunner()
-
-
-def run(runner: CliRunner, dsn: str, *args: str) -> Result:
-    return runner.invoke(main, [*args, "--dsn", dsn], env={"COLUMNS": "160"})
 
 
 def run_json(runner: CliRunner, dsn: str, *args: str) -> Any:

@@ -16,31 +16,14 @@ from datetime import timedelta
 import anyio
 import psycopg
 import pytest
+from tests.postgres._limited import limited_job
 
-from pgwork._ids import new_id
-from pgwork.adapters.state import AcquiredJob, NewJob, TypeLimits
+from pgwork.adapters.state import AcquiredJob, TypeLimits
 from pgwork.postgres.state import PostgresStateAdapter
 
 pytestmark = pytest.mark.anyio
 
 LIMITS = {"fetch": TypeLimits(concurrency=2, key_concurrency=10)}
-
-
-def _job(key: str) -> NewJob:
-    job_id = new_id()
-    return NewJob(
-        id=job_id,
-        type_name="fetch",
-        chain_id=job_id,
-        chain_type_name="fetch",
-        chain_index=0,
-        input_json="{}",
-        queue="default",
-        priority=0,
-        max_attempts=3,
-        limit_key=key,
-        limit_group=key,
-    )
 
 
 async def _acquire(state: PostgresStateAdapter) -> list[AcquiredJob]:
@@ -63,7 +46,9 @@ async def test_a_second_acquire_waits_for_the_first_and_counts_its_jobs(
         async with state.transaction() as tx:
             # Three jobs a key: each acquire locks two of the keys it visits, so the
             # second finds a third job of each without the first's lock in its way.
-            await state.insert_jobs(tx, jobs=[_job(k) for k in "abcd" for _ in range(3)])
+            await state.insert_jobs(
+                tx, jobs=[limited_job("fetch", k) for k in "abcd" for _ in range(3)]
+            )
         # The type's cursor row exists, so that the first acquire updates it.
         await _acquire(state)
         async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:

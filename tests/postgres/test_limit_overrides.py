@@ -17,32 +17,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.postgres._limited import limited_job
 
-from pgwork._ids import new_id
-from pgwork.adapters.state import AcquiredJob, NewJob, TypeLimits
+from pgwork.adapters.state import AcquiredJob, TypeLimits
 from pgwork.postgres.state import PostgresStateAdapter
 
 pytestmark = pytest.mark.anyio
 
 KEYED = {"fetch": TypeLimits(key_concurrency=1)}
 WHOLE = {"fetch": TypeLimits(concurrency=2)}
-
-
-def _job(key: str | None) -> NewJob:
-    job_id = new_id()
-    return NewJob(
-        id=job_id,
-        type_name="fetch",
-        chain_id=job_id,
-        chain_type_name="fetch",
-        chain_index=0,
-        input_json="{}",
-        queue="default",
-        priority=0,
-        max_attempts=3,
-        limit_key=key,
-        limit_group=key or "",
-    )
 
 
 @pytest.fixture
@@ -57,7 +40,9 @@ async def state(pgwork_dsn: str) -> Any:
 async def _seed(state: PostgresStateAdapter, keys: Iterable[str], each: int = 3) -> None:
     """``each`` jobs of every key in ``keys`` ("" for jobs enqueued without one)."""
     async with state.transaction() as tx:
-        await state.insert_jobs(tx, jobs=[_job(k or None) for k in keys for _ in range(each)])
+        await state.insert_jobs(
+            tx, jobs=[limited_job("fetch", k or None) for k in keys for _ in range(each)]
+        )
 
 
 async def _acquire(
