@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -20,7 +21,7 @@ from pydantic import BaseModel
 from tests._core_only import CoreOnly
 from tests.engine.conftest import ClientFactory, eventually, scalar
 
-from pgwork import ChainStart, JobTypeRegistry, create_in_process_worker
+from pgwork import ChainStart, JobTypeRegistry, Rate, create_in_process_worker
 from pgwork.adapters.notify import Notice
 from pgwork.errors import CapabilityMissingError, ConfigurationError
 
@@ -311,17 +312,20 @@ async def test_jobs_of_types_without_limits_carry_no_limit_group(
     ]
 
 
-async def test_a_type_with_a_rate_is_refused_rather_than_run_unlimited(
-    make_client: ClientFactory,
+async def test_a_rate_window_opening_starts_the_next_job_without_the_poll(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
-    """Rates are declared but not yet enforced by the worker: a worker refuses a type
-    that declares one instead of running it past its rate."""
-    from datetime import timedelta
-
-    from pgwork import Rate
-
+    """One start a second, three jobs, a poll of a minute: the worker's acquire that
+    the rate held back says when the window opens, and a timer starts the next job
+    then, so all three are done within seconds (that each starts in a window of its
+    own is the store's part, ``tests/postgres/test_limit_rates.py``). Control: with the
+    worker ignoring that moment (no timer), the second job waits for the poll and this
+    times out."""
     reg = JobTypeRegistry()
-    paced = reg.job_type("paced", input=Item, rate=Rate(10, per=timedelta(seconds=1)))
+    paced = reg.job_type("paced", input=Item, rate=Rate(1, per=timedelta(seconds=1)))
     client = await make_client(reg)
-    with pytest.raises(ConfigurationError, match="does not enforce yet"):
-        create_in_process_worker(client=client, processors={paced: Overlap()})
+    await workers(client=client, processors={paced: Overlap(hold=0.01)}, poll_interval=60)
+    await _enqueue(client, conn, paced, [None] * 3)
+    await eventually(
+        await _all_completed(pgwork_dsn, 3), timeout=15, what="three jobs, a second apart"
+    )

@@ -179,19 +179,35 @@ class TypeLimits:
     ``concurrency``: at most this many of the type running at once, across every
     worker; ``key_concurrency``: at most this many per limit group (a limit key, or the
     group of the type's jobs enqueued without one). The store reads an operator's
-    overrides of both at each acquire. ``most``: at most this many leased by this
+    overrides of each at each acquire. ``most``: at most this many leased by this
     acquire (the worker's own cap on the type, less what it holds). None: no such
     limit."""
 
     concurrency: int | None = None
     key_concurrency: int | None = None
     most: int | None = None
+    # ``rate``: at most this many attempts started in any window of ``rate_per_s``
+    # seconds, across every worker; ``key_rate``: the same per limit group.
+    rate_n: int | None = None
+    rate_per_s: float | None = None
+    key_rate_n: int | None = None
+    key_rate_per_s: float | None = None
 
     @property
     def shared(self) -> bool:
         """Whether the limits count what every worker runs (so acquires of the type
         must not race), not only this one."""
-        return self.concurrency is not None or self.key_concurrency is not None
+        return self.concurrency is not None or self.key_concurrency is not None or self.rated
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a limit counts per limit group."""
+        return self.key_concurrency is not None or self.key_rate_n is not None
+
+    @property
+    def rated(self) -> bool:
+        """Whether a rate counts the attempts started."""
+        return self.rate_n is not None or self.key_rate_n is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +221,10 @@ class LimitedTurn:
     results: list[CompletionResult]
     acquired: list[AcquiredJob]
     waited_for: frozenset[str] = frozenset()
+    # After a short acquire: when a limit holding its types' pending jobs back (a rate
+    # whose window is full, a pause) may next let one start, never later than that
+    # moment; the caller sets a timer for it. None: nothing to wait for.
+    opens_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,16 @@ def floats(values: Sequence[float]) -> Float8Array:
     return Float8Array(head + b"".join([_FLOAT8.pack(8, v) for v in values]))
 
 
+def optional_floats(values: Sequence[float | None]) -> Float8Array:
+    """A ``float8[]``; ``None`` is a NULL element (a rate's window not set)."""
+    if None not in values:
+        return floats(values)  # type: ignore[arg-type]
+    head = _HEAD.pack(1, 1, _FLOAT, len(values), 1)
+    return Float8Array(
+        head + b"".join([_NULL if v is None else _FLOAT8.pack(8, v) for v in values])
+    )
+
+
 def completion_arrays(completions: Sequence[Completion], encoding: str) -> dict[str, Any]:
     """The completion arrays of the turn statement (``ids``, ``tokens``, ``outputs``,
     ``ends_chain``), as ``completion_params`` gives them to psycopg's list dumper."""

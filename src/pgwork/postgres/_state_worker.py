@@ -35,7 +35,15 @@ from pgwork.adapters.state import (
     TypeLimits,
 )
 from pgwork.errors import DatabaseTimeoutError
-from pgwork.postgres._arrays import completion_arrays, floats, ints, texts, turn_constants, uuids
+from pgwork.postgres._arrays import (
+    completion_arrays,
+    floats,
+    ints,
+    optional_floats,
+    texts,
+    turn_constants,
+    uuids,
+)
 from pgwork.postgres._atomic_group import PgAtomicGroup, atomic_params
 from pgwork.postgres._callers import DbConn, to_numbered
 from pgwork.postgres._errors import translate_errors
@@ -44,7 +52,7 @@ from pgwork.postgres._rows import acquired_from_rows
 from pgwork.postgres._state_complete import CompletionOps, mark_deferred
 from pgwork.postgres._storable import storable
 from pgwork.postgres._transactions import BEGIN_READ_COMMITTED, PgTransaction, own_connection
-from pgwork.postgres.sql.limits import WAITED, LimitStatements, variant
+from pgwork.postgres.sql.limits import OPENS, WAITED, LimitStatements, variant
 from pgwork.records import AttemptError, JobStatus
 
 __all__ = ["WorkerOps"]
@@ -285,6 +293,7 @@ class WorkerOps(CompletionOps):
         results: list[CompletionResult] = []
         acquired: list[AcquiredJob] = []
         waited_for: set[str] = set()
+        opens_at: datetime | None = None
         asked = limit
         misses = 0
         while True:
@@ -296,7 +305,7 @@ class WorkerOps(CompletionOps):
                 with storable(completions):
                     if completions:
                         params.update(completion_arrays(completions, conn.info.encoding))
-                    rows, waited = await _fetch_limited_turn(
+                    rows, waited, opens = await _fetch_limited_turn(
                         conn,
                         statements,
                         query,
@@ -306,6 +315,8 @@ class WorkerOps(CompletionOps):
                         skip=6 if completions else 0,
                     )
             waited_for.update(waited)
+            if opens is not None:
+                opens_at = opens if opens_at is None else min(opens_at, opens)
             if completions:
                 results, acquired, missed = await self._turn_outcome(completions, rows)
             else:
@@ -321,7 +332,7 @@ class WorkerOps(CompletionOps):
             else:
                 break
             query = _with_limit(statements.acquire_limited[_statement(kinds, marks)], limit)
-        return LimitedTurn(results, acquired, frozenset(waited_for))
+        return LimitedTurn(results, acquired, frozenset(waited_for), opens_at)
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta
@@ -576,9 +587,10 @@ async def _fetch_limited_turn(
     *,
     marks: bool,
     skip: int,
-) -> tuple[list[tuple[Any, ...]], list[str]]:
-    """The rows of a limited acquire, and the types with room that a worker waits for
-    (``sql.limits.CLEAR_WAITING``): its types' locks (none for a worker's own caps
+) -> tuple[list[tuple[Any, ...]], list[str], datetime | None]:
+    """The rows of a limited acquire, the types with room that a worker waits for
+    (``sql.limits.CLEAR_WAITING``), and when a limit may next let a job start
+    (``sql.limits.OPENS``, after a short acquire): its types' locks (none for a worker's own caps
     alone), the acquire, then the marks, sent as one pipeline (one round trip). The
     locks come in a statement of their own so that the acquire's snapshot is taken once
     they are held (see ``sql.limits``). On the adapter's autocommit connections the
@@ -604,15 +616,16 @@ async def _fetch_limited_turn(
             if marks:
                 await marked.execute(clear, [params[name] for name in clear_names], binary=True)
             rows: list[tuple[Any, ...]] = await cur.fetchall()
-            if not marks:
-                kept = [r for r in rows if r[skip] is not None or r[skip + 1] != WAITED]
-                if len(kept) < len(rows):
-                    rows = kept
-                    await marked.execute(clear, [params[name] for name in clear_names], binary=True)
-                    marks = True
+            markers = {r[skip + 1]: r for r in rows if r[skip] is None and r[skip + 1]}
+            if markers:
+                rows = [r for r in rows if r[skip] is not None or not r[skip + 1]]
+            if not marks and WAITED in markers:
+                await marked.execute(clear, [params[name] for name in clear_names], binary=True)
+                marks = True
             if marks:
                 waited = [name for (name,) in await marked.fetchall()]
-    return rows, waited
+    opens = markers.get(OPENS)
+    return rows, waited, None if opens is None else opens[skip + 11]
 
 
 @functools.lru_cache(maxsize=64)
@@ -626,7 +639,9 @@ def _kinds_of(leases: tuple[str, ...], limits: tuple[tuple[str, TypeLimits], ...
         elif not found.shared:
             kinds.add("capped")
         else:
-            kinds.add("whole" if found.key_concurrency is None else "keyed")
+            kinds.add("keyed" if found.keyed else "whole")
+            if found.rated:
+                kinds.add("rated")
     return variant(kinds)
 
 
@@ -662,6 +677,12 @@ def _limit_arrays(
         "limited_concurrency": ints([limits[name].concurrency for name in limited]),
         "limited_key_concurrency": ints([limits[name].key_concurrency for name in limited]),
         "limited_most": ints([limits[name].most for name in limited]),
+        "limited_rate_n": ints([limits[name].rate_n for name in limited]),
+        "limited_rate_per_s": optional_floats([limits[name].rate_per_s for name in limited]),
+        "limited_key_rate_n": ints([limits[name].key_rate_n for name in limited]),
+        "limited_key_rate_per_s": optional_floats(
+            [limits[name].key_rate_per_s for name in limited]
+        ),
         "capped_names": texts(capped, encoding),
         "capped_most": ints([limits[name].most for name in capped]),
         "free_names": texts([name for name in leases if name not in limits], encoding),

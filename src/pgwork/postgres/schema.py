@@ -298,6 +298,19 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         ),
     )
 
+    # The attempts started of types with a rate (migration 0013): written by the
+    # acquire that leased each, under the type's lock, and counted over the last window
+    # by the next; the acquire deletes those older than the type's longest window.
+    sa.Table(
+        "job_starts",
+        md,
+        sa.Column("type_name", sa.Text, nullable=False),
+        sa.Column("limit_group", sa.Text, nullable=False),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Index("job_starts_type_idx", "type_name", "started_at"),
+        sa.Index("job_starts_group_idx", "type_name", "limit_group", "started_at"),
+    )
+
     # The history of ended jobs, counted per bucket of end time, queue and job type
     # (migration 0009): throughput, wait and run time over days, kept after retention
     # deleted the jobs. Filled by the worker's maintenance from jobs_ended_idx

@@ -250,18 +250,17 @@ def _limits(
     acquire; refused on a store that cannot keep them (without ``FlowControl``)."""
     limits = {
         name: TypeLimits(
-            concurrency=t.concurrency, key_concurrency=t.key_concurrency, most=caps.get(name)
+            concurrency=t.concurrency,
+            key_concurrency=t.key_concurrency,
+            most=caps.get(name),
+            rate_n=None if t.rate is None else t.rate.n,
+            rate_per_s=None if t.rate is None else t.rate.per.total_seconds(),
+            key_rate_n=None if t.key_rate is None else t.key_rate.n,
+            key_rate_per_s=None if t.key_rate is None else t.key_rate.per.total_seconds(),
         )
         for name, t in types.items()
-        if t.concurrency is not None or t.key_concurrency is not None or name in caps
+        if t.limited or name in caps
     }
-    for name, t in types.items():
-        if t.rate is not None or t.key_rate is not None:
-            raise ConfigurationError(
-                f"job type {name!r} declares a rate (rate= or key_rate=), which this version "
-                "of the worker does not enforce yet: declare concurrency or key_concurrency "
-                "instead, or run the type on a worker that enforces rates"
-            )
     capabilities = client.capabilities
     if limits and capabilities.flow is None:
         name = next(iter(limits))

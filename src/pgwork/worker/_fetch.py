@@ -259,6 +259,10 @@ class Fetcher:
             freed=freed,
         )
         self.waited_for |= turn.waited_for
+        if turn.opens_at is not None:
+            # A rate's window or a pause holds jobs back until then: no notice will
+            # say when it ends, so a timer does.
+            self._wakeups.due_at(turn.opens_at.timestamp())
         return turn.results, turn.acquired
 
     def _room_by_type(self) -> dict[str, TypeLimits]:

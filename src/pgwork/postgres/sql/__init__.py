@@ -56,6 +56,7 @@ _SCHEMA_OBJECTS = (
     "job_history",
     "job_history_progress",
     "job_limits",
+    "job_starts",
     "job_status",
     "chain_status",
 )

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pgwork.postgres.sql.leases import ACQUIRED_WIDTH, LEASE_CANDIDATES, LEASED, LEASES
 from pgwork.postgres.sql.outcomes import complete_and_acquire
 
-__all__ = ["KINDS", "LIMIT_LOCK", "WAITED", "LimitStatements", "variant"]
+__all__ = ["KINDS", "LIMIT_LOCK", "OPENS", "WAITED", "LimitStatements", "variant"]
 
 # The first key of a limited type's lock (a two-key advisory lock; the second key is the
 # type name's hash): "pgwl" read as an int4. Two types whose names hash alike share a
@@ -59,29 +59,38 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true), (
 # what this acquire takes of the type (the worker's own cap less what it holds). A type
 # paused until later has no room.
 _ROOM = """
+clock AS MATERIALIZED (SELECT clock_timestamp() AS at),
 declared AS (
     SELECT t.name,
         COALESCE(o.concurrency, t.concurrency) AS concurrency,
         COALESCE(o.key_concurrency, t.key_concurrency) AS key_concurrency,
+        COALESCE(o.rate_n, t.rate_n) AS rate_n,
+        COALESCE(o.rate_per_s, t.rate_per_s) AS rate_per_s,
+        COALESCE(o.key_rate_n, t.key_rate_n) AS key_rate_n,
+        COALESCE(o.key_rate_per_s, t.key_rate_per_s) AS key_rate_per_s,
         t.most,
         COALESCE(o.cursor_key, '') AS cursor_key,
         COALESCE(o.paused_until > now(), false) AS paused,
-        t.key_concurrency IS NOT NULL AS keyed,
+        t.key_concurrency IS NOT NULL OR t.key_rate_n IS NOT NULL AS keyed,
         o.waiting_since
     FROM unnest(
         %(limited_names)s::text[], %(limited_concurrency)s::int[],
-        %(limited_key_concurrency)s::int[], %(limited_most)s::int[]
-    ) AS t(name, concurrency, key_concurrency, most)
+        %(limited_key_concurrency)s::int[], %(limited_most)s::int[],
+        %(limited_rate_n)s::int[], %(limited_rate_per_s)s::float8[],
+        %(limited_key_rate_n)s::int[], %(limited_key_rate_per_s)s::float8[]
+    ) AS t(name, concurrency, key_concurrency, most, rate_n, rate_per_s, key_rate_n,
+           key_rate_per_s)
     LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
 ),
 room AS (
-    SELECT d.name, d.key_concurrency, d.cursor_key, d.keyed, d.waiting_since,
+    SELECT d.name, d.key_concurrency, d.cursor_key, d.keyed, d.waiting_since, d.rate_n,
+        d.rate_per_s, d.key_rate_n, d.key_rate_per_s,
         CASE WHEN d.paused THEN 0 ELSE greatest(least(
             d.concurrency - (SELECT count(*) FROM {jobs} AS r
                              WHERE r.status = 'running' AND r.limit_group IS NOT NULL
                                AND r.type_name = d.name)/*freed-type*/,
             d.most,
-            %(limit)s
+            %(limit)s/*rate-type*/
         ), 0) END::int AS room
     FROM declared AS d
 )"""
@@ -119,7 +128,7 @@ _GROUP_ROOM = """
                         SELECT count(*) FROM {{jobs}} AS r
                         WHERE r.status = 'running' AND r.limit_group = {g}.limit_group
                           AND r.type_name = rm.name)/*freed-group:{g}*/,
-                    rm.room
+                    rm.room/*rate-group:{g}*/
                 ), 0) END::int AS room
             FROM (SELECT 1) AS one
             LEFT JOIN {{job_limits}} AS k
@@ -272,11 +281,35 @@ _FREED = {
 }
 
 
-def _counting(text: str, completing: bool) -> str:
+# What a rate leaves: its count less the attempts started in its last window (one
+# index range of ``job_starts``, its clock read once per statement, after the locks).
+_RATED = {
+    "/*rate-type*/": """,
+            CASE WHEN d.rate_n IS NULL THEN NULL ELSE d.rate_n - (
+                SELECT count(*) FROM {job_starts} AS s
+                WHERE s.type_name = d.name
+                  AND s.started_at > (SELECT c.at FROM clock AS c)
+                      - make_interval(secs => d.rate_per_s)) END""",
+    **{
+        f"/*rate-group:{g}*/": f""",
+                    CASE WHEN COALESCE(k.key_rate_n, rm.key_rate_n) IS NULL THEN NULL
+                    ELSE COALESCE(k.key_rate_n, rm.key_rate_n) - (
+                        SELECT count(*) FROM {{job_starts}} AS s
+                        WHERE s.type_name = rm.name AND s.limit_group = {g}.limit_group
+                          AND s.started_at > (SELECT c.at FROM clock AS c) - make_interval(
+                              secs => COALESCE(k.key_rate_per_s, rm.key_rate_per_s))) END"""
+        for g in ("f", "n")
+    },
+}
+
+
+def _counting(text: str, completing: bool, rated: bool = False) -> str:
     """``text`` with the room a turn's completions free counted in (``completing``),
-    or without."""
+    or without; and with what the rates leave (``rated``), or without."""
     for marker, freed in _FREED.items():
         text = text.replace(marker, freed if completing else "")
+    for marker, rate in _RATED.items():
+        text = text.replace(marker, rate if rated else "")
     return text
 
 
@@ -292,7 +325,7 @@ def _candidates(kinds: frozenset[str], completing: bool = False) -> str:
     ]
     union = "\n        UNION ALL".join(_BRANCHES[kind] for kind in order)
     return (
-        _counting(",".join(ctes), completing)
+        _counting(",".join(ctes), completing, "rated" in kinds)
         + f""",
 candidates AS (
     SELECT c.id, c.ctid, c.name, c.limit_group, c.pos
@@ -395,9 +428,10 @@ WHERE o.type_name = t.name AND o.limit_key = '' AND o.waiting_since < now()
 RETURNING o.type_name
 """
 
-# The kinds of job type a limited acquire serves: limited as a whole, keyed, capped by
-# the worker alone, free of limits. A statement per combination (``variant``).
-KINDS = ("whole", "keyed", "capped", "free")
+# The kinds of job type a limited acquire serves: limited as a whole, keyed (either
+# of them also ``rated``: a rate counts its starts), capped by the worker alone, free
+# of limits. A statement per combination (``variant``).
+KINDS = ("whole", "keyed", "rated", "capped", "free")
 
 
 def variant(kinds: Iterable[str]) -> str:
@@ -419,19 +453,47 @@ cursors AS (
 )"""
 
 
+# The attempts a rated type started, recorded at the statement's one reading of the
+# clock, and those that no window of the type can count any more, deleted.
+_STARTS = """
+starts AS (
+    INSERT INTO {job_starts} (type_name, limit_group, started_at)
+    SELECT x.type_name, CASE WHEN rm.keyed THEN COALESCE(x.limit_key, '') ELSE '' END, c.at
+    FROM leased AS x
+    JOIN room AS rm ON rm.name = x.type_name
+    CROSS JOIN clock AS c
+    WHERE rm.rate_n IS NOT NULL OR rm.key_rate_n IS NOT NULL
+),
+expired AS (
+    DELETE FROM {job_starts} AS s
+    USING room AS rm, clock AS c
+    WHERE s.type_name = rm.name AND (rm.rate_n IS NOT NULL OR rm.key_rate_n IS NOT NULL)
+      AND s.started_at <= c.at - make_interval(secs => greatest(
+          rm.rate_per_s, rm.key_rate_per_s,
+          (SELECT max(k.key_rate_per_s) FROM {job_limits} AS k WHERE k.type_name = rm.name)))
+)"""
+
+
 def _after_lease(kinds: frozenset[str], marks: bool) -> str:
+    parts = []
     if "keyed" in kinds:
-        return f"{_WAITS},{_CURSORS}" if marks else _CURSORS_ONLY
-    if "whole" in kinds and marks:
-        return f"{_WAITS},{_MARKS}"
-    return ""
+        parts += [_WAITS, _CURSORS] if marks else [_CURSORS_ONLY]
+    elif "whole" in kinds and marks:
+        parts += [_WAITS, _MARKS]
+    if "rated" in kinds:
+        parts.append(_STARTS)
+    return ",".join(parts)
 
 
 _VARIANTS = [
     frozenset(k for k, on in zip(KINDS, bits, strict=True) if on)
     for bits in itertools.product((False, True), repeat=len(KINDS))
 ]
-_VARIANTS = [kinds for kinds in _VARIANTS if kinds & {"whole", "keyed", "capped"}]
+_VARIANTS = [
+    kinds
+    for kinds in _VARIANTS
+    if kinds & {"whole", "keyed", "capped"} and ("rated" not in kinds or kinds & {"whole", "keyed"})
+]
 
 
 # The leased rows and the marker of candidates missed (``LEASE_CANDIDATES``), then,
@@ -445,8 +507,57 @@ WHERE EXISTS (SELECT 1 FROM room AS rm WHERE rm.waiting_since IS NOT NULL)
 """
 
 
+# And, after a short acquire, the marker of when a limit that holds its types' pending
+# jobs back may next let one start (a row whose id is NULL, whose type is ``OPENS`` and
+# whose lease end is that moment): the earliest of a start leaving a rate's window and
+# a pause ending. Never later than the true moment, sometimes earlier (the worker's
+# acquire then finds nothing and learns the next one): its worker sets a timer for it.
+OPENS = "(opens)"
+_BEFORE_AT = ", ".join(["NULL"] * 9)  # the columns before ``leased_until``
+_AFTER_AT = ", ".join(["NULL"] * (ACQUIRED_WIDTH - 12))
+_OPENS_ROWS = f"""UNION ALL
+SELECT NULL, '{OPENS}', {_BEFORE_AT}, o.at, {_AFTER_AT}
+FROM (
+    SELECT min(w.at) AS at
+    FROM room AS rm
+    CROSS JOIN clock AS c
+    CROSS JOIN LATERAL (
+        SELECT COALESCE((
+            SELECT min(s.started_at) FROM {{job_starts}} AS s
+            WHERE s.type_name = rm.name
+              AND s.started_at > c.at - make_interval(secs => rm.rate_per_s)
+        ), c.at) + make_interval(secs => rm.rate_per_s) AS at
+        WHERE rm.rate_n IS NOT NULL
+        UNION ALL
+        SELECT COALESCE((
+            SELECT min(s.started_at) FROM {{job_starts}} AS s
+            WHERE s.type_name = rm.name
+              AND s.started_at > c.at - make_interval(secs => rm.key_rate_per_s)
+        ), c.at) + make_interval(secs => rm.key_rate_per_s)
+        WHERE rm.key_rate_n IS NOT NULL
+        UNION ALL
+        SELECT min(k.paused_until) FROM {{job_limits}} AS k
+        WHERE k.type_name = rm.name AND k.paused_until > now()
+    ) AS w
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM leased AS x WHERE x.type_name = rm.name
+    ) AS got
+    WHERE (SELECT count(*) FROM leased) < %(limit)s
+      AND (SELECT count(*) FROM (
+          SELECT 1 FROM {{jobs}} AS j
+          WHERE j.status = 'pending' AND j.limit_group IS NOT NULL AND j.type_name = rm.name
+            AND j.scheduled_at <= now() AND j.queue = ANY(%(queues)s::text[])
+          ORDER BY j.limit_group, j.priority, j.scheduled_at  -- by its pending index
+          LIMIT got.n + 1) AS p) > got.n  -- more pending than it leased (its snapshot's)
+) AS o
+WHERE o.at IS NOT NULL
+"""
+
+
 def _rows(kinds: frozenset[str], marks: bool) -> str:
-    return _WAITED_ROWS if not marks and kinds & {"whole", "keyed"} else LEASE_CANDIDATES
+    if not kinds & {"whole", "keyed"}:
+        return LEASE_CANDIDATES
+    return (_WAITED_ROWS if not marks else LEASE_CANDIDATES) + _OPENS_ROWS
 
 
 def _acquire(kinds: frozenset[str], marks: bool) -> str:
