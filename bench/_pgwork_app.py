@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -25,12 +26,14 @@ from pgwork import (
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
+    Rate,
     create_client,
 )
 from pgwork.testing import uuid7_sql
 
 __all__ = [
     "KEY_CONCURRENCY",
+    "PACED_RATE",
     "SCHEMA",
     "Counter",
     "Item",
@@ -49,6 +52,8 @@ SCHEMA = "pgwork"
 GENEROUS = 5_000
 # ``keyed``'s key_concurrency: what ``python -m bench.flow`` makes bind.
 KEY_CONCURRENCY = 2
+# ``paced``'s rate, per second: what ``python -m bench.flow --rate`` drains at.
+PACED_RATE = 1_000
 
 
 class Item(BaseModel):
@@ -58,12 +63,13 @@ class Item(BaseModel):
 def registry() -> JobTypeRegistry:
     """The benchmark's job types: a staged and an atomic no-op, a staged no-op with a
     limit that never binds (``concurrency`` far above any drain's slots), a staged type
-    limited per key (``bench.flow``), and a 3-step chain."""
+    limited per key and one limited by a rate (``bench.flow``), and a 3-step chain."""
     reg = JobTypeRegistry()
     reg.job_type("noop", input=Item)
     reg.job_type("noop_limited", input=Item, concurrency=GENEROUS)
     reg.job_type("noop_atomic", input=Item, mode="atomic")
     reg.job_type("keyed", input=Item, key_concurrency=KEY_CONCURRENCY)
+    reg.job_type("paced", input=Item, rate=Rate(PACED_RATE, per=timedelta(seconds=1)))
     reg.job_type("step1", input=Item, continue_with=["step2"])
     reg.job_type("step2", input=Item, entry=False, continue_with=["step3"])
     reg.job_type("step3", input=Item, entry=False)

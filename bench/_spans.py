@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ import psycopg
 
 from bench._pgwork_app import Counter
 
-__all__ = ["SPANS_TABLE", "Oracle", "Spans", "oracle", "read_spans"]
+__all__ = ["SPANS_TABLE", "Oracle", "Spans", "densest_window", "oracle", "read_spans"]
 
 SPANS_TABLE = """
 CREATE TABLE bench_spans (
@@ -135,3 +135,13 @@ def oracle(spans: Iterable[Span]) -> Oracle:
             elif to_start > len(freed):
                 freed.append(at)
     return Oracle(spans=count, most=most, busiest=busiest, waits=tuple(waits))
+
+
+def densest_window(starts: Sequence[float], width: float) -> int:
+    """The most of ``starts`` (sorted) within any window of ``width`` seconds."""
+    most, first = 0, 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= width:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

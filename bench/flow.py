@@ -55,8 +55,16 @@ from psycopg import sql
 from bench._context import WAIT_LIMIT
 from bench._env import PgworkDatabases, server
 from bench._loop import LOOPS, current, resolve, run
-from bench._pgwork_app import KEY_CONCURRENCY, SCHEMA, Item, open_client, settle, wait_drained
-from bench._spans import SPANS_TABLE, Oracle, oracle, read_spans
+from bench._pgwork_app import (
+    KEY_CONCURRENCY,
+    PACED_RATE,
+    SCHEMA,
+    Item,
+    open_client,
+    settle,
+    wait_drained,
+)
+from bench._spans import SPANS_TABLE, Oracle, densest_window, oracle, read_spans
 from bench._worker_process import WorkerProcess
 from pgwork import ChainStart
 
@@ -81,7 +89,18 @@ class Scenario:
     # the oracle see a key run past two.
     type_name: str = "keyed"
 
+    @property
+    def paced(self) -> bool:
+        """The rate scenario: ``paced``'s jobs, without keys."""
+        return self.type_name == "paced"
+
     def describe(self) -> str:
+        if self.paced:
+            return (
+                f"{self.jobs:,} jobs of a type with rate=Rate({PACED_RATE}, per=1 s), "
+                f"{self.processes} worker processes x {self.slots} slots, handlers holding "
+                f"{self.hold_ms:g} ms"
+            )
         return (
             f"{self.jobs:,} jobs of a type with key_concurrency={KEY_CONCURRENCY} over "
             f"{self.keys} keys ({self.hot_keys} hot keys holding {self.hot_share:.0%} of "
@@ -90,9 +109,12 @@ class Scenario:
         )
 
 
-def scenario_keys(s: Scenario) -> list[str]:
+def scenario_keys(s: Scenario) -> list[str | None]:
     """Each job's limit key, in enqueue order: a hot key with probability
-    ``hot_share`` (the hot keys alike), else one of the others (alike), seeded."""
+    ``hot_share`` (the hot keys alike), else one of the others (alike), seeded; none
+    in the rate scenario."""
+    if s.paced:
+        return [None] * s.jobs
     hot = [f"hot-{k:03d}" for k in range(s.hot_keys)]
     cold = [f"cold-{k:03d}" for k in range(s.keys - s.hot_keys)]
     weights = [s.hot_share / len(hot)] * len(hot) + [(1 - s.hot_share) / len(cold)] * len(cold)
@@ -107,9 +129,13 @@ class Run:
     found: Oracle
     completed: int
     commits: float
+    # The rate scenario's: starts per second from the first handler's start to the
+    # last's, and the most starts in any one-second window (both from the spans).
+    paced_per_s: float = float("nan")
+    densest: int = 0
 
 
-async def _enqueue(dsn: str, type_name: str, keys: Sequence[str]) -> None:
+async def _enqueue(dsn: str, type_name: str, keys: Sequence[str | None]) -> None:
     async with (
         open_client(dsn, pool_size=2) as client,
         await psycopg.AsyncConnection.connect(dsn) as conn,
@@ -188,6 +214,8 @@ async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
         commits = await _commits(stats, alone=True) - before
     finally:
         await stats.close()
+    spans = read_spans(dsn)
+    starts = sorted(started for _, started, _ in spans)
     firsts = [c.first for c in children if c.first is not None]
     measured = [c for c in costs if c is not None]
     servers = [c.server_us for c in measured if c.server_us is not None]
@@ -197,9 +225,11 @@ async def drain(dsn: str, admin_dsn: str, s: Scenario) -> Run:
         # Every meter reads all of the database's backends, each from its own process's
         # first handler: the one that began first saw the most.
         server_us=max(servers) if servers else None,
-        found=oracle(read_spans(dsn)),
+        found=oracle(spans),
         completed=await _completed(dsn),
         commits=commits / s.jobs,
+        paced_per_s=(len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 else 0.0,
+        densest=densest_window(starts, 1.0),
     )
 
 
@@ -212,6 +242,19 @@ HEADER = (
     f"(limit {KEY_CONCURRENCY}) | place freed → next start, ms: median / p95 / max "
     "| places timed |\n|---|---:|---:|---:|---:|---:|---|---:|"
 )
+
+
+PACED_HEADER = (
+    f"| run | starts/s (rate {PACED_RATE}/s) | of the rate | most starts in one second "
+    "| worker CPU µs/job | server CPU µs/job | commits/job |\n|---|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def paced_row(label: str, r: Run) -> str:
+    return (
+        f"| {label} | {r.paced_per_s:,.1f} | {r.paced_per_s / PACED_RATE:.1%} | {r.densest:,} | "
+        f"{_us(r.worker_us)} | {_us(r.server_us)} | {r.commits:.2f} |"
+    )
 
 
 def row(label: str, r: Run) -> str:
@@ -261,10 +304,11 @@ async def _run(args: argparse.Namespace) -> int:
         hot_keys=args.hot_keys,
         hot_share=args.hot_share,
         hold_ms=args.hold_ms,
+        type_name="paced" if args.rate else "keyed",
     )
     print(f"event loop: {current()}")
-    print(f"keys: {s.describe()}\n")
-    print(HEADER, flush=True)
+    print(f"{'rate' if s.paced else 'keys'}: {s.describe()}\n")
+    print(PACED_HEADER if s.paced else HEADER, flush=True)
     runs: list[Run] = []
     broken: list[str] = []
     with server(args.dsn) as (admin, _kind):
@@ -274,11 +318,16 @@ async def _run(args: argparse.Namespace) -> int:
                 with dbs.fresh() as dsn:
                     r = await drain(dsn, dbs.admin_dsn, s)
                 runs.append(r)
+                if s.paced:
+                    print(paced_row(f"rate, run {n + 1}", r), flush=True)
+                    continue
                 print(row(f"keys, run {n + 1}", r), flush=True)
                 broken += failures(s, r)
         finally:
             dbs.close()
-    if len(runs) > 1:
+    if s.paced and len(runs) > 1:
+        print(f"\nmedian starts/s: {statistics.median(r.paced_per_s for r in runs):,.1f}")
+    elif len(runs) > 1:
         print(median_row(runs))
     for failure in broken:
         print(f"\nFAILED: {failure}")
@@ -298,6 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--hot-share", type=float, default=0.8, help="share of the jobs on the hot keys"
     )
     parser.add_argument("--hold-ms", type=float, default=10.0, help="each handler's hold")
+    parser.add_argument(
+        "--rate",
+        action="store_true",
+        help=f"drain a type with rate=Rate({PACED_RATE}, per=1 s) instead (keys unused)",
+    )
     parser.add_argument(
         "--loop", choices=LOOPS, default="auto", help="the event loop (auto: uvloop if installed)"
     )
