@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from bench._pgwork_app import KEY_CONCURRENCY
-from bench._spans import oracle
+from bench._spans import densest_window, oracle
 from bench.flow import Run, Scenario, drain, failures, scenario_keys
 from bench.tests._runs import run_bench
 
@@ -125,4 +125,28 @@ def test_the_bench_prints_a_row_per_run_and_their_median(pg_server_dsn: str) -> 
     for _label, cells in rows[:2]:
         most = int(cells.split("|")[4])
         assert 1 <= most <= KEY_CONCURRENCY, out
+    assert "FAILED" not in out
+
+
+def test_the_densest_window_counts_the_busiest_second() -> None:
+    """Three starts within a second, then two more a second later: the busiest second
+    holds three; a start exactly a second after another is in the next window."""
+    assert densest_window([0.0, 0.2, 0.9, 1.0, 1.9], 1.0) == 3
+    assert densest_window([0.0, 1.0, 2.0], 1.0) == 1
+    assert densest_window([], 1.0) == 0
+
+
+def test_the_rate_run_prints_its_row(pg_server_dsn: str) -> None:
+    """A run of ``--rate`` drains its jobs and prints its figures (the steady rate
+    needs more jobs than one window's, so it is a number here)."""
+    out = run_bench(
+        "bench.flow",
+        pg_server_dsn,
+        *("--rate", "--jobs", "1200", "--repeat", "1", "--processes", "2", "--slots", "8"),
+        *("--hold-ms", "1"),
+    )
+
+    assert "| run | starts/s (rate 1000/s) |" in out, out
+    [cells] = re.findall(r"^\| rate, run 1 \|(.*)$", out, re.MULTILINE)
+    assert float(cells.split("|")[0].replace(",", "")) > 0, out
     assert "FAILED" not in out
