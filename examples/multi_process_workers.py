@@ -93,8 +93,10 @@ async def main(dsn: str) -> None:
         # Each worker registers once it runs (and handles SIGTERM): wait for all of them,
         # so that every process shares the jobs and stops gracefully at the end.
         with anyio.fail_after(60):
-            while len(await client.list_workers()) < PROCESSES:
-                await anyio.sleep(0.1)
+            while True:
+                if len(await client.list_workers()) >= PROCESSES:
+                    break
+                await anyio.sleep(0.1)  # a registration has no notification
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             started = await client.start_chains(
                 conn, [ChainStart(thumbnail, Thumbnail(image_id=i)) for i in range(JOBS)]

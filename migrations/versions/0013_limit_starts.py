@@ -33,9 +33,7 @@ def upgrade(*, schema: str) -> None:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
         schema=schema,
     )
-    op.create_index(
-        "job_starts_type_idx", "job_starts", ["type_name", "started_at"], schema=schema
-    )
+    op.create_index("job_starts_type_idx", "job_starts", ["type_name", "started_at"], schema=schema)
     op.create_index(
         "job_starts_group_idx",
         "job_starts",
