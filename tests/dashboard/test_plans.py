@@ -207,19 +207,18 @@ async def test_chain_listing_reads_a_page_of_keys_per_range_after_a_bulk_enqueue
     (type, status) range is read in page order and stops after a page, from the index
     alone; only the page's rows are read whole.
 
-    PostgreSQL 18, planning from statistics taken before the burst, reads a (type,
-    status) range whole with a bitmap scan and sorts it: a known gap until the table is
-    analyzed again. The test says so, and fails once PostgreSQL 18 plans it as 15
-    does, to be tightened then."""
+    PostgreSQL 18, planning from statistics taken before the burst, may read a (type,
+    status) range whole with a bitmap scan and sort it: a known gap until the table is
+    analyzed again, which it does not always take (its choice turns on estimates that
+    differ from run to run). When it takes the plan PostgreSQL 15 takes, that plan is
+    held to the same bounds."""
     (nodes,) = await plans_of(after_a_burst, pgwork_dsn, monkeypatch, read, analyze=True)
 
     ranges = [n for n in nodes if n.get("Index Name") == "jobs_chains_idx"]
     assert ranges, nodes
-    if await _server_major(pgwork_dsn) >= 18:
-        assert any(
-            n["Node Type"] == "Bitmap Index Scan" and n["Actual Rows"] > 51 for n in ranges
-        ), ranges
-        return
+    bitmap = [n for n in ranges if n["Node Type"] == "Bitmap Index Scan"]
+    if bitmap and await _server_major(pgwork_dsn) >= 18:
+        return  # the known gap
     assert all(n["Node Type"] == "Index Only Scan" for n in ranges), ranges
     assert all(n["Actual Rows"] <= 51 for n in ranges), ranges
     whole = [n for n in nodes if n.get("Index Name") == "jobs_pkey"]
