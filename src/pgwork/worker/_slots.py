@@ -238,11 +238,9 @@ class Slots:
         following = self.admission.freed(slot, time.monotonic())
         if following is not None:
             self._launch(following)
-        if self.limited and slot.job_type.name in self.limited:
-            # Its completion, left with the batcher, rides with the acquire the loop
-            # now sends: the statement frees the place and leases into it.
-            self.limited_ended = True
-            self.freed_keys.add((slot.job_type.name, slot.acquired.limit_key or ""))
+        # Its completion, left with the batcher, rides with the acquire the loop now
+        # sends: the statement frees the place and leases into it.
+        self._room_freed(slot, acquire=True)
         self._bell.ring()
 
     def settled(self, slot: Slot, then: Coroutine[Any, Any, None] | None) -> None:
@@ -262,10 +260,20 @@ class Slots:
             slot.move(SlotState.DONE)
         if self.held.pop(slot, False) is None:
             self.held_by_type[slot.job_type.name] -= 1
-        if not batched and self.limited and slot.job_type.name in self.limited:
-            self.limited_ended = True  # written on its own: its room is free now
-            self.freed_keys.add((slot.job_type.name, slot.acquired.limit_key or ""))
+        # Written on its own, its room is free now: an acquire follows. Written by the
+        # batcher, with an acquire or alone (which the loop acquires after), its key
+        # goes with the next acquire all the same: the one that carried its completion
+        # may have been sent before the batcher wrote it alone.
+        self._room_freed(slot, acquire=not batched)
         self._bell.ring()
+
+    def _room_freed(self, slot: Slot, *, acquire: bool) -> None:
+        """``slot``'s place in a limited type is free, or about to be: its (type, key)
+        goes with the next acquire (``freed_keys``); ``acquire``: one must follow."""
+        if self.limited and slot.job_type.name in self.limited:
+            self.freed_keys.add((slot.job_type.name, slot.acquired.limit_key or ""))
+            if acquire:
+                self.limited_ended = True
 
     def abort_all(self, reason: AbortReason) -> None:
         for slot in list(self.held):
