@@ -26,19 +26,39 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from tests.faults._jobs import FLOW_CONCURRENCY, FLOW_KEY_CONCURRENCY, Spec, registry
+from tests._starts import Start, windows
+from tests.faults._jobs import (
+    FLOW_CONCURRENCY,
+    FLOW_KEY_CONCURRENCY,
+    FLOW_KEY_RATE,
+    FLOW_RATE,
+    Spec,
+    registry,
+)
 
 from pgwork import ChainStart, PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
-__all__ = ["FLOW_TYPES", "Overlaps", "flow_jobs", "overlaps", "racing_callers"]
+__all__ = [
+    "FLOW_TYPES",
+    "Densest",
+    "Overlaps",
+    "densest",
+    "flow_jobs",
+    "overlaps",
+    "racing_callers",
+]
 
-FLOW_TYPES = ("limited", "keyed")
+FLOW_TYPES = ("limited", "keyed", "rated")
 # The keyed type's limit keys; None: enqueued without a key (one group of its own).
 KEYS: tuple[str | None, ...] = ("k1", "k2", "k3", "k4", None)
+# The rated type's, half of its jobs on ``r1``: while every group has jobs the type's
+# rate binds (five groups could start ten a window, the type six); once only ``r1``
+# has, its key rate does.
+RATED_KEYS: tuple[str | None, ...] = ("r1", "r1", "r1", "r1", "r2", "r3", "r4", None)
 
 _INTERVALS = """
 SELECT j.type_name, i.limit_key, i.started_at,
@@ -142,18 +162,101 @@ def overlaps(dsn: str) -> Overlaps:
 
 
 def flow_jobs(
-    limited: int, keyed: int, *, rng: random.Random, ms: tuple[int, int] = (50, 200)
+    limited: int,
+    keyed: int,
+    rated: int = 0,
+    *,
+    rng: random.Random,
+    ms: tuple[int, int] = (50, 200),
 ) -> tuple[list[tuple[str, Spec]], list[str | None]]:
-    """``limited`` jobs of the type limited as a whole and ``keyed`` of the keyed type
-    spread over ``KEYS``, interleaved, each held ``ms`` (a range); and their keys."""
+    """``limited`` jobs of the type limited as a whole, ``keyed`` of the keyed type
+    spread over ``KEYS`` and ``rated`` of the rated type over ``RATED_KEYS``,
+    interleaved, each held ``ms`` (a range); and their keys."""
     jobs: list[tuple[str, Spec]] = []
     keys: list[str | None] = []
-    kinds = ["limited"] * limited + ["keyed"] * keyed
+    kinds = ["limited"] * limited + ["keyed"] * keyed + ["rated"] * rated
     rng.shuffle(kinds)
+    choices = {"keyed": KEYS, "rated": RATED_KEYS}
     for n, kind in enumerate(kinds):
         jobs.append((kind, Spec(n=n, ms=rng.randint(*ms))))
-        keys.append(rng.choice(KEYS) if kind == "keyed" else None)
+        keys.append(rng.choice(choices[kind]) if kind in choices else None)
     return jobs, keys
+
+
+# The rated type's attempts: each started (was counted by its acquire) at a moment
+# between its acquire's transaction start and its handler's first statement.
+_STARTS = """
+SELECT i.limit_key, i.leased_at, i.started_at
+FROM faults_intervals AS i
+JOIN pgwork.jobs AS j ON j.id = i.job_id
+WHERE j.type_name = 'rated'
+"""
+
+
+@dataclass(slots=True)
+class Densest:
+    """The most ``rated`` attempts certainly started within one window of the rate's
+    length (``tests/_starts.py`` says how): for the type, and for each group (the
+    key, or ``''``). A correct build never shows more than its rate, and an excess is
+    one the database allowed. Attempts whose worker was stopped between their acquire
+    and their handler's first statement have wide bounds and are seldom counted,
+    which only lowers the figure."""
+
+    attempts: int = 0
+    by_type: int = 0
+    by_group: Counter[str] = field(default_factory=Counter)
+    # (group or '*' for the type, window start, how many): the first windows past a rate.
+    excess: list[tuple[str, str, int]] = field(default_factory=list)
+    # The widest bounds seen (seconds), for the notes.
+    widest_s: float = 0.0
+
+    def most_keyed(self) -> int:
+        return max(self.by_group.values(), default=0)
+
+    def within_rates(self) -> bool:
+        return self.by_type <= FLOW_RATE.n and self.most_keyed() <= FLOW_KEY_RATE.n
+
+    def as_notes(self) -> dict[str, Any]:
+        return {
+            "rated_attempts": self.attempts,
+            "most_started_in_a_window": self.by_type,
+            "most_started_in_a_window_per_key": {
+                group or "(no key)": n for group, n in sorted(self.by_group.items())
+            },
+            "widest_start_bounds_s": round(self.widest_s, 3),
+            **({"rate_excess": self.excess[:6]} if self.excess else {}),
+        }
+
+
+def _densest(
+    starts: Sequence[Start], window: timedelta, limit: int, label: str
+) -> tuple[int, list[tuple[str, str, int]]]:
+    """The most starts certainly inside one window, and the first windows holding
+    more than ``limit``."""
+    found = windows(starts, window)
+    excess = [(label, at.isoformat(), n) for at, n in found if n > limit][:3]
+    return max((n for _, n in found), default=0), excess
+
+
+def densest(dsn: str) -> Densest:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(_STARTS).fetchall()
+    found = Densest(attempts=len(rows))
+    spans: list[Start] = []
+    by_group: dict[str, list[Start]] = {}
+    for key, leased_at, started_at in rows:
+        assert leased_at is not None
+        assert leased_at <= started_at, (leased_at, started_at)
+        found.widest_s = max(found.widest_s, (started_at - leased_at).total_seconds())
+        spans.append((leased_at, started_at))
+        by_group.setdefault(key or "", []).append((leased_at, started_at))
+    found.by_type, found.excess = _densest(spans, FLOW_RATE.per, FLOW_RATE.n, "*")
+    for group, group_spans in by_group.items():
+        found.by_group[group], excess = _densest(
+            group_spans, FLOW_KEY_RATE.per, FLOW_KEY_RATE.n, group
+        )
+        found.excess += excess
+    return found
 
 
 @dataclass(slots=True)
@@ -181,7 +284,7 @@ def _enqueuer(dsn: str, stop: threading.Event, rng: random.Random, callers: Call
         try:
             async with await psycopg.AsyncConnection.connect(dsn) as conn:
                 while not stop.is_set():
-                    jobs, keys = flow_jobs(2, 4, rng=rng)
+                    jobs, keys = flow_jobs(2, 4, 1, rng=rng)
                     items = [
                         ChainStart(reg.get(name), spec, limit_key=key)
                         for (name, spec), key in zip(jobs, keys, strict=True)

@@ -8,7 +8,9 @@ two effect rows for one job are a duplicate effect, the thing atomic mode promis
 never to produce. The flow-limited types (``limited``, ``keyed``) also write an
 *interval* row: when their handler began and, on its way out, when it ended, both by
 the database's clock, so the attempts running at any instant can be counted from
-outside pgwork.
+outside pgwork. The rated type (``rated``) writes one too, with the moment before which
+its attempt cannot have started (its acquire's transaction start, read back from the
+lease it was given), so the attempts started in any window can be bounded from outside.
 """
 
 from __future__ import annotations
@@ -17,9 +19,18 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from pgwork import JobTypeRegistry, RetryPolicy
+from pgwork import JobTypeRegistry, Rate, RetryPolicy
 
-__all__ = ["FAULT_TABLES", "FLOW_CONCURRENCY", "FLOW_KEY_CONCURRENCY", "RETRY", "Spec", "registry"]
+__all__ = [
+    "FAULT_TABLES",
+    "FLOW_CONCURRENCY",
+    "FLOW_KEY_CONCURRENCY",
+    "FLOW_KEY_RATE",
+    "FLOW_RATE",
+    "RETRY",
+    "Spec",
+    "registry",
+]
 
 # Kept in the template database, so every test's clone starts with empty tables.
 FAULT_TABLES = """
@@ -42,13 +53,15 @@ CREATE INDEX ON faults_effects (job_id);
 CREATE TABLE faults_unique (k int PRIMARY KEY);
 INSERT INTO faults_unique VALUES (1);
 -- One row per attempt of a flow-limited type: ``ended_at`` stays NULL when its process
--- was killed mid-attempt.
+-- was killed mid-attempt. ``leased_at``: its acquire's transaction start (the lease's
+-- end less its length), no later than the moment the acquire counted it as started.
 CREATE TABLE faults_intervals (
     id bigserial PRIMARY KEY,
     job_id uuid NOT NULL,
     attempt int NOT NULL,
     limit_key text,
     worker text NOT NULL,
+    leased_at timestamptz,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at timestamptz
 );
@@ -60,6 +73,10 @@ RETRY = RetryPolicy(initial=timedelta(seconds=0.05), multiplier=2.0, maximum=tim
 # ``keyed`` ones per limit key (its jobs enqueued without a key share one group).
 FLOW_CONCURRENCY = 3
 FLOW_KEY_CONCURRENCY = 2
+# The rates: at most this many ``rated`` attempts started in any half second, and this
+# many of one limit key (its jobs enqueued without a key share one group).
+FLOW_RATE = Rate(6, per=timedelta(milliseconds=500))
+FLOW_KEY_RATE = Rate(2, per=timedelta(milliseconds=500))
 # The schedule "boom" is checked against: 0.3 s, then 0.6 s.
 BOOM_RETRY = RetryPolicy(initial=timedelta(seconds=0.3), multiplier=2.0)
 
@@ -142,5 +159,14 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
         retry=RETRY,
         max_attempts=25,
         key_concurrency=FLOW_KEY_CONCURRENCY,
+    )
+    reg.job_type(
+        "rated",
+        input=Spec,
+        lease=timedelta(seconds=lease),
+        retry=RETRY,
+        max_attempts=25,
+        rate=FLOW_RATE,
+        key_rate=FLOW_KEY_RATE,
     )
     return reg

@@ -384,18 +384,24 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
 
     async def interval(attempt: Attempt[Spec, Any]) -> str:
         # The ledger row and the interval's start in one statement; the end is written
-        # whatever ends the handler (a cancelled one too), unless its process dies.
+        # whatever ends the handler (a cancelled one too), unless its process dies. The
+        # lease was set from the acquire's transaction start: less its length, that is
+        # a moment no later than the acquire's.
+        until = attempt.job.leased_until
+        leased_at = None if until is None else until - attempt.job_type.lease
         async with ledger.connection() as conn:
             cur = await conn.execute(
                 "WITH ledger AS (INSERT INTO faults_ledger (job_id, attempt, worker)"
                 " VALUES (%(job)s, %(attempt)s, %(worker)s))"
-                " INSERT INTO faults_intervals (job_id, attempt, limit_key, worker)"
-                " VALUES (%(job)s, %(attempt)s, %(key)s, %(worker)s) RETURNING id",
+                " INSERT INTO faults_intervals (job_id, attempt, limit_key, worker, leased_at)"
+                " VALUES (%(job)s, %(attempt)s, %(key)s, %(worker)s, %(leased_at)s)"
+                " RETURNING id",
                 {
                     "job": attempt.job.id,
                     "attempt": attempt.job.attempt,
                     "key": attempt.limit_key,
                     "worker": attempt.worker_id,
+                    "leased_at": leased_at,
                 },
             )
             row = await cur.fetchone()
@@ -433,6 +439,7 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
         "relay": relay,
         "limited": interval,
         "keyed": interval,
+        "rated": interval,
     }
 
 

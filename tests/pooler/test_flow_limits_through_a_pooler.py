@@ -7,16 +7,20 @@ leases, in one transaction: the pooler keeps a transaction on one server session
 the lock still covers the acquire. These tests watch it from outside pgwork: every
 handler writes when it began and when it ended, by the database's clock, on a direct
 connection of its own, and the test counts from those rows the most attempts that ran
-at once, per type and per limit key.
+at once, per type and per limit key; and, from the moment each attempt's acquire began
+(its lease less its length) and its handler's first write, the most attempts of the
+rated type certainly started in one window (``tests/_starts.py``): the rate's count
+sits in the same transaction as its lock.
 
 Control: a type without limits, drained in the same run and written to the same rows,
-shows more than two attempts at once, so the oracle sees overlap where there is some.
+shows more than two attempts at once and more starts in a window than the rate allows,
+so the oracle sees overlap and density where there is some.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -24,6 +28,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
+from tests._starts import Start, most_started
 
 from pgwork import (
     ChainStart,
@@ -31,6 +36,7 @@ from pgwork import (
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
+    Rate,
     create_client,
     create_in_process_worker,
 )
@@ -45,6 +51,8 @@ class Item(BaseModel):
 registry = JobTypeRegistry()
 capped = registry.job_type("capped", input=Item, concurrency=2)
 keyed = registry.job_type("keyed", input=Item, key_concurrency=1)
+RATE = Rate(3, per=timedelta(milliseconds=300))
+rated = registry.job_type("rated", input=Item, rate=RATE)
 free = registry.job_type("free", input=Item)
 
 KEYS: tuple[str | None, ...] = ("a", "b", "c", None)
@@ -56,6 +64,7 @@ CREATE TABLE flow_spans (
     job_id uuid NOT NULL,
     type_name text NOT NULL,
     limit_key text,
+    leased_at timestamptz NOT NULL,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     ended_at timestamptz
 )
@@ -82,11 +91,17 @@ def recording(pool: AsyncConnectionPool, total: int, all_ran: anyio.Event) -> An
 
     async def handle(attempt: Any) -> None:
         nonlocal ended
+        assert attempt.job.leased_until is not None
         async with pool.connection() as conn:
             cur = await conn.execute(
-                "INSERT INTO flow_spans (job_id, type_name, limit_key)"
-                " VALUES (%s, %s, %s) RETURNING id",
-                (attempt.job.id, attempt.job.type_name, attempt.limit_key),
+                "INSERT INTO flow_spans (job_id, type_name, limit_key, leased_at)"
+                " VALUES (%s, %s, %s, %s) RETURNING id",
+                (
+                    attempt.job.id,
+                    attempt.job.type_name,
+                    attempt.limit_key,
+                    attempt.job.leased_until - attempt.job_type.lease,
+                ),
             )
             row = await cur.fetchone()
         assert row is not None
@@ -117,23 +132,26 @@ def _most(spans: Sequence[tuple[datetime, datetime | None]]) -> int:
     return most
 
 
-async def overlaps(dsn: str) -> tuple[dict[str, int], dict[str, int], int]:
-    """The most attempts at once per type, per keyed group (``''``: no key), and the
-    number of spans."""
+async def overlaps(dsn: str) -> tuple[dict[str, int], dict[str, int], dict[str, int], int]:
+    """The most attempts at once per type, per keyed group (``''``: no key), the most
+    certainly started in one window of the rate per type, and the number of spans."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT type_name, limit_key, started_at, ended_at FROM flow_spans"
+            "SELECT type_name, limit_key, leased_at, started_at, ended_at FROM flow_spans"
         )
         rows = await cur.fetchall()
     by_type: dict[str, list[tuple[datetime, datetime | None]]] = {}
     by_key: dict[str, list[tuple[datetime, datetime | None]]] = {}
-    for type_name, key, started, ended in rows:
+    starts: dict[str, list[Start]] = {}
+    for type_name, key, leased, started, ended in rows:
         by_type.setdefault(type_name, []).append((started, ended))
+        starts.setdefault(type_name, []).append((leased, started))
         if type_name == keyed.name:
             by_key.setdefault(key or "", []).append((started, ended))
     return (
         {name: _most(s) for name, s in by_type.items()},
         {key: _most(s) for key, s in by_key.items()},
+        {name: most_started(s, RATE.per) for name, s in starts.items()},
         len(rows),
     )
 
@@ -146,12 +164,13 @@ async def _pooled_client(pooled_dsn: str, pgwork_dsn: str) -> Client:
 
 
 async def _enqueue(client: Client, pooled_dsn: str, each: int) -> int:
-    """``each`` jobs of ``capped`` and of ``free``, and ``each`` per key of ``keyed``,
+    """``each`` jobs of ``capped``, ``free`` and ``rated``, and ``each`` per key of ``keyed``,
     interleaved, enqueued through the pooler; returns how many."""
     items = []
     for n in range(each):
         items.append(ChainStart(capped, Item(n=n)))
         items.append(ChainStart(free, Item(n=n)))
+        items.append(ChainStart(rated, Item(n=n)))
         items += [ChainStart(keyed, Item(n=n), limit_key=key) for key in KEYS]
     async with await psycopg.AsyncConnection.connect(pooled_dsn, prepare_threshold=None) as conn:
         await client.start_chains(conn, items)
@@ -170,7 +189,7 @@ async def _drain(
     started = [
         create_in_process_worker(
             client=c,
-            processors={capped: handle, keyed: handle, free: handle},
+            processors={capped: handle, keyed: handle, free: handle, rated: handle},
             max_slots=8,
             poll_interval=5,
         )
@@ -195,9 +214,10 @@ async def _drain(
 async def test_limits_hold_for_workers_behind_a_transaction_pooler(
     pooled_dsn: str, pgwork_dsn: str, spans: AsyncConnectionPool, workers: int
 ) -> None:
-    """``concurrency=2`` and ``key_concurrency=1`` hold, for one worker and for two
-    racing through the same pooler, and every job completes once; the free type,
-    beside them, runs more than two at once (the control)."""
+    """``concurrency=2``, ``key_concurrency=1`` and three starts in 300 ms hold, for
+    one worker and for two racing through the same pooler, and every job completes
+    once; the free type, beside them, runs more than two at once and starts more than
+    three in a window (the control)."""
     setup = await _pooled_client(pooled_dsn, pgwork_dsn)
     try:
         total = await _enqueue(setup, pooled_dsn, each=12)
@@ -206,10 +226,12 @@ async def test_limits_hold_for_workers_behind_a_transaction_pooler(
 
     by_status = await _drain(pooled_dsn, pgwork_dsn, spans, workers=workers, total=total)
 
-    by_type, by_key, attempts = await overlaps(pgwork_dsn)
+    by_type, by_key, started, attempts = await overlaps(pgwork_dsn)
     assert by_status == {"completed": total}
     assert attempts == total
     assert by_type[capped.name] == 2
     assert by_key == {"a": 1, "b": 1, "c": 1, "": 1}
     assert by_type[keyed.name] > 1  # the keys ran side by side
+    assert started[rated.name] == RATE.n
     assert by_type[free.name] > 2  # the control: the oracle sees overlap past a limit
+    assert started[free.name] > RATE.n  # and density past a rate
