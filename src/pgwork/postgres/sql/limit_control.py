@@ -156,9 +156,10 @@ _IDLE_KEY = """o.limit_key <> ''
 # Up to ``limit`` idle key rows, and up to ``limit`` recorded starts older than the
 # longest window a rate can have, deleted; returns how many of each.
 #
-# Races: only an operator's change (``CHANGE_LIMITS``, in a caller's transaction maybe)
-# writes a key's row. A row it holds locked is skipped (SKIP LOCKED: maintenance never
-# waits on a caller's transaction), and left for a later round. A row it changed and
+# Races: only ``CHANGE_LIMITS`` writes a key's row (an operator's change, in a caller's
+# transaction maybe, or an attempt pausing its key). A row it holds locked is skipped
+# (SKIP LOCKED: maintenance never waits on a caller's transaction), and left for a
+# later round. A row it changed and
 # committed after this statement's snapshot is re-read when locked: under READ
 # COMMITTED (the adapter's sessions, ``configure_session``) a locking read or a DELETE
 # that meets a row updated since its snapshot re-evaluates its WHERE on the newest
