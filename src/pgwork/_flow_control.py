@@ -38,6 +38,9 @@ MAX_RATE_COUNT = 100_000
 # A window longer than a day is a quota, not a rate: enforcing it would mean keeping
 # every start of the window (jobs that retention deleted included) and counting them
 # on each acquire; and a worker fleet that waits a day for its next start looks hung.
+# It is also the horizon of the recorded starts: the worker's maintenance deletes the
+# starts older than this, which no window (declared or overridden, each a ``Rate``)
+# can count.
 MAX_RATE_PERIOD = timedelta(days=1)
 
 _CONCURRENCY_RULE = f"an integer from 1 to {MAX_CONCURRENCY}, or None for no limit"

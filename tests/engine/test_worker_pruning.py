@@ -1,10 +1,13 @@
-"""A worker's maintenance prunes workers stopped longer than the retention, and only them."""
+"""A worker's maintenance prunes workers stopped longer than the retention, and only them;
+and flow control's rows that nothing reads any more."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from pydantic import BaseModel
 
@@ -12,7 +15,7 @@ from pgwork import JobTypeRegistry
 from pgwork.adapters.state import WorkerInfo
 from pgwork.worker._side.maintenance import WORKER_RETENTION_S, Maintenance
 
-from .conftest import ClientFactory, eventually
+from .conftest import ClientFactory, eventually, scalar
 
 pytestmark = pytest.mark.anyio
 
@@ -72,3 +75,44 @@ async def test_maintenance_removes_stopped_workers_after_the_retention(
             tg.cancel_scope.cancel()
     expected: dict[str, Any] = {"pruning": {"running"}, "control-no-pruning": {"gone", "running"}}
     assert await listed() == expected[build]
+
+
+async def test_maintenance_removes_flow_control_rows_nothing_reads(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    """A key whose pause has passed loses its row; a key still paused and the type keep
+    theirs. A start older than any rate's window goes (its type is rated no more, so no
+    acquire deletes it); a recent one stays. Control: without the step in the
+    maintenance's round, nothing goes and the wait times out."""
+    reg = JobTypeRegistry()
+    sync = reg.job_type("sync", input=Num, key_concurrency=2)
+    client = await make_client(reg)
+    await client.set_limits(sync, key_concurrency=3)
+    await client.pause_limits(sync, key="tenant-1", after=timedelta(milliseconds=100))
+    await client.pause_limits(sync, key="tenant-2", after=timedelta(hours=1))
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO pgwork.job_starts (type_name, limit_group, started_at) VALUES"
+            " ('unrated', '', now() - interval '25 hours'), ('sync', '', now())"
+        )
+
+    async def rows() -> tuple[str, ...]:
+        return tuple(
+            await scalar(
+                pgwork_dsn,
+                "SELECT array_agg(r ORDER BY r) FROM ("
+                " SELECT 'limits:' || limit_key AS r FROM pgwork.job_limits"
+                " UNION ALL SELECT 'starts:' || type_name FROM pgwork.job_starts) AS x",
+            )
+        )
+
+    async def pruned() -> bool:
+        return await rows() == ("limits:", "limits:tenant-2", "starts:sync")
+
+    maintenance = Maintenance(client, [], tick=0.05, prune_every=0.1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(maintenance.run_forever)
+        try:
+            await eventually(pruned, timeout=10, what="the idle flow-control rows pruned")
+        finally:
+            tg.cancel_scope.cancel()

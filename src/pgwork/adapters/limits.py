@@ -6,8 +6,8 @@ operator may override them, or pause the type or one of its keys, while workers 
 The store keeps each change as a row of its own, one per type (``limit_key`` '') or per
 key of a type, in which an unset limit keeps what the code declares
 (``LimitControl`` in ``adapters.state``). The records here are the store's side of
-that (``LimitChange``, ``TypeUsage``, ``KeyUsage``) and the client's answer to
-``Client.limits()`` (``LimitStatus``, ``KeyLimitStatus``).
+that (``LimitChange``, ``TypeUsage``, ``KeyUsage``, ``LimitPruning``) and the client's
+answer to ``Client.limits()`` (``LimitStatus``, ``KeyLimitStatus``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ __all__ = [
     "KeyLimitStatus",
     "KeyUsage",
     "LimitChange",
+    "LimitPruning",
     "LimitStatus",
     "Limits",
     "TypeUsage",
@@ -101,6 +102,16 @@ class LimitChange:
     key_rate: Rate | Keep | None = KEEP
     paused_until: datetime | timedelta | Keep | None = KEEP
     extend_pause: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPruning:
+    """What one ``Maintenance.prune_limits`` deleted: ``key_rows``, keys' rows that no
+    longer hold anything (no override, no pause to come); ``starts``, recorded attempt
+    starts older than any rate's window."""
+
+    key_rows: int
+    starts: int
 
 
 @dataclass(frozen=True, slots=True)

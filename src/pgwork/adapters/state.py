@@ -68,7 +68,7 @@ from pgwork.adapters._state_records import (
 )
 from pgwork.adapters.history import HistoryRollup, JobHistory
 from pgwork.adapters.insight import ChainLinks, RecentActivity
-from pgwork.adapters.limits import LimitChange, TypeUsage
+from pgwork.adapters.limits import LimitChange, LimitPruning, TypeUsage
 from pgwork.adapters.notify import NotifyAdapter
 from pgwork.adapters.work import (
     ErrorGroup,
@@ -813,7 +813,7 @@ class OperatorViews(Protocol):
 @runtime_checkable
 class Maintenance(Protocol):
     """What the worker's maintenance runs: retention, the history rollup, pruning stopped
-    workers."""
+    workers and flow-control rows nothing reads any more."""
 
     async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
         """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
@@ -841,6 +841,24 @@ class Maintenance(Protocol):
         """Delete up to ``limit`` workers that have been stopped (by ``stop()`` or declared
         dead) for longer than ``stopped_for_s``; return how many. A worker not stopped is
         never deleted, however old its heartbeat."""
+        ...
+
+    async def prune_limits(
+        self, *, starts_older_than: timedelta, limit: int = 1000
+    ) -> LimitPruning:
+        """Delete, and commit, up to ``limit`` keys' rows of flow limits (``LimitControl``)
+        that hold nothing any more: no override, no pause still to come (none, or one
+        that has passed) and no mark of a worker waiting; and up to ``limit`` recorded
+        attempt starts (``FlowControl``'s rates) older than ``starts_older_than``, which
+        the caller gives as the longest window a rate can have
+        (``pgwork._flow_control.MAX_RATE_PERIOD``), so that no window counts them.
+
+        A type's own row (``limit_key`` '') is never deleted: it holds the type's
+        overrides and the acquire's fairness cursor. Deleting a key's row changes no
+        acquire (a missing row reads as the passed pause it held), and a row that an
+        operator or an attempt writes meanwhile is not deleted with what it now holds:
+        it is kept, or left for a later call. A store without those capabilities has
+        nothing to delete."""
         ...
 
 

@@ -226,6 +226,7 @@ class InstrumentedStateAdapter:
     delete_expired_chains = _timed(StateAdapter.delete_expired_chains)
     roll_up_history = _timed(StateAdapter.roll_up_history)
     prune_workers = _timed(StateAdapter.prune_workers)
+    prune_limits = _timed(StateAdapter.prune_limits)
 
 
 # The protocols whose operations the wrapper offers only when the adapter it wraps does.

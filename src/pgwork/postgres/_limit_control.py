@@ -1,5 +1,6 @@
 """PostgreSQL side of flow limits changed at run time (``LimitControl``): overrides and
-pauses written to ``job_limits``, and what runs against them read back.
+pauses written to ``job_limits``, and what runs against them read back; and the
+maintenance of flow control's rows (``Maintenance.prune_limits``).
 
 Mixed into ``PostgresStateAdapter``. A change without ``tx`` runs and commits on a
 pooled connection of its own (an attempt's pause must hold even when the attempt's own
@@ -13,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgwork._flow_control import Rate
-from pgwork.adapters.limits import KEEP, KeyUsage, LimitChange, Limits, TypeUsage
+from pgwork.adapters.limits import KEEP, KeyUsage, LimitChange, LimitPruning, Limits, TypeUsage
 from pgwork.adapters.state import TransactionHandle
 from pgwork.postgres._base import AdapterBase
 
@@ -21,7 +22,8 @@ __all__ = ["LimitControlOps"]
 
 
 class LimitControlOps(AdapterBase):
-    """``change_limits`` and ``limit_usage`` of the PostgreSQL state adapter."""
+    """``change_limits``, ``limit_usage`` and ``prune_limits`` of the PostgreSQL state
+    adapter."""
 
     async def change_limits(
         self,
@@ -97,6 +99,15 @@ class LimitControlOps(AdapterBase):
             )
             for r in rows
         ]
+
+    async def prune_limits(
+        self, *, starts_older_than: timedelta, limit: int = 1000
+    ) -> LimitPruning:
+        params = {"starts_older_than_s": starts_older_than.total_seconds(), "limit": limit}
+        [(key_rows, starts)] = await self._read(
+            None, self.statements.limit_control.prune_limits, params
+        )
+        return LimitPruning(key_rows=int(key_rows), starts=int(starts))
 
 
 def _rate(name: str, value: Rate | object | None) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """SQL of flow limits changed at run time: overrides and pauses written to
-``job_limits``, and what runs against them read back.
+``job_limits``, what runs against them read back, and the rows no acquire needs any
+more deleted (``PRUNE_LIMITS``).
 
 A row per job type (``limit_key`` '') or per key of one; a NULL column keeps what the
 code declares. ``cursor_key`` belongs to the acquire (``limits``): no statement here
@@ -139,8 +140,86 @@ ORDER BY c.type_name, c.limit_group
 """
 
 
+# A key's row that holds nothing: no override, no pause to come, no waiting mark. The
+# acquire writes its marks and cursor on the type's row alone, so a key's row with a
+# mark is none of its own; it is kept all the same, as the age of a mark does not say
+# that nobody waits on it (a mark keeps the time of the first acquire that came back
+# short for as long as workers go on waiting). A missing key row reads as one whose
+# pause has passed, so deleting it changes no acquire.
+_IDLE_KEY = """o.limit_key <> ''
+      AND (o.paused_until IS NULL OR o.paused_until <= now())
+      AND o.concurrency IS NULL AND o.key_concurrency IS NULL
+      AND o.rate_n IS NULL AND o.rate_per_s IS NULL
+      AND o.key_rate_n IS NULL AND o.key_rate_per_s IS NULL
+      AND o.waiting_since IS NULL"""
+
+# Up to ``limit`` idle key rows, and up to ``limit`` recorded starts older than the
+# longest window a rate can have, deleted; returns how many of each.
+#
+# Races: only ``CHANGE_LIMITS`` writes a key's row (an operator's change, in a caller's
+# transaction maybe, or an attempt pausing its key). A row it holds locked is skipped
+# (SKIP LOCKED: maintenance never waits on a caller's transaction), and left for a
+# later round. A row it changed and
+# committed after this statement's snapshot is re-read when locked: under READ
+# COMMITTED (the adapter's sessions, ``configure_session``) a locking read or a DELETE
+# that meets a row updated since its snapshot re-evaluates its WHERE on the newest
+# version, so a row given a pause or an override meanwhile no longer qualifies and
+# stays. The DELETE repeats the conditions for that reason, rather than trusting the
+# ids it was handed. A change that comes after the delete finds no row and inserts
+# one (its upsert waits for this statement's commit if it meets the deleted row).
+#
+# The starts: found type by type (a loose scan of ``job_starts_type_idx``, as there are
+# few rated types and many starts), oldest first. Nothing updates a start, so its ctid
+# names it until it is deleted; an acquire deleting the same expired starts holds them
+# locked, and they are skipped.
+PRUNE_LIMITS = f"""
+WITH RECURSIVE idle_keys AS (
+    SELECT o.type_name, o.limit_key FROM {{job_limits}} AS o
+    WHERE {_IDLE_KEY}
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+keys_gone AS (
+    DELETE FROM {{job_limits}} AS o
+    USING idle_keys AS i
+    WHERE o.type_name = i.type_name AND o.limit_key = i.limit_key
+      AND {_IDLE_KEY}
+    RETURNING 1
+),
+start_types(name) AS (
+    (SELECT s.type_name FROM {{job_starts}} AS s ORDER BY s.type_name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.type_name FROM {{job_starts}} AS s
+            WHERE s.type_name > t.name ORDER BY s.type_name LIMIT 1)
+    FROM start_types AS t
+    WHERE t.name IS NOT NULL
+),
+old_starts AS (
+    SELECT o.ctid
+    FROM start_types AS t
+    CROSS JOIN LATERAL (
+        SELECT s.ctid FROM {{job_starts}} AS s
+        WHERE s.type_name = t.name
+          AND s.started_at < now() - make_interval(secs => %(starts_older_than_s)s::float8)
+        ORDER BY s.started_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS o
+    WHERE t.name IS NOT NULL
+    LIMIT %(limit)s
+),
+starts_gone AS (
+    DELETE FROM {{job_starts}} AS s
+    WHERE s.ctid = ANY(ARRAY(SELECT o.ctid FROM old_starts AS o))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM keys_gone), (SELECT count(*) FROM starts_gone)
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LimitControlStatements:
     change_limits: bytes
     type_usage: bytes
     key_usage: bytes
+    prune_limits: bytes

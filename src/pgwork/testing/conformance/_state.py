@@ -16,6 +16,7 @@ from pgwork.testing.conformance._state_insight import InsightConformance
 from pgwork.testing.conformance._state_job_history import JobHistoryConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
 from pgwork.testing.conformance._state_limit_control import LimitControlConformance
+from pgwork.testing.conformance._state_limit_pruning import LimitPruningConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
 from pgwork.testing.conformance._state_registry import RegistryConformance
@@ -33,6 +34,7 @@ class StateAdapterConformance(
     TurnConformance,
     FlowConformance,
     LimitControlConformance,
+    LimitPruningConformance,
     FailConformance,
     AttemptHistoryConformance,
     ReapConformance,

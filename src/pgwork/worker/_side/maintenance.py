@@ -1,17 +1,18 @@
 """The worker's periodic housekeeping: recurring schedules, stuck blockers, the job
-history, retention, pruning stopped workers.
+history, retention, pruning stopped workers and flow control's idle rows.
 
 Runs beside the main loop. Each step is safe to run in every worker at once: schedule
 ticks are deduplicated in the database, the blocker sweep locks what it settles
 (SKIP LOCKED), the history's rollup locks its progress row (SKIP LOCKED) so only one
 worker counts at a time, retention takes a try-lock so only one worker deletes at a
-time, and pruning deletes rows it locked with SKIP LOCKED. The rollup runs before
+time, and pruning (of workers, keys' limit rows and rates' old starts) deletes rows it
+locked with SKIP LOCKED. The rollup runs before
 retention in a round, so retention rarely deletes a job the history has not counted
 (when it does, it counts it itself).
 A failing step is logged and retried on the next round; it never stops the worker.
 
 Each step but the schedules' needs a capability of the store (``ChainBlockers`` for
-the sweep, ``Maintenance`` for the rollup, retention and pruning): on a store without
+the sweep, ``Maintenance`` for the rollup, retention and both prunings): on a store without
 it the step is not run. Schedule ticks only enqueue, and run on any store.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import anyio
 
+from pgwork._flow_control import MAX_RATE_PERIOD
 from pgwork.adapters.history import HISTORY_KEEP, HISTORY_MAX_LAG
 from pgwork.adapters.notify import ready_notices
 from pgwork.client import Client
@@ -32,7 +34,14 @@ from pgwork.schedules import CronSchedule
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["HISTORY_BATCH", "HISTORY_BATCHES_PER_ROUND", "WORKER_RETENTION_S", "Maintenance"]
+__all__ = [
+    "HISTORY_BATCH",
+    "HISTORY_BATCHES_PER_ROUND",
+    "LIMIT_PRUNE_BATCH",
+    "LIMIT_PRUNE_BATCHES_PER_ROUND",
+    "WORKER_RETENTION_S",
+    "Maintenance",
+]
 
 # How long a stopped (or dead) worker stays listed by ``pgwork workers``: long enough
 # to see what happened overnight, short enough that a fleet restarted on every deploy
@@ -43,6 +52,12 @@ WORKER_RETENTION_S = 24 * 3600.0
 # while the history is behind (after an upgrade it counts the jobs the table holds).
 HISTORY_BATCH = 10_000
 HISTORY_BATCHES_PER_ROUND = 10
+
+# Rows of flow control's one pruning step deletes of each kind (one statement), and the
+# most steps a round runs while a step finds a full batch: a handler that pauses its
+# key on every "429" leaves a row per key, so there can be many.
+LIMIT_PRUNE_BATCH = 1000
+LIMIT_PRUNE_BATCHES_PER_ROUND = 10
 
 
 class Maintenance:
@@ -95,6 +110,7 @@ class Maintenance:
             if maintained and now >= next_prune:
                 next_prune = now + self.prune_every
                 await self._guarded("worker pruning", self.prune_workers)
+                await self._guarded("flow-control pruning", self.prune_limits)
             await anyio.sleep(self.tick)
 
     async def _guarded(self, what: str, step: Any) -> None:
@@ -147,6 +163,28 @@ class Maintenance:
             log.info(
                 "pgwork removed %d worker(s) stopped over %.0fs ago", pruned, self.worker_retention
             )
+
+    async def prune_limits(self) -> int:
+        """Delete the rows of flow control that no acquire reads any more, a batch at a
+        time while there are more; returns how many.
+
+        Keys' rows with no override, no pause to come and no waiting mark (a handler's
+        ``throttle`` leaves one per key it paused), and the starts recorded for rates
+        older than ``MAX_RATE_PERIOD``: no ``Rate`` can have a longer window (it refuses
+        one when built), so no acquire counts them, even of a type that is no longer
+        rated, whose own acquires no longer delete its starts."""
+        store = self.client.capabilities.require_maintenance("pruning flow-control rows")
+        pruned = 0
+        for _ in range(LIMIT_PRUNE_BATCHES_PER_ROUND):
+            step = await store.prune_limits(
+                starts_older_than=MAX_RATE_PERIOD, limit=LIMIT_PRUNE_BATCH
+            )
+            pruned += step.key_rows + step.starts
+            if max(step.key_rows, step.starts) < LIMIT_PRUNE_BATCH:
+                break
+        if pruned:
+            log.info("pgwork removed %d idle flow-control row(s)", pruned)
+        return pruned
 
     async def roll_up_history(self) -> int:
         """Count the jobs that ended since the history's progress, a batch at a time
