@@ -129,6 +129,10 @@ started AS (
     SELECT s.type_name, s.limit_group, count(*) AS n
     FROM types AS t
     JOIN {job_starts} AS s ON s.type_name = t.name
+        -- the longest of the type's key rates' windows: one index range, none without
+        AND s.started_at > now() - make_interval(secs => greatest(
+            t.key_rate_per_s,
+            (SELECT max(m.key_rate_per_s) FROM key_rows AS m WHERE m.type_name = t.name)))
     LEFT JOIN key_rows AS k ON k.type_name = s.type_name AND k.limit_group = s.limit_group
     WHERE COALESCE(k.key_rate_n, t.key_rate_n) IS NOT NULL
       AND s.started_at > now() - make_interval(secs => COALESCE(k.key_rate_per_s, t.key_rate_per_s))
