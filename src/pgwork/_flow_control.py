@@ -7,17 +7,20 @@ enqueue, ``start_chain(limit_key=...)``). This module only says what a declarati
 accepts; the worker's acquire enforces the limits (docs/design/flow-control.md).
 
 Every bound here is checked when the type is declared (or the ``Rate`` built), so a
-limit that cannot work fails at import, not in a worker hours later. A leaf: it
+limit that cannot work fails at import, not in a worker hours later. An operator types
+a rate as ``N/DURATION`` (``10/1s``, ``600/1h``) on the command line and in the
+dashboard's forms: ``parse_rate`` reads it, ``rate_text`` writes it back. A leaf: it
 imports nothing of pgwork but its errors.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pgwork.errors import InvalidOptionError
+from pgwork.errors import ConfigurationError, InvalidOptionError
 
 __all__ = [
     "MAX_CONCURRENCY",
@@ -26,6 +29,10 @@ __all__ = [
     "Rate",
     "check_concurrency",
     "check_rate",
+    "duration_text",
+    "parse_duration",
+    "parse_rate",
+    "rate_text",
 ]
 
 # The acquire enforces a concurrency limit by counting the running attempts it bounds
@@ -107,3 +114,63 @@ def check_rate(option: str, value: Any, *, where: str = "") -> Rate | None:
     raise InvalidOptionError(
         option, value, "a pgwork.Rate, e.g. Rate(10, per=timedelta(seconds=1)), or None", where
     )
+
+
+# A duration as an operator types it: a number of seconds, minutes, hours or days.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.ASCII)
+_COUNT = re.compile(r"^\s*(\d+)\s*$", re.ASCII)
+
+
+def parse_duration(value: str, option: str) -> timedelta:
+    """``30s``, ``5m``, ``2h``, ``1d`` or a number of seconds; ``option`` names what was
+    given in the error (``ConfigurationError``)."""
+    found = _DURATION.match(value)
+    try:
+        if found:
+            return timedelta(seconds=float(found[1]) * _UNITS[found[2] or "s"])
+    except OverflowError:
+        pass
+    raise ConfigurationError(
+        f"{option} {value!r} is not a duration: give a number with s, m, h or d (e.g. 30s, 5m, 2h)"
+    )
+
+
+def parse_rate(value: str, option: str) -> Rate:
+    """``N/DURATION`` (``10/1s``, ``600/1h``) as a ``Rate``; ``option`` names what was
+    given in the error (``ConfigurationError``), a rate out of ``Rate``'s bounds
+    included."""
+    count, _, per = value.partition("/")
+    found = _COUNT.match(count)
+    try:
+        window = parse_duration(per, option) if found else None
+    except ConfigurationError:
+        window = None
+    if found is None or window is None:
+        raise ConfigurationError(
+            f"{option} {value!r} is not a rate: give N/DURATION (a count, then a number "
+            "with s, m, h or d), e.g. 10/1s or 600/1h"
+        )
+    try:
+        return Rate(int(found[1]), per=window)
+    except InvalidOptionError:
+        raise ConfigurationError(
+            f"{option} {value!r} is out of bounds: give N/DURATION with N from 1 to "
+            f"{MAX_RATE_COUNT} and a DURATION longer than zero and at most 1d (a longer "
+            "window is a quota, not a rate)"
+        ) from None
+
+
+def duration_text(span: timedelta) -> str:
+    """``span`` as ``parse_duration`` reads it, in the largest unit it is a whole
+    number of: ``1s``, ``90s``, ``1h``, ``1.5s``."""
+    seconds = span.total_seconds()
+    for unit in ("d", "h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]:.0f}{unit}"
+    return f"{seconds:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+def rate_text(rate: Rate) -> str:
+    """``rate`` as ``parse_rate`` reads it: ``10/1s``, ``600/1h``, ``5/1.5s``."""
+    return f"{rate.n}/{duration_text(rate.per)}"

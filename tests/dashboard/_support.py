@@ -15,7 +15,14 @@ import httpx
 import psycopg
 from pydantic import BaseModel
 
-from pgwork import Attempt, Client, JobTypeRegistry, StartedChain, create_in_process_worker
+from pgwork import (
+    Attempt,
+    Client,
+    JobTypeRegistry,
+    Rate,
+    StartedChain,
+    create_in_process_worker,
+)
 from pgwork.backoff import RetryPolicy
 from pgwork.records import JobStatus
 
@@ -40,6 +47,14 @@ orders = registry.job_type("dash.orders", input=Order, queue="orders")
 # Limited: three at once, one per tenant.
 tenant = registry.job_type(
     "dash.tenant", input=Note, queue="tenants", concurrency=3, key_concurrency=1
+)
+# Rated: ten an hour in all, two an hour per key (nothing leaves its window in a test).
+metered = registry.job_type(
+    "dash.metered",
+    input=Note,
+    queue="metered",
+    rate=Rate(10, per=timedelta(hours=1)),
+    key_rate=Rate(2, per=timedelta(hours=1)),
 )
 # Fails each attempt with its number, retried at once, three attempts in all.
 retries = registry.job_type(

@@ -119,20 +119,26 @@ class KeyUsage:
     """One limit key of a type as the store sees it: the jobs of the key running and
     pending now, and the key's own row (its overrides and pause), if any.
 
-    ``limit_key`` None is the group of the type's jobs enqueued without a key."""
+    ``limit_key`` None is the group of the type's jobs enqueued without a key.
+    ``started``: the attempts of the key started in the window of its effective
+    ``key_rate`` (its own override, else the type's per-key one), ending now; None
+    when the key has no rate."""
 
     limit_key: str | None
     running: int
     pending: int
     override: Limits
     paused_until: datetime | None
+    started: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TypeUsage:
     """A limited job type as the store sees it: its row's overrides and pause, the jobs
     of the type running and pending now (limited jobs only: those enqueued with a
-    limit group), and some of its keys (``LimitControl.limit_usage``)."""
+    limit group), and some of its keys (``LimitControl.limit_usage``). ``started``:
+    the attempts of the type (of every key) started in the window of its effective
+    ``rate``, ending ``now``; None when the type has no rate."""
 
     type_name: str
     override: Limits
@@ -141,15 +147,17 @@ class TypeUsage:
     pending: int
     keys: tuple[KeyUsage, ...]
     now: datetime
+    started: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class KeyLimitStatus:
     """One key of a keyed type (``Client.limits``): how many of its jobs run and wait,
-    its effective concurrency limit (its own override, else the type's per-key limit),
-    its own overrides and its pause. ``limit_key`` None: the type's jobs enqueued
-    without a key, which share the type's per-key limit and cannot be overridden or
-    paused apart from the type."""
+    its effective limits (its own override, else the type's per-key limit), its own
+    overrides and its pause. ``limit_key`` None: the type's jobs enqueued without a
+    key, which share the type's per-key limits and cannot be overridden or paused
+    apart from the type. ``started``: its attempts started in the window of its
+    effective ``key_rate``, ending now (None without a key rate)."""
 
     limit_key: str | None
     running: int
@@ -157,6 +165,8 @@ class KeyLimitStatus:
     key_concurrency: int | None
     override: Limits
     paused_until: datetime | None
+    key_rate: Rate | None = None
+    started: int | None = None
 
     @property
     def paused(self) -> bool:
@@ -164,10 +174,15 @@ class KeyLimitStatus:
 
     @property
     def use(self) -> float | None:
-        """Running over its concurrency limit (1.0: at the limit); None without one."""
-        if self.key_concurrency is None:
-            return None
-        return self.running / self.key_concurrency
+        """How near the key is to the nearer of its limits (1.0: at one): the larger of
+        running over its concurrency limit and started over its rate's count; None
+        without either."""
+        uses = []
+        if self.key_concurrency is not None:
+            uses.append(self.running / self.key_concurrency)
+        if self.key_rate is not None and self.started is not None:
+            uses.append(self.started / self.key_rate.n)
+        return max(uses, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,11 +194,13 @@ class LimitStatus:
     neither declares it: only its overrides are known). ``override``: what an
     operator set (None fields keep the declaration). ``effective``: the override
     over the declaration, what the workers' acquire enforces. ``running`` and
-    ``pending``: the type's limited jobs now. ``paused_until``: no attempt of the type
-    starts before then (None: not paused; a pause that has passed reads None).
-    ``keys``: for a keyed type, the keys closest to their limit first (running over
-    their limit), then the keys paused or overridden, at most the number asked for of
-    each."""
+    ``pending``: the type's limited jobs now. ``started``: the attempts of the type
+    started in the window of its effective ``rate``, ending ``now`` (None without a
+    rate). ``paused_until``: no attempt of the type starts before then (None: not
+    paused; a pause that has passed reads None). ``keys``: for a keyed type, the keys
+    closest to their limits first (``KeyLimitStatus.use``: running over their
+    concurrency limit, or started over their rate), then the keys paused or
+    overridden, at most the number asked for of each."""
 
     type_name: str
     declared: Limits | None
@@ -194,6 +211,7 @@ class LimitStatus:
     paused_until: datetime | None
     keys: tuple[KeyLimitStatus, ...]
     now: datetime
+    started: int | None = None
 
     @property
     def paused(self) -> bool:

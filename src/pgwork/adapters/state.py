@@ -38,6 +38,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
+from pgwork._flow_control import Rate
 from pgwork.adapters._state_records import (
     AcquiredJob,
     BlockedJob,
@@ -576,15 +577,24 @@ class LimitControl(Protocol):
         *,
         type_names: Sequence[str],
         key_concurrency: Mapping[str, int],
+        rate: Mapping[str, Rate],
+        key_rate: Mapping[str, Rate],
         keys: int,
     ) -> list[TypeUsage]:
         """One ``TypeUsage`` per type of ``type_names`` and per type that has a row of
         its own, by name: its row's overrides and pause (a pause that has passed reads
         None), how many of its limited jobs run and wait now, and up to ``keys`` of its
-        keys closest to their concurrency limit (running over the key's own override,
-        else the type row's per-key override, else ``key_concurrency[type]``; with
-        none, by running jobs), then up to ``keys`` more that are paused now or have an
-        override of their own."""
+        keys closest to their limits, then up to ``keys`` more that are paused now or
+        have an override of their own.
+
+        ``key_concurrency``, ``rate`` and ``key_rate``: what each type declares (a type
+        left out declares no such limit), under the overrides of its row; a key's own
+        row overrides the per-key ones for it. ``started`` counts the attempts that
+        ``acquire_limited`` recorded as started in the window of the effective rate,
+        ending now: of the type as a whole for its ``rate`` (every key's starts), of
+        the key alone for a key's ``key_rate``; None where there is no such rate. A
+        key's closeness is the larger of running over its concurrency limit and
+        started over its rate's count (with neither, its running jobs)."""
         ...
 
 

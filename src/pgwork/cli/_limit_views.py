@@ -3,6 +3,8 @@ a table. Pure, as ``_views``: the caller passes the records read from the databa
 
 The JSON keys are the records' field names and never change meaning (new ones may
 appear); a rate is ``{"n": N, "per_seconds": S}``, a time ISO 8601 with its offset.
+``started`` counts the attempts started in the current window of the effective rate (a
+key's: of its key rate), null without one.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from pgwork._flow_control import Rate
+from pgwork._flow_control import Rate, rate_text
 from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
 
-__all__ = ["limits_json", "limits_view", "rate_text"]
+__all__ = ["limits_json", "limits_view"]
 
 
 def _rate_json(rate: Rate | None) -> dict[str, Any] | None:
@@ -46,6 +48,8 @@ def _key_json(key: KeyLimitStatus) -> dict[str, Any]:
         "running": key.running,
         "pending": key.pending,
         "key_concurrency": key.key_concurrency,
+        "key_rate": _rate_json(key.key_rate),
+        "started": key.started,
         "override": _limits_json(key.override),
         "paused_until": _iso(key.paused_until),
     }
@@ -61,6 +65,7 @@ def limits_json(found: Sequence[LimitStatus]) -> dict[str, Any]:
                 "effective": _limits_json(status.effective),
                 "running": status.running,
                 "pending": status.pending,
+                "started": status.started,
                 "paused_until": _iso(status.paused_until),
                 "keys": [_key_json(key) for key in status.keys],
             }
@@ -69,16 +74,18 @@ def limits_json(found: Sequence[LimitStatus]) -> dict[str, Any]:
     }
 
 
-def rate_text(rate: Rate | None) -> str:
-    if rate is None:
-        return "-"
-    seconds = rate.per.total_seconds()
-    return f"{rate.n}/{seconds:g}s"
-
-
 def _limit(value: int | None, overridden: bool) -> str:
     text = "-" if value is None else str(value)
     return f"{text}*" if overridden else text
+
+
+def _rate(rate: Rate | None, overridden: bool) -> str:
+    text = "-" if rate is None else rate_text(rate)
+    return f"{text}*" if overridden else text
+
+
+def _started(started: int | None) -> str:
+    return "-" if started is None else str(started)
 
 
 def _paused(until: datetime | None) -> Text:
@@ -95,8 +102,10 @@ def limits_view(found: Sequence[LimitStatus], *, width: int) -> RenderableType:
             style="dim",
         )
     table = Table(box=None, show_edge=False, pad_edge=False, header_style="bold", width=None)
-    for name in ("TYPE", "RUNNING", "LIMIT", "KEY LIMIT", "RATE", "KEY RATE", "PENDING"):
-        table.add_column(name, justify="right" if name in ("RUNNING", "PENDING") else "left")
+    columns = ("TYPE", "RUNNING", "LIMIT", "KEY LIMIT", "STARTED", "RATE", "KEY RATE", "PENDING")
+    for name in columns:
+        right = name in ("RUNNING", "STARTED", "PENDING")
+        table.add_column(name, justify="right" if right else "left")
     table.add_column("PAUSED")
     for status in found:
         over, eff = status.override, status.effective
@@ -105,8 +114,9 @@ def limits_view(found: Sequence[LimitStatus], *, width: int) -> RenderableType:
             Text(str(status.running)),
             Text(_limit(eff.concurrency, over.concurrency is not None)),
             Text(_limit(eff.key_concurrency, over.key_concurrency is not None)),
-            Text(rate_text(eff.rate) + ("*" if over.rate else "")),
-            Text(rate_text(eff.key_rate) + ("*" if over.key_rate else "")),
+            Text(_started(status.started)),
+            Text(_rate(eff.rate, over.rate is not None)),
+            Text(_rate(eff.key_rate, over.key_rate is not None)),
             Text(str(status.pending)),
             _paused(status.paused_until),
         )
@@ -117,14 +127,16 @@ def limits_view(found: Sequence[LimitStatus], *, width: int) -> RenderableType:
                 Text(str(key.running)),
                 Text(""),
                 Text(_limit(key.key_concurrency, key.override.key_concurrency is not None)),
+                Text(_started(key.started)),
                 Text(""),
-                Text(rate_text(key.override.key_rate) if key.override.key_rate else ""),
+                Text(_rate(key.key_rate, key.override.key_rate is not None)),
                 Text(str(key.pending)),
                 _paused(key.paused_until),
             )
     note = Text(
         "* an operator's override of the declared limit (`pgwork limits set ... --reset` "
-        "returns to the declaration); PENDING counts jobs due now",
+        "returns to the declaration); STARTED counts the attempts started in the current "
+        "window of the RATE (on a key's row, of its KEY RATE); PENDING counts jobs due now",
         style="dim",
     )
     return Group(table, note)

@@ -9,13 +9,12 @@ stored).
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
 
-from pgwork._flow_control import Rate
+from pgwork._flow_control import parse_duration, parse_rate
 from pgwork.cli import _limit_views as limit_views
 from pgwork.cli._common import dsn_option, schema_option
 from pgwork.cli._operate import group_connection, json_option, operate, show
@@ -23,30 +22,7 @@ from pgwork.errors import ConfigurationError
 
 __all__ = ["limits"]
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 RESETTABLE = ("concurrency", "key-concurrency", "rate", "key-rate")
-
-
-def parse_duration(value: str, option: str) -> timedelta:
-    """``30s``, ``5m``, ``2h``, ``1d`` or a number of seconds."""
-    found = _DURATION.match(value)
-    if not found:
-        raise ConfigurationError(
-            f"{option} {value!r} is not a duration: give a number with s, m, h or d "
-            "(e.g. 30s, 5m, 2h)"
-        )
-    return timedelta(seconds=float(found[1]) * _UNITS[found[2] or "s"])
-
-
-def parse_rate(value: str, option: str) -> Rate:
-    """``N/DURATION``: ``10/1s``, ``600/1h``."""
-    count, slash, per = value.partition("/")
-    if not slash or not count.strip().isdigit():
-        raise ConfigurationError(
-            f"{option} {value!r} is not a rate: give N/DURATION, e.g. 10/1s or 600/1h"
-        )
-    return Rate(int(count), per=parse_duration(per, option))
 
 
 def parse_until(value: str) -> datetime:
@@ -75,9 +51,9 @@ def limits(
     type_name: str | None,
 ) -> None:
     """Without a command: per limited job type, what runs against its concurrency
-    limit, the effective limits (an operator's override marked *), the jobs due and
-    waiting, and its pause; for a keyed type, the keys closest to their limit and the
-    keys paused or overridden."""
+    limit and what started in its rate's current window, the effective limits (an
+    operator's override marked *), the jobs due and waiting, and its pause; for a
+    keyed type, the keys closest to their limits and the keys paused or overridden."""
     if ctx.invoked_subcommand is not None:
         return
     found = operate(dsn, schema, lambda client: client.limits(job_type=type_name, keys=keys))

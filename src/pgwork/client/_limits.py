@@ -248,9 +248,11 @@ class LimitsMixin:
         tx: object | None = None,
     ) -> list[LimitStatus]:
         """Each limited job type (or only ``job_type``), by name: its declared limits,
-        the overrides, the effective limits, the jobs running and waiting now, its
-        pause; and for a keyed type up to ``keys`` keys closest to their limit plus up
-        to ``keys`` paused or overridden ones (``LimitStatus``). Types are those the
+        the overrides, the effective limits, the jobs running and waiting now, the
+        attempts started in its rate's current window, its pause; and for a keyed type
+        up to ``keys`` keys closest to their limits (running over their concurrency
+        limit, or started over their rate) plus up to ``keys`` paused or overridden
+        ones (``LimitStatus``). Types are those the
         client's registry or a registered worker declares limited, and those with a
         stored override or pause."""
         if not isinstance(keys, int) or isinstance(keys, bool) or not 1 <= keys <= MAX_KEYS:
@@ -265,6 +267,8 @@ class LimitsMixin:
             key_concurrency={
                 n: d.key_concurrency for n, d in declared.items() if d.key_concurrency
             },
+            rate={n: d.rate for n, d in declared.items() if d.rate},
+            key_rate={n: d.key_rate for n, d in declared.items() if d.key_rate},
             keys=keys,
         )
         found = [_status(u, declared.get(u.type_name)) for u in usage]
@@ -350,16 +354,20 @@ def _status(usage: TypeUsage, declared: Limits | None) -> LimitStatus:
         paused_until=usage.paused_until,
         keys=tuple(keys),
         now=usage.now,
+        started=usage.started,
     )
 
 
 def _key_status(usage: KeyUsage, effective: Limits) -> KeyLimitStatus:
-    own = usage.override.key_concurrency
+    # Its own limits where it has some, else the type's per-key ones.
+    own = usage.override.over(effective)
     return KeyLimitStatus(
         limit_key=usage.limit_key,
         running=usage.running,
         pending=usage.pending,
-        key_concurrency=own if own is not None else effective.key_concurrency,
+        key_concurrency=own.key_concurrency,
         override=usage.override,
         paused_until=usage.paused_until,
+        key_rate=own.key_rate,
+        started=usage.started,
     )

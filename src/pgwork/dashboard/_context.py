@@ -19,6 +19,7 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from pgwork._flow_control import duration_text, rate_text
 from pgwork.client import Client
 from pgwork.dashboard import _format
 from pgwork.dashboard._csrf import CSRF_FIELD, csrf_token
@@ -42,6 +43,8 @@ def _environment() -> jinja2.Environment:
     env.filters["stamp"] = lambda d: f"{d:%Y-%m-%d %H:%M:%S} UTC" if d is not None else ""
     env.globals["duration"] = _format.duration
     env.filters["took"] = _format.took
+    env.filters["rate"] = rate_text
+    env.filters["window"] = lambda rate: duration_text(rate.per)
     return env
 
 

@@ -1,7 +1,8 @@
-"""The limits page's actions: set a type's (or a key's) concurrency limit, pause a type
-or a key for a while, resume it. Each reads its form, and the client checks what it
-was given (an unknown type, a key of a type without per-key limits, a value out of
-range) and refuses with its own message."""
+"""The limits page's actions: set a type's (or a key's) concurrency limit or rate,
+pause a type or a key for a while, resume it. Each reads its form (a rate as
+``N/DURATION``, read as the command line reads it), and the client checks what it was
+given (an unknown type, a key of a type without per-key limits, a value out of range)
+and refuses with its own message."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
+from pgwork._flow_control import Rate, parse_rate, rate_text
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError
 
@@ -33,19 +35,25 @@ def _type_and_key(form: FormData) -> tuple[str, str | None]:
     return name, key or None
 
 
-def _count(form: FormData, field: str) -> int | None:
-    """A limit as typed: blank returns it to the declaration."""
+# The limits the form may set: the type's, and a key's own (or the per-key default);
+# a count of attempts, or a rate.
+_COUNTS = ("concurrency", "key_concurrency")
+_RATES = ("rate", "key_rate")
+_FIELDS = _COUNTS + _RATES
+
+
+def _value(form: FormData, field: str) -> int | Rate | None:
+    """A limit as typed: a whole number, or for a rate ``N/DURATION`` (``10/1s``);
+    blank returns it to the declaration."""
     text = str(form.get("value", "")).strip()
     if not text:
         return None
+    if field in _RATES:
+        return parse_rate(text, field)
     try:
         return int(text)
     except ValueError:
         raise ConfigurationError(f"{field} must be a whole number, got {text!r}") from None
-
-
-# The limits the form may set: the type's, and a key's own (or the per-key default).
-_FIELDS = ("concurrency", "key_concurrency")
 
 
 async def set_limit(client: Client, tx: object, form: FormData) -> tuple[str, str | None]:
@@ -54,11 +62,14 @@ async def set_limit(client: Client, tx: object, form: FormData) -> tuple[str, st
     field = str(form.get("limit", ""))
     if field not in _FIELDS:
         raise ConfigurationError(f"limit must be one of {', '.join(_FIELDS)}, got {field!r}")
-    value = _count(form, field)
+    value = _value(form, field)
     changes: dict[str, Any] = {field: value}
     await client.set_limits(name, key=key, tx=tx, **changes)
     what = f"key {key} of {name}" if key is not None else name
-    shown = "the declared limit" if value is None else str(value)
+    if value is None:
+        shown = "the declared limit"
+    else:
+        shown = rate_text(value) if isinstance(value, Rate) else str(value)
     return f"Set {field} of {what} to {shown}.", None
 
 

@@ -12,7 +12,9 @@ queue and outcome), ``pgwork.attempt.duration`` (histogram, seconds),
 callable, ``pgwork.queue.depth`` (observable gauge of pending jobs per queue); when
 given a ``flow_usage`` callable, ``pgwork.flow.running`` and ``pgwork.flow.limit``
 (observable gauges per limited job type: attempts running on every worker, and the
-effective concurrency limit).
+effective concurrency limit); when given a ``flow_rates`` callable,
+``pgwork.flow.started`` and ``pgwork.flow.rate`` (per job type with a rate: attempts
+started in the rate's current window, and how many it lets start per window).
 
 OpenTelemetry is imported when the observer is created, never by ``import pgwork``.
 """
@@ -92,7 +94,10 @@ class OpenTelemetryObserver:
     metric reader's thread at each collection. ``flow_usage``: a callable returning
     ``{job type: (running, concurrency limit or None)}`` (e.g.
     ``functools.partial(pgwork.postgres.stats.flow_usage, dsn, registry)``), read the
-    same way; a type without a concurrency limit reports no limit.
+    same way; a type without a concurrency limit reports no limit. ``flow_rates``: a
+    callable returning ``{job type: (started in the rate's window, rate count)}`` for
+    the types with a rate (e.g. ``functools.partial(pgwork.postgres.stats.flow_rates,
+    dsn, registry)``), read the same way.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class OpenTelemetryObserver:
         meter_provider: MeterProvider | None = None,
         queue_depth: Callable[[], Mapping[str, int]] | None = None,
         flow_usage: Callable[[], Mapping[str, tuple[int, int | None]]] | None = None,
+        flow_rates: Callable[[], Mapping[str, tuple[int, int]]] | None = None,
     ) -> None:
         from opentelemetry import metrics, trace
 
@@ -152,6 +158,20 @@ class OpenTelemetryObserver:
                 callbacks=[self._observe_flow_limit],
                 unit="{attempt}",
                 description="A limited job type's effective concurrency limit.",
+            )
+        self._flow_rates = flow_rates
+        if flow_rates is not None:
+            meter.create_observable_gauge(
+                "pgwork.flow.started",
+                callbacks=[self._observe_flow_started],
+                unit="{attempt}",
+                description="Attempts of a rated job type started in its rate's current window.",
+            )
+            meter.create_observable_gauge(
+                "pgwork.flow.rate",
+                callbacks=[self._observe_flow_rate],
+                unit="{attempt}",
+                description="How many attempts a job type's effective rate lets start per window.",
             )
         self._running: dict[tuple[Any, Any], _Running] = {}
 
@@ -316,6 +336,31 @@ class OpenTelemetryObserver:
             Observation(limit, {"job_type": name})
             for name, (_, limit) in sorted(self._read_flow().items())
             if limit is not None
+        ]
+
+    def _read_rates(self) -> Mapping[str, tuple[int, int]]:
+        assert self._flow_rates is not None
+        try:
+            return self._flow_rates()
+        except Exception as exc:
+            log.warning("pgwork flow rates could not be read: %s", exc)
+            return {}
+
+    def _observe_flow_started(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        # A type whose rate is lifted drops out: with no window, it has no count.
+        return [
+            Observation(started, {"job_type": name})
+            for name, (started, _) in sorted(self._read_rates().items())
+        ]
+
+    def _observe_flow_rate(self, options: CallbackOptions) -> Iterable[Observation]:
+        from opentelemetry.metrics import Observation
+
+        return [
+            Observation(rate, {"job_type": name})
+            for name, (_, rate) in sorted(self._read_rates().items())
         ]
 
     def __repr__(self) -> str:

@@ -57,17 +57,32 @@ class LimitControlOps(AdapterBase):
         *,
         type_names: Sequence[str],
         key_concurrency: Mapping[str, int],
+        rate: Mapping[str, Rate],
+        key_rate: Mapping[str, Rate],
         keys: int,
     ) -> list[TypeUsage]:
         statements = self.statements.limit_control
-        rows = await self._read(tx, statements.type_usage, {"type_names": list(type_names)})
+        rated = sorted(rate)
+        rows = await self._read(
+            tx,
+            statements.type_usage,
+            {
+                "type_names": list(type_names),
+                "rated_names": rated,
+                "rate_n": [rate[n].n for n in rated],
+                "rate_per_s": [rate[n].per.total_seconds() for n in rated],
+            },
+        )
         names = [str(r[0]) for r in rows]
+        key_rates = [key_rate.get(n) for n in names]
         key_rows = await self._read(
             tx,
             statements.key_usage,
             {
                 "type_names": names,
                 "key_concurrency": [key_concurrency.get(n) for n in names],
+                "key_rate_n": [r.n if r else None for r in key_rates],
+                "key_rate_per_s": [r.per.total_seconds() if r else None for r in key_rates],
                 "keys": keys,
             },
         )
@@ -80,6 +95,7 @@ class LimitControlOps(AdapterBase):
                     pending=int(r[3]),
                     override=Limits(key_concurrency=r[4], key_rate=_rate_of(r[5], r[6])),
                     paused_until=r[7],
+                    started=_count(r[8]),
                 )
             )
         return [
@@ -96,6 +112,7 @@ class LimitControlOps(AdapterBase):
                 pending=int(r[9]),
                 keys=tuple(by_type.get(r[0], ())),
                 now=r[10],
+                started=_count(r[11]),
             )
             for r in rows
         ]
@@ -108,6 +125,10 @@ class LimitControlOps(AdapterBase):
             None, self.statements.limit_control.prune_limits, params
         )
         return LimitPruning(key_rows=int(key_rows), starts=int(starts))
+
+
+def _count(value: int | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _rate(name: str, value: Rate | object | None) -> dict[str, Any]:

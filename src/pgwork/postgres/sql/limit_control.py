@@ -6,7 +6,8 @@ A row per job type (``limit_key`` '') or per key of one; a NULL column keeps wha
 code declares. ``cursor_key`` belongs to the acquire (``limits``): no statement here
 writes it, and the upsert leaves it as it is. Reads are run unprepared, as the other
 operator views: each counts an index range of the limited jobs (``jobs_limit_running_idx``,
-``jobs_limit_pending_idx``), never the table.
+``jobs_limit_pending_idx``) and of the starts a rate counts (``job_starts``, which the
+acquire keeps to its longest window), never the jobs table.
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ ORDER BY 1
 """
 
 # Each type asked about and each type with a row: its row's overrides and pause (a pause
-# that has passed reads NULL), its limited jobs running, and those pending and due.
+# that has passed reads NULL), its limited jobs running, those pending and due, and the
+# attempts started in the window of its effective rate (its row's, else the declared
+# one given; NULL without a rate) ending now: every start of the type the acquire
+# recorded in ``job_starts``, whatever its group (a keyed type records each start under
+# its key, or '' without one), as the acquire counts them against the type's rate.
 TYPE_USAGE = """
 WITH names AS (
     SELECT n AS name FROM unnest(%(type_names)s::text[]) AS n
@@ -75,20 +80,37 @@ SELECT n.name, o.concurrency, o.key_concurrency, o.rate_n, o.rate_per_s, o.key_r
     (SELECT count(*) FROM {jobs} AS j
      WHERE j.status = 'pending' AND j.limit_group IS NOT NULL AND j.type_name = n.name
        AND j.scheduled_at <= now()),
-    now()
+    now(),
+    CASE WHEN COALESCE(o.rate_n, d.rate_n) IS NOT NULL THEN (
+        SELECT count(*) FROM {job_starts} AS s
+        WHERE s.type_name = n.name
+          AND s.started_at > now() - make_interval(secs => COALESCE(o.rate_per_s, d.rate_per_s))
+    ) END
 FROM names AS n
 LEFT JOIN {job_limits} AS o ON o.type_name = n.name AND o.limit_key = ''
+LEFT JOIN unnest(
+    %(rated_names)s::text[], %(rate_n)s::int[], %(rate_per_s)s::float8[]
+) AS d(name, rate_n, rate_per_s) ON d.name = n.name
 ORDER BY n.name
 """
 
-# Per type, up to ``keys`` of its groups closest to their concurrency limit (running
-# over the key's own limit, else the type's per-key one: its row's override, else the
-# declaration given), and up to ``keys`` keys paused now or overridden; each with its
-# running and due pending jobs and its own row.
+# Per type, up to ``keys`` of its groups closest to their limits, and up to ``keys``
+# keys paused now or overridden; each with its running and due pending jobs, its own
+# row, and the attempts started in the window of its key rate. A group's limits are
+# its key's own row's, else the type's per-key ones (its row's override, else the
+# declaration given), as the acquire reads them; its closeness is the larger of running
+# over its concurrency limit and started over its rate's count (with neither, its
+# running jobs). A group has started attempts only under a key rate: those of its own
+# window.
 KEY_USAGE = """
 WITH types AS (
-    SELECT t.name, COALESCE(o.key_concurrency, t.declared) AS key_concurrency
-    FROM unnest(%(type_names)s::text[], %(key_concurrency)s::int[]) AS t(name, declared)
+    SELECT t.name, COALESCE(o.key_concurrency, t.key_concurrency) AS key_concurrency,
+        COALESCE(o.key_rate_n, t.key_rate_n) AS key_rate_n,
+        COALESCE(o.key_rate_per_s, t.key_rate_per_s) AS key_rate_per_s
+    FROM unnest(
+        %(type_names)s::text[], %(key_concurrency)s::int[], %(key_rate_n)s::int[],
+        %(key_rate_per_s)s::float8[]
+    ) AS t(name, key_concurrency, key_rate_n, key_rate_per_s)
     LEFT JOIN {job_limits} AS o ON o.type_name = t.name AND o.limit_key = ''
 ),
 key_rows AS (
@@ -104,16 +126,37 @@ running AS (
       AND j.type_name = ANY(%(type_names)s::text[])
     GROUP BY j.type_name, j.limit_group
 ),
+started AS (
+    SELECT s.type_name, s.limit_group, count(*) AS n
+    FROM types AS t
+    JOIN {job_starts} AS s ON s.type_name = t.name
+        -- the longest of the type's key rates' windows: one index range, none without
+        AND s.started_at > now() - make_interval(secs => greatest(
+            t.key_rate_per_s,
+            (SELECT max(m.key_rate_per_s) FROM key_rows AS m WHERE m.type_name = t.name)))
+    LEFT JOIN key_rows AS k ON k.type_name = s.type_name AND k.limit_group = s.limit_group
+    WHERE COALESCE(k.key_rate_n, t.key_rate_n) IS NOT NULL
+      AND s.started_at > now() - make_interval(secs => COALESCE(k.key_rate_per_s, t.key_rate_per_s))
+    GROUP BY s.type_name, s.limit_group
+),
 closest AS (
-    SELECT r.type_name, r.limit_group,
+    SELECT g.type_name, g.limit_group,
         row_number() OVER (
-            PARTITION BY r.type_name
-            ORDER BY r.n::float8 / COALESCE(k.key_concurrency, t.key_concurrency, 1) DESC,
-                r.limit_group
+            PARTITION BY g.type_name
+            ORDER BY COALESCE(greatest(
+                r.n::float8 / COALESCE(k.key_concurrency, t.key_concurrency),
+                s.n::float8 / COALESCE(k.key_rate_n, t.key_rate_n)
+            ), r.n) DESC, g.limit_group
         ) AS rank
-    FROM running AS r
-    JOIN types AS t ON t.name = r.type_name
-    LEFT JOIN key_rows AS k ON k.type_name = r.type_name AND k.limit_group = r.limit_group
+    FROM (
+        SELECT r.type_name, r.limit_group FROM running AS r
+        UNION
+        SELECT s.type_name, s.limit_group FROM started AS s
+    ) AS g
+    JOIN types AS t ON t.name = g.type_name
+    LEFT JOIN running AS r ON r.type_name = g.type_name AND r.limit_group = g.limit_group
+    LEFT JOIN started AS s ON s.type_name = g.type_name AND s.limit_group = g.limit_group
+    LEFT JOIN key_rows AS k ON k.type_name = g.type_name AND k.limit_group = g.limit_group
 ),
 marked AS (
     SELECT k.type_name, k.limit_group,
@@ -132,9 +175,12 @@ SELECT c.type_name, c.limit_group, COALESCE(r.n, 0),
     (SELECT count(*) FROM {jobs} AS j
      WHERE j.status = 'pending' AND j.limit_group = c.limit_group
        AND j.type_name = c.type_name AND j.scheduled_at <= now()),
-    k.key_concurrency, k.key_rate_n, k.key_rate_per_s, k.paused_until
+    k.key_concurrency, k.key_rate_n, k.key_rate_per_s, k.paused_until,
+    CASE WHEN COALESCE(k.key_rate_n, t.key_rate_n) IS NOT NULL THEN COALESCE(s.n, 0) END
 FROM chosen AS c
+JOIN types AS t ON t.name = c.type_name
 LEFT JOIN running AS r ON r.type_name = c.type_name AND r.limit_group = c.limit_group
+LEFT JOIN started AS s ON s.type_name = c.type_name AND s.limit_group = c.limit_group
 LEFT JOIN key_rows AS k ON k.type_name = c.type_name AND k.limit_group = c.limit_group
 ORDER BY c.type_name, c.limit_group
 """

@@ -3,25 +3,66 @@ read back with the jobs that run and wait against them.
 
 Role exercised: ``ControlStore`` (``LimitControl``: ``change_limits``,
 ``limit_usage``). A limited type's jobs carry their limit group (``NewJob.limit_group``:
-the key, or '' for none).
+the key, or '' for none). The attempts a rate counts are those ``acquire_limited``
+started (``FlowControl``).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from datetime import timedelta
 
 from pgwork._flow_control import Rate
 from pgwork.adapters.limits import LimitChange, Limits, TypeUsage
-from pgwork.adapters.state import FlowControl, LimitControl, TypeLimits, WorkerInfo
+from pgwork.adapters.state import (
+    AcquiredJob,
+    Completion,
+    FlowControl,
+    LimitControl,
+    TypeLimits,
+    WorkerInfo,
+)
 from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
+AN_HOUR = Rate(10, per=timedelta(hours=1))
 
-async def _usage(store: StateHarness, *names: str, keys: int = 10) -> dict[str, TypeUsage]:
+
+async def _usage(
+    store: StateHarness,
+    *names: str,
+    keys: int = 10,
+    key_concurrency: Mapping[str, int] | None = None,
+    rate: Mapping[str, Rate] | None = None,
+    key_rate: Mapping[str, Rate] | None = None,
+) -> dict[str, TypeUsage]:
     found = await store.adapter.limit_usage(
-        None, type_names=list(names), key_concurrency={}, keys=keys
+        None,
+        type_names=list(names),
+        key_concurrency=key_concurrency or {},
+        rate=rate or {},
+        key_rate=key_rate or {},
+        keys=keys,
     )
     return {u.type_name: u for u in found}
+
+
+async def _start(store: StateHarness, limits: TypeLimits) -> list[AcquiredJob]:
+    """Start what ``limits`` lets start of ``ALPHA``'s ready jobs, as a worker does."""
+    turn = await store.adapter.acquire_limited(
+        completions=[],
+        worker_id="worker-a",
+        leases={ALPHA: store.lease},
+        queues=["default"],
+        limit=10,
+        limits={ALPHA: limits},
+    )
+    return turn.acquired
+
+
+def _per_s(rate: Rate) -> float:
+    return rate.per.total_seconds()
 
 
 @requires(LimitControl)
@@ -147,11 +188,105 @@ class LimitControlConformance(StateSuiteBase):
             limit_key="quiet",
             change=LimitChange(paused_until=timedelta(hours=1)),
         )
-        found = await store.adapter.limit_usage(
-            None, type_names=[ALPHA], key_concurrency={ALPHA: 10}, keys=1
+        found = (await _usage(store, ALPHA, key_concurrency={ALPHA: 10}, keys=1))[ALPHA]
+        assert [(k.limit_key, k.running) for k in found.keys] == [("a", 2), ("quiet", 0)]
+        assert found.keys[1].paused_until is not None
+
+    @requires(FlowControl)
+    async def test_usage_counts_the_attempts_started_in_each_rates_window(
+        self, store: StateHarness
+    ) -> None:
+        """A type's rate counts every attempt of the type started in its window,
+        whatever its key; a key rate those of the key alone (the jobs without a key
+        are a group of their own). Without a rate there is no count: None."""
+        for key in ("a", "a", "b", None):
+            await store.seed(store.new_job(limit_key=key, limit_group=key or ""))
+        limits = TypeLimits(
+            key_concurrency=10,
+            rate_n=AN_HOUR.n,
+            rate_per_s=_per_s(AN_HOUR),
+            key_rate_n=5,
+            key_rate_per_s=_per_s(AN_HOUR),
         )
-        assert [(k.limit_key, k.running) for k in found[0].keys] == [("a", 2), ("quiet", 0)]
-        assert found[0].keys[1].paused_until is not None
+        assert len(await _start(store, limits)) == 4
+
+        rated = (
+            await _usage(
+                store,
+                ALPHA,
+                rate={ALPHA: AN_HOUR},
+                key_rate={ALPHA: Rate(5, per=AN_HOUR.per)},
+            )
+        )[ALPHA]
+        assert rated.started == 4
+        assert {(k.limit_key, k.running, k.started) for k in rated.keys} == {
+            ("a", 2, 2),
+            ("b", 1, 1),
+            (None, 1, 1),
+        }
+        unrated = (await _usage(store, ALPHA, key_concurrency={ALPHA: 10}))[ALPHA]
+        assert unrated.started is None
+        assert {k.started for k in unrated.keys} == {None}
+
+    @requires(FlowControl)
+    async def test_usage_counts_starts_in_the_window_of_the_effective_rate(
+        self, store: StateHarness
+    ) -> None:
+        """An override's window replaces the declared one, and a key's own key rate
+        the type's per-key one: once half a second has passed, the starts have left
+        the overridden windows, and remain in the declared hour of the others."""
+        for key in ("a", "a", "b"):
+            await store.seed(store.new_job(limit_key=key, limit_group=key))
+        hour = _per_s(AN_HOUR)
+        limits = TypeLimits(rate_n=10, rate_per_s=hour, key_rate_n=5, key_rate_per_s=hour)
+        assert len(await _start(store, limits)) == 3
+        short = Rate(10, per=timedelta(seconds=0.5))
+        change = store.adapter.change_limits
+        await change(None, type_name=ALPHA, limit_key="", change=LimitChange(rate=short))
+        await change(None, type_name=ALPHA, limit_key="a", change=LimitChange(key_rate=short))
+
+        async def read() -> TypeUsage:
+            found = await _usage(
+                store, ALPHA, rate={ALPHA: AN_HOUR}, key_rate={ALPHA: Rate(5, per=AN_HOUR.per)}
+            )
+            return found[ALPHA]
+
+        before = await read()
+        assert before.started == 3
+        await store.wait_for_store_clock(before.now + short.per)
+        after = await read()
+        assert after.started == 0
+        assert {(k.limit_key, k.started) for k in after.keys} == {("a", 0), ("b", 1)}
+
+    @requires(FlowControl)
+    async def test_usage_ranks_a_key_at_its_rate_among_the_closest(
+        self, store: StateHarness
+    ) -> None:
+        """With one key wanted, the one nearest a limit: ``a`` runs nothing now but
+        started two of its two an hour; ``b`` runs one of its ten, started one of two."""
+        for key in ("a", "a", "b"):
+            await store.seed(store.new_job(limit_key=key, limit_group=key))
+        limits = TypeLimits(key_concurrency=10, key_rate_n=2, key_rate_per_s=_per_s(AN_HOUR))
+        started = await _start(store, limits)
+        assert len(started) == 3
+        await store.adapter.complete(
+            None,
+            completions=[
+                Completion(j.id, j.lease_token, json.dumps(None))
+                for j in started
+                if j.limit_key == "a"
+            ],
+        )
+        found = (
+            await _usage(
+                store,
+                ALPHA,
+                keys=1,
+                key_concurrency={ALPHA: 10},
+                key_rate={ALPHA: Rate(2, per=AN_HOUR.per)},
+            )
+        )[ALPHA]
+        assert [(k.limit_key, k.running, k.started) for k in found.keys] == [("a", 0, 2)]
 
     async def test_usage_reads_every_type_asked_for_and_every_type_with_a_row(
         self, store: StateHarness
