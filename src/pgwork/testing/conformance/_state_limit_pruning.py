@@ -21,7 +21,9 @@ A_DAY = timedelta(days=1)
 
 
 async def _usage(store: StateHarness) -> dict[str, TypeUsage]:
-    found = await store.adapter.limit_usage(None, type_names=[], key_concurrency={}, keys=10)
+    found = await store.adapter.limit_usage(
+        None, type_names=[], key_concurrency={}, rate={}, key_rate={}, keys=10
+    )
     return {u.type_name: u for u in found}
 
 
