@@ -197,8 +197,9 @@ class LimitNotDeclaredError(ConfigurationError):
 
     ``reason``: ``"unknown"`` (neither the client's registry nor any registered worker
     declares limits for the type), ``"unlimited"`` (the type declares no limit at
-    all) or ``"unkeyed"`` (a key's limit or pause on a type whose limits do not count
-    per key)."""
+    all), ``"unkeyed"`` (a key's limit or pause on a type whose limits do not count
+    per key) or ``"unrated"`` (a rate on a type that declares none: its workers'
+    acquire records no starts to count it by)."""
 
     def __init__(self, type_name: str, reason: str, known_types: Iterable[str] = ()) -> None:
         self.type_name = type_name
@@ -210,6 +211,13 @@ class LimitNotDeclaredError(ConfigurationError):
                 "client's registry nor any registered worker declares it (limited types "
                 f"known: {_names(self.known_types)}). Check the name, or start a worker "
                 "that runs the type so that its declaration is recorded"
+            )
+        elif reason == "unrated":
+            message = (
+                f"job type {type_name!r} declares no rate (rate or key_rate), so its "
+                "workers' acquire records no starts and would count no rate set at run "
+                "time. Declare one in registry.job_type(...) (a generous one, lowered "
+                "when needed), or change its concurrency instead"
             )
         elif reason == "unkeyed":
             message = (

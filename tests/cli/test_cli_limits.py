@@ -191,7 +191,9 @@ def test_set_overrides_and_reset_returns_to_the_declaration(
 ) -> None:
     _declare(pgwork_dsn)
 
-    done = run(runner, pgwork_dsn, "limits", "set", "call", "--concurrency", "9", "--rate", "5/1s")
+    done = run(runner, pgwork_dsn, "limits", "set", "call", "--concurrency", "9")
+    assert done.exit_code == 0, done.output
+    done = run(runner, pgwork_dsn, "limits", "set", "fetch", "--rate", "5/1s")
     assert done.exit_code == 0, done.output
     assert (
         run(
@@ -201,7 +203,10 @@ def test_set_overrides_and_reset_returns_to_the_declaration(
     )
     call = limits_json(runner, pgwork_dsn)["call"]
     assert call["effective"]["concurrency"] == 9
-    assert call["effective"]["rate"] == {"n": 5, "per_seconds": 1.0}
+    assert limits_json(runner, pgwork_dsn)["fetch"]["effective"]["rate"] == {
+        "n": 5,
+        "per_seconds": 1.0,
+    }
     assert [(k["limit_key"], k["key_concurrency"]) for k in call["keys"]] == [("t", 1)]
     assert "9*" in run(runner, pgwork_dsn, "limits").stdout
 

@@ -33,9 +33,14 @@ class Item(BaseModel):
     n: int
 
 
+SECOND = timedelta(seconds=1)
+
+
 def _registry() -> tuple[JobTypeRegistry, Any, Any, Any]:
     reg = JobTypeRegistry()
-    keyed = reg.job_type("call", input=Item, concurrency=4, key_concurrency=2)
+    keyed = reg.job_type(
+        "call", input=Item, concurrency=4, key_concurrency=2, key_rate=Rate(100, per=SECOND)
+    )
     whole = reg.job_type("export", input=Item, concurrency=1)
     plain = reg.job_type("plain", input=Item)
     return reg, keyed, whole, plain
@@ -58,10 +63,12 @@ async def test_an_override_reads_back_over_the_declaration(make_client: ClientFa
     await client.set_limits(keyed, concurrency=None)
 
     [status] = await client.limits(job_type=keyed)
-    assert status.declared == Limits(concurrency=4, key_concurrency=2)
-    assert status.override == Limits(rate=Rate(5, per=timedelta(seconds=1)))
+    assert status.declared == Limits(
+        concurrency=4, key_concurrency=2, key_rate=Rate(100, per=SECOND)
+    )
+    assert status.override == Limits(rate=Rate(5, per=SECOND))
     assert status.effective == Limits(
-        concurrency=4, key_concurrency=2, rate=Rate(5, per=timedelta(seconds=1))
+        concurrency=4, key_concurrency=2, rate=Rate(5, per=SECOND), key_rate=Rate(100, per=SECOND)
     )
     assert [(k.limit_key, k.key_concurrency) for k in status.keys] == [("tenant-1", 1)]
     assert [s.type_name for s in await client.limits()] == ["call", "export"]
@@ -84,6 +91,7 @@ async def test_bad_changes_are_refused_before_any_statement(
         (client.set_limits(whole, key="t", key_concurrency=3, tx=conn), LimitNotDeclaredError),
         (client.set_limits(whole, key_concurrency=3, tx=conn), LimitNotDeclaredError),
         (client.set_limits(plain, concurrency=3, tx=conn), LimitNotDeclaredError),
+        (client.set_limits(whole, rate=Rate(1, per=SECOND), tx=conn), LimitNotDeclaredError),
         (client.set_limits("nobody", concurrency=3, tx=conn), LimitNotDeclaredError),
         (client.pause_limits(keyed, until=soon.replace(tzinfo=None), tx=conn), InvalidOptionError),
         (client.pause_limits(keyed, until=soon - timedelta(hours=1), tx=conn), InvalidOptionError),
@@ -99,6 +107,25 @@ async def test_bad_changes_are_refused_before_any_statement(
     await conn.commit()
     [status] = await client.limits(job_type=keyed)
     assert (status.override, status.paused_until, status.pending) == (Limits(), None, 1)
+
+
+async def test_a_rate_is_refused_on_a_type_that_declares_none(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A worker records starts only for the types that declare a rate, so a rate set at
+    run time over a type without one would never bind: it is refused, naming the
+    reason, and the caller's transaction goes on. A reset of it is not refused."""
+    reg, keyed, whole, _ = _registry()
+    client = await make_client(reg)
+    with pytest.raises(LimitNotDeclaredError, match="declares no rate") as refused:
+        await client.set_limits(whole, rate=Rate(1, per=SECOND), tx=conn)
+    assert refused.value.reason == "unrated"
+    await client.set_limits(whole, rate=None, tx=conn)
+    await client.set_limits(keyed, rate=Rate(5, per=SECOND), tx=conn)  # it declares a key rate
+    await conn.commit()
+    statuses = {s.type_name: s for s in await client.limits()}
+    assert statuses["export"].override == Limits()
+    assert statuses["call"].override == Limits(rate=Rate(5, per=SECOND))
 
 
 async def test_a_change_in_the_callers_transaction_is_kept_only_if_it_commits(
@@ -161,7 +188,9 @@ async def test_a_client_without_the_type_knows_it_from_the_workers_registration(
     with pytest.raises(LimitNotDeclaredError, match="declares no flow limit"):
         await operator.set_limits("plain", concurrency=2)
     [status] = await operator.limits(job_type="call")
-    assert status.declared == Limits(concurrency=4, key_concurrency=2)
+    assert status.declared == Limits(
+        concurrency=4, key_concurrency=2, key_rate=Rate(100, per=SECOND)
+    )
     assert status.keys[0].key_concurrency == 1
     # A reset needs no declaration: an override of a type gone can still be lifted.
     await operator.set_limits("gone", concurrency=None)

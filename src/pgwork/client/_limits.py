@@ -141,9 +141,10 @@ class LimitsMixin:
         the per-key defaults ``key_concurrency`` and ``key_rate``. With ``key`` it
         changes that key's own limits, which take the place of the per-key defaults
         for it alone: only ``key_concurrency`` and ``key_rate`` then (a key has no
-        type-wide limit). The type must declare some limit, and a per-key one for a
-        key's limits (``LimitNotDeclaredError``); a type unknown to the client and the
-        workers is refused, except to reset (every limit given is None).
+        type-wide limit). The type must declare some limit, a per-key one for a key's
+        limits, and a rate (``rate`` or ``key_rate``) for a rate
+        (``LimitNotDeclaredError``); a type unknown to the client and the workers is
+        refused, except to reset (every limit given is None).
 
         Runs in ``tx`` when given (kept only if it commits), else commits on its own.
         The type's queues are then announced ready, so jobs a raised limit lets run
@@ -186,8 +187,9 @@ class LimitsMixin:
         keyed = key is not None or any(
             given.get(option) is not None for option in ("key_concurrency", "key_rate")
         )
+        rated = any(given.get(option) is not None for option in ("rate", "key_rate"))
         if not resets_only:
-            await self._check_declared(name, keyed=keyed)
+            await self._check_declared(name, keyed=keyed, rated=rated)
         store = self.capabilities.require_limit_control("Client.set_limits")
         handle = await self.state.adopt(tx) if tx is not None else None
         queues = await store.change_limits(
@@ -302,7 +304,7 @@ class LimitsMixin:
             found[job_type.name] = declared_limits(job_type)
         return found
 
-    async def _check_declared(self, name: str, *, keyed: bool) -> None:
+    async def _check_declared(self, name: str, *, keyed: bool, rated: bool = False) -> None:
         if name in self.registry:
             declared: Limits | None = declared_limits(self.registry.get(name))
             known: list[str] = []
@@ -316,6 +318,10 @@ class LimitsMixin:
             raise LimitNotDeclaredError(name, "unlimited")
         if keyed and not declared.keyed:
             raise LimitNotDeclaredError(name, "unkeyed")
+        # A worker picks its acquire by what the types declare: one without a rate
+        # records no starts, so a rate set over it would never bind.
+        if rated and declared.rate is None and declared.key_rate is None:
+            raise LimitNotDeclaredError(name, "unrated")
 
     async def _announce(
         self, handle: TransactionHandle | None, name: str, queues: list[str]
