@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import timedelta
 
 import anyio
 
@@ -33,11 +34,13 @@ async def _acquire(
     limit: int = 10,
     completions: list[Completion] | None = None,
     types: tuple[str, ...] = (ALPHA,),
+    worker: str = "worker-a",
+    lease: timedelta | None = None,
 ) -> list[AcquiredJob]:
     turn = await store.adapter.acquire_limited(
         completions=completions or [],
-        worker_id="worker-a",
-        leases=dict.fromkeys(types, store.lease),
+        worker_id=worker,
+        leases=dict.fromkeys(types, lease or store.lease),
         queues=["default"],
         limit=limit,
         limits=limits,
@@ -119,6 +122,31 @@ class FlowConformance(StateSuiteBase):
         limits = {BETA: TypeLimits(concurrency=1)}
         acquired = await _acquire(store, limits, types=(ALPHA, BETA))
         assert Counter(j.type_name for j in acquired) == {ALPHA: 3, BETA: 1}
+
+    async def test_a_lost_workers_place_counts_until_its_job_is_taken_back_and_no_longer(
+        self, store: StateHarness
+    ) -> None:
+        """One may run. A worker that stops renewing (killed) holds the place while its
+        lease runs, so another worker's acquire gets nothing; once the expired lease is
+        reaped the place is free again. A worker known dead gives its place back at
+        once, lease or not."""
+        await store.seed(*(store.new_job(limit_group="") for _ in range(3)))
+        limits = {ALPHA: TypeLimits(concurrency=1)}
+        [lost] = await _acquire(store, limits, worker="worker-a", lease=self.short_lease)
+        assert await _acquire(store, limits, worker="worker-b") == []
+        # Expired, on the store's clock, but not yet taken back: it still counts.
+        with anyio.fail_after(self.expiry_timeout):
+            while await store.adapter.now() <= lost.leased_until:
+                await anyio.sleep(store.poll)
+        assert await _acquire(store, limits, worker="worker-b") == []
+        reaped = await store.reap_when_expired(type_names=[ALPHA], timeout=self.expiry_timeout)
+        assert [r.job_id for r in reaped] == [lost.id]
+        assert len(await _acquire(store, limits, worker="worker-b")) == 1
+        assert await _acquire(store, limits, worker="worker-c") == []
+        await store.adapter.reap(
+            type_names=[ALPHA], exclude_worker="reaper", limit=10, dead_workers=["worker-b"]
+        )
+        assert len(await _acquire(store, limits, worker="worker-c")) == 1
 
     async def test_a_limited_turn_completes_the_batch_it_carries(self, store: StateHarness) -> None:
         """The completions are written with the acquire, and the room they free is
