@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 import pytest
@@ -26,15 +25,6 @@ pytestmark = pytest.mark.anyio
 
 KEYED = {"fetch": TypeLimits(key_concurrency=1)}
 WHOLE = {"fetch": TypeLimits(concurrency=2)}
-
-
-@pytest.fixture
-async def state(pgwork_dsn: str) -> Any:
-    adapter = await PostgresStateAdapter.connect(pgwork_dsn, max_size=2)
-    try:
-        yield adapter
-    finally:
-        await adapter.close()
 
 
 async def _seed(state: PostgresStateAdapter, keys: Iterable[str], each: int = 3) -> None:

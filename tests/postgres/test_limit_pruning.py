@@ -28,15 +28,6 @@ from pgwork.postgres.state import PostgresStateAdapter
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def state(pgwork_dsn: str) -> Any:
-    adapter = await PostgresStateAdapter.connect(pgwork_dsn, max_size=2)
-    try:
-        yield adapter
-    finally:
-        await adapter.close()
-
-
 async def _sql(dsn: str, query: str) -> list[tuple[Any, ...]]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cur = await conn.execute(query)  # a test's own SQL, no input

@@ -31,15 +31,6 @@ ONE_A_KEY_AN_HOUR = {"fetch": TypeLimits(key_rate_n=1, key_rate_per_s=HOUR)}
 _AN_HOUR_AGO = "UPDATE pgwork.job_starts SET started_at = started_at - interval '61 min'"
 
 
-@pytest.fixture
-async def state(pgwork_dsn: str) -> Any:
-    adapter = await PostgresStateAdapter.connect(pgwork_dsn, max_size=2)
-    try:
-        yield adapter
-    finally:
-        await adapter.close()
-
-
 async def _seed(state: PostgresStateAdapter, keys: list[str | None], each: int) -> None:
     async with state.transaction() as tx:
         await state.insert_jobs(

@@ -136,7 +136,9 @@ class FlowConformance(StateSuiteBase):
         assert await _acquire(store, limits, worker="worker-b") == []
         # Expired, on the store's clock, but not yet taken back: it still counts.
         with anyio.fail_after(self.expiry_timeout):
-            while await store.adapter.now() <= lost.leased_until:
+            while True:
+                if await store.adapter.now() > lost.leased_until:
+                    break
                 await anyio.sleep(store.poll)
         assert await _acquire(store, limits, worker="worker-b") == []
         reaped = await store.reap_when_expired(type_names=[ALPHA], timeout=self.expiry_timeout)
