@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +25,7 @@ from tests.engine.conftest import ClientFactory, eventually, scalar
 from pgwork import ChainStart, JobTypeRegistry, Rate, create_in_process_worker
 from pgwork.adapters.notify import Notice
 from pgwork.errors import CapabilityMissingError, ConfigurationError
+from pgwork.worker import _fetch
 
 pytestmark = pytest.mark.anyio
 
@@ -334,3 +336,71 @@ async def test_a_rate_window_opening_starts_the_next_job_without_the_poll(
     await eventually(
         await _all_completed(pgwork_dsn, 3), timeout=15, what="three jobs, a second apart"
     )
+
+
+async def _paced_acquires(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    *,
+    wait_for_openings: bool = True,
+) -> int:
+    """Three jobs of a type allowed one start a second, drained by the ``workers``
+    fixture's worker: how many limited acquires it sent."""
+    reg = JobTypeRegistry()
+    paced = reg.job_type("paced", input=Item, rate=Rate(1, per=timedelta(seconds=1)))
+    acquires = 0
+
+    def counting(state: Any) -> Any:
+        if not wait_for_openings:
+            limits = replace(state.statements.limits, await_opening=b"SELECT 1")
+            state.statements = replace(state.statements, limits=limits)
+        original = state.acquire_limited
+
+        async def counted(**kwargs: Any) -> Any:
+            nonlocal acquires
+            acquires += 1
+            return await original(**kwargs)
+
+        state.acquire_limited = counted
+        return state
+
+    client = await make_client(reg, store=counting)
+    await workers(client=client, processors={paced: Overlap(hold=0.01)}, poll_interval=60)
+    await _enqueue(client, conn, paced, [None] * 3)
+    await eventually(
+        await _all_completed(pgwork_dsn, 3), timeout=15, what="three jobs, a second apart"
+    )
+    return acquires
+
+
+async def test_a_full_rate_window_wakes_no_waiting_worker(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
+) -> None:
+    """A worker held back by a rate waits for its timer: an attempt of the type ending,
+    or a mark it left, does not announce room while the window is full, which would
+    only wake it to find the window full again. Three jobs a second apart take a
+    handful of acquires. Control: clearing the marks without looking at the rate (as
+    for a concurrency limit alone) has the worker ask dozens of times."""
+    assert await _paced_acquires(make_client, workers, conn, pgwork_dsn) <= 15
+
+
+async def test_a_store_that_cannot_wait_for_an_opening_is_not_asked_again_and_again(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    pgwork_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker sends its acquire a little before a rate's window opens, for a store
+    that waits for the opening in the database. One that does not (here PostgreSQL with
+    that wait left out) comes back with the same opening; the worker then waits for it
+    exactly, rather than asking again at once until it comes. The early send made
+    0.3 s to make the difference plain: a handful of acquires. Control: setting the
+    timer early again for the same opening asks a couple of hundred times."""
+    monkeypatch.setattr(_fetch, "OPENS_EARLY_S", 0.3)
+    acquires = await _paced_acquires(
+        make_client, workers, conn, pgwork_dsn, wait_for_openings=False
+    )
+    assert acquires <= 15

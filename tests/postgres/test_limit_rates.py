@@ -154,3 +154,46 @@ async def test_nothing_opens_where_nothing_waits(state: PostgresStateAdapter) ->
     turn = await _turn(state, TWO_AN_HOUR)
     assert len(turn.acquired) == 2
     assert turn.opens_at is None
+
+
+async def test_an_acquire_just_before_a_window_opens_waits_for_it(
+    state: PostgresStateAdapter, pgwork_dsn: str
+) -> None:
+    """Both starts of the window are moved back so that the older leaves it 40 ms from
+    now, within the acquire's horizon: the acquire waits in the database for that
+    moment, then leases one job, recorded as started no earlier than the moment the
+    old start left. Control: without the wait (``AWAIT_OPENING`` not sent) it leases
+    none and says when the window opens."""
+    await _seed(state, [None], each=5)
+    first = await _turn(state, TWO_AN_HOUR)
+    await _sql(
+        pgwork_dsn,
+        "UPDATE pgwork.job_starts SET started_at = clock_timestamp() - interval '1 hour'"
+        " + CASE WHEN ctid = (SELECT min(ctid) FROM pgwork.job_starts)"
+        " THEN interval '40 ms' ELSE interval '30 min' END",
+    )
+    [(opening,)] = await _sql(
+        pgwork_dsn, "SELECT min(started_at) + interval '1 hour' FROM pgwork.job_starts"
+    )
+    turn = await _turn(state, TWO_AN_HOUR, done=first.acquired)
+    assert len(turn.acquired) == 1
+    [(newest,)] = await _sql(pgwork_dsn, "SELECT max(started_at) FROM pgwork.job_starts")
+    assert newest >= opening
+
+
+async def test_an_opening_beyond_the_horizon_is_not_waited_for(
+    state: PostgresStateAdapter, pgwork_dsn: str
+) -> None:
+    """The window opens in ten minutes: the acquire leases nothing at once and says
+    when, for the worker's timer."""
+    await _seed(state, [None], each=5)
+    first = await _turn(state, TWO_AN_HOUR)
+    await _sql(
+        pgwork_dsn, "UPDATE pgwork.job_starts SET started_at = started_at - interval '50 min'"
+    )
+    turn = await _turn(state, TWO_AN_HOUR, done=first.acquired)
+    assert turn.acquired == []
+    [(opening,)] = await _sql(
+        pgwork_dsn, "SELECT min(started_at) + interval '1 hour' FROM pgwork.job_starts"
+    )
+    assert turn.opens_at == opening

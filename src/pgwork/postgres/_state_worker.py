@@ -313,6 +313,7 @@ class WorkerOps(CompletionOps):
                         self.schema,
                         marks=marks,
                         skip=6 if completions else 0,
+                        rated="rated" in kinds,
                     )
             waited_for.update(waited)
             if opens is not None:
@@ -587,6 +588,7 @@ async def _fetch_limited_turn(
     *,
     marks: bool,
     skip: int,
+    rated: bool = False,
 ) -> tuple[list[tuple[Any, ...]], list[str], datetime | None]:
     """The rows of a limited acquire, the types with room that a worker waits for
     (``sql.limits.CLEAR_WAITING``), and when a limit may next let a job start
@@ -601,13 +603,21 @@ async def _fetch_limited_turn(
     An acquire without the ``marks`` leaves ``CLEAR_WAITING`` out, unless its rows say
     a worker waits for one of its types (``sql.limits.WAITED``, in the type column of
     the acquired rows, which start at ``skip``): then it is sent after them, in the
-    same transaction (a second round trip, only then)."""
+    same transaction (a second round trip, only then).
+
+    An acquire of a type with a rate (``rated``) sends ``AWAIT_OPENING`` first, in the
+    same pipeline: it waits, holding no lock, for a window about to open (see
+    ``sql.limits``)."""
     numbered, names = _numbered(query)
     clear, clear_names = _numbered(statements.clear_waiting)
     lock, lock_names = _numbered(statements.lock_types)
     waited: list[str] = []
     with translate_errors(schema):
         async with conn.pipeline():
+            if rated:
+                opening, opening_names = _numbered(statements.await_opening)
+                waits = psycopg.AsyncRawCursor(conn)
+                await waits.execute(opening, [params[name] for name in opening_names], binary=True)
             locks = psycopg.AsyncRawCursor(conn)
             await locks.execute(lock, [params[name] for name in lock_names], binary=True)
             cur = psycopg.AsyncRawCursor(conn)

@@ -36,7 +36,15 @@ from dataclasses import dataclass
 from pgwork.postgres.sql.leases import ACQUIRED_WIDTH, LEASE_CANDIDATES, LEASED, LEASES
 from pgwork.postgres.sql.outcomes import complete_and_acquire
 
-__all__ = ["KINDS", "LIMIT_LOCK", "OPENS", "WAITED", "LimitStatements", "variant"]
+__all__ = [
+    "KINDS",
+    "LIMIT_LOCK",
+    "OPENING_HORIZON_S",
+    "OPENS",
+    "WAITED",
+    "LimitStatements",
+    "variant",
+]
 
 # The first key of a limited type's lock (a two-key advisory lock; the second key is the
 # type name's hash): "pgwl" read as an int4. Two types whose names hash alike share a
@@ -401,25 +409,40 @@ CLEAR_WAITING = """
 UPDATE {job_limits} AS o SET waiting_since = NULL
 FROM unnest(
     %(limited_names)s::text[], %(limited_concurrency)s::int[],
-    %(limited_key_concurrency)s::int[]
-) AS t(name, concurrency, key_concurrency)
+    %(limited_key_concurrency)s::int[], %(limited_rate_n)s::int[],
+    %(limited_rate_per_s)s::float8[], %(limited_key_rate_n)s::int[],
+    %(limited_key_rate_per_s)s::float8[]
+) AS t(name, concurrency, key_concurrency, rate_n, rate_per_s, key_rate_n, key_rate_per_s)
 WHERE o.type_name = t.name AND o.limit_key = '' AND o.waiting_since < now()
   AND NOT COALESCE(o.paused_until > now(), false)
   AND COALESCE(COALESCE(o.concurrency, t.concurrency) > (
       SELECT count(*) FROM {jobs} AS r
       WHERE r.status = 'running' AND r.limit_group IS NOT NULL AND r.type_name = t.name
   ), true)
-  AND (t.key_concurrency IS NULL OR EXISTS (
+  -- A full rate window has no room either: the waiting workers' own timers say when
+  -- it opens (an announcement now would only wake them to find it full).
+  AND COALESCE(COALESCE(o.rate_n, t.rate_n) > (
+      SELECT count(*) FROM {job_starts} AS s
+      WHERE s.type_name = t.name AND s.started_at > clock_timestamp()
+          - make_interval(secs => COALESCE(o.rate_per_s, t.rate_per_s))
+  ), true)
+  AND (t.key_concurrency IS NULL AND t.key_rate_n IS NULL OR EXISTS (
       SELECT 1
       FROM unnest(%(freed_types)s::text[], %(freed_groups)s::text[]) AS f(name, limit_group)
       LEFT JOIN {job_limits} AS k
           ON k.type_name = f.name AND k.limit_key = f.limit_group AND f.limit_group <> ''
       WHERE f.name = t.name
         AND NOT COALESCE(k.paused_until > now(), false)
-        AND COALESCE(k.key_concurrency, o.key_concurrency, t.key_concurrency) > (
+        AND COALESCE(COALESCE(k.key_concurrency, o.key_concurrency, t.key_concurrency) > (
             SELECT count(*) FROM {jobs} AS r
             WHERE r.status = 'running' AND r.limit_group = f.limit_group
-              AND r.type_name = t.name)
+              AND r.type_name = t.name), true)
+        AND COALESCE(COALESCE(k.key_rate_n, o.key_rate_n, t.key_rate_n) > (
+            SELECT count(*) FROM {job_starts} AS s
+            WHERE s.type_name = t.name AND s.limit_group = f.limit_group
+              AND s.started_at > clock_timestamp() - make_interval(
+                  secs => COALESCE(k.key_rate_per_s, o.key_rate_per_s, t.key_rate_per_s))
+        ), true)
         AND EXISTS (
             SELECT 1 FROM {jobs} AS j
             WHERE j.status = 'pending' AND j.limit_group = f.limit_group
@@ -589,9 +612,47 @@ COMPLETE_AND_ACQUIRE_LIMITED = {
 }
 
 
+# How long a rated acquire may wait for its window to open (seconds): see
+# ``AWAIT_OPENING``. A worker held back by a rate sends its acquire a little before the
+# opening it was told of, within this.
+OPENING_HORIZON_S = 0.05
+
+# Sent first, before the locks, by an acquire of a type with a rate: when the window of
+# one of its types' rates is full and the next start leaves it within
+# ``OPENING_HORIZON_S``, the session sleeps until that moment, holding no lock; else it
+# goes on at once. The acquire that follows then reads its clock as the window opens,
+# rather than a worker's timer and a round trip later, and the place is taken again as
+# soon as the rate lets it: a rate loses the time from an opening to the acquire that
+# fills it once per window, and this makes that time the locks' alone. Exactness is
+# the acquire's, under the locks, as ever: waiting changes when it counts, not how.
+# The opening is the newest ``n``-th start of the window leaving it (the type's
+# ``job_starts`` index, newest first, ``n`` entries at most).
+AWAIT_OPENING = f"""
+SELECT pg_sleep(COALESCE((
+    SELECT greatest(extract(epoch FROM min(o.at) - clock_timestamp()), 0)::float8
+    FROM (
+        SELECT (
+            SELECT s.started_at FROM {{job_starts}} AS s
+            WHERE s.type_name = t.name
+              AND s.started_at > clock_timestamp() - make_interval(
+                  secs => COALESCE(l.rate_per_s, t.rate_per_s))
+            ORDER BY s.started_at DESC
+            OFFSET COALESCE(l.rate_n, t.rate_n) - 1 LIMIT 1
+        ) + make_interval(secs => COALESCE(l.rate_per_s, t.rate_per_s)) AS at
+        FROM unnest(%(limited_names)s::text[], %(limited_rate_n)s::int[],
+                    %(limited_rate_per_s)s::float8[]) AS t(name, rate_n, rate_per_s)
+        LEFT JOIN {{job_limits}} AS l ON l.type_name = t.name AND l.limit_key = ''
+        WHERE COALESCE(l.rate_n, t.rate_n) IS NOT NULL
+    ) AS o
+    HAVING min(o.at) <= clock_timestamp() + make_interval(secs => {OPENING_HORIZON_S})
+), 0))
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class LimitStatements:
     lock_types: bytes
     acquire_limited: Mapping[str, bytes]
     complete_and_acquire_limited: Mapping[str, bytes]
     clear_waiting: bytes
+    await_opening: bytes
