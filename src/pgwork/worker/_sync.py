@@ -106,15 +106,16 @@ class SyncAttempt(Generic[I, O]):
     @property
     def cancelled(self) -> bool:
         """Whether the worker asked this attempt to stop: return soon."""
-        return self._cancelled.is_set()
+        return self._cancelled.is_set() or self._attempt.abort_reason is not None
 
     @property
     def cancel_reason(self) -> AbortReason | None:
         """Why it was asked to stop (``AbortReason.TIMEOUT`` for its timeout), None
         while it was not."""
-        if not self._cancelled.is_set():
-            return None
-        return self._attempt.abort_reason or AbortReason.TIMEOUT
+        reason = self._attempt.abort_reason
+        if reason is None and self._cancelled.is_set():
+            return AbortReason.TIMEOUT
+        return reason
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block until the attempt is asked to stop or ``timeout`` seconds passed;
