@@ -80,8 +80,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AbortReason",
-    "Attempt",
     "AtomicSyncHandlerError",
+    "Attempt",
     "AttemptAlreadyFinishedError",
     "AttemptCancelledError",
     "AttemptError",

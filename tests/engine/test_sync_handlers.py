@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from pgwork import (
     AbortReason,
-    Attempt,
     AtomicSyncHandlerError,
+    Attempt,
     AttemptCancelledError,
     ConfigurationError,
     HandlerAbandonedError,
@@ -109,9 +109,7 @@ async def test_sync_handlers_of_every_shape_run_on_the_workers_own_threads(
     await conn.commit()
     await eventually(lambda: _done(client, [s.id for s in started]), what="every chain done")
     outputs = [(await client.get_chain(s.id)).output for s in started]
-    assert outputs == [Total(total=9), Total(total=9), Total(total=10), Total(total=9)] + [
-        Total(total=9)
-    ]
+    assert outputs == [Total(total=n) for n in (9, 9, 10, 9, 9)]
     # The worker's own threads: not the event loop's, nor its default executor's
     # (``asyncio_N``, what ``asyncio.to_thread`` runs on).
     assert len(threads) == 5
@@ -170,7 +168,7 @@ async def test_control_the_same_blocking_code_on_the_event_loop_holds_up_both(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], pgwork_dsn: str
 ) -> None:
     async def blocks_the_loop(attempt: Attempt[Num, None]) -> None:
-        time.sleep(2)
+        time.sleep(2)  # noqa: ASYNC251 - the mistake this control makes on purpose
 
     with pytest.raises(AssertionError, match="blocking handler"):
         await _check_blocking_handler(blocks_the_loop, make_client, workers, conn, pgwork_dsn)
@@ -237,9 +235,7 @@ async def _check_blocking_handler(
     assert job.attempt == 1  # never reaped and run again
 
 
-async def _eventually_true(
-    check: Callable[[], bool], *, what: str, timeout: float = 20.0
-) -> None:
+async def _eventually_true(check: Callable[[], bool], *, what: str, timeout: float = 20.0) -> None:
     async def probe() -> bool:
         return check()
 

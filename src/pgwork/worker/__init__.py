@@ -119,8 +119,8 @@ def create_in_process_worker(
         isinstance(sync_threads, bool) or not isinstance(sync_threads, int) or sync_threads < 1
     ):
         raise ConfigurationError(
-                f"sync_threads must be a whole number of threads >= 1, got {sync_threads!r}"
-            )
+            f"sync_threads must be a whole number of threads >= 1, got {sync_threads!r}"
+        )
     return build(
         client=client,
         processors=processors,

@@ -129,7 +129,9 @@ class SyncAttempt(Generic[I, O]):
             job = self._attempt.job
             raise AttemptCancelledError(job.id, job.attempt, reason.value, action)
 
-    def complete(self, output: O | None = None, *, continue_with: Continuation | None = None) -> None:
+    def complete(
+        self, output: O | None = None, *, continue_with: Continuation | None = None
+    ) -> None:
         """Complete the job with ``output`` (``Attempt.complete``)."""
         self._run("complete()", self._attempt.complete(output, continue_with=continue_with))
 

@@ -19,6 +19,7 @@ returns does not keep the process alive; ``close`` lets the idle ones end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
@@ -58,10 +59,9 @@ class _Call:
             self._report(result, None)
 
     def _report(self, result: Any, error: BaseException | None) -> None:
-        try:
+        # A closed loop: an abandoned handler ended after its worker did.
+        with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self._settle, result, error)
-        except RuntimeError:
-            pass  # the loop is closed: an abandoned handler ended after its worker
 
     def _settle(self, result: Any, error: BaseException | None) -> None:
         future = self.future
