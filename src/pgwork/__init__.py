@@ -11,7 +11,9 @@ from pgwork.adapters.state import BlockedJob, BlockerStatus, DedupSpec, QueueCou
 from pgwork.backoff import RetryPolicy, backoff_delay
 from pgwork.client import ChainStart, Client, StartedChain, create_client
 from pgwork.errors import (
+    AtomicSyncHandlerError,
     AttemptAlreadyFinishedError,
+    AttemptCancelledError,
     CapabilityMissingError,
     ChainHasDependantsError,
     ChainNotFoundError,
@@ -65,14 +67,23 @@ from pgwork.records import (
     JobStatus,
     Page,
 )
-from pgwork.worker import Attempt, Handler, InProcessWorker, create_in_process_worker
+from pgwork.worker import (
+    Attempt,
+    Handler,
+    InProcessWorker,
+    SyncAttempt,
+    SyncHandler,
+    create_in_process_worker,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AbortReason",
+    "AtomicSyncHandlerError",
     "Attempt",
     "AttemptAlreadyFinishedError",
+    "AttemptCancelledError",
     "AttemptError",
     "BlockedJob",
     "BlockerStatus",
@@ -138,6 +149,8 @@ __all__ = [
     "SchemaOutdatedError",
     "StartedChain",
     "StateAdapter",
+    "SyncAttempt",
+    "SyncHandler",
     "SyncHandlerError",
     "UnencodableTextError",
     "UnknownJobTypeError",

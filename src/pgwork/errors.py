@@ -9,7 +9,8 @@ The tree::
     │   ├── InvalidDedupWindowError   a dedup window that is not positive
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
-    │   ├── SyncHandlerError          a handler or middleware that is not an async callable
+    │   ├── SyncHandlerError          a middleware that is not async, a handler that cannot run
+    │   │   └── AtomicSyncHandlerError  a sync handler for an atomic job type
     │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
@@ -41,6 +42,7 @@ The tree::
     │   ├── ChainHasDependantsError   delete_chains while other chains still wait on them
     │   ├── LeaseLostError            complete/reschedule after the worker lost the job
     │   ├── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
+    │   ├── AttemptCancelledError     a sync handler's call after the worker asked it to stop
     │   ├── JobAlreadyFinishedError   completing/cancelling a job that already ended
     │   ├── ChainAlreadyFinishedError cancelling a chain that already ended
     │   ├── JobNotRetryableError      retry() of a job that has not failed
@@ -61,7 +63,9 @@ from collections.abc import Iterable, Sequence
 from uuid import UUID
 
 __all__ = [
+    "AtomicSyncHandlerError",
     "AttemptAlreadyFinishedError",
+    "AttemptCancelledError",
     "AwaitTimeoutError",
     "CapabilityMissingError",
     "ChainAlreadyFinishedError",
@@ -173,20 +177,44 @@ class InvalidOptionError(ConfigurationError):
 
 
 class SyncHandlerError(ConfigurationError, TypeError):
-    """A handler (or middleware) that is not an ``async def`` (or an object whose
-    ``__call__`` is one): refused when the worker is built, because the worker awaits
-    what it returns, and a plain function would run its side effects on every attempt
-    and then fail each one."""
+    """A middleware that is not an ``async def`` (or an object whose ``__call__`` is
+    one), or a handler the worker cannot run (not callable, an async generator):
+    refused when the worker is built, before any job is taken. Also the error of an
+    attempt whose plain ``def`` handler returned an awaitable: the worker runs a sync
+    handler on a thread and never awaits what it returns."""
 
-    def __init__(self, type_name: str, handler: object, role: str = "handler") -> None:
+    def __init__(
+        self, type_name: str, handler: object, role: str = "handler", reason: str = ""
+    ) -> None:
         self.type_name = type_name
         self.handler = handler
         shown = getattr(handler, "__qualname__", None) or type(handler).__qualname__
         of = f" of job type {type_name!r}" if type_name else ""
         super().__init__(
-            f"the {role} {shown!r}{of} is not an async function: sync {role}s are not "
-            f"supported yet. Declare it with `async def`, or wrap blocking code in an "
-            f"`async def` that calls `await asyncio.to_thread(...)`"
+            f"the {role} {shown!r}{of} "
+            + (
+                reason
+                or f"is not an async function: a {role} must be declared with `async def` "
+                "(a plain `def` handler runs on the worker's threads, a middleware cannot)"
+            )
+        )
+
+
+class AtomicSyncHandlerError(SyncHandlerError):
+    """A plain ``def`` handler for an atomic job type: its attempt runs in the job's
+    transaction on the event loop's connection, which a handler on another thread
+    cannot use yet."""
+
+    def __init__(self, type_name: str, handler: object) -> None:
+        super().__init__(
+            type_name,
+            handler,
+            reason=(
+                "is a sync (plain `def`) handler, and sync handlers are not supported yet "
+                "for atomic job types (mode='atomic'). Declare this handler with "
+                "`async def` and use `attempt.connection` there, or make the job type "
+                "staged (mode='staged') to keep the sync handler"
+            ),
         )
 
 
@@ -610,6 +638,24 @@ class AttemptAlreadyFinishedError(JobError):
         super().__init__(
             f"attempt on job {job_id} already ended with {outcome}; call complete() or "
             "reschedule() at most once per attempt"
+        )
+
+
+class AttemptCancelledError(JobError):
+    """Raised by a sync handler's ``SyncAttempt`` call once the worker asked the
+    attempt to stop (its timeout passed, its job was cancelled, its lease was lost, the
+    worker is stopping): a thread cannot be interrupted, so the handler learns it here
+    (or from ``attempt.cancelled``). ``reason`` is an ``AbortReason`` value."""
+
+    def __init__(self, job_id: UUID, attempt: int, reason: str, action: str) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        self.reason = reason
+        self.action = action
+        super().__init__(
+            f"{action} of job {job_id} (attempt {attempt}) was refused: the worker asked "
+            f"this attempt to stop ({reason}); nothing more is written for it. Return "
+            "from the handler"
         )
 
 

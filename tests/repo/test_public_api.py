@@ -7,7 +7,9 @@ import pgwork
 EXPECTED = {
     "AbortReason",
     "Attempt",
+    "AtomicSyncHandlerError",
     "AttemptAlreadyFinishedError",
+    "AttemptCancelledError",
     "AttemptError",
     "BlockedJob",
     "BlockerStatus",
@@ -71,6 +73,8 @@ EXPECTED = {
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "SyncAttempt",
+    "SyncHandler",
     "SyncHandlerError",
     "StartedChain",
     "StateAdapter",

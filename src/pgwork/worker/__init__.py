@@ -1,4 +1,5 @@
-"""The in-process worker: ``create_in_process_worker`` and the ``Attempt`` handlers see."""
+"""The in-process worker: ``create_in_process_worker`` and the ``Attempt`` (async
+handlers) or ``SyncAttempt`` (sync handlers) they see."""
 
 from __future__ import annotations
 
@@ -16,10 +17,19 @@ from pgwork.schedules import CronSchedule
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._build import build
 from pgwork.worker._gc import tune_gc
-from pgwork.worker._loop import Handler, InProcessWorker
+from pgwork.worker._loop import Handler, InProcessWorker, Processor
+from pgwork.worker._sync import SyncAttempt, SyncHandler
 from pgwork.worker.middleware import Middleware
 
-__all__ = ["Attempt", "Handler", "InProcessWorker", "create_in_process_worker", "tune_gc"]
+__all__ = [
+    "Attempt",
+    "Handler",
+    "InProcessWorker",
+    "SyncAttempt",
+    "SyncHandler",
+    "create_in_process_worker",
+    "tune_gc",
+]
 
 
 def _seconds(value: float | timedelta, name: str) -> float:
@@ -29,7 +39,7 @@ def _seconds(value: float | timedelta, name: str) -> float:
 def create_in_process_worker(
     *,
     client: Client,
-    processors: Mapping[JobType[Any, Any] | str, Handler],
+    processors: Mapping[JobType[Any, Any] | str, Processor],
     max_slots: int = 10,
     worker_id: str | None = None,
     poll_interval: float | timedelta = 2.0,
@@ -46,9 +56,16 @@ def create_in_process_worker(
     atomic_group: int = 1,
     atomic_group_wait: float | timedelta = 0.005,
     type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
+    sync_threads: int | None = None,
 ) -> InProcessWorker:
-    """Build a worker that runs ``processors`` ({job_type: async handler}) in up to
-    ``max_slots`` concurrent attempts.
+    """Build a worker that runs ``processors`` ({job_type: handler}) in up to
+    ``max_slots`` concurrent attempts. A handler is an ``async def`` (given an
+    ``Attempt``) or a plain ``def`` (given a ``SyncAttempt``), which runs on one of the
+    worker's own threads and counts in ``max_slots`` as well; ``sync_threads``: how
+    many (default None: ``max_slots``, started as they are needed). Fewer than
+    ``max_slots`` makes sync handlers beyond them wait for a thread in their slot, their
+    timeout running. Sync handlers of atomic types are refused
+    (``AtomicSyncHandlerError``); see docs/sync.md.
 
     ``queues``: queues to take jobs from, drained strictly in the given order (default:
     the queues of the processed types). ``poll_interval``: the longest the worker waits
@@ -98,6 +115,12 @@ def create_in_process_worker(
             raise ConfigurationError(
                 f"type_slots[{name!r}] must be a whole number of attempts >= 1, got {cap!r}"
             )
+    if sync_threads is not None and (
+        isinstance(sync_threads, bool) or not isinstance(sync_threads, int) or sync_threads < 1
+    ):
+        raise ConfigurationError(
+            f"sync_threads must be a whole number of threads >= 1, got {sync_threads!r}"
+        )
     return build(
         client=client,
         processors=processors,
@@ -117,4 +140,5 @@ def create_in_process_worker(
         atomic_group=atomic_group,
         atomic_group_wait=_seconds(atomic_group_wait, "atomic_group_wait"),
         type_slots=type_slots,
+        sync_threads=sync_threads,
     )

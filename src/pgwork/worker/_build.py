@@ -22,7 +22,7 @@ import anyio
 
 from pgwork.adapters.state import TypeLimits, WorkerInfo
 from pgwork.client import Client, limits_metadata
-from pgwork.errors import CapabilityMissingError, ConfigurationError
+from pgwork.errors import AtomicSyncHandlerError, CapabilityMissingError, ConfigurationError
 from pgwork.job_types import JobType
 from pgwork.observability import Observer
 from pgwork.observability.emitter import Emitter
@@ -32,8 +32,8 @@ from pgwork.worker._batch import Acquires, CompletionBatcher
 from pgwork.worker._bell import Bell
 from pgwork.worker._deadline import StopDeadline
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
-from pgwork.worker._handlers import require_async
-from pgwork.worker._loop import Handler, InProcessWorker, Limits
+from pgwork.worker._handlers import handler_kind, require_async
+from pgwork.worker._loop import InProcessWorker, Limits, Processor
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._side.heartbeat import Heartbeat
 from pgwork.worker._side.maintenance import Maintenance
@@ -41,6 +41,8 @@ from pgwork.worker._side.notices import NoticeRouter
 from pgwork.worker._side.reaper import Reaper
 from pgwork.worker._slots import Slots
 from pgwork.worker._steps import AttemptSteps
+from pgwork.worker._sync import on_threads
+from pgwork.worker._threads import HandlerThreads
 from pgwork.worker._wakeups import Wakeups
 from pgwork.worker.middleware import CallNext, Middleware, compose
 
@@ -50,7 +52,7 @@ __all__ = ["build", "default_worker_id"]
 def build(
     *,
     client: Client,
-    processors: Mapping[JobType[Any, Any] | str, Handler],
+    processors: Mapping[JobType[Any, Any] | str, Processor],
     max_slots: int,
     worker_id: str | None,
     poll_interval: float,
@@ -67,12 +69,18 @@ def build(
     atomic_group: int,
     atomic_group_wait: float,
     type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
+    sync_threads: int | None = None,
 ) -> InProcessWorker:
     """The worker for options ``create_in_process_worker`` has checked."""
     capabilities = client.capabilities
     worker_id = worker_id or default_worker_id()
     rng = rng or random.Random()
-    types, handlers = _resolve(client, processors, middlewares)
+    # Made before the handlers, which run on it; threads start as they are needed.
+    threads = HandlerThreads(
+        size=max_slots if sync_threads is None else sync_threads,
+        name=f"pgwork-sync-{worker_id}",
+    )
+    types, handlers = _resolve(client, processors, middlewares, threads)
     caps = {client.registry.resolve(key).name: cap for key, cap in (type_slots or {}).items()}
     for name in caps:
         if name not in types:
@@ -132,6 +140,7 @@ def build(
         prefetch=prefetch,
         bell=bell,
         limited=list(limits),
+        threads=threads,
     )
     leases = {name: t.lease for name, t in types.items()}
     return InProcessWorker(
@@ -220,12 +229,14 @@ def build(
 
 def _resolve(
     client: Client,
-    processors: Mapping[JobType[Any, Any] | str, Handler],
+    processors: Mapping[JobType[Any, Any] | str, Processor],
     middlewares: Sequence[Middleware],
+    threads: HandlerThreads,
 ) -> tuple[dict[str, JobType[Any, Any]], dict[str, CallNext]]:
     """The job types the worker runs, by name, and each one's handler inside the
-    middlewares; refuses a handler or middleware that is not async, and an atomic type
-    on a store without atomic attempts."""
+    middlewares (a sync handler as the awaitable that runs it on ``threads``); refuses
+    a middleware that is not async, a handler that cannot run, a sync handler for an
+    atomic type, and an atomic type on a store without atomic attempts."""
     capabilities = client.capabilities
     for middleware in middlewares:
         require_async(middleware, "", role="middleware")
@@ -233,9 +244,15 @@ def _resolve(
     handlers: dict[str, CallNext] = {}
     for key, handler in processors.items():
         job_type = client.registry.resolve(key)
-        require_async(handler, job_type.name)
+        call: CallNext
+        if handler_kind(handler, job_type.name) == "async":
+            call = handler  # type: ignore[assignment]
+        elif job_type.mode == "atomic":
+            raise AtomicSyncHandlerError(job_type.name, handler)
+        else:
+            call = on_threads(handler, threads, job_type.name)  # type: ignore[arg-type]
         types[job_type.name] = job_type
-        handlers[job_type.name] = compose(middlewares, handler)
+        handlers[job_type.name] = compose(middlewares, call)
         if job_type.mode == "atomic" and capabilities.atomic is None:
             raise CapabilityMissingError(
                 "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type

@@ -65,13 +65,16 @@ from pgwork.worker._side.notices import NoticeRouter
 from pgwork.worker._side.reaper import Reaper
 from pgwork.worker._side.watchdog import keep_abandoned
 from pgwork.worker._slots import Slots
+from pgwork.worker._sync import SyncHandler
 from pgwork.worker._wakeups import Wakeups
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Handler", "InProcessWorker", "Limits"]
+__all__ = ["Handler", "InProcessWorker", "Limits", "Processor"]
 
 Handler = Callable[[Attempt[Any, Any]], Awaitable[Any]]
+# What ``processors`` maps a job type to: an async handler, or a sync one (``_sync``).
+Processor = Handler | SyncHandler
 
 # Failed loop turns (database unreachable) back off up to this many seconds.
 LOOP_BACKOFF_MAX = 5.0
@@ -209,6 +212,7 @@ class InProcessWorker:
             raise
         finally:
             await self._end_late_settling()
+            self._slots.threads.close()
             groups = self._slots.runner.groups
             if groups is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):

@@ -32,6 +32,7 @@ from pgwork.worker._bell import Bell
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._side.watchdog import Watchdog, keep_abandoned
 from pgwork.worker._slot import Slot, SlotState
+from pgwork.worker._threads import HandlerThreads
 
 log = logging.getLogger("pgwork.worker")
 
@@ -160,11 +161,13 @@ class Slots:
         prefetch: int | None,
         bell: Bell,
         limited: Collection[str] = (),
+        threads: HandlerThreads | None = None,
     ) -> None:
         """``limited``: the job types with limits (or this worker's caps); an attempt of
         one whose handler returns, or whose outcome is written on its own, sets
         ``limited_ended`` (its room may let a job start that an acquire held back, here
-        or on another worker)."""
+        or on another worker). ``threads``: where the sync handlers run (a handler given
+        up on gives its thread up there too)."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
@@ -177,6 +180,7 @@ class Slots:
             max_slots=max_slots, prefetch=prefetch, rank=self._rank
         )
         self.tasks = SlotTasks()
+        self.threads = threads if threads is not None else HandlerThreads(size=0, name="")
         self.watchdog: Watchdog[Slot] = Watchdog()
         # Handlers given up on that have not ended yet (see ``_watchdog``).
         self.abandoned: set[asyncio.Task[Any]] = set()
@@ -375,6 +379,9 @@ class Slots:
         handler's task run on detached, and settle the attempt in a task of its own."""
         slot.stop_cancelling()
         slot.move(SlotState.ABANDONED)  # which frees its place
+        if slot.attempt is not None:
+            # A sync handler's thread is replaced, so the freed place has one to run on.
+            self.threads.abandon(slot.attempt)
         if slot.task is not None:
             self.tasks.detach(slot.task)
             keep_abandoned(
