@@ -123,7 +123,7 @@ class SyncEnqueueMixin:
         """``get_job`` on a blocking connection (the same kinds as ``start_chain_sync``'s,
         in a transaction or not): the job as that connection sees it, so a job its own
         transaction wrote and has not committed yet is found. Raises JobNotFoundError."""
-        handle = _drive(self._sync_adopt()(conn))
+        handle: TransactionHandle = _drive(_awaited(self._sync_adopt()(conn)))
         jobs = _drive(self.state.get_jobs(handle, job_ids=[job_id]))
         if not jobs:
             raise JobNotFoundError([job_id])
@@ -142,6 +142,10 @@ class SyncEnqueueMixin:
             return state.adopt_sync(tx)
 
         return adopt
+
+
+async def _awaited(value: Awaitable[T]) -> T:
+    return await value
 
 
 def _drive(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
+from tests.contrib.django.taskapp import tasks
+from tests.contrib.django.taskapp.enqueued import noop, send_email
 
 from pgwork import JobStatus, PayloadValidationError
 from pgwork.contrib.django import PgworkBackend
@@ -26,8 +28,6 @@ from pgwork.contrib.django._compat import (
     task,
     task_backends,
 )
-from tests.contrib.django.taskapp import tasks
-from tests.contrib.django.taskapp.enqueued import noop, send_email
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,12 +57,20 @@ def test_the_backend_declares_what_it_supports() -> None:
 
 
 def test_a_rolled_back_enqueue_leaves_no_job(django_dsn: str) -> None:
-    with pytest.raises(Rollback), transaction.atomic():
-        result = send_email.enqueue("ada@example.com")
-        assert job_row(result.id) is not None  # visible inside the transaction
-        raise Rollback
+    seen = []
 
-    assert job_row(result.id) is None
+    def view() -> None:
+        with transaction.atomic():
+            result = send_email.enqueue("ada@example.com")
+            seen.append((result.id, job_row(result.id) is not None))
+            raise Rollback
+
+    with pytest.raises(Rollback):
+        view()
+    [(job_id, visible_inside)] = seen
+
+    assert visible_inside
+    assert job_row(job_id) is None
 
 
 def test_a_committed_enqueue_is_a_job_with_the_tasks_options(django_dsn: str) -> None:

@@ -69,6 +69,10 @@ STATUSES = {
 }
 
 
+# Return values as Django asks of them: JSON, nothing pydantic would turn into it.
+JSON_VALUE: Any = pydantic.JsonValue
+
+
 class TaskCall(TypedDict):
     """A task job's input: the arguments of the call, JSON values only."""
 
@@ -141,7 +145,7 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
                 found = self.registry.job_type(
                     name,
                     input=TaskCall,
-                    output=pydantic.JsonValue,
+                    output=JSON_VALUE,
                     max_attempts=self.max_attempts,
                 )
                 self._types[name] = found
@@ -151,9 +155,6 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
         self.validate_task(task)
         job_type = self.job_type(task)
         call = TaskCall(args=list(args), kwargs=dict(kwargs))
-        # Refused here, before any SQL and outside any atomic block of ours, so that a
-        # caller who catches the error still has its transaction.
-        job_type.input_codec.encode(call)
         connection = connections[self.database]
         with _in_transaction(self.database):
             connection.ensure_connection()
@@ -254,7 +255,9 @@ def _task_named(name: str) -> Task | None:
 @contextmanager
 def _in_transaction(alias: str) -> Iterator[None]:
     """Join the transaction Django has open on ``alias``, or open one for the enqueue
-    alone (Django's autocommit mode) and commit it."""
+    alone (Django's autocommit mode) and commit it. Never a nested ``atomic()``: one
+    without a savepoint would mark the caller's transaction for rollback when the
+    enqueue is refused, one with a savepoint costs two statements per enqueue."""
     if connections[alias].in_atomic_block:
         yield
     else:
@@ -273,11 +276,13 @@ def database_dsn(alias: str) -> str:
         )
     params = connection.get_connection_params()
     return make_conninfo(
+        "",
         **{
             key: value
             for key, value in params.items()
-            if isinstance(value, str | int) and not isinstance(value, bool)
+            if isinstance(value, str | int)
+            and not isinstance(value, bool)
             # psycopg's options, not libpq's: the worker sets its own.
             and key not in ("prepare_threshold", "cursor_factory", "context")
-        }
+        },
     )

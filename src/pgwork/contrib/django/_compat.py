@@ -47,4 +47,3 @@ except ImportError:
             "(django.tasks), or the django-tasks package on an earlier Django "
             "(pip install 'pgwork[django]')"
         ) from exc
-

@@ -19,6 +19,7 @@ from pgwork.client import create_client
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
 from pgwork.contrib.django._compat import Task, TaskContext, normalize_json, task_backends
 from pgwork.errors import ConfigurationError
+from pgwork.job_types import JobType
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.worker import Attempt, InProcessWorker, create_in_process_worker
@@ -99,7 +100,9 @@ async def build_worker(
             f"no task uses the task backend {alias!r}: define them with @task in a "
             "`tasks` module of an installed app"
         )
-    processors = {backend.job_type(task): handler_for(backend, task) for task in tasks}
+    processors: dict[JobType[Any, Any] | str, Any] = {
+        backend.job_type(task): handler_for(backend, task) for task in tasks
+    }
     dsn = dsn or backend.dsn
     state = await PostgresStateAdapter.connect(dsn, schema=backend.schema)
     client = create_client(

@@ -8,7 +8,7 @@ from django.apps import AppConfig
 __all__ = ["PgworkConfig"]
 
 
-class PgworkConfig(AppConfig):
+class PgworkConfig(AppConfig):  # type: ignore[misc]
     name = "pgwork.contrib.django"
     label = "pgwork"
     verbose_name = "pgwork"

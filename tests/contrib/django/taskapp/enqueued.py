@@ -3,8 +3,6 @@ Django tasks are, with the options Django's ``@task`` takes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pgwork.contrib.django._compat import task
 
 

@@ -12,7 +12,7 @@ from pgwork.contrib.django._worker import backend_named
 from pgwork.postgres import migrate
 
 
-class Command(BaseCommand):
+class Command(BaseCommand):  # type: ignore[misc]
     help = "Create or upgrade pgwork's schema where a pgwork task backend keeps its jobs."
 
     def add_arguments(self, parser: CommandParser) -> None:

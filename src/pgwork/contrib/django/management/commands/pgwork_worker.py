@@ -12,7 +12,7 @@ from pgwork.contrib.django._compat import DEFAULT_TASK_BACKEND_ALIAS
 from pgwork.contrib.django._worker import build_worker
 
 
-class Command(BaseCommand):
+class Command(BaseCommand):  # type: ignore[misc]
     help = (
         "Run a pgwork worker for the tasks of a pgwork task backend (the @task functions "
         "in the `tasks` modules of the installed apps) until SIGTERM or Ctrl-C."
@@ -28,8 +28,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--queues",
             nargs="+",
-            help="Queues to take tasks from, in priority order (default: the backend's "
-            "QUEUES).",
+            help="Queues to take tasks from, in priority order (default: the backend's QUEUES).",
         )
         parser.add_argument(
             "--poll-interval",
