@@ -5,6 +5,8 @@
     python3 scripts/dev.py test --fast [args...]   the everyday tier, about 25 minutes on
                                                    two cores: no fault injection, pooler,
                                                    browser or benchmark tests
+    python3 scripts/dev.py test-django [args...]   tests/contrib/django on Django 6 (Python
+                                                   3.12+; in `.venv-django`)
     python3 scripts/dev.py demo [args...]          run `pgwork demo`
     python3 scripts/dev.py lint                    ruff, ruff format, mypy, import-linter
 
@@ -151,6 +153,48 @@ def test(args: list[str]) -> int:
     return code
 
 
+# Django 6 (django.tasks) needs Python 3.12+, while the suite's `.venv` is on the Python
+# running this script (3.11+, where tests/contrib/django use the django-tasks backport):
+# `test-django` runs those tests again in a venv of their own on a newer Python.
+DJANGO_VENV = ROOT / ".venv-django"
+DJANGO_PYTHON = DJANGO_VENV / ("Scripts" if os.name == "nt" else "bin") / PYTHON.name
+DJANGO_INSTALL = ["-e", f"{ROOT}[django,binary]", "pytest>=8.2", "pytest-timeout>=2.3"]
+
+
+def newer_python() -> str | None:
+    """A Python 3.12+ for Django 6: ``PGWORK_DJANGO_PYTHON``, else the newest
+    ``python3.1N`` on PATH or among pyenv's installed versions that runs."""
+    given = os.environ.get("PGWORK_DJANGO_PYTHON")
+    candidates = [given] if given else []
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for minor in (14, 13, 12):
+        candidates.append(shutil.which(f"python3.{minor}"))
+        candidates += [str(p) for p in sorted(pyenv.glob(f"3.{minor}.*/bin/python3.{minor}"))]
+    for candidate in filter(None, candidates):
+        check = [candidate, "-c", "import sys; sys.exit(sys.version_info < (3, 12))"]
+        if subprocess.run(check, capture_output=True, check=False).returncode == 0:
+            return candidate
+    return None
+
+
+def test_django(args: list[str]) -> int:
+    python = newer_python()
+    if python is None:
+        _say("no Python 3.12+ found (set PGWORK_DJANGO_PYTHON): Django 6 is not tested")
+        return 1 if os.environ.get("CI", "").lower() in ("1", "true", "yes", "on") else 0
+    fingerprint = hashlib.sha256(
+        (python + "\0".join(DJANGO_INSTALL)).encode() + (ROOT / "pyproject.toml").read_bytes()
+    ).hexdigest()
+    stamp = DJANGO_VENV / ".pgwork-dev-install"
+    if not (stamp.exists() and stamp.read_text().strip() == fingerprint):
+        _say(f"installing pgwork[django] on {python} into {DJANGO_VENV.relative_to(ROOT)}")
+        _must([python, "-m", "venv", "--clear", str(DJANGO_VENV)])
+        pip = [str(DJANGO_PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        _must([*pip, *DJANGO_INSTALL])
+        stamp.write_text(fingerprint + "\n")
+    return _run([str(DJANGO_PYTHON), "-m", "pytest", "tests/contrib/django", *args])
+
+
 def demo(args: list[str]) -> int:
     return _run([str(BIN / "pgwork"), "demo", *args])
 
@@ -168,7 +212,7 @@ def lint(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"test": test, "demo": demo, "lint": lint}
+COMMANDS = {"test": test, "test-django": test_django, "demo": demo, "lint": lint}
 
 
 def main(argv: list[str]) -> int:

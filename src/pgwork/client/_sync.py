@@ -1,5 +1,6 @@
-"""Synchronous enqueue: ``start_chain_sync`` / ``start_chains_sync`` for code with no
-event loop (Django views, Flask, scripts, Celery-style workers).
+"""Synchronous enqueue: ``start_chain_sync`` / ``start_chains_sync`` (and ``get_job_sync``
+to read a job back) for code with no event loop (Django views, Flask, scripts,
+Celery-style workers).
 
 Not a second implementation. The async ``start_chains`` is one coroutine: validate,
 encode, adopt the caller's transaction, insert, report. Given a blocking connection,
@@ -18,8 +19,9 @@ from uuid import UUID
 from pgwork._continuations import Schedule
 from pgwork.adapters.state import DedupSpec, SyncAdopter, TransactionHandle
 from pgwork.client._starts import ChainStart, StartedChain
-from pgwork.errors import ConfigurationError
+from pgwork.errors import ConfigurationError, JobNotFoundError
 from pgwork.job_types import JobType
+from pgwork.records import Job
 
 if TYPE_CHECKING:
     from pgwork.adapters.state import CoreStateAdapter
@@ -43,6 +45,8 @@ class SyncEnqueueMixin:
             adopt: Callable[[object], Awaitable[TransactionHandle]],
             tx: object,
         ) -> Coroutine[Any, Any, list[StartedChain[Any, Any]]]: ...
+
+        def _decoded(self, job: Job[Any]) -> Job[Any]: ...
 
         def _start_plain(
             self,
@@ -115,6 +119,16 @@ class SyncEnqueueMixin:
             return []
         return _drive(self._start_chains(items, self._sync_adopt(), conn))
 
+    def get_job_sync(self, conn: object, job_id: UUID) -> Job[Any]:
+        """``get_job`` on a blocking connection (the same kinds as ``start_chain_sync``'s,
+        in a transaction or not): the job as that connection sees it, so a job its own
+        transaction wrote and has not committed yet is found. Raises JobNotFoundError."""
+        handle: TransactionHandle = _drive(_awaited(self._sync_adopt()(conn)))
+        jobs = _drive(self.state.get_jobs(handle, job_ids=[job_id]))
+        if not jobs:
+            raise JobNotFoundError([job_id])
+        return self._decoded(jobs[0])
+
     def _sync_adopt(self) -> Callable[[object], Awaitable[TransactionHandle]]:
         """The state adapter's ``adopt_sync`` as the coroutine the enqueue awaits."""
         state = self.state
@@ -128,6 +142,10 @@ class SyncEnqueueMixin:
             return state.adopt_sync(tx)
 
         return adopt
+
+
+async def _awaited(value: Awaitable[T]) -> T:
+    return await value
 
 
 def _drive(coroutine: Coroutine[Any, Any, T]) -> T:
