@@ -207,14 +207,16 @@ def test_manage_py_pgwork_migrate_provisions_the_schema(empty_database_dsn: str)
     assert "is already at" in out_again
 
 
-def test_manage_py_pgwork_worker_runs_async_tasks(django_dsn: str) -> None:
+def test_manage_py_pgwork_worker_runs_async_and_sync_tasks(django_dsn: str) -> None:
     with transaction.atomic():
         added = tasks.add.enqueue(2, 3)
         failed = tasks.explode.enqueue("boom")
         context = tasks.which_attempt.enqueue()
+        multiplied = tasks.multiply.enqueue(6, 7)
+        queried = tasks.through_django.enqueue(41)
     worker = manage(django_dsn, "pgwork_worker", "--poll-interval", "0.2")
     try:
-        for result in (added, failed, context):
+        for result in (added, failed, context, multiplied, queried):
             wait_finished(result)
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -230,6 +232,8 @@ def test_manage_py_pgwork_worker_runs_async_tasks(django_dsn: str) -> None:
     assert [error.exception_class for error in failed.errors] == [ValueError]
     assert "boom" in failed.errors[0].traceback
     assert context.return_value == {"attempt": 1, "id": context.id}
+    assert multiplied.return_value == 42
+    assert queried.return_value == [42]
     with connection.cursor() as cur:
         cur.execute("SELECT status FROM pgwork.jobs WHERE id = %s", [added.id])
         assert cur.fetchone() == (JobStatus.COMPLETED.value,)

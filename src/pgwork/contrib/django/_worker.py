@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.apps import apps
+from django.db import close_old_connections
 
 from pgwork.client import create_client
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
@@ -22,7 +23,7 @@ from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
-from pgwork.worker import Attempt, InProcessWorker, create_in_process_worker
+from pgwork.worker import Attempt, InProcessWorker, SyncAttempt, create_in_process_worker
 
 __all__ = ["build_worker", "discover_tasks", "handler_for"]
 
@@ -57,10 +58,13 @@ def discover_tasks(backend: PgworkBackend) -> list[Task]:
 
 def handler_for(backend: PgworkBackend, task: Task) -> Callable[..., Any]:
     """The handler that runs ``task`` for a job: the task's function called with the
-    job's arguments. An ``async def`` task is awaited on the worker's event loop."""
+    job's arguments. An ``async def`` task is awaited on the worker's event loop, a
+    plain ``def`` one runs on the worker's threads (a sync handler)."""
     function = task.func
 
-    def arguments(attempt: Attempt[TaskCall, Any]) -> tuple[list[Any], dict[str, Any]]:
+    def arguments(
+        attempt: Attempt[TaskCall, Any] | SyncAttempt[TaskCall, Any],
+    ) -> tuple[list[Any], dict[str, Any]]:
         call = attempt.job.input
         args = list(call["args"])
         if task.takes_context:
@@ -75,9 +79,15 @@ def handler_for(backend: PgworkBackend, task: Task) -> Callable[..., Any]:
 
         return run_async_task
 
-    def run_task(attempt: Attempt[TaskCall, Any]) -> Any:
-        args, kwargs = arguments(attempt)
-        return normalize_json(function(*args, **kwargs))
+    def run_task(attempt: SyncAttempt[TaskCall, Any]) -> Any:
+        # On one of the worker's threads, each with its own Django connections: those
+        # past their age or broken are closed before and after, as a request's are.
+        close_old_connections()
+        try:
+            args, kwargs = arguments(attempt)
+            return normalize_json(function(*args, **kwargs))
+        finally:
+            close_old_connections()
 
     return run_task
 
