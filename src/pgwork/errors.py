@@ -11,6 +11,7 @@ The tree::
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
     │   ├── SyncHandlerError          a middleware that is not async, a handler that cannot run
     │   │   └── AtomicSyncHandlerError  a sync handler for an atomic job type
+    │   ├── ProcessHandlerError       a process handler that cannot be sent to another process
     │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
@@ -50,15 +51,20 @@ The tree::
     ├── AwaitTimeoutError             await_chain gave up waiting (also a TimeoutError)
     └── WorkerError
         ├── WorkerStateError          start twice, start after stop, ...
-        └── HandlerAbandonedError     a handler ignored cancellation and was abandoned
-                                      (a TimeoutError; stored on the job, never raised)
+        ├── HandlerAbandonedError     a handler ignored cancellation and was abandoned
+        │                             (a TimeoutError; stored on the job, never raised)
+        └── HandlerProcessDiedError   a process handler's process ended without an answer
+                                      (stored on the job, never raised)
 
 Messages say what went wrong and what to do next. The module imports nothing from
-pgwork so any layer can raise these.
+pgwork so any layer can raise these. Each one pickles (its fields kept, its
+``__init__`` not called again), so one raised in a process handler's process reaches
+the worker as what it is.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterable, Sequence
 from uuid import UUID
 
@@ -79,6 +85,7 @@ __all__ = [
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
     "HandlerAbandonedError",
+    "HandlerProcessDiedError",
     "InvalidCronError",
     "InvalidCursorError",
     "InvalidDedupWindowError",
@@ -102,6 +109,7 @@ __all__ = [
     "PayloadUndecodableError",
     "PayloadValidationError",
     "PgworkError",
+    "ProcessHandlerError",
     "SchemaMissingError",
     "SchemaOutdatedError",
     "SyncHandlerError",
@@ -123,6 +131,20 @@ def _names(names: Iterable[str]) -> str:
 
 class PgworkError(Exception):
     """Root of every error pgwork raises deliberately."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # ``Exception`` pickles as ``cls(*args)``: the subclasses' ``__init__`` take
+        # their fields, not the message, so they are rebuilt without calling it.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(
+    cls: type[PgworkError], args: tuple[object, ...], state: dict[str, object]
+) -> PgworkError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 # --- configuration -------------------------------------------------------------------
@@ -216,6 +238,20 @@ class AtomicSyncHandlerError(SyncHandlerError):
                 "staged (mode='staged') to keep the sync handler"
             ),
         )
+
+
+class ProcessHandlerError(ConfigurationError, TypeError):
+    """A handler given in ``process_handlers`` that cannot run in another process: not
+    a plain function, not importable there by reference (a lambda, a nested function),
+    a model the process cannot import, an atomic type. Refused when the worker is
+    built, before any job is taken. Also the error of an attempt whose handler could
+    not be loaded in the process after all (its module not importable there)."""
+
+    def __init__(self, type_name: str, handler: object, reason: str) -> None:
+        self.type_name = type_name
+        self.handler = handler
+        shown = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+        super().__init__(f"the process handler {shown!r} of job type {type_name!r} {reason}")
 
 
 class LimitNotDeclaredError(ConfigurationError):
@@ -732,3 +768,34 @@ class HandlerAbandonedError(WorkerError, TimeoutError):
             "freed its slot. Let CancelledError propagate (do not swallow it or shield long "
             "awaits), or raise the type's abandon_after if cleanup needs longer"
         )
+
+
+class HandlerProcessDiedError(WorkerError):
+    """Recorded as the error of an attempt whose handler's process ended before it
+    answered (a crash, a segfault, ``os._exit``, the out-of-memory killer): the
+    attempt fails (retried as the type's policy says) and the worker starts another
+    process for the next one."""
+
+    def __init__(self, type_name: str, pid: int | None, exitcode: int | None) -> None:
+        self.type_name = type_name
+        self.pid = pid
+        self.exitcode = exitcode
+        if exitcode is not None and exitcode < 0:
+            how = f"was killed by signal {_signal_name(-exitcode)}"
+        elif exitcode is not None:
+            how = f"exited with code {exitcode}"
+        else:
+            how = "closed its end of the pipe"
+        super().__init__(
+            f"the process running the handler of job type {type_name!r} (pid {pid}) {how} "
+            "before it answered; the attempt failed and the worker starts another process "
+            "for the next one. Look for what ends that process: native code that crashes, "
+            "os._exit, the out-of-memory killer"
+        )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)

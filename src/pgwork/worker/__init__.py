@@ -18,6 +18,7 @@ from pgwork.worker._attempt import Attempt
 from pgwork.worker._build import build
 from pgwork.worker._gc import tune_gc
 from pgwork.worker._loop import Handler, InProcessWorker, Processor
+from pgwork.worker._process_handlers import ProcessHandler
 from pgwork.worker._sync import SyncAttempt, SyncHandler
 from pgwork.worker.middleware import Middleware
 
@@ -39,7 +40,7 @@ def _seconds(value: float | timedelta, name: str) -> float:
 def create_in_process_worker(
     *,
     client: Client,
-    processors: Mapping[JobType[Any, Any] | str, Processor],
+    processors: Mapping[JobType[Any, Any] | str, Processor] | None = None,
     max_slots: int = 10,
     worker_id: str | None = None,
     poll_interval: float | timedelta = 2.0,
@@ -57,6 +58,8 @@ def create_in_process_worker(
     atomic_group_wait: float | timedelta = 0.005,
     type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
     sync_threads: int | None = None,
+    process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler] | None = None,
+    processes: int | None = None,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: handler}) in up to
     ``max_slots`` concurrent attempts. A handler is an ``async def`` (given an
@@ -66,6 +69,14 @@ def create_in_process_worker(
     ``max_slots`` makes sync handlers beyond them wait for a thread in their slot, their
     timeout running. Sync handlers of atomic types are refused
     (``AtomicSyncHandlerError``); see docs/sync.md.
+
+    ``process_handlers``: ``{job_type: handler}`` for CPU-bound types, each handler a
+    plain ``def handler(input) -> output`` at the top level of a module, run in one of
+    the worker's own processes (``processes`` of them, default: the CPU cores, at most
+    ``max_slots``; started as they are needed), its input and output crossing as the
+    JSON the database stores. It counts in ``max_slots``; its timeout, a cancel or a
+    stop kill its process, and a process that dies fails that attempt only. What cannot
+    run there is refused here (``ProcessHandlerError``); see docs/sync.md.
 
     ``queues``: queues to take jobs from, drained strictly in the given order (default:
     the queues of the processed types). ``poll_interval``: the longest the worker waits
@@ -105,8 +116,11 @@ def create_in_process_worker(
         raise ConfigurationError(f"abandon_after must not be negative, got {abandon_s}")
     if prefetch is not None and prefetch < 0:
         raise ConfigurationError(f"prefetch must not be negative, got {prefetch}")
-    if not processors:
-        raise ConfigurationError("processors is empty: give at least one {job_type: handler}")
+    if not processors and not process_handlers:
+        raise ConfigurationError(
+            "processors is empty: give at least one {job_type: handler} (in processors, "
+            "or in process_handlers)"
+        )
     for queue in queues or ():
         check_queue_name(queue, where="the worker's queues")
     for key, cap in (type_slots or {}).items():
@@ -121,9 +135,15 @@ def create_in_process_worker(
         raise ConfigurationError(
             f"sync_threads must be a whole number of threads >= 1, got {sync_threads!r}"
         )
+    if processes is not None and (
+        isinstance(processes, bool) or not isinstance(processes, int) or processes < 1
+    ):
+        raise ConfigurationError(
+            f"processes must be a whole number of processes >= 1, got {processes!r}"
+        )
     return build(
         client=client,
-        processors=processors,
+        processors=processors or {},
         max_slots=max_slots,
         worker_id=worker_id,
         poll_interval=poll_s,
@@ -141,4 +161,6 @@ def create_in_process_worker(
         atomic_group_wait=_seconds(atomic_group_wait, "atomic_group_wait"),
         type_slots=type_slots,
         sync_threads=sync_threads,
+        process_handlers=process_handlers,
+        processes=processes,
     )

@@ -34,6 +34,8 @@ from pgwork.worker._deadline import StopDeadline
 from pgwork.worker._fetch import MAX_IN_FLIGHT, Fetcher
 from pgwork.worker._handlers import handler_kind, require_async
 from pgwork.worker._loop import InProcessWorker, Limits, Processor
+from pgwork.worker._process_handlers import ProcessHandler, on_processes, process_call
+from pgwork.worker._processes import HandlerProcesses
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._side.heartbeat import Heartbeat
 from pgwork.worker._side.maintenance import Maintenance
@@ -70,6 +72,8 @@ def build(
     atomic_group_wait: float,
     type_slots: Mapping[JobType[Any, Any] | str, int] | None = None,
     sync_threads: int | None = None,
+    process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler] | None = None,
+    processes: int | None = None,
 ) -> InProcessWorker:
     """The worker for options ``create_in_process_worker`` has checked."""
     capabilities = client.capabilities
@@ -81,6 +85,20 @@ def build(
         name=f"pgwork-sync-{worker_id}",
     )
     types, handlers = _resolve(client, processors, middlewares, threads)
+    pool = None
+    if process_handlers:
+        pool = HandlerProcesses(
+            size=min(os.cpu_count() or 1, max_slots) if processes is None else processes,
+            name=f"pgwork-process-{worker_id}",
+        )
+        for name, job_type, call in _in_processes(client, process_handlers, middlewares, pool):
+            if name in types:
+                raise ConfigurationError(
+                    f"job type {name!r} is in both processors and process_handlers: give "
+                    "each type one handler"
+                )
+            types[name] = job_type
+            handlers[name] = call
     caps = {client.registry.resolve(key).name: cap for key, cap in (type_slots or {}).items()}
     for name in caps:
         if name not in types:
@@ -141,6 +159,7 @@ def build(
         bell=bell,
         limited=list(limits),
         threads=threads,
+        processes=pool,
     )
     leases = {name: t.lease for name, t in types.items()}
     return InProcessWorker(
@@ -258,6 +277,28 @@ def _resolve(
                 "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type
             )
     return types, handlers
+
+
+def _in_processes(
+    client: Client,
+    process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler],
+    middlewares: Sequence[Middleware],
+    processes: HandlerProcesses,
+) -> list[tuple[str, JobType[Any, Any], CallNext]]:
+    """Each process handler's type and the awaitable that runs it in ``processes``,
+    inside the middlewares; ``ProcessHandlerError`` for one that cannot run there."""
+    resolved = []
+    for key, handler in process_handlers.items():
+        job_type = client.registry.resolve(key)
+        call = on_processes(
+            handler,
+            processes,
+            job_type,
+            process_call(job_type, handler),
+            client.max_payload_bytes,
+        )
+        resolved.append((job_type.name, job_type, compose(middlewares, call)))
+    return resolved
 
 
 def _limits(

@@ -213,6 +213,10 @@ class InProcessWorker:
         finally:
             await self._end_late_settling()
             self._slots.threads.close()
+            processes = self._slots.processes
+            if processes is not None:
+                with anyio.CancelScope(shield=True):
+                    await processes.close()
             groups = self._slots.runner.groups
             if groups is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):

@@ -29,6 +29,7 @@ from pgwork.records import AbortReason
 from pgwork.worker._admission import Admission
 from pgwork.worker._announce import announce_ready
 from pgwork.worker._bell import Bell
+from pgwork.worker._processes import HandlerProcesses
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._side.watchdog import Watchdog, keep_abandoned
 from pgwork.worker._slot import Slot, SlotState
@@ -162,12 +163,14 @@ class Slots:
         bell: Bell,
         limited: Collection[str] = (),
         threads: HandlerThreads | None = None,
+        processes: HandlerProcesses | None = None,
     ) -> None:
         """``limited``: the job types with limits (or this worker's caps); an attempt of
         one whose handler returns, or whose outcome is written on its own, sets
         ``limited_ended`` (its room may let a job start that an acquire held back, here
         or on another worker). ``threads``: where the sync handlers run (a handler given
-        up on gives its thread up there too)."""
+        up on gives its thread up there too). ``processes``: where the process handlers
+        run, if any."""
         self.runner = runner
         self.state: WorkerCore = runner.state
         self.notify: NotifyAdapter = runner.notify
@@ -181,6 +184,7 @@ class Slots:
         )
         self.tasks = SlotTasks()
         self.threads = threads if threads is not None else HandlerThreads(size=0, name="")
+        self.processes = processes
         self.watchdog: Watchdog[Slot] = Watchdog()
         # Handlers given up on that have not ended yet (see ``_watchdog``).
         self.abandoned: set[asyncio.Task[Any]] = set()
