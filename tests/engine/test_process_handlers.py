@@ -357,6 +357,43 @@ async def _time_out_a_spinning_handler(
     return pid
 
 
+async def test_cancelling_the_job_or_stopping_the_worker_kills_the_attempts_process(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], tmp_path: Path
+) -> None:
+    reg = JobTypeRegistry()
+    forever = reg.job_type("forever", input=Task, output=Done)
+    client = await make_client(reg)
+    worker = create_in_process_worker(
+        client=client, process_handlers={forever: spin}, processes=2, poll_interval=0.5
+    )
+    await worker.start()
+    cancelled = await client.start_chain(conn, forever, Task(marker=str(tmp_path / "a")))
+    stopped = await client.start_chain(conn, forever, Task(marker=str(tmp_path / "b")))
+    await conn.commit()
+    await eventually(_exists(tmp_path / "a"), what="the first handler running", timeout=30)
+    await eventually(_exists(tmp_path / "b"), what="the second handler running", timeout=30)
+    first, second = (int((tmp_path / name).read_text()) for name in "ab")
+
+    await client.cancel(conn, [cancelled.job_id])
+    await conn.commit()
+    await _status(client, cancelled.job_id, JobStatus.CANCELLED)
+    await eventually(_gone(first), what="the cancelled job's process ended")
+    assert _alive(second)  # the other attempt's process computes on
+
+    await worker.stop(grace_period=0.5)
+    assert not _alive(second)
+    job = await client.get_job(stopped.job_id)
+    assert job.status is JobStatus.PENDING  # handed back, no attempt burned
+    assert job.attempt == 0
+
+
+def _gone(pid: int) -> Any:
+    async def check() -> bool:
+        return not _alive(pid)
+
+    return check
+
+
 def _exists(path: Path) -> Any:
     async def check() -> bool:
         return path.exists()
