@@ -152,6 +152,7 @@ async def test_a_sqlalchemy_session_over_the_connection_commits_with_the_job(
             session.commit()
         with Session(engine) as session:
             session.add(Effect(job_id=attempt.job.id, note="never committed"))
+            session.flush()
             # Left without commit: undone when the session closes, as on any connection.
         if attempt.job.attempt == 1:
             raise RuntimeError("the first attempt fails after its session committed")
