@@ -10,8 +10,12 @@ The tree::
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
     │   ├── SyncHandlerError          a middleware that is not async, a handler that cannot run
+<<<<<<< HEAD
     │   │   └── AtomicSyncHandlerError  a sync handler for an atomic job type
     │   ├── ProcessHandlerError       a process handler that cannot be sent to another process
+=======
+    │   │   └── AtomicSyncHandlerError  a sync atomic handler on a worker grouping atomic attempts
+>>>>>>> h5
     │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
@@ -223,19 +227,21 @@ class SyncHandlerError(ConfigurationError, TypeError):
 
 
 class AtomicSyncHandlerError(SyncHandlerError):
-    """A plain ``def`` handler for an atomic job type: its attempt runs in the job's
-    transaction on the event loop's connection, which a handler on another thread
-    cannot use yet."""
+    """A plain ``def`` handler for an atomic job type on a worker that groups atomic
+    attempts (``atomic_group`` > 1): the members of a group take turns on one
+    connection, which a handler on a thread of its own cannot share."""
 
-    def __init__(self, type_name: str, handler: object) -> None:
+    def __init__(self, type_name: str, handler: object, atomic_group: int) -> None:
+        self.atomic_group = atomic_group
         super().__init__(
             type_name,
             handler,
             reason=(
-                "is a sync (plain `def`) handler, and sync handlers are not supported yet "
-                "for atomic job types (mode='atomic'). Declare this handler with "
-                "`async def` and use `attempt.connection` there, or make the job type "
-                "staged (mode='staged') to keep the sync handler"
+                "is a sync (plain `def`) handler of an atomic job type (mode='atomic'), "
+                f"and this worker groups atomic attempts (atomic_group={atomic_group}), "
+                "which sync handlers do not support yet. Run this type on a worker "
+                "with atomic_group=1 (the default), or declare the handler with "
+                "`async def`"
             ),
         )
 

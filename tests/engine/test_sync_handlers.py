@@ -25,10 +25,8 @@ from pydantic import BaseModel
 
 from pgwork import (
     AbortReason,
-    AtomicSyncHandlerError,
     Attempt,
     AttemptCancelledError,
-    ConfigurationError,
     HandlerAbandonedError,
     InProcessWorker,
     JobStatus,
@@ -496,36 +494,6 @@ def client_of(worker: InProcessWorker) -> Any:
 
 
 # --- refused -------------------------------------------------------------------------
-
-
-async def test_a_sync_handler_for_an_atomic_type_is_refused_before_any_job_runs(
-    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
-) -> None:
-    reg = JobTypeRegistry()
-    ledger = reg.job_type("ledger", input=Num, mode="atomic")
-    client = await make_client(reg)
-    started = await client.start_chain(conn, ledger, Num(n=1))
-    await conn.commit()
-    calls: list[int] = []
-
-    def post(attempt: SyncAttempt[Num, None]) -> None:
-        calls.append(attempt.job.input.n)
-
-    with pytest.raises(AtomicSyncHandlerError) as caught:
-        create_in_process_worker(client=client, processors={ledger: post})
-    assert isinstance(caught.value, ConfigurationError)
-    assert caught.value.type_name == "ledger"
-    message = str(caught.value)
-    assert "'ledger'" in message
-    assert "not supported yet for atomic job types" in message
-    assert "async def" in message
-    assert calls == []
-    assert (await client.get_job(started.job_id)).attempt == 0
-
-    async def post_async(attempt: Attempt[Num, None]) -> None:
-        return None
-
-    create_in_process_worker(client=client, processors={ledger: post_async})  # accepted
 
 
 async def test_what_cannot_be_a_handler_is_refused_with_what_to_do(

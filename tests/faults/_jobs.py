@@ -3,14 +3,15 @@
 Every handler first writes a *ledger* row on a connection of its own, in autocommit:
 the ledger survives whatever happens to the attempt afterwards, so it counts
 executions. ``effect`` (atomic mode) also writes an *effect* row through
-``attempt.connection``: that row commits with the job's completion or not at all, so
-two effect rows for one job are a duplicate effect, the thing atomic mode promises
-never to produce. The flow-limited types (``limited``, ``keyed``) also write an
-*interval* row: when their handler began and, on its way out, when it ended, both by
-the database's clock, so the attempts running at any instant can be counted from
-outside pgwork. The rated type (``rated``) writes one too, with the moment before which
-its attempt cannot have started (its acquire's transaction start, read back from the
-lease it was given), so the attempts started in any window can be bounded from outside.
+``attempt.connection`` (``sync_effect``: the same from a plain ``def`` handler): that
+row commits with the job's completion or not at all, so two effect rows for one job are
+a duplicate effect, the thing atomic mode promises never to produce. The flow-limited
+types (``limited``, ``keyed``) also write an *interval* row: when their handler began
+and, on its way out, when it ended, both by the database's clock, so the attempts
+running at any instant can be counted from outside pgwork. The rated type (``rated``)
+writes one too, with the moment before which its attempt cannot have started (its
+acquire's transaction start, read back from the lease it was given), so the attempts
+started in any window can be bounded from outside.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def registry(lease: float = 2.0) -> JobTypeRegistry:
     # in a group its completion waits for the group's commit, written with the other
     # such members' in one statement. An atomic attempt, lone or grouped, has its
     # lease renewed while its handler runs (the timeout bounds the transaction).
-    for name in ("effect", "quiet"):
+    # ``sync_effect``: ``effect`` as a plain ``def``, on the worker's threads.
+    for name in ("effect", "sync_effect", "quiet"):
         reg.job_type(
             name,
             input=Spec,

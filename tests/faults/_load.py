@@ -133,18 +133,19 @@ def run_under_faults(
     jobs: Sequence[tuple[str, Spec]] | None = None,
     route: Callable[[int], str] | None = None,
     then: Sequence[tuple[str, Spec]] = (),
+    types: str = "work,effect,quiet",
 ) -> tuple[Figures, Fleet]:
     """Enqueue ``jobs`` (default: ``load.jobs`` mixed jobs), start the fleet, call
     ``inject`` every ``fault_every`` seconds (at most ``faults`` times, while work
     remains), enqueue ``then`` once the last fault is over, then wait for every job to
     end and measure. ``route`` gives worker ``index`` a DSN of its own (default:
-    ``dsn``)."""
+    ``dsn``); ``types``: the job types the workers run."""
     figures = Figures(scenario)
     if jobs is None:
         jobs = mixed_jobs(load.jobs, lease=load.lease, rng=random.Random(seed))
     enqueue(dsn, jobs)
     options = Options(
-        types="work,effect,quiet",
+        types=types,
         slots=load.slots,
         lease=load.lease,
         poll=load.poll,

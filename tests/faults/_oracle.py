@@ -105,7 +105,7 @@ _HOLLOW = """
 SELECT count(*) FROM pgwork.jobs AS j
 WHERE j.status = 'completed'
   AND (NOT EXISTS (SELECT 1 FROM faults_ledger AS l WHERE l.job_id = j.id)
-       OR (j.type_name = 'effect'
+       OR (j.type_name IN ('effect', 'sync_effect')
            AND NOT EXISTS (SELECT 1 FROM faults_effects AS e WHERE e.job_id = j.id)))
 """
 

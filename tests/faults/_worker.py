@@ -45,6 +45,8 @@ oracle catches the failure it is meant to catch:
                 jobs come back only as their leases expire
 ``racy-limits`` a limited acquire takes no lock on its types before it counts what
                 runs: check-then-acquire, two acquires at once each fill the same room
+``sync-commit-apart`` a sync atomic handler's ``attempt.connection.commit()`` commits
+                the job's transaction there and then, its completion still to come
 """
 
 from __future__ import annotations
@@ -75,12 +77,14 @@ from pgwork import (
     JobTypeRegistry,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
+    SyncAttempt,
     create_client,
     create_in_process_worker,
 )
 from pgwork.adapters.notify import Notice
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._atomic_group import PgAtomicGroup
+from pgwork.postgres._loan import _LentConnection
 from pgwork.postgres.sql import leases, limits, outcomes
 from pgwork.worker._slot import Slot, SlotState
 from pgwork.worker._slots import Slots
@@ -283,6 +287,9 @@ def break_statements(spec: str) -> None:
             Slot.timeout_deadline = lambda self: None  # type: ignore[method-assign]
             Slot.abandon_deadline = lambda self: None  # type: ignore[method-assign]
             continue
+        if name == "sync-commit-apart":
+            _LentConnection.commit = psycopg.Connection.commit  # type: ignore[method-assign]
+            continue
         if name == "no-dead-reclaim":
             PostgresStateAdapter.find_dead_workers = _no_dead_workers  # type: ignore[method-assign]
             continue
@@ -310,11 +317,13 @@ class _Echo(logging.Handler):
         print(f"log {record.levelname} {record.name} {text}", flush=True)
 
 
-Handler = Callable[[Attempt[Spec, Any]], Awaitable[Any]]
+Handler = Callable[[Attempt[Spec, Any]], Awaitable[Any]] | Callable[[SyncAttempt[Spec, Any]], Any]
 
 
 def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str, Handler]:
-    async def record(attempt: Attempt[Spec, Any]) -> Spec:
+    loop = asyncio.get_running_loop()
+
+    async def record(attempt: Attempt[Spec, Any] | SyncAttempt[Spec, Any]) -> Spec:
         async with ledger.connection() as conn:
             await conn.execute(
                 "INSERT INTO faults_ledger (job_id, attempt, worker) VALUES (%s, %s, %s)",
@@ -323,7 +332,7 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
         print(f"started {attempt.job.id} {attempt.job.attempt}", flush=True)
         return attempt.job.input
 
-    def duration(attempt: Attempt[Spec, Any]) -> float:
+    def duration(attempt: Attempt[Spec, Any] | SyncAttempt[Spec, Any]) -> float:
         spec = attempt.job.input
         slow = spec.first_ms is not None and attempt.job.attempt == 1
         if spec.slow_on is not None:
@@ -351,6 +360,23 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
             (attempt.job.id, attempt.worker_id),
         )
         await watched(attempt, asyncio.sleep(duration(attempt)))
+        return attempt.worker_id
+
+    def sync_effect(attempt: SyncAttempt[Spec, Any]) -> str:
+        # ``effect`` as a plain def: its effect row written through the blocking
+        # connection lent to its thread, kept (``commit``) before it sleeps, so a kill
+        # mid-sleep finds it written but not committed (unless the build is broken).
+        asyncio.run_coroutine_threadsafe(record(attempt), loop).result()
+        db = attempt.connection
+        db.execute(
+            "INSERT INTO faults_effects (job_id, worker) VALUES (%s, %s)",
+            (attempt.job.id, attempt.worker_id),
+        )
+        db.commit()
+        if attempt.wait_cancelled(duration(attempt)):
+            reason = attempt.cancel_reason
+            print(f"aborted {attempt.job.id} {reason.value if reason else '?'}", flush=True)
+            attempt.raise_if_cancelled("the sleep")
         return attempt.worker_id
 
     async def quiet(attempt: Attempt[Spec, Any]) -> str:
@@ -430,6 +456,7 @@ def handlers(ledger: AsyncConnectionPool[Any], reg: JobTypeRegistry) -> dict[str
     return {
         "work": work,
         "effect": effect,
+        "sync_effect": sync_effect,
         "quiet": quiet,
         "hang": hang,
         "block": block,

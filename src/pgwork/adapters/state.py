@@ -32,7 +32,7 @@ it; ``tx`` is either a caller's own connection/session (see ``adopt``) or a hand
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
@@ -110,6 +110,7 @@ __all__ = [
     "InsertedJob",
     "JobFilter",
     "Lease",
+    "LendableTransaction",
     "LimitControl",
     "LimitedTurn",
     "Maintenance",
@@ -126,6 +127,7 @@ __all__ = [
     "Store",
     "SyncAdopter",
     "TransactionHandle",
+    "TransactionLoan",
     "TypeLimits",
     "WorkerCore",
     "WorkerInfo",
@@ -142,6 +144,46 @@ class TransactionHandle(Protocol):
         """End the transaction by dropping its connection, at once, without waiting for
         a statement in progress; the connection is never reused. For a transaction a
         handler the worker abandoned may still be using."""
+        ...
+
+
+class TransactionLoan(Protocol):
+    """An atomic attempt's transaction lent to a sync handler's thread as a blocking
+    DB-API connection (``LendableTransaction.lend``).
+
+    While it is lent, only the borrowing thread uses the transaction's connection; the
+    event loop takes it back once the handler has returned. Every statement first
+    calls the ``check`` given to ``lend`` (which raises once the attempt is asked to
+    stop), and fails cleanly once the loan has ended or the transaction was discarded.
+    """
+
+    def open(self) -> Any:
+        """On the borrowing thread, before the handler: the blocking connection, in the
+        attempt's transaction (its ``commit`` and ``rollback`` keep or undo what the
+        handler wrote since its last ``commit``; the transaction itself commits with
+        the job's completion)."""
+        ...
+
+    def close(self) -> None:
+        """On the borrowing thread, once the handler has returned: the connection is
+        given back, and every later use of it raises."""
+        ...
+
+    async def interrupt(self) -> None:
+        """On the event loop: ask the server to cancel the statement the borrower is
+        running, if any (the attempt was asked to stop)."""
+        ...
+
+
+@runtime_checkable
+class LendableTransaction(Protocol):
+    """A transaction handle whose connection a sync handler may borrow (atomic job
+    types with a plain ``def`` handler). ``discard`` then also stops the borrower's
+    use of it: its statement in progress fails, and so does every later one."""
+
+    def lend(self, check: Callable[[], None]) -> TransactionLoan:
+        """Lend the transaction (on the event loop, no I/O); ``check`` is called before
+        each of the borrower's statements."""
         ...
 
 

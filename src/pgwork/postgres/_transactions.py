@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from pgwork.errors import UnsupportedConnectionError
 from pgwork.postgres._callers import AsyncpgCaller, DbConn, SyncPsycopgCaller
+from pgwork.postgres._loan import BlockingLoan
 
 __all__ = [
     "BEGIN_READ_COMMITTED",
@@ -54,7 +55,7 @@ class PgTransaction:
     that many seconds (a worker's atomic attempt; None for a caller's transaction).
     """
 
-    __slots__ = ("bound", "connection", "give_back")
+    __slots__ = ("bound", "connection", "give_back", "loan")
 
     def __init__(
         self,
@@ -65,11 +66,21 @@ class PgTransaction:
         self.connection = connection
         self.give_back = give_back
         self.bound = bound
+        self.loan: BlockingLoan | None = None
 
     def __repr__(self) -> str:
         return f"PgTransaction({self.connection!r})"
 
+    def lend(self, check: Callable[[], None]) -> BlockingLoan:
+        """``LendableTransaction.lend``: the transaction as a blocking connection for a
+        sync handler's thread (see ``_loan``)."""
+        self.loan = BlockingLoan(own_connection(self), check, self.bound)
+        return self.loan
+
     async def discard(self) -> None:
+        if self.loan is not None:
+            # Lent to a thread that may still use it: stopped first (see ``_loan``).
+            await self.loan.discard()
         # close() takes no lock (a rollback would wait for the statement in progress);
         # the server rolls back, and the pool replaces a closed connection.
         await own_connection(self).close()

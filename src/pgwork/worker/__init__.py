@@ -67,8 +67,9 @@ def create_in_process_worker(
     worker's own threads and counts in ``max_slots`` as well; ``sync_threads``: how
     many (default None: ``max_slots``, started as they are needed). Fewer than
     ``max_slots`` makes sync handlers beyond them wait for a thread in their slot, their
-    timeout running. Sync handlers of atomic types are refused
-    (``AtomicSyncHandlerError``); see docs/sync.md.
+    timeout running. A sync handler of an atomic type writes through a blocking
+    connection in the job's transaction (``SyncAttempt.connection``); a worker with
+    ``atomic_group`` > 1 refuses one (``AtomicSyncHandlerError``); see docs/sync.md.
 
     ``process_handlers``: ``{job_type: handler}`` for CPU-bound types, each handler a
     plain ``def handler(input) -> output`` at the top level of a module, run in one of

@@ -84,7 +84,7 @@ def build(
         size=max_slots if sync_threads is None else sync_threads,
         name=f"pgwork-sync-{worker_id}",
     )
-    types, handlers = _resolve(client, processors, middlewares, threads)
+    types, handlers = _resolve(client, processors, middlewares, threads, atomic_group)
     pool = None
     if process_handlers:
         pool = HandlerProcesses(
@@ -251,11 +251,14 @@ def _resolve(
     processors: Mapping[JobType[Any, Any] | str, Processor],
     middlewares: Sequence[Middleware],
     threads: HandlerThreads,
+    atomic_group: int,
 ) -> tuple[dict[str, JobType[Any, Any]], dict[str, CallNext]]:
     """The job types the worker runs, by name, and each one's handler inside the
     middlewares (a sync handler as the awaitable that runs it on ``threads``); refuses
     a middleware that is not async, a handler that cannot run, a sync handler for an
-    atomic type, and an atomic type on a store without atomic attempts."""
+    atomic type on a worker that groups atomic attempts (``atomic_group`` > 1: the
+    members of a group take turns on one connection, which a handler's thread cannot
+    share), and an atomic type on a store without atomic attempts."""
     capabilities = client.capabilities
     for middleware in middlewares:
         require_async(middleware, "", role="middleware")
@@ -266,10 +269,11 @@ def _resolve(
         call: CallNext
         if handler_kind(handler, job_type.name) == "async":
             call = handler  # type: ignore[assignment]
-        elif job_type.mode == "atomic":
-            raise AtomicSyncHandlerError(job_type.name, handler)
+        elif job_type.mode == "atomic" and atomic_group > 1:
+            raise AtomicSyncHandlerError(job_type.name, handler, atomic_group)
         else:
-            call = on_threads(handler, threads, job_type.name)  # type: ignore[arg-type]
+            atomic = job_type.mode == "atomic"
+            call = on_threads(handler, threads, job_type.name, atomic=atomic)  # type: ignore[arg-type]
         types[job_type.name] = job_type
         handlers[job_type.name] = compose(middlewares, call)
         if job_type.mode == "atomic" and capabilities.atomic is None:

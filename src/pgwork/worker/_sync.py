@@ -29,7 +29,13 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from pgwork.errors import AttemptCancelledError, SyncHandlerError, WorkerStateError
+from pgwork.adapters.state import LendableTransaction, TransactionLoan
+from pgwork.errors import (
+    AttemptCancelledError,
+    CapabilityMissingError,
+    SyncHandlerError,
+    WorkerStateError,
+)
 from pgwork.job_types import Continuation, JobType
 from pgwork.records import AbortReason, Job
 from pgwork.worker._attempt import Attempt
@@ -66,12 +72,24 @@ class SyncAttempt(Generic[I, O]):
     loop's): each waits for the event loop to run the ``Attempt``'s own.
     """
 
-    __slots__ = ("_attempt", "_cancelled", "_loop")
+    __slots__ = ("_attempt", "_cancelled", "_connection", "_loop")
 
     def __init__(self, attempt: Attempt[I, O], loop: asyncio.AbstractEventLoop) -> None:
         self._attempt = attempt
         self._loop = loop
         self._cancelled = threading.Event()
+        self._connection: Any = None
+
+    @property
+    def connection(self) -> Any:
+        """An *atomic* attempt's blocking connection (a ``psycopg.Connection`` on
+        PostgreSQL), in the job's transaction: what the handler writes through it
+        commits with the job's completion, or not at all (``None`` in staged mode).
+        Its ``commit`` keeps what the handler wrote so far, ``rollback`` undoes what it
+        wrote since; the transaction itself is the worker's. Usable by psycopg code and
+        as SQLAlchemy's DB-API connection (docs/sync.md), from the handler's thread,
+        while the handler runs."""
+        return self._connection
 
     @property
     def job(self) -> Job[I]:
@@ -179,23 +197,32 @@ class SyncAttempt(Generic[I, O]):
         return f"SyncAttempt({job.type_name} {job.id} #{job.attempt})"
 
 
-def on_threads(handler: SyncHandler, threads: HandlerThreads, type_name: str) -> CallNext:
+def on_threads(
+    handler: SyncHandler, threads: HandlerThreads, type_name: str, *, atomic: bool = False
+) -> CallNext:
     """The awaitable the worker calls for the sync ``handler``: it runs the handler on
     ``threads`` with a ``SyncAttempt`` and returns (or raises) what the handler did.
+    ``atomic``: the attempt's transaction is lent to the handler's thread as
+    ``SyncAttempt.connection`` for as long as the handler runs (``_lent``).
 
-    Interrupted (the slot's task cancelled), it sets the attempt's cancellation and
-    waits on for the thread, then lets the cancellation go on, so the attempt ends as
-    an interrupted async handler's does. Cancelled once more meanwhile (the worker
-    itself cancelled), it gives the thread up and lets that go on at once."""
+    Interrupted (the slot's task cancelled), it sets the attempt's cancellation (and
+    has the server cancel the atomic handler's statement in progress) and waits on for
+    the thread, then lets the cancellation go on, so the attempt ends as an
+    interrupted async handler's does. Cancelled once more meanwhile (the worker itself
+    cancelled), it gives the thread up and lets that go on at once."""
 
     async def call(attempt: Attempt[Any, Any]) -> Any:
         sync = SyncAttempt(attempt, asyncio.get_running_loop())
-        future = threads.submit(handler, sync, key=attempt)
+        loan = _lend(attempt, sync, type_name) if atomic else None
+        run = handler if loan is None else _lent(handler, loan)
+        future = threads.submit(run, sync, key=attempt)
         try:
             await asyncio.wait((future,))
         except asyncio.CancelledError:
             sync._cancel()
             try:
+                if loan is not None:
+                    await loan.interrupt()
                 await asyncio.wait((future,))
             except asyncio.CancelledError:
                 threads.abandon(attempt)
@@ -217,3 +244,30 @@ def on_threads(handler: SyncHandler, threads: HandlerThreads, type_name: str) ->
         return result
 
     return call
+
+
+def _lend(
+    attempt: Attempt[Any, Any], sync: SyncAttempt[Any, Any], type_name: str
+) -> TransactionLoan:
+    """The loan of ``attempt``'s transaction to the handler's thread."""
+    tx = attempt.transaction
+    if not isinstance(tx, LendableTransaction):
+        raise CapabilityMissingError(
+            "LendableTransaction",
+            f"the sync handler of atomic job type {type_name!r}",
+            type(tx).__name__,
+        )
+    return tx.lend(sync.raise_if_cancelled)
+
+
+def _lent(handler: SyncHandler, loan: TransactionLoan) -> SyncHandler:
+    """``handler``, run (on its thread) with the transaction lent as its connection."""
+
+    def run(sync: SyncAttempt[Any, Any]) -> Any:
+        try:
+            sync._connection = loan.open()
+            return handler(sync)
+        finally:
+            loan.close()
+
+    return run
