@@ -53,6 +53,7 @@ EXPECTED = {
 def test_every_example_is_run_by_some_test() -> None:
     tests = "\n".join(p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py"))
     examples = [p.stem for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"]
+    examples += [p.name for p in EXAMPLES.iterdir() if p.is_dir() and p.name != "__pycache__"]
 
     assert [name for name in examples if name not in tests] == []
 
