@@ -142,9 +142,7 @@ def test_manage_py_creates_pgwork_schema_and_the_projects_tables(
 
 
 @pytest.mark.timeout(120)
-def test_a_signup_commits_with_its_task_and_the_worker_runs_it(
-    database: str, server: str
-) -> None:
+def test_a_signup_commits_with_its_task_and_the_worker_runs_it(database: str, server: str) -> None:
     status, created = request(f"{server}/signups/", {"email": "ada@example.com"})
     assert status == 201, created
     [(job_status, job_input)] = query(
