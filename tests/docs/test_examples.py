@@ -25,6 +25,11 @@ EXPECTED = {
         "completed",
         "GET /jobs/chains/{id} -> 200, shows 'completed': True",
     ],
+    "flask_app.py": [
+        "POST /signups -> 201",
+        "POST /signups with a declined card -> 402",
+        "welcome email to grace@example.com, sent from pgwork-sync-",
+    ],
     "logging_middleware.py": [
         "[job=0",
         "attempt=1] charging invoice 42",
