@@ -10,7 +10,9 @@ psycopg 3 (``pip install django``):
 
 In a project, ``settings.DATABASES`` is yours already, and the client is built once at
 startup, without an event loop (below: ``make_client``; docs/enqueue.md, "Without an
-event loop"); a worker (``pgwork worker ...``) runs the jobs.
+event loop"); a worker (``pgwork worker ...``) runs the jobs. With Django's own task
+framework (``pgwork.contrib.django``), ``task.enqueue()`` writes the job so for you:
+examples/django_project is a project on it.
 """
 
 from __future__ import annotations

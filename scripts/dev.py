@@ -5,8 +5,9 @@
     python3 scripts/dev.py test --fast [args...]   the everyday tier, about 25 minutes on
                                                    two cores: no fault injection, pooler,
                                                    browser or benchmark tests
-    python3 scripts/dev.py test-django [args...]   tests/contrib/django on Django 6 (Python
-                                                   3.12+; in `.venv-django`)
+    python3 scripts/dev.py test-django [args...]   tests/contrib/django and the Django example
+                                                   project on Django 6 (Python 3.12+; in
+                                                   `.venv-django`)
     python3 scripts/dev.py demo [args...]          run `pgwork demo`
     python3 scripts/dev.py lint                    ruff, ruff format, mypy, import-linter
 
@@ -155,7 +156,9 @@ def test(args: list[str]) -> int:
 
 # Django 6 (django.tasks) needs Python 3.12+, while the suite's `.venv` is on the Python
 # running this script (3.11+, where tests/contrib/django use the django-tasks backport):
-# `test-django` runs those tests again in a venv of their own on a newer Python.
+# `test-django` runs those tests, and the example project's, again in a venv of their own
+# on a newer Python.
+DJANGO_TESTS = ["tests/contrib/django", "tests/docs/test_example_django.py"]
 DJANGO_VENV = ROOT / ".venv-django"
 DJANGO_PYTHON = DJANGO_VENV / ("Scripts" if os.name == "nt" else "bin") / PYTHON.name
 DJANGO_INSTALL = ["-e", f"{ROOT}[django,binary]", "pytest>=8.2", "pytest-timeout>=2.3"]
@@ -192,7 +195,7 @@ def test_django(args: list[str]) -> int:
         pip = [str(DJANGO_PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         _must([*pip, *DJANGO_INSTALL])
         stamp.write_text(fingerprint + "\n")
-    return _run([str(DJANGO_PYTHON), "-m", "pytest", "tests/contrib/django", *args])
+    return _run([str(DJANGO_PYTHON), "-m", "pytest", *DJANGO_TESTS, *args])
 
 
 def demo(args: list[str]) -> int:

@@ -25,6 +25,11 @@ EXPECTED = {
         "completed",
         "GET /jobs/chains/{id} -> 200, shows 'completed': True",
     ],
+    "flask_app.py": [
+        "POST /signups -> 201",
+        "POST /signups with a declined card -> 402",
+        "welcome email to grace@example.com, sent from pgwork-sync-",
+    ],
     "logging_middleware.py": [
         "[job=0",
         "attempt=1] charging invoice 42",
@@ -53,6 +58,7 @@ EXPECTED = {
 def test_every_example_is_run_by_some_test() -> None:
     tests = "\n".join(p.read_text() for p in Path(__file__).parents[1].rglob("test_*.py"))
     examples = [p.stem for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"]
+    examples += [p.name for p in EXAMPLES.iterdir() if p.is_dir() and p.name != "__pycache__"]
 
     assert [name for name in examples if name not in tests] == []
 

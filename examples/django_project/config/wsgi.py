@@ -1,0 +1,9 @@
+"""The WSGI application that ``runserver``, gunicorn or uWSGI serve (``config.wsgi``)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+application = get_wsgi_application()

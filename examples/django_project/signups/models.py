@@ -1,0 +1,7 @@
+from django.db import models
+
+
+class Signup(models.Model):
+    email = models.EmailField(unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    welcomed_at = models.DateTimeField(null=True)  # set by the send_welcome task
