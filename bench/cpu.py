@@ -49,8 +49,8 @@ import asyncio
 import cProfile
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
