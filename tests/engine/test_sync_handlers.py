@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -287,6 +288,16 @@ class Sleepers:
         if event.name == ADAPTER_CALL_STOP and event["operation"] == "renew":
             self.renewals.append(time.monotonic())
 
+    def report(self) -> str:
+        """The figures (docs/sync.md quotes them): ``pytest -rP`` shows them."""
+        lags = sorted(self.lags)
+        return (
+            f"{self.most_at_once} handlers at once; event loop lag over {len(lags)} probes: "
+            f"median {statistics.median(lags) * 1e3:.2f} ms, "
+            f"p95 {lags[int(len(lags) * 0.95)] * 1e3:.2f} ms, max {lags[-1] * 1e3:.2f} ms; "
+            f"longest without a lease renewal {self.longest_unrenewed():.3f} s"
+        )
+
     def longest_unrenewed(self) -> float:
         """The longest the running leases went without a renewal, from the first
         handler's start to the end of the window."""
@@ -342,6 +353,7 @@ async def test_fifty_sync_handlers_in_time_sleep_leave_the_event_loop_responsive
 ) -> None:
     sleepers = Sleepers()
     client, started = await _fifty_sleepers(sleepers, make_client, workers, conn, sleepers)
+    print(sleepers.report())
 
     # The loop never waited for a handler: a probe that had would have woken a
     # handler's whole sleep late.
@@ -367,6 +379,7 @@ async def test_control_fifty_sleeps_on_the_event_loop_stall_it_and_its_renewals(
         sleepers(attempt)  # time.sleep on the event loop: the mistake made on purpose
 
     await _fifty_sleepers(sleeps_on_the_loop, make_client, workers, conn, sleepers)
+    print(sleepers.report())
 
     assert max(sleepers.lags) >= SLEEP / 2
     assert sleepers.longest_unrenewed() >= LEASE.total_seconds()
