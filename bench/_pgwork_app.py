@@ -6,6 +6,7 @@ pgwork's own cost per job: acquiring, bookkeeping, completing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -158,7 +159,12 @@ class Counter:
         if self.record_starts and n is not None:
             self.starts[n] = now
         if self.count >= self.target:
-            self.done.set()
+            self.signal(self.done)
+
+    def signal(self, event: anyio.Event | asyncio.Event) -> None:
+        """Set ``event``, which the event loop waits on (a counter hit on other threads
+        sets it through the loop)."""
+        event.set()
 
     def handler(self) -> Callable[[Any], Any]:
         async def noop(attempt: Any) -> None:

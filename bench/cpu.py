@@ -1,7 +1,7 @@
 """Client CPU per job: a drain and an enqueue measured in process time, not wall time.
 
     python -m bench.cpu --dsn DSN [--jobs 20000] [--slots 10]
-        [--only drain,limited,atomic,atomic32,atomic32w,enqueue]
+        [--only drain,limited,sync,atomic,atomic32,atomic32w,enqueue]
         [--tune-gc] [--profile FILE]
 
 On a shared machine wall-clock rates move by a third between runs; the CPU this process
@@ -11,7 +11,10 @@ op handler) on a pre-loaded queue, measured from its 1,000th handler start to it
 (start-up and the first turns are not counted); ``limited`` is the same drain of a type
 whose ``concurrency`` never binds, so every acquire counts it under the type's lock;
 with both, a line gives the limited drain's jobs/s and CPU per job (the server's and
-the worker's) as multiples of the plain drain's.
+the worker's) as multiples of the plain drain's. ``sync`` is the plain drain with a
+plain ``def`` handler, run on the worker's threads (``sync_threads``: one for each
+slot), its CPU every thread's; with ``drain``, a line gives it as multiples of the
+async drain's the same way: what handing each job to a thread and back costs.
 ``--tune-gc`` sets the garbage collector up as ``pgwork worker`` and the benchmark's
 worker processes do (``pgwork.worker.tune_gc``, once everything is imported); without
 it the collector keeps CPython's defaults, and at 50 slots or more its collections are
@@ -33,9 +36,10 @@ table (``bench/peers/_peer_common.py``'s ``PGWORK_ROW``: what the row itself cos
 without pgwork's code); each also
 gives its wall-clock time per job (on a shared machine, compare it within one run
 only) and the CPU of the connection's server backend per job. ``--profile`` runs cProfile over the
-measured part and writes its statistics (``pstats``) to FILE.drain, FILE.atomic,
-FILE.atomic32, FILE.atomic32w, FILE.enqueue (``start_chain``) and FILE.enqueue100
-(``start_chains`` of 100).
+measured part and writes its statistics (``pstats``) to FILE.drain, FILE.sync (the
+event loop's thread only, not the handlers'), FILE.atomic, FILE.atomic32,
+FILE.atomic32w, FILE.enqueue (``start_chain``) and FILE.enqueue100 (``start_chains``
+of 100).
 """
 
 from __future__ import annotations
@@ -43,10 +47,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
@@ -71,7 +78,11 @@ def _spent(before: dict[int, float], after: dict[int, float]) -> float:
 
 class _CpuCounter(Counter):
     """A Counter that notes the process time (and its database's backends' CPU) at its
-    ``SKIP``-th and last handler."""
+    ``SKIP``-th and last handler.
+
+    With ``loop`` set it is hit by sync handlers on the worker's threads: it counts
+    under a lock and leaves the events and the profile (which watches the thread that
+    enables it) to the loop's thread. The process time is every thread's."""
 
     cpu_first: float = 0.0
     cpu_last: float = 0.0
@@ -80,21 +91,39 @@ class _CpuCounter(Counter):
     server_last: dict[int, float] | None = None
     profile: cProfile.Profile | None = None
     warm: asyncio.Event | None = None  # set at the SKIP-th handler
+    loop: asyncio.AbstractEventLoop | None = None  # hit on other threads than its own
+    lock: threading.Lock | None = None
 
     def hit(self, n: int | None = None) -> None:
+        if self.lock is None:
+            self._hit(n)
+            return
+        with self.lock:
+            self._hit(n)
+
+    def _hit(self, n: int | None) -> None:
         super().hit(n)
         if self.count == SKIP:
             if self.warm is not None:
-                self.warm.set()
+                self.signal(self.warm)
             if self.profile is not None:
-                self.profile.enable()
+                self._on_loop(self.profile.enable)
             self.cpu_first = time.process_time()
             self.server_first = backends_cpu(self.database)
         elif self.count == self.target:
             self.cpu_last = time.process_time()
             if self.profile is not None:
-                self.profile.disable()
+                self._on_loop(self.profile.disable)
             self.server_last = backends_cpu(self.database)
+
+    def signal(self, event: anyio.Event | asyncio.Event) -> None:
+        self._on_loop(event.set)
+
+    def _on_loop(self, call: Callable[[], object]) -> None:
+        if self.loop is None:
+            call()
+        else:
+            self.loop.call_soon_threadsafe(call)
 
 
 @dataclass(frozen=True)
@@ -126,10 +155,12 @@ async def drain(
     atomic_group: int = 1,
     slots: int = 10,
     writes: bool = False,
+    sync: bool = False,
 ) -> DrainCpu:
     """CPU per drained job (after the first ``SKIP``): this process's and the server's.
     ``writes``: each handler first inserts a row through its attempt's connection (an
-    atomic handler's effect), else it does nothing."""
+    atomic handler's effect), else it does nothing. ``sync``: the handler is a plain
+    ``def``, run on the worker's threads (one for each slot)."""
     await bulk_load(dsn, jobs, type_name=type_name)
     if writes:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as ddl:
@@ -150,9 +181,19 @@ async def drain(
             await attempt.connection.execute(EFFECT, (attempt.job.input.n,))
             await count(attempt)
 
+        def count_on_a_thread(attempt: Any) -> None:
+            counter.hit(attempt.job.input.n)
+
+        handler: Callable[[Any], Any] = count
+        if writes:
+            handler = write_then_count
+        elif sync:
+            counter.loop = asyncio.get_running_loop()
+            counter.lock = threading.Lock()
+            handler = count_on_a_thread
         worker = create_in_process_worker(
             client=client,
-            processors={type_name: write_then_count if writes else count},
+            processors={type_name: handler},
             max_slots=slots,
             atomic_group=atomic_group,
         )
@@ -300,35 +341,54 @@ async def enqueue(
     return {name: tally.per_job() for name, tally in tallies.items()}
 
 
-def _limited_ratio(limited: DrainCpu, plain: DrainCpu) -> str:
-    """The limited drain beside the plain one: what counting a limit costs."""
+def _ratio(name: str, row: DrainCpu, plain: DrainCpu) -> str:
+    """A drain beside the plain one: what counting a limit costs (``limited / plain``),
+    what running the handlers on threads costs (``sync / async``)."""
     server = "?"
-    if limited.server_us is not None and plain.server_us:
-        server = f"{limited.server_us / plain.server_us:.2f}"
+    if row.server_us is not None and plain.server_us:
+        server = f"{row.server_us / plain.server_us:.2f}"
     return (
-        f"limited / plain drain: {limited.jobs_per_s / plain.jobs_per_s:.2f} x the jobs/s, "
+        f"{name} drain: {row.jobs_per_s / plain.jobs_per_s:.2f} x the jobs/s, "
         f"{server} x the server's CPU per job, "
-        f"{limited.client_us / plain.client_us:.2f} x the worker's"
+        f"{row.client_us / plain.client_us:.2f} x the worker's"
     )
 
 
-# --only name, job type, atomic_group, whether the handler writes a row, row title
+# --only name, job type, atomic_group, whether the handler writes a row, whether it is
+# a plain def (on the worker's threads), row title
 _DRAINS = (
-    ("drain", "noop", 1, False, "drain, 1 worker x {slots} slots"),
+    ("drain", "noop", 1, False, False, "drain, 1 worker x {slots} slots"),
     (
         "limited",
         "noop_limited",
         1,
         False,
+        False,
         "drain, 1 worker x {slots} slots, a concurrency limit that never binds",
     ),
-    ("atomic", "noop_atomic", 1, False, "atomic drain, 1 worker x {slots} slots"),
-    ("atomic32", "noop_atomic", 32, False, "atomic drain, 1 worker x {slots} slots, groups of 32"),
+    (
+        "sync",
+        "noop",
+        1,
+        False,
+        True,
+        "drain, 1 worker x {slots} slots, sync handlers on {slots} threads",
+    ),
+    ("atomic", "noop_atomic", 1, False, False, "atomic drain, 1 worker x {slots} slots"),
+    (
+        "atomic32",
+        "noop_atomic",
+        32,
+        False,
+        False,
+        "atomic drain, 1 worker x {slots} slots, groups of 32",
+    ),
     (
         "atomic32w",
         "noop_atomic",
         32,
         True,
+        False,
         "atomic drain, 1 worker x {slots} slots, groups of 32, each handler inserting a row",
     ),
 )
@@ -343,7 +403,7 @@ async def _run(args: argparse.Namespace) -> None:
         dbs = PgworkDatabases(admin)
         try:
             drained: dict[str, DrainCpu] = {}
-            for name, type_name, group, writes, title in _DRAINS:
+            for name, type_name, group, writes, sync, title in _DRAINS:
                 if name not in only:
                     continue
                 profile = cProfile.Profile(time.process_time) if args.profile else None
@@ -356,6 +416,7 @@ async def _run(args: argparse.Namespace) -> None:
                         atomic_group=group,
                         slots=args.slots,
                         writes=writes,
+                        sync=sync,
                     )
                 server_us = "?" if row.server_us is None else f"{row.server_us:.1f}"
                 print(
@@ -367,8 +428,10 @@ async def _run(args: argparse.Namespace) -> None:
                 if profile is not None:
                     profile.dump_stats(f"{args.profile}.{name}")
                 drained[name] = row
-            if "drain" in drained and "limited" in drained:
-                print(_limited_ratio(drained["limited"], drained["drain"]))
+            if "drain" in drained:
+                for name, label in (("limited", "limited / plain"), ("sync", "sync / async")):
+                    if name in drained:
+                        print(_ratio(label, drained[name], drained["drain"]))
             if "enqueue" in only:
                 profiles = None
                 if args.profile:

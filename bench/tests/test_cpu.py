@@ -1,5 +1,6 @@
-"""``python -m bench.cpu``'s enqueue yardstick: the bare multi-row INSERT it compares
-``start_chains`` of 100 with writes the very rows ``start_chains`` writes.
+"""``python -m bench.cpu``: its enqueue yardstick, the bare multi-row INSERT it compares
+``start_chains`` of 100 with, writes the very rows ``start_chains`` writes; its rows
+keep working (the enqueue rows, the sync handlers' drain beside the async one).
 
 Batched enqueue is held to a multi-row INSERT of the same rows; the benchmark's raw
 floor inserts four-column rows into a table of its own, so
@@ -82,3 +83,14 @@ def test_the_enqueue_rows_print_each_yardstick(pg_server_dsn: str) -> None:
         "INSERT of 100 pgwork rows + COMMIT",
     ):
         assert f"enqueue, {name}: " in out, out
+
+
+@pytest.mark.timeout(300)
+def test_the_sync_drain_prints_its_row_and_its_ratio_to_the_async_drain(
+    pg_server_dsn: str,
+) -> None:
+    out = run_bench("bench.cpu", pg_server_dsn, "--only", "drain,sync", "--jobs", "1500")
+    assert "drain, 1 worker x 10 slots: " in out, out
+    assert "drain, 1 worker x 10 slots, sync handlers on 10 threads: " in out, out
+    assert "sync / async drain: " in out, out
+    assert "limited / plain" not in out, out

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import statistics
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +30,7 @@ from pgwork import (
     AbortReason,
     Attempt,
     AttemptCancelledError,
+    ChainStart,
     HandlerAbandonedError,
     InProcessWorker,
     JobStatus,
@@ -36,6 +40,7 @@ from pgwork import (
     SyncHandlerError,
     create_in_process_worker,
 )
+from pgwork.observability import ADAPTER_CALL_STOP, Event, InstrumentedStateAdapter
 from pgwork.worker._sync import SyncAttempt as _SyncAttempt
 from pgwork.worker._threads import HandlerThreads
 
@@ -238,6 +243,145 @@ async def _eventually_true(check: Callable[[], bool], *, what: str, timeout: flo
         return check()
 
     await eventually(probe, what=what, timeout=timeout)
+
+
+# --- fifty at once -------------------------------------------------------------------
+
+SLEEPERS = 50
+SLEEP = 1.5  # how long each sleeper's handler blocks
+LEASE = timedelta(seconds=1.2)  # shorter than a sleep: renewed while it blocks, or lost
+PROBE = 0.01  # the lag probe's sleep
+
+
+@dataclass(repr=False)
+class Sleepers:
+    """Handlers that each block for ``SLEEP`` seconds in ``time.sleep``, counting how
+    many run at once; and what the event loop did meanwhile."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    started: threading.Event = field(default_factory=threading.Event)
+    first_start: float = 0.0
+    running: int = 0
+    most_at_once: int = 0
+    ended: int = 0
+    lags: list[float] = field(default_factory=list)  # how late each probe woke, s
+    renewals: list[float] = field(default_factory=list)  # when each renewal returned
+    window_end: float = 0.0
+
+    def __call__(self, attempt: Any) -> None:
+        with self.lock:
+            if not self.started.is_set():
+                self.first_start = time.monotonic()
+                self.started.set()
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            time.sleep(SLEEP)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.ended += 1
+
+    def on_event(self, event: Event) -> None:
+        if event.name == ADAPTER_CALL_STOP and event["operation"] == "renew":
+            self.renewals.append(time.monotonic())
+
+    def report(self) -> str:
+        """The figures (docs/sync.md quotes them): ``pytest -rP`` shows them."""
+        lags = sorted(self.lags)
+        return (
+            f"{self.most_at_once} handlers at once; event loop lag over {len(lags)} probes: "
+            f"median {statistics.median(lags) * 1e3:.2f} ms, "
+            f"p95 {lags[int(len(lags) * 0.95)] * 1e3:.2f} ms, max {lags[-1] * 1e3:.2f} ms; "
+            f"longest without a lease renewal {self.longest_unrenewed():.3f} s"
+        )
+
+    def longest_unrenewed(self) -> float:
+        """The longest the running leases went without a renewal, from the first
+        handler's start to the end of the window."""
+        marks = [
+            self.first_start,
+            *(t for t in self.renewals if self.first_start < t < self.window_end),
+            self.window_end,
+        ]
+        return max(b - a for a, b in itertools.pairwise(marks))
+
+
+async def _fifty_sleepers(
+    handler: Any,
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    sleepers: Sleepers,
+) -> tuple[Any, list[Any]]:
+    """Fifty jobs whose ``handler`` blocks ``SLEEP`` seconds each, on a worker of 50
+    slots and 50 threads. While they run, a probe task on the event loop sleeps
+    ``PROBE`` seconds over and over and notes how late each wake-up is, and every lease
+    renewal is timed; from the first handler's start until all fifty ended, or three
+    sleeps later (fifty handlers on the loop itself would take fifty). Returns the
+    client and the chains started."""
+    reg = JobTypeRegistry()
+    sleepy = reg.job_type("sleepy", input=Num, lease=LEASE)
+    client = await make_client(
+        reg, store=lambda state: InstrumentedStateAdapter(state, observers=[sleepers])
+    )
+    await workers(
+        client=client,
+        processors={sleepy: handler},
+        max_slots=SLEEPERS,
+        sync_threads=SLEEPERS,
+        grace_period=0,
+    )
+    started = await client.start_chains(
+        conn, [ChainStart(sleepy, Num(n=i)) for i in range(SLEEPERS)]
+    )
+    await conn.commit()
+    await _eventually_true(sleepers.started.is_set, what="the first sleeper running")
+    give_up = sleepers.first_start + 3 * SLEEP
+    while sleepers.ended < SLEEPERS and time.monotonic() < give_up:
+        before = time.perf_counter()
+        await anyio.sleep(PROBE)
+        sleepers.lags.append(time.perf_counter() - before - PROBE)
+    sleepers.window_end = time.monotonic()
+    return client, started
+
+
+async def test_fifty_sync_handlers_in_time_sleep_leave_the_event_loop_responsive(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    sleepers = Sleepers()
+    client, started = await _fifty_sleepers(sleepers, make_client, workers, conn, sleepers)
+    print(sleepers.report())
+
+    # The loop never waited for a handler: a probe that had would have woken a
+    # handler's whole sleep late.
+    assert max(sleepers.lags) < SLEEP / 2, (
+        f"the event loop lagged {max(sleepers.lags):.3f} s behind its probe"
+    )
+    # Every lease was renewed well within its duration while its handler blocked.
+    assert sleepers.longest_unrenewed() < LEASE.total_seconds(), (
+        f"a lease went {sleepers.longest_unrenewed():.3f} s without a renewal"
+    )
+    assert sleepers.most_at_once == SLEEPERS
+    await eventually(lambda: _done(client, [s.id for s in started]), what="every job done")
+    jobs = [await client.get_job(s.job_id) for s in started]
+    assert {job.attempt for job in jobs} == {1}  # no lease lapsed, none ran twice
+
+
+async def test_control_fifty_sleeps_on_the_event_loop_stall_it_and_its_renewals(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    sleepers = Sleepers()
+
+    async def sleeps_on_the_loop(attempt: Attempt[Num, None]) -> None:
+        sleepers(attempt)  # time.sleep on the event loop: the mistake made on purpose
+
+    await _fifty_sleepers(sleeps_on_the_loop, make_client, workers, conn, sleepers)
+    print(sleepers.report())
+
+    assert max(sleepers.lags) >= SLEEP / 2
+    assert sleepers.longest_unrenewed() >= LEASE.total_seconds()
+    assert sleepers.most_at_once == 1
 
 
 # --- being stopped -------------------------------------------------------------------
