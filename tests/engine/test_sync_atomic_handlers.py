@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
@@ -27,10 +28,12 @@ from sqlalchemy.pool import NullPool
 from pgwork import (
     AtomicSyncHandlerError,
     Attempt,
+    Client,
     ConfigurationError,
     JobStatus,
     JobTypeRegistry,
     RetryPolicy,
+    StartedChain,
     SyncAttempt,
     create_in_process_worker,
 )
@@ -71,6 +74,31 @@ async def effects(pgwork_dsn: str) -> str:
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
         await c.execute(EFFECTS)
     return pgwork_dsn
+
+
+class RunOne(Protocol):
+    def __call__(
+        self, reg: JobTypeRegistry, processors: dict[Any, Any], *, until: JobStatus, what: str
+    ) -> Awaitable[tuple[Client, StartedChain[Any, Any]]]: ...
+
+
+@pytest.fixture
+def run_one(make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]) -> RunOne:
+    """A worker running ``processors`` (one type), a job of that type enqueued
+    (``Num(n=1)``), waited for until it reaches ``until``."""
+
+    async def run(
+        reg: JobTypeRegistry, processors: dict[Any, Any], *, until: JobStatus, what: str
+    ) -> tuple[Client, StartedChain[Any, Any]]:
+        client = await make_client(reg)
+        await workers(client=client, processors=processors)
+        [job_type] = processors
+        started = await client.start_chain(conn, job_type, Num(n=1))
+        await conn.commit()
+        await eventually(lambda: _status_is(client, started.job_id, until), what=what)
+        return client, started
+
+    return run
 
 
 async def _notes(dsn: str, job_id: UUID) -> list[str]:
@@ -137,7 +165,7 @@ async def _status_is(client: Any, job_id: UUID, status: JobStatus) -> bool:
 
 
 async def test_a_sqlalchemy_session_over_the_connection_commits_with_the_job(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     reg = JobTypeRegistry()
     post = reg.job_type("post", input=Num, mode="atomic", max_attempts=2, retry=NO_BACKOFF)
@@ -157,12 +185,8 @@ async def test_a_sqlalchemy_session_over_the_connection_commits_with_the_job(
         if attempt.job.attempt == 1:
             raise RuntimeError("the first attempt fails after its session committed")
 
-    client = await make_client(reg)
-    await workers(client=client, processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=1))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.COMPLETED), what="job completed"
+    client, started = await run_one(
+        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
     )
     job = await client.get_job(started.job_id)
     assert job.attempt == 2
@@ -171,7 +195,7 @@ async def test_a_sqlalchemy_session_over_the_connection_commits_with_the_job(
 
 
 async def test_commit_and_rollback_act_on_the_handlers_own_writes_only(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     reg = JobTypeRegistry()
     post = reg.job_type("post", input=Num, mode="atomic", max_attempts=1)
@@ -191,12 +215,8 @@ async def test_commit_and_rollback_act_on_the_handlers_own_writes_only(
         with db.transaction():  # psycopg's own blocks nest as savepoints
             _write(attempt, "in a block")
 
-    client = await make_client(reg)
-    await workers(client=client, processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=1))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.COMPLETED), what="job completed"
+    _, started = await run_one(
+        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
     )
     assert await _notes(effects, started.job_id) == ["kept", "after the error", "in a block"]
 
@@ -205,7 +225,7 @@ async def test_commit_and_rollback_act_on_the_handlers_own_writes_only(
 
 
 async def test_a_raising_sync_atomic_handler_leaves_none_of_its_writes(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     reg = JobTypeRegistry()
     post = reg.job_type("post", input=Num, mode="atomic", max_attempts=2, retry=NO_BACKOFF)
@@ -215,13 +235,7 @@ async def test_a_raising_sync_atomic_handler_leaves_none_of_its_writes(
         attempt.connection.commit()  # kept for the job: not committed on its own
         raise ValueError("the handler failed after writing")
 
-    client = await make_client(reg)
-    await workers(client=client, processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=1))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.FAILED), what="job failed"
-    )
+    client, started = await run_one(reg, {post: handler}, until=JobStatus.FAILED, what="job failed")
     job = await client.get_job(started.job_id)
     assert job.attempt == 2
     assert job.last_attempt_error is not None
@@ -331,7 +345,7 @@ async def _true(value: bool) -> bool:
 
 
 async def test_the_connection_is_unusable_once_the_handler_returned(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     reg = JobTypeRegistry()
     post = reg.job_type("post", input=Num, mode="atomic")
@@ -341,12 +355,8 @@ async def test_the_connection_is_unusable_once_the_handler_returned(
         kept.append(attempt.connection)
         _write(attempt, "inside")
 
-    client = await make_client(reg)
-    await workers(client=client, processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=1))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.COMPLETED), what="job completed"
+    _, started = await run_one(
+        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
     )
     with pytest.raises(psycopg.OperationalError, match="given back to the worker"):
         kept[0].execute(
@@ -355,21 +365,15 @@ async def test_the_connection_is_unusable_once_the_handler_returned(
     assert await _notes(effects, started.job_id) == ["inside"]
 
 
-async def test_a_staged_sync_handler_has_no_connection(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
-) -> None:
+async def test_a_staged_sync_handler_has_no_connection(run_one: RunOne) -> None:
     reg = JobTypeRegistry()
     staged = reg.job_type("staged", input=Num, output=bool)
 
     def handler(attempt: SyncAttempt[Num, bool]) -> bool:
         return attempt.connection is None
 
-    client = await make_client(reg)
-    await workers(client=client, processors={staged: handler})
-    started = await client.start_chain(conn, staged, Num(n=1))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.COMPLETED), what="job completed"
+    client, started = await run_one(
+        reg, {staged: handler}, until=JobStatus.COMPLETED, what="job completed"
     )
     assert (await client.get_job(started.job_id)).output is True
 
