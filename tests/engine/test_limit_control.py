@@ -155,7 +155,7 @@ async def test_limits_counts_what_runs_and_waits_and_ranks_the_keys(
     client = await make_client(reg)
     handler = HangUntilAborted()
     await _enqueue(client, conn, keyed, ["a"] * 4 + ["b"] + [None] * 2)
-    await workers(client=client, processors={keyed: handler}, max_slots=10)
+    await workers(client=client, processors={keyed: handler}, max_slots=10, grace_period=0.5)
 
     async def four_run() -> bool:
         [status] = await client.limits(job_type=keyed)
@@ -182,7 +182,11 @@ async def test_a_client_without_the_type_knows_it_from_the_workers_registration(
     with pytest.raises(LimitNotDeclaredError, match="no flow limits are known"):
         await operator.set_limits("call", concurrency=2)
     client = await make_client(reg)
-    await workers(client=client, processors={keyed: HangUntilAborted(), plain: HangUntilAborted()})
+    await workers(
+        client=client,
+        processors={keyed: HangUntilAborted(), plain: HangUntilAborted()},
+        grace_period=0.5,
+    )
 
     await operator.set_limits("call", key="t", key_concurrency=1)
     with pytest.raises(LimitNotDeclaredError, match="declares no flow limit"):
@@ -206,7 +210,9 @@ async def test_a_raised_limit_starts_waiting_jobs_within_a_notification(
     client = await make_client(reg)
     handler = HangUntilAborted()
     await _enqueue(client, conn, whole, [None] * 3)
-    await workers(client=client, processors={whole: handler}, max_slots=5, poll_interval=60)
+    await workers(
+        client=client, processors={whole: handler}, max_slots=5, poll_interval=60, grace_period=0.5
+    )
     await handler.running.wait()
 
     async def running(n: int) -> Any:
@@ -282,7 +288,7 @@ async def test_a_paused_key_starts_nothing_until_resumed(
     handler = HangUntilAborted()
     await client.pause_limits(keyed, key="a", after=timedelta(hours=1))
     await _enqueue(client, conn, keyed, ["a", "b"])
-    await workers(client=client, processors={keyed: handler}, poll_interval=60)
+    await workers(client=client, processors={keyed: handler}, poll_interval=60, grace_period=0.5)
 
     async def running(expected: dict[str | None, int]) -> Any:
         async def check() -> bool:
