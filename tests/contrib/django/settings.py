@@ -15,7 +15,11 @@ _params = conninfo_to_dict(os.environ.get("PGWORK_DJANGO_TEST_DSN", "dbname=post
 
 SECRET_KEY = "tests"
 USE_TZ = True
-INSTALLED_APPS = ["pgwork.contrib.django", "tests.contrib.django.taskapp"]
+INSTALLED_APPS = [
+    "pgwork.contrib.django",
+    "tests.contrib.django.taskapp",
+    "tests.contrib.django.conformanceapp",
+]
 if importlib.util.find_spec("django.tasks") is None:
     INSTALLED_APPS.append("django_tasks")  # the backport, on Django before 6.0
 DATABASES = {
@@ -33,5 +37,10 @@ TASKS = {
         "BACKEND": "pgwork.contrib.django.PgworkBackend",
         "QUEUES": ["default", "emails"],
         "OPTIONS": {"MAX_ATTEMPTS": 1},
-    }
+    },
+    # A task that fails then succeeds: its attempts, errors and context.attempt.
+    "retrying": {
+        "BACKEND": "pgwork.contrib.django.PgworkBackend",
+        "OPTIONS": {"MAX_ATTEMPTS": 3},
+    },
 }

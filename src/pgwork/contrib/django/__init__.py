@@ -10,6 +10,6 @@ tasks. See docs/sync.md, "Django".
 
 from __future__ import annotations
 
-from pgwork.contrib.django._backend import PgworkBackend
+from pgwork.contrib.django._backend import PgworkBackend, TaskArgumentsError
 
-__all__ = ["PgworkBackend"]
+__all__ = ["PgworkBackend", "TaskArgumentsError"]

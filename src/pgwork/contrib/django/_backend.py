@@ -9,10 +9,17 @@ How a task maps onto a job:
 
 * job type: the task's module path (``myapp.tasks.send_welcome``), one per task;
 * input: ``{"args": [...], "kwargs": {...}}``, JSON only (as Django asks of a task's
-  arguments): anything else is refused before any SQL, the transaction left as it was;
+  arguments, normalised as Django does: tuples become lists, bytes text): anything
+  else is refused before any SQL (``TaskArgumentsError``, a ``TypeError`` as Django's
+  own backends raise), the transaction left as it was;
 * ``queue_name`` -> the job's queue; ``run_after`` -> its schedule;
 * ``priority`` (-100..100, higher first) -> pgwork's priority negated (lower first);
 * the result id is the job's id; its output is the task's return value.
+
+``task_enqueued`` is sent once the job is written, in the same transaction: a receiver
+that raises undoes the enqueue it was told of (unless the caller catches it inside its
+own ``atomic()`` block). ``task_started`` and ``task_finished`` are the worker's
+(``_execution``).
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from typing import Any
 from uuid import UUID
 
 import pydantic
+from django.apps import apps
+from django.core import checks
 from django.db import connections, transaction
-from django.utils import timezone
 from django.utils.module_loading import import_string
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
@@ -39,15 +47,17 @@ from pgwork.contrib.django._compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
+    task_enqueued,
 )
-from pgwork.errors import ConfigurationError, JobNotFoundError
+from pgwork.errors import ConfigurationError, JobNotFoundError, PayloadValidationError
 from pgwork.job_types import JobType, JobTypeRegistry
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.schema import DEFAULT_SCHEMA
 from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.records import Job, JobStatus
 
-__all__ = ["PgworkBackend", "TaskCall", "database_dsn"]
+__all__ = ["PgworkBackend", "TaskArgumentsError", "TaskCall", "database_dsn"]
 
 # The backend's OPTIONS, with what each is for (docs/sync.md, "Django").
 OPTIONS = {
@@ -78,6 +88,29 @@ class TaskCall(TypedDict):
 
     args: list[pydantic.JsonValue]
     kwargs: dict[str, pydantic.JsonValue]
+
+
+class TaskArgumentsError(PayloadValidationError, TypeError):
+    """A task was enqueued with an argument JSON cannot hold (a datetime, a set, a model
+    instance): a ``TypeError``, as Django's own backends raise, and pgwork's
+    ``PayloadValidationError``. Raised before any SQL."""
+
+    def __init__(self, type_name: str, reason: Exception) -> None:
+        super().__init__(
+            type_name,
+            "input",
+            f"{reason}; a task's arguments are JSON values (str, int, float, bool, None, "
+            "lists and dicts of them): pass an id, or an ISO date string, instead",
+        )
+
+
+def task_call(type_name: str, args: Any, kwargs: Any) -> TaskCall:
+    """The input of a task's job: ``args`` and ``kwargs`` normalised as Django's
+    ``TaskResult`` normalises them (tuples to lists, bytes to text)."""
+    try:
+        return TaskCall(args=normalize_json(list(args)), kwargs=normalize_json(dict(kwargs)))
+    except (TypeError, ValueError) as exc:  # ValueError: bytes that are not UTF-8
+        raise TaskArgumentsError(type_name, exc) from None
 
 
 class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -152,9 +185,12 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
             return found
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Write the task's job (see the module) and send ``task_enqueued`` in the same
+        transaction. The result is the job read back, so it is what ``get_result``
+        says of it (``enqueued_at`` on the database's clock): one statement more."""
         self.validate_task(task)
         job_type = self.job_type(task)
-        call = TaskCall(args=list(args), kwargs=dict(kwargs))
+        call = task_call(job_type.name, args, kwargs)
         connection = connections[self.database]
         with _in_transaction(self.database):
             connection.ensure_connection()
@@ -166,20 +202,44 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
                 priority=-task.priority,
                 schedule=task.run_after,
             )
-        return TaskResult(
-            task=task,
-            id=str(started.job_id),
-            status=TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=call["args"],
-            kwargs=call["kwargs"],
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+            job = self.client.get_job_sync(connection.connection, started.job_id)
+            result = self.result_of(job, task=task)
+            task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Django's check framework (``manage.py check``): a database that is missing or
+        not PostgreSQL is an error; without the app its commands are missing."""
+        found = list(super().check(**kwargs))
+        where = f"TASKS[{self.alias!r}]"
+        if self.database not in connections.settings:
+            found.append(
+                checks.Error(
+                    f"{where} writes its tasks to the database {self.database!r}, which "
+                    "DATABASES does not have",
+                    hint="Set the backend's OPTIONS DATABASE to an alias of DATABASES.",
+                    id="pgwork.E001",
+                )
+            )
+        elif (vendor := connections[self.database].vendor) != "postgresql":
+            found.append(
+                checks.Error(
+                    f"{where} writes its tasks to DATABASES[{self.database!r}], a {vendor} "
+                    "database; pgwork's tasks live in PostgreSQL",
+                    hint="Set the backend's OPTIONS DATABASE to a PostgreSQL database.",
+                    id="pgwork.E002",
+                )
+            )
+        if not apps.is_installed("pgwork.contrib.django"):
+            found.append(
+                checks.Warning(
+                    f"{where} is pgwork's, but its app is not installed: manage.py "
+                    "pgwork_migrate and pgwork_worker are missing",
+                    hint="Add 'pgwork.contrib.django' to INSTALLED_APPS.",
+                    id="pgwork.W001",
+                )
+            )
+        return found
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as its job stands now, read on Django's connection (so a
@@ -197,20 +257,23 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
             raise TaskResultDoesNotExist(result_id) from None
         return self.result_of(job)
 
-    def result_of(self, job: Job[Any]) -> TaskResult:
-        """The Django ``TaskResult`` of ``job`` (a job this backend enqueued)."""
-        task = _task_named(job.type_name)
-        if task is None:
-            raise TaskResultDoesNotExist(
-                f"job {job.id} is of type {job.type_name!r}, which names no task"
-            )
+    def result_of(self, job: Job[Any], *, task: Task | None = None) -> TaskResult:
+        """The Django ``TaskResult`` of ``job`` (a job this backend enqueued). ``task``:
+        the task as enqueued; default: the one the job's type names, with the job's
+        options."""
         call = job.input if isinstance(job.input, dict) else {}
-        task = task.using(
-            priority=-job.priority,
-            queue_name=job.queue,
-            backend=self.alias,
-            run_after=job.scheduled_at if job.scheduled_at > job.created_at else None,
-        )
+        if task is None:
+            named = _task_named(job.type_name)
+            if named is None:
+                raise TaskResultDoesNotExist(
+                    f"job {job.id} is of type {job.type_name!r}, which names no task"
+                )
+            task = named.using(
+                priority=-job.priority,
+                queue_name=job.queue,
+                backend=self.alias,
+                run_after=job.scheduled_at if job.scheduled_at > job.created_at else None,
+            )
         errors = [
             TaskError(
                 exception_class_path=failed.error.type,

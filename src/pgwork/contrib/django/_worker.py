@@ -3,7 +3,8 @@
 The tasks are found where Django projects keep them: the ``tasks`` module of every
 installed app is imported, and each ``Task`` in it whose backend is this one gets a
 handler. The handler calls the task's function with the job's arguments (and a
-``TaskContext`` first when the task takes one); its return value is the job's output.
+``TaskContext`` first when the task takes one), between Django's ``task_started`` and
+``task_finished`` (``_execution``); its return value is the job's output.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from django.db import close_old_connections
 
 from pgwork.client import create_client
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
-from pgwork.contrib.django._compat import Task, TaskContext, normalize_json, task_backends
+from pgwork.contrib.django._compat import Task, task_backends
+from pgwork.contrib.django._execution import run_attempt, run_attempt_async
 from pgwork.errors import ConfigurationError
 from pgwork.job_types import JobType
 from pgwork.postgres.notify import PostgresNotifyAdapter
@@ -58,24 +60,13 @@ def discover_tasks(backend: PgworkBackend) -> list[Task]:
 
 def handler_for(backend: PgworkBackend, task: Task) -> Callable[..., Any]:
     """The handler that runs ``task`` for a job: the task's function called with the
-    job's arguments. An ``async def`` task is awaited on the worker's event loop, a
-    plain ``def`` one runs on the worker's threads (a sync handler)."""
-    function = task.func
-
-    def arguments(
-        attempt: Attempt[TaskCall, Any] | SyncAttempt[TaskCall, Any],
-    ) -> tuple[list[Any], dict[str, Any]]:
-        call = attempt.job.input
-        args = list(call["args"])
-        if task.takes_context:
-            args.insert(0, TaskContext(task_result=backend.result_of(attempt.job)))
-        return args, dict(call["kwargs"])
-
-    if inspect.iscoroutinefunction(function):
+    job's arguments, between Django's signals (``_execution``). An ``async def`` task
+    is awaited on the worker's event loop, a plain ``def`` one runs on the worker's
+    threads (a sync handler)."""
+    if inspect.iscoroutinefunction(task.func):
 
         async def run_async_task(attempt: Attempt[TaskCall, Any]) -> Any:
-            args, kwargs = arguments(attempt)
-            return normalize_json(await function(*args, **kwargs))
+            return await run_attempt_async(backend, task, attempt)
 
         return run_async_task
 
@@ -84,8 +75,7 @@ def handler_for(backend: PgworkBackend, task: Task) -> Callable[..., Any]:
         # past their age or broken are closed before and after, as a request's are.
         close_old_connections()
         try:
-            args, kwargs = arguments(attempt)
-            return normalize_json(function(*args, **kwargs))
+            return run_attempt(backend, task, attempt)
         finally:
             close_old_connections()
 
