@@ -10,12 +10,8 @@ The tree::
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
     │   ├── SyncHandlerError          a middleware that is not async, a handler that cannot run
-<<<<<<< HEAD
-    │   │   └── AtomicSyncHandlerError  a sync handler for an atomic job type
-    │   ├── ProcessHandlerError       a process handler that cannot be sent to another process
-=======
     │   │   └── AtomicSyncHandlerError  a sync atomic handler on a worker grouping atomic attempts
->>>>>>> h5
+    │   ├── ProcessHandlerError       a process handler that cannot be sent to another process
     │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
     ├── DatabaseError                 the database could not be used as asked
