@@ -33,5 +33,10 @@ TASKS = {
         "BACKEND": "pgwork.contrib.django.PgworkBackend",
         "QUEUES": ["default", "emails"],
         "OPTIONS": {"MAX_ATTEMPTS": 1},
-    }
+    },
+    # Its tasks write through the ORM in their job's transaction.
+    "atomic": {
+        "BACKEND": "pgwork.contrib.django.PgworkBackend",
+        "OPTIONS": {"ATOMIC": True, "MAX_ATTEMPTS": 2},
+    },
 }

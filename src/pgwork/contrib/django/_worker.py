@@ -17,6 +17,7 @@ from django.apps import apps
 from django.db import close_old_connections
 
 from pgwork.client import create_client
+from pgwork.contrib.django._atomic import check_atomic_database, job_transaction
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
 from pgwork.contrib.django._compat import Task, TaskContext, normalize_json, task_backends
 from pgwork.errors import ConfigurationError
@@ -85,7 +86,9 @@ def handler_for(backend: PgworkBackend, task: Task) -> Callable[..., Any]:
         close_old_connections()
         try:
             args, kwargs = arguments(attempt)
-            return normalize_json(function(*args, **kwargs))
+            # An ATOMIC backend's task writes through Django in the job's transaction.
+            with job_transaction(backend, attempt):
+                return normalize_json(function(*args, **kwargs))
         finally:
             close_old_connections()
 
@@ -110,6 +113,8 @@ async def build_worker(
             f"no task uses the task backend {alias!r}: define them with @task in a "
             "`tasks` module of an installed app"
         )
+    if backend.atomic:
+        check_atomic_database(backend)
     processors: dict[JobType[Any, Any] | str, Any] = {
         backend.job_type(task): handler_for(backend, task) for task in tasks
     }
