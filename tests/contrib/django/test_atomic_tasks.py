@@ -29,8 +29,7 @@ from tests.contrib.django.taskapp.models import Effect
 from tests.contrib.django.test_backend import manage, wait_finished
 
 from pgwork import ConfigurationError, JobStatus, create_client, create_in_process_worker
-from pgwork.contrib.django import PgworkBackend
-from pgwork.contrib.django._atomic import AtomicTaskError
+from pgwork.contrib.django import AtomicTaskError, PgworkBackend
 from pgwork.contrib.django._compat import InvalidTask, TaskResultStatus, task, task_backends
 from pgwork.contrib.django._worker import build_worker, handler_for
 from pgwork.postgres.notify import PostgresNotifyAdapter
@@ -178,6 +177,19 @@ def test_set_rollback_undoes_the_tasks_writes_and_completes_its_job(effects: str
 
     assert job.status is JobStatus.COMPLETED
     assert job.output == "rolled back"
+    assert keys() == []
+
+
+def test_an_orm_error_the_task_catches_undoes_its_writes_and_completes_its_job(
+    effects: str,
+) -> None:
+    result = tasks.record_then_catch_an_integrity_error.enqueue("ada")
+
+    with running() as (worker, portal):
+        job = finished(worker, portal, result.id)
+
+    assert job.status is JobStatus.COMPLETED
+    assert job.output == "caught"
     assert keys() == []
 
 

@@ -10,6 +10,7 @@ tasks. See docs/sync.md, "Django".
 
 from __future__ import annotations
 
+from pgwork.contrib.django._atomic import AtomicTaskError
 from pgwork.contrib.django._backend import PgworkBackend
 
-__all__ = ["PgworkBackend"]
+__all__ = ["AtomicTaskError", "PgworkBackend"]

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from django.db import close_old_connections, connection, connections, transaction
+from django.db import (
+    IntegrityError,
+    close_old_connections,
+    connection,
+    connections,
+    transaction,
+)
 from tests.contrib.django.taskapp.enqueued import noop
 from tests.contrib.django.taskapp.models import Effect
 
@@ -60,7 +66,7 @@ def record(key: str) -> dict[str, Any]:
         cur.execute("SELECT current_setting('application_name')")
         row = cur.fetchone()
     return {
-        "seen": Effect.objects.filter(key=key).count(),
+        "seen": Effect.objects.select_for_update().filter(key=key).count(),
         "data": Effect.objects.get(key=key).data,
         "bound": row[0] if row else None,
     }
@@ -118,6 +124,17 @@ def record_then_set_rollback(key: str) -> str:
     Effect.objects.create(key=key)
     transaction.set_rollback(True)
     return "rolled back"
+
+
+@task(backend="atomic")
+def record_then_catch_an_integrity_error(key: str) -> str:
+    """Catches the error of a save that Django marks its atomic block for rollback by."""
+    first = Effect.objects.create(key=key)
+    try:
+        Effect.objects.create(id=first.id, key=f"{key}-again")
+    except IntegrityError:
+        return "caught"
+    return "saved twice"
 
 
 @task(backend="atomic")
