@@ -43,4 +43,9 @@ TASKS = {
         "BACKEND": "pgwork.contrib.django.PgworkBackend",
         "OPTIONS": {"MAX_ATTEMPTS": 3},
     },
+    # Its tasks write through the ORM in their job's transaction.
+    "atomic": {
+        "BACKEND": "pgwork.contrib.django.PgworkBackend",
+        "OPTIONS": {"ATOMIC": True, "MAX_ATTEMPTS": 2},
+    },
 }

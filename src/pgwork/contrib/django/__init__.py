@@ -10,6 +10,7 @@ tasks. See docs/sync.md, "Django".
 
 from __future__ import annotations
 
+from pgwork.contrib.django._atomic import AtomicTaskError
 from pgwork.contrib.django._backend import PgworkBackend, TaskArgumentsError
 
-__all__ = ["PgworkBackend", "TaskArgumentsError"]
+__all__ = ["AtomicTaskError", "PgworkBackend", "TaskArgumentsError"]

@@ -40,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool
 from typing_extensions import TypedDict
 
 from pgwork.client import Client, create_client
+from pgwork.contrib.django._atomic import check_atomic_task
 from pgwork.contrib.django._compat import (
     BaseTaskBackend,
     Task,
@@ -65,6 +66,7 @@ OPTIONS = {
     "SCHEMA": "pgwork's schema in that database",
     "DSN": "where the worker connects (default: built from the database's settings)",
     "MAX_ATTEMPTS": "how many times a failing task runs before its result is FAILED",
+    "ATOMIC": "the ORM's writes in a task commit with its job's completion",
 }
 
 # Django's TaskResult status of each job status: a job waiting for another attempt is
@@ -118,7 +120,8 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
     "pgwork.contrib.django.PgworkBackend", "QUEUES": [...], "OPTIONS": {...}}}``.
 
     OPTIONS: ``DATABASE`` (default ``"default"``), ``SCHEMA`` (``"pgwork"``), ``DSN``
-    (the worker's; default: built from that database's settings), ``MAX_ATTEMPTS`` (5).
+    (the worker's; default: built from that database's settings), ``MAX_ATTEMPTS`` (5),
+    ``ATOMIC`` (False: True runs every task in its job's transaction, ``_atomic``).
     ``manage.py pgwork_migrate`` creates the schema, ``manage.py pgwork_worker`` runs
     the tasks."""
 
@@ -140,6 +143,13 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
         self.schema: str = options.get("SCHEMA", DEFAULT_SCHEMA)
         self.max_attempts: int = options.get("MAX_ATTEMPTS", 5)
         self._dsn: str | None = options.get("DSN")
+        self.atomic: bool = options.get("ATOMIC", False)
+        if not isinstance(self.atomic, bool):
+            raise ConfigurationError(
+                f"TASKS[{alias!r}] OPTIONS ATOMIC must be True or False, got {self.atomic!r}"
+            )
+        # Django's async ORM runs on threads of its own, outside the job's transaction.
+        self.supports_async_task = not self.atomic
         self.registry = JobTypeRegistry()
         self._types: dict[str, JobType[TaskCall, Any]] = {}
         self._lock = threading.Lock()
@@ -180,9 +190,15 @@ class PgworkBackend(BaseTaskBackend):  # type: ignore[misc]
                     input=TaskCall,
                     output=JSON_VALUE,
                     max_attempts=self.max_attempts,
+                    mode="atomic" if self.atomic else "staged",
                 )
                 self._types[name] = found
             return found
+
+    def validate_task(self, task: Task) -> None:
+        if self.atomic:
+            check_atomic_task(self.alias, task)
+        super().validate_task(task)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Write the task's job (see the module) and send ``task_enqueued`` in the same

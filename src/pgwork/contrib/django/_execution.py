@@ -36,6 +36,7 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
+from pgwork.contrib.django._atomic import job_transaction
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
 from pgwork.contrib.django._compat import (
     Task,
@@ -61,7 +62,10 @@ def run_attempt(backend: PgworkBackend, task: Task, attempt: SyncAttempt[TaskCal
     sender = type(backend)
     task_started.send_robust(sender, task_result=running)
     try:
-        value = normalize_json(task.func(*_arguments(task, job, running), **job.input["kwargs"]))
+        # An ATOMIC backend's task writes through Django in the job's transaction.
+        with job_transaction(backend, attempt):
+            returned = task.func(*_arguments(task, job, running), **job.input["kwargs"])
+        value = normalize_json(returned)
         attempt.complete(value)
     except (Exception, SystemExit) as exc:
         if job.attempt >= job.max_attempts:

@@ -18,6 +18,7 @@ from django.apps import apps
 from django.db import close_old_connections
 
 from pgwork.client import create_client
+from pgwork.contrib.django._atomic import check_atomic_database
 from pgwork.contrib.django._backend import PgworkBackend, TaskCall
 from pgwork.contrib.django._compat import Task, task_backends
 from pgwork.contrib.django._execution import run_attempt, run_attempt_async
@@ -100,6 +101,8 @@ async def build_worker(
             f"no task uses the task backend {alias!r}: define them with @task in a "
             "`tasks` module of an installed app"
         )
+    if backend.atomic:
+        check_atomic_database(backend)
     processors: dict[JobType[Any, Any] | str, Any] = {
         backend.job_type(task): handler_for(backend, task) for task in tasks
     }
