@@ -10,7 +10,9 @@ control that takes it out and must show the difference.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import gc
 import inspect
 import itertools
 import statistics
@@ -437,6 +439,42 @@ async def test_a_timed_out_sync_handler_is_told_to_stop_and_its_attempt_fails(
     assert job.output == Total(total=0)  # the timed-out attempt's return was not kept
     assert job.last_attempt_error is not None
     assert job.last_attempt_error.type == "builtins.TimeoutError"
+
+
+class RaisesOnceCancelled(PollsCancelled):
+    """``PollsCancelled``, but the stopped attempt lets its ``AttemptCancelledError``
+    out, as a handler that does not catch it does."""
+
+    def __call__(self, attempt: SyncAttempt[Num, Total]) -> Total:
+        result = super().__call__(attempt)
+        if self.raised and attempt.job.attempt <= self.stuck_for:
+            raise self.raised[-1]
+        return result
+
+
+async def test_what_a_stopped_sync_handler_raises_is_not_reported_as_never_retrieved(
+    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    reported: list[str] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+    reg = JobTypeRegistry()
+    slow = reg.job_type(
+        "slow", input=Num, output=Total, timeout=timedelta(milliseconds=300), retry=NO_BACKOFF
+    )
+    handler = RaisesOnceCancelled()
+    client = await make_client(reg)
+    await workers(client=client, processors={slow: handler})
+    started = await client.start_chain(conn, slow, Num(n=1))
+    await conn.commit()
+    await eventually(lambda: _done(client, [started.id]), what="the retry completed")
+    raised = len(handler.raised)
+    handler.raised.clear()  # its traceback holds the stopped attempt's future
+    gc.collect()
+
+    assert raised == 1
+    assert not [m for m in reported if "never retrieved" in m], reported
+    loop.set_exception_handler(None)
 
 
 async def test_a_cancelled_jobs_sync_handler_is_told_to_stop(

@@ -197,6 +197,11 @@ class SyncAttempt(Generic[I, O]):
         return f"SyncAttempt({job.type_name} {job.id} #{job.attempt})"
 
 
+def _drop_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def on_threads(
     handler: SyncHandler, threads: HandlerThreads, type_name: str, *, atomic: bool = False
 ) -> CallNext:
@@ -219,6 +224,10 @@ def on_threads(
         try:
             await asyncio.wait((future,))
         except asyncio.CancelledError:
+            # The attempt ends as an interrupted one, whatever the handler then does:
+            # what it raises is read here so that asyncio does not report it as never
+            # retrieved.
+            future.add_done_callback(_drop_outcome)
             sync._cancel()
             try:
                 if loan is not None:
