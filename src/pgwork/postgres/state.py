@@ -42,6 +42,7 @@ from pgwork.adapters.state import TransactionHandle
 from pgwork.errors import ConfigurationError
 from pgwork.postgres._base import PSYCOPG_PREPARE_THRESHOLD
 from pgwork.postgres._chains import ChainOps
+from pgwork.postgres._debounce import DebounceOps
 from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._limit_control import LimitControlOps
@@ -70,6 +71,7 @@ class PostgresStateAdapter(
     WorkerOps,
     CompletionOps,
     EnqueueOps,
+    DebounceOps,
     ChainOps,
     QueryOps,
     InsightOps,
