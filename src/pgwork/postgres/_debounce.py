@@ -62,8 +62,9 @@ class DebounceOps(AdapterBase):
             check_encodable(jobs, encoding)
         results: list[InsertedJob | None] = [None] * len(jobs)
         due: dict[str, float] = {}
-        # One statement per mode, each over its keys in one order, so that two calls
-        # lock their keys' rows in the same order.
+        # One statement per mode (the merge's SET differs), each over its keys sorted,
+        # so that two calls debouncing the same keys the same way take their rows in
+        # the same order and cannot deadlock.
         for mode in ("last", "first"):
             group = sorted(
                 (k for k in keys.values() if (k.replace if mode == "last" else not k.replace)),

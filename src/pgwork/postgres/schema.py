@@ -7,9 +7,10 @@ database migrated to head, so this file, the migrations and the SQL cannot drift
 Design notes (why the columns are what they are):
 
 * A *chain* is its first job: ``jobs.id == jobs.chain_id`` marks the chain's root row.
-  Chain-level state (``chain_status``, ``chain_completed_at``, ``dedup_key``) lives only
-  on that row, so a one-job chain — the common case — costs one row and one write per
-  state change, and chains can still be listed and filtered through a partial index.
+  Chain-level state (``chain_status``, ``chain_completed_at``, ``dedup_key``,
+  ``debounce_deadline``) lives only on that row, so a one-job chain — the common case —
+  costs one row and one write per state change, and chains can still be listed and
+  filtered through a partial index.
 * ``lease_token`` fences every write made while a job runs: it is replaced on each
   acquisition, so a worker that lost its lease (paused, partitioned, reaped) matches no
   row. ``attempt`` counts attempts and is not reused for fencing because a graceful
