@@ -16,6 +16,7 @@ subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``
 ``QueryOps``):
 
 - ``_state_enqueue.EnqueueOps``: ``EnqueueStore`` (``insert_jobs``);
+- ``_debounce.DebounceOps``: ``Debouncing`` (``debounce_jobs``);
 - ``_state_worker.WorkerOps`` and ``_state_complete.CompletionOps``: ``WorkerStore``
   (acquire, renew, fail, release, reap; complete), with ``_chains.ChainOps`` settling
   chains that wait on chains;
