@@ -7,7 +7,14 @@ from pgwork._flow_control import Rate
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
 from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
-from pgwork.adapters.state import BlockedJob, BlockerStatus, DedupSpec, QueueCount, StateAdapter
+from pgwork.adapters.state import (
+    BlockedJob,
+    BlockerStatus,
+    Debounce,
+    DedupSpec,
+    QueueCount,
+    StateAdapter,
+)
 from pgwork.backoff import RetryPolicy, backoff_delay
 from pgwork.client import ChainStart, Client, StartedChain, create_client
 from pgwork.errors import (
@@ -102,6 +109,7 @@ __all__ = [
     "DatabaseError",
     "DatabaseTimeoutError",
     "DatabaseUnreachableError",
+    "Debounce",
     "DedupSpec",
     "DuplicateJobTypeError",
     "FailedAttempt",

@@ -134,7 +134,7 @@ def check_dedup_key(value: Any, *, where: str = "") -> str:
             "dedup",
             value,
             f"a non-empty string of at most {MAX_DEDUP_KEY_BYTES} bytes in UTF-8, without "
-            "NUL characters or lone surrogates (or a DedupSpec)",
+            "NUL characters or lone surrogates (or a DedupSpec, or a Debounce)",
             where,
         )
     return value

@@ -192,6 +192,20 @@ class Job(Generic[T]):
     # The key its type's flow limits count it by (``start_chain(limit_key=...)``),
     # kept by the chain's continuations unless one gives its own; ``None``: no key.
     limit_key: str | None = None
+    # A debounced chain's first job (``start_chain(dedup=Debounce(...))``): the latest
+    # its start may be pushed to, its first enqueue plus ``max_wait``. ``None`` for any
+    # other job. Kept once the job has started.
+    debounce_deadline: datetime | None = None
+
+    @property
+    def debouncing(self) -> bool:
+        """Whether another enqueue of its key may still merge into this job: a debounced
+        chain's first job that is pending and has never started."""
+        return (
+            self.debounce_deadline is not None
+            and self.status is JobStatus.PENDING
+            and self.started_at is None
+        )
 
     @property
     def is_chain_root(self) -> bool:

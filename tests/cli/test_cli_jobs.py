@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from tests.cli._cli_seed import Seeded, seed
+from psycopg_pool import AsyncConnectionPool
+from tests.cli._cli_seed import Mail, Seeded, digest, seed
+from tests.cli._cli_seed import registry as seed_registry
 from tests.cli._run import run
 
+from pgwork import Client, Debounce, PostgresStateAdapter, create_client
 from pgwork.cli import EXIT_ERROR
 
 JOB_KEYS = {
@@ -41,6 +45,7 @@ JOB_KEYS = {
     "dedup_key",
     "context",
     "limit_key",
+    "debounce_deadline",
 }
 
 
@@ -365,6 +370,44 @@ def test_chains_show_json(runner: CliRunner, pgwork_dsn: str, seeded: Seeded) ->
     )
     assert [job["id"] for job in chain["jobs"]] == [str(seeded.fetch_chain), str(seeded.parse_job)]
     assert all(set(job) == JOB_KEYS for job in chain["jobs"])
+
+
+def test_chains_show_and_jobs_show_give_a_debounced_jobs_next_start_and_deadline(
+    runner: CliRunner, pgwork_dsn: str
+) -> None:
+    client = create_client(
+        state_adapter=PostgresStateAdapter(AsyncConnectionPool(pgwork_dsn, open=False)),
+        registry=seed_registry,
+    )
+    spec = Debounce("digest-ada", delay=timedelta(minutes=5), max_wait=timedelta(hours=1))
+    with psycopg.connect(pgwork_dsn) as conn:
+        started = client.start_chain_sync(conn, digest, Mail(to="ada@example.com"), dedup=spec)
+        conn.commit()
+        client.start_chain_sync(conn, digest, Mail(to="ada@example.org"), dedup=spec)
+        conn.commit()
+    job = run_json(runner, pgwork_dsn, "jobs", "show", str(started.job_id))
+    assert job["debounce_deadline"] is not None
+    line = re.compile(
+        rf"debounced +next start {re.escape(job['scheduled_at'])} \(in \d+m \d+s\), "
+        rf"deadline {re.escape(job['debounce_deadline'])} \(in \d+m \d+s\)$"
+    )
+
+    for command in ("chains", "jobs"):
+        result = run(runner, pgwork_dsn, command, "show", str(started.id))
+        assert result.exit_code == 0, result.output
+        [shown] = [row for row in result.stdout.splitlines() if row.startswith("debounced")]
+        assert line.match(shown.rstrip()), shown
+
+    # A job that is not debounced has no such line.
+    plain = run(runner, pgwork_dsn, "jobs", "show", str(_plain_job(client, pgwork_dsn)))
+    assert "debounced" not in plain.stdout
+
+
+def _plain_job(client: Client, dsn: str) -> UUID:
+    with psycopg.connect(dsn) as conn:
+        started = client.start_chain_sync(conn, digest, Mail(to="bob@example.com"))
+        conn.commit()
+    return started.job_id
 
 
 # --- ids -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from tests.dashboard._support import (
     waits,
 )
 
-from pgwork import ChainStart, Client, DedupSpec
+from pgwork import ChainStart, Client, Debounce, DedupSpec
 from pgwork._ids import new_ids
 from pgwork.dashboard._format import short_id
 
@@ -154,6 +154,31 @@ async def test_job_page_shows_the_limit_key(
 
     assert '<dd data-testid="limit-key">tenant &lt;42&gt;</dd>' in keyed_page
     assert '<dd data-testid="limit-key">—</dd>' in plain_page
+
+
+async def test_chain_and_job_pages_give_a_debounced_jobs_next_start_and_deadline(
+    client: Client, pgwork_dsn: str, http: httpx.AsyncClient
+) -> None:
+    spec = Debounce("digest <7>", delay=timedelta(minutes=5), max_wait=timedelta(hours=1))
+    first = await start(client, pgwork_dsn, mail, "one", dedup=spec)
+    again = await start(client, pgwork_dsn, mail, "two", dedup=spec)
+    plain = await start(client, pgwork_dsn, mail, "plain")
+    assert again.debounced
+    assert again.id == first.id
+    job = await client.get_job(first.job_id)
+    assert job.debounce_deadline is not None
+    shown = re.compile(
+        rf"next start {job.scheduled_at:%Y-%m-%d %H:%M:%S} UTC \(in \dm\), "
+        rf"deadline {job.debounce_deadline:%Y-%m-%d %H:%M:%S} UTC \(in \d+m\)"
+    )
+
+    for path in (f"/chains/{first.id}", f"/jobs/{first.id}"):
+        page = (await http.get(path)).text
+        [debounced] = re.findall(r'<dd data-testid="debounced">(.*?)</dd>', page)
+        assert shown.fullmatch(debounced), debounced
+        assert "digest &lt;7&gt;" in page
+    assert 'data-testid="debounced"' not in (await http.get(f"/chains/{plain.id}")).text
+    assert 'data-testid="debounced"' not in (await http.get(f"/jobs/{plain.id}")).text
 
 
 async def test_job_page_shows_each_failed_attempt_newest_first(

@@ -26,6 +26,7 @@ EXPECTED = {
     "DatabaseError",
     "DatabaseTimeoutError",
     "DatabaseUnreachableError",
+    "Debounce",
     "DedupSpec",
     "DuplicateJobTypeError",
     "FailedAttempt",

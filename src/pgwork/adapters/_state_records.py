@@ -14,7 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
-from pgwork.errors import ConfigurationError, InvalidDedupWindowError
+from pgwork._limits import check_dedup_key, check_delay
+from pgwork.errors import ConfigurationError, InvalidDedupWindowError, InvalidOptionError
 from pgwork.records import AttemptError, ChainStatus, Job, JobStatus
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "ChainRef",
     "Completion",
     "CompletionResult",
+    "Debounce",
     "DedupSpec",
     "Failure",
     "InsertedJob",
@@ -71,6 +73,54 @@ class DedupSpec:
             raise ConfigurationError(f"dedup key must be a non-empty string, got {self.key!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Debounce:
+    """Trailing-edge debounce: one run after a burst of enqueues of one key settles.
+
+    The first enqueue of ``key`` (per chain type) starts a chain whose first job is due
+    ``delay`` later. Each enqueue of the key while that job is still pending and has
+    never started merges into it instead of starting a chain: the job takes the new
+    input (``keep="last"``) or keeps its own (``keep="first"``), and its start moves to
+    ``delay`` after the new enqueue, never earlier than it was and never later than
+    ``max_wait`` after the first enqueue (the job's ``debounce_deadline``). Once the job
+    has started, the next enqueue starts a new chain: a change made after the start
+    runs again.
+
+    ``delay``: longer than zero; ``max_wait``: at least ``delay``, required so that a
+    steady stream of enqueues cannot hold the job back for ever. Every field is checked
+    here, before any statement runs (``InvalidOptionError``).
+    """
+
+    key: str
+    delay: timedelta
+    max_wait: timedelta
+    keep: Literal["last", "first"] = "last"
+
+    def __post_init__(self) -> None:
+        check_dedup_key(self.key, where="Debounce")
+        if not isinstance(self.delay, timedelta) or self.delay <= timedelta(0):
+            raise InvalidOptionError(
+                "delay", self.delay, "a timedelta longer than zero", f"Debounce({self.key!r})"
+            )
+        check_delay("delay", self.delay, where=f"Debounce({self.key!r})")
+        if not isinstance(self.max_wait, timedelta) or self.max_wait < self.delay:
+            raise InvalidOptionError(
+                "max_wait",
+                self.max_wait,
+                f"a timedelta at least as long as the delay ({self.delay}): the longest "
+                "the first enqueue waits for its job to start",
+                f"Debounce({self.key!r})",
+            )
+        check_delay("max_wait", self.max_wait, where=f"Debounce({self.key!r})")
+        if self.keep not in ("last", "first"):
+            raise InvalidOptionError(
+                "keep",
+                self.keep,
+                "'last' (a merge replaces the pending job's input) or 'first' (keeps it)",
+                f"Debounce({self.key!r})",
+            )
+
+
 @dataclass(slots=True)
 class NewJob:
     """A job to insert. ``input_json`` is already validated, encoded JSON text.
@@ -98,7 +148,9 @@ class NewJob:
     max_attempts: int
     run_at: datetime | None = None
     run_after: timedelta | None = None
-    dedup: DedupSpec | None = None
+    # A ``Debounce`` goes to ``Debouncing.debounce_jobs`` only (never to ``insert_jobs``),
+    # and its job has no schedule (its delay is one) and no blockers.
+    dedup: DedupSpec | Debounce | None = None
     trace_context: Mapping[str, str] | None = None
     # Chains this job waits for (chain roots only), and what their failure does to it.
     blockers: tuple[UUID, ...] = ()
@@ -120,13 +172,16 @@ class InsertedJob:
     for the same reason as ``NewJob``.
 
     When deduplicated, ``job_id``/``chain_id`` are the existing chain's and nothing new
-    was written.
+    was written. ``debounced`` (``Debouncing.debounce_jobs``): the job was merged into
+    the existing pending job of its debounce key, which took its input (or kept its
+    own) and its later start; ``deduplicated`` is then true too (no chain was started).
     """
 
     job_id: UUID
     chain_id: UUID
     status: JobStatus
     deduplicated: bool
+    debounced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ The contract is cut two ways (docs/design/storage-contract.md):
   ``WorkerRegistry`` (register, heartbeat, find dead workers);
 - **the capabilities**, each an optimisation or an optional feature a store may offer:
   ``BatchedTurns``, ``FlowControl``, ``LimitControl``, ``DueTimes``, ``AtomicAttempts``,
-  ``AtomicGroupCommit``, ``InLineRenewal``, ``ChainBlockers``, ``OperatorViews``,
-  ``Maintenance``.
+  ``AtomicGroupCommit``, ``InLineRenewal``, ``ChainBlockers``, ``Debouncing``,
+  ``OperatorViews``, ``Maintenance``.
 
 The roles, whole (``WorkerStore``, ``ReadStore``, ``ControlStore``), are each core part
 with the capabilities it draws on, so that code needing one role is typed against that
@@ -51,6 +51,7 @@ from pgwork.adapters._state_records import (
     ChainRef,
     Completion,
     CompletionResult,
+    Debounce,
     DedupSpec,
     Failure,
     InsertedJob,
@@ -101,6 +102,8 @@ __all__ = [
     "ControlCore",
     "ControlStore",
     "CoreStateAdapter",
+    "Debounce",
+    "Debouncing",
     "DedupSpec",
     "DueTimes",
     "EnqueueStore",
@@ -753,6 +756,41 @@ class ChainBlockers(Protocol):
 
 
 @runtime_checkable
+class Debouncing(Protocol):
+    """Debounced enqueues (``start_chain(dedup=Debounce(...))``): a burst of enqueues of
+    one key becomes one job, which runs once the burst settles."""
+
+    async def debounce_jobs(
+        self,
+        tx: TransactionHandle,
+        *,
+        jobs: Sequence[NewJob],
+        notify: NotifyAdapter | None = None,
+    ) -> list[InsertedJob]:
+        """Insert each of ``jobs`` (each a new chain's first job whose ``dedup`` is a
+        ``Debounce``, with no schedule and no blockers) in ``tx``, or merge it into the
+        pending job of its chain type and key that a debounced enqueue started and that
+        has never started; the results come in ``jobs``' order.
+
+        A new job is due ``delay`` after now and records its deadline, now plus
+        ``max_wait`` (``Job.debounce_deadline``). A merge changes that job alone: its
+        input becomes the new one under ``keep="last"`` (stays under ``"first"``), and
+        it is due at the later of when it was due and now plus ``delay``, at most its
+        deadline; the result names it, ``deduplicated`` and ``debounced``. Jobs of one
+        key within ``jobs`` merge in order, the first inserting or merging.
+
+        Race-safe at every isolation level: of concurrent enqueues of one key, one
+        inserts and each other merges, in turn, after the previous has committed; a
+        transaction whose snapshot cannot see that commit (REPEATABLE READ,
+        SERIALIZABLE) fails with a serialization failure and nothing of it is written,
+        never a second job. A job that starts (is acquired) meanwhile is not merged
+        into: the enqueue then inserts. ``notify``: as for ``insert_jobs``, a ``ready``
+        notice with the due time of each queue that got a new job.
+        """
+        ...
+
+
+@runtime_checkable
 class OperatorViews(Protocol):
     """An operator's bounded views: counts, blocked jobs, recent activity, chain links,
     the work views and the job history (the CLI's read commands, the dashboard)."""
@@ -946,6 +984,8 @@ class ControlStore(ControlCore, LimitControl, Maintenance, Protocol):
 
 
 @runtime_checkable
-class StateAdapter(EnqueueStore, WorkerStore, ReadStore, ControlStore, WorkerRegistry, Protocol):
+class StateAdapter(
+    EnqueueStore, Debouncing, WorkerStore, ReadStore, ControlStore, WorkerRegistry, Protocol
+):
     """Every role over one store: what ``Client`` and ``InProcessWorker`` are given.
     Implementations must pass ``pgwork.testing.conformance`` unchanged."""

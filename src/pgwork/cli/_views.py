@@ -99,6 +99,7 @@ def job_json(job: Job[Any]) -> dict[str, Any]:
         "dedup_key": job.dedup_key,
         "context": job.context,
         "limit_key": job.limit_key,
+        "debounce_deadline": _iso(job.debounce_deadline),
         "attempt_history": [
             {
                 "attempt": a.attempt,
@@ -339,6 +340,26 @@ def _when(value: datetime | None, now: datetime) -> str:
     return f"{value.isoformat()} ({_ago(value, now)})" if value is not None else "-"
 
 
+def _due(at: datetime, now: datetime) -> str:
+    """``at`` and how far it is from now: "in 3m 12s" ahead, "42s ago" behind."""
+    return f"{at.isoformat()} ({'in ' + age(at - now) if at > now else _ago(at, now)})"
+
+
+def _debounced(job: Job[Any] | None, now: datetime) -> list[tuple[str, str | Text]]:
+    """The row a debounced chain's first job adds to a view: while a later enqueue of
+    its key may still merge into it (pending, never started), when it starts next and
+    the deadline no merge pushes it past; once it has started, the deadline it had.
+    No row for any other job."""
+    deadline = job.debounce_deadline if job is not None else None
+    if job is None or deadline is None:
+        return []
+    if job.debouncing:
+        line = f"next start {_due(job.scheduled_at, now)}, deadline {_due(deadline, now)}"
+    else:
+        line = f"no longer (started or ended); its deadline was {deadline.isoformat()}"
+    return [("debounced", line)]
+
+
 def job_view(job: Job[Any], now: datetime) -> RenderableType:
     scheduled = job.scheduled_at
     due = "in " + age(scheduled - now) if scheduled > now else _ago(scheduled, now)
@@ -359,6 +380,7 @@ def job_view(job: Job[Any], now: datetime) -> RenderableType:
         ("last attempt", _when(job.last_attempt_at, now)),
         ("lease", lease),
         ("dedup key", job.dedup_key or "-"),
+        *_debounced(job, now),
         ("limit key", job.limit_key or "-"),
         ("context", _json_text(job.context) if job.context else "-"),
         ("input", _json_text(job.input)),
@@ -405,6 +427,7 @@ def chain_view(
         ("created", _when(chain.created_at, now)),
         (_ended(chain.status.value, chain.status != "active"), _when(chain.completed_at, now)),
         ("dedup key", chain.dedup_key or "-"),
+        *_debounced(next((job for job in jobs if job.is_chain_root), None), now),
         ("input", _json_text(chain.input)),
         ("output", _json_text(chain.output) if chain.output is not None else "-"),
     ]

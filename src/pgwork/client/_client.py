@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from pgwork._continuations import Schedule, split_schedule
@@ -29,7 +29,14 @@ from pgwork._limits import (
 from pgwork.adapters.capabilities import Capabilities
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.notify import NotifyAdapter
-from pgwork.adapters.state import CoreStateAdapter, DedupSpec, NewJob, TransactionHandle
+from pgwork.adapters.state import (
+    CoreStateAdapter,
+    Debounce,
+    DedupSpec,
+    InsertedJob,
+    NewJob,
+    TransactionHandle,
+)
 from pgwork.client._control import ControlMixin
 from pgwork.client._history import HistoryMixin
 from pgwork.client._insight import InsightMixin
@@ -41,6 +48,7 @@ from pgwork.client._work import WorkMixin
 from pgwork.errors import (
     ChainNotFoundError,
     ConfigurationError,
+    InvalidOptionError,
     JobNotFoundError,
     PayloadError,
 )
@@ -101,7 +109,7 @@ class Client(
         input: I,
         *,
         schedule: Schedule = None,
-        dedup: str | DedupSpec | None = None,
+        dedup: str | DedupSpec | Debounce | None = None,
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -116,7 +124,11 @@ class Client(
         its transaction is begun if it was not). Nothing is committed here: the job exists
         once, and only if, the caller commits. ``schedule``: a timezone-aware datetime
         or a delay. ``dedup``: a key (or ``DedupSpec``) — if a matching chain exists it
-        is returned with ``deduplicated=True`` and nothing is inserted. ``blockers``:
+        is returned with ``deduplicated=True`` and nothing is inserted; or a
+        ``Debounce``, which merges this enqueue into its key's pending debounced job
+        (``debounced=True``: that job took this input, or kept its own, and starts
+        later) or starts one due after its delay (no ``schedule``, no ``blockers``;
+        docs/enqueue.md, "Debounce"). ``blockers``:
         chains that must complete first; the job waits ``blocked`` until they do (and its
         type's ``blocker_failure`` decides what a failed or cancelled blocker does).
         ``context``: a small ``{str: str}`` map (a request id, a tenant; at most 4 KiB
@@ -181,13 +193,17 @@ class Client(
             for item in items
         ]
         with self._events.trace_enqueue(names) as trace:
-            new_jobs: Iterable[NewJob] = self._new_chains(items, trace)
+            new_jobs: Iterable[NewJob]
+            new_jobs, debounced = self._new_chains(items, trace)
             # Asked once per batch: the default observer declines this event.
             wanted = self._events.wants(JOB_ENQUEUED) if self._events else False
-            if wanted:
+            if wanted or debounced:
                 new_jobs = list(new_jobs)
             handle = await adopt(tx)
-            inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
+            if debounced:
+                inserted = await self._insert_debounced(handle, cast("list[NewJob]", new_jobs))
+            else:
+                inserted = await self.state.insert_jobs(handle, jobs=new_jobs, notify=self.notify)
             for job, result in zip(new_jobs, inserted, strict=True) if wanted else ():
                 self._events.emit(
                     JOB_ENQUEUED,
@@ -196,16 +212,37 @@ class Client(
                     job_type=job.type_name,
                     queue=job.queue,
                     deduplicated=result.deduplicated,
-                    scheduled=job.run_at is not None or job.run_after is not None,
+                    scheduled=job.run_at is not None
+                    or job.run_after is not None
+                    or isinstance(job.dedup, Debounce),
                 )
         # Positional: by keyword each StartedChain cost a third more
         # (python -m bench.cpu --only enqueue).
         return [
             StartedChain(
-                result.chain_id, result.job_id, item.job_type, result.deduplicated, result.status
+                result.chain_id,
+                result.job_id,
+                item.job_type,
+                result.deduplicated,
+                result.status,
+                result.debounced,
             )
             for item, result in zip(items, inserted, strict=True)
         ]
+
+    async def _insert_debounced(
+        self, handle: TransactionHandle, jobs: list[NewJob]
+    ) -> list[InsertedJob]:
+        """A batch with debounced jobs: those go to the store's ``debounce_jobs``, the
+        others to ``insert_jobs``, in the one transaction; results in ``jobs``' order."""
+        debouncing = self.capabilities.require_debouncing("start_chain(dedup=Debounce(...))")
+        debounced = [job for job in jobs if isinstance(job.dedup, Debounce)]
+        others = [job for job in jobs if not isinstance(job.dedup, Debounce)]
+        inserted = iter(
+            await self.state.insert_jobs(handle, jobs=others, notify=self.notify) if others else ()
+        )
+        merged = iter(await debouncing.debounce_jobs(handle, jobs=debounced, notify=self.notify))
+        return [next(merged) if isinstance(j.dedup, Debounce) else next(inserted) for j in jobs]
 
     async def _start_plain(
         self,
@@ -280,9 +317,10 @@ class Client(
 
     def _new_chains(
         self, items: Sequence[ChainStart[Any]], trace: Mapping[str, str] | None
-    ) -> Iterator[NewJob]:
+    ) -> tuple[Iterator[NewJob], bool]:
         """Validate and encode every item now, before any statement runs; return the
-        jobs as an iterator that builds them as the adapter takes them.
+        jobs as an iterator that builds them as the adapter takes them, and whether
+        any of them is debounced.
 
         Everything that can fail happens here, so bad input leaves the caller's
         transaction untouched. Building the jobs cannot fail, so it is left to the
@@ -295,7 +333,8 @@ class Client(
         resolved: list[JobType[Any, Any]] = []
         inputs: list[str] = []
         schedules: list[_Schedule] = []
-        dedups: list[DedupSpec | None] = []
+        dedups: list[DedupSpec | Debounce | None] = []
+        debounced = False
         for item in items:
             job_type = types.get(id(item.job_type))
             if job_type is None:
@@ -306,7 +345,16 @@ class Client(
             schedule = item.schedule
             schedules.append(_NOW if schedule is None else split_schedule(schedule))
             dedup = item.dedup
-            dedups.append(None if dedup is None else _dedup_spec(dedup))
+            if dedup is None:
+                dedups.append(None)
+            else:
+                spec = _dedup_spec(dedup)
+                dedups.append(spec)
+                if type(spec) is Debounce:
+                    _check_debounced(item, spec)
+                    if not debounced:
+                        self.capabilities.require_debouncing("start_chain(dedup=Debounce(...))")
+                        debounced = True
             if (
                 item.queue is not None
                 or item.priority is not None
@@ -319,7 +367,7 @@ class Client(
                 if item.blockers:
                     self.capabilities.require_blockers("starting a chain with blockers")
         checked = zip(resolved, inputs, schedules, dedups, strict=True)
-        return _build_jobs(items, checked, new_ids(len(items)), trace)
+        return _build_jobs(items, checked, new_ids(len(items)), trace), debounced
 
     # --- reads -------------------------------------------------------------------------
 
@@ -370,7 +418,7 @@ class Client(
 
 def _build_jobs(
     items: Sequence[ChainStart[Any]],
-    checked: Iterable[tuple[JobType[Any, Any], str, _Schedule, DedupSpec | None]],
+    checked: Iterable[tuple[JobType[Any, Any], str, _Schedule, DedupSpec | Debounce | None]],
     ids: Sequence[UUID],
     trace: Mapping[str, str] | None,
 ) -> Iterator[NewJob]:
@@ -426,9 +474,25 @@ def _check_options(item: ChainStart[Any]) -> None:
             )
 
 
-def _dedup_spec(dedup: str | DedupSpec | None) -> DedupSpec | None:
+def _check_debounced(item: ChainStart[Any], spec: Debounce) -> None:
+    """A debounced chain's start is its delay's, and it waits for nothing else: a merge
+    could not tell which schedule or which blockers to keep."""
+    where = f"a chain debounced on {spec.key!r}"
+    if item.schedule is not None:
+        raise InvalidOptionError(
+            "schedule", item.schedule, "None (the Debounce's delay sets the start)", where
+        )
+    if item.blockers:
+        raise InvalidOptionError(
+            "blockers", item.blockers, "empty (a debounced chain cannot wait for others)", where
+        )
+
+
+def _dedup_spec(dedup: str | DedupSpec | Debounce | None) -> DedupSpec | Debounce | None:
     if dedup is None:
         return None
+    if isinstance(dedup, Debounce):
+        return dedup  # checked whole when it was made
     if isinstance(dedup, str):
         dedup = DedupSpec(dedup)
     elif not isinstance(dedup, DedupSpec):

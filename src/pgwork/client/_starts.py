@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 from pgwork._continuations import Schedule
-from pgwork.adapters.state import DedupSpec
+from pgwork.adapters.state import Debounce, DedupSpec
 from pgwork.job_types import JobType
 from pgwork.records import JobStatus
 
@@ -29,7 +29,7 @@ class ChainStart(Generic[I]):
     job_type: JobType[I, Any]
     input: I
     schedule: Schedule
-    dedup: str | DedupSpec | None
+    dedup: str | DedupSpec | Debounce | None
     queue: str | None
     priority: int | None
     max_attempts: int | None
@@ -43,7 +43,7 @@ class ChainStart(Generic[I]):
         input: I,
         *,
         schedule: Schedule = None,
-        dedup: str | DedupSpec | None = None,
+        dedup: str | DedupSpec | Debounce | None = None,
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -72,10 +72,15 @@ class ChainStart(Generic[I]):
 @dataclass(frozen=True, slots=True)
 class StartedChain(Generic[I, O]):
     """What ``start_chain`` did: the chain's id (= its first job's id), and whether an
-    existing chain was returned instead of a new one (deduplication)."""
+    existing chain was returned instead of a new one (deduplication).
+
+    ``debounced``: the enqueue (``dedup=Debounce(...)``) was merged into the existing
+    pending job of its key, named by ``id`` / ``job_id``, which took its input (or kept
+    its own) and a later start; ``deduplicated`` is then true as well."""
 
     id: UUID
     job_id: UUID
     job_type: JobType[I, O]
     deduplicated: bool
     status: JobStatus
+    debounced: bool = False

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from pgwork._continuations import Schedule
-from pgwork.adapters.state import DedupSpec, SyncAdopter, TransactionHandle
+from pgwork.adapters.state import Debounce, DedupSpec, SyncAdopter, TransactionHandle
 from pgwork.client._starts import ChainStart, StartedChain
 from pgwork.errors import ConfigurationError, JobNotFoundError
 from pgwork.job_types import JobType
@@ -68,7 +68,7 @@ class SyncEnqueueMixin:
         input: I,
         *,
         schedule: Schedule = None,
-        dedup: str | DedupSpec | None = None,
+        dedup: str | DedupSpec | Debounce | None = None,
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,

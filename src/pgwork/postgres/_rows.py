@@ -20,7 +20,7 @@ from pgwork.records import (
     history_from_json,
 )
 
-JOB_WIDTH = 24  # columns in sql.fragments._JOB_COLUMNS
+JOB_WIDTH = 25  # columns in sql.fragments._JOB_COLUMNS
 
 
 def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
@@ -50,6 +50,7 @@ def job_from_row(row: Sequence[Any], offset: int = 0) -> Job[Any]:
         context=r[21],
         attempt_history=history_from_json(parse_stored_json(r[22])),
         limit_key=r[23],
+        debounce_deadline=r[24],
     )
 
 

@@ -16,12 +16,13 @@ import psycopg
 
 from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
 from pgwork.adapters.state import (
+    DedupSpec,
     InsertedJob,
     NewJob,
     Resolution,
     TransactionHandle,
 )
-from pgwork.errors import IsolationLevelError
+from pgwork.errors import ConfigurationError, IsolationLevelError
 from pgwork.postgres._callers import DbConn, can_copy, kept_cursor
 from pgwork.postgres._chains import ChainOps
 from pgwork.postgres._encoding import check_encodable, narrow_encoding
@@ -210,12 +211,16 @@ class EnqueueOps(ChainOps, QueryOps):
         a concurrent enqueue of the same key waits and then sees this one. Only a READ
         COMMITTED transaction can see it then: at a higher level, IsolationLevelError
         before anything is written."""
-        indexed = [(i, job) for i, job in enumerate(jobs) if job.dedup]
-        keys = [
-            f"{self.schema}\x1f{job.chain_type_name}\x1f{job.dedup.key}"
-            for _, job in indexed
-            if job.dedup
-        ]
+        indexed: list[tuple[int, NewJob, DedupSpec]] = []
+        for i, job in enumerate(jobs):
+            if isinstance(job.dedup, DedupSpec):
+                indexed.append((i, job, job.dedup))
+            elif job.dedup is not None:
+                raise ConfigurationError(
+                    f"insert_jobs cannot debounce (job {job.id}, {job.dedup!r}): "
+                    "a Debounce job goes to debounce_jobs"
+                )
+        keys = [f"{self.schema}\x1f{job.chain_type_name}\x1f{spec.key}" for _, job, spec in indexed]
         locked = await self._fetch(conn, self.statements.enqueue.lock_dedup_keys, {"keys": keys})
         if locked[0][0] not in _READ_COMMITTED:
             raise IsolationLevelError(locked[0][0])
@@ -223,20 +228,18 @@ class EnqueueOps(ChainOps, QueryOps):
             conn,
             self.statements.enqueue.find_dedup_matches,
             {
-                "chain_type_names": [job.chain_type_name for _, job in indexed],
-                "keys": [job.dedup.key for _, job in indexed if job.dedup],
-                "scopes": [job.dedup.scope for _, job in indexed if job.dedup],
+                "chain_type_names": [job.chain_type_name for _, job, _ in indexed],
+                "keys": [spec.key for _, _, spec in indexed],
+                "scopes": [spec.scope for _, _, spec in indexed],
                 "windows": [
-                    job.dedup.window.total_seconds() if job.dedup and job.dedup.window else None
-                    for _, job in indexed
+                    spec.window.total_seconds() if spec.window else None for _, _, spec in indexed
                 ],
             },
         )
         matches = {int(ordinal) - 1: (chain_id, status) for ordinal, chain_id, status in rows}
         first_in_batch: dict[tuple[str, str], InsertedJob] = {}
-        for position, (i, job) in enumerate(indexed):
-            assert job.dedup is not None
-            key = (job.chain_type_name, job.dedup.key)
+        for position, (i, job, spec) in enumerate(indexed):
+            key = (job.chain_type_name, spec.key)
             if position in matches:
                 chain_id, status = matches[position]
                 results[i] = InsertedJob(chain_id, chain_id, JobStatus(status), deduplicated=True)

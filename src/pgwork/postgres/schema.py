@@ -7,9 +7,10 @@ database migrated to head, so this file, the migrations and the SQL cannot drift
 Design notes (why the columns are what they are):
 
 * A *chain* is its first job: ``jobs.id == jobs.chain_id`` marks the chain's root row.
-  Chain-level state (``chain_status``, ``chain_completed_at``, ``dedup_key``) lives only
-  on that row, so a one-job chain — the common case — costs one row and one write per
-  state change, and chains can still be listed and filtered through a partial index.
+  Chain-level state (``chain_status``, ``chain_completed_at``, ``dedup_key``,
+  ``debounce_deadline``) lives only on that row, so a one-job chain — the common case —
+  costs one row and one write per state change, and chains can still be listed and
+  filtered through a partial index.
 * ``lease_token`` fences every write made while a job runs: it is replaced on each
   acquisition, so a worker that lost its lease (paused, partitioned, reaped) matches no
   row. ``attempt`` counts attempts and is not reused for fencing because a graceful
@@ -108,6 +109,10 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # key; NULL for a type without limits, which keeps it out of the two indexes
         # below (migration 0011).
         sa.Column("limit_group", sa.Text, nullable=True),
+        # A debounced chain's root (``Debounce``): its first enqueue plus ``max_wait``,
+        # the latest a merge may push its start to; NULL on every other row, so the
+        # index below holds debounced roots only (migration 0014).
+        sa.Column("debounce_deadline", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -156,6 +161,20 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "chain_type_name",
             "dedup_key",
             postgresql_where=sa.text("dedup_key IS NOT NULL"),
+        ),
+        # At most one debounced root per (chain type, key) that a merge may still change:
+        # pending and never started. The enqueue's ``ON CONFLICT`` arbiter, so that
+        # concurrent enqueues of a key merge instead of starting two chains, at any
+        # isolation level. A job leaves it as it starts (a retry's pending again but has
+        # ``started_at``), and every other row has no entry (migration 0014).
+        sa.Index(
+            "jobs_debounce_idx",
+            "chain_type_name",
+            "dedup_key",
+            unique=True,
+            postgresql_where=sa.text(
+                "debounce_deadline IS NOT NULL AND status = 'pending' AND started_at IS NULL"
+            ),
         ),
         # Failed / blocked jobs are few and listed often.
         sa.Index(

@@ -16,6 +16,7 @@ subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``
 ``QueryOps``):
 
 - ``_state_enqueue.EnqueueOps``: ``EnqueueStore`` (``insert_jobs``);
+- ``_debounce.DebounceOps``: ``Debouncing`` (``debounce_jobs``);
 - ``_state_worker.WorkerOps`` and ``_state_complete.CompletionOps``: ``WorkerStore``
   (acquire, renew, fail, release, reap; complete), with ``_chains.ChainOps`` settling
   chains that wait on chains;
@@ -42,6 +43,7 @@ from pgwork.adapters.state import TransactionHandle
 from pgwork.errors import ConfigurationError
 from pgwork.postgres._base import PSYCOPG_PREPARE_THRESHOLD
 from pgwork.postgres._chains import ChainOps
+from pgwork.postgres._debounce import DebounceOps
 from pgwork.postgres._history import HistoryOps
 from pgwork.postgres._insight import InsightOps
 from pgwork.postgres._limit_control import LimitControlOps
@@ -70,6 +72,7 @@ class PostgresStateAdapter(
     WorkerOps,
     CompletionOps,
     EnqueueOps,
+    DebounceOps,
     ChainOps,
     QueryOps,
     InsightOps,

@@ -1,5 +1,5 @@
 """SQL of the enqueue: insert jobs (batched, single, copied), announce ready queues,
-find deduplicated matches.
+find deduplicated matches, insert or merge debounced jobs.
 
 Batch statements take arrays and ``unnest`` them, so the parameter count is fixed
 whatever the batch size.
@@ -7,6 +7,7 @@ whatever the batch size.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["EnqueueStatements"]
@@ -214,6 +215,59 @@ CROSS JOIN LATERAL (
 """
 
 
+# Debounced enqueues (``Debounce``): each row inserts a new chain's first job, due
+# ``delay`` from now with its deadline ``max_wait`` from now, or, when its (chain type,
+# key) already has a debounced root that is pending and has never started, merges into
+# that one instead. ``jobs_debounce_idx`` (unique over exactly those roots) is the
+# arbiter: of concurrent enqueues of one key, one inserts and the others wait for it,
+# then merge in turn, each after the previous committed. At READ COMMITTED a merge
+# sees (and changes) the latest committed row; at REPEATABLE READ or SERIALIZABLE a
+# row its snapshot cannot see, or that changed since, makes PostgreSQL raise a
+# serialization failure instead: never a second job. A root that starts meanwhile (a
+# worker's acquire commits while the enqueue waits) leaves the index, and the
+# enqueue inserts a new chain. A merge moves the start to now + delay, never earlier
+# than it was, never past the deadline; the proposed row's ``scheduled_at`` is now +
+# delay (``max_wait`` is at least ``delay``). Rows come one per key, sorted by the
+# caller, so two batches take their keys in the same order and cannot deadlock.
+# ``"last"`` replaces the input; ``"first"`` keeps it. The caller tells an insert from
+# a merge by the id returned: a merge returns the existing job's.
+_DEBOUNCE_JOBS = """
+INSERT INTO {{jobs}} AS j (
+    id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
+    priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
+    context, limit_key, limit_group, debounce_deadline
+)
+SELECT
+    n.id, n.type_name, n.id, n.chain_type_name, 0, n.input::jsonb, 'pending', n.queue,
+    n.priority, n.max_attempts, now() + LEAST(n.delay_s, n.max_wait_s) * interval '1 second',
+    'active', n.key, n.trace_context::jsonb, n.context::jsonb, n.limit_key, n.limit_group,
+    now() + n.max_wait_s * interval '1 second'
+FROM unnest(
+    %(ids)s::uuid[], %(type_names)s::text[], %(chain_type_names)s::text[],
+    %(inputs)s::text[], %(queues)s::text[], %(priorities)s::smallint[],
+    %(max_attempts)s::int[], %(delays)s::float8[], %(max_waits)s::float8[],
+    %(keys)s::text[], %(trace_contexts)s::text[], %(contexts)s::text[],
+    %(limit_keys)s::text[], %(limit_groups)s::text[]
+) WITH ORDINALITY AS n(
+    id, type_name, chain_type_name, input, queue, priority, max_attempts, delay_s,
+    max_wait_s, key, trace_context, context, limit_key, limit_group, ord
+)
+ORDER BY n.ord
+ON CONFLICT (chain_type_name, dedup_key)
+    WHERE debounce_deadline IS NOT NULL AND status = 'pending' AND started_at IS NULL
+DO UPDATE SET
+    {input}scheduled_at = GREATEST(
+        j.scheduled_at, LEAST(EXCLUDED.scheduled_at, j.debounce_deadline)
+    )
+RETURNING j.id, j.chain_type_name, j.dedup_key
+"""
+
+DEBOUNCE_JOBS = {
+    "last": _DEBOUNCE_JOBS.format(input="input = EXCLUDED.input, "),
+    "first": _DEBOUNCE_JOBS.format(input=""),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueStatements:
     insert_jobs: bytes
@@ -225,3 +279,5 @@ class EnqueueStatements:
     notify_ready: bytes
     lock_dedup_keys: bytes
     find_dedup_matches: bytes
+    # By ``Debounce.keep``: "last" or "first".
+    debounce_jobs: Mapping[str, bytes]

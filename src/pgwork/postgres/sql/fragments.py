@@ -19,7 +19,7 @@ _JOB_COLUMNS = """
     {alias}.started_at, {alias}.completed_at, {alias}.attempt, {alias}.max_attempts,
     {alias}.last_attempt_error, {alias}.last_attempt_at, {alias}.leased_by,
     {alias}.leased_until, {alias}.dedup_key, {alias}.context, {alias}.attempt_history::text,
-    {alias}.limit_key
+    {alias}.limit_key, {alias}.debounce_deadline
 """
 
 

@@ -45,6 +45,7 @@ pytest.register_assert_rewrite(
             "_state_blockers",
             "_state_complete",
             "_state_control",
+            "_state_debounce",
             "_state_dedup",
             "_state_deletion",
             "_state_enqueue",

@@ -7,6 +7,7 @@ from pgwork.testing.conformance._state_atomic_group import AtomicGroupConformanc
 from pgwork.testing.conformance._state_blockers import BlockerConformance
 from pgwork.testing.conformance._state_complete import CompleteConformance, FailConformance
 from pgwork.testing.conformance._state_control import ControlConformance
+from pgwork.testing.conformance._state_debounce import DebounceConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
@@ -41,6 +42,7 @@ class StateAdapterConformance(
     AtomicConformance,
     AtomicGroupConformance,
     DedupConformance,
+    DebounceConformance,
     BlockerConformance,
     ControlConformance,
     QueryConformance,
