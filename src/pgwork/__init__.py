@@ -23,6 +23,7 @@ from pgwork.errors import (
     DatabaseTimeoutError,
     DatabaseUnreachableError,
     DuplicateJobTypeError,
+    DuplicateSignalTypeError,
     HandlerAbandonedError,
     HandlerProcessDiedError,
     InvalidCursorError,
@@ -50,12 +51,14 @@ from pgwork.errors import (
     SyncHandlerError,
     UnencodableTextError,
     UnknownJobTypeError,
+    UnknownSignalTypeError,
     UnsupportedConnectionError,
     UnsupportedServerVersionError,
+    WaitNotDeclaredError,
     WorkerError,
     WorkerStateError,
 )
-from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode
+from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode, WaitingJobType
 from pgwork.middleware import LogContextFilter, Middleware, compose, log_context
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
@@ -69,6 +72,7 @@ from pgwork.records import (
     JobStatus,
     Page,
 )
+from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
     Attempt,
     Handler,
@@ -104,6 +108,7 @@ __all__ = [
     "DatabaseUnreachableError",
     "DedupSpec",
     "DuplicateJobTypeError",
+    "DuplicateSignalTypeError",
     "FailedAttempt",
     "Handler",
     "HandlerAbandonedError",
@@ -151,15 +156,23 @@ __all__ = [
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "SignalKey",
+    "SignalType",
+    "SignalWait",
+    "Signalled",
     "StartedChain",
     "StateAdapter",
     "SyncAttempt",
     "SyncHandler",
     "SyncHandlerError",
+    "TimedOut",
     "UnencodableTextError",
     "UnknownJobTypeError",
+    "UnknownSignalTypeError",
     "UnsupportedConnectionError",
     "UnsupportedServerVersionError",
+    "WaitNotDeclaredError",
+    "WaitingJobType",
     "WorkerError",
     "WorkerStateError",
     "__version__",

@@ -17,6 +17,7 @@ from pgwork.adapters.state import (
     AtomicGroupCommit,
     BatchedTurns,
     ChainBlockers,
+    ChainSignals,
     DueTimes,
     FlowControl,
     InLineRenewal,
@@ -38,6 +39,7 @@ CAPABILITY_PROTOCOLS: tuple[type, ...] = (
     AtomicGroupCommit,
     InLineRenewal,
     ChainBlockers,
+    ChainSignals,
     OperatorViews,
     Maintenance,
 )
@@ -67,6 +69,7 @@ class Capabilities:
     atomic_groups: AtomicGroupCommit | None = None
     in_line_renewal: InLineRenewal | None = None
     blockers: ChainBlockers | None = None
+    signals: ChainSignals | None = None
     views: OperatorViews | None = None
     maintenance: Maintenance | None = None
     # The store's class name, for the errors below.
@@ -84,6 +87,7 @@ class Capabilities:
             atomic_groups=store if isinstance(store, AtomicGroupCommit) else None,
             in_line_renewal=store if isinstance(store, InLineRenewal) else None,
             blockers=store if isinstance(store, ChainBlockers) else None,
+            signals=store if isinstance(store, ChainSignals) else None,
             views=store if isinstance(store, OperatorViews) else None,
             maintenance=store if isinstance(store, Maintenance) else None,
             store_type=type(store).__name__,
@@ -101,6 +105,7 @@ class Capabilities:
             "atomic_groups": "AtomicGroupCommit",
             "in_line_renewal": "InLineRenewal",
             "blockers": "ChainBlockers",
+            "signals": "ChainSignals",
             "views": "OperatorViews",
             "maintenance": "Maintenance",
         }
@@ -129,3 +134,9 @@ class Capabilities:
         if self.blockers is None:
             raise CapabilityMissingError("ChainBlockers", feature, self.store_type)
         return self.blockers
+
+    def require_signals(self, feature: str) -> ChainSignals:
+        """The store as ``ChainSignals``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.signals is None:
+            raise CapabilityMissingError("ChainSignals", feature, self.store_type)
+        return self.signals

@@ -194,7 +194,7 @@ class InstrumentedStateAdapter:
     find_dead_workers = _timed(StateAdapter.find_dead_workers)
 
     # The capabilities: BatchedTurns, FlowControl, LimitControl, DueTimes,
-    # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers
+    # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers, ChainSignals
     complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
     acquire_limited = _timed(StateAdapter.acquire_limited)
     change_limits = _timed(StateAdapter.change_limits)
@@ -208,6 +208,11 @@ class InstrumentedStateAdapter:
     blocker_outputs = _timed(StateAdapter.blocker_outputs)
     resolve_dependants = _timed(StateAdapter.resolve_dependants)
     sweep_blocked = _timed(StateAdapter.sweep_blocked)
+    send_signals = _timed(StateAdapter.send_signals)
+    match_signals = _timed(StateAdapter.match_signals)
+    sweep_signals = _timed(StateAdapter.sweep_signals)
+    received_signal = _timed(StateAdapter.received_signal)
+    prune_signals = _timed(StateAdapter.prune_signals)
 
     # OperatorViews
     count_jobs = _timed(StateAdapter.count_jobs)
