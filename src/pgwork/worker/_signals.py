@@ -65,11 +65,16 @@ class SignalMatcher:
             await self._news.wait()
             self._news = anyio.Event()
             while self._wanted:
+                # Taken before the match: a name wanted again meanwhile (a commit after
+                # this match's snapshot) is matched once more.
                 names = list(self._wanted)[:MATCH_LIMIT]
+                for name in names:
+                    del self._wanted[name]
                 try:
                     await self._match(names)
                     failures = 0
                 except Exception as exc:
+                    self.want(names)
                     failures += 1
                     log.warning("pgwork could not match signals %s: %r", names[:3], exc)
                     await anyio.sleep(min(RETRY_MAX_S, 0.05 * 2**failures))
@@ -78,8 +83,6 @@ class SignalMatcher:
     async def _match(self, names: list[str]) -> None:
         match = await self._store.match_signals(names=names, limit=MATCH_LIMIT)
         self.matches += 1
-        for name in names:
-            self._wanted.pop(name, None)
         for name in match.full:  # more pairs than one match makes
             self._wanted[name] = None
         if match.delivered:

@@ -110,7 +110,7 @@ class NoticeRouter:
             return Abort(notice.job_id, reason)
         elif (
             notice.kind == "signal"
-            and notice.name
+            and isinstance(notice.name, str)  # an in-process notice is not decoded
             and notice.name.split(":", 1)[0] in self.signal_types
         ):
             return MatchSignal(notice.name)
