@@ -120,11 +120,13 @@ ORDER BY pairs.name, pairs.signal_id
 
 # Names with both a pending signal and a waiting step: each was to be matched after
 # its second write committed, which a worker that died then (or a notice lost) left
-# undone. Walks the pending signals by name, each with one probe of the steps' index.
+# undone. A merge of the two partial indexes in name order, stopping at ``limit``.
 FIND_UNMATCHED = f"""
 SELECT n.name
-FROM (SELECT DISTINCT s.name FROM {{signals}} AS s WHERE s.consumed_by IS NULL) AS n
-WHERE EXISTS (SELECT 1 FROM {{jobs}} AS j WHERE {_WAITING})
+FROM {{signals}} AS n
+WHERE n.consumed_by IS NULL
+  AND EXISTS (SELECT 1 FROM {{jobs}} AS j WHERE {_WAITING})
+GROUP BY n.name
 ORDER BY n.name
 LIMIT %(limit)s
 """
