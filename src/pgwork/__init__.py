@@ -30,6 +30,7 @@ from pgwork.errors import (
     DatabaseTimeoutError,
     DatabaseUnreachableError,
     DuplicateJobTypeError,
+    DuplicateSignalTypeError,
     HandlerAbandonedError,
     HandlerProcessDiedError,
     InvalidCursorError,
@@ -57,12 +58,14 @@ from pgwork.errors import (
     SyncHandlerError,
     UnencodableTextError,
     UnknownJobTypeError,
+    UnknownSignalTypeError,
     UnsupportedConnectionError,
     UnsupportedServerVersionError,
+    WaitNotDeclaredError,
     WorkerError,
     WorkerStateError,
 )
-from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode
+from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode, WaitingJobType
 from pgwork.middleware import LogContextFilter, Middleware, compose, log_context
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.postgres.state import PostgresStateAdapter
@@ -76,6 +79,7 @@ from pgwork.records import (
     JobStatus,
     Page,
 )
+from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
     Attempt,
     Handler,
@@ -112,6 +116,7 @@ __all__ = [
     "Debounce",
     "DedupSpec",
     "DuplicateJobTypeError",
+    "DuplicateSignalTypeError",
     "FailedAttempt",
     "Handler",
     "HandlerAbandonedError",
@@ -159,15 +164,23 @@ __all__ = [
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",
+    "SignalKey",
+    "SignalType",
+    "SignalWait",
+    "Signalled",
     "StartedChain",
     "StateAdapter",
     "SyncAttempt",
     "SyncHandler",
     "SyncHandlerError",
+    "TimedOut",
     "UnencodableTextError",
     "UnknownJobTypeError",
+    "UnknownSignalTypeError",
     "UnsupportedConnectionError",
     "UnsupportedServerVersionError",
+    "WaitNotDeclaredError",
+    "WaitingJobType",
     "WorkerError",
     "WorkerStateError",
     "__version__",

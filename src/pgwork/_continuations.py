@@ -15,7 +15,7 @@ from typing import Any
 from pgwork._ids import new_id
 from pgwork._limits import check_delay, check_run_at
 from pgwork.adapters.state import NewJob
-from pgwork.errors import ConfigurationError
+from pgwork.errors import ConfigurationError, WaitNotDeclaredError
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import Job
 
@@ -37,13 +37,29 @@ def continuation_job(
 
     It keeps the chain's logging context and ``job``'s limit key, unless ``spec``
     gives a key of its own: a chain's later steps usually call the same tenant's (or
-    host's) service, and their limits should count them there too."""
+    host's) service, and their limits should count them there too.
+
+    A continuation that waits for a signal (``Continue(..., wait_for=...)``) must go to
+    a type that declares ``waits_for=`` that signal type (``WaitNotDeclaredError``);
+    its timeout becomes its schedule."""
     if not isinstance(spec, Continuation):
         raise ConfigurationError(
             f"continue_with must be Continue(job_type, input), got {type(spec).__name__}"
         )
     target = registry.continuation(from_type, spec.job_type, job.id)
     run_after = spec.schedule_after
+    wait = spec.wait
+    wait_signal = None
+    if wait is not None:
+        if target.waits_for is None or target.waits_for is not wait.signal_type:
+            raise WaitNotDeclaredError(
+                target.name,
+                wait.signal_type.name,
+                None if target.waits_for is None else target.waits_for.name,
+                job.id,
+            )
+        wait_signal = wait.name
+        run_after = wait.timeout
     return NewJob(
         id=new_id(),
         type_name=target.name,
@@ -58,6 +74,7 @@ def continuation_job(
         context=job.context,
         limit_key=(key := job.limit_key if spec.limit_key is None else spec.limit_key),
         limit_group=target.limit_group(key),
+        wait_signal=wait_signal,
     )
 
 

@@ -28,7 +28,10 @@ The tree::
     │   ├── UnknownJobTypeError
     │   ├── DuplicateJobTypeError
     │   ├── NotAnEntryTypeError       start_chain with a type that may not start a chain
-    │   └── ContinuationNotAllowedError
+    │   ├── ContinuationNotAllowedError
+    │   ├── UnknownSignalTypeError    a signal type this registry did not declare
+    │   ├── DuplicateSignalTypeError
+    │   └── WaitNotDeclaredError      a signal its job type does not declare in waits_for
     ├── PayloadError                  input or output that cannot be stored
     │   ├── PayloadValidationError    fails its model
     │   ├── PayloadNotSerializableError  not JSON (names the path)
@@ -84,6 +87,7 @@ __all__ = [
     "DatabaseTimeoutError",
     "DatabaseUnreachableError",
     "DuplicateJobTypeError",
+    "DuplicateSignalTypeError",
     "HandlerAbandonedError",
     "HandlerProcessDiedError",
     "InvalidCronError",
@@ -115,8 +119,10 @@ __all__ = [
     "SyncHandlerError",
     "UnencodableTextError",
     "UnknownJobTypeError",
+    "UnknownSignalTypeError",
     "UnsupportedConnectionError",
     "UnsupportedServerVersionError",
+    "WaitNotDeclaredError",
     "WorkerError",
     "WorkerStateError",
 ]
@@ -537,6 +543,54 @@ class ContinuationNotAllowedError(JobTypeError):
         super().__init__(
             f"job type {from_type!r}{where} may not continue with {to_type!r}; allowed: "
             f"{_names(self.known_types)}. Add it to continue_with=[...] in the declaration."
+        )
+
+
+class UnknownSignalTypeError(JobTypeError, KeyError):
+    def __init__(self, signal_name: str, known_signals: Iterable[str]) -> None:
+        self.signal_name = signal_name
+        self.known_signals = tuple(sorted(known_signals))
+        super().__init__(
+            f"unknown signal type {signal_name!r}; declared signal types: "
+            f"{_names(self.known_signals)}. Declare it with registry.signal(...) on the "
+            "registry the client and the worker use."
+        )
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0])
+
+
+class DuplicateSignalTypeError(JobTypeError):
+    def __init__(self, signal_name: str, known_signals: Iterable[str]) -> None:
+        self.signal_name = signal_name
+        self.known_signals = tuple(sorted(known_signals))
+        super().__init__(
+            f"signal type {signal_name!r} is already declared (declared signal types: "
+            f"{_names(self.known_signals)}); pick another name or reuse the existing SignalType"
+        )
+
+
+class WaitNotDeclaredError(JobTypeError):
+    """A step continued with ``wait_for=`` a signal its job type does not declare in
+    ``waits_for``, or a handler reading (``attempt.received``) a signal its job type
+    does not wait for: the step could never be told apart from one that timed out."""
+
+    def __init__(
+        self,
+        type_name: str,
+        signal_name: str,
+        waits_for: str | None,
+        job_id: UUID | None = None,
+    ) -> None:
+        self.type_name = type_name
+        self.signal_name = signal_name
+        self.waits_for = waits_for
+        self.job_id = job_id
+        where = f" (job {job_id})" if job_id else ""
+        declared = f"it waits for {waits_for!r}" if waits_for else "it declares no waits_for"
+        super().__init__(
+            f"job type {type_name!r}{where} does not wait for signal type {signal_name!r}: "
+            f"{declared}. Declare it with registry.job_type(..., waits_for=<signal type>)."
         )
 
 

@@ -28,10 +28,13 @@ from pgwork.errors import (
     ConfigurationError,
     ContinuationNotAllowedError,
     DuplicateJobTypeError,
+    DuplicateSignalTypeError,
     NotAnEntryTypeError,
     UnknownJobTypeError,
+    UnknownSignalTypeError,
 )
 from pgwork.payload import Codec
+from pgwork.signals import SignalType, SignalWait, check_signal_type_name
 
 __all__ = [
     "BlockerFailurePolicy",
@@ -40,11 +43,13 @@ __all__ = [
     "JobType",
     "JobTypeRegistry",
     "ProcessingMode",
+    "WaitingJobType",
 ]
 
 I = TypeVar("I")  # noqa: E741 - the conventional name for "input"
 O = TypeVar("O")  # noqa: E741
 I2 = TypeVar("I2")
+P = TypeVar("P")
 
 ProcessingMode = Literal["staged", "atomic"]
 # What happens to a job blocked on a chain that fails or is cancelled.
@@ -83,6 +88,8 @@ class JobType(Generic[I, O]):
     key_concurrency: int | None = None
     rate: Rate | None = None
     key_rate: Rate | None = None
+    # The signal type its steps wait for (``Continue(..., wait_for=...)``), or None.
+    waits_for: SignalType[Any] | None = None
 
     @property
     def limited(self) -> bool:
@@ -116,6 +123,14 @@ class JobType(Generic[I, O]):
         return f"JobType({self.name!r})"
 
 
+class WaitingJobType(JobType[I, O], Generic[I, O, P]):
+    """A ``JobType`` declared with ``waits_for=`` a ``SignalType[P]``: the same at run
+    time, it carries the signal's payload model ``P`` for mypy, so that
+    ``Continue(step, input, wait_for=other_signal.named(...))`` is a type error."""
+
+    __slots__ = ()
+
+
 class Continuation:
     """What ``attempt.complete(continue_with=...)`` accepts: build it with ``Continue``.
 
@@ -123,12 +138,14 @@ class Continuation:
     let mypy solve ``Continue(next_type, input)`` against ``Any`` and accept any input.
     """
 
-    __slots__ = ("input", "job_type", "limit_key", "schedule_after")
+    __slots__ = ("input", "job_type", "limit_key", "schedule_after", "wait")
 
     job_type: JobType[Any, Any]
     input: Any
     schedule_after: timedelta | None
     limit_key: str | None
+    # The signal the next job waits for before it starts (``wait_for=``), or None.
+    wait: SignalWait[Any] | None
 
 
 class Continue(Continuation, Generic[I2]):
@@ -138,12 +155,35 @@ class Continue(Continuation, Generic[I2]):
     next job is inserted in the same transaction that completes the current one.
     ``limit_key``: the key the next job's flow limits are counted by; without one it
     keeps the key of the job that hands on (as it keeps the chain's ``context``).
+    ``wait_for``: the next job starts only when the signal arrives, or its timeout
+    passes (``signal_type.named(key, timeout=...)``); its type must declare
+    ``waits_for=`` that signal type. Waiting, it holds no slot and costs one row.
     """
 
     __slots__ = ()
 
     job_type: JobType[I2, Any]
     input: I2
+
+    @overload
+    def __init__(
+        self,
+        job_type: WaitingJobType[I2, Any, P],
+        input: I2,
+        *,
+        limit_key: str | None = ...,
+        wait_for: SignalWait[P],
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        job_type: JobType[I2, Any],
+        input: I2,
+        *,
+        after: timedelta | None = ...,
+        limit_key: str | None = ...,
+    ) -> None: ...
 
     def __init__(
         self,
@@ -152,6 +192,7 @@ class Continue(Continuation, Generic[I2]):
         *,
         after: timedelta | None = None,
         limit_key: str | None = None,
+        wait_for: SignalWait[Any] | None = None,
     ) -> None:
         self.job_type = job_type
         self.input = input
@@ -159,6 +200,16 @@ class Continue(Continuation, Generic[I2]):
         # range the continuation could never be written.
         self.schedule_after = None if after is None else check_delay("after", after)
         self.limit_key = None if limit_key is None else check_limit_key(limit_key)
+        if wait_for is not None and not isinstance(wait_for, SignalWait):
+            raise ConfigurationError(
+                f"wait_for must be signal_type.named(key, timeout=...), got {wait_for!r}"
+            )
+        if wait_for is not None and after is not None:
+            raise ConfigurationError(
+                "Continue takes after= or wait_for=, not both: a waiting step starts when "
+                "its signal arrives or its timeout passes"
+            )
+        self.wait = wait_for
 
     def __repr__(self) -> str:
         return f"Continue({self.job_type.name!r}, {self.input!r})"
@@ -173,6 +224,7 @@ class JobTypeRegistry:
 
     def __init__(self) -> None:
         self._types: dict[str, JobType[Any, Any]] = {}
+        self._signals: dict[str, SignalType[Any]] = {}
 
     @overload
     def job_type(
@@ -197,6 +249,59 @@ class JobTypeRegistry:
         key_concurrency: int | None = ...,
         rate: Rate | None = ...,
         key_rate: Rate | None = ...,
+        waits_for: SignalType[P],
+    ) -> WaitingJobType[I, O, P]: ...
+
+    @overload
+    def job_type(
+        self,
+        name: str,
+        *,
+        input: type[I],
+        output: None = ...,
+        entry: bool = ...,
+        continue_with: Iterable[str | JobType[Any, Any]] = ...,
+        lease: timedelta = ...,
+        retry: RetryPolicy | None = ...,
+        max_attempts: int = ...,
+        queue: str = ...,
+        priority: int = ...,
+        timeout: timedelta | None = ...,
+        mode: ProcessingMode = ...,
+        abandon_after: timedelta | None = ...,
+        retention: timedelta | None = ...,
+        blocker_failure: BlockerFailurePolicy = ...,
+        concurrency: int | None = ...,
+        key_concurrency: int | None = ...,
+        rate: Rate | None = ...,
+        key_rate: Rate | None = ...,
+        waits_for: SignalType[P],
+    ) -> WaitingJobType[I, Any, P]: ...
+
+    @overload
+    def job_type(
+        self,
+        name: str,
+        *,
+        input: type[I],
+        output: type[O],
+        entry: bool = ...,
+        continue_with: Iterable[str | JobType[Any, Any]] = ...,
+        lease: timedelta = ...,
+        retry: RetryPolicy | None = ...,
+        max_attempts: int = ...,
+        queue: str = ...,
+        priority: int = ...,
+        timeout: timedelta | None = ...,
+        mode: ProcessingMode = ...,
+        abandon_after: timedelta | None = ...,
+        retention: timedelta | None = ...,
+        blocker_failure: BlockerFailurePolicy = ...,
+        concurrency: int | None = ...,
+        key_concurrency: int | None = ...,
+        rate: Rate | None = ...,
+        key_rate: Rate | None = ...,
+        waits_for: None = ...,
     ) -> JobType[I, O]: ...
 
     @overload
@@ -222,6 +327,7 @@ class JobTypeRegistry:
         key_concurrency: int | None = ...,
         rate: Rate | None = ...,
         key_rate: Rate | None = ...,
+        waits_for: None = ...,
     ) -> JobType[I, Any]: ...
 
     def job_type(
@@ -246,6 +352,7 @@ class JobTypeRegistry:
         key_concurrency: int | None = None,
         rate: Rate | None = None,
         key_rate: Rate | None = None,
+        waits_for: SignalType[Any] | None = None,
     ) -> JobType[Any, Any]:
         """Declare a job type.
 
@@ -275,6 +382,11 @@ class JobTypeRegistry:
         enqueued without a key share one key of their own (the missing key counts as
         one key), and a key given to a type without a key limit is stored all the
         same (shown on the job, ready for a key limit declared later).
+
+        ``waits_for``: a ``SignalType`` (``registry.signal``) of this registry that
+        this type's steps may wait for: a chain hands on to one with
+        ``Continue(step, input, wait_for=signal_type.named(key, timeout=...))``, and
+        its handler reads the signal with ``attempt.received(signal_type)``.
         """
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(
@@ -323,8 +435,12 @@ class JobTypeRegistry:
         check_concurrency("key_concurrency", key_concurrency, where=where)
         check_rate("rate", rate, where=where)
         check_rate("key_rate", key_rate, where=where)
+        if waits_for is not None:
+            self.resolve_signal(waits_for)
         output_model = Any if output is None else output
-        job_type: JobType[Any, Any] = JobType(
+        # A waiting type is the same class at run time, but mypy knows its payload.
+        cls: type[JobType[Any, Any]] = JobType if waits_for is None else WaitingJobType
+        job_type: JobType[Any, Any] = cls(
             name=name,
             input_model=input,
             output_model=output_model,
@@ -346,9 +462,35 @@ class JobTypeRegistry:
             key_concurrency=key_concurrency,
             rate=rate,
             key_rate=key_rate,
+            waits_for=waits_for,
         )
         self._types[name] = job_type
         return job_type
+
+    def signal(self, name: str, *, payload: type[P]) -> SignalType[P]:
+        """Declare a signal type: a kind of named event whose payload is a ``payload``
+        (a pydantic model, or any type pydantic validates). ``name``: up to 200
+        letters, digits, '_', '.' or '-', starting with a letter or '_' (no ':': a
+        signal's name is ``"{type}:{key}"``). Signal types have names of their own,
+        apart from job types'."""
+        name = check_signal_type_name(name)
+        if name in self._signals:
+            raise DuplicateSignalTypeError(name, self._signals)
+        signal_type: SignalType[P] = SignalType(
+            name=name,
+            payload_model=payload,
+            payload_codec=Codec(payload, type_name=name, what="signal payload"),
+        )
+        self._signals[name] = signal_type
+        return signal_type
+
+    def resolve_signal(self, signal_type: SignalType[P]) -> SignalType[P]:
+        """``signal_type``, which must be this registry's own (``UnknownSignalTypeError``
+        otherwise)."""
+        name = getattr(signal_type, "name", repr(signal_type))
+        if self._signals.get(name) is not signal_type:
+            raise UnknownSignalTypeError(str(name), self._signals)
+        return signal_type
 
     def get(self, name: str) -> JobType[Any, Any]:
         """Return the type named ``name`` or raise UnknownJobTypeError listing known names."""

@@ -4,7 +4,9 @@ A store that offers only the core (``CoreStateAdapter``) runs the cases that nee
 nothing more and skips the others, so a case that calls a capability's operation (or
 enqueues blocked jobs, ``ChainBlockers``' feature) without ``requires`` saying so
 would fail such a store for the wrong reason. Each case's source, with the suite's
-helper methods and functions it calls, is read for those operations.
+helper methods and functions it calls, is read for those operations (and for
+``blockers=`` and ``wait_signal=``, the jobs that need ``ChainBlockers`` or
+``ChainSignals`` to be written).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def needed(function: Callable[..., Any]) -> set[type]:
                 found.add(OWNER[called])
         if re.search(r"\bblockers=", source):
             found.add(state.ChainBlockers)
+        if re.search(r"\bwait_signal=", source):
+            found.add(state.ChainSignals)
         for called in re.findall(r"\b(\w+)\(", source):
             if called in known and called not in seen and not called.startswith("test_"):
                 seen.add(called)

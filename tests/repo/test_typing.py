@@ -1,7 +1,9 @@
 """The public API is typed end to end: mypy catches misuse in users' code.
 
-One snippet holds correct usage and two mistakes, each marked ``# E: <message part>``;
-mypy must report exactly those lines, so correct usage is proven clean too.
+One snippet holds correct usage and the mistakes, each marked ``# E: <message part>``;
+mypy must report exactly those lines, so correct usage is proven clean too. Signals are
+typed by their payload: a wrong payload to ``client.signal``, or a wait for another
+signal type than the step's ``waits_for``, is a type error.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pathlib import Path
 import pytest
 
 SNIPPET = """\
+from datetime import timedelta
 from pydantic import BaseModel
 import psycopg
-from pgwork import Attempt, ChainStart, Client, Continue, JobTypeRegistry
+from pgwork import Attempt, ChainStart, Client, Continue, JobTypeRegistry, Signalled
 
 class Email(BaseModel):
     to: str
@@ -48,6 +51,39 @@ async def enqueues_the_wrong_model(client: Client, conn: psycopg.AsyncConnection
 
 async def continues_with_the_wrong_model(attempt: Attempt[Email, Sent]) -> None:
     await attempt.complete(continue_with=Continue(audit, Email(to="x")))  # E: Continue
+
+class Paid(BaseModel):
+    amount: int
+
+class Refunded(BaseModel):
+    amount: int
+
+payment = registry.signal("payment", payload=Paid)
+refund = registry.signal("refund", payload=Refunded)
+ship = registry.job_type("ship", input=Email, entry=False, waits_for=payment)
+
+async def waits_for_payment(attempt: Attempt[Email, Sent]) -> None:
+    wait = payment.named("order-1", timeout=timedelta(days=3))
+    await attempt.complete(continue_with=Continue(ship, Email(to="a"), wait_for=wait))
+
+async def reads_the_payment(attempt: Attempt[Email, None]) -> int:
+    got = await attempt.received(payment)
+    return got.payload.amount if isinstance(got, Signalled) else 0
+
+async def signals(client: Client, conn: psycopg.AsyncConnection[object]) -> None:
+    await client.signal(conn, payment, "order-1", Paid(amount=3))
+    client.signal_sync(conn, payment, 7, Paid(amount=3))
+
+async def signals_the_wrong_payload(client: Client, conn: psycopg.AsyncConnection[object]) -> None:
+    await client.signal(conn, payment, "order-1", Refunded(amount=3))  # E: "signal"
+
+async def waits_for_another_signal(attempt: Attempt[Email, Sent]) -> None:
+    step = Continue(ship, Email(to="a"), wait_for=refund.named("order-1"))  # E: Continue
+    await attempt.complete(continue_with=step)
+
+async def reads_a_field_the_payload_lacks(attempt: Attempt[Email, None]) -> int:
+    got = await attempt.received(payment)
+    return got.payload.cents if isinstance(got, Signalled) else 0  # E: has no attribute "cents"
 """
 
 

@@ -37,11 +37,15 @@ __all__ = [
     "JobFilter",
     "Lease",
     "NewJob",
+    "NewSignal",
     "PageKey",
     "QueueCount",
     "ReapedJob",
+    "ReceivedSignal",
     "RenewResult",
     "Resolution",
+    "SignalDelivery",
+    "SignalMatch",
     "TypeLimits",
     "WorkerInfo",
     "WorkerRecord",
@@ -164,6 +168,12 @@ class NewJob:
     # The group its type's limits count it in (``JobType.limit_group``); None for a type
     # without limits.
     limit_group: str | None = None
+    # A waiting step (``Continue(..., wait_for=...)``): the name of the signal it waits
+    # for. Without a schedule it is inserted ``blocked``; with one (its timeout, as
+    # ``run_after``) ``pending`` until then. A signal matched to it makes it pending
+    # now (``ChainSignals``). Never on a chain's first job, nor with blockers or a
+    # dedup key.
+    wait_signal: str | None = None
 
 
 @dataclass(slots=True)
@@ -549,3 +559,53 @@ class ChainDeletion:
     deleted_jobs: int
     missing: tuple[UUID, ...] = ()
     dependants: tuple[ChainDependant, ...] = ()
+
+
+# --- signals ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewSignal:
+    """A signal to send (``ChainSignals.send_signals``): ``payload_json`` is already
+    validated, encoded JSON text. ``id`` is a UUIDv7 made as it is sent: signals of one
+    name are delivered in id order."""
+
+    id: UUID
+    name: str
+    payload_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalDelivery:
+    """One signal a match handed to one waiting step, now pending in ``queue``."""
+
+    signal_id: UUID
+    job_id: UUID
+    name: str
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignalMatch:
+    """What a match (or a sweep) did: each signal delivered, with its step. ``full``:
+    the names where a side reached the match's ``limit``, which may have more pairs
+    (match them again)."""
+
+    delivered: tuple[SignalDelivery, ...] = ()
+    full: tuple[str, ...] = ()
+
+    @property
+    def ready_queues(self) -> tuple[str, ...]:
+        """The queues where a step became ready now, once each, by name."""
+        return tuple(sorted({d.queue for d in self.delivered}))
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedSignal:
+    """The signal a step was handed (``ChainSignals.received_signal``): its parsed JSON
+    ``payload``, not yet decoded to a model."""
+
+    signal_id: UUID
+    name: str
+    payload: Any
+    sent_at: datetime

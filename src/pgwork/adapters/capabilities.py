@@ -17,6 +17,7 @@ from pgwork.adapters.state import (
     AtomicGroupCommit,
     BatchedTurns,
     ChainBlockers,
+    ChainSignals,
     Debouncing,
     DueTimes,
     FlowControl,
@@ -40,6 +41,7 @@ CAPABILITY_PROTOCOLS: tuple[type, ...] = (
     InLineRenewal,
     ChainBlockers,
     Debouncing,
+    ChainSignals,
     OperatorViews,
     Maintenance,
 )
@@ -70,6 +72,7 @@ class Capabilities:
     in_line_renewal: InLineRenewal | None = None
     blockers: ChainBlockers | None = None
     debouncing: Debouncing | None = None
+    signals: ChainSignals | None = None
     views: OperatorViews | None = None
     maintenance: Maintenance | None = None
     # The store's class name, for the errors below.
@@ -88,6 +91,7 @@ class Capabilities:
             in_line_renewal=store if isinstance(store, InLineRenewal) else None,
             blockers=store if isinstance(store, ChainBlockers) else None,
             debouncing=store if isinstance(store, Debouncing) else None,
+            signals=store if isinstance(store, ChainSignals) else None,
             views=store if isinstance(store, OperatorViews) else None,
             maintenance=store if isinstance(store, Maintenance) else None,
             store_type=type(store).__name__,
@@ -106,6 +110,7 @@ class Capabilities:
             "in_line_renewal": "InLineRenewal",
             "blockers": "ChainBlockers",
             "debouncing": "Debouncing",
+            "signals": "ChainSignals",
             "views": "OperatorViews",
             "maintenance": "Maintenance",
         }
@@ -140,3 +145,9 @@ class Capabilities:
         if self.debouncing is None:
             raise CapabilityMissingError("Debouncing", feature, self.store_type)
         return self.debouncing
+
+    def require_signals(self, feature: str) -> ChainSignals:
+        """The store as ``ChainSignals``, or ``CapabilityMissingError`` for ``feature``."""
+        if self.signals is None:
+            raise CapabilityMissingError("ChainSignals", feature, self.store_type)
+        return self.signals

@@ -16,7 +16,7 @@ from uuid import UUID
 
 __all__ = ["Listener", "Notice", "NotifyAdapter", "ready_notices"]
 
-NoticeKind = Literal["ready", "abort", "chain_done", "reconnected"]
+NoticeKind = Literal["ready", "abort", "chain_done", "signal", "reconnected"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +27,9 @@ class Notice:
     jobs there become due at that time (a scheduled job, a retry), which no later
     notice will announce: time has no notification, so a worker sets a timer.
     ``abort``: the attempt on ``job_id`` must stop (``reason`` is an AbortReason value).
-    ``chain_done``: ``chain_id`` ended. ``reconnected``: the listener lost notices while
-    reconnecting; fetch now.
+    ``chain_done``: ``chain_id`` ended. ``signal``: a signal or a step waiting for one
+    was committed under ``name`` (a signal's name): a worker matches the name.
+    ``reconnected``: the listener lost notices while reconnecting; fetch now.
     """
 
     kind: NoticeKind
@@ -37,6 +38,7 @@ class Notice:
     chain_id: UUID | None = None
     reason: str | None = None
     at: float | None = None
+    name: str | None = None
 
 
 class Listener(Protocol):

@@ -12,6 +12,7 @@ The contract is cut two ways (docs/design/storage-contract.md):
 - **the capabilities**, each an optimisation or an optional feature a store may offer:
   ``BatchedTurns``, ``FlowControl``, ``LimitControl``, ``DueTimes``, ``AtomicAttempts``,
   ``AtomicGroupCommit``, ``InLineRenewal``, ``ChainBlockers``, ``Debouncing``,
+  ``ChainSignals``,
   ``OperatorViews``, ``Maintenance``.
 
 The roles, whole (``WorkerStore``, ``ReadStore``, ``ControlStore``), are each core part
@@ -59,11 +60,15 @@ from pgwork.adapters._state_records import (
     Lease,
     LimitedTurn,
     NewJob,
+    NewSignal,
     PageKey,
     QueueCount,
     ReapedJob,
+    ReceivedSignal,
     RenewResult,
     Resolution,
+    SignalDelivery,
+    SignalMatch,
     TypeLimits,
     WorkerInfo,
     WorkerRecord,
@@ -97,6 +102,7 @@ __all__ = [
     "ChainDependant",
     "ChainFilter",
     "ChainRef",
+    "ChainSignals",
     "Completion",
     "CompletionResult",
     "ControlCore",
@@ -118,14 +124,18 @@ __all__ = [
     "LimitedTurn",
     "Maintenance",
     "NewJob",
+    "NewSignal",
     "OperatorViews",
     "PageKey",
     "QueueCount",
     "ReadCore",
     "ReadStore",
     "ReapedJob",
+    "ReceivedSignal",
     "RenewResult",
     "Resolution",
+    "SignalDelivery",
+    "SignalMatch",
     "StateAdapter",
     "Store",
     "SyncAdopter",
@@ -791,6 +801,58 @@ class Debouncing(Protocol):
 
 
 @runtime_checkable
+class ChainSignals(Protocol):
+    """Steps that wait for a signal (``NewJob.wait_signal``) and the signals sent to
+    them (docs/design/signals.md). ``insert_jobs`` inserts a waiting step (blocked, or
+    pending at its timeout); these operations write signals and pair them with steps.
+
+    Neither ``send_signals`` nor the hand-on that writes a step looks for the other:
+    each asks, once committed, for its name to be matched (the sender by a ``signal``
+    notice, a worker's hand-on by ``match_signals``), and whichever match runs second
+    sees both rows. ``sweep_signals`` pairs what a lost match left."""
+
+    async def send_signals(
+        self,
+        tx: TransactionHandle,
+        *,
+        signals: Sequence[NewSignal],
+        notify: NotifyAdapter | None = None,
+    ) -> None:
+        """Write ``signals`` in ``tx`` (a caller's transaction, at any isolation level:
+        the write reads nothing), pending until a match hands each to a step. ``notify``:
+        also announce a ``signal`` notice per name, inside ``tx`` (so on commit only),
+        folded into the write when the store shares a database with it."""
+        ...
+
+    async def match_signals(self, *, names: Sequence[str], limit: int = 100) -> SignalMatch:
+        """Pair the pending signals of each of ``names`` with its waiting steps, oldest
+        with oldest, up to ``limit`` per name, and commit: each signal paired is
+        consumed by its step, and the step is pending now. A step waits while it has not
+        started: blocked, or pending with its timeout still to come. Matches of one name
+        never overlap (a signal goes to one step); a match that begins after a signal
+        and a step were committed pairs them."""
+        ...
+
+    async def sweep_signals(self, *, limit: int = 100) -> SignalMatch:
+        """Match up to ``limit`` names that have both a pending signal and a waiting
+        step (a match lost with a worker that died, or a notice never heard)."""
+        ...
+
+    async def received_signal(
+        self, tx: TransactionHandle | None, *, job_id: UUID
+    ) -> ReceivedSignal | None:
+        """The signal a match handed to ``job_id``, or None (it started without one)."""
+        ...
+
+    async def prune_signals(self, *, older_than: timedelta, limit: int = 1000) -> int:
+        """Delete, and commit, up to ``limit`` signals sent longer than ``older_than``
+        ago that nothing will read: pending ones no step took, and consumed ones whose
+        step is gone or completed or cancelled (a failed step may be retried, and reads
+        its signal again). A signal a match holds is left for a later call."""
+        ...
+
+
+@runtime_checkable
 class OperatorViews(Protocol):
     """An operator's bounded views: counts, blocked jobs, recent activity, chain links,
     the work views and the job history (the CLI's read commands, the dashboard)."""
@@ -966,6 +1028,7 @@ class WorkerStore(
     AtomicGroupCommit,
     InLineRenewal,
     ChainBlockers,
+    ChainSignals,
     Protocol,
 ):
     """What a worker does with jobs: its core and every capability it uses."""

@@ -5,7 +5,8 @@ job or chain) is assembled from one mixin per concern: listings and counts
 (``_queries.py``), control (``_control.py``: await, cancel, retry, complete from
 outside, trigger, pause, delete), work views (``_work.py``), the operator's read side
 (``_insight.py``), the job history (``_history.py``), flow limits at run time
-(``_limits.py``) and the enqueue without an event loop (``_sync.py``). ``ChainStart``
+(``_limits.py``), signals to waiting steps (``_signals.py``) and the enqueue without
+an event loop (``_sync.py``). ``ChainStart``
 and ``StartedChain`` are in ``_starts.py``.
 """
 

@@ -42,6 +42,7 @@ from pgwork.client._history import HistoryMixin
 from pgwork.client._insight import InsightMixin
 from pgwork.client._limits import LimitsMixin
 from pgwork.client._queries import QueryMixin
+from pgwork.client._signals import SignalMixin
 from pgwork.client._starts import ChainStart, StartedChain
 from pgwork.client._sync import SyncEnqueueMixin
 from pgwork.client._work import WorkMixin
@@ -75,6 +76,7 @@ class Client(
     SyncEnqueueMixin,
     WorkMixin,
     HistoryMixin,
+    SignalMixin,
 ):
     """Enqueue and query jobs. Create with ``create_client``."""
 

@@ -151,6 +151,8 @@ class ControlMixin:
             output_json = "null"
         else:
             output_json = job_type.output_codec.encode(output, max_bytes=self.max_payload_bytes)
+        if continue_with is not None and continue_with.wait is not None:
+            self.capabilities.require_signals("continuing a chain with wait_for")
         continuation = (
             continuation_job(
                 self.registry, job_type, job, continue_with, max_bytes=self.max_payload_bytes
@@ -173,6 +175,10 @@ class ControlMixin:
             )
         if result.chain_completed:
             notices.append(Notice(kind="chain_done", chain_id=job.chain_id))
+        if continuation is not None and continuation.wait_signal is not None:
+            # The step's name is matched once this transaction commits (a worker hears
+            # it): a signal sent before it is waiting for it.
+            notices.append(Notice(kind="signal", name=continuation.wait_signal))
         await self.notify.publish(handle, notices=notices)
 
     async def trigger(self, tx: object, job_ids: Sequence[UUID]) -> None:

@@ -194,7 +194,8 @@ class InstrumentedStateAdapter:
     find_dead_workers = _timed(StateAdapter.find_dead_workers)
 
     # The capabilities: BatchedTurns, FlowControl, LimitControl, DueTimes,
-    # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers, Debouncing
+    # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers, Debouncing,
+    # ChainSignals
     complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
     acquire_limited = _timed(StateAdapter.acquire_limited)
     change_limits = _timed(StateAdapter.change_limits)
@@ -209,6 +210,11 @@ class InstrumentedStateAdapter:
     resolve_dependants = _timed(StateAdapter.resolve_dependants)
     sweep_blocked = _timed(StateAdapter.sweep_blocked)
     debounce_jobs = _timed(StateAdapter.debounce_jobs)
+    send_signals = _timed(StateAdapter.send_signals)
+    match_signals = _timed(StateAdapter.match_signals)
+    sweep_signals = _timed(StateAdapter.sweep_signals)
+    received_signal = _timed(StateAdapter.received_signal)
+    prune_signals = _timed(StateAdapter.prune_signals)
 
     # OperatorViews
     count_jobs = _timed(StateAdapter.count_jobs)

@@ -76,8 +76,15 @@ COPY_MIN_ROWS = 250
 
 
 def is_plain(job: NewJob) -> bool:
-    """Whether ``job`` can go by COPY as it is: runnable now, no blocker, no dedup key."""
-    return not job.blockers and job.run_at is None and job.run_after is None and not job.dedup
+    """Whether ``job`` can go by COPY as it is: runnable now, no blocker, no dedup key,
+    not waiting for a signal."""
+    return (
+        not job.blockers
+        and job.run_at is None
+        and job.run_after is None
+        and not job.dedup
+        and job.wait_signal is None
+    )
 
 
 def _plain_root(job: NewJob) -> bool:

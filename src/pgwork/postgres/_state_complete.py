@@ -256,7 +256,9 @@ class CompletionOps(EnqueueOps):
             ready_queues = unblocked
             due = resolution.due
             if c.continuation and not scheduled(c.continuation):
-                ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
+                # A step waiting for a signal without a timeout is blocked: not ready.
+                if c.continuation.wait_signal is None:
+                    ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
             elif c.continuation:
                 later = [(n.queue or "", n.at or 0.0) for n in due_notices([c.continuation])]
                 due = earliest_due((*due, *later))
@@ -300,13 +302,15 @@ def completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]
 
 def _plain_hand_on(completion: Completion) -> bool:
     """A completion whose continuation ``COMPLETE_AND_CONTINUE`` can insert: a later job
-    of the chain with no blocker and no dedup key (what a worker's ``Continue`` makes)."""
+    of the chain with no blocker and no dedup key (what a worker's ``Continue`` makes),
+    not waiting for a signal (``insert_jobs`` writes such a step)."""
     following = completion.continuation
     return (
         following is not None
         and following.id != following.chain_id
         and not following.blockers
         and following.dedup is None
+        and following.wait_signal is None
     )
 
 

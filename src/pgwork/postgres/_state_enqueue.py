@@ -2,7 +2,9 @@
 
 Mixed into ``PostgresStateAdapter`` (``state.py``), whose pool and statement helpers it
 uses. Plain jobs stream in by COPY (``_enqueue``); deduplicated ones are matched first
-under a per-key lock, blocked ones get their blocker edges and settle at once.
+under a per-key lock, blocked ones get their blocker edges and settle at once; steps
+waiting for a signal (continuations only) go by a statement of their own
+(``_signals.insert_waiting``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pgwork.postgres._enqueue import (
 )
 from pgwork.postgres._errors import missing_schema
 from pgwork.postgres._queries import QueryOps
+from pgwork.postgres._signals import insert_waiting
 from pgwork.postgres._transactions import PgTransaction, require_transaction, unwrap
 from pgwork.postgres.notify import PostgresNotifyAdapter
 from pgwork.records import JobStatus
@@ -145,6 +148,13 @@ class EnqueueOps(ChainOps, QueryOps):
         if any(job.dedup for job in jobs):
             await self._deduplicate(conn, jobs, results)
             fresh = [job for job, result in zip(jobs, results, strict=True) if result is None]
+        waiting: list[NewJob] = []
+        if any(job.wait_signal is not None for job in fresh):
+            waiting = [job for job in fresh if job.wait_signal is not None]
+            fresh = [job for job in fresh if job.wait_signal is None]
+            await insert_waiting(
+                conn, self.statements.signals.insert_waiting_jobs, self.schema, waiting
+            )
         blocked = [job for job in fresh if job.blockers]
         # Pending blocker roots, locked until commit: announced then (see LOCK_BLOCKER_CHAINS).
         skipped = await self._check_blockers(conn, blocked) if blocked else []
@@ -189,12 +199,15 @@ class EnqueueOps(ChainOps, QueryOps):
             queues = late if announced else late.union(ready)
             notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
             notices += due_notices(fresh)
+            notices += due_notices(waiting)  # the timeouts
             notices += ready_notices((), resolution.due)
             notices += skipped
             if notices:
                 await notify.publish(tx, notices=notices)
-        if not blocked:
+        if not blocked and not waiting:
             return inserted
+        for step in waiting:
+            settled[step.id] = JobStatus.BLOCKED if step.run_after is None else pending
         return [
             result or InsertedJob(job.id, job.chain_id, settled.get(job.id, pending), False)
             for job, result in zip(jobs, results, strict=True)

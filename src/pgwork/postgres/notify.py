@@ -42,7 +42,7 @@ __all__ = ["PostgresNotifyAdapter"]
 log = logging.getLogger("pgwork.notify")
 
 _SEP = "|"
-_KINDS = ("ready", "abort", "chain_done")
+_KINDS = ("ready", "abort", "chain_done", "signal")
 _REASONS = frozenset(reason.value for reason in AbortReason)
 # A listener's end-to-end check; not a notice (decode_notice ignores it).
 _PROBE = "probe" + _SEP
@@ -58,10 +58,11 @@ WhenUnavailable = Literal["raise", "poll"]
 
 
 def encode_notice(notice: Notice) -> str:
-    """Compact text payload: ``kind|job_id|chain_id|reason|at|queue``, never job data.
+    """Compact text payload: ``kind|job_id|chain_id|reason|at|queue``, never job data;
+    a ``signal`` notice carries its signal's name where the queue goes.
 
     The queue comes last and the decoder splits off only the first five fields, so a
-    queue name may contain any character, the separator included.
+    queue name (or a signal's) may contain any character, the separator included.
     """
     return _SEP.join(
         (
@@ -70,7 +71,7 @@ def encode_notice(notice: Notice) -> str:
             str(notice.chain_id) if notice.chain_id else "",
             notice.reason or "",
             repr(round(notice.at, 3)) if notice.at is not None else "",
-            notice.queue or "",
+            (notice.name if notice.kind == "signal" else notice.queue) or "",
         )
     )
 
@@ -81,13 +82,17 @@ def decode_notice(payload: str) -> Notice | None:
     Anyone who can connect may NOTIFY on the channel, and a newer pgwork may send
     kinds or reasons an older one lacks, so every field is checked here, where a
     payload becomes a notice: a known kind, well-formed ids, an abort reason this
-    version knows for the job it names, the chain a ``chain_done`` names, a finite
-    due time.
+    version knows for the job it names, the chain a ``chain_done`` names, the name a
+    ``signal`` carries (and nothing else), a finite due time.
     """
     parts = payload.split(_SEP, 5)
     if len(parts) != 6 or parts[0] not in _KINDS:
         return None
     kind, job_id, chain_id, reason, at, queue = parts
+    if kind == "signal":
+        if not queue or job_id or chain_id or reason or at:
+            return None
+        return Notice(kind="signal", name=queue)
     try:
         notice = Notice(
             kind=kind,  # type: ignore[arg-type]

@@ -113,6 +113,9 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # the latest a merge may push its start to; NULL on every other row, so the
         # index below holds debounced roots only (migration 0014).
         sa.Column("debounce_deadline", sa.DateTime(timezone=True), nullable=True),
+        # A waiting step's signal name (``Continue(..., wait_for=...)``), cleared by the
+        # match that hands it a signal; NULL for every other job (migration 0015).
+        sa.Column("wait_signal", sa.Text, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -218,6 +221,17 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             "type_name",
             "limit_group",
             postgresql_where=sa.text("status = 'running' AND limit_group IS NOT NULL"),
+        ),
+        # Waiting steps by signal name, oldest first: what a match pairs signals with
+        # (migration 0015). A step leaves it when matched (its name cleared) or once
+        # it runs; a job that never waits has no entry.
+        sa.Index(
+            "jobs_wait_signal_idx",
+            "wait_signal",
+            "id",
+            postgresql_where=sa.text(
+                "wait_signal IS NOT NULL AND status IN ('blocked', 'pending')"
+            ),
         ),
         postgresql_with={
             "fillfactor": "70",
@@ -328,6 +342,39 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
         sa.Index("job_starts_type_idx", "type_name", "started_at"),
         sa.Index("job_starts_group_idx", "type_name", "limit_group", "started_at"),
+    )
+
+    # Signals (migration 0015): one row per ``client.signal``, written in the sender's
+    # transaction. ``consumed_by`` is the waiting step a match handed it to (NULL while
+    # pending); that step's attempts read the payload by it. Ordered by ``id`` (a
+    # UUIDv7 made when the signal is sent): the oldest pending signal of a name goes
+    # to the oldest waiting step.
+    sa.Table(
+        "signals",
+        md,
+        sa.Column("id", pg.UUID(as_uuid=True), primary_key=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("payload", pg.JSONB, nullable=False),
+        sa.Column("sent_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("consumed_by", pg.UUID(as_uuid=True), nullable=True),
+        sa.Column("consumed_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint(
+            "(consumed_by IS NULL) = (consumed_at IS NULL)", name="signals_consumed_whole"
+        ),
+        # Pending signals of a name, oldest first: the match, and the sweep that finds
+        # names with both a signal and a waiter.
+        sa.Index(
+            "signals_pending_idx", "name", "id", postgresql_where=sa.text("consumed_by IS NULL")
+        ),
+        # A step's signal, read by its attempts.
+        sa.Index(
+            "signals_consumed_idx",
+            "consumed_by",
+            postgresql_where=sa.text("consumed_by IS NOT NULL"),
+        ),
+        # By age, for the pruning of expired pending signals and of consumed ones
+        # whose step has ended.
+        sa.Index("signals_sent_idx", "sent_at"),
     )
 
     # The history of ended jobs, counted per bucket of end time, queue and job type

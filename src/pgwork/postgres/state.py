@@ -25,7 +25,9 @@ subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``
 - ``_registry.RegistryOps``: ``WorkerRegistry`` (and ``list_workers``);
 - ``_history.HistoryOps``: the job history (``roll_up_history``, ``job_history``);
 - ``_limit_control.LimitControlOps``: ``LimitControl`` (limits and pauses changed at
-  run time).
+  run time);
+- ``_signals.SignalOps``: ``ChainSignals`` (signals, and matching them with the steps
+  that wait for them).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
 every part is in one catalogue (``pgwork.postgres.sql``), rendered once per schema.
@@ -51,6 +53,7 @@ from pgwork.postgres._names import DEFAULT_SCHEMA, validate_schema_name
 from pgwork.postgres._pool import BoundedPool, configure_session
 from pgwork.postgres._queries import QueryOps
 from pgwork.postgres._registry import RegistryOps
+from pgwork.postgres._signals import SignalOps
 from pgwork.postgres._state_complete import CompletionOps
 from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
@@ -80,6 +83,7 @@ class PostgresStateAdapter(
     WorkOps,
     HistoryOps,
     LimitControlOps,
+    SignalOps,
 ):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 

@@ -19,6 +19,7 @@ from pgwork.worker._build import build
 from pgwork.worker._gc import tune_gc
 from pgwork.worker._loop import Handler, InProcessWorker, Processor
 from pgwork.worker._process_handlers import ProcessHandler
+from pgwork.worker._side.maintenance import DEFAULT_SIGNAL_RETENTION
 from pgwork.worker._sync import SyncAttempt, SyncHandler
 from pgwork.worker.middleware import Middleware
 
@@ -60,6 +61,7 @@ def create_in_process_worker(
     sync_threads: int | None = None,
     process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler] | None = None,
     processes: int | None = None,
+    signal_retention: timedelta = DEFAULT_SIGNAL_RETENTION,
 ) -> InProcessWorker:
     """Build a worker that runs ``processors`` ({job_type: handler}) in up to
     ``max_slots`` concurrent attempts. A handler is an ``async def`` (given an
@@ -102,7 +104,10 @@ def create_in_process_worker(
     events (default: the client's observers). ``type_slots``: ``{job_type: n}``, the
     most attempts of that type this worker runs (or holds prefetched) at once, beside
     ``max_slots`` (for a memory- or CPU-heavy type); a job type's ``concurrency``
-    limits what every worker runs together.
+    limits what every worker runs together. ``signal_retention``: how long a signal
+    no step has taken is kept for the next step that waits for its name (default seven
+    days); the worker's maintenance deletes older ones (docs/chains.md, "Waiting for a
+    signal").
     """
     poll_s = _seconds(poll_interval, "poll_interval")
     grace_s = _seconds(grace_period, "grace_period")
@@ -136,6 +141,10 @@ def create_in_process_worker(
         raise ConfigurationError(
             f"sync_threads must be a whole number of threads >= 1, got {sync_threads!r}"
         )
+    if not isinstance(signal_retention, timedelta) or signal_retention <= timedelta(0):
+        raise ConfigurationError(
+            f"signal_retention must be a positive timedelta, got {signal_retention!r}"
+        )
     if processes is not None and (
         isinstance(processes, bool) or not isinstance(processes, int) or processes < 1
     ):
@@ -164,4 +173,5 @@ def create_in_process_worker(
         sync_threads=sync_threads,
         process_handlers=process_handlers,
         processes=processes,
+        signal_retention=signal_retention,
     )

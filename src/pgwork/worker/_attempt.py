@@ -18,21 +18,30 @@ from typing import Any, Generic, TypeVar
 from pgwork._continuations import continuation_job, split_schedule
 from pgwork._limits import check_pause
 from pgwork.adapters.limits import LimitChange
-from pgwork.adapters.state import AcquiredJob, ChainBlockers, LimitControl, NewJob
+from pgwork.adapters.state import (
+    AcquiredJob,
+    ChainBlockers,
+    ChainSignals,
+    LimitControl,
+    NewJob,
+)
 from pgwork.errors import (
     AttemptAlreadyFinishedError,
     CapabilityMissingError,
     ConfigurationError,
     LeaseLostError,
     LimitNotDeclaredError,
+    WaitNotDeclaredError,
 )
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
+from pgwork.signals import Signalled, SignalType, TimedOut
 
 __all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
+P = TypeVar("P")
 
 TRACEBACK_LIMIT = 8000
 MESSAGE_LIMIT = 2000
@@ -90,6 +99,7 @@ class Attempt(Generic[I, O]):
         transaction: Any | None,
         blockers: ChainBlockers | None,
         limit_control: LimitControl | None = None,
+        signals: ChainSignals | None = None,
     ) -> None:
         self.job = job
         self.job_type = job_type
@@ -104,6 +114,8 @@ class Attempt(Generic[I, O]):
         self._blockers = blockers
         # The store, when it keeps run-time limits (``pause_limit_key``).
         self._limit_control = limit_control
+        # The store, when it offers signals; without them no job waits for one.
+        self._signals = signals
         self._max_payload_bytes = max_payload_bytes
         self.outcome: Outcome | None = None
 
@@ -208,6 +220,10 @@ class Attempt(Generic[I, O]):
             raise AttemptAlreadyFinishedError(self.job.id, kind)
 
     def _continuation(self, spec: Continuation) -> NewJob:
+        if spec.wait is not None and self._signals is None:
+            raise CapabilityMissingError(
+                "ChainSignals", "Continue(..., wait_for=...)", "the worker's state adapter"
+            )
         job = continuation_job(
             self._registry, self.job_type, self.job, spec, max_bytes=self._max_payload_bytes
         )
@@ -231,6 +247,30 @@ class Attempt(Generic[I, O]):
             else:
                 outputs.append(blocker.output)
         return outputs
+
+    async def received(self, signal_type: SignalType[P]) -> Signalled[P] | TimedOut:
+        """The signal this step waited for (its job type's ``waits_for``): ``Signalled``
+        with the payload decoded to the signal type's model, or ``TimedOut`` when the
+        step started without one (its timeout passed first). Every attempt of the step
+        reads the same signal. ``WaitNotDeclaredError`` for a signal type its job type
+        does not wait for, before any statement."""
+        declared = self.job_type.waits_for
+        if declared is not signal_type:
+            raise WaitNotDeclaredError(
+                self.job_type.name,
+                getattr(signal_type, "name", repr(signal_type)),
+                None if declared is None else declared.name,
+                self.job.id,
+            )
+        if self._signals is None:
+            return TimedOut()
+        # Outside the attempt's transaction: the match that handed it over committed
+        # before the step could start.
+        got = await self._signals.received_signal(None, job_id=self.job.id)
+        if got is None:
+            return TimedOut()
+        payload = signal_type.payload_codec.decode(got.payload)
+        return Signalled(payload=payload, name=got.name, sent_at=got.sent_at)
 
     def _finish_with(self, result: Any) -> None:
         """Turn a handler's return value into the outcome when it set none itself (not a

@@ -16,6 +16,7 @@ import os
 import random
 import socket
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -38,9 +39,10 @@ from pgwork.worker._process_handlers import ProcessHandler, on_processes, proces
 from pgwork.worker._processes import HandlerProcesses
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._side.heartbeat import Heartbeat
-from pgwork.worker._side.maintenance import Maintenance
+from pgwork.worker._side.maintenance import DEFAULT_SIGNAL_RETENTION, Maintenance
 from pgwork.worker._side.notices import NoticeRouter
 from pgwork.worker._side.reaper import Reaper
+from pgwork.worker._signals import SignalMatcher
 from pgwork.worker._slots import Slots
 from pgwork.worker._steps import AttemptSteps
 from pgwork.worker._sync import on_threads
@@ -74,6 +76,7 @@ def build(
     sync_threads: int | None = None,
     process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler] | None = None,
     processes: int | None = None,
+    signal_retention: timedelta = DEFAULT_SIGNAL_RETENTION,
 ) -> InProcessWorker:
     """The worker for options ``create_in_process_worker`` has checked."""
     capabilities = client.capabilities
@@ -120,6 +123,11 @@ def build(
     deadline = StopDeadline()  # once a stop aborted what still ran: by when it is done
     stopping = anyio.Event()
     acquires = Acquires()
+    matcher = (
+        None
+        if capabilities.signals is None
+        else SignalMatcher(store=capabilities.signals, notify=client.notify)
+    )
     batcher = CompletionBatcher(
         client.state,
         # A turn carries a completion for every slot: with a batch smaller than the
@@ -141,6 +149,7 @@ def build(
                 events=events,
                 rng=rng,
                 abandon_after=abandon_after,
+                matcher=matcher,
             ),
             groups=atomic_groups(
                 state=client.state,
@@ -240,9 +249,15 @@ def build(
             idle_interval=poll_interval,
         ),
         notices=NoticeRouter(
-            worker_id=worker_id, queues=queues, wakeups=wakeups, bell=bell, events=events
+            worker_id=worker_id,
+            queues=queues,
+            wakeups=wakeups,
+            bell=bell,
+            events=events,
+            signal_types={t.waits_for.name for t in types.values() if t.waits_for is not None},
         ),
-        maintenance=Maintenance(client, schedules),
+        maintenance=Maintenance(client, schedules, signal_retention=signal_retention),
+        matcher=matcher,
     )
 
 

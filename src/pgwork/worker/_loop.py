@@ -12,8 +12,8 @@ interval since the queues were found drained. The jobs the worker holds, and the
 each attempt runs in, are ``_slots``'; each moves through the states of ``_slot``. An
 attempt runs in ``_runner`` by mode (``_atomic``, ``_atomic_group``), through the
 steps they share (``_steps``). Side tasks renew leases (``_lease``), send heartbeats
-(``_heartbeat``), give up on stuck handlers (``_watchdog``) and run maintenance
-(``_maintenance``).
+(``_heartbeat``), give up on stuck handlers (``_watchdog``), run maintenance
+(``_maintenance``) and match signals with the steps waiting for them (``_signals``).
 
 The worker is given its parts made and wired (``_build``); it only runs them. What
 the store offers beyond the core of the contract is read once, as the worker is built
@@ -61,9 +61,10 @@ from pgwork.worker._fetch import Fetcher
 from pgwork.worker._side.heartbeat import Heartbeat
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
-from pgwork.worker._side.notices import NoticeRouter
+from pgwork.worker._side.notices import Abort, NoticeRouter
 from pgwork.worker._side.reaper import Reaper
 from pgwork.worker._side.watchdog import keep_abandoned
+from pgwork.worker._signals import SignalMatcher
 from pgwork.worker._slots import Slots
 from pgwork.worker._sync import SyncHandler
 from pgwork.worker._wakeups import Wakeups
@@ -122,6 +123,7 @@ class InProcessWorker:
         reaper: Reaper,
         notices: NoticeRouter,
         maintenance: Maintenance,
+        matcher: SignalMatcher | None = None,
     ) -> None:
         """Made by ``create_in_process_worker`` (``_build``), which wires the parts."""
         self.client = client
@@ -147,6 +149,7 @@ class InProcessWorker:
         self._reaper = reaper
         self._notices = notices
         self._maintenance = maintenance
+        self._matcher = matcher
         capabilities = client.capabilities
         self._due_times = capabilities.due_times
         self._in_line_renewal = capabilities.in_line_renewal
@@ -188,6 +191,8 @@ class InProcessWorker:
                 side.start_soon(self._heartbeat.run_forever)
                 side.start_soon(self._batcher.run_forever)
                 side.start_soon(self._slots.watch_forever)
+                if self._matcher is not None:
+                    side.start_soon(self._matcher.run_forever)
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -198,6 +203,11 @@ class InProcessWorker:
                 )
                 try:
                     await self._main_loop()
+                    if self._matcher is not None:
+                        # The names its last hand-ons left: matched now rather than by
+                        # another worker's sweep.
+                        with anyio.move_on_after(LATE_SETTLE_S):
+                            await self._matcher.flush()
                     if self._slots.limited:
                         # The room its last attempts freed (their completions written
                         # by the batcher, with no acquire after them) may be waited for.
@@ -520,6 +530,10 @@ class InProcessWorker:
         )
 
     async def _listen(self, listener: Listener) -> None:
-        """Act on the notices the listener hears; the aborts are the slots' to act on."""
-        async for abort in self._notices.aborts(listener, timeout=self.poll_interval):
-            self._slots.abort_job(abort.job_id, abort.reason)
+        """Act on the notices the listener hears; the aborts are the slots' to act on,
+        the names to match the signal matcher's."""
+        async for action in self._notices.actions(listener, timeout=self.poll_interval):
+            if isinstance(action, Abort):
+                self._slots.abort_job(action.job_id, action.reason)
+            elif self._matcher is not None:
+                self._matcher.want([action.name])

@@ -27,6 +27,7 @@ from pgwork.errors import (
     HandlerAbandonedError,
     OutcomeNotStorableError,
     PgworkError,
+    WaitNotDeclaredError,
 )
 from pgwork.observability import (
     ATTEMPT_ABANDONED,
@@ -42,12 +43,17 @@ from pgwork.records import AbortReason, Job, JobStatus
 from pgwork.worker._announce import announce_ready, due_epoch
 from pgwork.worker._attempt import Attempt, Completed, Rescheduled, error_record
 from pgwork.worker._batch import CompletionBatcher, Pending
+from pgwork.worker._signals import SignalMatcher
 from pgwork.worker._slot import Abandoned, Slot, SlotState
 from pgwork.worker.middleware import CallNext
 
 log = logging.getLogger("pgwork.worker")
 
 __all__ = ["AttemptSteps"]
+
+# Mistakes in the handler's code that fail the same way on every retry: the job fails
+# for good at once.
+_PROGRAMMING_ERRORS = (ContinuationNotAllowedError, WaitNotDeclaredError)
 
 # Every attempt builds its ``Job``; the builder sets its 22 fields without the frozen
 # ``__init__``'s ``object.__setattr__`` (``_frozen``). The values go in this order.
@@ -107,11 +113,15 @@ class AttemptSteps:
         events: Emitter,
         rng: random.Random,
         abandon_after: float,
+        matcher: SignalMatcher | None = None,
     ) -> None:
         self.client = client
         self.state = client.state
         capabilities = client.capabilities
         self._blockers = capabilities.blockers
+        self._signals = capabilities.signals
+        # Matches the names of the waiting steps this worker's hand-ons write.
+        self._matcher = matcher
         self._limit_control = capabilities.limit_control
         # The store's atomic attempts (a worker without them runs no atomic type).
         self.atomic = capabilities.atomic
@@ -168,6 +178,7 @@ class AttemptSteps:
             transaction=transaction,
             blockers=self._blockers,
             limit_control=self._limit_control,
+            signals=self._signals,
         )
         slot.attempt = attempt
         if slot.pending_abort is not None:
@@ -351,7 +362,7 @@ class AttemptSteps:
         if error is not None:
             # A continuation the type does not declare is a programming error: the
             # same code fails the same way on every retry, so fail at once.
-            terminal = isinstance(error, ContinuationNotAllowedError)
+            terminal = isinstance(error, _PROGRAMMING_ERRORS)
             await self.settle_failure(slot, error, terminal=terminal)
             return
         try:
@@ -446,12 +457,17 @@ class AttemptSteps:
         """Write a completion and announce what it made ready (continuation, unblocked
         dependants) and, for an awaited chain, its end — in ``tx`` when there is one
         (delivered on commit), else right after the autocommitted write."""
-        if tx is None and completion.continuation is not None:
+        following = completion.continuation
+        if tx is None and following is not None:
             # A hand-on: the adapter completes, continues and announces in one go (one
             # statement on PostgreSQL).
             [handed_on] = await self.state.complete(
                 None, completions=[completion], notify=self.notify
             )
+            if handed_on.accepted and following.wait_signal is not None:
+                # Committed: its name is matched now (a signal sent before it waits).
+                assert self._matcher is not None  # the attempt checked the store has them
+                self._matcher.want([following.wait_signal])
             return handed_on.accepted
         if tx is None:
             result = await self._batcher.complete(completion)
@@ -459,6 +475,11 @@ class AttemptSteps:
             result = (await self.state.complete(tx, completions=[completion]))[0]
         if result.ready_queues or result.due or result.chain_awaited:
             await self._announce(result, chain_id, tx)
+        if tx is not None and result.accepted and following and following.wait_signal:
+            # Its name is matched once ``tx`` commits, by the workers that hear this.
+            await self.notify.publish(
+                tx, notices=[Notice(kind="signal", name=following.wait_signal)]
+            )
         return result.accepted
 
     async def _announce(self, result: CompletionResult, chain_id: Any, tx: Any | None) -> None:
@@ -500,7 +521,7 @@ class AttemptSteps:
             return self._failure(slot, error, terminal=True)
         if attempt.abort_reason is not None or error is None:
             return None
-        return self._failure(slot, error, terminal=isinstance(error, ContinuationNotAllowedError))
+        return self._failure(slot, error, terminal=isinstance(error, _PROGRAMMING_ERRORS))
 
     async def settle_failure(
         self, slot: Slot, error: BaseException | None, *, terminal: bool

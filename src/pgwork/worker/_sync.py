@@ -38,6 +38,7 @@ from pgwork.errors import (
 )
 from pgwork.job_types import Continuation, JobType
 from pgwork.records import AbortReason, Job
+from pgwork.signals import Signalled, SignalType, TimedOut
 from pgwork.worker._attempt import Attempt
 from pgwork.worker._threads import HandlerThreads
 from pgwork.worker.middleware import CallNext
@@ -46,6 +47,7 @@ __all__ = ["SyncAttempt", "SyncHandler", "on_threads"]
 
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
+P = TypeVar("P")
 T = TypeVar("T")
 
 SyncHandler = Callable[["SyncAttempt[Any, Any]"], Any]
@@ -170,6 +172,10 @@ class SyncAttempt(Generic[I, O]):
     def blocker_outputs(self) -> list[Any]:
         """Outputs of the chains this job was blocked on (``Attempt.blocker_outputs``)."""
         return self._run("blocker_outputs()", self._attempt.blocker_outputs())
+
+    def received(self, signal_type: SignalType[P]) -> Signalled[P] | TimedOut:
+        """The signal this step waited for, or ``TimedOut`` (``Attempt.received``)."""
+        return self._run("received()", self._attempt.received(signal_type))
 
     def _run(self, action: str, coro: Coroutine[Any, Any, T]) -> T:
         try:

@@ -13,10 +13,12 @@ Each module holds the statements of one concern as named constants (``ACQUIRE``,
 - ``work_views``: the operator's views of waiting, running and failed work;
 - ``insight``: recent activity and chain links;
 - ``history``: rolling ended jobs up into the history, and reading it;
+- ``signals``: signals, the steps that wait for them, and matching the two;
 - ``workers``: the worker registry.
 
 Statements are templates: ``{jobs}``, ``{queues}``, ``{workers}``... stand for the
-schema's tables and types, ``{lease_line}`` for the lease-line lock's key. ``render``
+schema's tables and types, ``{lease_line}``, ``{limit_lock}`` and ``{signal_lock}`` for
+advisory locks' first keys. ``render``
 fills them in once per schema, with the schema name composed by ``psycopg.sql``;
 everything a caller supplies is a bound parameter. The statement contract test prepares
 every statement of the catalogue against a migrated database.
@@ -42,6 +44,7 @@ from pgwork.postgres.sql.limit_control import LimitControlStatements
 from pgwork.postgres.sql.limits import LIMIT_LOCK, LimitStatements
 from pgwork.postgres.sql.outcomes import OutcomeStatements
 from pgwork.postgres.sql.queries import QueryStatements
+from pgwork.postgres.sql.signals import SIGNAL_LOCK, SignalStatements
 from pgwork.postgres.sql.work_views import WorkViewStatements
 from pgwork.postgres.sql.workers import WorkerStatements
 
@@ -57,6 +60,7 @@ _SCHEMA_OBJECTS = (
     "job_history_progress",
     "job_limits",
     "job_starts",
+    "signals",
     "job_status",
     "chain_status",
 )
@@ -80,6 +84,7 @@ class Statements:
     work_views: WorkViewStatements
     insight: InsightStatements
     history: HistoryStatements
+    signals: SignalStatements
     workers: WorkerStatements
 
     def named(self) -> dict[str, bytes]:
@@ -110,6 +115,7 @@ def render(schema: str) -> Statements:
     }
     names["lease_line"] = sql.Literal(LEASE_LINE_LOCK)
     names["limit_lock"] = sql.Literal(LIMIT_LOCK)
+    names["signal_lock"] = sql.Literal(SIGNAL_LOCK)
 
     def fill(template: str) -> bytes:
         return sql.SQL(template).format(**names).as_bytes(None)

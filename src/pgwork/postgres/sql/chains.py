@@ -105,11 +105,12 @@ SELECT id, chain_id, status, queue, chain_awaited, due FROM changed
 """
 
 # Blocked jobs whose blockers have all ended: normally resolved when the last blocker
-# ended; this catches a worker that died between completing and resolving.
+# ended; this catches a worker that died between completing and resolving. A step
+# waiting for a signal is blocked too, on no chain: it is not this sweep's to settle.
 FIND_RESOLVABLE_BLOCKED = """
 SELECT d.id
 FROM {jobs} AS d
-WHERE d.status = 'blocked'
+WHERE d.status = 'blocked' AND d.wait_signal IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM {job_blockers} AS b
       JOIN {jobs} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id

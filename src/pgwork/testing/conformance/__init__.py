@@ -56,6 +56,7 @@ pytest.register_assert_rewrite(
             "_state_queries",
             "_state_reap",
             "_state_registry",
+            "_state_signals",
             "_state_work",
         )
     )

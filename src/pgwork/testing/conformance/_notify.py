@@ -95,6 +95,7 @@ class NotifyAdapterConformance:
             Notice(kind="ready", queue="mail"),
             Notice(kind="abort", job_id=uuid.uuid4(), reason="cancelled"),
             Notice(kind="chain_done", chain_id=uuid.uuid4()),
+            Notice(kind="signal", name="payment:order | 7"),
         ]
         async with notify_adapter.listen() as listener:
             await notify_adapter.publish(None, notices=sent)

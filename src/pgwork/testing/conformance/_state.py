@@ -21,6 +21,7 @@ from pgwork.testing.conformance._state_limit_pruning import LimitPruningConforma
 from pgwork.testing.conformance._state_queries import QueryConformance
 from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConformance
 from pgwork.testing.conformance._state_registry import RegistryConformance
+from pgwork.testing.conformance._state_signals import SignalConformance
 from pgwork.testing.conformance._state_turn import TurnConformance
 from pgwork.testing.conformance._state_work import WorkConformance
 
@@ -44,6 +45,7 @@ class StateAdapterConformance(
     DedupConformance,
     DebounceConformance,
     BlockerConformance,
+    SignalConformance,
     ControlConformance,
     QueryConformance,
     InsightConformance,

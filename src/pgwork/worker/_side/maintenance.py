@@ -1,5 +1,6 @@
-"""The worker's periodic housekeeping: recurring schedules, stuck blockers, the job
-history, retention, pruning stopped workers and flow control's idle rows.
+"""The worker's periodic housekeeping: recurring schedules, stuck blockers, signals
+left unmatched and expired ones, the job history, retention, pruning stopped workers
+and flow control's idle rows.
 
 Runs beside the main loop. Each step is safe to run in every worker at once: schedule
 ticks are deduplicated in the database, the blocker sweep locks what it settles
@@ -11,9 +12,17 @@ retention in a round, so retention rarely deletes a job the history has not coun
 (when it does, it counts it itself).
 A failing step is logged and retried on the next round; it never stops the worker.
 
+The signal sweep pairs the pending signals and waiting steps a lost match left (a
+worker killed between a hand-on's commit and its match, a notice never heard): at
+start, so a worker started after a crash repairs at once, and every ``sweep_every``;
+two workers sweeping one name take turns on its lock, and the second finds nothing.
+Signals older than ``signal_retention`` that nothing will read are deleted every
+``prune_every``.
+
 Each step but the schedules' needs a capability of the store (``ChainBlockers`` for
-the sweep, ``Maintenance`` for the rollup, retention and both prunings): on a store without
-it the step is not run. Schedule ticks only enqueue, and run on any store.
+the blocker sweep, ``ChainSignals`` for the signals', ``Maintenance`` for the rollup,
+retention and both prunings): on a store without it the step is not run. Schedule
+ticks only enqueue, and run on any store.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from pgwork.schedules import CronSchedule
 log = logging.getLogger("pgwork.worker")
 
 __all__ = [
+    "DEFAULT_SIGNAL_RETENTION",
     "HISTORY_BATCH",
     "HISTORY_BATCHES_PER_ROUND",
     "LIMIT_PRUNE_BATCH",
@@ -59,6 +69,14 @@ HISTORY_BATCHES_PER_ROUND = 10
 LIMIT_PRUNE_BATCH = 1000
 LIMIT_PRUNE_BATCHES_PER_ROUND = 10
 
+# How long a signal that no step took is kept for the next step that waits for its
+# name (``create_in_process_worker(signal_retention=...)``): long enough for a chain
+# that reaches its waiting step days after the event it waits for.
+DEFAULT_SIGNAL_RETENTION = timedelta(days=7)
+# Names one signal sweep matches at most, and signals one pruning step deletes.
+SIGNAL_SWEEP_BATCH = 100
+SIGNAL_PRUNE_BATCH = 1000
+
 
 class Maintenance:
     def __init__(
@@ -73,6 +91,7 @@ class Maintenance:
         prune_every: float = 600.0,
         history_every: float = 30.0,
         history_keep: timedelta = HISTORY_KEEP,
+        signal_retention: timedelta = DEFAULT_SIGNAL_RETENTION,
     ) -> None:
         self.client = client
         self.schedules = tuple(schedules)
@@ -84,8 +103,12 @@ class Maintenance:
         self.history_every = history_every
         self.history_keep = history_keep
         self._fired: dict[str, datetime] = {}
+        self.signal_retention = signal_retention
         self._blockers = client.capabilities.blockers
+        self._signals = client.capabilities.signals
         self._store = client.capabilities.maintenance
+        # Signals the sweep delivered (for tests and stats).
+        self.swept = 0
         self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
 
     async def run_forever(self) -> None:
@@ -93,6 +116,8 @@ class Maintenance:
         next_retention = time.monotonic() + self.retention_every
         next_prune = time.monotonic() + self.prune_every
         next_history = time.monotonic() + self.history_every
+        next_signal_sweep = time.monotonic()  # at start: what a crash left
+        next_signal_prune = time.monotonic() + self.prune_every
         while True:
             if self.schedules:
                 await self._guarded("schedules", self.fire_due)
@@ -100,6 +125,9 @@ class Maintenance:
             if self._blockers is not None and now >= next_sweep:
                 next_sweep = now + self.sweep_every
                 await self._guarded("blocker sweep", self.sweep)
+            if self._signals is not None and now >= next_signal_sweep:
+                next_signal_sweep = now + self.sweep_every
+                await self._guarded("signal sweep", self.sweep_signals)
             maintained = self._store is not None
             if maintained and now >= next_history:
                 next_history = now + self.history_every
@@ -111,6 +139,9 @@ class Maintenance:
                 next_prune = now + self.prune_every
                 await self._guarded("worker pruning", self.prune_workers)
                 await self._guarded("flow-control pruning", self.prune_limits)
+            if self._signals is not None and now >= next_signal_prune:
+                next_signal_prune = now + self.prune_every
+                await self._guarded("signal pruning", self.prune_signals)
             await anyio.sleep(self.tick)
 
     async def _guarded(self, what: str, step: Any) -> None:
@@ -155,6 +186,40 @@ class Maintenance:
             await self.client.notify.publish(
                 None, notices=ready_notices(resolution.ready_queues, resolution.due)
             )
+
+    async def sweep_signals(self) -> int:
+        """Match the names that have both a pending signal and a waiting step, a batch
+        at a time while a batch comes back full; announce the steps it started.
+        Returns how many signals it delivered."""
+        signals = self.client.capabilities.require_signals("the signal sweep")
+        delivered = 0
+        for _ in range(10):
+            match = await signals.sweep_signals(limit=SIGNAL_SWEEP_BATCH)
+            delivered += len(match.delivered)
+            if match.delivered:
+                await self.client.notify.publish(None, notices=ready_notices(match.ready_queues))
+            if len(match.delivered) < SIGNAL_SWEEP_BATCH and not match.full:
+                break
+        if delivered:
+            self.swept += delivered
+            log.info("pgwork delivered %d signal(s) a lost match had left", delivered)
+        return delivered
+
+    async def prune_signals(self) -> int:
+        """Delete the signals sent over ``signal_retention`` ago that nothing will read,
+        a batch at a time while there are more; returns how many."""
+        signals = self.client.capabilities.require_signals("signal pruning")
+        pruned = 0
+        for _ in range(LIMIT_PRUNE_BATCHES_PER_ROUND):
+            step = await signals.prune_signals(
+                older_than=self.signal_retention, limit=SIGNAL_PRUNE_BATCH
+            )
+            pruned += step
+            if step < SIGNAL_PRUNE_BATCH:
+                break
+        if pruned:
+            log.info("pgwork removed %d expired signal(s)", pruned)
+        return pruned
 
     async def prune_workers(self) -> None:
         store = self.client.capabilities.require_maintenance("pruning stopped workers")

@@ -4,15 +4,17 @@
 set a timer for; ``reconnected`` is a hint too (notices may have been lost meanwhile):
 the router tells ``Wakeups`` and rings the loop's bell itself. ``abort`` stops the
 attempt on that job if this worker runs it: the router hands it back as an ``Abort``
-(``aborts`` yields them), and the worker's slots act on it. A notice this version
-cannot act on (an abort reason it does not know, a due time that is no time) is logged
-and ignored: a notice is a hint, and no hint may stop the worker.
+(``actions`` yields them), and the worker's slots act on it. ``signal`` for a signal
+type one of the worker's job types waits for is handed back as a ``MatchSignal``, for
+the worker's ``SignalMatcher``. A notice this version cannot act on (an abort reason it
+does not know, a due time that is no time) is logged and ignored: a notice is a hint,
+and no hint may stop the worker.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import NamedTuple
 from uuid import UUID
 
@@ -27,7 +29,7 @@ from pgwork.worker._wakeups import Wakeups
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Abort", "NoticeRouter"]
+__all__ = ["Abort", "MatchSignal", "NoticeRouter"]
 
 # A failing listener retries after a backoff capped at this many seconds.
 LISTEN_BACKOFF_MAX = 5.0
@@ -40,6 +42,13 @@ class Abort(NamedTuple):
     reason: AbortReason
 
 
+class MatchSignal(NamedTuple):
+    """A ``signal`` notice: a signal, or a step waiting for one, was committed under
+    ``name``; match it."""
+
+    name: str
+
+
 class NoticeRouter:
     def __init__(
         self,
@@ -49,16 +58,21 @@ class NoticeRouter:
         wakeups: Wakeups,
         bell: Bell,
         events: Emitter,
+        signal_types: Iterable[str] = (),
     ) -> None:
         self.worker_id = worker_id
         self.queues = frozenset(queues)
+        # The signal types its job types wait for: it matches their names only.
+        self.signal_types = frozenset(signal_types)
         self._wakeups = wakeups
         self._bell = bell
         self._events = events
 
-    async def aborts(self, listener: Listener, *, timeout: float) -> AsyncIterator[Abort]:
+    async def actions(
+        self, listener: Listener, *, timeout: float
+    ) -> AsyncIterator[Abort | MatchSignal]:
         """Listen until cancelled, acting on each notice heard; yield the aborts, which
-        only the worker's slots can act on."""
+        only the worker's slots can act on, and the names to match."""
         failures = 0
         while True:
             try:
@@ -70,12 +84,13 @@ class NoticeRouter:
                 await anyio.sleep(min(LISTEN_BACKOFF_MAX, 0.1 * 2**failures))
                 continue
             for notice in notices:
-                abort = self.route(notice)
-                if abort is not None:
-                    yield abort
+                action = self.route(notice)
+                if action is not None:
+                    yield action
 
-    def route(self, notice: Notice) -> Abort | None:
-        """Act on ``notice``; an abort is returned for the slots to act on."""
+    def route(self, notice: Notice) -> Abort | MatchSignal | None:
+        """Act on ``notice``; an abort is returned for the slots to act on, a name to
+        match for the signal matcher."""
         if notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues):
             if notice.at is None:
                 self._wakeups.hint()
@@ -93,4 +108,10 @@ class NoticeRouter:
                 log.warning("pgwork worker %s ignored a notice: %r", self.worker_id, notice)
                 return None
             return Abort(notice.job_id, reason)
+        elif (
+            notice.kind == "signal"
+            and isinstance(notice.name, str)  # an in-process notice is not decoded
+            and notice.name.split(":", 1)[0] in self.signal_types
+        ):
+            return MatchSignal(notice.name)
         return None

@@ -1,0 +1,94 @@
+"""Matching signal names on the worker's behalf: ``SignalMatcher``.
+
+A name is to be matched (its pending signals paired with its waiting steps,
+``ChainSignals.match_signals``) once a signal or a step waiting for it has committed:
+after a staged hand-on of this worker into a waiting step, and on each ``signal``
+notice the worker hears for a signal type its job types wait for. Both only leave the
+name here (``want``) and go on; the matcher's own task matches what was left, several
+names per transaction, and announces the queues of the steps it started, so a worker
+starts each within milliseconds. A match that fails is tried again after a backoff;
+one lost with the process is left to the maintenance's sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import anyio
+
+from pgwork.adapters.notify import NotifyAdapter
+from pgwork.adapters.state import ChainSignals
+from pgwork.worker._announce import announce_ready
+
+log = logging.getLogger("pgwork.worker")
+
+__all__ = ["MATCH_LIMIT", "SignalMatcher"]
+
+# Pairs per name one match makes at most (a name with more is matched again at once),
+# and names per match.
+MATCH_LIMIT = 100
+# Names kept waiting for a match at most; past it a name is dropped, for the sweep.
+MAX_WANTED = 10_000
+# A failed match is tried again after a backoff capped at this many seconds.
+RETRY_MAX_S = 5.0
+
+
+class SignalMatcher:
+    """The one owner of the names this worker is to match, and the task matching them."""
+
+    def __init__(self, *, store: ChainSignals, notify: NotifyAdapter) -> None:
+        self._store = store
+        self._notify = notify
+        self._wanted: dict[str, None] = {}
+        self._news = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+        # Signals this worker delivered, and matches it ran (for tests and stats).
+        self.delivered = 0
+        self.matches = 0
+
+    def want(self, names: Iterable[str]) -> None:
+        """Have ``names`` matched soon (no I/O here)."""
+        for name in names:
+            if len(self._wanted) >= MAX_WANTED:
+                log.warning("pgwork worker dropped a signal match (%d waiting)", MAX_WANTED)
+                break
+            self._wanted[name] = None
+        if self._wanted:
+            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            self._news.set()
+
+    async def run_forever(self) -> None:
+        failures = 0
+        while True:
+            await self._news.wait()
+            self._news = anyio.Event()
+            while self._wanted:
+                # Taken before the match: a name wanted again meanwhile (a commit after
+                # this match's snapshot) is matched once more.
+                names = list(self._wanted)[:MATCH_LIMIT]
+                for name in names:
+                    del self._wanted[name]
+                try:
+                    await self._match(names)
+                    failures = 0
+                except Exception as exc:
+                    self.want(names)
+                    failures += 1
+                    log.warning("pgwork could not match signals %s: %r", names[:3], exc)
+                    await anyio.sleep(min(RETRY_MAX_S, 0.05 * 2**failures))
+            self._idle.set()
+
+    async def _match(self, names: list[str]) -> None:
+        match = await self._store.match_signals(names=names, limit=MATCH_LIMIT)
+        self.matches += 1
+        for name in match.full:  # more pairs than one match makes
+            self._wanted[name] = None
+        if match.delivered:
+            self.delivered += len(match.delivered)
+            await announce_ready(self._notify, match.ready_queues)
+
+    async def flush(self) -> None:
+        """Wait until every name left so far was matched (or the caller gives up)."""
+        await self._idle.wait()
