@@ -5,8 +5,9 @@ What the user sees: psycopg code and SQLAlchemy's sync API write through it, and
 they wrote commits with the job's completion; a handler that raises, times out or is
 given up on leaves nothing behind; ``commit`` and ``rollback`` act on the handler's
 own part of the transaction, never on the job's; the connection is usable only while
-the handler runs. A worker that groups atomic attempts refuses such a handler before
-any job runs. Each mechanism has a control that takes it out.
+the handler runs. A worker that groups atomic attempts, or whose store cannot lend a
+transaction to a thread, refuses such a handler before any job runs. Each mechanism
+has a control that takes it out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy import create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
+from tests._core_only import CoreOnly
 
 from pgwork import (
     AtomicSyncHandlerError,
@@ -32,11 +34,14 @@ from pgwork import (
     ConfigurationError,
     JobStatus,
     JobTypeRegistry,
+    PostgresStateAdapter,
     RetryPolicy,
     StartedChain,
     SyncAttempt,
     create_in_process_worker,
 )
+from pgwork.adapters.capabilities import operations
+from pgwork.adapters.state import AtomicAttempts
 
 from .conftest import ClientFactory, eventually
 
@@ -412,3 +417,52 @@ async def test_a_worker_grouping_atomic_attempts_refuses_a_sync_atomic_handler(
     # Accepted: the same handler ungrouped, and an async one grouped.
     create_in_process_worker(client=client, processors={ledger: post})
     create_in_process_worker(client=client, processors={ledger: post_async}, atomic_group=4)
+
+
+def _atomic_without_lending(adapter: PostgresStateAdapter) -> CoreOnly:
+    """PostgreSQL seen as a store with the core and atomic attempts, which cannot lend
+    an attempt's transaction to a thread (no ``TransactionLending``)."""
+    store = CoreOnly(adapter)
+    for name in operations(AtomicAttempts):
+        setattr(store, name, getattr(adapter, name))
+    return store
+
+
+async def test_a_store_that_cannot_lend_refuses_a_sync_atomic_handler_when_built(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Refused before the worker exists, rather than failing every attempt of the type
+    at its start. (Control: without the check in ``_build``, the worker is built.)"""
+    reg = JobTypeRegistry()
+    ledger = reg.job_type("ledger", input=Num, mode="atomic")
+    client = await make_client(reg, store=_atomic_without_lending)
+    # The view is what it claims: atomic attempts, no lending.
+    assert client.capabilities.atomic is not None
+    assert client.capabilities.lending is None
+    started = await client.start_chain(conn, ledger, Num(n=1))
+    await conn.commit()
+    calls: list[int] = []
+
+    def post(attempt: SyncAttempt[Num, None]) -> None:
+        calls.append(attempt.job.input.n)
+
+    with pytest.raises(AtomicSyncHandlerError) as caught:
+        create_in_process_worker(client=client, processors={ledger: post})
+    assert isinstance(caught.value, ConfigurationError)
+    assert caught.value.type_name == "ledger"
+    assert caught.value.store_type == "CoreOnly"
+    message = str(caught.value)
+    assert "'ledger'" in message
+    assert "TransactionLending" in message
+    assert "`async def`" in message
+    assert calls == []
+    assert (await client.get_job(started.job_id)).attempt == 0
+
+    async def post_async(attempt: Attempt[Num, None]) -> None:
+        return None
+
+    # Accepted: an async handler of the type on this store, the sync one on PostgreSQL.
+    create_in_process_worker(client=client, processors={ledger: post_async})
+    lending = await make_client(reg)
+    assert lending.capabilities.lending is not None
+    create_in_process_worker(client=lending, processors={ledger: post})

@@ -7,7 +7,8 @@ receives the parts it talks to as it is constructed and nothing is assigned to a
 afterwards. What the store offers beyond the core of the contract is read here, once
 (``client.capabilities``): each part is made with the capability or without it, and a
 job type that cannot run without one (an atomic type on a store without
-``AtomicAttempts``) is refused before the worker exists.
+``AtomicAttempts``, a sync handler of one on a store without ``TransactionLending``)
+is refused before the worker exists.
 """
 
 from __future__ import annotations
@@ -255,10 +256,11 @@ def _resolve(
 ) -> tuple[dict[str, JobType[Any, Any]], dict[str, CallNext]]:
     """The job types the worker runs, by name, and each one's handler inside the
     middlewares (a sync handler as the awaitable that runs it on ``threads``); refuses
-    a middleware that is not async, a handler that cannot run, a sync handler for an
-    atomic type on a worker that groups atomic attempts (``atomic_group`` > 1: the
-    members of a group take turns on one connection, which a handler's thread cannot
-    share), and an atomic type on a store without atomic attempts."""
+    a middleware that is not async, a handler that cannot run, an atomic type on a
+    store without atomic attempts, and a sync handler for an atomic type on a worker
+    that groups atomic attempts (``atomic_group`` > 1: the members of a group take
+    turns on one connection, which a handler's thread cannot share) or on a store that
+    cannot lend an attempt's transaction to a thread (without ``TransactionLending``)."""
     capabilities = client.capabilities
     for middleware in middlewares:
         require_async(middleware, "", role="middleware")
@@ -266,20 +268,28 @@ def _resolve(
     handlers: dict[str, CallNext] = {}
     for key, handler in processors.items():
         job_type = client.registry.resolve(key)
-        call: CallNext
-        if handler_kind(handler, job_type.name) == "async":
-            call = handler  # type: ignore[assignment]
-        elif job_type.mode == "atomic" and atomic_group > 1:
-            raise AtomicSyncHandlerError(job_type.name, handler, atomic_group)
-        else:
-            atomic = job_type.mode == "atomic"
-            call = on_threads(handler, threads, job_type.name, atomic=atomic)  # type: ignore[arg-type]
-        types[job_type.name] = job_type
-        handlers[job_type.name] = compose(middlewares, call)
-        if job_type.mode == "atomic" and capabilities.atomic is None:
+        atomic = job_type.mode == "atomic"
+        if atomic and capabilities.atomic is None:
             raise CapabilityMissingError(
                 "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type
             )
+        call: CallNext
+        if handler_kind(handler, job_type.name) == "async":
+            call = handler  # type: ignore[assignment]
+        elif not atomic:
+            call = on_threads(handler, threads, job_type.name)  # type: ignore[arg-type]
+        elif atomic_group > 1:
+            raise AtomicSyncHandlerError(job_type.name, handler, atomic_group)
+        elif capabilities.lending is None:
+            # Else every attempt of the type would fail, one after another, at its start.
+            raise AtomicSyncHandlerError(
+                job_type.name, handler, atomic_group, store_type=capabilities.store_type
+            )
+        else:
+            lending = capabilities.lending
+            call = on_threads(handler, threads, job_type.name, lending=lending)  # type: ignore[arg-type]
+        types[job_type.name] = job_type
+        handlers[job_type.name] = compose(middlewares, call)
     return types, handlers
 
 
