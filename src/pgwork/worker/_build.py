@@ -88,11 +88,14 @@ def build(
     types, handlers = _resolve(client, processors, middlewares, threads, atomic_group)
     pool = None
     if process_handlers:
-        pool = HandlerProcesses(
+        pool, resolved = _in_processes(
+            client,
+            process_handlers,
+            middlewares,
             size=min(os.cpu_count() or 1, max_slots) if processes is None else processes,
             name=f"pgwork-process-{worker_id}",
         )
-        for name, job_type, call in _in_processes(client, process_handlers, middlewares, pool):
+        for name, job_type, call in resolved:
             if name in types:
                 raise ConfigurationError(
                     f"job type {name!r} is in both processors and process_handlers: give "
@@ -297,22 +300,24 @@ def _in_processes(
     client: Client,
     process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler],
     middlewares: Sequence[Middleware],
-    processes: HandlerProcesses,
-) -> list[tuple[str, JobType[Any, Any], CallNext]]:
-    """Each process handler's type and the awaitable that runs it in ``processes``,
-    inside the middlewares; ``ProcessHandlerError`` for one that cannot run there."""
+    *,
+    size: int,
+    name: str,
+) -> tuple[HandlerProcesses, list[tuple[str, JobType[Any, Any], CallNext]]]:
+    """The worker's handler processes (``size`` of them, each loading every process
+    handler as it starts), and each process handler's type and the awaitable that runs
+    it there, inside the middlewares; ``ProcessHandlerError`` for a handler that cannot
+    run in another process."""
+    types = [(client.registry.resolve(key), handler) for key, handler in process_handlers.items()]
+    calls = [(job_type, handler, process_call(job_type, handler)) for job_type, handler in types]
+    processes = HandlerProcesses(
+        size=size, name=name, calls=[(job_type.name, call) for job_type, _, call in calls]
+    )
     resolved = []
-    for key, handler in process_handlers.items():
-        job_type = client.registry.resolve(key)
-        call = on_processes(
-            handler,
-            processes,
-            job_type,
-            process_call(job_type, handler),
-            client.max_payload_bytes,
-        )
-        resolved.append((job_type.name, job_type, compose(middlewares, call)))
-    return resolved
+    for job_type, handler, call in calls:
+        run = on_processes(handler, processes, job_type, call, client.max_payload_bytes)
+        resolved.append((job_type.name, job_type, compose(middlewares, run)))
+    return processes, resolved
 
 
 def _limits(
