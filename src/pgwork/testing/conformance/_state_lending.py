@@ -43,7 +43,7 @@ from pgwork.adapters.state import (
     TransactionLoan,
 )
 from pgwork.records import JobStatus
-from pgwork.testing.conformance._harness import StateHarness, StateSuiteBase, requires
+from pgwork.testing.conformance._harness import ALPHA, StateHarness, StateSuiteBase, requires
 
 T = TypeVar("T")
 
@@ -161,16 +161,35 @@ def done(job: AcquiredJob, output: str = '"lent"') -> Completion:
     return Completion(job.id, job.lease_token, output)
 
 
+@asynccontextmanager
+async def attempt(
+    state_adapter: StateAdapter, store: StateHarness, type_name: str = ALPHA
+) -> AsyncIterator[tuple[AcquiredJob, TransactionHandle]]:
+    """A new job of ``type_name``, acquired, and its atomic attempt's transaction,
+    open for the block (committed as the block ends, unless completed first or left
+    with an error)."""
+    await store.seed(store.new_job(type_name))
+    job = await store.acquire_one(type_name)
+    async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
+        assert tx is not None
+        yield job, tx
+
+
+async def complete(state_adapter: StateAdapter, tx: TransactionHandle, job: AcquiredJob) -> None:
+    """Complete ``job``'s atomic attempt in ``tx``, which commits with it."""
+    result = await state_adapter.complete_atomic(tx, completion=done(job))
+    assert result.accepted, f"the completion of {job.id} was refused"
+
+
 async def committed(state_adapter: StateAdapter, store: StateHarness, table: str) -> list[int]:
     """What ``table`` holds, read through the loan of another atomic attempt: what
     the attempts before it committed, and nothing they still have open."""
-    await store.seed(store.new_job(READER))
-    reader = await store.acquire_one(READER)
     rows: list[int] = []
-    async with state_adapter.atomic_transaction(lease=reader.lease, deadline=DEADLINE) as tx:
-        assert tx is not None
-        async with lent(state_adapter, tx) as handler:
-            rows = await handler.run(select(table))
+    async with (
+        attempt(state_adapter, store, READER) as (_, tx),
+        lent(state_adapter, tx) as handler,
+    ):
+        rows = await handler.run(select(table))
     return rows
 
 
@@ -181,23 +200,16 @@ class TransactionLendingConformance(StateSuiteBase):
         """An empty table of the application's, created by an atomic attempt's handler
         and committed with that attempt."""
         name = f"conformance_lent_{uuid.uuid4().hex[:12]}"
-        await store.seed(store.new_job(READER))
-        job = await store.acquire_one(READER)
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store, READER) as (job, tx):
             async with lent(state_adapter, tx) as handler:
                 await handler.run(execute(f"CREATE TABLE {name} (n integer NOT NULL)"))
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         return name
 
     async def test_a_loans_writes_commit_with_the_attempts_completion(
         self, state_adapter: StateAdapter, store: StateHarness, table: str
     ) -> None:
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (job, tx):
             async with lent(state_adapter, tx) as handler:
                 await handler.run(insert(table, 1))
                 await handler.run(insert(table, 2))
@@ -205,8 +217,7 @@ class TransactionLendingConformance(StateSuiteBase):
                 assert await handler.run(select(table)) == [1, 2]
             # Nothing commits before the completion.
             assert await committed(state_adapter, store, table) == []
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         assert await committed(state_adapter, store, table) == [1, 2]
         stored = await store.job(job.id)
         assert (stored.status, stored.output) == (JobStatus.COMPLETED, "lent")
@@ -217,14 +228,11 @@ class TransactionLendingConformance(StateSuiteBase):
         """A handler's writes, kept with its ``commit``, vanish when the attempt's
         transaction ends without committing: an error out of it, or a completion the
         lease no longer holds."""
-        await store.seed(store.new_job(), store.new_job())
-        failing, refused = await store.acquire(limit=2)
+        held: list[AcquiredJob] = []
 
         async def fail_after_writing() -> None:
-            async with state_adapter.atomic_transaction(
-                lease=failing.lease, deadline=DEADLINE
-            ) as tx:
-                assert tx is not None
+            async with attempt(state_adapter, store) as (failing, tx):
+                held.append(failing)
                 async with lent(state_adapter, tx) as handler:
                     await handler.run(insert(table, 1))
                     await handler.run(lambda connection: connection.commit())
@@ -232,8 +240,8 @@ class TransactionLendingConformance(StateSuiteBase):
 
         with pytest.raises(_Failed):
             await fail_after_writing()
-        async with state_adapter.atomic_transaction(lease=refused.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (refused, tx):
+            held.append(refused)
             async with lent(state_adapter, tx) as handler:
                 await handler.run(insert(table, 2))
                 await handler.run(lambda connection: connection.commit())
@@ -241,7 +249,7 @@ class TransactionLendingConformance(StateSuiteBase):
             result = await state_adapter.complete_atomic(tx, completion=forged)
         assert not result.accepted
         assert await committed(state_adapter, store, table) == []
-        for job in (failing, refused):
+        for job in held:
             assert (await store.job(job.id)).status is JobStatus.RUNNING
 
     async def test_commit_and_rollback_on_a_lent_connection_act_on_the_handlers_part_only(
@@ -252,10 +260,9 @@ class TransactionLendingConformance(StateSuiteBase):
         leaves the transaction usable after an error; neither touches what the
         attempt wrote in the transaction before the handler (here: another job's
         completion)."""
-        await store.seed(store.new_job(), store.new_job())
-        job, side = await store.acquire(limit=2)
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (job, tx):
+            await store.seed(store.new_job())
+            side = await store.acquire_one()
             [before] = await state_adapter.complete(tx, completions=[done(side, '"side"')])
             assert before.accepted
             async with lent(state_adapter, tx) as handler:
@@ -272,8 +279,7 @@ class TransactionLendingConformance(StateSuiteBase):
                 assert await handler.run(select(table)) == [1, 4]
                 # The handler's commit kept its rows for the job, committing none.
                 assert await committed(state_adapter, store, table) == []
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         assert await committed(state_adapter, store, table) == [1, 4]
         assert (await store.job(side.id)).output == "side"
         assert (await store.job(job.id)).status is JobStatus.COMPLETED
@@ -281,10 +287,7 @@ class TransactionLendingConformance(StateSuiteBase):
     async def test_every_use_of_a_lent_connection_raises_once_the_loan_closed(
         self, state_adapter: StateAdapter, store: StateHarness, table: str
     ) -> None:
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (job, tx):
             handler = Handler(state_adapter.lend_transaction(tx, check=_nothing))
             try:
                 await handler.start()
@@ -302,17 +305,13 @@ class TransactionLendingConformance(StateSuiteBase):
                     assert other is not None
             finally:
                 handler.shutdown()
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         assert await committed(state_adapter, store, table) == [1]
 
     async def test_a_lent_connection_refuses_any_thread_but_the_borrowers(
         self, state_adapter: StateAdapter, store: StateHarness, table: str
     ) -> None:
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (job, tx):
             async with lent(state_adapter, tx) as handler:
                 await handler.run(insert(table, 1))
                 elsewhere = raises(insert(table, 2))
@@ -323,8 +322,7 @@ class TransactionLendingConformance(StateSuiteBase):
                 # The borrower goes on, its transaction intact.
                 await handler.run(insert(table, 3))
                 assert await handler.run(select(table)) == [1, 3]
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         assert await committed(state_adapter, store, table) == [1, 3]
 
     async def test_each_statement_of_a_loan_calls_its_check_first(
@@ -332,16 +330,13 @@ class TransactionLendingConformance(StateSuiteBase):
     ) -> None:
         """Once ``check`` raises (the attempt was told to stop), so does every
         statement, with what ``check`` raised, and nothing of it runs."""
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
         stopped = threading.Event()
 
         def check() -> None:
             if stopped.is_set():
                 raise _Stop
 
-        async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-            assert tx is not None
+        async with attempt(state_adapter, store) as (job, tx):
             async with lent(state_adapter, tx, check) as handler:
                 await handler.run(insert(table, 1))
                 stopped.set()
@@ -349,8 +344,7 @@ class TransactionLendingConformance(StateSuiteBase):
                 assert isinstance(await handler.run(raises(select(table))), _Stop)
                 stopped.clear()
                 assert await handler.run(select(table)) == [1]
-            result = await state_adapter.complete_atomic(tx, completion=done(job))
-        assert result.accepted
+            await complete(state_adapter, tx, job)
         assert await committed(state_adapter, store, table) == [1]
 
     async def test_a_discarded_transaction_fails_its_borrower_and_keeps_nothing(
@@ -358,12 +352,11 @@ class TransactionLendingConformance(StateSuiteBase):
     ) -> None:
         """A handler given up on: its transaction is discarded while the loan is open;
         every later statement of the borrower fails, and nothing it wrote commits."""
-        await store.seed(store.new_job())
-        job = await store.acquire_one()
+        held: list[AcquiredJob] = []
 
         async def given_up_on() -> None:
-            async with state_adapter.atomic_transaction(lease=job.lease, deadline=DEADLINE) as tx:
-                assert tx is not None
+            async with attempt(state_adapter, store) as (job, tx):
+                held.append(job)
                 async with lent(state_adapter, tx) as handler:
                     await handler.run(insert(table, 1))
                     await handler.run(lambda connection: connection.commit())
@@ -375,4 +368,5 @@ class TransactionLendingConformance(StateSuiteBase):
         with pytest.raises(_Failed):
             await given_up_on()
         assert await committed(state_adapter, store, table) == []
+        [job] = held
         assert (await store.job(job.id)).status is JobStatus.RUNNING
