@@ -40,6 +40,7 @@ from pgwork import (
 )
 from pgwork.worker._processes import HandlerProcesses, _Child
 
+from ._run_one import RunOne
 from ._slow_start import double
 from .conftest import ClientFactory, eventually
 
@@ -163,17 +164,15 @@ async def test_a_cpu_bound_handler_runs_in_the_workers_own_process_and_returns_i
 
 
 async def test_an_output_the_codec_refuses_fails_the_attempt_in_the_process(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne,
 ) -> None:
     reg = JobTypeRegistry()
     bad = reg.job_type("bad", input=Upto, output=Primes, max_attempts=1)
-    client = await make_client(reg)
-    await workers(client=client, process_handlers={bad: returns_a_bad_output})
-    started = await client.start_chain(conn, bad, Upto(n=1))
-    await conn.commit()
-    await _status(client, started.job_id, JobStatus.FAILED)
+    ran = await run_one(
+        reg, Upto(n=1), until=JobStatus.FAILED, process_handlers={bad: returns_a_bad_output}
+    )
 
-    error = (await client.get_job(started.job_id)).last_attempt_error
+    error = (await ran.job()).last_attempt_error
     assert error is not None
     assert error.type == _type_of(PayloadValidationError)
     assert "output of job type 'bad' does not match its model: $.count" in error.message
