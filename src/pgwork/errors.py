@@ -10,7 +10,8 @@ The tree::
     │   ├── InvalidOptionError        an enqueue / declaration option out of its column's range
     │   ├── InvalidCursorError        a listing cursor that is not one pgwork handed out
     │   ├── SyncHandlerError          a middleware that is not async, a handler that cannot run
-    │   │   └── AtomicSyncHandlerError  a sync atomic handler on a worker grouping atomic attempts
+    │   │   └── AtomicSyncHandlerError  a sync atomic handler the worker cannot lend its
+    │   │                                   transaction to (grouped, or a store that cannot)
     │   ├── ProcessHandlerError       a process handler that cannot be sent to another process
     │   ├── LimitNotDeclaredError     a run-time limit or pause for a type that declares none
     │   └── CapabilityMissingError    a feature the state adapter's store does not offer
@@ -229,23 +230,36 @@ class SyncHandlerError(ConfigurationError, TypeError):
 
 
 class AtomicSyncHandlerError(SyncHandlerError):
-    """A plain ``def`` handler for an atomic job type on a worker that groups atomic
-    attempts (``atomic_group`` > 1): the members of a group take turns on one
-    connection, which a handler on a thread of its own cannot share."""
+    """A plain ``def`` handler for an atomic job type that the worker cannot lend the
+    job's transaction to: the worker groups atomic attempts (``atomic_group`` > 1: the
+    members of a group take turns on one connection, which a handler on a thread of
+    its own cannot share), or its store cannot lend a transaction to a thread
+    (``store_type``, a store without the ``TransactionLending`` capability; None when
+    grouping is the reason). Refused when the worker is built, before any job is
+    taken."""
 
-    def __init__(self, type_name: str, handler: object, atomic_group: int) -> None:
+    def __init__(
+        self, type_name: str, handler: object, atomic_group: int, store_type: str | None = None
+    ) -> None:
         self.atomic_group = atomic_group
-        super().__init__(
-            type_name,
-            handler,
-            reason=(
+        self.store_type = store_type
+        if store_type is not None:
+            reason = (
+                "is a sync (plain `def`) handler of an atomic job type (mode='atomic'), "
+                f"and the state adapter {store_type} cannot lend an atomic attempt's "
+                "transaction to a handler's thread (it does not offer TransactionLending). "
+                "Declare the handler with `async def`, or use a store that lends its "
+                "transactions (the PostgreSQL adapter does)"
+            )
+        else:
+            reason = (
                 "is a sync (plain `def`) handler of an atomic job type (mode='atomic'), "
                 f"and this worker groups atomic attempts (atomic_group={atomic_group}), "
                 "which sync handlers do not support yet. Run this type on a worker "
                 "with atomic_group=1 (the default), or declare the handler with "
                 "`async def`"
-            ),
-        )
+            )
+        super().__init__(type_name, handler, reason=reason)
 
 
 class ProcessHandlerError(ConfigurationError, TypeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import psycopg
@@ -22,6 +22,9 @@ from pgwork import (
     create_in_process_worker,
 )
 from pgwork.adapters.state import AcquiredJob
+
+if TYPE_CHECKING:
+    from ._run_one import RunOne
 
 
 class ClientFactory(Protocol):
@@ -138,6 +141,19 @@ async def acquired_job(
 
 class _Num(BaseModel):
     n: int
+
+
+@pytest.fixture
+def run_one(
+    make_client: ClientFactory,
+    workers: Callable[..., Awaitable[InProcessWorker]],
+    conn: psycopg.AsyncConnection[Any],
+) -> RunOne:
+    """One job run to a status on a worker of its own (tests/engine/_run_one.py, which
+    imports this module: hence the import inside)."""
+    from ._run_one import RunOne
+
+    return RunOne(make_client, workers, conn)
 
 
 # The wake-up tests' clients and workers (tests/engine/_wakeup_kit.py, which imports

@@ -15,6 +15,7 @@ here by name.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import signal
 import time
@@ -39,6 +40,8 @@ from pgwork import (
 )
 from pgwork.worker._processes import HandlerProcesses, _Child
 
+from ._run_one import RunOne
+from ._slow_start import double
 from .conftest import ClientFactory, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -161,17 +164,15 @@ async def test_a_cpu_bound_handler_runs_in_the_workers_own_process_and_returns_i
 
 
 async def test_an_output_the_codec_refuses_fails_the_attempt_in_the_process(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne,
 ) -> None:
     reg = JobTypeRegistry()
     bad = reg.job_type("bad", input=Upto, output=Primes, max_attempts=1)
-    client = await make_client(reg)
-    await workers(client=client, process_handlers={bad: returns_a_bad_output})
-    started = await client.start_chain(conn, bad, Upto(n=1))
-    await conn.commit()
-    await _status(client, started.job_id, JobStatus.FAILED)
+    ran = await run_one(
+        reg, Upto(n=1), until=JobStatus.FAILED, process_handlers={bad: returns_a_bad_output}
+    )
 
-    error = (await client.get_job(started.job_id)).last_attempt_error
+    error = (await ran.job()).last_attempt_error
     assert error is not None
     assert error.type == _type_of(PayloadValidationError)
     assert "output of job type 'bad' does not match its model: $.count" in error.message
@@ -326,12 +327,16 @@ async def _returns_at_once(self: HandlerProcesses, child: _Child) -> None:
     return None
 
 
+async def _starts_nothing(self: HandlerProcesses) -> None:
+    return None
+
+
 async def _time_out_a_spinning_handler(
     make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], tmp_path: Path
 ) -> int:
     """A handler that never returns, its type's timeout 1 s: the attempt fails with
-    TimeoutError; the spinning process's pid. The process is started by a job before
-    it (a process's start counts in the attempt's timeout)."""
+    TimeoutError; the spinning process's pid, the one process's that ran a job before
+    it."""
     reg = JobTypeRegistry()
     primes = reg.job_type("primes", input=Upto, output=Primes)
     forever = reg.job_type(
@@ -355,6 +360,198 @@ async def _time_out_a_spinning_handler(
     pid = int(marker.read_text())
     assert pid == (await client.get_chain(warm.id)).output.pid
     return pid
+
+
+# --- processes started before they are needed ----------------------------------------
+
+# How long a handler process takes to import ``_slow_start``: longer than the timeouts
+# below, so an attempt that waited for a process's start could not end in time.
+IMPORT_SECONDS = 2.0
+
+
+def _slow_start(monkeypatch: pytest.MonkeyPatch, marks: Path, seconds: float) -> None:
+    """Each handler process started from now on imports ``_slow_start`` in ``seconds``
+    and then marks ``marks`` with its pid."""
+    marks.mkdir(exist_ok=True)
+    monkeypatch.setenv("PGWORK_TEST_IMPORT_SECONDS", str(seconds))
+    monkeypatch.setenv("PGWORK_TEST_IMPORT_MARKS", str(marks))
+
+
+def _marked(marks: Path) -> list[int]:
+    return sorted(int(path.name) for path in marks.iterdir())
+
+
+def _quick(reg: JobTypeRegistry) -> Any:
+    """A type whose timeout is shorter than a process's start (``IMPORT_SECONDS``)."""
+    return reg.job_type(
+        "quick",
+        input=int,
+        output=int,
+        timeout=timedelta(seconds=IMPORT_SECONDS / 2),
+        max_attempts=1,
+    )
+
+
+async def _first_attempt_of_a_quick_job(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    marks: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Any, list[int]]:
+    """A worker of one process for a ``_quick`` type whose module imports slowly
+    there: the job of its first attempt, ended, and the processes that had imported
+    it when the worker's start returned. No process outlives the worker."""
+    _slow_start(monkeypatch, marks, IMPORT_SECONDS)
+    reg = JobTypeRegistry()
+    quick = _quick(reg)
+    client = await make_client(reg)
+    worker = await workers(
+        client=client, process_handlers={quick: double}, processes=1, worker_id="quick"
+    )
+    ready = _marked(marks)
+    started = await client.start_chain(conn, quick, 21)
+    await conn.commit()
+
+    async def ended() -> bool:
+        return (await client.get_job(started.job_id)).status in (
+            JobStatus.COMPLETED,
+            JobStatus.FAILED,
+        )
+
+    await eventually(ended, what="the job ended", timeout=30)
+    job = await client.get_job(started.job_id)
+    await worker.stop()
+    assert _children("quick") == []
+    assert [pid for pid in _marked(marks) if _alive(pid)] == []
+    return job, ready
+
+
+def _children(worker_id: str) -> list[int]:
+    """The pids of the worker's handler processes that run now."""
+    return sorted(
+        child.pid
+        for child in multiprocessing.active_children()
+        if child.name.startswith(f"pgwork-process-{worker_id}-") and child.pid is not None
+    )
+
+
+async def test_a_process_handlers_first_attempt_does_not_pay_for_its_processs_start(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker starts its processes, and waits until each has imported the
+    handlers, before it takes a job: an attempt whose timeout is shorter than a
+    process's start completes at its first attempt."""
+    job, ready = await _first_attempt_of_a_quick_job(
+        make_client, workers, conn, tmp_path / "marks", monkeypatch
+    )
+    assert len(ready) == 1  # the process was ready before the worker took a job
+    assert (job.status, job.attempt, job.output) == (JobStatus.COMPLETED, 1, 42)
+
+
+async def test_control_a_process_started_by_the_first_attempt_times_it_out(
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the start before the first job, the first attempt starts its process,
+    and the start, longer than the type's timeout, fails it."""
+    monkeypatch.setattr(HandlerProcesses, "start", _starts_nothing)
+    job, ready = await _first_attempt_of_a_quick_job(
+        make_client, workers, conn, tmp_path / "marks", monkeypatch
+    )
+    assert ready == []
+    assert (job.status, job.attempt) == (JobStatus.FAILED, 1)
+    assert job.last_attempt_error is not None
+    assert job.last_attempt_error.type == "builtins.TimeoutError"
+
+
+@pytest.mark.parametrize("how", ["died with its attempt", "killed while idle"])
+async def test_a_process_that_ends_is_replaced_at_once(
+    how: str,
+    make_client: ClientFactory,
+    workers: Any,
+    conn: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its successor starts as soon as it ended, not when the next call needs one: the
+    next attempt, its timeout shorter than a start, completes."""
+    marks = tmp_path / "marks"
+    _slow_start(monkeypatch, marks, IMPORT_SECONDS)
+    reg = JobTypeRegistry()
+    quick = _quick(reg)
+    crashing = reg.job_type("crashing", input=Task, output=Done, max_attempts=1)
+    client = await make_client(reg)
+    await workers(
+        client=client, process_handlers={quick: double, crashing: crash_once}, processes=1
+    )
+    [first] = _marked(marks)  # started, and ready, with the worker
+    if how == "killed while idle":
+        os.kill(first, signal.SIGKILL)
+    else:
+        died = await client.start_chain(
+            conn, crashing, Task(marker=str(tmp_path / "c"), crash="exit")
+        )
+        await conn.commit()
+        await _status(client, died.job_id, JobStatus.FAILED)
+
+    async def replaced() -> bool:
+        return len(_marked(marks)) == 2
+
+    await eventually(replaced, what="a new process started without a call", timeout=30)
+    assert not _alive(first)
+    started = await client.start_chain(conn, quick, 4)
+    await conn.commit()
+    await _status(client, started.job_id, JobStatus.COMPLETED)
+    job = await client.get_job(started.job_id)
+    assert (job.attempt, job.output) == (1, 8)
+
+
+async def test_a_worker_stopped_while_its_processes_start_ends_them_and_takes_no_job(
+    make_client: ClientFactory,
+    conn: psycopg.AsyncConnection[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop does not wait for a start that may take long: the processes still
+    starting are ended with the worker, which took no job meanwhile."""
+    # Longer than the test may run: only ending them ends them.
+    _slow_start(monkeypatch, tmp_path / "marks", 600.0)
+    reg = JobTypeRegistry()
+    quick = _quick(reg)
+    client = await make_client(reg)
+    started = await client.start_chain(conn, quick, 1)
+    await conn.commit()
+    worker = create_in_process_worker(
+        client=client,
+        process_handlers={quick: double},
+        processes=2,
+        poll_interval=0.5,
+        worker_id="starting",
+    )
+
+    async def both_started() -> bool:
+        return len(_children("starting")) == 2
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        await eventually(both_started, what="the worker's processes starting", timeout=30)
+        pids = _children("starting")
+        # A stop that waited for the start would hang here: bounded, it fails.
+        with anyio.fail_after(60):
+            await worker.stop()
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert _children("starting") == []
+    assert _marked(tmp_path / "marks") == []  # none of them got ready
+    job = await client.get_job(started.job_id)
+    assert (job.status, job.attempt) == (JobStatus.PENDING, 0)
 
 
 async def test_cancelling_the_job_or_stopping_the_worker_kills_the_attempts_process(

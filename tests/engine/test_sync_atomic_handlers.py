@@ -5,17 +5,17 @@ What the user sees: psycopg code and SQLAlchemy's sync API write through it, and
 they wrote commits with the job's completion; a handler that raises, times out or is
 given up on leaves nothing behind; ``commit`` and ``rollback`` act on the handler's
 own part of the transaction, never on the job's; the connection is usable only while
-the handler runs. A worker that groups atomic attempts refuses such a handler before
-any job runs. Each mechanism has a control that takes it out.
+the handler runs. A worker that groups atomic attempts, or whose store cannot lend a
+transaction to a thread, refuses such a handler before any job runs. Each mechanism
+has a control that takes it out.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from sqlalchemy import create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
+from tests._core_only import CoreOnly
 
 from pgwork import (
     AtomicSyncHandlerError,
@@ -32,12 +33,16 @@ from pgwork import (
     ConfigurationError,
     JobStatus,
     JobTypeRegistry,
+    PostgresStateAdapter,
     RetryPolicy,
     StartedChain,
     SyncAttempt,
     create_in_process_worker,
 )
+from pgwork.adapters.capabilities import operations
+from pgwork.adapters.state import AtomicAttempts
 
+from ._run_one import RunOne
 from .conftest import ClientFactory, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -76,31 +81,6 @@ async def effects(pgwork_dsn: str) -> str:
     return pgwork_dsn
 
 
-class RunOne(Protocol):
-    def __call__(
-        self, reg: JobTypeRegistry, processors: dict[Any, Any], *, until: JobStatus, what: str
-    ) -> Awaitable[tuple[Client, StartedChain[Any, Any]]]: ...
-
-
-@pytest.fixture
-def run_one(make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]) -> RunOne:
-    """A worker running ``processors`` (one type), a job of that type enqueued
-    (``Num(n=1)``), waited for until it reaches ``until``."""
-
-    async def run(
-        reg: JobTypeRegistry, processors: dict[Any, Any], *, until: JobStatus, what: str
-    ) -> tuple[Client, StartedChain[Any, Any]]:
-        client = await make_client(reg)
-        await workers(client=client, processors=processors)
-        [job_type] = processors
-        started = await client.start_chain(conn, job_type, Num(n=1))
-        await conn.commit()
-        await eventually(lambda: _status_is(client, started.job_id, until), what=what)
-        return client, started
-
-    return run
-
-
 async def _notes(dsn: str, job_id: UUID) -> list[str]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
         cur = await c.execute(
@@ -123,7 +103,7 @@ async def _status(client: Any, job_id: UUID) -> JobStatus:
 
 
 async def test_psycopg_writes_of_a_sync_atomic_handler_commit_with_its_completion(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     reg = JobTypeRegistry()
     post = reg.job_type("post", input=Num, output=int, mode="atomic")
@@ -145,15 +125,15 @@ async def test_psycopg_writes_of_a_sync_atomic_handler_commit_with_its_completio
             seen["own_writes"] = cur.fetchone()
         return attempt.job.input.n
 
-    client = await make_client(reg)
-    await workers(client=client, worker_id="w-sync-atomic", processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=5))
-    await conn.commit()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.COMPLETED), what="job completed"
+    ran = await run_one(
+        reg,
+        Num(n=5),
+        until=JobStatus.COMPLETED,
+        worker_id="w-sync-atomic",
+        processors={post: handler},
     )
-    assert (await client.get_job(started.job_id)).output == 5
-    assert await _notes(effects, started.job_id) == ["execute", "cursor"]
+    assert (await ran.job()).output == 5
+    assert await _notes(effects, ran.started.job_id) == ["execute", "cursor"]
     assert issubclass(seen["type"], psycopg.Connection)
     assert seen["thread"].startswith("pgwork-sync-w-sync-atomic-")
     assert seen["returned"] is not None
@@ -185,13 +165,11 @@ async def test_a_sqlalchemy_session_over_the_connection_commits_with_the_job(
         if attempt.job.attempt == 1:
             raise RuntimeError("the first attempt fails after its session committed")
 
-    client, started = await run_one(
-        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
-    )
-    job = await client.get_job(started.job_id)
+    ran = await run_one(reg, Num(n=1), until=JobStatus.COMPLETED, processors={post: handler})
+    job = await ran.job()
     assert job.attempt == 2
     # The first attempt's session commit was undone with its attempt: one row, not two.
-    assert await _notes(effects, started.job_id) == ["orm"]
+    assert await _notes(effects, ran.started.job_id) == ["orm"]
 
 
 async def test_commit_and_rollback_act_on_the_handlers_own_writes_only(
@@ -215,10 +193,8 @@ async def test_commit_and_rollback_act_on_the_handlers_own_writes_only(
         with db.transaction():  # psycopg's own blocks nest as savepoints
             _write(attempt, "in a block")
 
-    _, started = await run_one(
-        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
-    )
-    assert await _notes(effects, started.job_id) == ["kept", "after the error", "in a block"]
+    ran = await run_one(reg, Num(n=1), until=JobStatus.COMPLETED, processors={post: handler})
+    assert await _notes(effects, ran.started.job_id) == ["kept", "after the error", "in a block"]
 
 
 # --- nothing left behind -------------------------------------------------------------
@@ -235,16 +211,16 @@ async def test_a_raising_sync_atomic_handler_leaves_none_of_its_writes(
         attempt.connection.commit()  # kept for the job: not committed on its own
         raise ValueError("the handler failed after writing")
 
-    client, started = await run_one(reg, {post: handler}, until=JobStatus.FAILED, what="job failed")
-    job = await client.get_job(started.job_id)
+    ran = await run_one(reg, Num(n=1), until=JobStatus.FAILED, processors={post: handler})
+    job = await ran.job()
     assert job.attempt == 2
     assert job.last_attempt_error is not None
     assert job.last_attempt_error.type == "builtins.ValueError"
-    assert await _notes(effects, started.job_id) == []
+    assert await _notes(effects, ran.started.job_id) == []
 
 
 async def test_a_timed_out_statement_is_cancelled_and_leaves_nothing(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any], effects: str
+    run_one: RunOne, effects: str
 ) -> None:
     """Control: without ``BlockingLoan.interrupt`` the statement runs its 30 s, the
     handler is abandoned instead of ending with the timeout, and this test fails."""
@@ -267,21 +243,15 @@ async def test_a_timed_out_statement_is_cancelled_and_leaves_nothing(
             raised.append(exc)
             raise
 
-    client = await make_client(reg)
-    worker = await workers(client=client, processors={post: handler})
-    started = await client.start_chain(conn, post, Num(n=1))
-    await conn.commit()
     began = time.monotonic()
-    await eventually(
-        lambda: _status_is(client, started.job_id, JobStatus.FAILED), what="job failed"
-    )
+    ran = await run_one(reg, Num(n=1), until=JobStatus.FAILED, processors={post: handler})
     assert time.monotonic() - began < 10
-    job = await client.get_job(started.job_id)
+    job = await ran.job()
     assert job.last_attempt_error is not None
     assert job.last_attempt_error.type == "builtins.TimeoutError"
     assert [type(exc) for exc in raised] == [psycopg.errors.QueryCanceled]
-    assert worker.abandoned_handlers == 0
-    assert await _notes(effects, started.job_id) == []
+    assert ran.worker.abandoned_handlers == 0
+    assert await _notes(effects, ran.started.job_id) == []
 
 
 async def test_an_abandoned_handler_fails_cleanly_on_its_discarded_connection(
@@ -355,14 +325,12 @@ async def test_the_connection_is_unusable_once_the_handler_returned(
         kept.append(attempt.connection)
         _write(attempt, "inside")
 
-    _, started = await run_one(
-        reg, {post: handler}, until=JobStatus.COMPLETED, what="job completed"
-    )
+    ran = await run_one(reg, Num(n=1), until=JobStatus.COMPLETED, processors={post: handler})
     with pytest.raises(psycopg.OperationalError, match="given back to the worker"):
         kept[0].execute(
-            "INSERT INTO sync_effects (job_id, note) VALUES (%s, 'late')", (started.job_id,)
+            "INSERT INTO sync_effects (job_id, note) VALUES (%s, 'late')", (ran.started.job_id,)
         )
-    assert await _notes(effects, started.job_id) == ["inside"]
+    assert await _notes(effects, ran.started.job_id) == ["inside"]
 
 
 async def test_a_staged_sync_handler_has_no_connection(run_one: RunOne) -> None:
@@ -372,43 +340,95 @@ async def test_a_staged_sync_handler_has_no_connection(run_one: RunOne) -> None:
     def handler(attempt: SyncAttempt[Num, bool]) -> bool:
         return attempt.connection is None
 
-    client, started = await run_one(
-        reg, {staged: handler}, until=JobStatus.COMPLETED, what="job completed"
-    )
-    assert (await client.get_job(started.job_id)).output is True
+    ran = await run_one(reg, Num(n=1), until=JobStatus.COMPLETED, processors={staged: handler})
+    assert (await ran.job()).output is True
 
 
 # --- refused -------------------------------------------------------------------------
 
 
-async def test_a_worker_grouping_atomic_attempts_refuses_a_sync_atomic_handler(
-    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
-) -> None:
-    reg = JobTypeRegistry()
-    ledger = reg.job_type("ledger", input=Num, mode="atomic")
-    client = await make_client(reg)
-    started = await client.start_chain(conn, ledger, Num(n=1))
-    await conn.commit()
-    calls: list[int] = []
+class Refusal:
+    """A ``ledger`` job (atomic) enqueued on ``client``, and a sync handler of its
+    type that records each call; ``refused(**options)`` builds a worker with it,
+    expects ``AtomicSyncHandlerError`` naming the type, and checks that no job ran."""
 
-    def post(attempt: SyncAttempt[Num, None]) -> None:
-        calls.append(attempt.job.input.n)
+    def __init__(self, client: Client, ledger: Any, started: StartedChain[Any, Any]) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.started = started
+        self.calls: list[int] = []
 
-    with pytest.raises(AtomicSyncHandlerError) as caught:
-        create_in_process_worker(client=client, processors={ledger: post}, atomic_group=4)
-    assert isinstance(caught.value, ConfigurationError)
-    assert caught.value.type_name == "ledger"
-    assert caught.value.atomic_group == 4
-    message = str(caught.value)
-    assert "'ledger'" in message
-    assert "atomic_group=4" in message
-    assert "atomic_group=1" in message
-    assert calls == []
-    assert (await client.get_job(started.job_id)).attempt == 0
+    def post(self, attempt: SyncAttempt[Num, None]) -> None:
+        self.calls.append(attempt.job.input.n)
 
+    @staticmethod
     async def post_async(attempt: Attempt[Num, None]) -> None:
         return None
 
+    async def refused(self, **options: Any) -> AtomicSyncHandlerError:
+        with pytest.raises(AtomicSyncHandlerError) as caught:
+            create_in_process_worker(
+                client=self.client, processors={self.ledger: self.post}, **options
+            )
+        assert isinstance(caught.value, ConfigurationError)
+        assert caught.value.type_name == "ledger"
+        assert "'ledger'" in str(caught.value)
+        assert self.calls == []
+        assert (await self.client.get_job(self.started.job_id)).attempt == 0
+        return caught.value
+
+
+async def _refusal(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any], store: Any = None
+) -> Refusal:
+    reg = JobTypeRegistry()
+    ledger = reg.job_type("ledger", input=Num, mode="atomic")
+    client = await (make_client(reg) if store is None else make_client(reg, store=store))
+    started = await client.start_chain(conn, ledger, Num(n=1))
+    await conn.commit()
+    return Refusal(client, ledger, started)
+
+
+async def test_a_worker_grouping_atomic_attempts_refuses_a_sync_atomic_handler(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    refusal = await _refusal(make_client, conn)
+    error = await refusal.refused(atomic_group=4)
+    assert error.atomic_group == 4
+    assert "atomic_group=4" in str(error)
+    assert "atomic_group=1" in str(error)
+
     # Accepted: the same handler ungrouped, and an async one grouped.
-    create_in_process_worker(client=client, processors={ledger: post})
-    create_in_process_worker(client=client, processors={ledger: post_async}, atomic_group=4)
+    client, ledger = refusal.client, refusal.ledger
+    create_in_process_worker(client=client, processors={ledger: refusal.post})
+    create_in_process_worker(client=client, processors={ledger: refusal.post_async}, atomic_group=4)
+
+
+def _atomic_without_lending(adapter: PostgresStateAdapter) -> CoreOnly:
+    """PostgreSQL seen as a store with the core and atomic attempts, which cannot lend
+    an attempt's transaction to a thread (no ``TransactionLending``)."""
+    store = CoreOnly(adapter)
+    for name in operations(AtomicAttempts):
+        setattr(store, name, getattr(adapter, name))
+    return store
+
+
+async def test_a_store_that_cannot_lend_refuses_a_sync_atomic_handler_when_built(
+    make_client: ClientFactory, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Refused before the worker exists, rather than failing every attempt of the type
+    at its start. (Control: without the check in ``_build``, the worker is built.)"""
+    refusal = await _refusal(make_client, conn, store=_atomic_without_lending)
+    # The view is what it claims: atomic attempts, no lending.
+    assert refusal.client.capabilities.atomic is not None
+    assert refusal.client.capabilities.lending is None
+    error = await refusal.refused()
+    assert error.store_type == "CoreOnly"
+    assert "TransactionLending" in str(error)
+    assert "`async def`" in str(error)
+
+    # Accepted: an async handler of the type on this store, the sync one on PostgreSQL.
+    create_in_process_worker(client=refusal.client, processors={refusal.ledger: refusal.post_async})
+    lending = await make_client(refusal.client.registry)
+    assert lending.capabilities.lending is not None
+    create_in_process_worker(client=lending, processors={refusal.ledger: refusal.post})

@@ -46,6 +46,7 @@ from pgwork.observability import ADAPTER_CALL_STOP, Event, InstrumentedStateAdap
 from pgwork.worker._sync import SyncAttempt as _SyncAttempt
 from pgwork.worker._threads import HandlerThreads
 
+from ._run_one import RunOne
 from .conftest import ClientFactory, eventually, scalar
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -128,7 +129,7 @@ async def test_sync_handlers_of_every_shape_run_on_the_workers_own_threads(
 
 
 async def test_a_sync_handler_reads_its_job_fails_is_retried_reschedules_and_completes(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne,
 ) -> None:
     reg = JobTypeRegistry()
     flaky = reg.job_type("flaky", input=Num, output=Total, retry=NO_BACKOFF)
@@ -144,13 +145,9 @@ async def test_a_sync_handler_reads_its_job_fails_is_retried_reschedules_and_com
             return
         attempt.complete(Total(total=job.input.n * 10))
 
-    client = await make_client(reg)
-    await workers(client=client, processors={flaky: handle})
-    started = await client.start_chain(conn, flaky, Num(n=4))
-    await conn.commit()
-    await eventually(lambda: _done(client, [started.id]), what="the chain completed")
+    ran = await run_one(reg, Num(n=4), until=JobStatus.COMPLETED, processors={flaky: handle})
 
-    job = await client.get_job(started.job_id)
+    job = await ran.job()
     assert job.output == Total(total=40)
     # Failed (attempt 1, retried), rescheduled (attempt 2, not counted), completed.
     assert seen == [(1, 4, None, False), (2, 4, None, False), (2, 4, None, False)]
@@ -417,24 +414,26 @@ class PollsCancelled:
 
 
 async def test_a_timed_out_sync_handler_is_told_to_stop_and_its_attempt_fails(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne,
 ) -> None:
     reg = JobTypeRegistry()
     slow = reg.job_type(
         "slow", input=Num, output=Total, timeout=timedelta(milliseconds=300), retry=NO_BACKOFF
     )
     handler = PollsCancelled()
-    client = await make_client(reg)
-    await workers(client=client, processors={slow: handler})
-    started = await client.start_chain(conn, slow, Num(n=1))
-    await conn.commit()
-    await eventually(lambda: _done(client, [started.id]), what="the retry completed")
+    ran = await run_one(
+        reg,
+        Num(n=1),
+        until=JobStatus.COMPLETED,
+        what="the retry completed",
+        processors={slow: handler},
+    )
 
     assert handler.reasons == [AbortReason.TIMEOUT]
     [raised] = handler.raised
     assert raised.reason == "timeout"
     assert "complete()" in str(raised)
-    job = await client.get_job(started.job_id)
+    job = await ran.job()
     assert job.attempt == 2
     assert job.output == Total(total=0)  # the timed-out attempt's return was not kept
     assert job.last_attempt_error is not None
@@ -478,23 +477,25 @@ async def test_what_a_stopped_sync_handler_raises_is_not_reported_as_never_retri
 
 
 async def test_a_cancelled_jobs_sync_handler_is_told_to_stop(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     reg = JobTypeRegistry()
     slow = reg.job_type("slow", input=Num, output=Total)
     handler = PollsCancelled()
-    client = await make_client(reg)
-    await workers(client=client, processors={slow: handler})
-    started = await client.start_chain(conn, slow, Num(n=1))
-    await conn.commit()
-    await _eventually_true(handler.running.is_set, what="the handler running")
-    await client.cancel(conn, [started.job_id])
+    ran = await run_one(
+        reg,
+        Num(n=1),
+        until=handler.running.is_set,
+        what="the handler running",
+        processors={slow: handler},
+    )
+    await ran.client.cancel(conn, [ran.started.job_id])
     await conn.commit()
     await _eventually_true(lambda: bool(handler.raised), what="the handler told to stop")
 
     assert handler.reasons == [AbortReason.CANCELLED]
     assert handler.raised[0].reason == "cancelled"
-    job = await client.get_job(started.job_id)
+    job = await ran.job()
     assert job.status is JobStatus.CANCELLED
     assert job.output is None
 
@@ -535,10 +536,7 @@ async def test_stopping_waits_for_a_sync_handler_then_tells_it_to_stop(
 
 
 async def test_control_without_the_cancellation_a_sync_handler_is_never_told_to_stop(
-    make_client: ClientFactory,
-    workers: Any,
-    conn: psycopg.AsyncConnection[Any],
-    monkeypatch: pytest.MonkeyPatch,
+    run_one: RunOne, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_SyncAttempt, "_cancel", lambda self: None)
     reg = JobTypeRegistry()
@@ -550,18 +548,21 @@ async def test_control_without_the_cancellation_a_sync_handler_is_never_told_to_
         abandon_after=timedelta(seconds=30),
     )
     handler = PollsCancelled()
-    client = await make_client(reg)
-    await workers(client=client, processors={slow: handler}, grace_period=0)
-    started = await client.start_chain(conn, slow, Num(n=1))
-    await conn.commit()
-    await _eventually_true(handler.running.is_set, what="the handler running")
+    ran = await run_one(
+        reg,
+        Num(n=1),
+        until=handler.running.is_set,
+        what="the handler running",
+        processors={slow: handler},
+        grace_period=0,
+    )
     await anyio.sleep(1.0)  # three timeouts long
     assert handler.reasons == []
     assert handler.raised == []
     handler.give_up.set()  # its thread ends (nothing else would end it)
 
     async def failed() -> bool:
-        return (await client.get_job(started.job_id)).last_attempt_error is not None
+        return (await ran.job()).last_attempt_error is not None
 
     await eventually(failed, what="the timed-out attempt failed")
 
@@ -722,7 +723,7 @@ async def test_a_plain_def_middleware_is_refused(make_client: ClientFactory) -> 
 
 
 async def test_a_def_that_returns_a_coroutine_fails_its_attempt_without_running_it(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
+    run_one: RunOne,
 ) -> None:
     reg = JobTypeRegistry()
     job_type = reg.job_type("job", input=Num, max_attempts=1)
@@ -731,25 +732,20 @@ async def test_a_def_that_returns_a_coroutine_fails_its_attempt_without_running_
     async def work(n: int) -> None:
         ran.append(n)
 
-    client = await make_client(reg)
-    await workers(client=client, processors={job_type: lambda attempt: work(attempt.job.input.n)})
-    started = await client.start_chain(conn, job_type, Num(n=1))
-    await conn.commit()
-
-    async def failed() -> bool:
-        return (await client.get_job(started.job_id)).status is JobStatus.FAILED
-
-    await eventually(failed, what="the attempt failed")
-    job = await client.get_job(started.job_id)
+    failed = await run_one(
+        reg,
+        Num(n=1),
+        until=JobStatus.FAILED,
+        processors={job_type: lambda attempt: work(attempt.job.input.n)},
+    )
+    job = await failed.job()
     assert job.last_attempt_error is not None
     assert job.last_attempt_error.type == _type_of(SyncHandlerError)
     assert "returned an awaitable" in job.last_attempt_error.message
     assert ran == []
 
 
-async def test_middlewares_wrap_a_sync_handler_on_the_event_loop(
-    make_client: ClientFactory, workers: Any, conn: psycopg.AsyncConnection[Any]
-) -> None:
+async def test_middlewares_wrap_a_sync_handler_on_the_event_loop(run_one: RunOne) -> None:
     reg = JobTypeRegistry()
     job_type = reg.job_type("job", input=Num, output=Total)
     where: list[str] = []
@@ -764,9 +760,11 @@ async def test_middlewares_wrap_a_sync_handler_on_the_event_loop(
         where.append("handler on " + threading.current_thread().name.split("-")[1])
         return Total(total=1)
 
-    client = await make_client(reg)
-    await workers(client=client, processors={job_type: handle}, middlewares=[middleware])
-    started = await client.start_chain(conn, job_type, Num(n=1))
-    await conn.commit()
-    await eventually(lambda: _done(client, [started.id]), what="the chain completed")
+    await run_one(
+        reg,
+        Num(n=1),
+        until=JobStatus.COMPLETED,
+        processors={job_type: handle},
+        middlewares=[middleware],
+    )
     assert where == ["before MainThread", "handler on sync", "after Total"]

@@ -25,6 +25,7 @@ from pgwork.adapters.state import (
     LimitControl,
     Maintenance,
     OperatorViews,
+    TransactionLending,
 )
 from pgwork.errors import CapabilityMissingError
 
@@ -38,6 +39,7 @@ CAPABILITY_PROTOCOLS: tuple[type, ...] = (
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,
+    TransactionLending,
     InLineRenewal,
     ChainBlockers,
     Debouncing,
@@ -69,6 +71,7 @@ class Capabilities:
     due_times: DueTimes | None = None
     atomic: AtomicAttempts | None = None
     atomic_groups: AtomicGroupCommit | None = None
+    lending: TransactionLending | None = None
     in_line_renewal: InLineRenewal | None = None
     blockers: ChainBlockers | None = None
     debouncing: Debouncing | None = None
@@ -88,6 +91,7 @@ class Capabilities:
             due_times=store if isinstance(store, DueTimes) else None,
             atomic=store if isinstance(store, AtomicAttempts) else None,
             atomic_groups=store if isinstance(store, AtomicGroupCommit) else None,
+            lending=store if isinstance(store, TransactionLending) else None,
             in_line_renewal=store if isinstance(store, InLineRenewal) else None,
             blockers=store if isinstance(store, ChainBlockers) else None,
             debouncing=store if isinstance(store, Debouncing) else None,
@@ -107,6 +111,7 @@ class Capabilities:
             "due_times": "DueTimes",
             "atomic": "AtomicAttempts",
             "atomic_groups": "AtomicGroupCommit",
+            "lending": "TransactionLending",
             "in_line_renewal": "InLineRenewal",
             "blockers": "ChainBlockers",
             "debouncing": "Debouncing",

@@ -11,8 +11,8 @@ The contract is cut two ways (docs/design/storage-contract.md):
   ``WorkerRegistry`` (register, heartbeat, find dead workers);
 - **the capabilities**, each an optimisation or an optional feature a store may offer:
   ``BatchedTurns``, ``FlowControl``, ``LimitControl``, ``DueTimes``, ``AtomicAttempts``,
-  ``AtomicGroupCommit``, ``InLineRenewal``, ``ChainBlockers``, ``Debouncing``,
-  ``ChainSignals``,
+  ``AtomicGroupCommit``, ``TransactionLending``, ``InLineRenewal``, ``ChainBlockers``,
+  ``Debouncing``, ``ChainSignals``,
   ``OperatorViews``, ``Maintenance``.
 
 The roles, whole (``WorkerStore``, ``ReadStore``, ``ControlStore``), are each core part
@@ -119,7 +119,6 @@ __all__ = [
     "InsertedJob",
     "JobFilter",
     "Lease",
-    "LendableTransaction",
     "LimitControl",
     "LimitedTurn",
     "Maintenance",
@@ -140,6 +139,7 @@ __all__ = [
     "Store",
     "SyncAdopter",
     "TransactionHandle",
+    "TransactionLending",
     "TransactionLoan",
     "TypeLimits",
     "WorkerCore",
@@ -162,12 +162,13 @@ class TransactionHandle(Protocol):
 
 class TransactionLoan(Protocol):
     """An atomic attempt's transaction lent to a sync handler's thread as a blocking
-    DB-API connection (``LendableTransaction.lend``).
+    DB-API connection (``TransactionLending.lend_transaction``).
 
-    While it is lent, only the borrowing thread uses the transaction's connection; the
-    event loop takes it back once the handler has returned. Every statement first
-    calls the ``check`` given to ``lend`` (which raises once the attempt is asked to
-    stop), and fails cleanly once the loan has ended or the transaction was discarded.
+    While it is lent, only the borrowing thread uses the transaction's connection: the
+    event loop takes it back once the handler has returned, and a use from any other
+    thread raises. Every statement first calls the ``check`` given to
+    ``lend_transaction`` (which raises once the attempt is asked to stop), and fails
+    cleanly once the loan has ended or the transaction was discarded.
     """
 
     def open(self) -> Any:
@@ -185,18 +186,6 @@ class TransactionLoan(Protocol):
     async def interrupt(self) -> None:
         """On the event loop: ask the server to cancel the statement the borrower is
         running, if any (the attempt was asked to stop)."""
-        ...
-
-
-@runtime_checkable
-class LendableTransaction(Protocol):
-    """A transaction handle whose connection a sync handler may borrow (atomic job
-    types with a plain ``def`` handler). ``discard`` then also stops the borrower's
-    use of it: its statement in progress fails, and so does every later one."""
-
-    def lend(self, check: Callable[[], None]) -> TransactionLoan:
-        """Lend the transaction (on the event loop, no I/O); ``check`` is called before
-        each of the borrower's statements."""
         ...
 
 
@@ -729,6 +718,23 @@ class AtomicGroupCommit(Protocol):
 
 
 @runtime_checkable
+class TransactionLending(Protocol):
+    """Sync (plain ``def``) handlers of atomic job types: an atomic attempt's
+    transaction lent to the handler's thread as a blocking DB-API connection, so that
+    blocking code writes in the job's own transaction. For a store whose driver can
+    hand one connection from the event loop to a thread and back."""
+
+    def lend_transaction(
+        self, tx: TransactionHandle, *, check: Callable[[], None]
+    ) -> TransactionLoan:
+        """Lend ``tx`` (from ``atomic_transaction``; on the event loop, no I/O);
+        ``check`` is called before each of the borrower's statements. ``tx``'s
+        ``discard`` then also stops the borrower's use of it: its statement in
+        progress fails, and so does every later one."""
+        ...
+
+
+@runtime_checkable
 class InLineRenewal(Protocol):
     """Renewing a lease whose row a caller's transaction holds, waiting in line for it:
     for a store whose callers' transactions can lock a job's row."""
@@ -1026,6 +1032,7 @@ class WorkerStore(
     DueTimes,
     AtomicAttempts,
     AtomicGroupCommit,
+    TransactionLending,
     InLineRenewal,
     ChainBlockers,
     ChainSignals,

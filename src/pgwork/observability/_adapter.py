@@ -33,6 +33,7 @@ from pgwork.adapters.state import (
     StateAdapter,
     SyncAdopter,
     TransactionHandle,
+    TransactionLoan,
 )
 from pgwork.errors import ConfigurationError
 from pgwork.observability._events import (
@@ -149,6 +150,13 @@ class InstrumentedStateAdapter:
         emit(ADAPTER_CALL_STOP, operation="adopt", duration_s=time.monotonic() - started)
         return handle
 
+    def lend_transaction(
+        self, tx: TransactionHandle, *, check: Callable[[], None]
+    ) -> TransactionLoan:
+        """The wrapped adapter's ``lend_transaction`` (``TransactionLending``): no I/O,
+        and the loan's statements are the handler's own, so it is not reported."""
+        return cast(StateAdapter, self.inner).lend_transaction(tx, check=check)
+
     def __repr__(self) -> str:
         return f"InstrumentedStateAdapter({self.inner!r})"
 
@@ -195,7 +203,7 @@ class InstrumentedStateAdapter:
 
     # The capabilities: BatchedTurns, FlowControl, LimitControl, DueTimes,
     # AtomicAttempts, AtomicGroupCommit, InLineRenewal, ChainBlockers, Debouncing,
-    # ChainSignals
+    # ChainSignals (TransactionLending is ``lend_transaction`` above)
     complete_and_acquire = _timed(StateAdapter.complete_and_acquire)
     acquire_limited = _timed(StateAdapter.acquire_limited)
     change_limits = _timed(StateAdapter.change_limits)

@@ -9,11 +9,13 @@ statement runs in the job's transaction, which commits with its completion or no
 all. Nothing is proxied through the event loop, and no second connection is opened.
 
 One libpq connection may be used by one thread at a time: while it is lent, the event
-loop leaves it alone (the worker waits for the handler's thread), and each statement of
-the borrower holds the loan's lock. ``discard`` (a handler given up on) takes that lock
-before it closes the connection, after asking the server to cancel the statement in
-progress and shutting the socket down, so the borrower's statement fails at once rather
-than the connection being freed under it; every later statement fails cleanly.
+loop leaves it alone (the worker waits for the handler's thread), each statement of
+the borrower holds the loan's lock, and a statement from any thread but the one that
+opened the loan (the handler's) is refused. ``discard`` (a handler given up on) takes
+that lock before it closes the connection, after asking the server to cancel the
+statement in progress and shutting the socket down, so the borrower's statement fails
+at once rather than the connection being freed under it; every later statement fails
+cleanly.
 
 ``commit`` and ``rollback`` keep their DB-API meaning for the handler's own part of the
 transaction, through a savepoint taken when the loan opens: ``commit`` keeps what the
@@ -97,6 +99,7 @@ class BlockingLoan:
         self._handlers: tuple[Any, Any] | None = None
         self._ended = False
         self._discarded = False
+        self._borrower: int | None = None
 
     @contextlib.contextmanager
     def using(self) -> Any:
@@ -107,7 +110,8 @@ class BlockingLoan:
             yield
 
     def check_lent(self) -> None:
-        """OperationalError once the connection is no longer the borrower's."""
+        """OperationalError once the connection is no longer the borrower's;
+        ProgrammingError on a thread other than the borrower's."""
         if self._discarded:
             raise psycopg.OperationalError(
                 "the worker gave up on this attempt and closed its connection: nothing "
@@ -118,8 +122,14 @@ class BlockingLoan:
                 "this attempt's connection was given back to the worker when its "
                 "handler returned: use `attempt.connection` only inside the handler"
             )
+        if self._borrower is not None and threading.get_ident() != self._borrower:
+            raise psycopg.ProgrammingError(
+                "this attempt's connection is lent to its handler's thread: use "
+                "`attempt.connection` from the handler itself, not from another thread"
+            )
 
     def open(self) -> _LentConnection:
+        self._borrower = threading.get_ident()
         with self.using():
             pgconn = self._conn.pgconn
             # psycopg points the libpq connection's notice and notify callbacks at the

@@ -1,7 +1,8 @@
 """PostgreSQL side of the ``WorkerStore`` role, bar completing: leases and their ends.
 
 Acquire (alone or with the previous batch's completions, in one statement), renew,
-fail, reschedule, release, reap, and the transaction of an atomic attempt. Completions
+fail, reschedule, release, reap, and the transaction of an atomic attempt (and its
+loan to a sync handler's thread, ``_loan``). Completions
 live in ``_state_complete``. Mixed into ``PostgresStateAdapter`` (``state.py``).
 """
 
@@ -12,7 +13,7 @@ import functools
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from pgwork.adapters.state import (
     ReapedJob,
     RenewResult,
     TransactionHandle,
+    TransactionLoan,
     TypeLimits,
 )
 from pgwork.errors import DatabaseTimeoutError
@@ -334,6 +336,15 @@ class WorkerOps(CompletionOps):
                 break
             query = _with_limit(statements.acquire_limited[_statement(kinds, marks)], limit)
         return LimitedTurn(results, acquired, frozenset(waited_for), opens_at)
+
+    def lend_transaction(
+        self, tx: TransactionHandle, *, check: Callable[[], None]
+    ) -> TransactionLoan:
+        # The handle's own connection, as a blocking one (``_loan``); ``own_connection``
+        # refuses a caller's transaction, which is not the worker's to lend.
+        own_connection(tx)
+        assert isinstance(tx, PgTransaction)
+        return tx.lend(check)
 
     async def begin_atomic(
         self, tx: TransactionHandle, *, lease: Lease, deadline: timedelta

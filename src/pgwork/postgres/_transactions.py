@@ -72,8 +72,8 @@ class PgTransaction:
         return f"PgTransaction({self.connection!r})"
 
     def lend(self, check: Callable[[], None]) -> BlockingLoan:
-        """``LendableTransaction.lend``: the transaction as a blocking connection for a
-        sync handler's thread (see ``_loan``)."""
+        """The transaction as a blocking connection for a sync handler's thread
+        (``TransactionLending.lend_transaction``; see ``_loan``)."""
         self.loan = BlockingLoan(own_connection(self), check, self.bound)
         return self.loan
 

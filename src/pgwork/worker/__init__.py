@@ -71,15 +71,17 @@ def create_in_process_worker(
     ``max_slots`` makes sync handlers beyond them wait for a thread in their slot, their
     timeout running. A sync handler of an atomic type writes through a blocking
     connection in the job's transaction (``SyncAttempt.connection``); a worker with
-    ``atomic_group`` > 1 refuses one (``AtomicSyncHandlerError``); see docs/sync.md.
+    ``atomic_group`` > 1, or on a store that cannot lend its transactions, refuses one
+    (``AtomicSyncHandlerError``); see docs/sync.md.
 
     ``process_handlers``: ``{job_type: handler}`` for CPU-bound types, each handler a
     plain ``def handler(input) -> output`` at the top level of a module, run in one of
     the worker's own processes (``processes`` of them, default: the CPU cores, at most
-    ``max_slots``; started as they are needed), its input and output crossing as the
-    JSON the database stores. It counts in ``max_slots``; its timeout, a cancel or a
-    stop kill its process, and a process that dies fails that attempt only. What cannot
-    run there is refused here (``ProcessHandlerError``); see docs/sync.md.
+    ``max_slots``; started with the worker, ready before it takes a job), its input
+    and output crossing as the JSON the database stores. It counts in ``max_slots``;
+    its timeout, a cancel or a stop kill its process, and a process that dies fails
+    that attempt only. What cannot run there is refused here (``ProcessHandlerError``);
+    see docs/sync.md.
 
     ``queues``: queues to take jobs from, drained strictly in the given order (default:
     the queues of the processed types). ``poll_interval``: the longest the worker waits

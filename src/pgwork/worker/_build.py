@@ -7,7 +7,8 @@ receives the parts it talks to as it is constructed and nothing is assigned to a
 afterwards. What the store offers beyond the core of the contract is read here, once
 (``client.capabilities``): each part is made with the capability or without it, and a
 job type that cannot run without one (an atomic type on a store without
-``AtomicAttempts``) is refused before the worker exists.
+``AtomicAttempts``, a sync handler of one on a store without ``TransactionLending``)
+is refused before the worker exists.
 """
 
 from __future__ import annotations
@@ -90,11 +91,14 @@ def build(
     types, handlers = _resolve(client, processors, middlewares, threads, atomic_group)
     pool = None
     if process_handlers:
-        pool = HandlerProcesses(
+        pool, resolved = _in_processes(
+            client,
+            process_handlers,
+            middlewares,
             size=min(os.cpu_count() or 1, max_slots) if processes is None else processes,
             name=f"pgwork-process-{worker_id}",
         )
-        for name, job_type, call in _in_processes(client, process_handlers, middlewares, pool):
+        for name, job_type, call in resolved:
             if name in types:
                 raise ConfigurationError(
                     f"job type {name!r} is in both processors and process_handlers: give "
@@ -270,10 +274,11 @@ def _resolve(
 ) -> tuple[dict[str, JobType[Any, Any]], dict[str, CallNext]]:
     """The job types the worker runs, by name, and each one's handler inside the
     middlewares (a sync handler as the awaitable that runs it on ``threads``); refuses
-    a middleware that is not async, a handler that cannot run, a sync handler for an
-    atomic type on a worker that groups atomic attempts (``atomic_group`` > 1: the
-    members of a group take turns on one connection, which a handler's thread cannot
-    share), and an atomic type on a store without atomic attempts."""
+    a middleware that is not async, a handler that cannot run, an atomic type on a
+    store without atomic attempts, and a sync handler for an atomic type on a worker
+    that groups atomic attempts (``atomic_group`` > 1: the members of a group take
+    turns on one connection, which a handler's thread cannot share) or on a store that
+    cannot lend an attempt's transaction to a thread (without ``TransactionLending``)."""
     capabilities = client.capabilities
     for middleware in middlewares:
         require_async(middleware, "", role="middleware")
@@ -281,20 +286,28 @@ def _resolve(
     handlers: dict[str, CallNext] = {}
     for key, handler in processors.items():
         job_type = client.registry.resolve(key)
-        call: CallNext
-        if handler_kind(handler, job_type.name) == "async":
-            call = handler  # type: ignore[assignment]
-        elif job_type.mode == "atomic" and atomic_group > 1:
-            raise AtomicSyncHandlerError(job_type.name, handler, atomic_group)
-        else:
-            atomic = job_type.mode == "atomic"
-            call = on_threads(handler, threads, job_type.name, atomic=atomic)  # type: ignore[arg-type]
-        types[job_type.name] = job_type
-        handlers[job_type.name] = compose(middlewares, call)
-        if job_type.mode == "atomic" and capabilities.atomic is None:
+        atomic = job_type.mode == "atomic"
+        if atomic and capabilities.atomic is None:
             raise CapabilityMissingError(
                 "AtomicAttempts", f"the atomic job type {job_type.name!r}", capabilities.store_type
             )
+        call: CallNext
+        if handler_kind(handler, job_type.name) == "async":
+            call = handler  # type: ignore[assignment]
+        elif not atomic:
+            call = on_threads(handler, threads, job_type.name)  # type: ignore[arg-type]
+        elif atomic_group > 1:
+            raise AtomicSyncHandlerError(job_type.name, handler, atomic_group)
+        elif capabilities.lending is None:
+            # Else every attempt of the type would fail, one after another, at its start.
+            raise AtomicSyncHandlerError(
+                job_type.name, handler, atomic_group, store_type=capabilities.store_type
+            )
+        else:
+            lending = capabilities.lending
+            call = on_threads(handler, threads, job_type.name, lending=lending)  # type: ignore[arg-type]
+        types[job_type.name] = job_type
+        handlers[job_type.name] = compose(middlewares, call)
     return types, handlers
 
 
@@ -302,22 +315,24 @@ def _in_processes(
     client: Client,
     process_handlers: Mapping[JobType[Any, Any] | str, ProcessHandler],
     middlewares: Sequence[Middleware],
-    processes: HandlerProcesses,
-) -> list[tuple[str, JobType[Any, Any], CallNext]]:
-    """Each process handler's type and the awaitable that runs it in ``processes``,
-    inside the middlewares; ``ProcessHandlerError`` for one that cannot run there."""
+    *,
+    size: int,
+    name: str,
+) -> tuple[HandlerProcesses, list[tuple[str, JobType[Any, Any], CallNext]]]:
+    """The worker's handler processes (``size`` of them, each loading every process
+    handler as it starts), and each process handler's type and the awaitable that runs
+    it there, inside the middlewares; ``ProcessHandlerError`` for a handler that cannot
+    run in another process."""
+    types = [(client.registry.resolve(key), handler) for key, handler in process_handlers.items()]
+    calls = [(job_type, handler, process_call(job_type, handler)) for job_type, handler in types]
+    processes = HandlerProcesses(
+        size=size, name=name, calls=[(job_type.name, call) for job_type, _, call in calls]
+    )
     resolved = []
-    for key, handler in process_handlers.items():
-        job_type = client.registry.resolve(key)
-        call = on_processes(
-            handler,
-            processes,
-            job_type,
-            process_call(job_type, handler),
-            client.max_payload_bytes,
-        )
-        resolved.append((job_type.name, job_type, compose(middlewares, call)))
-    return resolved
+    for job_type, handler, call in calls:
+        run = on_processes(handler, processes, job_type, call, client.max_payload_bytes)
+        resolved.append((job_type.name, job_type, compose(middlewares, run)))
+    return processes, resolved
 
 
 def _limits(

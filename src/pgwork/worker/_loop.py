@@ -193,6 +193,7 @@ class InProcessWorker:
                 side.start_soon(self._slots.watch_forever)
                 if self._matcher is not None:
                     side.start_soon(self._matcher.run_forever)
+                await self._start_processes()
                 self._running.set()
                 self._events.emit(
                     WORKER_STARTED,
@@ -240,6 +241,27 @@ class InProcessWorker:
                 worker_id=self.worker_id,
                 error=repr(error) if isinstance(error, Exception) else None,
             )
+
+    async def _start_processes(self) -> None:
+        """Start the process handlers' processes before the first job is taken, so no
+        attempt's timeout pays for a process's start; a stop asked for meanwhile ends
+        the wait (the processes still starting are ended with the worker)."""
+        processes = self._slots.processes
+        if processes is None:
+            return
+        try:
+            async with anyio.create_task_group() as starting:
+
+                async def stop_waiting() -> None:
+                    await self._stop_requested.wait()
+                    starting.cancel_scope.cancel()
+
+                starting.start_soon(stop_waiting)
+                await processes.start()
+                starting.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # Only the start can fail here: what stopped the worker from starting.
+            raise group.exceptions[0] from None
 
     async def _end_late_settling(self) -> None:
         """Cancelled, the worker's batcher still writes the completions that wait, and

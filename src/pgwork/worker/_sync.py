@@ -29,10 +29,9 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from pgwork.adapters.state import LendableTransaction, TransactionLoan
+from pgwork.adapters.state import TransactionLending, TransactionLoan
 from pgwork.errors import (
     AttemptCancelledError,
-    CapabilityMissingError,
     SyncHandlerError,
     WorkerStateError,
 )
@@ -209,12 +208,18 @@ def _drop_outcome(future: asyncio.Future[Any]) -> None:
 
 
 def on_threads(
-    handler: SyncHandler, threads: HandlerThreads, type_name: str, *, atomic: bool = False
+    handler: SyncHandler,
+    threads: HandlerThreads,
+    type_name: str,
+    *,
+    lending: TransactionLending | None = None,
 ) -> CallNext:
     """The awaitable the worker calls for the sync ``handler``: it runs the handler on
     ``threads`` with a ``SyncAttempt`` and returns (or raises) what the handler did.
-    ``atomic``: the attempt's transaction is lent to the handler's thread as
-    ``SyncAttempt.connection`` for as long as the handler runs (``_lent``).
+    ``lending`` (the store, for an atomic type): the attempt's transaction is lent to
+    the handler's thread as ``SyncAttempt.connection`` for as long as the handler runs
+    (``_lent``). A worker on a store that cannot lend refuses such a handler when it
+    is built.
 
     Interrupted (the slot's task cancelled), it sets the attempt's cancellation (and
     has the server cancel the atomic handler's statement in progress) and waits on for
@@ -224,7 +229,11 @@ def on_threads(
 
     async def call(attempt: Attempt[Any, Any]) -> Any:
         sync = SyncAttempt(attempt, asyncio.get_running_loop())
-        loan = _lend(attempt, sync, type_name) if atomic else None
+        loan = None
+        if lending is not None:
+            tx = attempt.transaction
+            assert tx is not None  # an atomic attempt runs in its transaction
+            loan = lending.lend_transaction(tx, check=sync.raise_if_cancelled)
         run = handler if loan is None else _lent(handler, loan)
         future = threads.submit(run, sync, key=attempt)
         try:
@@ -259,20 +268,6 @@ def on_threads(
         return result
 
     return call
-
-
-def _lend(
-    attempt: Attempt[Any, Any], sync: SyncAttempt[Any, Any], type_name: str
-) -> TransactionLoan:
-    """The loan of ``attempt``'s transaction to the handler's thread."""
-    tx = attempt.transaction
-    if not isinstance(tx, LendableTransaction):
-        raise CapabilityMissingError(
-            "LendableTransaction",
-            f"the sync handler of atomic job type {type_name!r}",
-            type(tx).__name__,
-        )
-    return tx.lend(sync.raise_if_cancelled)
 
 
 def _lent(handler: SyncHandler, loan: TransactionLoan) -> SyncHandler:

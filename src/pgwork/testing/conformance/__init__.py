@@ -52,6 +52,7 @@ pytest.register_assert_rewrite(
             "_state_history",
             "_state_insight",
             "_state_lease",
+            "_state_lending",
             "_state_limit_control",
             "_state_queries",
             "_state_reap",

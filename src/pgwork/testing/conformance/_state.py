@@ -16,6 +16,7 @@ from pgwork.testing.conformance._state_history import AttemptHistoryConformance
 from pgwork.testing.conformance._state_insight import InsightConformance
 from pgwork.testing.conformance._state_job_history import JobHistoryConformance
 from pgwork.testing.conformance._state_lease import LeaseConformance
+from pgwork.testing.conformance._state_lending import TransactionLendingConformance
 from pgwork.testing.conformance._state_limit_control import LimitControlConformance
 from pgwork.testing.conformance._state_limit_pruning import LimitPruningConformance
 from pgwork.testing.conformance._state_queries import QueryConformance
@@ -42,6 +43,7 @@ class StateAdapterConformance(
     ReapConformance,
     AtomicConformance,
     AtomicGroupConformance,
+    TransactionLendingConformance,
     DedupConformance,
     DebounceConformance,
     BlockerConformance,
