@@ -28,6 +28,7 @@ from pgwork import (
     SyncAttempt,
     UnknownSignalTypeError,
     WaitNotDeclaredError,
+    create_in_process_worker,
 )
 
 from ._kit import Order, Paid, Shipments, Shop, pending_signals, send, start_order, waiting
@@ -196,3 +197,16 @@ async def test_a_store_without_signals_refuses_them_before_any_statement(
             continue_with=Continue(shop.ship, Order(id="k"), wait_for=shop.payment.named("k")),
         )
     await conn.rollback()
+
+
+async def test_a_worker_for_a_type_that_hands_on_to_a_waiting_step_needs_signals(
+    make_client: Any,
+) -> None:
+    shop = Shop()
+    client = await make_client(shop.registry, store=CoreOnly)
+
+    async def order(attempt: Any) -> None: ...
+
+    # Each hand-on would fail on the store, attempt after attempt: refused when built.
+    with pytest.raises(CapabilityMissingError, match="'order', which may hand on to 'ship'"):
+        create_in_process_worker(client=client, processors={shop.order: order})

@@ -114,6 +114,7 @@ def build(
                 "only for a type in processors"
             )
     limits = _limits(client, types, caps)
+    _check_signals(client, types)
     queues = tuple(queues) if queues else tuple(dict.fromkeys(t.queue for t in types.values()))
     for schedule in schedules:
         client.registry.entry(schedule.job_type)
@@ -360,6 +361,23 @@ def _limits(
             "FlowControl", f"the limited job type {name!r}", capabilities.store_type
         )
     return limits
+
+
+def _check_signals(client: Client, types: dict[str, JobType[Any, Any]]) -> None:
+    """Refuse a type that may hand its chain on to a step waiting for a signal when
+    the store keeps no signals: each such hand-on would fail, attempt after attempt."""
+    capabilities = client.capabilities
+    if capabilities.signals is not None:
+        return
+    for name, job_type in types.items():
+        for target in sorted(job_type.continue_with):
+            if target in client.registry and client.registry.get(target).waits_for is not None:
+                raise CapabilityMissingError(
+                    "ChainSignals",
+                    f"the job type {name!r}, which may hand on to {target!r}, a step that "
+                    "waits for a signal",
+                    capabilities.store_type,
+                )
 
 
 def default_worker_id() -> str:
