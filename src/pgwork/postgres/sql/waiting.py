@@ -107,7 +107,9 @@ _LISTED = """
 
 # Waiting steps, newest first. Each kind is a branch of its own over the partial index
 # its rows are in, and a branch for a kind not asked for is folded away when planned
-# (the statement is sent unprepared). A signal name is a range of
+# (the statement is sent unprepared). Each branch reads its index range whole and
+# sorts it (``OFFSET 0`` keeps the planner from walking the primary key newest first
+# instead, past every other job). A signal name is a range of
 # jobs_wait_signal_idx; a prefix is read from where it starts (``>=``, which holds for
 # every name that starts with it) and checked with ``starts_with``. Sleeping steps
 # come from jobs_acquire_idx one (queue, priority) at a time, each from now on (a
@@ -132,16 +134,24 @@ WITH RECURSIVE slots AS (
     ) AS n
 ),
 page AS (
-    (SELECT j.id FROM {{jobs}} AS j
-     WHERE {step_waits("j")}
-       AND 'signal' = ANY(%(kinds)s::text[])
-       AND (%(signal)s::text IS NULL OR j.wait_signal = %(signal)s::text)
-       AND (%(prefix)s::text IS NULL
-            OR (j.wait_signal >= %(prefix)s::text
-                AND starts_with(j.wait_signal, %(prefix)s::text))){_LISTED})
+    (SELECT j.id FROM (
+         SELECT j.id, j.chain_type_name FROM {{jobs}} AS j
+         WHERE {step_waits("j")}
+           AND 'signal' = ANY(%(kinds)s::text[])
+           AND (%(signal)s::text IS NULL OR j.wait_signal = %(signal)s::text)
+           AND (%(prefix)s::text IS NULL
+                OR (j.wait_signal >= %(prefix)s::text
+                    AND starts_with(j.wait_signal, %(prefix)s::text)))
+         OFFSET 0
+     ) AS j
+     WHERE true{_LISTED})
     UNION ALL
-    (SELECT j.id FROM {{jobs}} AS j
-     WHERE {_blocked("j")} AND 'blockers' = ANY(%(kinds)s::text[]){_LISTED})
+    (SELECT j.id FROM (
+         SELECT j.id, j.chain_type_name FROM {{jobs}} AS j
+         WHERE {_blocked("j")} AND 'blockers' = ANY(%(kinds)s::text[])
+         OFFSET 0
+     ) AS j
+     WHERE true{_LISTED})
     UNION ALL
     (SELECT j.id FROM slots AS s
      CROSS JOIN LATERAL (
