@@ -85,8 +85,9 @@ _BLOCKER_COUNTS = """(
     HAVING w.kind = 'blockers'
 )"""
 
-# What the current step (the newest job) of each chain of ``ids`` waits for; no row
-# for a chain whose step waits for nothing (it is ready, running, retrying or ended).
+# What the current step (the newest job) of each active chain of ``ids`` waits for;
+# no row for a chain whose step waits for nothing (it is ready, running, retrying) or
+# that has ended.
 CHAIN_WAITS = f"""
 SELECT {_WAIT_COLUMNS}
 FROM {{jobs}} AS r
@@ -95,7 +96,8 @@ CROSS JOIN LATERAL (
     FROM {last_job("r")} AS cur
 ) AS w
 LEFT JOIN LATERAL {_BLOCKER_COUNTS} AS b ON true
-WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id AND w.kind IS NOT NULL
+WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id AND r.chain_status = 'active'
+  AND w.kind IS NOT NULL
 """
 
 # The filters every branch of LIST_WAITING shares, on job ``j``.
