@@ -101,7 +101,8 @@ async def test_the_waiting_page_lists_waiting_chains_and_pending_signals(
     assert "signal approval:a-1" in waiting[str(timed)]
     assert waiting[str(timed)].endswith("in 1d")
     assert waiting[str(endless)].endswith("no timeout")
-    assert "sleep" in waiting[str(later.id)] and waiting[str(later.id)].endswith("in 2h")
+    assert "sleep" in waiting[str(later.id)]
+    assert waiting[str(later.id)].endswith("in 2h")
     signals = _rows(page.text, "signals")
     assert [text.split()[1] for text in signals.values()] == ["approval:nobody"]
 
