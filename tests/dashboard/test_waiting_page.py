@@ -129,7 +129,7 @@ async def test_a_chain_page_says_what_its_step_waits_for(
     text = " ".join(re.sub(r"<[^>]+>", " ", found.group(1)).split())
     assert re.fullmatch(
         r"step 1 \(decide\) waits for signal approval:c-1 , timeout \S+ \S+ UTC \(in 1d\);"
-        r" since \d+s ago",
+        r" waiting since \S+ \S+ UTC \(\d+s ago\)",
         text,
     ), text
     # A chain whose job is ready waits for a worker only.
