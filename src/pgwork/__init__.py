@@ -78,6 +78,9 @@ from pgwork.records import (
     Job,
     JobStatus,
     Page,
+    SignalRecord,
+    Waiting,
+    WaitKind,
 )
 from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
@@ -165,6 +168,7 @@ __all__ = [
     "SchemaMissingError",
     "SchemaOutdatedError",
     "SignalKey",
+    "SignalRecord",
     "SignalType",
     "SignalWait",
     "Signalled",
@@ -179,7 +183,9 @@ __all__ = [
     "UnknownSignalTypeError",
     "UnsupportedConnectionError",
     "UnsupportedServerVersionError",
+    "WaitKind",
     "WaitNotDeclaredError",
+    "Waiting",
     "WaitingJobType",
     "WorkerError",
     "WorkerStateError",

@@ -70,7 +70,12 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 from uuid import UUID
+
+if TYPE_CHECKING:
+    # Annotations only: the leaves import nothing of pgwork at run time.
+    from pgwork.records import Waiting
 
 __all__ = [
     "AtomicSyncHandlerError",
@@ -799,14 +804,28 @@ class ChainFailedError(JobError):
 
 
 class AwaitTimeoutError(PgworkError, TimeoutError):
-    def __init__(self, chain_id: UUID, timeout: float, status: str) -> None:
+    """``await_chain`` gave up. ``waiting``: what the chain's current step waits for
+    (a ``pgwork.records.Waiting``: a signal, a time, a debounce, blocker chains) when
+    it waits for something no worker does; ``None`` when it is ready or running."""
+
+    def __init__(
+        self, chain_id: UUID, timeout: float, status: str, waiting: Waiting | None = None
+    ) -> None:
         self.chain_id = chain_id
         self.timeout = timeout
         self.status = status
-        super().__init__(
-            f"chain {chain_id} did not end within {timeout}s (still {status}); is a worker "
-            "running for its job types?"
-        )
+        self.waiting = waiting
+        if waiting is not None:
+            message = (
+                f"chain {chain_id} did not end within {timeout}s: it is waiting for "
+                f"{waiting.describe()}"
+            )
+        else:
+            message = (
+                f"chain {chain_id} did not end within {timeout}s (still {status}); is a "
+                "worker running for its job types?"
+            )
+        super().__init__(message)
 
 
 # --- worker --------------------------------------------------------------------------

@@ -24,7 +24,10 @@ __all__ = [
     "Job",
     "JobStatus",
     "Page",
+    "SignalRecord",
     "UndecodablePayload",
+    "WaitKind",
+    "Waiting",
     "history_from_json",
 ]
 
@@ -237,3 +240,106 @@ class Page(Generic[T]):
 
     items: tuple[T, ...]
     next_cursor: str | None = field(default=None)
+
+
+class WaitKind(enum.StrEnum):
+    """What a waiting step waits for (``Waiting.kind``).
+
+    ``signal``: a named signal, or its timeout (``Continue(..., wait_for=...)``);
+    ``sleep``: a time (``Continue(..., after=...)``, a chain started later, a snoozed
+    attempt); ``debounce``: a debounced chain's first job, which later enqueues of its
+    key may still move, until its next start or its deadline; ``blockers``: other
+    chains to end (``start_chain(blockers=...)``). A retry's backoff is not a wait.
+    """
+
+    SIGNAL = "signal"
+    SLEEP = "sleep"
+    DEBOUNCE = "debounce"
+    BLOCKERS = "blockers"
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A step that waits, and what for: read from its row (``Client.waiting``,
+    ``Client.list_waiting``).
+
+    ``since``: when the step was written; ``until``: when it starts if nothing else
+    happens first (a signal's timeout, a sleep's end, a debounce's next start),
+    ``None`` for no time (a signal waited for without a timeout, blockers).
+    ``signal``: the name waited for; ``deadline``: a debounce's latest start; ``done``
+    of ``total``: the blocker chains that have ended, of all it waits for. ``as_of``:
+    the database's clock when this was read, which ``describe`` measures from.
+    """
+
+    kind: WaitKind
+    chain_id: UUID
+    chain_type_name: str
+    job_id: UUID
+    type_name: str
+    chain_index: int
+    queue: str
+    since: datetime
+    until: datetime | None
+    as_of: datetime
+    signal: str | None = None
+    deadline: datetime | None = None
+    done: int | None = None
+    total: int | None = None
+
+    def describe(self) -> str:
+        """What it waits for, in words: ``signal 'payment:7' (timeout in 2d 00h)``."""
+        if self.kind is WaitKind.SIGNAL:
+            timeout = f"timeout {self._in(self.until)}" if self.until else "no timeout"
+            return f"signal {self.signal!r} ({timeout})"
+        if self.kind is WaitKind.DEBOUNCE:
+            deadline = f", deadline {self._in(self.deadline)}" if self.deadline else ""
+            return f"more enqueues of its key (debounced: starts {self._in(self.until)}{deadline})"
+        if self.kind is WaitKind.BLOCKERS:
+            return f"blocker chains ({self.done or 0} of {self.total or 0} ended)"
+        until = self.until.isoformat() if self.until else "-"
+        return f"a time: {until} ({self._in(self.until)})"
+
+    def _in(self, when: datetime | None) -> str:
+        if when is None:
+            return "-"
+        return f"in {_span(when - self.as_of)}" if when > self.as_of else "now"
+
+
+@dataclass(frozen=True, slots=True)
+class SignalRecord:
+    """A signal as stored (``Client.list_signals``): ``payload`` is the stored JSON,
+    decoded by no model (a listing knows no signal type); ``consumed_by``: the step a
+    match handed it to, ``None`` while it is pending. ``as_of``: the database's clock
+    when this was read."""
+
+    id: UUID
+    name: str
+    payload: Any
+    sent_at: datetime
+    consumed_by: UUID | None
+    consumed_at: datetime | None
+    as_of: datetime
+
+    @property
+    def pending(self) -> bool:
+        return self.consumed_by is None
+
+    @property
+    def age(self) -> timedelta:
+        """How long ago it was sent, on the database's clock."""
+        return self.as_of - self.sent_at
+
+
+def _span(value: timedelta) -> str:
+    """A short duration: 42s, 3m 12s, 2h 05m, 4d 03h (what ``describe`` prints)."""
+    total = max(int(value.total_seconds()), 0)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"

@@ -361,6 +361,7 @@ def test_chains_show_json(runner: CliRunner, pgwork_dsn: str, seeded: Seeded) ->
         "created_at",
         "completed_at",
         "dedup_key",
+        "waiting",
         "jobs",
     }
     assert (chain["id"], chain["status"], chain["output"]) == (
@@ -370,6 +371,7 @@ def test_chains_show_json(runner: CliRunner, pgwork_dsn: str, seeded: Seeded) ->
     )
     assert [job["id"] for job in chain["jobs"]] == [str(seeded.fetch_chain), str(seeded.parse_job)]
     assert all(set(job) == JOB_KEYS for job in chain["jobs"])
+    assert chain["waiting"] is None  # an ended chain waits for nothing
 
 
 def test_chains_show_and_jobs_show_give_a_debounced_jobs_next_start_and_deadline(

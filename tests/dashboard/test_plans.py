@@ -93,6 +93,9 @@ READS: dict[str, Callable[[Client], Awaitable[Any]]] = {
     "chain-links": lambda c: c.chain_links(SOME),
     "job": lambda c: c.get_job(SOME),
     "failed": lambda c: c.list_jobs(status=JobStatus.FAILED, limit=50),
+    "chain-waiting": lambda c: c.waiting(SOME),
+    "waiting": lambda c: c.list_waiting(limit=50),
+    "waiting-by-kind": lambda c: c.list_waiting(kind="sleep", limit=50),
 }
 
 

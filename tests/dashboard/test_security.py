@@ -447,7 +447,9 @@ async def test_a_crash_is_a_500_that_still_carries_the_security_headers(
     assert response.headers["x-content-type-options"] == "nosniff"
 
 
-@pytest.mark.parametrize("path", ["/chains?type=%00", "/failed?queue=a%00b", "/chains?q=%00"])
+@pytest.mark.parametrize(
+    "path", ["/chains?type=%00", "/failed?queue=a%00b", "/chains?q=%00", "/waiting?signal=a%00"]
+)
 async def test_a_nul_character_in_a_filter_is_a_bad_request(
     http: httpx.AsyncClient, path: str
 ) -> None:

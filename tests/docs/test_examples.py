@@ -23,6 +23,10 @@ EXPECTED = {
         "POST /signups -> 201",
         "welcome email to grace@example.com",
         "completed",
+        "GET /expenses/{id} -> waiting for signal 'approval:",
+        "' (timeout in 2d 23h)",
+        "POST /approvals/{id} -> 202",
+        "expense approved by grace",
         "GET /jobs/chains/{id} -> 200, shows 'completed': True",
     ],
     "flask_app.py": [

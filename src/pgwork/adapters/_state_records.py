@@ -16,7 +16,7 @@ from uuid import UUID
 
 from pgwork._limits import check_dedup_key, check_delay
 from pgwork.errors import ConfigurationError, InvalidDedupWindowError, InvalidOptionError
-from pgwork.records import AttemptError, ChainStatus, Job, JobStatus
+from pgwork.records import AttemptError, ChainStatus, Job, JobStatus, WaitKind
 
 __all__ = [
     "AcquiredJob",
@@ -45,8 +45,10 @@ __all__ = [
     "RenewResult",
     "Resolution",
     "SignalDelivery",
+    "SignalFilter",
     "SignalMatch",
     "TypeLimits",
+    "WaitingFilter",
     "WorkerInfo",
     "WorkerRecord",
 ]
@@ -473,6 +475,30 @@ class JobFilter:
     created_after: datetime | None = None
     created_before: datetime | None = None
     chain_id: UUID | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingFilter:
+    """Which waiting steps ``list_waiting`` returns. ``kinds``: the kinds of wait
+    (``WaitKind``; empty: every kind); ``signal`` / ``signal_prefix``: only steps
+    waiting for that signal name, or for a name that starts with it (signal waits
+    alone); ``chain_type``: only steps of chains of that type."""
+
+    kinds: tuple[WaitKind, ...] = ()
+    signal: str | None = None
+    signal_prefix: str | None = None
+    chain_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalFilter:
+    """Which signals ``list_signals`` returns: ``pending`` ones only (no step has taken
+    them yet) or every signal kept; of one ``name``, or names starting with
+    ``name_prefix``."""
+
+    pending: bool = True
+    name: str | None = None
+    name_prefix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

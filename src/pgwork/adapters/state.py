@@ -68,8 +68,10 @@ from pgwork.adapters._state_records import (
     RenewResult,
     Resolution,
     SignalDelivery,
+    SignalFilter,
     SignalMatch,
     TypeLimits,
+    WaitingFilter,
     WorkerInfo,
     WorkerRecord,
 )
@@ -85,7 +87,7 @@ from pgwork.adapters.work import (
     WorkerJobs,
     WorkFilter,
 )
-from pgwork.records import Chain, Job
+from pgwork.records import Chain, Job, SignalRecord, Waiting
 
 __all__ = [
     "AcquiredJob",
@@ -134,6 +136,7 @@ __all__ = [
     "RenewResult",
     "Resolution",
     "SignalDelivery",
+    "SignalFilter",
     "SignalMatch",
     "StateAdapter",
     "Store",
@@ -142,6 +145,7 @@ __all__ = [
     "TransactionLending",
     "TransactionLoan",
     "TypeLimits",
+    "WaitingFilter",
     "WorkerCore",
     "WorkerInfo",
     "WorkerRecord",
@@ -861,7 +865,8 @@ class ChainSignals(Protocol):
 @runtime_checkable
 class OperatorViews(Protocol):
     """An operator's bounded views: counts, blocked jobs, recent activity, chain links,
-    the work views and the job history (the CLI's read commands, the dashboard)."""
+    the work views, the job history, and what waits (the CLI's read commands, the
+    dashboard)."""
 
     async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
         """One row per queue that has unfinished jobs or a ``queues`` entry, by name."""
@@ -947,6 +952,41 @@ class OperatorViews(Protocol):
         jobs when ``None``) and return those ``match`` matches, newest first, stopping
         at ``limit`` matches. Reads at most ``examine`` rows whatever the table holds:
         no index on inputs is needed, and no enqueue pays for one."""
+        ...
+
+    async def chain_waits(
+        self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
+    ) -> list[Waiting]:
+        """What the current step (the newest job) of each of ``chain_ids`` waits for,
+        one ``Waiting`` per chain whose step waits (any order); none for a chain that
+        is missing, ended, or whose step is ready, running or retrying. A signal wait
+        is the one ``ChainSignals.match_signals`` pairs: not started, and blocked or
+        pending with its timeout still to come."""
+        ...
+
+    async def list_waiting(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: WaitingFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[Waiting]:
+        """Waiting steps matching ``where``, newest first by job id, strictly after
+        ``after``; at most ``limit``. Reads the waiting steps of the kinds asked for,
+        never the ended or ready jobs."""
+        ...
+
+    async def list_signals(
+        self,
+        tx: TransactionHandle | None,
+        *,
+        where: SignalFilter,
+        after: PageKey | None,
+        limit: int,
+    ) -> list[SignalRecord]:
+        """Signals matching ``where``, newest first by id, strictly after ``after``; at
+        most ``limit``. A store without ``ChainSignals`` has none."""
         ...
 
     async def job_history(

@@ -10,6 +10,7 @@ another:
 - ``_operator`` (printing through ``_views`` and ``_history_views``, which are pure):
   ``jobs``, ``chains``, ``queues``, ``workers``, ``history``;
 - ``_limits`` (printing through ``_limit_views``): ``limits``, flow limits at run time;
+- ``_waiting`` (printing through ``_waiting_views``): ``chains waiting``, ``signals``;
 - ``_operate``: what the operator commands share (a client per command, ``--json``);
 - ``_demo`` (running ``_demo_run``): ``demo``;
 - ``_common``: the ``--dsn``/``--schema`` options, consoles, signal handling.
@@ -29,6 +30,7 @@ from pgwork.cli._demo import demo
 from pgwork.cli._limits import limits
 from pgwork.cli._operator import chains, history, jobs, queues, workers
 from pgwork.cli._schema import check, migrate
+from pgwork.cli._waiting import signals, waiting
 from pgwork.cli._worker import worker
 
 __all__ = ["EXIT_ABANDONED", "EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_NOT_AT_HEAD", "main"]
@@ -44,3 +46,5 @@ main.add_command(workers)
 main.add_command(history)
 main.add_command(limits)
 main.add_command(dashboard)
+main.add_command(signals)
+chains.add_command(waiting)

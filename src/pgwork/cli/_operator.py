@@ -22,7 +22,7 @@ from pgwork.cli._common import dsn_option, require_dsn, schema_option
 from pgwork.cli._operate import committed, group_connection, json_option, operate, show
 from pgwork.client import Client
 from pgwork.errors import ConfigurationError
-from pgwork.records import Chain, Job, JobStatus, Page
+from pgwork.records import Chain, Job, JobStatus, Page, Waiting
 
 __all__ = ["chains", "history", "jobs", "queues", "workers"]
 
@@ -149,7 +149,7 @@ def cancel_jobs(dsn: str | None, schema: str, ids: tuple[str, ...]) -> None:
         click.echo(f"cancelled chain {chain_id}")
 
 
-@click.group(short_help="Show a chain and its jobs.")
+@click.group(short_help="Show a chain and its jobs; list waiting chains.")
 def chains() -> None:
     """Look at chains (no job-type registry needed)."""
 
@@ -160,18 +160,20 @@ def chains() -> None:
 @schema_option
 @json_option
 def show_chain(dsn: str | None, schema: str, chain_id: str, as_json: bool) -> None:
-    """A chain's status and output, and its jobs in order."""
+    """A chain's status and output, what its current step waits for (a signal, a
+    time, a debounce, blocker chains), and its jobs in order."""
     wanted = _parse_ids((chain_id,), "chain")[0]
 
-    async def read(client: Client) -> tuple[Chain, list[Job[Any]], datetime]:
+    async def read(client: Client) -> tuple[Chain, list[Job[Any]], Waiting | None, datetime]:
         chain = await client.get_chain(wanted)
-        return chain, await client.list_chain_jobs(wanted), await client.state.now()
+        chain_jobs = await client.list_chain_jobs(wanted)
+        return chain, chain_jobs, await client.waiting(chain.id), await client.state.now()
 
-    chain, chain_jobs, now = operate(dsn, schema, read)
+    chain, chain_jobs, waiting, now = operate(dsn, schema, read)
     show(
         as_json,
-        views.chain_json(chain, chain_jobs),
-        lambda w: views.chain_view(chain, chain_jobs, now, width=w),
+        views.chain_json(chain, chain_jobs, waiting),
+        lambda w: views.chain_view(chain, chain_jobs, now, width=w, waiting=waiting),
     )
 
 

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pgwork.adapters.state import QueueCount, WorkerRecord
-from pgwork.records import Chain, Job, JobStatus, Page
+from pgwork.records import Chain, Job, JobStatus, Page, Waiting
 
 __all__ = [
     "Unhandled",
@@ -38,6 +38,7 @@ __all__ = [
     "job_view",
     "queues_json",
     "queues_view",
+    "waiting_json",
     "workers_json",
     "workers_view",
 ]
@@ -117,7 +118,31 @@ def job_page_json(page: Page[Job[Any]]) -> dict[str, Any]:
     return {"jobs": [job_json(job) for job in page.items], "next_cursor": page.next_cursor}
 
 
-def chain_json(chain: Chain, jobs: Sequence[Job[Any]]) -> dict[str, Any]:
+def waiting_json(waiting: Waiting) -> dict[str, Any]:
+    """What a step waits for: ``Waiting``'s fields, and ``description`` in words."""
+    return {
+        "kind": waiting.kind.value,
+        "chain_id": str(waiting.chain_id),
+        "chain_type_name": waiting.chain_type_name,
+        "job_id": str(waiting.job_id),
+        "type_name": waiting.type_name,
+        "chain_index": waiting.chain_index,
+        "queue": waiting.queue,
+        "since": _iso(waiting.since),
+        "until": _iso(waiting.until),
+        "signal": waiting.signal,
+        "deadline": _iso(waiting.deadline),
+        "done": waiting.done,
+        "total": waiting.total,
+        "description": waiting.describe(),
+    }
+
+
+def chain_json(
+    chain: Chain, jobs: Sequence[Job[Any]], waiting: Waiting | None = None
+) -> dict[str, Any]:
+    """``waiting``: what its current step waits for (``null``: nothing a worker does
+    not do)."""
     return {
         "id": str(chain.id),
         "type_name": chain.type_name,
@@ -127,6 +152,7 @@ def chain_json(chain: Chain, jobs: Sequence[Job[Any]]) -> dict[str, Any]:
         "created_at": _iso(chain.created_at),
         "completed_at": _iso(chain.completed_at),
         "dedup_key": chain.dedup_key,
+        "waiting": waiting_json(waiting) if waiting is not None else None,
         "jobs": [job_json(job) for job in jobs],
     }
 
@@ -417,13 +443,28 @@ def _ended(status: str, final: bool) -> str:
     return status if final else "ended"
 
 
+def _waits(waiting: Waiting | None, now: datetime) -> list[tuple[str, str | Text]]:
+    """The row a chain whose current step waits adds to its view: what for, and which
+    step since when. No row for a chain whose step waits for nothing."""
+    if waiting is None:
+        return []
+    step = f"step {waiting.chain_index} ({waiting.type_name}) since {_ago(waiting.since, now)}"
+    return [("waiting", Text(f"for {waiting.describe()}; {step}", style="magenta"))]
+
+
 def chain_view(
-    chain: Chain, jobs: Sequence[Job[Any]], now: datetime, *, width: int
+    chain: Chain,
+    jobs: Sequence[Job[Any]],
+    now: datetime,
+    *,
+    width: int,
+    waiting: Waiting | None = None,
 ) -> RenderableType:
     rows: list[tuple[str, str | Text]] = [
         ("chain", str(chain.id)),
         ("type", chain.type_name),
         ("status", _status(chain.status.value)),
+        *_waits(waiting, now),
         ("created", _when(chain.created_at, now)),
         (_ended(chain.status.value, chain.status != "active"), _when(chain.completed_at, now)),
         ("dedup key", chain.dedup_key or "-"),

@@ -45,6 +45,7 @@ from pgwork.client._queries import QueryMixin
 from pgwork.client._signals import SignalMixin
 from pgwork.client._starts import ChainStart, StartedChain
 from pgwork.client._sync import SyncEnqueueMixin
+from pgwork.client._waiting import WaitingMixin
 from pgwork.client._work import WorkMixin
 from pgwork.errors import (
     ChainNotFoundError,
@@ -77,6 +78,7 @@ class Client(
     WorkMixin,
     HistoryMixin,
     SignalMixin,
+    WaitingMixin,
 ):
     """Enqueue and query jobs. Create with ``create_client``."""
 

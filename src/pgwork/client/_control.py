@@ -61,7 +61,9 @@ class ControlMixin:
 
         Wakes on the chain-end notification and polls (backing off to ``poll_interval``)
         in case a notice is missed. Raises ChainFailedError if the chain failed or was
-        cancelled, AwaitTimeoutError after ``timeout`` seconds, ChainNotFoundError.
+        cancelled, AwaitTimeoutError after ``timeout`` seconds (its ``waiting`` and
+        message say what the chain waits for, when it waits for a signal, a time, a
+        debounce or blocker chains), ChainNotFoundError.
         """
         chain = await self.get_chain(chain_id)
         delay = 0.02
@@ -80,7 +82,13 @@ class ControlMixin:
                         )
                     await listener.wait(delay)
                     delay = min(delay * 2, poll_interval)
-        raise AwaitTimeoutError(chain_id, timeout, chain.status.value)
+        # Say what it waits for, if it waits for something no worker does: a signal
+        # not sent yet reads otherwise like a worker that is not running.
+        waiting = None
+        if self.capabilities.views is not None:
+            found = await self.capabilities.views.chain_waits(None, chain_ids=[chain_id])
+            waiting = found[0] if found else None
+        raise AwaitTimeoutError(chain_id, timeout, chain.status.value, waiting)
 
     async def cancel(self, tx: object, ids: Sequence[UUID]) -> list[UUID]:
         """Cancel the chains of ``ids`` (chain ids or ids of any of their jobs) in the

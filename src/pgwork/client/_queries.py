@@ -50,6 +50,8 @@ _LISTINGS = {
     "c": "list_chains",
     "b": "list_blocked_jobs",
     "i": "find_by_input",
+    "wait": "list_waiting",
+    "sig": "list_signals",
 }
 
 

@@ -22,6 +22,7 @@ from pgwork.dashboard._origin import LOOPBACK_NAMES, parse_hosts
 from pgwork.dashboard._pages import Pages
 from pgwork.dashboard._security import Authorize, Guard
 from pgwork.dashboard._throttle import LoginThrottle
+from pgwork.dashboard._waiting_page import WaitingPage
 from pgwork.dashboard._work_pages import WorkPages
 from pgwork.errors import ConfigurationError
 from pgwork.schedules import CronSchedule
@@ -90,6 +91,7 @@ def create_dashboard(
     work = WorkPages(context, schedules=tuple(schedules))
     history = HistoryPage(context)
     flow = LimitsPage(context)
+    waits = WaitingPage(context)
     files = _static_files()
 
     async def static(request: Request) -> Response:
@@ -115,6 +117,7 @@ def create_dashboard(
         Route("/schedules", work.schedules, methods=["GET"]),
         Route("/history", history.history, methods=["GET"]),
         Route("/limits", flow.limits, methods=["GET"]),
+        Route("/waiting", waits.waiting, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:

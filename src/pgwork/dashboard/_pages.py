@@ -160,6 +160,7 @@ class Pages:
         except ChainNotFoundError as exc:
             return self.ctx.error(request, 404, "No such chain", str(exc))
         links = await client.chain_links(chain_id)
+        waiting = await client.waiting(chain.id)
         full = request.query_params.get("full")
         return self.ctx.render(
             request,
@@ -167,6 +168,7 @@ class Pages:
             chain=chain,
             jobs=jobs,
             links=links,
+            waiting=waiting,
             input=_format.json_text(chain.input, full=full == "input"),
             output=_format.json_text(chain.output, full=full == "output"),
             error=chain.current_job.last_attempt_error,

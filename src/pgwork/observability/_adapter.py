@@ -236,6 +236,9 @@ class InstrumentedStateAdapter:
     jobs_in_id_range = _timed(StateAdapter.jobs_in_id_range)
     scan_input = _timed(StateAdapter.scan_input)
     job_history = _timed(StateAdapter.job_history)
+    chain_waits = _timed(StateAdapter.chain_waits)
+    list_waiting = _timed(StateAdapter.list_waiting)
+    list_signals = _timed(StateAdapter.list_signals)
 
     # Maintenance
     delete_expired_chains = _timed(StateAdapter.delete_expired_chains)

@@ -27,7 +27,9 @@ subclasses it (``WorkerOps`` < ``CompletionOps`` < ``EnqueueOps`` < ``ChainOps``
 - ``_limit_control.LimitControlOps``: ``LimitControl`` (limits and pauses changed at
   run time);
 - ``_signals.SignalOps``: ``ChainSignals`` (signals, and matching them with the steps
-  that wait for them).
+  that wait for them);
+- ``_waiting.WaitingOps``: the waiting views of ``OperatorViews`` (what chains wait
+  for, the waiting steps, the signals).
 
 ``mark_chain_awaited``, ``chains_of`` and ``now`` also live in ``_chains``. The SQL of
 every part is in one catalogue (``pgwork.postgres.sql``), rendered once per schema.
@@ -59,6 +61,7 @@ from pgwork.postgres._state_enqueue import EnqueueOps
 from pgwork.postgres._state_worker import WorkerOps
 from pgwork.postgres._transactions import PgTransaction, unwrap, unwrap_sync
 from pgwork.postgres._verify import check_server_version, verify_schema
+from pgwork.postgres._waiting import WaitingOps
 from pgwork.postgres._work import WorkOps
 from pgwork.postgres.connect import connect, normalize_dsn, with_connect_timeout
 from pgwork.postgres.sql import render
@@ -84,6 +87,7 @@ class PostgresStateAdapter(
     HistoryOps,
     LimitControlOps,
     SignalOps,
+    WaitingOps,
 ):
     """``StateAdapter`` over a psycopg ``AsyncConnectionPool``.
 

@@ -14,6 +14,7 @@ Each module holds the statements of one concern as named constants (``ACQUIRE``,
 - ``insight``: recent activity and chain links;
 - ``history``: rolling ended jobs up into the history, and reading it;
 - ``signals``: signals, the steps that wait for them, and matching the two;
+- ``waiting``: what chains wait for, and the listings of waiting steps and signals;
 - ``workers``: the worker registry.
 
 Statements are templates: ``{jobs}``, ``{queues}``, ``{workers}``... stand for the
@@ -45,6 +46,7 @@ from pgwork.postgres.sql.limits import LIMIT_LOCK, LimitStatements
 from pgwork.postgres.sql.outcomes import OutcomeStatements
 from pgwork.postgres.sql.queries import QueryStatements
 from pgwork.postgres.sql.signals import SIGNAL_LOCK, SignalStatements
+from pgwork.postgres.sql.waiting import WaitingStatements
 from pgwork.postgres.sql.work_views import WorkViewStatements
 from pgwork.postgres.sql.workers import WorkerStatements
 
@@ -85,6 +87,7 @@ class Statements:
     insight: InsightStatements
     history: HistoryStatements
     signals: SignalStatements
+    waiting: WaitingStatements
     workers: WorkerStatements
 
     def named(self) -> dict[str, bytes]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SIGNAL_LOCK", "SignalStatements"]
+__all__ = ["SIGNAL_LOCK", "SignalStatements", "step_waits"]
 
 # The first key of a signal name's lock (a two-key advisory lock; the second key is the
 # name's hash): "pgws" read as an int4. Two names whose hashes collide share a lock,
@@ -45,12 +45,23 @@ FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest(%(names)s::text[]) AS n) AS l
 ORDER BY l.k
 """
 
-# A step is waiting while it has not started: blocked (no timeout), or pending and
-# scheduled at its timeout still to come. A timed step whose timeout has passed is
-# due to start without a signal, whether a worker has leased it yet or not; a step that
-# ran and was handed back (``attempt`` back to 0) is past its timeout too.
-_WAITING = """j.wait_signal = n.name AND j.attempt = 0
-              AND (j.status = 'blocked' OR (j.status = 'pending' AND j.scheduled_at > now()))"""
+
+def step_waits(alias: str) -> str:
+    """SQL: job ``alias`` is a step waiting for its signal (``wait_signal``).
+
+    A step is waiting while it has not started: blocked (no timeout), or pending and
+    scheduled at its timeout still to come. A timed step whose timeout has passed is
+    due to start without a signal, whether a worker has leased it yet or not; a step
+    that ran and was handed back (``attempt`` back to 0) is past its timeout too. The
+    one rule: the match, the sweep and the read side (``sql.waiting``) all use it."""
+    return (
+        f"{alias}.wait_signal IS NOT NULL AND {alias}.attempt = 0"
+        f"\n              AND ({alias}.status = 'blocked'"
+        f" OR ({alias}.status = 'pending' AND {alias}.scheduled_at > now()))"
+    )
+
+
+_WAITING = f"j.wait_signal = n.name AND {step_waits('j')}"
 
 # Run after LOCK_SIGNAL_NAMES, in the same transaction. Up to ``limit`` of each
 # side per name are locked (pending signals, then waiting steps, each in id order);
@@ -85,8 +96,7 @@ waiting AS (
             ORDER BY j.id
             LIMIT %(limit)s
         ) AS w
-    ) AND j.wait_signal IS NOT NULL AND j.attempt = 0
-      AND (j.status = 'blocked' OR (j.status = 'pending' AND j.scheduled_at > now()))
+    ) AND {step_waits("j")}
     ORDER BY j.wait_signal, j.id
     FOR UPDATE
 ),

@@ -24,6 +24,7 @@ from pgwork.testing.conformance._state_reap import AtomicConformance, ReapConfor
 from pgwork.testing.conformance._state_registry import RegistryConformance
 from pgwork.testing.conformance._state_signals import SignalConformance
 from pgwork.testing.conformance._state_turn import TurnConformance
+from pgwork.testing.conformance._state_waiting import WaitingConformance
 from pgwork.testing.conformance._state_work import WorkConformance
 
 __all__ = ["StateAdapterConformance"]
@@ -48,6 +49,7 @@ class StateAdapterConformance(
     DebounceConformance,
     BlockerConformance,
     SignalConformance,
+    WaitingConformance,
     ControlConformance,
     QueryConformance,
     InsightConformance,
