@@ -18,6 +18,7 @@ import psycopg
 from pydantic import BaseModel
 
 from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry
+from pgwork.backoff import RetryPolicy
 from pgwork.job_types import BlockerFailurePolicy, JobType, ProcessingMode
 
 __all__ = ["Batch", "Done", "FanOut", "Part", "Summary", "rows", "start", "statuses"]
@@ -47,8 +48,8 @@ class Summary(BaseModel):
 
 class FanOut:
     """One registry: ``part`` (entry, ``part_attempts``), ``collect`` (its policy) and
-    ``split`` (continues with ``collect``), each in the mode given; ``lease_s`` is the
-    lease of ``split`` and ``part``. The handlers record what ran."""
+    ``split`` (continues with ``collect``; retried at once), each in the mode given;
+    ``lease_s`` is the lease of ``split`` and ``part``. The handlers record what ran."""
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class FanOut:
             continue_with=[self.collect],
             mode=split_mode,
             lease=lease,
+            retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
         )
         self.runs: Counter[str] = Counter()
         self.read: list[list[Done | None]] = []
