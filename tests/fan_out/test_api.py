@@ -233,6 +233,29 @@ async def test_children_nobody_waits_for_start_with_the_completion_and_keep_its_
     ]
 
 
+async def test_a_hand_on_that_waits_for_nothing_writes_its_children_too(
+    pgwork_dsn: str, make_client: Any, workers: Any
+) -> None:
+    fan = FanOut()
+
+    async def split(attempt: Any) -> Continue[Batch]:
+        attempt.start_chain(fan.part, Part(batch="b", index=0))
+        attempt.start_chain(fan.part, Part(batch="b", index=1))
+        return Continue(fan.collect, attempt.job.input)
+
+    client = await make_client(fan.registry)
+    processors = fan.processors() | {fan.split: split}
+    await workers(client=client, processors=processors)
+    chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=2))
+    # The step waits for nothing: it reads no blocker.
+    assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=0, missing=0)
+
+    async def ran() -> bool:
+        return await statuses(pgwork_dsn, "part") == {"completed": 2}
+
+    await eventually(ran, timeout=PROMPT, what="the children's runs")
+
+
 async def test_a_sync_handler_fans_out_and_its_step_reads_the_outputs(
     pgwork_dsn: str, make_client: Any, workers: Any
 ) -> None:

@@ -93,8 +93,13 @@ async def test_grouped_atomic_attempts_fan_out_in_their_groups_transaction(
     fan = FanOut(split_mode="atomic", part_mode="atomic", collect_mode="atomic")
     client = await make_client(fan.registry)
     await workers(client=client, processors=fan.processors(), atomic_group=8, max_slots=8)
-    chain_ids = [await start(pgwork_dsn, client, fan, Batch(id=f"b{n}", size=40)) for n in range(3)]
-    for chain_id in chain_ids:
-        assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=40, missing=0)
-    assert fan.runs == {"split": 3, "part": 120, "collect": 3}
-    assert await statuses(pgwork_dsn, "part") == {"completed": 120}
+    # 300 children go by COPY, inside the group's transaction and the member's savepoint.
+    sizes = (40, 300, 40)
+    chain_ids = [
+        await start(pgwork_dsn, client, fan, Batch(id=f"b{n}", size=size))
+        for n, size in enumerate(sizes)
+    ]
+    for chain_id, size in zip(chain_ids, sizes, strict=True):
+        assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=size, missing=0)
+    assert fan.runs == {"split": 3, "part": sum(sizes), "collect": 3}
+    assert await statuses(pgwork_dsn, "part") == {"completed": sum(sizes)}
