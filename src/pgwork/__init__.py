@@ -24,6 +24,8 @@ from pgwork.errors import (
     CapabilityMissingError,
     ChainHasDependantsError,
     ChainNotFoundError,
+    ChildNotStartedHereError,
+    ChildWaitNotAllowedError,
     ConfigurationError,
     ContinuationNotAllowedError,
     DatabaseError,
@@ -65,6 +67,7 @@ from pgwork.errors import (
     WorkerError,
     WorkerStateError,
 )
+from pgwork.fan_out import Children
 from pgwork.job_types import Continue, JobType, JobTypeRegistry, ProcessingMode, WaitingJobType
 from pgwork.middleware import LogContextFilter, Middleware, compose, log_context
 from pgwork.postgres.notify import PostgresNotifyAdapter
@@ -109,6 +112,9 @@ __all__ = [
     "ChainNotFoundError",
     "ChainStart",
     "ChainStatus",
+    "ChildNotStartedHereError",
+    "ChildWaitNotAllowedError",
+    "Children",
     "Client",
     "ConfigurationError",
     "ContinuationNotAllowedError",

@@ -32,7 +32,8 @@ The tree::
     │   ├── ContinuationNotAllowedError
     │   ├── UnknownSignalTypeError    a signal type this registry did not declare
     │   ├── DuplicateSignalTypeError
-    │   └── WaitNotDeclaredError      a signal its job type does not declare in waits_for
+    │   ├── WaitNotDeclaredError      a signal its job type does not declare in waits_for
+    │   └── ChildWaitNotAllowedError  a step that waits for a signal given children to wait for
     ├── PayloadError                  input or output that cannot be stored
     │   ├── PayloadValidationError    fails its model
     │   ├── PayloadNotSerializableError  not JSON (names the path)
@@ -44,6 +45,7 @@ The tree::
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
+    │   ├── ChildNotStartedHereError  Children(...) of chains the attempt did not start
     │   ├── ChainHasDependantsError   delete_chains while other chains still wait on them
     │   ├── LeaseLostError            complete/reschedule after the worker lost the job
     │   ├── AttemptAlreadyFinishedError  complete/reschedule called twice in one attempt
@@ -87,6 +89,8 @@ __all__ = [
     "ChainFailedError",
     "ChainHasDependantsError",
     "ChainNotFoundError",
+    "ChildNotStartedHereError",
+    "ChildWaitNotAllowedError",
     "ConfigurationError",
     "ContinuationNotAllowedError",
     "DatabaseError",
@@ -613,6 +617,23 @@ class WaitNotDeclaredError(JobTypeError):
         )
 
 
+class ChildWaitNotAllowedError(JobTypeError):
+    """A hand-on to a step that waits for child chains (``wait_for=Children(...)``)
+    whose job type declares ``waits_for=`` a signal: such a step starts on its signal,
+    and its handler would read ``TimedOut`` for ever."""
+
+    def __init__(self, type_name: str, waits_for: str, job_id: UUID | None = None) -> None:
+        self.type_name = type_name
+        self.waits_for = waits_for
+        self.job_id = job_id
+        where = f" (job {job_id})" if job_id else ""
+        super().__init__(
+            f"job type {type_name!r}{where} waits for signal type {waits_for!r}: its steps "
+            "start on that signal and cannot wait for child chains. Hand on to a type "
+            "declared without waits_for=."
+        )
+
+
 # --- payloads ------------------------------------------------------------------------
 
 
@@ -708,6 +729,26 @@ class ChainNotFoundError(JobError, LookupError):
         self.chain_ids = tuple(chain_ids)
         shown = ", ".join(str(i) for i in self.chain_ids)
         super().__init__(f"no chain with id {shown}")
+
+
+class ChildNotStartedHereError(JobError):
+    """``Children(...)`` naming chains the attempt that builds the outcome did not start
+    with ``attempt.start_chain`` (another attempt's, a client's, or ``complete_job``
+    from outside a worker): its step would wait for chains its completion does not
+    write."""
+
+    def __init__(self, chain_ids: Sequence[UUID], job_id: UUID | None = None) -> None:
+        self.chain_ids = tuple(chain_ids)
+        self.job_id = job_id
+        shown = ", ".join(str(i) for i in self.chain_ids[:5])
+        more = f" and {len(self.chain_ids) - 5} more" if len(self.chain_ids) > 5 else ""
+        where = f"job {job_id}" if job_id else "a completion outside any worker"
+        super().__init__(
+            f"{where} hands on to a step waiting for chains it did not start: {shown}{more}. "
+            "Wait only for the chains this attempt's attempt.start_chain(...) returned; to "
+            "wait for chains started elsewhere, start the step's chain with "
+            "client.start_chain(..., blockers=[...])"
+        )
 
 
 class ChainHasDependantsError(JobError):

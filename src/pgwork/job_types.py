@@ -33,6 +33,7 @@ from pgwork.errors import (
     UnknownJobTypeError,
     UnknownSignalTypeError,
 )
+from pgwork.fan_out import Children
 from pgwork.payload import Codec
 from pgwork.signals import SignalType, SignalWait, check_signal_type_name
 
@@ -144,8 +145,9 @@ class Continuation:
     input: Any
     schedule_after: timedelta | None
     limit_key: str | None
-    # The signal the next job waits for before it starts (``wait_for=``), or None.
-    wait: SignalWait[Any] | None
+    # What the next job waits for before it starts (``wait_for=``): a signal, the child
+    # chains the attempt started, or None.
+    wait: SignalWait[Any] | Children | None
 
 
 class Continue(Continuation, Generic[I2]):
@@ -157,7 +159,9 @@ class Continue(Continuation, Generic[I2]):
     keeps the key of the job that hands on (as it keeps the chain's ``context``).
     ``wait_for``: the next job starts only when the signal arrives, or its timeout
     passes (``signal_type.named(key, timeout=...)``); its type must declare
-    ``waits_for=`` that signal type. Waiting, it holds no slot and costs one row.
+    ``waits_for=`` that signal type. Or the next job starts only when the child chains
+    this attempt started complete (``Children(chains, need=None)``: all of them, or the
+    first ``need``). Waiting, it holds no slot and costs one row.
     """
 
     __slots__ = ()
@@ -181,6 +185,16 @@ class Continue(Continuation, Generic[I2]):
         job_type: JobType[I2, Any],
         input: I2,
         *,
+        limit_key: str | None = ...,
+        wait_for: Children,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        job_type: JobType[I2, Any],
+        input: I2,
+        *,
         after: timedelta | None = ...,
         limit_key: str | None = ...,
     ) -> None: ...
@@ -192,7 +206,7 @@ class Continue(Continuation, Generic[I2]):
         *,
         after: timedelta | None = None,
         limit_key: str | None = None,
-        wait_for: SignalWait[Any] | None = None,
+        wait_for: SignalWait[Any] | Children | None = None,
     ) -> None:
         self.job_type = job_type
         self.input = input
@@ -200,14 +214,15 @@ class Continue(Continuation, Generic[I2]):
         # range the continuation could never be written.
         self.schedule_after = None if after is None else check_delay("after", after)
         self.limit_key = None if limit_key is None else check_limit_key(limit_key)
-        if wait_for is not None and not isinstance(wait_for, SignalWait):
+        if wait_for is not None and not isinstance(wait_for, SignalWait | Children):
             raise ConfigurationError(
-                f"wait_for must be signal_type.named(key, timeout=...), got {wait_for!r}"
+                "wait_for must be signal_type.named(key, timeout=...) or "
+                f"Children(chains, need=...), got {wait_for!r}"
             )
         if wait_for is not None and after is not None:
             raise ConfigurationError(
                 "Continue takes after= or wait_for=, not both: a waiting step starts when "
-                "its signal arrives or its timeout passes"
+                "what it waits for arrives (or its timeout passes)"
             )
         self.wait = wait_for
 

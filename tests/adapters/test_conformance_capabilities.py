@@ -5,8 +5,8 @@ nothing more and skips the others, so a case that calls a capability's operation
 enqueues blocked jobs, ``ChainBlockers``' feature) without ``requires`` saying so
 would fail such a store for the wrong reason. Each case's source, with the suite's
 helper methods and functions it calls, is read for those operations (and for
-``blockers=`` and ``wait_signal=``, the jobs that need ``ChainBlockers`` or
-``ChainSignals`` to be written).
+``blockers=``, ``children=`` and ``wait_signal=``, the jobs that need ``ChainBlockers``
+or ``ChainSignals`` to be written).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def needed(function: Callable[..., Any]) -> set[type]:
         for called in re.findall(r"\.(\w+)\(", source):
             if called in OWNER:
                 found.add(OWNER[called])
-        if re.search(r"\bblockers=", source):
+        if re.search(r"\b(blockers|children)=", source):
             found.add(state.ChainBlockers)
         if re.search(r"\bwait_signal=", source):
             found.add(state.ChainSignals)

@@ -3,7 +3,10 @@
 One snippet holds correct usage and the mistakes, each marked ``# E: <message part>``;
 mypy must report exactly those lines, so correct usage is proven clean too. Signals are
 typed by their payload: a wrong payload to ``client.signal``, or a wait for another
-signal type than the step's ``waits_for``, is a type error.
+signal type than the step's ``waits_for``, is a type error. Fan-out is typed by the
+child's job type: a wrong input to ``attempt.start_chain`` (async or sync), a wrong
+input to the step that waits for the children, and a field the children's output lacks
+are type errors.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ SNIPPET = """\
 from datetime import timedelta
 from pydantic import BaseModel
 import psycopg
-from pgwork import Attempt, ChainStart, Client, Continue, JobTypeRegistry, Signalled
+from pgwork import (
+    Attempt, ChainStart, Children, Client, Continue, JobTypeRegistry, Signalled, SyncAttempt
+)
 
 class Email(BaseModel):
     to: str
@@ -84,6 +89,42 @@ async def waits_for_another_signal(attempt: Attempt[Email, Sent]) -> None:
 async def reads_a_field_the_payload_lacks(attempt: Attempt[Email, None]) -> int:
     got = await attempt.received(payment)
     return got.payload.cents if isinstance(got, Signalled) else 0  # E: has no attribute "cents"
+
+collect = registry.job_type("collect", input=Sent, output=Sent, entry=False)
+fan = registry.job_type("fan", input=Email, continue_with=[collect])
+
+async def fans_out(attempt: Attempt[Email, None]) -> Continue[Sent]:
+    kids = [attempt.start_chain(send_email, Email(to=to)) for to in ("a", "b")]
+    print(kids[0].id)
+    return Continue(collect, Sent(message_id="x"), wait_for=Children(kids, need=1))
+
+def fans_out_on_a_thread(attempt: SyncAttempt[Email, None]) -> Continue[Sent]:
+    kid = attempt.start_chain(send_email, Email(to="a"))
+    return Continue(collect, Sent(message_id="x"), wait_for=Children([kid]))
+
+async def reads_the_childrens_outputs(attempt: Attempt[Sent, Sent]) -> Sent:
+    outputs = await attempt.blocker_outputs(send_email)
+    return Sent(message_id=",".join(o.message_id for o in outputs if o is not None))
+
+async def starts_a_child_with_the_wrong_model(attempt: Attempt[Email, None]) -> None:
+    attempt.start_chain(send_email, Sent(message_id="x"))  # E: "start_chain"
+
+def starts_a_child_on_a_thread_with_the_wrong_model(attempt: SyncAttempt[Email, None]) -> None:
+    attempt.start_chain(send_email, Sent(message_id="x"))  # E: "start_chain"
+
+async def waits_with_the_wrong_step_input(attempt: Attempt[Email, None]) -> None:
+    kid = attempt.start_chain(send_email, Email(to="a"))
+    step = Continue(collect, Email(to="b"), wait_for=Children([kid]))  # E: Continue
+    await attempt.complete(continue_with=step)
+
+async def waits_for_children_and_a_delay(attempt: Attempt[Email, None]) -> None:
+    kids, out = Children([attempt.start_chain(send_email, Email(to="a"))]), Sent(message_id="x")
+    step = Continue(collect, out, after=timedelta(1), wait_for=kids)  # E: Continue
+    await attempt.complete(continue_with=step)
+
+async def reads_a_field_the_outputs_lack(attempt: Attempt[Sent, Sent]) -> list[str]:
+    outputs = await attempt.blocker_outputs(send_email)
+    return [o.subject for o in outputs if o is not None]  # E: has no attribute "subject"
 """
 
 

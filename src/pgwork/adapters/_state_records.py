@@ -158,9 +158,14 @@ class NewJob:
     # and its job has no schedule (its delay is one) and no blockers.
     dedup: DedupSpec | Debounce | None = None
     trace_context: Mapping[str, str] | None = None
-    # Chains this job waits for (chain roots only), and what their failure does to it.
+    # Chains this job waits for, and what their failure does to it: a chain's first job
+    # (``start_chain(blockers=...)``), or a later job of its chain that waits for the
+    # children its completion writes (``Continue(..., wait_for=Children(...))``).
     blockers: tuple[UUID, ...] = ()
     blocker_failure: Literal["fail", "cancel", "unblock"] = "fail"
+    # How many of ``blockers`` must be met (completed, or ended under ``"unblock"``)
+    # before it runs; None: all of them. From 1 to ``len(blockers)``.
+    blocker_need: int | None = None
     # A logging context (``start_chain(context=...)``), already checked; continuations
     # inherit their chain's.
     context: Mapping[str, str] | None = None
@@ -316,12 +321,19 @@ class Completion:
 
     ``lease_token`` fences a worker's completion; ``None`` completes from outside any
     worker (it then applies to a pending or running job).
+
+    ``children``: new chains' first jobs (plain: no schedule, blocker, dedup key or
+    signal) the completion starts (``attempt.start_chain``), written in its transaction
+    when it is accepted and not at all when it is refused. A ``continuation`` blocked
+    on them (its ``blockers`` among their ids) is written after them. Only a store
+    with ``ChainBlockers`` is given children.
     """
 
     job_id: UUID
     lease_token: UUID | None
     output_json: str
     continuation: NewJob | None = None
+    children: tuple[NewJob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,12 +388,18 @@ def earliest_due(due: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], .
 
 @dataclass(frozen=True, slots=True)
 class BlockerOutput:
-    """One blocker chain of a job: its status and (once completed) its final output."""
+    """One blocker chain of a job: its status and (once completed) its final output.
+
+    ``met``: whether the blocker was counted as met (completed, deleted, or ended
+    under ``"unblock"``) when it was last counted for the job: by the job's release at
+    the latest. A job released once ``blocker_need`` of its blockers were met reads
+    the others as not met, whatever became of them since."""
 
     chain_id: UUID
     status: ChainStatus | None
     type_name: str | None
     output: Any
+    met: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -236,12 +236,12 @@ class AtomicGroup(Protocol):
         ...
 
     async def complete(self, completion: Completion) -> CompletionResult:
-        """Keep the current member with its job's completion (no continuation), written
-        now in its savepoint and fenced by its lease; refused (the lease no longer
-        holds), the member is undone instead and not counted. A member that did not use
-        its transaction has its savepoint (and the group's transaction, first) opened
-        with the completion, so every kept member commits with the group. What a result
-        reports ready is announced by the caller after ``commit``."""
+        """Keep the current member with its job's completion (no continuation, no
+        children), written now in its savepoint and fenced by its lease; refused (the
+        lease no longer holds), the member is undone instead and not counted. A member
+        that did not use its transaction has its savepoint (and the group's transaction,
+        first) opened with the completion, so every kept member commits with the group.
+        What a result reports ready is announced by the caller after ``commit``."""
         ...
 
     async def keep(self) -> None:
@@ -368,8 +368,10 @@ class WorkerCore(Store, Protocol):
         completions: Sequence[Completion],
         notify: NotifyAdapter | None = None,
     ) -> list[CompletionResult]:
-        """Complete jobs (and insert their continuations) in ``tx``, or atomically on
-        the adapter's own when ``tx`` is None.
+        """Complete jobs (and insert their continuations, and the children of those
+        that start some: ``Completion.children``, ``ChainBlockers``) in ``tx``, or
+        atomically on the adapter's own when ``tx`` is None. The ready queues a result
+        reports include its children's.
 
         ``notify``: also announce what the results report (a ``ready`` notice per
         queue in ``ready_queues``, a ``chain_done`` notice per awaited chain that
@@ -548,8 +550,8 @@ class BatchedTurns(Protocol):
         """``complete(None, completions=...)`` then ``acquire(...)``, committed together:
         both happen or, when this raises, neither. A worker's finished batch and its
         next batch of work travel in one round trip, with one commit. Completions with
-        a continuation are refused (``ValueError``): they need a transaction of their
-        own."""
+        a continuation or children are refused (``ValueError``): they need a transaction
+        of their own."""
         ...
 
 
@@ -578,7 +580,7 @@ class FlowControl(Protocol):
         race, and round-robin across its limit groups (each group's first job before
         any group's second, starting after the group served last). Types of ``leases``
         absent from ``limits`` are acquired as ``acquire`` would. Completions with a
-        continuation are refused (``ValueError``).
+        continuation or children are refused (``ValueError``).
 
         An acquire that comes back short with jobs of a limited type left pending
         marks that a worker waits for room in the type; an acquire that finds a type so
@@ -705,8 +707,8 @@ class AtomicAttempts(Protocol):
         either way. When the completion is refused (the lease no longer holds the job),
         ``tx`` is rolled back instead — nothing written in it commits — and the result
         is not accepted. Dependants of a chain it ends are settled after the commit, as
-        ``complete(None, ...)`` does. ``completion`` has no continuation
-        (``ValueError``): a continuation goes through ``complete(tx, ...)``."""
+        ``complete(None, ...)`` does. ``completion`` has no continuation and no
+        children (``ValueError``): those go through ``complete(tx, ...)``."""
         ...
 
 
@@ -758,20 +760,39 @@ class InLineRenewal(Protocol):
 @runtime_checkable
 class ChainBlockers(Protocol):
     """Jobs that wait for other chains (``NewJob.blockers``): their blockers' outputs,
-    and settling them when their blockers end."""
+    and settling them when their blockers end (docs/design/fan-out.md).
+
+    A blocked job is inserted by ``insert_jobs``: a chain's first job blocked on
+    existing chains, or a later job of its chain (a continuation) blocked on the
+    children its completion starts (``Completion.children``, written by ``complete``
+    before it). It waits ``blocked`` until ``blocker_need`` of its blockers (all of
+    them when None) are *met*: completed, deleted, or ended (failed, cancelled) under
+    its ``blocker_failure="unblock"``; then it is pending. Once so many have ended
+    otherwise that the rest cannot make up the need, its policy ``"fail"`` or
+    ``"cancel"`` ends it and its chain that way, and that chain's own dependants
+    follow. Each blocker's end must cost the same however many blockers the job has:
+    10,000 children are settled by 10,000 small writes, not by reading every edge at
+    every end."""
 
     async def blocker_outputs(
         self, tx: TransactionHandle | None, *, job_id: UUID
-    ) -> list[BlockerOutput]: ...
+    ) -> list[BlockerOutput]:
+        """Each of ``job_id``'s blockers in the order given, with its chain's status and
+        final output, and whether it was met when last counted (``BlockerOutput.met``:
+        a job released with ``blocker_need`` of them reads the rest as not met)."""
+        ...
 
     async def resolve_dependants(
         self, tx: TransactionHandle | None, *, chain_ids: Sequence[UUID]
     ) -> Resolution:
-        """Settle jobs blocked on ``chain_ids`` (ended chains) per their edges' policy."""
+        """Settle jobs blocked on ``chain_ids`` (ended chains) per their edges' policy.
+        Settling one end twice changes nothing the second time."""
         ...
 
     async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
-        """Settle blocked jobs whose blockers all ended but that were never resolved."""
+        """Settle, up to ``limit``, blocked jobs some of whose blockers ended without
+        being settled (a process died between ending a chain and settling its
+        dependants), counting their blockers again from their chains' status."""
         ...
 
 

@@ -31,6 +31,7 @@ from pgwork.errors import (
 )
 from pgwork.job_types import Continuation, JobTypeRegistry
 from pgwork.records import AbortReason, Chain, ChainStatus, Job, JobStatus
+from pgwork.signals import SignalWait
 
 if TYPE_CHECKING:
     from pgwork.adapters.capabilities import Capabilities
@@ -146,7 +147,9 @@ class ControlMixin:
         continue_with: Continuation | None = None,
     ) -> None:
         """Complete (or continue) a job from outside any worker — e.g. a webhook — in the
-        caller's transaction. A worker holding the job is told to abandon its attempt."""
+        caller's transaction. A worker holding the job is told to abandon its attempt.
+        A continuation cannot wait for child chains (``Children``): only a handler's
+        attempt starts children (``ChildNotStartedHereError``)."""
         handle = await self.state.adopt(tx)
         jobs = await self.state.get_jobs(handle, job_ids=[job_id])
         if not jobs:
@@ -159,7 +162,7 @@ class ControlMixin:
             output_json = "null"
         else:
             output_json = job_type.output_codec.encode(output, max_bytes=self.max_payload_bytes)
-        if continue_with is not None and continue_with.wait is not None:
+        if continue_with is not None and isinstance(continue_with.wait, SignalWait):
             self.capabilities.require_signals("continuing a chain with wait_for")
         continuation = (
             continuation_job(

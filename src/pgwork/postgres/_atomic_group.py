@@ -253,8 +253,10 @@ class PgAtomicGroup:
         self._conn.__dict__.pop("wait", None)
 
     async def complete(self, completion: Completion) -> CompletionResult:
-        if completion.continuation is not None:
-            raise ValueError("AtomicGroup.complete takes a completion without continuation")
+        if completion.continuation is not None or completion.children:
+            raise ValueError(
+                "AtomicGroup.complete takes a completion without continuation or children"
+            )
         conn = self._usable()
         self._disarm()
         await self._prepare(conn, self._complete)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from pgwork.adapters._state_records import earliest_due
@@ -32,6 +33,19 @@ __all__ = ["ChainOps"]
 MAX_RESOLVE_DEPTH = 64
 
 
+def _resolution(rows: Sequence[tuple[Any, ...]]) -> Resolution:
+    """What settling did, from its rows: (job id, chain id, status, queue, awaited, due)
+    of each job whose status changed."""
+    return Resolution(
+        ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
+        ended_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING),
+        awaited_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING and r[4]),
+        due=earliest_due(
+            (r[3], float(r[5])) for r in rows if r[2] == JobStatus.PENDING and r[5] is not None
+        ),
+    )
+
+
 class ChainOps(AdapterBase):
     """Blockers, cancel, retry, trigger, pause and await support."""
 
@@ -39,20 +53,21 @@ class ChainOps(AdapterBase):
 
     async def _check_blockers(self, conn: DbConn, jobs: Sequence[NewJob]) -> list[Notice]:
         """Lock the blocker chains' roots (see LOCK_BLOCKER_CHAINS) and refuse unknown
-        ones. Returns the notices that announce the pending roots among them: an
-        acquire skips a locked row, so one that ran meanwhile may have left its worker
-        idle until the poll."""
+        ones. Returns the notices that announce the pending roots among them (one per
+        queue and due time): an acquire skips a locked row, so one that ran meanwhile
+        may have left its worker idle until the poll."""
         wanted = sorted({b for job in jobs for b in job.blockers})
         rows = await self._fetch(conn, self.statements.chains.lock_blocker_chains, {"ids": wanted})
         found = {row[0] for row in rows}
         missing = [chain_id for chain_id in wanted if chain_id not in found]
         if missing:
             raise ChainNotFoundError(missing)
-        return [Notice(kind="ready", queue=row[2], at=row[3]) for row in rows if row[2]]
+        pending = dict.fromkeys((row[2], row[3]) for row in rows if row[2])
+        return [Notice(kind="ready", queue=queue, at=at) for queue, at in pending]
 
     async def _insert_blocker_edges(self, conn: DbConn, jobs: Sequence[NewJob]) -> Resolution:
-        """Record the edges of freshly inserted blocked jobs, then settle any whose
-        blockers already ended."""
+        """Record the edges of freshly inserted blocked jobs, count them (settling any
+        whose blockers already ended), and settle what that ended in turn."""
         edges = [
             (job.id, chain_id, position, job.blocker_failure)
             for job in jobs
@@ -68,22 +83,34 @@ class ChainOps(AdapterBase):
                 "policies": [e[3] for e in edges],
             },
         )
-        first = await self._resolve(conn, [job.id for job in jobs])
+        first = await self._count(
+            conn, [job.id for job in jobs], [job.blocker_need for job in jobs]
+        )
         more = await self._resolve_dependants_of(conn, list(first.ended_chain_ids))
         return first.merge(more)
 
-    async def _resolve(self, conn: DbConn, job_ids: Sequence[UUID]) -> Resolution:
+    async def _count(
+        self, conn: DbConn, job_ids: Sequence[UUID], needs: Sequence[int | None]
+    ) -> Resolution:
+        """Count the blocked jobs' edges from scratch (COUNT_BLOCKERS)."""
         rows = await self._fetch(
-            conn, self.statements.chains.resolve_blocked, {"job_ids": list(job_ids)}
+            conn,
+            self.statements.chains.count_blockers,
+            {"job_ids": list(job_ids), "needs": list(needs)},
         )
-        return Resolution(
-            ready_queues=tuple(sorted({r[3] for r in rows if r[2] == JobStatus.PENDING})),
-            ended_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING),
-            awaited_chain_ids=tuple(r[1] for r in rows if r[2] != JobStatus.PENDING and r[4]),
-            due=earliest_due(
-                (r[3], float(r[5])) for r in rows if r[2] == JobStatus.PENDING and r[5] is not None
-            ),
+        return _resolution(rows)
+
+    async def _settle_ended(
+        self, conn: DbConn, chain_ids: Sequence[UUID], job_ids: Sequence[UUID]
+    ) -> Resolution:
+        """Settle the ends of ``chain_ids`` for their locked dependants ``job_ids``, one
+        edge each (SETTLE_ENDED)."""
+        rows = await self._fetch(
+            conn,
+            self.statements.chains.settle_ended,
+            {"chain_ids": list(chain_ids), "job_ids": list(job_ids)},
         )
+        return _resolution(rows)
 
     async def _resolve_dependants_of(self, conn: DbConn, chain_ids: Sequence[UUID]) -> Resolution:
         """Settle jobs blocked on ``chain_ids`` (which just ended), level by level.
@@ -100,7 +127,7 @@ class ChainOps(AdapterBase):
             )
             if not locked:
                 break
-            step = await self._resolve(conn, [row[0] for row in locked])
+            step = await self._settle_ended(conn, pending, [row[0] for row in locked])
             total = total.merge(step)
             pending = list(step.ended_chain_ids)
         return total
@@ -117,15 +144,16 @@ class ChainOps(AdapterBase):
             return await self._resolve_dependants_of(conn, chain_ids)
 
     async def sweep_blocked(self, *, limit: int = 100) -> Resolution:
-        """Settle blocked jobs whose blockers all ended but were never resolved (a
-        process died between ending a blocker and resolving its dependants)."""
+        """Settle blocked jobs some of whose blockers ended unsettled (a process died
+        between ending a blocker and settling its dependants): their edges are counted
+        again from scratch."""
         async with self.transaction() as tx, self._connection(tx) as conn:
             rows = await self._fetch(
                 conn, self.statements.chains.find_resolvable_blocked, {"limit": limit}
             )
             if not rows:
                 return Resolution()
-            first = await self._resolve(conn, [row[0] for row in rows])
+            first = await self._count(conn, [row[0] for row in rows], [None] * len(rows))
             return first.merge(await self._resolve_dependants_of(conn, first.ended_chain_ids))
 
     async def blocker_outputs(
@@ -141,6 +169,7 @@ class ChainOps(AdapterBase):
                 status=ChainStatus(row[1]) if row[1] else None,
                 type_name=row[2],
                 output=row[3],
+                met=bool(row[4]),
             )
             for row in rows
         ]

@@ -81,7 +81,7 @@ class CompletionOps(EnqueueOps):
     ) -> list[CompletionResult]:
         if tx is None and len(completions) == 1 and _plain_hand_on(completions[0]):
             return [await self._hand_on(completions[0], notify)]
-        if tx is None and any(c.continuation for c in completions):
+        if tx is None and any(c.continuation or c.children for c in completions):
             async with self.transaction() as own:
                 return await self.complete(own, completions=completions, notify=notify)
         deferred: list[UUID] = []
@@ -183,8 +183,8 @@ class CompletionOps(EnqueueOps):
     async def complete_atomic(
         self, tx: TransactionHandle, *, completion: Completion
     ) -> CompletionResult:
-        if completion.continuation is not None:
-            raise ValueError("complete_atomic takes a completion without continuation")
+        if completion.continuation is not None or completion.children:
+            raise ValueError("complete_atomic takes a completion without continuation or children")
         conn = own_connection(tx)
         params = atomic_completion_params(completion)
         bound = self.operation_timeout
@@ -227,9 +227,15 @@ class CompletionOps(EnqueueOps):
         *,
         accepted: dict[int, tuple[Any, bool, bool, bool]] | None = None,
     ) -> list[CompletionResult]:
-        """Insert the accepted completions' continuations, settle dependants of chains
-        that ended, and say what each completion did. ``accepted`` (the mapping built
-        from ``rows`` below) may be given instead: the turn builds it from its arrays."""
+        """Insert the accepted completions' children and continuations, settle
+        dependants of chains that ended, and say what each completion did. ``accepted``
+        (the mapping built from ``rows`` below) may be given instead: the turn builds it
+        from its arrays.
+
+        Children go first, by the batch insert (COPY from ``COPY_MIN_ROWS``), then the
+        continuations: a step blocked on children marks them as having a dependant and
+        records its edges, which the children's ends then settle. A child's end cannot
+        come before its row is visible, so after this transaction commits."""
         if accepted is None:
             # id -> (chain_id, ends_chain, has_dependants, awaited)
             # Keyed by the ids' integers: ``UUID.__hash__`` and ``__eq__`` are Python
@@ -237,6 +243,15 @@ class CompletionOps(EnqueueOps):
             accepted = {
                 row[0].int: (row[1], bool(row[3]), bool(row[4]), bool(row[5])) for row in rows
             }
+        children = [
+            child
+            for c in completions
+            if c.children and c.job_id.int in accepted
+            for child in c.children
+        ]
+        if children:
+            assert tx is not None
+            await self.insert_jobs(tx, jobs=children)
         continuations = [
             c.continuation for c in completions if c.continuation and c.job_id.int in accepted
         ]
@@ -254,11 +269,16 @@ class CompletionOps(EnqueueOps):
                 continue
             chain_id, ends, _, awaited = found
             ready_queues = unblocked
+            if c.children:
+                ready_queues = tuple(
+                    sorted({*ready_queues, *(child.queue for child in c.children)})
+                )
             due = resolution.due
             if c.continuation and not scheduled(c.continuation):
-                # A step waiting for a signal without a timeout is blocked: not ready.
-                if c.continuation.wait_signal is None:
-                    ready_queues = tuple(sorted({c.continuation.queue, *unblocked}))
+                # A step waiting for a signal (without a timeout) or for children is
+                # blocked: not ready.
+                if c.continuation.wait_signal is None and not c.continuation.blockers:
+                    ready_queues = tuple(sorted({c.continuation.queue, *ready_queues}))
             elif c.continuation:
                 later = [(n.queue or "", n.at or 0.0) for n in due_notices([c.continuation])]
                 due = earliest_due((*due, *later))
@@ -303,10 +323,12 @@ def completion_params(completions: Sequence[Completion]) -> dict[str, list[Any]]
 def _plain_hand_on(completion: Completion) -> bool:
     """A completion whose continuation ``COMPLETE_AND_CONTINUE`` can insert: a later job
     of the chain with no blocker and no dedup key (what a worker's ``Continue`` makes),
-    not waiting for a signal (``insert_jobs`` writes such a step)."""
+    not waiting for a signal (``insert_jobs`` writes such a step), and no children to
+    start with it."""
     following = completion.continuation
     return (
         following is not None
+        and not completion.children
         and following.id != following.chain_id
         and not following.blockers
         and following.dedup is None

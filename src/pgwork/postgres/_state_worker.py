@@ -218,8 +218,10 @@ class WorkerOps(CompletionOps):
         queues: Sequence[str] | None,
         limit: int,
     ) -> tuple[list[CompletionResult], list[AcquiredJob]]:
-        if any(c.continuation for c in completions):
-            raise ValueError("complete_and_acquire takes completions without continuation")
+        if any(c.continuation or c.children for c in completions):
+            raise ValueError(
+                "complete_and_acquire takes completions without continuation or children"
+            )
         if not completions:
             return [], await self.acquire(
                 worker_id=worker_id, leases=leases, queues=queues, limit=limit
@@ -277,8 +279,8 @@ class WorkerOps(CompletionOps):
         expect_short: bool = True,
         freed: Sequence[tuple[str, str]] = (),
     ) -> LimitedTurn:
-        if any(c.continuation for c in completions):
-            raise ValueError("acquire_limited takes completions without continuation")
+        if any(c.continuation or c.children for c in completions):
+            raise ValueError("acquire_limited takes completions without continuation or children")
         if limit <= 0 or not leases:
             written = await self.complete(None, completions=completions) if completions else []
             return LimitedTurn(written, [])

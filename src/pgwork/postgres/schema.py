@@ -116,6 +116,13 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         # A waiting step's signal name (``Continue(..., wait_for=...)``), cleared by the
         # match that hands it a signal; NULL for every other job (migration 0015).
         sa.Column("wait_signal", sa.Text, nullable=True),
+        # A blocked job's count of its blockers (migration 0016): how many must be met
+        # (completed, or ended under "unblock") before it runs, how many are, and how
+        # many have not ended. Each blocker's end adds to them, reading nothing else
+        # (``sql.chains``); NULL for a job that was never blocked on a chain.
+        sa.Column("blockers_needed", sa.Integer, nullable=True),
+        sa.Column("blockers_met", sa.Integer, nullable=True),
+        sa.Column("blockers_open", sa.Integer, nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -251,11 +258,17 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
             primary_key=True,
         ),
         sa.Column("blocker_chain_id", pg.UUID(as_uuid=True), primary_key=True),
-        sa.Column("position", sa.SmallInteger, nullable=False),
+        # Its place among the job's blockers; an integer, for a fan-out of more than
+        # 32,767 children (migration 0016).
+        sa.Column("position", sa.Integer, nullable=False),
         sa.Column("on_failure", sa.Text, nullable=False, server_default=sa.text("'fail'")),
+        # How the edge was counted in its job's counters: NULL while its chain runs,
+        # 'met' or 'failed' once its end was settled (migration 0016).
+        sa.Column("counted", sa.Text, nullable=True),
         sa.CheckConstraint(
             "on_failure IN ('fail', 'cancel', 'unblock')", name="job_blockers_on_failure_known"
         ),
+        sa.CheckConstraint("counted IN ('met', 'failed')", name="job_blockers_counted_known"),
         sa.Index("job_blockers_blocker_idx", "blocker_chain_id"),
     )
 

@@ -7,11 +7,12 @@ token, in the transaction (refused, it rolls the handler's writes back). So a ca
 cancelling or deleting the job does not wait for the handler, and a lease the worker
 cannot renew aborts the attempt (``OWNERSHIP_LOST``) like any other.
 
-A plain completion (no continuation) goes through ``complete_atomic``, which commits
-the transaction in the same round trip; what it made ready is announced after that
-commit. A continuation or a reschedule is written in the transaction, which commits
-when it ends. A handler that fails, or whose attempt was aborted, has its writes
-rolled back; the failure is then recorded on its own.
+A plain completion (no continuation, no children) goes through ``complete_atomic``,
+which commits the transaction in the same round trip; what it made ready is announced
+after that commit. A continuation, the children the handler started, or a reschedule
+is written in the transaction, which commits when it ends. A handler that fails, or
+whose attempt was aborted, has its writes rolled back; the failure is then recorded on
+its own.
 
 An outcome the database refuses to write (the handler caught a database error and
 returned, leaving its transaction aborted; a deferred constraint fails at COMMIT; a
@@ -120,7 +121,7 @@ async def _write_atomic_outcome(
     """Write the handler's outcome; False when the lease no longer held (then nothing
     the handler wrote may commit)."""
     outcome = attempt.outcome
-    if not isinstance(outcome, Completed) or outcome.continuation is not None:
+    if not isinstance(outcome, Completed) or not outcome.plain:
         return await steps.write_outcome(slot, attempt, tx)
     lease = slot.lease
     assert steps.atomic is not None  # as in ``run_atomic``

@@ -324,11 +324,7 @@ class AtomicGroups:
             slot.move(SlotState.FINISHING)  # its input could not be decoded
         if attempt is not None and part.failure is None and not attempt.aborted:
             outcome = attempt.outcome
-            if (
-                isinstance(outcome, Completed)
-                and outcome.continuation is None
-                and not group.store.used
-            ):
+            if isinstance(outcome, Completed) and outcome.plain and not group.store.used:
                 # It wrote nothing: its completion is all there is to commit, and needs
                 # no group. It is written as a staged attempt's is, with the worker's
                 # other completions and its next acquire.
@@ -463,7 +459,7 @@ class AtomicGroups:
         """Write the member's outcome in its savepoint and keep it; False (rolled back)
         when its lease no longer held."""
         outcome = attempt.outcome
-        if isinstance(outcome, Completed) and outcome.continuation is None:
+        if isinstance(outcome, Completed) and outcome.plain:
             lease = slot.lease
             completion = Completion(lease.job_id, lease.lease_token, outcome.output_json)
             result = await group.store.complete(completion)
@@ -471,7 +467,7 @@ class AtomicGroups:
             if result.chain_awaited:
                 group.notices.append(Notice(kind="chain_done", chain_id=slot.acquired.chain_id))
             return result.accepted
-        # A continuation or a reschedule: written, and announced, in the transaction
+        # A continuation, children or a reschedule: written, and announced, in the transaction
         # (so on its commit), as for an attempt alone.
         if await steps.write_outcome(slot, attempt, tx):
             await group.store.keep()

@@ -11,11 +11,13 @@ stack trace points at the bug. The worker writes the outcome after the handler r
 from __future__ import annotations
 
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
+from uuid import UUID
 
-from pgwork._continuations import continuation_job, split_schedule
+from pgwork._continuations import child_job, continuation_job, split_schedule
 from pgwork._limits import check_pause
 from pgwork.adapters.limits import LimitChange
 from pgwork.adapters.state import (
@@ -25,6 +27,7 @@ from pgwork.adapters.state import (
     LimitControl,
     NewJob,
 )
+from pgwork.client import StartedChain
 from pgwork.errors import (
     AttemptAlreadyFinishedError,
     CapabilityMissingError,
@@ -33,8 +36,9 @@ from pgwork.errors import (
     LimitNotDeclaredError,
     WaitNotDeclaredError,
 )
+from pgwork.fan_out import Children
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
-from pgwork.records import AbortReason, AttemptError, ChainStatus, Job
+from pgwork.records import AbortReason, AttemptError, ChainStatus, Job, JobStatus
 from pgwork.signals import Signalled, SignalType, TimedOut
 
 __all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
@@ -42,6 +46,8 @@ __all__ = ["Attempt", "Completed", "Outcome", "Rescheduled", "error_record"]
 I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 P = TypeVar("P")
+CI = TypeVar("CI")
+CO = TypeVar("CO")
 
 TRACEBACK_LIMIT = 8000
 MESSAGE_LIMIT = 2000
@@ -57,6 +63,13 @@ _LOST = frozenset(
 class Completed:
     output_json: str
     continuation: NewJob | None
+    # The chains the attempt started (``Attempt.start_chain``), written with it.
+    children: tuple[NewJob, ...] = ()
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to write but the job's own completion (the batched staged path)."""
+        return self.continuation is None and not self.children
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +131,9 @@ class Attempt(Generic[I, O]):
         self._signals = signals
         self._max_payload_bytes = max_payload_bytes
         self.outcome: Outcome | None = None
+        # The chains ``start_chain`` recorded, in order, and their ids.
+        self._children: list[NewJob] = []
+        self._child_ids: set[UUID] = set()
 
     @property
     def limit_key(self) -> str | None:
@@ -153,7 +169,7 @@ class Attempt(Generic[I, O]):
                 output, max_bytes=self._max_payload_bytes
             )
         continuation = self._continuation(continue_with) if continue_with is not None else None
-        self.outcome = Completed(output_json, continuation)
+        self.outcome = Completed(output_json, continuation, tuple(self._children))
 
     async def reschedule(
         self, *, at: datetime | None = None, after: timedelta | None = None
@@ -210,6 +226,53 @@ class Attempt(Generic[I, O]):
         await self.pause_limit_key(until=until, after=after)
         await self.reschedule(at=until, after=after)
 
+    def start_chain(
+        self,
+        job_type: JobType[CI, CO],
+        input: CI,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        context: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
+    ) -> StartedChain[CI, CO]:
+        """Start a child chain with ``job_type``: recorded now (its id is made at once,
+        so it can be handed to ``Children``), written in the transaction that completes
+        this job, and only if it completes. A failed, retried, rescheduled or aborted
+        attempt writes none of its children: the next attempt starts its own.
+
+        Checked here as ``client.start_chain`` checks an enqueue (an entry type, its
+        input, the options), before anything is written. The child keeps this job's
+        logging context and limit key unless given its own, and its trace. A child that
+        no ``Children`` waits for is started and left to run (fire and forget).
+        Starting children after ``complete``/``reschedule`` raises
+        ``AttemptAlreadyFinishedError``; on a store without ``ChainBlockers``,
+        ``CapabilityMissingError``."""
+        self._ensure_held("start_chain()")
+        self._ensure_open("start_chain")
+        if self._blockers is None:
+            raise CapabilityMissingError(
+                "ChainBlockers", "Attempt.start_chain", "the worker's state adapter"
+            )
+        child = child_job(
+            self._registry,
+            job_type,
+            input,
+            self.job,
+            max_bytes=self._max_payload_bytes,
+            trace_context=self._acquired.trace_context,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            context=context,
+            limit_key=limit_key,
+        )
+        self._children.append(child)
+        self._child_ids.add(child.id)
+        # Positional, as the client builds it.
+        return StartedChain(child.id, child.id, job_type, False, JobStatus.PENDING)
+
     def _ensure_held(self, action: str) -> None:
         if self.abort_reason in _LOST:
             raise LeaseLostError(self.job.id, self.job.attempt, action)
@@ -220,27 +283,66 @@ class Attempt(Generic[I, O]):
             raise AttemptAlreadyFinishedError(self.job.id, kind)
 
     def _continuation(self, spec: Continuation) -> NewJob:
-        if spec.wait is not None and self._signals is None:
+        wait = getattr(spec, "wait", None)
+        if isinstance(wait, Children):
+            if self._blockers is None:
+                raise CapabilityMissingError(
+                    "ChainBlockers",
+                    "Continue(..., wait_for=Children(...))",
+                    "the worker's state adapter",
+                )
+        elif wait is not None and self._signals is None:
             raise CapabilityMissingError(
                 "ChainSignals", "Continue(..., wait_for=...)", "the worker's state adapter"
             )
         job = continuation_job(
-            self._registry, self.job_type, self.job, spec, max_bytes=self._max_payload_bytes
+            self._registry,
+            self.job_type,
+            self.job,
+            spec,
+            max_bytes=self._max_payload_bytes,
+            started=self._child_ids,
         )
         # The chain stays in the trace its first job was enqueued in.
         return replace(job, trace_context=self._acquired.trace_context)
 
-    async def blocker_outputs(self) -> list[Any]:
-        """Outputs of the chains this job was blocked on, in the order they were given,
-        each decoded with the output model of the job that ended that chain (``None``
-        for a blocker that failed or was cancelled and let this job run anyway). Empty
-        for a job without blockers, as every job is on a store without ``ChainBlockers``."""
+    @overload
+    async def blocker_outputs(self) -> list[Any]: ...
+
+    @overload
+    async def blocker_outputs(self, job_type: JobType[Any, CO]) -> list[CO | None]: ...
+
+    async def blocker_outputs(self, job_type: JobType[Any, Any] | None = None) -> list[Any]:
+        """Outputs of the chains this job was blocked on (its ``blockers``, or the
+        children it waited for), one per chain in the order they were given, each
+        decoded with the output model of the job that ended that chain. ``None`` for a
+        chain that was not met when this job was released: one that failed or was
+        cancelled and let it run anyway (``blocker_failure="unblock"``), and, for a
+        step released by ``Children(..., need=n)``, each chain that had not completed
+        by then (every attempt of the step reads the same list). Empty for a job
+        without blockers, as every job is on a store without ``ChainBlockers``.
+
+        ``job_type``: decode every output with that type's output model instead, for a
+        list mypy knows the type of (``list[O | None]``); the chains must have ended
+        with a job of that type (``ConfigurationError`` names one that did not)."""
         outputs: list[Any] = []
         if self._blockers is None:
             return outputs
         for blocker in await self._blockers.blocker_outputs(self.transaction, job_id=self.job.id):
-            if blocker.status is not ChainStatus.COMPLETED or blocker.type_name is None:
+            if (
+                not blocker.met
+                or blocker.status is not ChainStatus.COMPLETED
+                or blocker.type_name is None
+            ):
                 outputs.append(None)
+            elif job_type is not None:
+                if blocker.type_name != job_type.name:
+                    raise ConfigurationError(
+                        f"blocker chain {blocker.chain_id} of job {self.job.id} ended with a "
+                        f"job of type {blocker.type_name!r}, not {job_type.name!r}: read it "
+                        "with blocker_outputs() (each output decoded with its own type)"
+                    )
+                outputs.append(job_type.output_codec.decode(blocker.output))
             elif blocker.type_name in self._registry:
                 codec = self._registry.get(blocker.type_name).output_codec
                 outputs.append(codec.decode(blocker.output))

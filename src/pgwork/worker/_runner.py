@@ -150,7 +150,7 @@ class SlotRunner:
             error is None
             and attempt.abort_reason is None
             and type(outcome) is Completed
-            and outcome.continuation is None
+            and outcome.plain
         ):
             # Left with the batcher, and this task ends: ``_written`` reports the
             # outcome once it is committed (waiting here for it cost a wake-up of this

@@ -23,6 +23,8 @@ from pgwork.adapters.state import Completion, CompletionResult, Failure
 from pgwork.backoff import backoff_delay
 from pgwork.client import Client
 from pgwork.errors import (
+    ChildNotStartedHereError,
+    ChildWaitNotAllowedError,
     ContinuationNotAllowedError,
     HandlerAbandonedError,
     OutcomeNotStorableError,
@@ -53,7 +55,12 @@ __all__ = ["AttemptSteps"]
 
 # Mistakes in the handler's code that fail the same way on every retry: the job fails
 # for good at once.
-_PROGRAMMING_ERRORS = (ContinuationNotAllowedError, WaitNotDeclaredError)
+_PROGRAMMING_ERRORS = (
+    ContinuationNotAllowedError,
+    WaitNotDeclaredError,
+    ChildNotStartedHereError,
+    ChildWaitNotAllowedError,
+)
 
 # Every attempt builds its ``Job``; the builder sets its 22 fields without the frozen
 # ``__init__``'s ``object.__setattr__`` (``_frozen``). The values go in this order.
@@ -447,6 +454,7 @@ class AttemptSteps:
                 lease_token=lease.lease_token,
                 output_json=outcome.output_json,
                 continuation=outcome.continuation,
+                children=outcome.children,
             )
             ok = await self._complete(completion, slot.acquired.chain_id, tx)
         else:  # pragma: no cover - _finish_with always sets an outcome
@@ -458,13 +466,14 @@ class AttemptSteps:
         dependants) and, for an awaited chain, its end — in ``tx`` when there is one
         (delivered on commit), else right after the autocommitted write."""
         following = completion.continuation
-        if tx is None and following is not None:
-            # A hand-on: the adapter completes, continues and announces in one go (one
-            # statement on PostgreSQL).
+        if tx is None and (following is not None or completion.children):
+            # A hand-on (or children to start): the adapter completes, continues and
+            # announces in one go (one statement on PostgreSQL for a plain hand-on, a
+            # transaction of its own for children and a step blocked on them).
             [handed_on] = await self.state.complete(
                 None, completions=[completion], notify=self.notify
             )
-            if handed_on.accepted and following.wait_signal is not None:
+            if handed_on.accepted and following is not None and following.wait_signal:
                 # Committed: its name is matched now (a signal sent before it waits).
                 assert self._matcher is not None  # the attempt checked the store has them
                 self._matcher.want([following.wait_signal])

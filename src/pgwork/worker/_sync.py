@@ -25,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from pgwork.adapters.state import TransactionLending, TransactionLoan
+from pgwork.client import StartedChain
 from pgwork.errors import (
     AttemptCancelledError,
     SyncHandlerError,
@@ -48,6 +49,8 @@ I = TypeVar("I")  # noqa: E741
 O = TypeVar("O")  # noqa: E741
 P = TypeVar("P")
 T = TypeVar("T")
+CI = TypeVar("CI")
+CO = TypeVar("CO")
 
 SyncHandler = Callable[["SyncAttempt[Any, Any]"], Any]
 
@@ -168,9 +171,41 @@ class SyncAttempt(Generic[I, O]):
         """``pause_limit_key`` then ``reschedule`` to the same time (``Attempt.throttle``)."""
         self._run("throttle()", self._attempt.throttle(until=until, after=after))
 
-    def blocker_outputs(self) -> list[Any]:
+    def start_chain(
+        self,
+        job_type: JobType[CI, CO],
+        input: CI,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        context: Mapping[str, str] | None = None,
+        limit_key: str | None = None,
+    ) -> StartedChain[CI, CO]:
+        """Start a child chain, written with this job's completion
+        (``Attempt.start_chain``). Nothing waits: the child is only recorded here."""
+        self.raise_if_cancelled("start_chain()")
+        return self._attempt.start_chain(
+            job_type,
+            input,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            context=context,
+            limit_key=limit_key,
+        )
+
+    @overload
+    def blocker_outputs(self) -> list[Any]: ...
+
+    @overload
+    def blocker_outputs(self, job_type: JobType[Any, CO]) -> list[CO | None]: ...
+
+    def blocker_outputs(self, job_type: JobType[Any, Any] | None = None) -> list[Any]:
         """Outputs of the chains this job was blocked on (``Attempt.blocker_outputs``)."""
-        return self._run("blocker_outputs()", self._attempt.blocker_outputs())
+        if job_type is None:
+            return self._run("blocker_outputs()", self._attempt.blocker_outputs())
+        return self._run("blocker_outputs()", self._attempt.blocker_outputs(job_type))
 
     def received(self, signal_type: SignalType[P]) -> Signalled[P] | TimedOut:
         """The signal this step waited for, or ``TimedOut`` (``Attempt.received``)."""

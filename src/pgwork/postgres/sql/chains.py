@@ -1,9 +1,22 @@
 """SQL for chain orchestration: blockers, cancel, retry, trigger, pause, awaiting.
 
-Blocked jobs are always chain roots (only ``start_chain`` takes blockers). Resolving
-them is two statements in one transaction: LOCK_BLOCKED_DEPENDANTS first, so two
-transactions ending two blockers of one job serialise on that job's row, then
-RESOLVE_BLOCKED under a fresh snapshot that sees whichever committed first.
+A blocked job waits for other chains through its ``job_blockers`` edges: a chain's
+first job (``start_chain(blockers=...)``) or a later job of its chain, a step waiting
+for the children its parent's completion started (docs/design/fan-out.md). Its row
+keeps three counters: ``blockers_needed`` (how many blockers must be met: all, or the
+first n), ``blockers_met`` and ``blockers_open`` (not yet counted); each edge records
+how it was counted (``counted``: NULL while its chain runs, ``'met'`` or ``'failed'``).
+A blocker's end is settled by SETTLE_ENDED: it flips that blocker's edges and adds
+what it flipped to each job's counters, reading nothing of the job's other edges; a
+statement that runs twice flips nothing the second time. COUNT_BLOCKERS counts a job's
+edges from scratch: as the job is inserted, and in the sweep, for a job some of whose
+blockers ended unsettled.
+
+Settling is two statements in one transaction: LOCK_BLOCKED_DEPENDANTS first (the
+dependants' chain roots ``FOR KEY SHARE``, then the dependants ``FOR UPDATE``, each in
+id order: a cancel or a delete locks a chain's root before its jobs, so settling a
+later job of a chain takes its turn with them rather than deadlocking), then
+SETTLE_ENDED under a fresh snapshot that sees whoever held those rows before.
 """
 
 from __future__ import annotations
@@ -23,7 +36,8 @@ __all__ = ["ChainStatements"]
 # as epoch seconds) for the enqueue to announce, delivered as the lock ends. The lock
 # is the update's own (``FOR NO KEY UPDATE``), not ``FOR UPDATE``: a hand-on of the
 # chain, which locks its root ``FOR KEY SHARE`` (see ``_COMPLETE_CTES_ONE``), need not
-# wait for the enqueue to commit.
+# wait for the enqueue to commit. Children written in the same transaction (fan-out)
+# are marked the same way: no other transaction sees them yet.
 LOCK_BLOCKER_CHAINS = """
 WITH target AS (
     SELECT r.id FROM {jobs} AS r
@@ -44,81 +58,226 @@ RETURNING r.id, r.chain_status::text,
 INSERT_BLOCKERS = """
 INSERT INTO {job_blockers} (job_id, blocker_chain_id, position, on_failure)
 SELECT * FROM unnest(
-    %(job_ids)s::uuid[], %(chain_ids)s::uuid[], %(positions)s::smallint[], %(policies)s::text[]
+    %(job_ids)s::uuid[], %(chain_ids)s::uuid[], %(positions)s::int[], %(policies)s::text[]
 )
 """
 
+# How an edge counts for its job, from its blocker chain's root ``r`` (NULL: deleted):
+# NULL while the chain runs; met once it completed (or was deleted, or ended under
+# "unblock"); failed once it failed or was cancelled otherwise.
+_COUNTED = """CASE WHEN r.id IS NULL OR r.chain_status = 'completed' THEN 'met'
+             WHEN r.chain_status = 'active' THEN NULL
+             WHEN b.on_failure = 'unblock' THEN 'met'
+             ELSE 'failed' END"""
+
+# The dependants of ended chains, locked for SETTLE_ENDED: their chains' roots first
+# (a later job's; a first job is its own root), ``FOR KEY SHARE`` as a hand-on locks
+# one, then the jobs. ``d`` reads the roots' lock as a one-time filter, so the roots
+# are locked before any job's row. Edges are found by blocker (job_blockers_blocker_idx):
+# one per dependant, whatever else each dependant waits for.
 LOCK_BLOCKED_DEPENDANTS = """
+WITH dependants AS (
+    SELECT d.id, d.chain_id
+    FROM {jobs} AS d
+    WHERE d.status = 'blocked'
+      AND d.id IN (
+          SELECT b.job_id FROM {job_blockers} AS b
+          WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
+      )
+),
+roots AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id IN (SELECT p.chain_id FROM dependants AS p WHERE p.id <> p.chain_id)
+    ORDER BY r.id
+    FOR KEY SHARE OF r
+)
 SELECT d.id
 FROM {jobs} AS d
-WHERE d.status = 'blocked'
-  AND d.id IN (
-      SELECT b.job_id FROM {job_blockers} AS b
-      WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
-  )
+WHERE d.id IN (SELECT p.id FROM dependants AS p) AND d.status = 'blocked'
+  AND (SELECT count(*) FROM roots) >= 0
 ORDER BY d.id
-FOR UPDATE
+FOR UPDATE OF d
 """
 
-# Decide each blocked job from its blockers' chain status: all completed (or ended but
-# the edge says "unblock") -> pending; an ended blocker whose edge says fail/cancel ->
-# that, and the job's chain ends with it. Returns what changed, for notices (with the
-# due time, in seconds since the epoch, of a pending job scheduled later) and for
-# resolving the next level of dependants.
-RESOLVE_BLOCKED = """
-WITH verdict AS (
-    SELECT d.id,
-        bool_and(r.chain_status IS NULL OR r.chain_status = 'completed'
-                 OR (r.chain_status <> 'active' AND b.on_failure = 'unblock')) AS ready,
-        bool_or(r.chain_status IN ('failed', 'cancelled') AND b.on_failure = 'fail') AS fail,
-        bool_or(r.chain_status IN ('failed', 'cancelled') AND b.on_failure = 'cancel')
-            AS cancel,
-        min(r.id::text) FILTER (WHERE r.chain_status IN ('failed', 'cancelled')) AS culprit
-    FROM {jobs} AS d
-    JOIN {job_blockers} AS b ON b.job_id = d.id
-    LEFT JOIN {jobs} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
-    WHERE d.id = ANY(%(job_ids)s::uuid[]) AND d.status = 'blocked'
-    GROUP BY d.id
+# The end of SETTLE_ENDED and COUNT_BLOCKERS: ``v`` holds each blocked job's counters
+# as they are to be (id, needed, met, open) and what a failure does (fail, culprit).
+# Met reaching the need makes the job pending; met and open together falling short of
+# it fails or cancels the job (its first failed edge's policy "fail" wins) and its
+# chain, on the root row (the job's own for a first job). Returns the jobs whose status
+# changed, for notices (the due time, in seconds since the epoch, of a pending job
+# scheduled later) and for settling the next level: the chains that ended.
+_SETTLE = """
+verdict AS (
+    SELECT v.*,
+        CASE WHEN v.met >= v.needed THEN 'pending'
+             WHEN v.met + v.open >= v.needed THEN 'blocked'
+             WHEN v.fail THEN 'failed'
+             ELSE 'cancelled' END AS status
+    FROM v
 ),
 changed AS (
     UPDATE {jobs} AS j
-    SET status = CASE WHEN v.fail THEN 'failed'::{job_status}
-                      WHEN v.cancel THEN 'cancelled'::{job_status}
-                      ELSE 'pending'::{job_status} END,
-        scheduled_at = GREATEST(j.scheduled_at, now()),
-        completed_at = CASE WHEN v.fail OR v.cancel THEN now() END,
-        last_attempt_error = CASE WHEN v.fail OR v.cancel THEN jsonb_build_object(
-            'type', 'BlockerChainEnded',
-            'message', 'blocker chain ' || v.culprit || ' failed or was cancelled',
-            'traceback', NULL) ELSE j.last_attempt_error END,
-        chain_status = CASE WHEN v.fail THEN 'failed'::{chain_status}
-                            WHEN v.cancel THEN 'cancelled'::{chain_status}
-                            ELSE j.chain_status END,
-        chain_completed_at = CASE WHEN v.fail OR v.cancel THEN now()
-                                  ELSE j.chain_completed_at END
-    FROM verdict AS v
-    WHERE j.id = v.id AND (v.fail OR v.cancel OR v.ready)
-    RETURNING j.id, j.chain_id, j.status::text, j.queue, j.chain_awaited,
+    SET blockers_needed = w.needed,
+        blockers_met = w.met,
+        blockers_open = w.open,
+        status = w.status::{job_status},
+        scheduled_at = CASE WHEN w.status = 'pending' THEN GREATEST(j.scheduled_at, now())
+                            ELSE j.scheduled_at END,
+        completed_at = CASE WHEN w.status IN ('failed', 'cancelled') THEN now()
+                            ELSE j.completed_at END,
+        last_attempt_error = CASE WHEN w.status IN ('failed', 'cancelled')
+            THEN jsonb_build_object(
+                'type', 'BlockerChainEnded',
+                'message', 'blocker chain ' || w.culprit || ' failed or was cancelled',
+                'traceback', NULL)
+            ELSE j.last_attempt_error END,
+        chain_status = CASE WHEN j.id = j.chain_id AND w.status IN ('failed', 'cancelled')
+                            THEN w.status::{chain_status} ELSE j.chain_status END,
+        chain_completed_at = CASE WHEN j.id = j.chain_id AND w.status IN ('failed', 'cancelled')
+                                  THEN now() ELSE j.chain_completed_at END
+    FROM verdict AS w
+    WHERE j.id = w.id AND j.status = 'blocked'
+    RETURNING j.id, j.chain_id, w.status, j.queue, j.chain_awaited AS awaited,
         CASE WHEN j.scheduled_at > now() THEN extract(epoch FROM j.scheduled_at) END AS due
+),
+roots AS (
+    UPDATE {jobs} AS r
+    SET chain_status = c.status::{chain_status}, chain_completed_at = now()
+    FROM changed AS c
+    WHERE r.id = c.chain_id AND c.chain_id <> c.id AND c.status IN ('failed', 'cancelled')
+    RETURNING r.id, r.chain_awaited AS awaited
 )
-SELECT id, chain_id, status, queue, chain_awaited, due FROM changed
+SELECT c.id, c.chain_id, c.status, c.queue,
+    CASE WHEN c.id = c.chain_id THEN c.awaited ELSE COALESCE(rt.awaited, false) END,
+    c.due
+FROM changed AS c
+LEFT JOIN roots AS rt ON rt.id = c.chain_id
+WHERE c.status <> 'blocked'
 """
 
-# Blocked jobs whose blockers have all ended: normally resolved when the last blocker
-# ended; this catches a worker that died between completing and resolving. A step
-# waiting for a signal is blocked too, on no chain: it is not this sweep's to settle.
-FIND_RESOLVABLE_BLOCKED = """
+# Settle the ends of ``chain_ids`` for the locked dependants ``job_ids``: flip each
+# ended chain's edges to them (by blocker, one edge per dependant) and add what was
+# flipped to their counters. An edge already counted so is left alone, so settling an
+# end twice changes nothing; one counted failed whose chain was retried and then
+# completed turns met. Never reads a dependant's other edges: a child's end costs the
+# same with ten siblings as with ten thousand.
+SETTLE_ENDED = f"""
+WITH ended AS (
+    SELECT r.id, r.chain_status
+    FROM {{jobs}} AS r
+    WHERE r.id = ANY(%(chain_ids)s::uuid[]) AND r.id = r.chain_id
+      AND r.chain_status <> 'active'
+),
+edges AS (
+    SELECT b.job_id, b.blocker_chain_id, b.on_failure, b.counted AS was,
+        CASE WHEN x.chain_status = 'completed' OR b.on_failure = 'unblock' THEN 'met'
+             ELSE 'failed' END AS counted
+    FROM ended AS x
+    JOIN {{job_blockers}} AS b ON b.blocker_chain_id = x.id
+    WHERE b.job_id = ANY(%(job_ids)s::uuid[])
+),
+flipped AS (
+    UPDATE {{job_blockers}} AS b
+    SET counted = e.counted
+    FROM edges AS e
+    WHERE b.job_id = e.job_id AND b.blocker_chain_id = e.blocker_chain_id
+      AND e.was IS DISTINCT FROM e.counted
+    RETURNING e.job_id, e.blocker_chain_id, e.on_failure, e.was, e.counted
+),
+tally AS (
+    SELECT f.job_id,
+        count(*) FILTER (WHERE f.counted = 'met') - count(*) FILTER (WHERE f.was = 'met')
+            AS met,
+        count(*) FILTER (WHERE f.was IS NULL) AS closed,
+        bool_or(f.counted = 'failed' AND f.on_failure = 'fail') AS fail,
+        min(f.blocker_chain_id::text) FILTER (WHERE f.counted = 'failed') AS culprit
+    FROM flipped AS f
+    GROUP BY f.job_id
+),
+v AS (
+    SELECT d.id, d.blockers_needed AS needed, d.blockers_met + y.met AS met,
+        d.blockers_open - y.closed AS open, y.fail, y.culprit
+    FROM tally AS y
+    JOIN {{jobs}} AS d ON d.id = y.job_id
+    WHERE d.status = 'blocked'
+),
+{_SETTLE}"""
+
+# Count blocked jobs' edges from scratch (each edge set to how it counts now), with
+# ``needs`` (NULL: the job's own, or all its edges for a job that has none yet): as a
+# blocked job is inserted, and in the sweep. Reads every edge of each job: once per
+# job inserted, and for the few jobs the sweep finds.
+COUNT_BLOCKERS = f"""
+WITH target AS (
+    SELECT t.id, t.need FROM unnest(%(job_ids)s::uuid[], %(needs)s::int[]) AS t(id, need)
+),
+edges AS (
+    SELECT b.job_id, b.blocker_chain_id, b.on_failure, b.counted AS was,
+        {_COUNTED} AS counted
+    FROM target AS t
+    JOIN {{job_blockers}} AS b ON b.job_id = t.id
+    LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
+),
+marked AS (
+    UPDATE {{job_blockers}} AS b
+    SET counted = e.counted
+    FROM edges AS e
+    WHERE b.job_id = e.job_id AND b.blocker_chain_id = e.blocker_chain_id
+      AND e.was IS DISTINCT FROM e.counted
+),
+tally AS (
+    SELECT e.job_id, count(*) AS total,
+        count(*) FILTER (WHERE e.counted = 'met') AS met,
+        count(*) FILTER (WHERE e.counted IS NULL) AS open,
+        bool_or(e.counted = 'failed' AND e.on_failure = 'fail') AS fail,
+        min(e.blocker_chain_id::text) FILTER (WHERE e.counted = 'failed') AS culprit
+    FROM edges AS e
+    GROUP BY e.job_id
+),
+v AS (
+    SELECT d.id, LEAST(COALESCE(t.need, d.blockers_needed, y.total), y.total) AS needed,
+        y.met, y.open, y.fail, y.culprit
+    FROM target AS t
+    JOIN tally AS y ON y.job_id = t.id
+    JOIN {{jobs}} AS d ON d.id = t.id
+    WHERE d.status = 'blocked'
+),
+{_SETTLE}"""
+
+# Blocked jobs with an edge not counted as its chain's status says (the chain ended,
+# or was retried, and nobody settled it: a process died between ending the chain and
+# settling its dependants), locked for COUNT_BLOCKERS as LOCK_BLOCKED_DEPENDANTS locks
+# them, but skipping what another transaction holds. A step waiting for a signal is
+# blocked too, on no chain: it is not this sweep's to settle. Reads the edges of each
+# blocked job up to the first such one.
+FIND_RESOLVABLE_BLOCKED = f"""
+WITH found AS (
+    SELECT d.id, d.chain_id
+    FROM {{jobs}} AS d
+    WHERE d.status = 'blocked' AND d.wait_signal IS NULL
+      AND EXISTS (
+          SELECT 1 FROM {{job_blockers}} AS b
+          LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
+          WHERE b.job_id = d.id AND b.counted IS DISTINCT FROM {_COUNTED}
+      )
+    ORDER BY d.created_at
+    LIMIT %(limit)s
+),
+roots AS (
+    SELECT r.id FROM {{jobs}} AS r
+    WHERE r.id IN (SELECT f.chain_id FROM found AS f WHERE f.id <> f.chain_id)
+    ORDER BY r.id
+    FOR KEY SHARE OF r SKIP LOCKED
+)
 SELECT d.id
-FROM {jobs} AS d
-WHERE d.status = 'blocked' AND d.wait_signal IS NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM {job_blockers} AS b
-      JOIN {jobs} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
-      WHERE b.job_id = d.id AND r.chain_status = 'active'
+FROM {{jobs}} AS d
+WHERE d.status = 'blocked'
+  AND d.id IN (
+      SELECT f.id FROM found AS f
+      WHERE f.id = f.chain_id OR f.chain_id IN (SELECT x.id FROM roots AS x)
   )
-ORDER BY d.created_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
+ORDER BY d.id
+FOR UPDATE OF d SKIP LOCKED
 """
 
 HAS_DEPENDANTS = """
@@ -128,9 +287,10 @@ WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
 """
 
 # Outputs of a job's blocker chains, in declaration order: the output of each chain's
-# last job once the chain completed.
+# last job once the chain completed, and whether the edge was counted met.
 BLOCKER_OUTPUTS = f"""
-SELECT b.blocker_chain_id, r.chain_status::text, last.type_name, last.output
+SELECT b.blocker_chain_id, r.chain_status::text, last.type_name, last.output,
+    b.counted IS NOT DISTINCT FROM 'met'
 FROM {{job_blockers}} AS b
 LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
 LEFT JOIN LATERAL {last_job("r")} AS last ON true
@@ -246,7 +406,8 @@ class ChainStatements:
     lock_blocker_chains: bytes
     insert_blockers: bytes
     lock_blocked_dependants: bytes
-    resolve_blocked: bytes
+    settle_ended: bytes
+    count_blockers: bytes
     find_resolvable_blocked: bytes
     has_dependants: bytes
     blocker_outputs: bytes

@@ -49,6 +49,7 @@ pytest.register_assert_rewrite(
             "_state_dedup",
             "_state_deletion",
             "_state_enqueue",
+            "_state_fan_out",
             "_state_history",
             "_state_insight",
             "_state_lease",

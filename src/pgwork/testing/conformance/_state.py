@@ -11,6 +11,7 @@ from pgwork.testing.conformance._state_debounce import DebounceConformance
 from pgwork.testing.conformance._state_dedup import DedupConformance
 from pgwork.testing.conformance._state_deletion import DeletionConformance, RetentionConformance
 from pgwork.testing.conformance._state_enqueue import EnqueueConformance
+from pgwork.testing.conformance._state_fan_out import FanOutConformance
 from pgwork.testing.conformance._state_flow import FlowConformance
 from pgwork.testing.conformance._state_history import AttemptHistoryConformance
 from pgwork.testing.conformance._state_insight import InsightConformance
@@ -48,6 +49,7 @@ class StateAdapterConformance(
     DedupConformance,
     DebounceConformance,
     BlockerConformance,
+    FanOutConformance,
     SignalConformance,
     WaitingConformance,
     ControlConformance,

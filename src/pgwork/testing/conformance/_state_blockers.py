@@ -1,10 +1,11 @@
 """Blockers: jobs that wait for other chains, and what those chains' ends do to them.
 
-A blocked job is a chain root inserted with ``NewJob.blockers``. It stays ``blocked``
-until its blocker chains end; then each edge's ``blocker_failure`` policy decides: all
-completed (or ended, where the edge says ``unblock``) makes it pending; a failed or
-cancelled blocker under ``fail`` / ``cancel`` ends it, and its chain, that way — and
-that chain's own dependants follow.
+A blocked job here is a chain root inserted with ``NewJob.blockers`` (a later job of a
+chain blocked on the children its parent started is ``_state_fan_out``'s). It stays
+``blocked`` until its blocker chains end; then each edge's ``blocker_failure`` policy
+decides: all completed (or ended, where the edge says ``unblock``) makes it pending; a
+failed or cancelled blocker under ``fail`` / ``cancel`` ends it, and its chain, that
+way — and that chain's own dependants follow.
 
 Role exercised: ``EnqueueStore`` (blocked inserts) and ``WorkerStore``
 (``resolve_dependants``, ``sweep_blocked``, ``blocker_outputs``).
@@ -197,7 +198,8 @@ class BlockerConformance(StateSuiteBase):
         assert outputs == [
             BlockerOutput(continued.id, ChainStatus.COMPLETED, BETA, {"final": [1, 2]}),
             BlockerOutput(direct.id, ChainStatus.COMPLETED, ALPHA, {"direct": True}),
-            BlockerOutput(running.id, ChainStatus.ACTIVE, ALPHA, None),
+            # Still running: not met (the dependant is still blocked on it).
+            BlockerOutput(running.id, ChainStatus.ACTIVE, ALPHA, None, met=False),
         ]
         assert await store.adapter.blocker_outputs(None, job_id=direct.id) == []
 

@@ -12,10 +12,13 @@ retention in a round, so retention rarely deletes a job the history has not coun
 (when it does, it counts it itself).
 A failing step is logged and retried on the next round; it never stops the worker.
 
-The signal sweep pairs the pending signals and waiting steps a lost match left (a
-worker killed between a hand-on's commit and its match, a notice never heard): at
-start, so a worker started after a crash repairs at once, and every ``sweep_every``;
-two workers sweeping one name take turns on its lock, and the second finds nothing.
+The blocker sweep settles the blocked jobs whose blockers ended unsettled (a worker
+killed between completing a chain and settling its dependants, a fan-out's child
+among them), and the signal sweep pairs the pending signals and waiting steps a lost
+match left (a worker killed between a hand-on's commit and its match, a notice never
+heard): both at start, so a worker started after a crash repairs at once, and every
+``sweep_every``; two workers sweeping one name take turns on its lock, and the second
+finds nothing.
 Signals older than ``signal_retention`` that nothing will read are deleted every
 ``prune_every``.
 
@@ -112,7 +115,7 @@ class Maintenance:
         self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
 
     async def run_forever(self) -> None:
-        next_sweep = time.monotonic() + self.sweep_every
+        next_sweep = time.monotonic()  # at start: what a crash left
         next_retention = time.monotonic() + self.retention_every
         next_prune = time.monotonic() + self.prune_every
         next_history = time.monotonic() + self.history_every

@@ -1,0 +1,150 @@
+"""What the fan-out tests share: a batch whose ``split`` starts one ``part`` chain per
+item and hands on to ``collect``, which waits for them and reads their outputs.
+
+``Batch.fail_at`` names the part that fails (``max_attempts=1``: for good), ``need``
+the ``Children(..., need=)``; ``collect``'s type carries the blocker policy under test.
+``Recorder`` counts each handler's runs and keeps what ``collect`` read.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import anyio
+import psycopg
+from pydantic import BaseModel
+
+from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry
+from pgwork.backoff import RetryPolicy
+from pgwork.job_types import BlockerFailurePolicy, JobType, ProcessingMode
+
+__all__ = ["Batch", "Done", "FanOut", "Part", "Summary", "rows", "start", "statuses"]
+
+
+class Batch(BaseModel):
+    id: str
+    size: int
+    fail_at: int | None = None
+    need: int | None = None
+
+
+class Part(BaseModel):
+    batch: str
+    index: int
+    fail: bool = False
+
+
+class Done(BaseModel):
+    index: int
+
+
+class Summary(BaseModel):
+    read: int
+    missing: int
+
+
+class FanOut:
+    """One registry: ``part`` (entry, ``part_attempts``), ``collect`` (its policy) and
+    ``split`` (continues with ``collect``; retried at once), each in the mode given;
+    ``lease_s`` is the lease of ``split`` and ``part``. The handlers record what ran."""
+
+    def __init__(
+        self,
+        *,
+        policy: BlockerFailurePolicy = "fail",
+        split_mode: ProcessingMode = "staged",
+        collect_mode: ProcessingMode = "staged",
+        part_mode: ProcessingMode = "staged",
+        lease_s: float = 60.0,
+        part_attempts: int = 1,
+    ) -> None:
+        self.registry = JobTypeRegistry()
+        lease = timedelta(seconds=lease_s)
+        self.part: JobType[Part, Done] = self.registry.job_type(
+            "part",
+            input=Part,
+            output=Done,
+            max_attempts=part_attempts,
+            queue="parts",
+            mode=part_mode,
+            lease=lease,
+        )
+        self.collect: JobType[Batch, Summary] = self.registry.job_type(
+            "collect",
+            input=Batch,
+            output=Summary,
+            entry=False,
+            blocker_failure=policy,
+            mode=collect_mode,
+            queue="collect",
+        )
+        self.split: JobType[Batch, Any] = self.registry.job_type(
+            "split",
+            input=Batch,
+            continue_with=[self.collect],
+            mode=split_mode,
+            lease=lease,
+            retry=RetryPolicy(initial=timedelta(0), maximum=timedelta(0)),
+        )
+        self.runs: Counter[str] = Counter()
+        self.read: list[list[Done | None]] = []
+        self._collected = anyio.Event()
+
+    async def do_split(self, attempt: Attempt[Batch, Any]) -> Continue[Batch]:
+        self.runs["split"] += 1
+        batch = attempt.job.input
+        children = [
+            attempt.start_chain(self.part, Part(batch=batch.id, index=i, fail=i == batch.fail_at))
+            for i in range(batch.size)
+        ]
+        return Continue(self.collect, batch, wait_for=Children(children, need=batch.need))
+
+    async def do_part(self, attempt: Attempt[Part, Done]) -> Done:
+        self.runs["part"] += 1
+        if attempt.job.input.fail:
+            raise RuntimeError(f"part {attempt.job.input.index} failed")
+        return Done(index=attempt.job.input.index)
+
+    async def do_collect(self, attempt: Attempt[Batch, Summary]) -> Summary:
+        self.runs["collect"] += 1
+        outputs = await attempt.blocker_outputs(self.part)
+        self.read.append(outputs)
+        self._collected.set()
+        return Summary(
+            read=sum(o is not None for o in outputs), missing=sum(o is None for o in outputs)
+        )
+
+    def processors(self) -> dict[Any, Any]:
+        return {self.split: self.do_split, self.part: self.do_part, self.collect: self.do_collect}
+
+    async def collected(self, seconds: float) -> bool:
+        with anyio.move_on_after(seconds):
+            await self._collected.wait()
+            return True
+        return False
+
+
+async def start(dsn: str, client: Client, fan: FanOut, batch: Batch) -> UUID:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        started = await client.start_chain(conn, fan.split, batch)
+        await conn.commit()
+    return started.id
+
+
+async def rows(dsn: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params or None)
+        return [tuple(row) for row in await cur.fetchall()]
+
+
+async def statuses(dsn: str, type_name: str) -> Counter[str]:
+    """How many jobs of ``type_name`` are in each status."""
+    found = await rows(
+        dsn,
+        "SELECT status::text, count(*) FROM pgwork.jobs WHERE type_name = %s GROUP BY 1",
+        type_name,
+    )
+    return Counter({status: count for status, count in found})

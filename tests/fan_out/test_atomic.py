@@ -1,0 +1,105 @@
+"""An atomic handler's children and its step commit with what the handler wrote, or
+not at all.
+
+The handler writes a row that a deferred constraint refuses at its first attempt's
+COMMIT, after the completion wrote its children and step in the same transaction: the
+whole transaction rolls back, the attempt counts as failed, and the retry fans out
+again. The children exist once. The control build commits the children in a
+transaction of their own: the failed attempt's children then stay, beside the retry's.
+A worker that groups atomic attempts (one transaction for several) fans out the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgwork import Attempt, Children, Continue, PostgresStateAdapter
+
+from ._kit import Batch, FanOut, Part, Summary, rows, start, statuses
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+PROMPT = 30.0
+SIZE = 5
+
+_ONCE = """
+CREATE TABLE fan_once (
+    k int NOT NULL,
+    CONSTRAINT fan_once_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED
+)
+"""
+
+
+def _children_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control build: new chains of ``part`` committed in a transaction of their own."""
+    insert = PostgresStateAdapter.insert_jobs
+
+    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
+        jobs = list(jobs)
+        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
+            async with self.transaction() as own:
+                return await insert(self, own, jobs=jobs, notify=notify)
+        return await insert(self, tx, jobs=jobs, notify=notify)
+
+    monkeypatch.setattr(PostgresStateAdapter, "insert_jobs", insert_jobs)
+
+
+@pytest.mark.parametrize("build", ["one-transaction", "control-children-apart"])
+async def test_an_atomic_fan_out_commits_with_the_handlers_writes_or_not_at_all(
+    pgwork_dsn: str, make_client: Any, workers: Any, build: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
+        await conn.execute(_ONCE)
+    if build.startswith("control"):
+        _children_apart(monkeypatch)
+    fan = FanOut(split_mode="atomic", collect_mode="atomic")
+    calls: list[int] = []
+
+    async def split(attempt: Attempt[Batch, Any]) -> Continue[Batch]:
+        calls.append(attempt.job.attempt)
+        await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        if len(calls) == 1:
+            # Refused only at COMMIT, after the children and the step were written.
+            await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        batch = attempt.job.input
+        kids = [attempt.start_chain(fan.part, Part(batch=batch.id, index=i)) for i in range(SIZE)]
+        return Continue(fan.collect, batch, wait_for=Children(kids))
+
+    client = await make_client(fan.registry)
+    processors = fan.processors() | {fan.split: split}
+    await workers(client=client, processors=processors)
+    chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=SIZE))
+
+    assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=SIZE, missing=0)
+    assert calls == [1, 2]
+    assert await rows(pgwork_dsn, "SELECT k FROM fan_once") == [(1,)]
+    [split_job] = [j for j in await client.list_chain_jobs(chain_id) if j.type_name == "split"]
+    assert split_job.attempt == 2
+    assert split_job.attempt_history[0].error.message.find("fan_once_k") >= 0
+    parts = await statuses(pgwork_dsn, "part")
+    if build.startswith("control"):
+        assert sum(parts.values()) == 2 * SIZE  # the failed attempt's children stayed
+        return
+    assert parts == {"completed": SIZE}
+    assert fan.runs["collect"] == 1
+
+
+async def test_grouped_atomic_attempts_fan_out_in_their_groups_transaction(
+    pgwork_dsn: str, make_client: Any, workers: Any
+) -> None:
+    fan = FanOut(split_mode="atomic", part_mode="atomic", collect_mode="atomic")
+    client = await make_client(fan.registry)
+    await workers(client=client, processors=fan.processors(), atomic_group=8, max_slots=8)
+    # 300 children go by COPY, inside the group's transaction and the member's savepoint.
+    sizes = (40, 300, 40)
+    chain_ids = [
+        await start(pgwork_dsn, client, fan, Batch(id=f"b{n}", size=size))
+        for n, size in enumerate(sizes)
+    ]
+    for chain_id, size in zip(chain_ids, sizes, strict=True):
+        assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=size, missing=0)
+    assert fan.runs == {"split": 3, "part": sum(sizes), "collect": 3}
+    assert await statuses(pgwork_dsn, "part") == {"completed": sum(sizes)}
