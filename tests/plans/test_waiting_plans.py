@@ -193,7 +193,12 @@ def test_control_a_plain_read_of_the_sleeping_steps_reads_the_ready_backlog_too(
     loaded: str,
 ) -> None:
     """The obvious statement, without the loose scan: the sleeping steps' rule over the
-    pending jobs, newest first."""
+    pending jobs, newest first. PostgreSQL 18's B-tree skip scan walks the acquire
+    index by (queue, priority) of its own accord, so the plain statement reads no
+    backlog there: the control holds on the servers before it."""
+    with psycopg.connect(loaded, autocommit=True) as conn:
+        if conn.info.server_version >= 180000:
+            pytest.skip("PostgreSQL 18 skips through the index by itself (skip scan)")
     plain = (
         f"SELECT j.id FROM pgwork.jobs AS j WHERE {_sleeps('j')} ORDER BY j.id DESC LIMIT 51"
     ).encode()
