@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import psycopg
 import pytest
 
-from pgwork import Attempt, Children, Continue, PostgresStateAdapter
+from pgwork import (
+    Attempt,
+    Children,
+    Continue,
+    PostgresNotifyAdapter,
+    PostgresStateAdapter,
+    create_client,
+)
 
-from ._kit import Batch, FanOut, Part, Summary, rows, start, statuses
+from ._kit import Batch, Done, FanOut, Part, Summary, rows, start, statuses
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -103,3 +111,39 @@ async def test_grouped_atomic_attempts_fan_out_in_their_groups_transaction(
         assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=size, missing=0)
     assert fan.runs == {"split": 3, "part": sum(sizes), "collect": 3}
     assert await statuses(pgwork_dsn, "part") == {"completed": sum(sizes)}
+
+
+async def test_atomic_children_ending_together_settle_their_parent_on_their_own_connections(
+    pgwork_dsn: str, workers: Any
+) -> None:
+    """Every slot runs an atomic child, on a pool no larger than the slots: each child's
+    end settles the waiting step on the connection its attempt already holds. Settling
+    on a second pooled connection, each attempt would wait for one that only another
+    attempt's end gives back, and none ends."""
+    slots = 3
+    fan = FanOut(part_mode="atomic")
+    started = 0
+    all_running = anyio.Event()
+
+    async def part(attempt: Attempt[Part, Done]) -> Done:
+        nonlocal started
+        started += 1
+        if started == slots:
+            all_running.set()
+        await all_running.wait()
+        return await fan.do_part(attempt)
+
+    state = await PostgresStateAdapter.connect(pgwork_dsn, max_size=slots)
+    client = create_client(
+        state_adapter=state, notify_adapter=PostgresNotifyAdapter(pgwork_dsn), registry=fan.registry
+    )
+    try:
+        await workers(
+            client=client, processors=fan.processors() | {fan.part: part}, max_slots=slots
+        )
+        chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=slots))
+        summary = await client.await_chain(chain_id, timeout=PROMPT)
+        assert summary == Summary(read=slots, missing=0)
+        assert started == slots
+    finally:
+        await client.close()

@@ -29,7 +29,7 @@ from pgwork.postgres._errors import translate_errors
 from pgwork.postgres._pool import bounded
 from pgwork.postgres._state_enqueue import EnqueueOps, scheduled
 from pgwork.postgres._storable import storable
-from pgwork.postgres._transactions import own_connection
+from pgwork.postgres._transactions import PgTransaction, own_connection, read_committed
 from pgwork.postgres.notify import PostgresNotifyAdapter, encode_notice
 from pgwork.postgres.sql.outcomes import ATOMIC_REFUSED
 
@@ -215,8 +215,20 @@ class CompletionOps(EnqueueOps):
             async with bounded(conn, bound):
                 await conn.execute(b"ROLLBACK")
             return CompletionResult(job_id=completion.job_id, accepted=False)
-        # Committed: dependants are settled on their own, as for complete(None, ...).
-        [result] = await self._completion_results(None, [completion], rows)
+        if not any(row[3] and row[4] for row in rows):
+            [result] = await self._completion_results(None, [completion], rows)
+            return result
+        # Committed, and it ended a chain others wait on (a child of a fan-out, a
+        # blocker): settle them in a transaction of their own on this connection, which
+        # the attempt holds until it returns. A second, pooled one here is a second per
+        # slot: with every slot's attempt ending at once on a pool no larger than the
+        # slots, each would wait for a connection only another's end gives back.
+        await read_committed(conn)
+        async with (
+            bounded(conn, bound, "settling an atomic attempt's dependants"),
+            conn.transaction(),
+        ):
+            [result] = await self._completion_results(PgTransaction(conn), [completion], rows)
         return result
 
     async def _completion_results(
