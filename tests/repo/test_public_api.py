@@ -21,6 +21,7 @@ EXPECTED = {
     "ChainStatus",
     "ChildNotStartedHereError",
     "ChildWaitNotAllowedError",
+    "ClaimsHints",
     "Children",
     "Client",
     "ConfigurationError",
@@ -108,6 +109,7 @@ EXPECTED = {
     "create_client",
     "create_in_process_worker",
     "log_context",
+    "notify_after_commit",
 }
 
 
