@@ -143,25 +143,37 @@ class NatsNotifyAdapter(Publishing):
         self._kv: KeyValue | None = None
         self._no_jetstream_until = 0.0
         self._reconnects = 0  # bumped by nats-py's reconnected callback
+        self._connect_again_at = 0.0
 
     # --- connection --------------------------------------------------------------------
 
     async def _connection(self) -> NatsClient:
+        """The adapter's connection, made on first use. Once made, nats-py keeps it up
+        (reconnecting forever); the first connect is bounded by ``operation_timeout``,
+        and after a failed one the next waits ``reconnect_wait``: a publish while no
+        server answers fails fast (and is logged) instead of waiting on a connect."""
         nc = self._nc
         if nc is not None and not nc.is_closed:
             return nc
         async with self._connecting:
             if self._nc is None or self._nc.is_closed:
-                self._nc = await nats.connect(
-                    servers=self.servers,
-                    connect_timeout=max(1, round(self.operation_timeout)),
-                    reconnect_time_wait=self.reconnect_wait,
-                    max_reconnect_attempts=-1,
-                    reconnected_cb=self._on_reconnected,
-                    disconnected_cb=self._on_disconnected,
-                    error_cb=self._on_error,
-                    **self._connect_options,
-                )
+                if time.monotonic() < self._connect_again_at:
+                    raise ConnectionError(f"no NATS server answered at {self.servers}")
+                try:
+                    with anyio.fail_after(self.operation_timeout):
+                        self._nc = await nats.connect(
+                            servers=self.servers,
+                            connect_timeout=max(1, round(self.operation_timeout)),
+                            reconnect_time_wait=self.reconnect_wait,
+                            max_reconnect_attempts=-1,
+                            reconnected_cb=self._on_reconnected,
+                            disconnected_cb=self._on_disconnected,
+                            error_cb=self._on_error,
+                            **self._connect_options,
+                        )
+                except BaseException:
+                    self._connect_again_at = time.monotonic() + self.reconnect_wait
+                    raise
             return self._nc
 
     async def _on_reconnected(self) -> None:
@@ -175,6 +187,9 @@ class NatsNotifyAdapter(Publishing):
 
     async def _on_error(self, exc: Exception) -> None:
         log.debug("pgwork nats connection error: %r", exc)
+
+    def _connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
 
     # --- hints -------------------------------------------------------------------------
 
@@ -209,7 +224,8 @@ class NatsNotifyAdapter(Publishing):
         return self._kv
 
     async def _take_look(self, hint: str) -> bool:
-        kv = await self._bucket()
+        # While reconnecting, a key-value request would wait out its timeout: look.
+        kv = await self._bucket() if self._connected() else None
         if kv is None:
             return True
         with anyio.fail_after(self.operation_timeout):
@@ -232,7 +248,10 @@ class NatsNotifyAdapter(Publishing):
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
         nc = await self._connection()
-        kv = await self._bucket() if any(n.count is not None for n in notices) else None
+        # While reconnecting, the message waits in nats-py's buffer, but a budget's write
+        # would wait out its timeout: the notice goes unhinted, and every worker looks.
+        counted = any(n.count is not None for n in notices)
+        kv = await self._bucket() if counted and self._connected() else None
         if kv is not None:
             hinted_notices, budgets = hinted(notices)
             try:
