@@ -7,7 +7,7 @@ memory, entries expiring after ``hint_ttl``), created before the message is sent
 worker claims a look by compare-and-set on the key's revision, and looks when the key
 is gone. Without JetStream on the server the adapter hands out no hints: every
 listening worker looks, as with PostgreSQL's adapter. See ``pgwork.notify._broker`` for
-when a notice goes out (held until commit, or early) and docs/adapters.md.
+when a notice goes out (held until commit, or early) and docs/notify.md.
 
 One connection per adapter carries the publishes and every ``listen``'s subscription.
 nats-py reconnects by itself, forever, and subscribes again; each listener then reports

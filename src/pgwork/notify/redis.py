@@ -1,13 +1,13 @@
 """The Redis notify adapter: pub/sub for the wake-ups, a counter per hint.
 
 Needs ``pgwork[redis]`` (redis-py). Notices travel as one pub/sub message per
-``publish`` on one channel (``channel``, default ``pgwork``: one per pgwork schema
-sharing a Redis). A counted ``ready`` notice's budget of looks is a Redis string
-under ``{channel}:hint:{key}``, set in the same round trip as the message (``SET`` ...
-``EX``, then ``PUBLISH``, pipelined on one connection, so the budget exists before any
-listener hears of it); a worker claims a look with a Lua script that takes one if any
-is left, and lets it look when the key is gone. See ``pgwork.notify._broker`` for when a
-notice goes out (held until commit, or early) and docs/adapters.md for the model.
+``publish`` on one channel (``channel``, default ``pgwork``: one per pgwork deployment
+sharing a Redis). A counted ``ready`` notice's budget of looks is a Redis string under
+``{channel}:hint:{key}``, written by the same Lua script that publishes the message, so
+that it exists before any listener hears of it; a worker claims a look with a Lua script
+that takes one if any is left, and lets it look when the key is gone. See
+``pgwork.notify._broker`` for when a notice goes out (held until commit, or early) and
+docs/notify.md for the model.
 
 Each ``listen`` holds one connection in subscribe mode. When it breaks (Redis
 restarted, the network dropped), the listener reconnects with capped exponential
@@ -48,6 +48,15 @@ if tonumber(left) > 0 then
   return 1
 end
 return 0
+"""
+
+# Store each budget (KEYS[2..], looks in ARGV[3..], expiring after ARGV[1] ms), then
+# publish the message (ARGV[2]) on the channel (KEYS[1]).
+_ANNOUNCE = """
+for i = 2, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[i + 1], 'PX', ARGV[1])
+end
+return redis.call('PUBLISH', KEYS[1], ARGV[2])
 """
 
 _LOST = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
@@ -177,14 +186,19 @@ class RedisNotifyAdapter(Publishing):
             retry=Retry(NoBackoff(), 0),
         )
         self._claim = self._commands.register_script(_CLAIM)
+        self._announce = self._commands.register_script(_ANNOUNCE)
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
         notices, budgets = hinted(notices)
-        async with self._commands.pipeline(transaction=False) as pipe:
-            for key, looks in budgets:
-                pipe.set(self._hint_prefix + key, looks, px=self._ttl_ms)
-            pipe.publish(self.channel, encode(notices, early=early))
-            await pipe.execute()
+        payload = encode(notices, early=early)
+        if not budgets:
+            await self._commands.publish(self.channel, payload)
+            return
+        # One command: the budgets are stored before the message goes out, and a
+        # round trip and a command cost less than a pipeline of several.
+        keys = [self._hint_prefix + key for key, _ in budgets]
+        looks = [looks for _, looks in budgets]
+        await self._announce(keys=[self.channel, *keys], args=[self._ttl_ms, payload, *looks])
 
     async def _take_look(self, hint: str) -> bool:
         return bool(await self._claim(keys=[self._hint_prefix + hint]))
