@@ -235,3 +235,37 @@ async def test_a_notice_published_in_the_stores_own_transaction_waits_for_its_co
         assert [n.count for n in got if n.queue == notice.queue] == [1]
     finally:
         await state.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "nats"])
+def test_a_synchronous_enqueue_stores_its_job_and_leaves_it_to_the_poll(
+    kind: str, pgwork_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``start_chain_sync`` runs without an event loop, where no broker can be reached:
+    the job is stored all the same, and the workers' poll finds it."""
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+    from pydantic import BaseModel
+
+    from pgwork import JobTypeRegistry, PostgresStateAdapter, create_client
+
+    class Mail(BaseModel):
+        to: str
+
+    registry = JobTypeRegistry()
+    mail = registry.job_type("mail", input=Mail)
+    make, url, _ = BROKERS[kind]
+    client = create_client(
+        state_adapter=PostgresStateAdapter(AsyncConnectionPool(pgwork_dsn, open=False)),
+        notify_adapter=make(url()),
+        registry=registry,
+    )
+    with (
+        caplog.at_level(logging.WARNING, logger="pgwork.notify"),
+        psycopg.connect(pgwork_dsn) as conn,
+    ):
+        started = client.start_chain_sync(conn, mail, Mail(to="ada@example.com"))
+    with psycopg.connect(pgwork_dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT id FROM pgwork.jobs").fetchall()
+    assert rows == [(started.job_id,)]
+    assert "no event loop" in caplog.text

@@ -21,6 +21,7 @@ store failed) lets every claimant look: a hint may cost acquires, never a job.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import math
@@ -69,6 +70,14 @@ def hinted(notices: Sequence[Notice]) -> tuple[list[Notice], list[Budget]]:
     return out, budgets
 
 
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class Publishing:
     """The publish side: held until commit, early, or at once; failures logged."""
 
@@ -78,6 +87,11 @@ class Publishing:
 
     async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
         if not notices:
+            return
+        if not _in_event_loop():
+            # A synchronous enqueue (``start_chain_sync``) drives this without an event
+            # loop, where no broker can be reached: its jobs are found by the poll.
+            self._note_failure("a synchronous enqueue has no event loop to publish on")
             return
         if tx is not None:
             held = held_notices()
@@ -94,17 +108,21 @@ class Publishing:
         try:
             await self._send(notices, early=early)
         except Exception as exc:
-            self._failed += 1
-            now = time.monotonic()
-            if now - self._failed_logged_at >= _FAILED_LOG_EVERY:
-                log.warning(
-                    "pgwork could not publish %d notice batch(es) (%r); workers find the "
-                    "jobs by their poll",
-                    self._failed,
-                    exc,
-                )
-                self._failed = 0
-                self._failed_logged_at = now
+            self._note_failure(repr(exc))
+
+    def _note_failure(self, why: str) -> None:
+        """Count a batch of notices not sent; log the count at most once a minute."""
+        self._failed += 1
+        now = time.monotonic()
+        if now - self._failed_logged_at >= _FAILED_LOG_EVERY:
+            log.warning(
+                "pgwork could not publish %d notice batch(es) (%s); workers find the "
+                "jobs by their poll",
+                self._failed,
+                why,
+            )
+            self._failed = 0
+            self._failed_logged_at = now
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
         raise NotImplementedError
