@@ -3,7 +3,7 @@
 Needs ``pgwork[nats]`` (nats-py). Notices travel as one message per ``publish`` on one
 subject (``subject``, default ``pgwork.events``). A counted ``ready`` notice's budget
 of looks is a key of its own in a JetStream key-value bucket (``hint_bucket``, kept in
-memory, entries expiring after ``hint_ttl``), created before the message is sent; a
+memory, entries expiring after ``hint_ttl``), written just ahead of the message; a
 worker claims a look by compare-and-set on the key's revision, and looks when the key
 is gone. Without JetStream on the server the adapter hands out no hints: every
 listening worker looks, as with PostgreSQL's adapter. See ``pgwork.notify._broker`` for
@@ -44,6 +44,10 @@ log = logging.getLogger("pgwork.notify")
 
 # Compare-and-set tries before a claimant gives up and looks anyway.
 _CAS_TRIES = 8
+# A budget not found is read again this many times, this far apart (seconds), before
+# the claimant looks: it may still be on its way into the bucket.
+_UNSTORED_READS = 2
+_UNSTORED_PAUSE_S = 0.002
 # After JetStream was found missing, hints stay off this long before it is asked again.
 _NO_JETSTREAM_RETRY_S = 60.0
 
@@ -228,12 +232,20 @@ class NatsNotifyAdapter(Publishing):
         kv = await self._bucket() if self._connected() else None
         if kv is None:
             return True
+        missing = 0
         with anyio.fail_after(self.operation_timeout):
-            for _ in range(_CAS_TRIES):
+            for _ in range(_CAS_TRIES + _UNSTORED_READS):
                 try:
                     entry = await kv.get(hint)
                 except (js_errors.KeyNotFoundError, js_errors.KeyDeletedError):
-                    return True  # expired or lost: look rather than miss a job
+                    # Not stored yet (it was sent unacknowledged just ahead of the
+                    # notice), or expired, or lost: read again a moment later, then
+                    # look rather than miss a job.
+                    missing += 1
+                    if missing > _UNSTORED_READS:
+                        return True
+                    await anyio.sleep(_UNSTORED_PAUSE_S)
+                    continue
                 left = int(entry.value or b"0")
                 if left <= 0:
                     return False
@@ -248,20 +260,18 @@ class NatsNotifyAdapter(Publishing):
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
         nc = await self._connection()
-        # While reconnecting, the message waits in nats-py's buffer, but a budget's write
-        # would wait out its timeout: the notice goes unhinted, and every worker looks.
+        # While reconnecting, a bucket's first lookup would wait out its timeout: the
+        # notice goes unhinted (every worker looks), and waits in nats-py's buffer.
         counted = any(n.count is not None for n in notices)
-        kv = await self._bucket() if counted and self._connected() else None
-        if kv is not None:
-            hinted_notices, budgets = hinted(notices)
-            try:
-                with anyio.fail_after(self.operation_timeout):
-                    for key, looks in budgets:
-                        await kv.create(key, str(looks).encode())
-                notices = hinted_notices
-            except Exception as exc:  # no budget stored: send unhinted, everyone looks
-                self._kv = None
-                log.warning("pgwork nats adapter could not store a hint: %r", exc)
+        if counted and self._connected() and await self._bucket() is not None:
+            notices, budgets = hinted(notices)
+            # Each budget is written as the key-value store writes a key (a message on
+            # the bucket's subject), sent ahead of the notice on this connection but
+            # not waited for: a JetStream acknowledgement per enqueue would cost a
+            # round trip. A claim that reaches the bucket before the budget does finds
+            # no key, and looks: a hint may cost an acquire, never a job.
+            for key, looks in budgets:
+                await nc.publish(f"$KV.{self.hint_bucket}.{key}", str(looks).encode())
         await nc.publish(self.subject, encode(notices, early=early))
 
     @asynccontextmanager
