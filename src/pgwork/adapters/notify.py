@@ -11,7 +11,7 @@ A ``ready`` notice may say how many jobs it announces (``count``). An adapter th
 hands out hints (Redis, NATS) turns that count into as many *looks*: every listener
 hears the notice, marked with a ``hint``, and a worker with room claims a look
 (``ClaimsHints.claim``) before it acquires, so that one job costs one worker's acquire,
-not every idle worker's. A lost or expired budget lets every claimant look: a hint may
+not every idle worker's. A claim that fails lets its claimant look: a hint may
 cost an extra acquire, never a job.
 """
 
@@ -43,7 +43,7 @@ class Notice:
 
     ``count`` (``ready`` without ``at``): how many jobs became ready, when the publisher
     knows (None: some). An adapter that carries no count delivers None. ``hint``: set
-    on a delivered notice by an adapter that hands out hints, naming the budget of
+    on a delivered notice by an adapter that hands out hints, naming the notice's
     looks a worker claims from (``ClaimsHints``); None on everything published.
     """
 
@@ -68,10 +68,10 @@ class Listener(Protocol):
 class ClaimsHints(Protocol):
     """An optional role of a ``Listener`` whose adapter hands out hints.
 
-    ``claim`` takes one look from the budget of a notice it delivered with a ``hint``:
-    True when the worker should acquire (a look was left, or the budget is gone,
-    expired or never stored, and looking is safer than missing a job), False when
-    other workers took every look. A worker claims only when it has room to run a job:
+    ``claim`` takes one of the looks of a notice it delivered with a ``hint``:
+    True when the worker should acquire (a look was left, or the claim could not be
+    made, and looking is safer than missing a job), False when other workers took
+    every look. A worker claims only when it has room to run a job:
     one that is full acquires anyway as its slots free up, and a look it took would
     leave an idle worker asleep.
     """

@@ -12,11 +12,13 @@ open longer is left to the poll. A notice that cannot be sent (the broker is awa
 logged and dropped, never raised into the enqueue: the poll finds the job.
 
 **Hints.** A ``ready`` notice that says how many jobs it announces (``count``) goes out
-with a budget of that many looks, stored in the broker under a key of its own (the
-``hint``) that expires after ``hint_ttl``. Every listener hears the notice; a worker
-with room claims a look (``BrokerListener.claim``) and only a winner acquires. A
-budget that is gone (expired, lost with a broker restart, never stored because the
-store failed) lets every claimant look: a hint may cost acquires, never a job.
+with a key of its own (the ``hint``) and nothing stored: the publisher's cost is the
+message alone. Every listener hears it; a worker with room claims a look
+(``BrokerListener.claim``) and only a winner acquires. A claim is one atomic operation
+in the broker on keys named after the hint, which it creates (expiring after
+``hint_ttl``): Redis counts the claims on one key and the first ``count`` win; NATS
+creates one key-value key per look, and whoever creates look ``i`` first has it. A claim
+that fails (the broker is away) counts as won: a hint may cost acquires, never a job.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pgwork.adapters.notify import Notice
 from pgwork.errors import ConfigurationError
 from pgwork.notify._wire import Message
 
-__all__ = ["BrokerListener", "Budget", "Publishing", "hinted", "positive"]
+__all__ = ["BrokerListener", "Publishing", "hinted", "positive"]
 
 log = logging.getLogger("pgwork.notify")
 
@@ -45,9 +47,6 @@ _FAILED_LOG_EVERY = 60.0
 # Early hints a listener remembers (to repeat the ones its worker claims).
 _EARLY_HINTS_KEPT = 4096
 
-Budget = tuple[str, int]
-"""A hint's key and its looks."""
-
 
 def positive(**values: float | None) -> None:
     """Refuse a setting that is not a positive number (None passes)."""
@@ -56,18 +55,14 @@ def positive(**values: float | None) -> None:
             raise ConfigurationError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
-def hinted(notices: Sequence[Notice]) -> tuple[list[Notice], list[Budget]]:
-    """``notices`` with a fresh hint on each counted ``ready`` notice, and the budgets
-    to store for them before the notices go out."""
-    out: list[Notice] = []
-    budgets: list[Budget] = []
-    for notice in notices:
-        if notice.kind == "ready" and notice.count is not None and notice.at is None:
-            key = uuid.uuid4().hex
-            budgets.append((key, notice.count))
-            notice = replace(notice, hint=key)
-        out.append(notice)
-    return out, budgets
+def hinted(notices: Sequence[Notice]) -> list[Notice]:
+    """``notices`` with a fresh hint on each counted ``ready`` notice."""
+    return [
+        replace(n, hint=uuid.uuid4().hex)
+        if n.kind == "ready" and n.count is not None and n.at is None
+        else n
+        for n in notices
+    ]
 
 
 def _in_event_loop() -> bool:
@@ -131,8 +126,8 @@ class Publishing:
 class BrokerListener:
     """The listener side shared by the brokers: early notices repeated, claims made.
 
-    A subclass receives messages (``_receive``), claims a look from a budget
-    (``_take_look``), and reconnects as its broker requires."""
+    A subclass receives messages, claims a look (``_take_look``), and reconnects as
+    its broker requires."""
 
     def __init__(self, *, recheck_after: float) -> None:
         self._recheck_after = recheck_after
@@ -141,17 +136,17 @@ class BrokerListener:
         self._early_hints: dict[str, None] = {}  # insertion-ordered: oldest first
 
     async def claim(self, notice: Notice) -> bool:
-        """Take a look from ``notice``'s budget (``ClaimsHints``); a won look at an early
-        notice is repeated to this worker ``recheck_after`` seconds later."""
-        if notice.hint is None:
+        """Take one of ``notice``'s looks (``ClaimsHints``); a won look at an early notice
+        is repeated to this worker ``recheck_after`` seconds later."""
+        if notice.hint is None or notice.count is None:
             return True
-        won = await self._take_look(notice.hint)
+        won = await self._take_look(notice.hint, notice.count)
         if won and notice.hint in self._early_hints:
             del self._early_hints[notice.hint]
             self._repeat(replace(notice, hint=None, count=None))
         return won
 
-    async def _take_look(self, hint: str) -> bool:
+    async def _take_look(self, hint: str, looks: int) -> bool:
         raise NotImplementedError
 
     def accept(self, message: Message) -> list[Notice]:

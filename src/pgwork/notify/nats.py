@@ -1,13 +1,14 @@
 """The NATS notify adapter: core pub/sub for the wake-ups, JetStream KV for the hints.
 
 Needs ``pgwork[nats]`` (nats-py). Notices travel as one message per ``publish`` on one
-subject (``subject``, default ``pgwork.events``). A counted ``ready`` notice's budget
-of looks is a key of its own in a JetStream key-value bucket (``hint_bucket``, kept in
-memory, entries expiring after ``hint_ttl``), written just ahead of the message; a
-worker claims a look by compare-and-set on the key's revision, and looks when the key
-is gone. Without JetStream on the server the adapter hands out no hints: every
-listening worker looks, as with PostgreSQL's adapter. See ``pgwork.notify._broker`` for
-when a notice goes out (held until commit, or early) and docs/notify.md.
+subject (``subject``, default ``pgwork.events``). A worker claims a look at a counted
+``ready`` notice by creating a key for it in a JetStream key-value bucket
+(``hint_bucket``, kept in memory, its keys expiring after ``hint_ttl``): look ``i`` is
+``{hint}.{i}``, and the claimant whose create comes first has it (a create is refused
+for a key that exists). The publisher stores nothing. Without JetStream on the server
+every claim wins: every listening worker looks, as with PostgreSQL's adapter. See
+``pgwork.notify._broker`` for when a notice goes out (held until commit, or early) and
+docs/notify.md.
 
 One connection per adapter carries the publishes and every ``listen``'s subscription.
 nats-py reconnects by itself, forever, and subscribes again; each listener then reports
@@ -18,6 +19,7 @@ subscriber that was away.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -42,12 +44,8 @@ __all__ = ["NatsNotifyAdapter"]
 
 log = logging.getLogger("pgwork.notify")
 
-# Compare-and-set tries before a claimant gives up and looks anyway.
-_CAS_TRIES = 8
-# A budget not found is read again this many times, this far apart (seconds), before
-# the claimant looks: it may still be on its way into the bucket.
-_UNSTORED_READS = 2
-_UNSTORED_PAUSE_S = 0.002
+# Looks a claimant tries to create before it stays asleep.
+_LOOK_TRIES = 4
 # After JetStream was found missing, hints stay off this long before it is asked again.
 _NO_JETSTREAM_RETRY_S = 60.0
 
@@ -88,8 +86,8 @@ class _NatsListener(BrokerListener):
             log.debug("pgwork nats listener ignored a message it could not read")
         return self.accept(decoded) if decoded is not None else []
 
-    async def _take_look(self, hint: str) -> bool:
-        return await self._adapter._take_look(hint)
+    async def _take_look(self, hint: str, looks: int) -> bool:
+        return await self._adapter._take_look(hint, looks)
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -115,8 +113,8 @@ class NatsNotifyAdapter(Publishing):
         operation_timeout: float = 5.0,
         connect_options: dict[str, Any] | None = None,
     ) -> None:
-        """``servers``: one NATS URL or several. ``hint_ttl``: how long an unclaimed
-        budget of looks lives. ``recheck_after``: when an early notice is repeated to
+        """``servers``: one NATS URL or several. ``hint_ttl``: how long a claimed look's
+        key is kept. ``recheck_after``: when an early notice is repeated to
         the worker that took it (``pgwork.notify._broker``). ``reconnect_wait``: the
         pause between two reconnect attempts. ``operation_timeout``: the longest wait
         for a hint's write or claim. ``connect_options``: more of ``nats.connect``'s
@@ -227,52 +225,30 @@ class NatsNotifyAdapter(Publishing):
             return None
         return self._kv
 
-    async def _take_look(self, hint: str) -> bool:
+    async def _take_look(self, hint: str, looks: int) -> bool:
+        """Create the key of one of the notice's looks, from a random one on, trying
+        ``_LOOK_TRIES`` of them: with a few looks every one is tried and the count is
+        exact; with many, a claimant that finds its tries taken stays asleep, and the
+        workers that won keep acquiring while their acquires come back full."""
         # While reconnecting, a key-value request would wait out its timeout: look.
         kv = await self._bucket() if self._connected() else None
         if kv is None:
             return True
-        missing = 0
+        first = random.randrange(looks)
         with anyio.fail_after(self.operation_timeout):
-            for _ in range(_CAS_TRIES + _UNSTORED_READS):
+            for step in range(min(looks, _LOOK_TRIES)):
                 try:
-                    entry = await kv.get(hint)
-                except (js_errors.KeyNotFoundError, js_errors.KeyDeletedError):
-                    # Not stored yet (it was sent unacknowledged just ahead of the
-                    # notice), or expired, or lost: read again a moment later, then
-                    # look rather than miss a job.
-                    missing += 1
-                    if missing > _UNSTORED_READS:
-                        return True
-                    await anyio.sleep(_UNSTORED_PAUSE_S)
-                    continue
-                left = int(entry.value or b"0")
-                if left <= 0:
-                    return False
-                try:
-                    await kv.update(hint, str(left - 1).encode(), last=entry.revision)
+                    await kv.create(f"{hint}.{(first + step) % looks}", b"")
                 except js_errors.KeyWrongLastSequenceError:
-                    continue  # another worker took one meanwhile: read again
+                    continue  # that look is another worker's
                 return True
-        return True  # contended beyond reason: look
+        return False
 
     # --- NotifyAdapter -----------------------------------------------------------------
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
         nc = await self._connection()
-        # While reconnecting, a bucket's first lookup would wait out its timeout: the
-        # notice goes unhinted (every worker looks), and waits in nats-py's buffer.
-        counted = any(n.count is not None for n in notices)
-        if counted and self._connected() and await self._bucket() is not None:
-            notices, budgets = hinted(notices)
-            # Each budget is written as the key-value store writes a key (a message on
-            # the bucket's subject), sent ahead of the notice on this connection but
-            # not waited for: a JetStream acknowledgement per enqueue would cost a
-            # round trip. A claim that reaches the bucket before the budget does finds
-            # no key, and looks: a hint may cost an acquire, never a job.
-            for key, looks in budgets:
-                await nc.publish(f"$KV.{self.hint_bucket}.{key}", str(looks).encode())
-        await nc.publish(self.subject, encode(notices, early=early))
+        await nc.publish(self.subject, encode(hinted(notices), early=early))
 
     @asynccontextmanager
     async def listen(self) -> AsyncIterator[Listener]:

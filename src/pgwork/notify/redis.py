@@ -2,10 +2,9 @@
 
 Needs ``pgwork[redis]`` (redis-py). Notices travel as one pub/sub message per
 ``publish`` on one channel (``channel``, default ``pgwork``: one per pgwork deployment
-sharing a Redis). A counted ``ready`` notice's budget of looks is a Redis string under
-``{channel}:hint:{key}``, written by the same Lua script that publishes the message, so
-that it exists before any listener hears of it; a worker claims a look with a Lua script
-that takes one if any is left, and lets it look when the key is gone. See
+sharing a Redis). A worker claims a look at a counted ``ready`` notice with a Lua script
+that counts the claims under ``{channel}:hint:{key}`` (the key expiring ``hint_ttl``
+after the first): the first ``count`` claims win. The publisher stores nothing. See
 ``pgwork.notify._broker`` for when a notice goes out (held until commit, or early) and
 docs/notify.md for the model.
 
@@ -39,24 +38,12 @@ __all__ = ["RedisNotifyAdapter"]
 
 log = logging.getLogger("pgwork.notify")
 
-# Take one look if any is left; an absent budget (expired, lost) lets the caller look.
+# Count one more claim on a notice's looks (KEYS[1], expiring after ARGV[1] ms from the
+# first claim); the caller won if the count is within the notice's looks.
 _CLAIM = """
-local left = redis.call('GET', KEYS[1])
-if not left then return 1 end
-if tonumber(left) > 0 then
-  redis.call('DECR', KEYS[1])
-  return 1
-end
-return 0
-"""
-
-# Store each budget (KEYS[2..], looks in ARGV[3..], expiring after ARGV[1] ms), then
-# publish the message (ARGV[2]) on the channel (KEYS[1]).
-_ANNOUNCE = """
-for i = 2, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 1], 'PX', ARGV[1])
-end
-return redis.call('PUBLISH', KEYS[1], ARGV[2])
+local claims = redis.call('INCR', KEYS[1])
+if claims == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return claims
 """
 
 _LOST = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
@@ -128,8 +115,8 @@ class _RedisListener(BrokerListener):
         log.info("pgwork redis listener reconnected")
         return [Notice(kind="reconnected")]
 
-    async def _take_look(self, hint: str) -> bool:
-        return await self._adapter._take_look(hint)
+    async def _take_look(self, hint: str, looks: int) -> bool:
+        return await self._adapter._take_look(hint, looks)
 
 
 class RedisNotifyAdapter(Publishing):
@@ -148,7 +135,7 @@ class RedisNotifyAdapter(Publishing):
         check_interval: float = 30.0,
     ) -> None:
         """``url``: a ``redis://`` (or ``rediss://``, ``unix://``) URL, as redis-py takes
-        it. ``hint_ttl``: how long an unclaimed budget of looks lives. ``recheck_after``:
+        it. ``hint_ttl``: how long a notice's count of claims is kept. ``recheck_after``:
         when an early notice is repeated to the worker that took it
         (``pgwork.notify._broker``). ``operation_timeout``: the longest wait for a
         publish or a claim. ``check_interval``: how often an idle listening connection is
@@ -186,22 +173,13 @@ class RedisNotifyAdapter(Publishing):
             retry=Retry(NoBackoff(), 0),
         )
         self._claim = self._commands.register_script(_CLAIM)
-        self._announce = self._commands.register_script(_ANNOUNCE)
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
-        notices, budgets = hinted(notices)
-        payload = encode(notices, early=early)
-        if not budgets:
-            await self._commands.publish(self.channel, payload)
-            return
-        # One command: the budgets are stored before the message goes out, and a
-        # round trip and a command cost less than a pipeline of several.
-        keys = [self._hint_prefix + key for key, _ in budgets]
-        looks = [looks for _, looks in budgets]
-        await self._announce(keys=[self.channel, *keys], args=[self._ttl_ms, payload, *looks])
+        await self._commands.publish(self.channel, encode(hinted(notices), early=early))
 
-    async def _take_look(self, hint: str) -> bool:
-        return bool(await self._claim(keys=[self._hint_prefix + hint]))
+    async def _take_look(self, hint: str, looks: int) -> bool:
+        claims = await self._claim(keys=[self._hint_prefix + hint], args=[self._ttl_ms])
+        return int(claims) <= looks
 
     async def _subscribe(self) -> PubSub:
         pubsub = self._listening.pubsub()

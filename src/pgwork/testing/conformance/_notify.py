@@ -270,4 +270,4 @@ class NotifyAdapterConformance:
             assert isinstance(listener, ClaimsHints)
             for notice in got:
                 assert notice.hint is None
-                assert await listener.claim(notice), "a notice without a budget: look"
+                assert await listener.claim(notice), "a notice without a hint: look"

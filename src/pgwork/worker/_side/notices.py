@@ -137,7 +137,7 @@ async def act_on_claim(
     With room, the worker looks only if it wins one of the notice's looks (a listener
     that cannot claim, or a claim that fails, counts as won: a hint may cost an acquire,
     never a job). Without room it looks as its slots free up, as for any ready notice,
-    and takes no look from the budget: an idle worker takes that one."""
+    and takes none of the notice's looks: an idle worker takes that one."""
     if has_room and isinstance(listener, ClaimsHints):
         try:
             won = await listener.claim(claim.notice)
