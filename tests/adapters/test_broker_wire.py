@@ -1,14 +1,19 @@
-"""The brokers' wire format: notices round-trip, and anything else is dropped."""
+"""The brokers' wire format: notices round-trip, and anything else is dropped; and the
+broker adapters' settings, checked before any connection."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 
 import pytest
 
+from pgwork import ConfigurationError
 from pgwork.adapters.notify import Notice
 from pgwork.notify._wire import decode, encode
+from pgwork.notify.nats import NatsNotifyAdapter
+from pgwork.notify.redis import RedisNotifyAdapter
 
 NOTICES = [
     Notice(kind="ready", queue="mail | urgent", count=3, hint="a" * 32),
@@ -55,3 +60,21 @@ def test_an_entry_that_is_no_notice_is_ignored(row: list[object]) -> None:
 @pytest.mark.parametrize("payload", [b"", b"not json", b"[]", b'{"v": 2, "n": []}', b"\xff"])
 def test_a_message_that_is_no_pgwork_message_decodes_to_none(payload: bytes) -> None:
     assert decode(payload) is None
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: RedisNotifyAdapter("http://127.0.0.1"), "url must be a Redis URL"),
+        (lambda: RedisNotifyAdapter(channel="two words"), "channel must be a name"),
+        (lambda: RedisNotifyAdapter(hint_ttl=0), "hint_ttl must be a positive"),
+        (lambda: NatsNotifyAdapter(subject="pgwork.*"), "subject must be a literal"),
+        (lambda: NatsNotifyAdapter(hint_bucket="a.b"), "hint_bucket must be letters"),
+        (lambda: NatsNotifyAdapter(recheck_after=float("nan")), "recheck_after must be"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused_before_any_connection(
+    make: Callable[[], object], says: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        make()

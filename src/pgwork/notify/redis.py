@@ -158,20 +158,25 @@ class RedisNotifyAdapter(Publishing):
         self.reconnect_max = reconnect_max
         self._hint_prefix = f"{channel}:hint:"
         self._ttl_ms = max(1, round(hint_ttl * 1000))
-        self._commands: Redis = Redis.from_url(
-            url, socket_timeout=operation_timeout, socket_connect_timeout=operation_timeout
-        )
-        # Listening connections: no read timeout (``wait`` bounds each read itself), no
-        # retry inside redis-py (a reconnect must be seen, to report it), a ping when
-        # idle for ``check_interval``.
-        self._listening: Redis = Redis.from_url(
-            url,
-            socket_timeout=None,
-            socket_connect_timeout=operation_timeout,
-            socket_keepalive=True,
-            health_check_interval=max(1, round(check_interval)),
-            retry=Retry(NoBackoff(), 0),
-        )
+        try:
+            self._commands: Redis = Redis.from_url(
+                url, socket_timeout=operation_timeout, socket_connect_timeout=operation_timeout
+            )
+            # Listening connections: no read timeout (``wait`` bounds each read itself),
+            # no retry inside redis-py (a reconnect must be seen, to report it), a ping
+            # when idle for ``check_interval``.
+            self._listening: Redis = Redis.from_url(
+                url,
+                socket_timeout=None,
+                socket_connect_timeout=operation_timeout,
+                socket_keepalive=True,
+                health_check_interval=max(1, round(check_interval)),
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"url must be a Redis URL (redis://host:port/db, rediss://, unix://): {exc}"
+            ) from exc
         self._claim = self._commands.register_script(_CLAIM)
 
     async def _send(self, notices: Sequence[Notice], *, early: bool) -> None:
