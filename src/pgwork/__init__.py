@@ -85,6 +85,7 @@ from pgwork.records import (
     Waiting,
     WaitKind,
 )
+from pgwork.retention import Retention
 from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
     Attempt,
@@ -170,6 +171,7 @@ __all__ = [
     "ProcessingMode",
     "QueueCount",
     "Rate",
+    "Retention",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

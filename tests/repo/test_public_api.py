@@ -77,6 +77,7 @@ EXPECTED = {
     "ProcessingMode",
     "QueueCount",
     "Rate",
+    "Retention",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",
