@@ -15,6 +15,7 @@ EXPECTED = {
     "BlockerStatus",
     "CapabilityMissingError",
     "Chain",
+    "ChainDeletedError",
     "ChainHasDependantsError",
     "ChainNotFoundError",
     "ChainStart",

@@ -21,6 +21,7 @@ from pgwork.adapters.state import Completion
 from pgwork.errors import (
     AwaitTimeoutError,
     ChainAlreadyFinishedError,
+    ChainDeletedError,
     ChainFailedError,
     ChainHasDependantsError,
     ChainNotFoundError,
@@ -64,9 +65,11 @@ class ControlMixin:
         in case a notice is missed. Raises ChainFailedError if the chain failed or was
         cancelled, AwaitTimeoutError after ``timeout`` seconds (its ``waiting`` and
         message say what the chain waits for, when it waits for a signal, a time, a
-        debounce or blocker chains), ChainNotFoundError. Retention keeps an awaited
-        chain at least ``pgwork.retention.AWAITED_HOLD`` after it ended, so a wait
-        that reads it within that gets its outcome however short its type's retention.
+        debounce or blocker chains), ChainNotFoundError when there is no such chain,
+        and ChainDeletedError (a ChainNotFoundError) when it was there as the wait
+        began and is gone since. Retention keeps an awaited chain at least
+        ``pgwork.retention.AWAITED_HOLD`` after it ended, so a wait that reads it
+        within that gets its outcome however short its type's retention.
         """
         chain = await self.get_chain(chain_id)
         delay = 0.02
@@ -75,7 +78,10 @@ class ControlMixin:
             await self.state.mark_chain_awaited(chain_id=chain_id)
             with anyio.move_on_after(timeout):
                 while True:
-                    chain = await self.get_chain(chain_id)
+                    try:
+                        chain = await self.get_chain(chain_id)
+                    except ChainNotFoundError:
+                        raise ChainDeletedError(chain_id) from None
                     if chain.status is ChainStatus.COMPLETED:
                         return chain.output
                     if chain.status is not ChainStatus.ACTIVE:
