@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+import anyio
 import pytest
 from pydantic import BaseModel
 
@@ -15,7 +16,7 @@ from pgwork.retention import DEFAULT_RETENTION
 from pgwork.worker._side.maintenance import RETENTION_BEHIND_EVERY_S, Maintenance
 
 from ._retention_kit import end, job_count, start_many
-from .conftest import ClientFactory
+from .conftest import ClientFactory, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -54,7 +55,7 @@ async def test_a_round_clears_a_backlog_larger_than_one_batch(
 
     if build == "batched":
         assert (deleted, await job_count(pgwork_dsn)) == (25, 0)
-        assert maintenance.retention_wait >= RETENTION_BEHIND_EVERY_S  # caught up
+        assert maintenance.retention_wait == RETENTION_BEHIND_EVERY_S  # caught up, busy
     else:
         assert (deleted, await job_count(pgwork_dsn)) == (10, 15)
         assert maintenance.retention_wait == 0.0  # behind: again on the next tick
@@ -78,6 +79,33 @@ async def test_rounds_run_again_at_once_while_behind_and_back_off_once_caught_up
 
     assert rounds == [(10, 0.0), (10, 0.0), (5, 1.0), (0, 2.0), (0, 4.0), (0, 6.0)]
     assert await job_count(pgwork_dsn) == 0
+
+
+async def test_a_workers_maintenance_clears_a_backlog_of_batches_soon_after_it_starts(
+    make_client: ClientFactory, pgwork_dsn: str
+) -> None:
+    client = await make_client(registry())
+    await end(
+        pgwork_dsn,
+        await start_many(client, pgwork_dsn, "short", 35),
+        "completed",
+        ago=timedelta(hours=2),
+    )
+    # One batch a round: the rounds that clear the rest run on the next ticks, long
+    # before the hour ``retention_every`` allows a caught-up worker to wait.
+    maintenance = Maintenance(
+        client, [], tick=0.05, retention_every=3600.0, retention_batch=10, retention_round=0.0
+    )
+
+    async def cleared() -> bool:
+        return await job_count(pgwork_dsn) == 0
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(maintenance.run_forever)
+        try:
+            await eventually(cleared, timeout=20, what="the expired chains deleted")
+        finally:
+            tg.cancel_scope.cancel()
 
 
 async def test_purge_expired_deletes_one_batch_of_each_kind_of_ending(

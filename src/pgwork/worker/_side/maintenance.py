@@ -86,11 +86,12 @@ SIGNAL_PRUNE_BATCH = 1000
 # Chains one retention step deletes (one transaction): a few thousand keep each
 # transaction short (its locks are on ended chains only) and the statements per chain
 # few. A round runs steps while a step comes back full, for at most RETENTION_ROUND_S,
-# so the other steps and the schedules' ticks wait at most that long; a round that ran
-# out of time (still behind) is followed by the next on the loop's next tick, and each
-# round that caught up doubles the wait, from RETENTION_BEHIND_EVERY_S up to
-# ``retention_every``. ``python -m bench.retention`` measures how fast this deletes
-# beside a drain.
+# so the other steps and the schedules' ticks wait at most that long. The first round
+# runs RETENTION_BEHIND_EVERY_S after the start; a round that ran out of time (still
+# behind) is followed by the next on the loop's next tick, one that deleted a batch's
+# worth or more by the next after RETENTION_BEHIND_EVERY_S (chains end at that pace),
+# and each round that found less doubles the wait, up to ``retention_every``.
+# ``python -m bench.retention`` measures how fast this deletes beside a drain.
 RETENTION_BATCH = 5000
 RETENTION_ROUND_S = 5.0
 RETENTION_BEHIND_EVERY_S = 1.0
@@ -121,7 +122,7 @@ class Maintenance:
         self.retention_batch = retention_batch
         self.retention_round = retention_round
         # The wait before the next retention round (see RETENTION_BATCH).
-        self.retention_wait = retention_every
+        self.retention_wait = min(RETENTION_BEHIND_EVERY_S, retention_every)
         self.worker_retention = worker_retention
         self.prune_every = prune_every
         self.history_every = history_every
@@ -139,7 +140,7 @@ class Maintenance:
 
     async def run_forever(self) -> None:
         next_sweep = time.monotonic()  # at start: what a crash left
-        next_retention = time.monotonic() + self.retention_every
+        next_retention = time.monotonic() + self.retention_wait
         next_prune = time.monotonic() + self.prune_every
         next_history = time.monotonic() + self.history_every
         next_signal_sweep = time.monotonic()  # at start: what a crash left
@@ -296,10 +297,11 @@ class Maintenance:
         batch comes back full and the round has time left; returns how many.
 
         Sets ``retention_wait``: none after a round that ran out of time with a full
-        batch (more are expired: the next round runs on the loop's next tick), else
-        twice the last wait, from ``RETENTION_BEHIND_EVERY_S`` up to
-        ``retention_every``. A batch that finds another worker's sweep in progress
-        deletes nothing, and this one backs off as if caught up."""
+        batch (more are expired: the next round runs on the loop's next tick),
+        ``RETENTION_BEHIND_EVERY_S`` after one that deleted a batch's worth or more,
+        else twice the last wait, up to ``retention_every``. A batch that finds
+        another worker's sweep in progress deletes nothing, and this one backs off as
+        if caught up."""
         store = self.client.capabilities.require_maintenance("retention")
         deadline = time.monotonic() + self.retention_round
         deleted = 0
@@ -318,6 +320,8 @@ class Maintenance:
         finally:
             if behind:
                 self.retention_wait = 0.0
+            elif deleted >= self.retention_batch:
+                self.retention_wait = min(RETENTION_BEHIND_EVERY_S, self.retention_every)
             else:
                 self.retention_wait = min(
                     max(self.retention_wait * 2, RETENTION_BEHIND_EVERY_S), self.retention_every
