@@ -1,0 +1,297 @@
+"""Retention beside a drain: do ended chains leave the table as fast as they end?
+
+    python -m bench.retention --dsn DSN [--seconds 60] [--rate 5000] [--slots 50]
+        [--modes without,with] [--vacuum-every S] [--sample-every 5]
+
+Each run, on a fresh database, drains a steady stream of one-job chains for
+``--seconds``: the harness enqueues ``--rate`` chains a second (``start_chains``, a
+batch every 100 ms, each committed) and one worker process (``--slots`` slots, pgwork's
+other defaults) drains them; the worker's maintenance runs retention as any worker's
+does. ``--rate 0`` enqueues as fast as the worker drains instead (a backlog of
+``BACKLOG`` topped up), which gives the drain's own rate.
+
+Two modes. ``without``: the chains are of ``noop``, which keeps its ended chains a
+day (the default retention, longer than any run: nothing is deleted). ``with``: of
+``noop_retained``, which keeps them ``RETAINED`` (bench/_pgwork_app.py), so from then
+on each chain that ends is due for deletion that long after.
+
+Each mode's row:
+
+- **ended chains/s**: chains enqueued and ended (no longer pending or running) when
+  the enqueuing stopped, over ``--seconds``;
+- **retention deletes/s**: chains deleted per second over the run's second half (each
+  sample's count of rows against the chains enqueued), when retention has long begun;
+- **rows** and **size**: the jobs table's row count and ``pg_total_relation_size`` at
+  the start, the most seen, and at the end of the enqueuing; the ``with`` mode's is
+  bounded when the end's is about the peak and near rate x (retention + a round);
+- **behind**: chains enqueued and not yet ended when the enqueuing stopped.
+
+The samples (every ``--sample-every`` seconds) follow each row. A server with
+``autovacuum`` off (as on a machine set up for repeatable drains) never frees what
+was deleted: the harness then vacuums the table itself every ``--vacuum-every``
+seconds (default 10; 0: never), as autovacuum would, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench._env import PgworkDatabases, server
+from bench._loop import LOOPS, current, resolve, run
+from bench._pgwork_app import RETAINED, SCHEMA, Item, open_client, outstanding
+from bench._worker_process import WorkerProcess
+from pgwork import ChainStart
+
+__all__ = ["Run", "Sample", "main", "sustain"]
+
+# Enqueue ticks a second; each enqueues the chains due since the last.
+TICKS_PER_S = 10
+# Chains per start_chains call (and commit) at most.
+ENQUEUE_BATCH = 1000
+# ``--rate 0``: the backlog kept topped up.
+BACKLOG = 20_000
+MODES = {"without": "noop", "with": "noop_retained"}
+
+_JOBS = sql.Identifier(SCHEMA, "jobs")
+_ROWS = sql.SQL("SELECT count(*), pg_total_relation_size({t}::regclass) FROM {j}").format(
+    t=sql.Literal(f"{SCHEMA}.jobs"), j=_JOBS
+)
+_VACUUM = sql.SQL("VACUUM {}").format(_JOBS)
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # seconds since the enqueuing began
+    enqueued: int
+    rows: int
+    size: int  # bytes
+    open: int  # pending or running
+
+    @property
+    def deleted(self) -> int:
+        """Chains deleted so far: every chain is one row."""
+        return self.enqueued - self.rows
+
+
+@dataclass
+class Run:
+    mode: str
+    seconds: float
+    rate: int
+    ended: int = 0
+    behind: int = 0
+    vacuums: int = 0
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def ended_per_s(self) -> float:
+        return self.ended / self.seconds
+
+    @property
+    def deletes_per_s(self) -> float:
+        """Over the second half of the samples."""
+        half = [s for s in self.samples if s.at >= self.seconds / 2]
+        if len(half) < 2 or half[-1].at <= half[0].at:
+            return 0.0
+        return (half[-1].deleted - half[0].deleted) / (half[-1].at - half[0].at)
+
+
+async def _sample(conn: psycopg.AsyncConnection[Any], at: float, enqueued: int) -> Sample:
+    row = await (await conn.execute(_ROWS)).fetchone()
+    assert row is not None
+    return Sample(at, enqueued, int(row[0]), int(row[1]), await outstanding(conn))
+
+
+async def _autovacuum(admin_dsn: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        row = await (await conn.execute("SHOW autovacuum")).fetchone()
+    return bool(row and row[0] == "on")
+
+
+async def sustain(
+    dsn: str,
+    mode: str,
+    *,
+    seconds: float,
+    rate: int,
+    slots: int,
+    vacuum_every: float,
+    sample_every: float,
+) -> Run:
+    """One run (see the module): enqueue ``rate`` chains a second of ``mode``'s type for
+    ``seconds`` while a worker process drains them; sample the table as it goes."""
+    type_name = MODES[mode]
+    result = Run(mode, seconds, rate)
+    worker = await WorkerProcess.start(dsn, type_name=type_name, slots=slots)
+    async with (
+        open_client(dsn, pool_size=2) as client,
+        await psycopg.AsyncConnection.connect(dsn) as conn,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe,
+    ):
+        job_type = client.registry.get(type_name)
+        enqueued = 0
+        result.samples.append(await _sample(probe, 0.0, 0))
+        await worker.go()
+        began = time.monotonic()
+
+        async def enqueue(count: int) -> None:
+            nonlocal enqueued
+            while count > 0:
+                size = min(count, ENQUEUE_BATCH)
+                batch = [ChainStart(job_type, Item(n=enqueued + i)) for i in range(size)]
+                await client.start_chains(conn, batch)
+                await conn.commit()
+                enqueued += size
+                count -= size
+
+        done = asyncio.Event()
+
+        async def vacuums() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
+                while not done.is_set():
+                    try:
+                        await asyncio.wait_for(done.wait(), vacuum_every)
+                    except TimeoutError:
+                        await c.execute(_VACUUM)
+                        result.vacuums += 1
+
+        vacuuming = asyncio.create_task(vacuums()) if vacuum_every > 0 else None
+        next_sample = sample_every
+        try:
+            while (elapsed := time.monotonic() - began) < seconds:
+                if rate > 0:
+                    await enqueue(int(rate * elapsed) - enqueued)
+                elif enqueued - worker.count < BACKLOG:
+                    await enqueue(BACKLOG)
+                if elapsed >= next_sample:
+                    result.samples.append(await _sample(probe, elapsed, enqueued))
+                    next_sample += sample_every
+                await asyncio.sleep(1 / TICKS_PER_S)
+            final = await _sample(probe, time.monotonic() - began, enqueued)
+            result.samples.append(final)
+            result.ended, result.behind = final.enqueued - final.open, final.open
+        finally:
+            done.set()
+            if vacuuming is not None:
+                await vacuuming  # a VACUUM under way ends first
+            await worker.stop()
+    return result
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+HEADER = (
+    "| mode | offered | ended chains/s | retention deletes/s | rows: start / most / end "
+    "| size: start / most / end | behind at the end |\n|---|---:|---:|---:|---|---|---:|"
+)
+
+
+def row(r: Run) -> str:
+    first, last = r.samples[0], r.samples[-1]
+    most = max(r.samples, key=lambda s: s.rows)
+    largest = max(s.size for s in r.samples)
+    offered = f"{r.rate:,}/s" if r.rate else "flat out"
+    return (
+        f"| {r.mode} retention | {offered} | {r.ended_per_s:,.0f} | {r.deletes_per_s:,.0f} | "
+        f"{first.rows:,} / {most.rows:,} / {last.rows:,} | "
+        f"{_mib(first.size)} / {_mib(largest)} / {_mib(last.size)} | {r.behind:,} |"
+    )
+
+
+def samples(r: Run) -> str:
+    cells = ", ".join(f"{s.at:.0f} s: {s.rows:,} rows {_mib(s.size)}" for s in r.samples)
+    return f"{r.mode}: {cells}"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    runs: list[Run] = []
+    with server(args.dsn) as (admin, _kind):
+        vacuum_every = args.vacuum_every
+        if vacuum_every is None:
+            vacuum_every = 0.0 if await _autovacuum(admin) else 10.0
+        print(f"event loop: {current()}")
+        print(
+            f"{args.seconds:g} s of one-job chains, {args.rate:,}/s offered "
+            f"(0: flat out), 1 worker process x {args.slots} slots; 'with': completed "
+            f"chains kept {RETAINED.total_seconds():g} s; "
+            + (
+                f"VACUUM every {vacuum_every:g} s by the harness"
+                if vacuum_every
+                else "vacuum left to autovacuum"
+            )
+            + "\n",
+            flush=True,
+        )
+        print(HEADER, flush=True)
+        dbs = PgworkDatabases(admin)
+        try:
+            for mode in modes:
+                with dbs.fresh() as dsn:
+                    r = await sustain(
+                        dsn,
+                        mode,
+                        seconds=args.seconds,
+                        rate=args.rate,
+                        slots=args.slots,
+                        vacuum_every=vacuum_every,
+                        sample_every=args.sample_every,
+                    )
+                runs.append(r)
+                print(row(r), flush=True)
+        finally:
+            dbs.close()
+    print()
+    for r in runs:
+        print(samples(r))
+    by_mode = {r.mode: r for r in runs}
+    if "with" in by_mode and "without" in by_mode and by_mode["without"].ended:
+        ratio = by_mode["with"].ended_per_s / by_mode["without"].ended_per_s
+        print(f"\nended chains/s with retention / without: {ratio:.2f}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.retention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dsn", help="admin DSN (default: an embedded PostgreSQL)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long each run enqueues")
+    parser.add_argument(
+        "--rate", type=int, default=5000, help="chains enqueued a second (0: flat out)"
+    )
+    parser.add_argument("--slots", type=int, default=50, help="the worker's max_slots")
+    parser.add_argument(
+        "--modes", default="without,with", help="runs, in order: without, with (retention)"
+    )
+    parser.add_argument(
+        "--vacuum-every",
+        type=float,
+        default=None,
+        help="VACUUM the jobs table this often (default: 10 s if autovacuum is off, else 0)",
+    )
+    parser.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="auto", help="the event loop (auto: uvloop if installed)"
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.modes.split(",")) - set(MODES)
+    if unknown:
+        parser.error(f"unknown modes {sorted(unknown)}: give without, with")
+    return run(_run(args), resolve(args.loop))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
