@@ -13,7 +13,11 @@ does. ``--rate 0`` enqueues as fast as the worker drains instead (a backlog of
 Two modes. ``without``: the chains are of ``noop``, which keeps its ended chains a
 day (the default retention, longer than any run: nothing is deleted). ``with``: of
 ``noop_retained``, which keeps them ``RETAINED`` (bench/_pgwork_app.py), so from then
-on each chain that ends is due for deletion that long after.
+on each chain that ends is due for deletion that long after. A third, ``clear``, has
+no drain: ``--backlog`` chains that ended an hour ago, loaded into the table, and a
+worker process with nothing to run, whose maintenance deletes them; its row gives the
+rate one worker's retention deletes at (the fleet's: one sweep runs at a time), from
+its first deletion to the empty table.
 
 Each mode's row:
 
@@ -22,8 +26,10 @@ Each mode's row:
 - **retention deletes/s**: chains deleted per second over the run's second half (each
   sample's count of rows against the chains enqueued), when retention has long begun;
 - **rows** and **size**: the jobs table's row count and ``pg_total_relation_size`` at
-  the start, the most seen, and at the end of the enqueuing; the ``with`` mode's is
-  bounded when the end's is about the peak and near rate x (retention + a round);
+  the start, the most seen, and at the end of the enqueuing; **of them ended**: the
+  rows of chains that ended (not pending or running), which retention bounds (about
+  the ended rate x (retention + a round)) where a drain that falls behind adds
+  pending rows it does not;
 - **behind**: chains enqueued and not yet ended when the enqueuing stopped.
 
 The samples (every ``--sample-every`` seconds) follow each row. A server with
@@ -49,6 +55,7 @@ from bench._loop import LOOPS, current, resolve, run
 from bench._pgwork_app import RETAINED, SCHEMA, Item, open_client, outstanding
 from bench._worker_process import WorkerProcess
 from pgwork import ChainStart
+from pgwork.testing import uuid7_sql
 
 __all__ = ["Run", "Sample", "main", "sustain"]
 
@@ -58,7 +65,29 @@ TICKS_PER_S = 10
 ENQUEUE_BATCH = 1000
 # ``--rate 0``: the backlog kept topped up.
 BACKLOG = 20_000
-MODES = {"without": "noop", "with": "noop_retained"}
+MODES = {"without": "noop", "with": "noop_retained", "clear": "noop_retained"}
+# ``clear``: chains loaded per statement, and how long the worker may take.
+LOAD_CHUNK = 100_000
+CLEAR_LIMIT_S = 900.0
+
+# ``clear``'s backlog: one-job chains of ``noop_retained`` that completed an hour ago,
+# ids time-ordered like pgwork's UUIDv7, as a drain would have left them.
+_LOAD_ENDED = f"""
+WITH s AS (
+    SELECT g, {uuid7_sql("clock_timestamp() - interval '1 hour'")} AS u
+    FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+)
+INSERT INTO {{jobs}} (
+    id, type_name, chain_id, chain_type_name, chain_index, input, output, status, queue,
+    priority, max_attempts, created_at, scheduled_at, started_at, completed_at, attempt,
+    chain_status, chain_completed_at
+)
+SELECT u, 'noop_retained', u, 'noop_retained', 0, jsonb_build_object('n', g), 'null',
+       'completed', 'default', 0, 5, now() - interval '1 hour', now() - interval '1 hour',
+       now() - interval '1 hour', now() - interval '1 hour', 1, 'completed',
+       now() - interval '1 hour'
+FROM s
+"""
 
 _JOBS = sql.Identifier(SCHEMA, "jobs")
 _ROWS = sql.SQL("SELECT count(*), pg_total_relation_size({t}::regclass) FROM {j}").format(
@@ -74,6 +103,11 @@ class Sample:
     rows: int
     size: int  # bytes
     open: int  # pending or running
+
+    @property
+    def ended(self) -> int:
+        """Ended chains still in the table (every chain is one row)."""
+        return self.rows - self.open
 
     @property
     def deleted(self) -> int:
@@ -186,30 +220,74 @@ async def sustain(
     return result
 
 
+async def clear(dsn: str, *, backlog: int, slots: int, sample_every: float) -> Run:
+    """``clear`` (see the module): ``backlog`` expired chains, an idle worker process
+    whose maintenance deletes them; sampled until none is left."""
+    query = sql.SQL(_LOAD_ENDED).format(jobs=_JOBS)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for first in range(0, backlog, LOAD_CHUNK):
+            last = min(backlog, first + LOAD_CHUNK) - 1
+            await conn.execute(query, {"first": first, "last": last})
+        await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(_JOBS))
+    result = Run("clear", 0.0, 0)
+    worker = await WorkerProcess.start(dsn, type_name="noop_retained", slots=slots)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
+        try:
+            result.samples.append(await _sample(probe, 0.0, backlog))
+            await worker.go()
+            began = time.monotonic()
+            while result.samples[-1].rows > 0:
+                if time.monotonic() - began > CLEAR_LIMIT_S:
+                    raise TimeoutError(
+                        f"{result.samples[-1].rows:,} chains left after {CLEAR_LIMIT_S:.0f} s"
+                    )
+                await asyncio.sleep(sample_every)
+                result.samples.append(await _sample(probe, time.monotonic() - began, backlog))
+        finally:
+            await worker.stop()
+    # From the first sample that saw a deletion (the worker's first round) to the last.
+    started = next((s for s in result.samples if s.deleted > 0), result.samples[-1])
+    before = result.samples[result.samples.index(started) - 1]
+    result.seconds = result.samples[-1].at - before.at
+    return result
+
+
 def _mib(size: int) -> str:
     return f"{size / 2**20:,.1f} MiB"
 
 
 HEADER = (
     "| mode | offered | ended chains/s | retention deletes/s | rows: start / most / end "
-    "| size: start / most / end | behind at the end |\n|---|---:|---:|---:|---|---|---:|"
+    "| of them ended: most / end | size: start / most / end | behind at the end |"
+    "\n|---|---:|---:|---:|---|---|---|---:|"
 )
 
 
 def row(r: Run) -> str:
     first, last = r.samples[0], r.samples[-1]
+    if r.mode == "clear":
+        rate = first.rows / r.seconds if r.seconds else float("nan")
+        return (
+            f"| clear a backlog, no drain | {first.rows:,} ended chains | | {rate:,.0f} | "
+            f"{first.rows:,} / {first.rows:,} / {last.rows:,} | "
+            f"{first.ended:,} / {last.ended:,} | {_mib(first.size)} / "
+            f"{_mib(first.size)} / {_mib(last.size)} | |"
+        )
     most = max(r.samples, key=lambda s: s.rows)
     largest = max(s.size for s in r.samples)
     offered = f"{r.rate:,}/s" if r.rate else "flat out"
     return (
         f"| {r.mode} retention | {offered} | {r.ended_per_s:,.0f} | {r.deletes_per_s:,.0f} | "
         f"{first.rows:,} / {most.rows:,} / {last.rows:,} | "
+        f"{max(s.ended for s in r.samples):,} / {last.ended:,} | "
         f"{_mib(first.size)} / {_mib(largest)} / {_mib(last.size)} | {r.behind:,} |"
     )
 
 
 def samples(r: Run) -> str:
-    cells = ", ".join(f"{s.at:.0f} s: {s.rows:,} rows {_mib(s.size)}" for s in r.samples)
+    cells = ", ".join(
+        f"{s.at:.0f} s: {s.rows:,} rows ({s.ended:,} ended) {_mib(s.size)}" for s in r.samples
+    )
     return f"{r.mode}: {cells}"
 
 
@@ -238,6 +316,13 @@ async def _run(args: argparse.Namespace) -> int:
         try:
             for mode in modes:
                 with dbs.fresh() as dsn:
+                    if mode == "clear":
+                        r = await clear(
+                            dsn, backlog=args.backlog, slots=args.slots, sample_every=1.0
+                        )
+                        runs.append(r)
+                        print(row(r), flush=True)
+                        continue
                     r = await sustain(
                         dsn,
                         mode,
@@ -274,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--slots", type=int, default=50, help="the worker's max_slots")
     parser.add_argument(
-        "--modes", default="without,with", help="runs, in order: without, with (retention)"
+        "--modes",
+        default="without,with",
+        help="runs, in order: without, with (retention), clear (a backlog, no drain)",
     )
     parser.add_argument(
         "--vacuum-every",
@@ -284,12 +371,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument(
+        "--backlog", type=int, default=200_000, help="the clear mode's expired chains"
+    )
+    parser.add_argument(
         "--loop", choices=LOOPS, default="auto", help="the event loop (auto: uvloop if installed)"
     )
     args = parser.parse_args(argv)
     unknown = set(args.modes.split(",")) - set(MODES)
     if unknown:
-        parser.error(f"unknown modes {sorted(unknown)}: give without, with")
+        parser.error(f"unknown modes {sorted(unknown)}: give without, with, clear")
     return run(_run(args), resolve(args.loop))
 
 
