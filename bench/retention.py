@@ -299,18 +299,27 @@ async def _run(args: argparse.Namespace) -> int:
         if vacuum_every is None:
             vacuum_every = 0.0 if await _autovacuum(admin) else 10.0
         print(f"event loop: {current()}")
-        print(
-            f"{args.seconds:g} s of one-job chains, {args.rate:,}/s offered "
-            f"(0: flat out), 1 worker process x {args.slots} slots; 'with': completed "
-            f"chains kept {RETAINED.total_seconds():g} s; "
-            + (
-                f"VACUUM every {vacuum_every:g} s by the harness"
-                if vacuum_every
-                else "vacuum left to autovacuum"
+        drains = [m for m in modes if m != "clear"]
+        if drains:
+            offered = f"{args.rate:,}/s offered" if args.rate else "flat out"
+            print(
+                f"drains: {args.seconds:g} s of one-job chains, {offered}, 1 worker process "
+                f"x {args.slots} slots; 'with': completed chains kept "
+                f"{RETAINED.total_seconds():g} s; "
+                + (
+                    f"VACUUM every {vacuum_every:g} s by the harness"
+                    if vacuum_every
+                    else "vacuum left to autovacuum"
+                ),
+                flush=True,
             )
-            + "\n",
-            flush=True,
-        )
+        if "clear" in modes:
+            print(
+                f"clear: {args.backlog:,} chains ended an hour ago, deleted by the retention "
+                f"of 1 idle worker process",
+                flush=True,
+            )
+        print(flush=True)
         print(HEADER, flush=True)
         dbs = PgworkDatabases(admin)
         try:
