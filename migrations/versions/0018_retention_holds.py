@@ -1,7 +1,7 @@
 """Retention that keeps dedup windows: the end of a chain's dedup window on its root.
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-12-01
 
 * ``jobs.dedup_until``: on a root enqueued with a ``DedupSpec`` that has a window, the
@@ -23,8 +23,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
-down_revision = "0016"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
