@@ -17,11 +17,21 @@ import anyio
 import psycopg
 from pydantic import BaseModel
 
-from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry
+from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry, PostgresStateAdapter
 from pgwork.backoff import RetryPolicy
 from pgwork.job_types import BlockerFailurePolicy, JobType, ProcessingMode
 
-__all__ = ["Batch", "Done", "FanOut", "Part", "Summary", "rows", "start", "statuses"]
+__all__ = [
+    "Batch",
+    "Done",
+    "FanOut",
+    "Part",
+    "Summary",
+    "children_apart",
+    "rows",
+    "start",
+    "statuses",
+]
 
 
 class Batch(BaseModel):
@@ -148,3 +158,19 @@ async def statuses(dsn: str, type_name: str) -> Counter[str]:
         type_name,
     )
     return Counter({status: count for status, count in found})
+
+
+def children_apart() -> Any:
+    """The control build of the tests that kill or roll back a fan-out: the state
+    adapter's ``insert_jobs`` (to set on ``PostgresStateAdapter``) committing new chains
+    of ``part`` (children) in a transaction of their own, not in the completion's."""
+    insert = PostgresStateAdapter.insert_jobs
+
+    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
+        jobs = list(jobs)
+        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
+            async with self.transaction() as own:
+                return await insert(self, own, jobs=jobs, notify=notify)
+        return await insert(self, tx, jobs=jobs, notify=notify)
+
+    return insert_jobs

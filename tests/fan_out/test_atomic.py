@@ -26,7 +26,7 @@ from pgwork import (
     create_client,
 )
 
-from ._kit import Batch, Done, FanOut, Part, Summary, rows, start, statuses
+from ._kit import Batch, Done, FanOut, Part, Summary, children_apart, rows, start, statuses
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -41,20 +41,6 @@ CREATE TABLE fan_once (
 """
 
 
-def _children_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The control build: new chains of ``part`` committed in a transaction of their own."""
-    insert = PostgresStateAdapter.insert_jobs
-
-    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
-        jobs = list(jobs)
-        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
-            async with self.transaction() as own:
-                return await insert(self, own, jobs=jobs, notify=notify)
-        return await insert(self, tx, jobs=jobs, notify=notify)
-
-    monkeypatch.setattr(PostgresStateAdapter, "insert_jobs", insert_jobs)
-
-
 @pytest.mark.parametrize("build", ["one-transaction", "control-children-apart"])
 async def test_an_atomic_fan_out_commits_with_the_handlers_writes_or_not_at_all(
     pgwork_dsn: str, make_client: Any, workers: Any, build: str, monkeypatch: pytest.MonkeyPatch
@@ -62,7 +48,7 @@ async def test_an_atomic_fan_out_commits_with_the_handlers_writes_or_not_at_all(
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
         await conn.execute(_ONCE)
     if build.startswith("control"):
-        _children_apart(monkeypatch)
+        monkeypatch.setattr(PostgresStateAdapter, "insert_jobs", children_apart())
     fan = FanOut(split_mode="atomic", collect_mode="atomic")
     calls: list[int] = []
 
