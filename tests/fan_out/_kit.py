@@ -26,6 +26,7 @@ __all__ = [
     "Done",
     "FanOut",
     "Part",
+    "RefusedOnce",
     "Summary",
     "children_apart",
     "rows",
@@ -174,3 +175,39 @@ def children_apart() -> Any:
         return await insert(self, tx, jobs=jobs, notify=notify)
 
     return insert_jobs
+
+
+class RefusedOnce:
+    """An atomic ``split`` handler whose first attempt is refused at its COMMIT: it
+    writes a row that a deferred constraint of ``TABLE`` refuses only then, after the
+    completion wrote its ``size`` children and its step in the same transaction. The
+    retry writes the row once and fans out again. ``started`` holds the ids of the
+    children each attempt started, by attempt number."""
+
+    TABLE = """
+    CREATE TABLE fan_once (
+        k int NOT NULL,
+        CONSTRAINT fan_once_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED
+    )
+    """
+
+    def __init__(self, fan: FanOut, size: int) -> None:
+        self.fan = fan
+        self.size = size
+        self.started: dict[int, set[UUID]] = {}
+
+    async def create(self, dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(self.TABLE)
+
+    async def __call__(self, attempt: Attempt[Batch, Any]) -> Continue[Batch]:
+        await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        if not self.started:
+            await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        batch = attempt.job.input
+        kids = [
+            attempt.start_chain(self.fan.part, Part(batch=batch.id, index=i))
+            for i in range(self.size)
+        ]
+        self.started[attempt.job.attempt] = {kid.id for kid in kids}
+        return Continue(self.fan.collect, batch, wait_for=Children(kids))

@@ -19,13 +19,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-import psycopg
 import pytest
 
 from pgwork import (
-    Attempt,
-    Children,
-    Continue,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     create_client,
@@ -34,7 +30,7 @@ from pgwork.job_types import ProcessingMode
 from pgwork.observability import ATTEMPT_COMPLETED, JOB_ENQUEUED, Event
 from pgwork.worker._steps import AttemptSteps
 
-from ._kit import Batch, FanOut, Part, Summary, rows, start
+from ._kit import Batch, FanOut, RefusedOnce, Summary, rows, start
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -57,13 +53,32 @@ class Recorder:
         ]
 
 
-async def _client(dsn: str, fan: FanOut, recorder: Recorder) -> Any:
-    return create_client(
+async def _run(
+    dsn: str,
+    workers: Any,
+    fan: FanOut,
+    recorder: Recorder,
+    processors: dict[Any, Any],
+    **options: Any,
+) -> Summary:
+    """Run one batch of ``SIZE`` through a worker whose client (and so the worker)
+    reports to ``recorder``; what ``collect`` returned."""
+    client = create_client(
         state_adapter=await PostgresStateAdapter.connect(dsn, max_size=20),
         notify_adapter=PostgresNotifyAdapter(dsn),
         registry=fan.registry,
         observers=[recorder],
     )
+    worker = await workers(client=client, processors=processors, **options)
+    try:
+        chain_id = await start(dsn, client, fan, Batch(id="b", size=SIZE))
+        summary: Summary = await client.await_chain(chain_id, timeout=PROMPT)
+    finally:
+        await worker.stop()
+        await client.close()
+    [parent] = recorder.named(JOB_ENQUEUED, job_type="split")
+    assert parent["chain_id"] == chain_id
+    return summary
 
 
 async def _part_ids(dsn: str) -> set[UUID]:
@@ -103,19 +118,12 @@ async def test_each_child_a_handler_starts_is_reported_enqueued_once(
     kind: ProcessingMode = "staged" if mode == "staged" else "atomic"
     fan = FanOut(split_mode=kind, part_mode=kind, collect_mode=kind)
     recorder = Recorder()
-    client = await _client(pgwork_dsn, fan, recorder)
     options: dict[str, Any] = {"atomic_group": 4, "max_slots": 4} if mode == "grouped" else {}
-    worker = await workers(client=client, processors=fan.processors(), **options)
-    try:
-        chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=SIZE))
-        summary = await client.await_chain(chain_id, timeout=PROMPT)
-    finally:
-        await worker.stop()
-        await client.close()
+
+    summary = await _run(pgwork_dsn, workers, fan, recorder, fan.processors(), **options)
 
     assert summary == Summary(read=SIZE, missing=0)
     [parent] = recorder.named(JOB_ENQUEUED, job_type="split")
-    assert parent["chain_id"] == chain_id
     [handed_on] = recorder.named(ATTEMPT_COMPLETED, job_type="split")
     assert handed_on["outcome"] == "continued"
     assert handed_on["continued_with"] == "collect"
@@ -133,46 +141,21 @@ async def test_each_child_a_handler_starts_is_reported_enqueued_once(
         assert event["scheduled"] is False
 
 
-_ONCE = """
-CREATE TABLE fan_once (
-    k int NOT NULL,
-    CONSTRAINT fan_once_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED
-)
-"""
-
-
 @pytest.mark.parametrize("build", ["after-commit", "control-before-commit"])
 async def test_the_children_of_an_attempt_rolled_back_at_commit_are_never_reported(
     pgwork_dsn: str, workers: Any, build: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        await conn.execute(_ONCE)
     if build.startswith("control"):
         _reported_before_commit(monkeypatch)
     fan = FanOut(split_mode="atomic")
-    started: dict[int, set[UUID]] = {}
-
-    async def split(attempt: Attempt[Batch, Any]) -> Continue[Batch]:
-        await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
-        if not started:
-            # Refused only at COMMIT, after the children and the step were written.
-            await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
-        batch = attempt.job.input
-        kids = [attempt.start_chain(fan.part, Part(batch=batch.id, index=i)) for i in range(SIZE)]
-        started[attempt.job.attempt] = {kid.id for kid in kids}
-        return Continue(fan.collect, batch, wait_for=Children(kids))
-
+    split = RefusedOnce(fan, SIZE)
+    await split.create(pgwork_dsn)
     recorder = Recorder()
-    client = await _client(pgwork_dsn, fan, recorder)
-    worker = await workers(client=client, processors=fan.processors() | {fan.split: split})
-    try:
-        chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=SIZE))
-        summary = await client.await_chain(chain_id, timeout=PROMPT)
-    finally:
-        await worker.stop()
-        await client.close()
+
+    summary = await _run(pgwork_dsn, workers, fan, recorder, fan.processors() | {fan.split: split})
 
     assert summary == Summary(read=SIZE, missing=0)
+    started = split.started
     assert set(started) == {1, 2}
     assert await _part_ids(pgwork_dsn) == started[2]
     reported = [e["job_id"] for e in recorder.named(JOB_ENQUEUED, job_type="part")]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres.sql.fragments import in_chain
+from pgwork.postgres.sql.fragments import first_edges, in_chain
 
 __all__ = ["InsightStatements", "jobs_table"]
 
@@ -62,13 +62,7 @@ ORDER BY 1, 2, 3
 CHAIN_BLOCKERS = f"""
 SELECT j.chain_id, j.id, e.blocker_chain_id, r.chain_status::text, j.status::text
 FROM {{jobs}} AS j
-CROSS JOIN LATERAL (
-    SELECT b.blocker_chain_id, b.position
-    FROM {{job_blockers}} AS b
-    WHERE b.job_id = j.id
-    ORDER BY b.position
-    LIMIT %(limit)s
-) AS e
+CROSS JOIN LATERAL {first_edges("j", "%(limit)s")} AS e
 LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
 WHERE {in_chain("j", "%(chain_id)s::uuid")}
 ORDER BY j.chain_index, e.position

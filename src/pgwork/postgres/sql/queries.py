@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres.sql.fragments import in_chain, job_columns, last_job
+from pgwork.postgres.sql.fragments import first_edges, in_chain, job_columns, last_job
 from pgwork.postgres.sql.history import count_into_history, ended_row
 
 __all__ = ["QueryStatements", "retention_lock_key"]
@@ -154,13 +154,7 @@ FROM (
 CROSS JOIN LATERAL (
     SELECT array_agg(f.blocker_chain_id ORDER BY f.position) AS chain_ids,
            array_agg(r.chain_status::text ORDER BY f.position) AS statuses
-    FROM (
-        SELECT e.blocker_chain_id, e.position
-        FROM {{job_blockers}} AS e
-        WHERE e.job_id = j.id
-        ORDER BY e.position
-        LIMIT %(edges)s
-    ) AS f
+    FROM {first_edges("j", "%(edges)s")} AS f
     LEFT JOIN {{jobs}} AS r ON r.id = f.blocker_chain_id AND r.id = r.chain_id
 ) AS blk
 ORDER BY j.created_at DESC, j.id DESC
