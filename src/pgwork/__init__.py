@@ -9,6 +9,7 @@ from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
 from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
 from pgwork.adapters.state import (
     BlockedJob,
+    BlockerEdge,
     BlockerStatus,
     Debounce,
     DedupSpec,
@@ -107,6 +108,7 @@ __all__ = [
     "AttemptCancelledError",
     "AttemptError",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerStatus",
     "CapabilityMissingError",
     "Chain",

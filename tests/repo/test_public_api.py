@@ -12,6 +12,7 @@ EXPECTED = {
     "AttemptCancelledError",
     "AttemptError",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerStatus",
     "CapabilityMissingError",
     "Chain",

@@ -41,8 +41,10 @@ from uuid import UUID
 
 from pgwork._flow_control import Rate
 from pgwork.adapters._state_records import (
+    LISTED_BLOCKERS,
     AcquiredJob,
     BlockedJob,
+    BlockerEdge,
     BlockerOutput,
     BlockerStatus,
     CancelledChain,
@@ -91,12 +93,14 @@ from pgwork.records import Chain, Job, SignalRecord, Waiting
 from pgwork.retention import Retention
 
 __all__ = [
+    "LISTED_BLOCKERS",
     "AcquiredJob",
     "AtomicAttempts",
     "AtomicGroup",
     "AtomicGroupCommit",
     "BatchedTurns",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerOutput",
     "BlockerStatus",
     "CancelledChain",
@@ -897,7 +901,16 @@ class OperatorViews(Protocol):
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
-        """Blocked jobs with their blockers' status, in ``list_jobs`` order."""
+        """Blocked jobs in ``list_jobs`` order, each with its counts and its first
+        ``LISTED_BLOCKERS`` blockers' status (``BlockedJob``): a read bounded by
+        ``limit`` however many chains each job waits for."""
+        ...
+
+    async def list_blockers(
+        self, tx: TransactionHandle | None, *, job_id: UUID, after: int | None, limit: int
+    ) -> list[BlockerEdge]:
+        """The chains ``job_id`` waits for, by position, strictly after the position
+        ``after`` (None: from the first); at most ``limit``. Empty for an unknown job."""
         ...
 
     async def recent_activity(

@@ -15,7 +15,9 @@ from uuid import UUID
 
 from pgwork._ids import first_id_at
 from pgwork.adapters.state import (
+    LISTED_BLOCKERS,
     BlockedJob,
+    BlockerEdge,
     BlockerStatus,
     ChainDeletion,
     ChainDependant,
@@ -117,20 +119,36 @@ class QueryOps(AdapterBase):
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
-        rows = await self._read(
-            tx, self.statements.queries.list_blocked_jobs, _page_params(after, limit)
-        )
-        return [
-            BlockedJob(
-                job=job_from_row(row),
-                blockers=tuple(
-                    BlockerStatus(chain_id, ChainStatus(status) if status else None)
-                    for chain_id, status in zip(
-                        row[JOB_WIDTH] or (), row[JOB_WIDTH + 1] or (), strict=True
-                    )
-                ),
+        # One edge more than shown: its presence says the job waits for more.
+        params = {**_page_params(after, limit), "edges": LISTED_BLOCKERS + 1}
+        rows = await self._read(tx, self.statements.queries.list_blocked_jobs, params)
+        listed = []
+        for row in rows:
+            chain_ids, statuses = row[JOB_WIDTH + 3] or (), row[JOB_WIDTH + 4] or ()
+            blockers = tuple(
+                BlockerStatus(chain_id, ChainStatus(status) if status else None)
+                for chain_id, status in zip(chain_ids, statuses, strict=True)
             )
-            for row in rows
+            listed.append(
+                BlockedJob(
+                    job=job_from_row(row),
+                    blockers=blockers[:LISTED_BLOCKERS],
+                    more_blockers=len(blockers) > LISTED_BLOCKERS,
+                    blockers_needed=row[JOB_WIDTH],
+                    blockers_met=row[JOB_WIDTH + 1],
+                    blockers_open=row[JOB_WIDTH + 2],
+                )
+            )
+        return listed
+
+    async def list_blockers(
+        self, tx: TransactionHandle | None, *, job_id: UUID, after: int | None, limit: int
+    ) -> list[BlockerEdge]:
+        params = {"job_id": job_id, "after": after, "limit": limit}
+        rows = await self._read(tx, self.statements.queries.list_blockers, params)
+        return [
+            BlockerEdge(position, chain_id, ChainStatus(status) if status else None)
+            for position, chain_id, status in rows
         ]
 
     async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:

@@ -275,6 +275,9 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         ),
         sa.CheckConstraint("counted IN ('met', 'failed')", name="job_blockers_counted_known"),
         sa.Index("job_blockers_blocker_idx", "blocker_chain_id"),
+        # A job's edges in declaration order: the first few of each blocked job listed,
+        # one job's paged (migration 0017).
+        sa.Index("job_blockers_position_idx", "job_id", "position"),
     )
 
     sa.Table(

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres.sql.fragments import in_chain, job_columns, last_job
+from pgwork.postgres.sql.fragments import first_edges, in_chain, job_columns, last_job
 from pgwork.postgres.sql.history import count_into_history, ended_row
 from pgwork.retention import AWAITED_HOLD
 
@@ -136,8 +136,12 @@ ORDER BY p.created_at DESC, p.id DESC
 
 # Blocked jobs are few (jobs_attention_idx); each comes with its blockers in declaration
 # order and their chain status (NULL: the blocker chain was deleted).
+# Blocked jobs, newest first, each with its counters and its first %(edges)s edges by
+# position (job_blockers_position_idx): a page reads at most that many edges a job,
+# whatever the number of chains a job waits for (a step may wait for 10,000 children).
 LIST_BLOCKED_JOBS = f"""
-SELECT {job_columns("j")}, blk.chain_ids, blk.statuses
+SELECT {job_columns("j")}, j.blockers_needed, j.blockers_met, j.blockers_open,
+    blk.chain_ids, blk.statuses
 FROM (
     SELECT b.*
     FROM {{jobs}} AS b
@@ -149,13 +153,24 @@ FROM (
     LIMIT %(limit)s
 ) AS j
 CROSS JOIN LATERAL (
-    SELECT array_agg(e.blocker_chain_id ORDER BY e.position) AS chain_ids,
-           array_agg(r.chain_status::text ORDER BY e.position) AS statuses
-    FROM {{job_blockers}} AS e
-    LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
-    WHERE e.job_id = j.id
+    SELECT array_agg(f.blocker_chain_id ORDER BY f.position) AS chain_ids,
+           array_agg(r.chain_status::text ORDER BY f.position) AS statuses
+    FROM {first_edges("j", "%(edges)s")} AS f
+    LEFT JOIN {{jobs}} AS r ON r.id = f.blocker_chain_id AND r.id = r.chain_id
 ) AS blk
 ORDER BY j.created_at DESC, j.id DESC
+"""
+
+# One job's edges by position, strictly after ``after`` (job_blockers_position_idx),
+# with each chain's status.
+LIST_BLOCKERS = """
+SELECT e.position, e.blocker_chain_id, r.chain_status::text
+FROM {job_blockers} AS e
+LEFT JOIN {jobs} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
+WHERE e.job_id = %(job_id)s::uuid
+  AND (%(after)s::int IS NULL OR e.position > %(after)s::int)
+ORDER BY e.position
+LIMIT %(limit)s
 """
 
 # Unfinished work per queue, each status read through its partial index (pending from
@@ -362,6 +377,7 @@ class QueryStatements:
     list_jobs: bytes
     list_chains: bytes
     list_blocked_jobs: bytes
+    list_blockers: bytes
     count_jobs: bytes
     lock_chains: bytes
     find_dependants: bytes
