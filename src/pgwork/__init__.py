@@ -23,6 +23,7 @@ from pgwork.errors import (
     AttemptAlreadyFinishedError,
     AttemptCancelledError,
     CapabilityMissingError,
+    ChainDeletedError,
     ChainHasDependantsError,
     ChainNotFoundError,
     ChildNotStartedHereError,
@@ -86,6 +87,7 @@ from pgwork.records import (
     Waiting,
     WaitKind,
 )
+from pgwork.retention import Retention
 from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
     Attempt,
@@ -110,6 +112,7 @@ __all__ = [
     "BlockerStatus",
     "CapabilityMissingError",
     "Chain",
+    "ChainDeletedError",
     "ChainHasDependantsError",
     "ChainNotFoundError",
     "ChainStart",
@@ -172,6 +175,7 @@ __all__ = [
     "ProcessingMode",
     "QueueCount",
     "Rate",
+    "Retention",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

@@ -33,6 +33,7 @@ from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
 from pgwork.postgres.sql.queries import retention_lock_key
 from pgwork.records import Chain, ChainStatus, Job
+from pgwork.retention import Retention
 
 __all__ = ["QueryOps"]
 
@@ -210,12 +211,18 @@ class QueryOps(AdapterBase):
             deleted_chains=int(chains), deleted_jobs=int(jobs), dependants=tuple(found)
         )
 
-    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
-        if limit <= 0 or not retention:
+    async def delete_expired_chains(self, *, retention: Mapping[str, Retention], limit: int) -> int:
+        ranges = [
+            (type_name, ending, period.total_seconds())
+            for type_name, policy in retention.items()
+            for ending, period in policy.periods()
+        ]
+        if limit <= 0 or not ranges:
             return 0
         policy = {
-            "type_names": list(retention),
-            "seconds": [period.total_seconds() for period in retention.values()],
+            "type_names": [r[0] for r in ranges],
+            "endings": [r[1] for r in ranges],
+            "seconds": [r[2] for r in ranges],
             "limit": limit,
         }
         async with self.transaction() as tx:
