@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
 from pydantic import BaseModel
 
-from pgwork import ConfigurationError, JobTypeRegistry, Retention
+from pgwork import ConfigurationError, JobTypeRegistry, PostgresStateAdapter, Retention
 from pgwork.retention import DEFAULT_RETENTION
 from pgwork.worker._side.maintenance import RETENTION_BEHIND_EVERY_S, Maintenance
 
@@ -195,3 +196,55 @@ def test_a_retention_that_cannot_work_is_refused_at_declaration(
     reg = JobTypeRegistry()
     with pytest.raises(ConfigurationError, match="retention"):
         reg.job_type("t", input=Item, retention=retention())  # type: ignore[call-overload]
+
+
+# --- a stop mid-round ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", ["winds-down", "control-cut-off"])
+async def test_a_stop_lets_the_maintenance_step_in_progress_end_on_its_connection(
+    make_client: ClientFactory,
+    workers: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    build: str,
+) -> None:
+    """The worker stops while a retention batch is in the database: the batch ends, and
+    its connection goes back to the pool whole. Cut off mid-statement (the control),
+    psycopg closes the connection whose query's cancellation was itself cancelled, and
+    warns twice."""
+    in_flight = anyio.Event()
+    ended: list[bool] = []
+
+    async def slow_batch(self: PostgresStateAdapter, *, retention: Any, limit: int) -> int:
+        in_flight.set()
+        async with self._pooled() as conn:
+            await conn.execute("SELECT pg_sleep(0.5)")
+        ended.append(True)
+        return 0
+
+    monkeypatch.setattr(PostgresStateAdapter, "delete_expired_chains", slow_batch)
+    if build.startswith("control"):
+
+        async def cut_off(self: Maintenance) -> None:
+            return None
+
+        monkeypatch.setattr(Maintenance, "wind_down", cut_off)
+    client = await make_client(registry())
+    short = client.registry.get("short")
+
+    async def handle(attempt: Any) -> None:
+        return None
+
+    worker = await workers(client=client, processors={short: handle})
+    with anyio.fail_after(20):
+        await in_flight.wait()
+    await worker.stop()
+
+    cut = [r.getMessage() for r in caplog.records if "cancellation interrupted" in r.getMessage()]
+    if build.startswith("control"):
+        assert ended == []
+        assert cut
+        return
+    assert ended == [True]
+    assert cut == []

@@ -137,6 +137,11 @@ class Maintenance:
         self._retention = {
             t.name: t.retention for t in client.registry if not t.retention.keeps_everything
         }
+        # Set by ``wind_down``: no step begins after it, a retention round ends after
+        # its batch. ``_between_steps`` is set while no step runs.
+        self._winding_down = anyio.Event()
+        self._between_steps = anyio.Event()
+        self._between_steps.set()
 
     async def run_forever(self) -> None:
         next_sweep = time.monotonic()  # at start: what a crash left
@@ -172,10 +177,23 @@ class Maintenance:
             await anyio.sleep(self.tick)
 
     async def _guarded(self, what: str, step: Any) -> None:
+        if self._winding_down.is_set():
+            return
+        self._between_steps = anyio.Event()
         try:
             await step()
         except Exception as exc:
             log.warning("pgwork maintenance step %s failed: %r", what, exc)
+        finally:
+            self._between_steps.set()
+
+    async def wind_down(self) -> None:
+        """Begin no further step, and return once the one in progress ended (the
+        caller bounds the wait). A step cancelled mid-statement costs its pooled
+        connection: psycopg closes a connection whose query's cancellation was itself
+        cancelled, and says so in two warnings at every stop that came mid-step."""
+        self._winding_down.set()
+        await self._between_steps.wait()
 
     async def fire_due(self, now: datetime | None = None) -> int:
         """Enqueue each schedule's current tick unless this worker already did; ticks
@@ -312,7 +330,7 @@ class Maintenance:
                     retention=self._retention, limit=self.retention_batch
                 )
                 deleted += step
-                if step < self.retention_batch:
+                if step < self.retention_batch or self._winding_down.is_set():
                     break
                 if time.monotonic() >= deadline:
                     behind = True
