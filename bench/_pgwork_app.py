@@ -30,6 +30,7 @@ from pgwork import (
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     Rate,
+    Retention,
     create_client,
 )
 from pgwork.testing import uuid7_sql
@@ -38,6 +39,7 @@ __all__ = [
     "KEY_CONCURRENCY",
     "NOTIFY_KINDS",
     "PACED_RATE",
+    "RETAINED",
     "SCHEMA",
     "Counter",
     "Item",
@@ -59,6 +61,9 @@ GENEROUS = 5_000
 KEY_CONCURRENCY = 2
 # ``paced``'s rate, per second: what ``python -m bench.flow --rate`` drains at.
 PACED_RATE = 1_000
+# How long ``noop_retained`` keeps a completed chain: what ``python -m bench.retention``
+# deletes behind a drain, every chain a few seconds after it ended.
+RETAINED = timedelta(seconds=5)
 
 
 class Item(BaseModel):
@@ -68,13 +73,15 @@ class Item(BaseModel):
 def registry() -> JobTypeRegistry:
     """The benchmark's job types: a staged and an atomic no-op, a staged no-op with a
     limit that never binds (``concurrency`` far above any drain's slots), a staged type
-    limited per key and one limited by a rate (``bench.flow``), and a 3-step chain."""
+    limited per key and one limited by a rate (``bench.flow``), a staged no-op whose
+    completed chains are kept ``RETAINED`` (``bench.retention``), and a 3-step chain."""
     reg = JobTypeRegistry()
     reg.job_type("noop", input=Item)
     reg.job_type("noop_limited", input=Item, concurrency=GENEROUS)
     reg.job_type("noop_atomic", input=Item, mode="atomic")
     reg.job_type("keyed", input=Item, key_concurrency=KEY_CONCURRENCY)
     reg.job_type("paced", input=Item, rate=Rate(PACED_RATE, per=timedelta(seconds=1)))
+    reg.job_type("noop_retained", input=Item, retention=Retention(completed=RETAINED))
     reg.job_type("step1", input=Item, continue_with=["step2"])
     reg.job_type("step2", input=Item, entry=False, continue_with=["step3"])
     reg.job_type("step3", input=Item, entry=False)

@@ -10,6 +10,7 @@ from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
 from pgwork.adapters.notify import ClaimsHints, Listener, Notice, NotifyAdapter
 from pgwork.adapters.state import (
     BlockedJob,
+    BlockerEdge,
     BlockerStatus,
     Debounce,
     DedupSpec,
@@ -23,6 +24,7 @@ from pgwork.errors import (
     AttemptAlreadyFinishedError,
     AttemptCancelledError,
     CapabilityMissingError,
+    ChainDeletedError,
     ChainHasDependantsError,
     ChainNotFoundError,
     ChildNotStartedHereError,
@@ -86,6 +88,7 @@ from pgwork.records import (
     Waiting,
     WaitKind,
 )
+from pgwork.retention import Retention
 from pgwork.signals import SignalKey, Signalled, SignalType, SignalWait, TimedOut
 from pgwork.worker import (
     Attempt,
@@ -106,9 +109,11 @@ __all__ = [
     "AttemptCancelledError",
     "AttemptError",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerStatus",
     "CapabilityMissingError",
     "Chain",
+    "ChainDeletedError",
     "ChainHasDependantsError",
     "ChainNotFoundError",
     "ChainStart",
@@ -172,6 +177,7 @@ __all__ = [
     "ProcessingMode",
     "QueueCount",
     "Rate",
+    "Retention",
     "RetryPolicy",
     "SchemaMissingError",
     "SchemaOutdatedError",

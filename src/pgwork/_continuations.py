@@ -119,16 +119,16 @@ def child_job(
     *,
     max_bytes: int,
     trace_context: Mapping[str, str] | None,
-    queue: str | None,
-    priority: int | None,
-    max_attempts: int | None,
-    context: Mapping[str, str] | None,
-    limit_key: str | None,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    context: Mapping[str, str] | None = None,
+    limit_key: str | None = None,
 ) -> NewJob:
     """The first job of a new chain that ``parent``'s attempt starts
     (``attempt.start_chain``), checked as ``client.start_chain`` checks one: an entry
-    type of the registry, its input, each option. It keeps the parent's logging context
-    and limit key, and its trace, unless given its own."""
+    type of the registry, its input, each option (``ChildOptions``). It keeps the
+    parent's logging context and limit key, and its trace, unless given its own."""
     resolved = registry.entry(job_type)
     input_json = resolved.input_codec.encode(input, max_bytes=max_bytes)
     where = f"attempt.start_chain({resolved.name!r})"

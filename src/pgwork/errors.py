@@ -45,6 +45,7 @@ The tree::
     ├── JobError                      an operation on a job that cannot be done
     │   ├── JobNotFoundError
     │   ├── ChainNotFoundError
+    │   │   └── ChainDeletedError     await_chain on a chain deleted while it waited
     │   ├── ChildNotStartedHereError  Children(...) of chains the attempt did not start
     │   ├── ChainHasDependantsError   delete_chains while other chains still wait on them
     │   ├── LeaseLostError            complete/reschedule after the worker lost the job
@@ -86,6 +87,7 @@ __all__ = [
     "AwaitTimeoutError",
     "CapabilityMissingError",
     "ChainAlreadyFinishedError",
+    "ChainDeletedError",
     "ChainFailedError",
     "ChainHasDependantsError",
     "ChainNotFoundError",
@@ -729,6 +731,24 @@ class ChainNotFoundError(JobError, LookupError):
         self.chain_ids = tuple(chain_ids)
         shown = ", ".join(str(i) for i in self.chain_ids)
         super().__init__(f"no chain with id {shown}")
+
+
+class ChainDeletedError(ChainNotFoundError):
+    """``await_chain`` found the chain it waited for gone: it was deleted after the wait
+    began (``delete_chains``, or retention after it ended), before its outcome was
+    read. Retention keeps an awaited chain for a while after it ends
+    (``pgwork.retention.AWAITED_HOLD``), so this means a deletion on request, or a
+    wait that did not read the chain for longer than that."""
+
+    def __init__(self, chain_id: UUID) -> None:
+        self.chain_ids = (chain_id,)
+        self.chain_id = chain_id
+        JobError.__init__(
+            self,
+            f"chain {chain_id} was deleted while awaited, before its outcome was read: "
+            "delete_chains removed it, or retention after it ended; await it with a "
+            "shorter poll_interval, or give its job type a longer retention",
+        )
 
 
 class ChildNotStartedHereError(JobError):

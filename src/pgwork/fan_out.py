@@ -9,17 +9,19 @@ the step's type's ``blocker_failure`` says what a failed or cancelled child does
 
 ``Children`` only holds the children's ids and the count: which chains the attempt
 started is checked when the outcome is built (``ChildNotStartedHereError``).
+``ChildOptions`` are the options a child takes, the same for an async handler's
+``Attempt`` and a sync handler's ``SyncAttempt``, which hands them on as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypedDict
 from uuid import UUID
 
 from pgwork.errors import InvalidOptionError
 
-__all__ = ["ChainHandle", "Children"]
+__all__ = ["ChainHandle", "ChildOptions", "Children"]
 
 
 class ChainHandle(Protocol):
@@ -27,6 +29,19 @@ class ChainHandle(Protocol):
 
     @property
     def id(self) -> UUID: ...
+
+
+class ChildOptions(TypedDict, total=False):
+    """The options of ``attempt.start_chain(job_type, input, **options)``, each checked
+    as ``client.start_chain`` checks it; one left out (or None) takes the job type's
+    own (``queue``, ``priority``, ``max_attempts``) or the parent job's (``context``,
+    ``limit_key``)."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    context: Mapping[str, str] | None
+    limit_key: str | None
 
 
 class Children:

@@ -35,6 +35,7 @@ from pgwork.errors import (
 )
 from pgwork.fan_out import Children
 from pgwork.payload import Codec
+from pgwork.retention import DEFAULT_RETENTION, Retention, as_retention
 from pgwork.signals import SignalType, SignalWait, check_signal_type_name
 
 __all__ = [
@@ -81,7 +82,7 @@ class JobType(Generic[I, O]):
     timeout: timedelta | None
     mode: ProcessingMode
     abandon_after: timedelta | None
-    retention: timedelta | None
+    retention: Retention
     blocker_failure: BlockerFailurePolicy
     input_codec: Codec[I] = field(repr=False)
     output_codec: Codec[O] = field(repr=False)
@@ -258,7 +259,7 @@ class JobTypeRegistry:
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
         abandon_after: timedelta | None = ...,
-        retention: timedelta | None = ...,
+        retention: Retention | timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
         concurrency: int | None = ...,
         key_concurrency: int | None = ...,
@@ -284,7 +285,7 @@ class JobTypeRegistry:
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
         abandon_after: timedelta | None = ...,
-        retention: timedelta | None = ...,
+        retention: Retention | timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
         concurrency: int | None = ...,
         key_concurrency: int | None = ...,
@@ -310,7 +311,7 @@ class JobTypeRegistry:
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
         abandon_after: timedelta | None = ...,
-        retention: timedelta | None = ...,
+        retention: Retention | timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
         concurrency: int | None = ...,
         key_concurrency: int | None = ...,
@@ -336,7 +337,7 @@ class JobTypeRegistry:
         timeout: timedelta | None = ...,
         mode: ProcessingMode = ...,
         abandon_after: timedelta | None = ...,
-        retention: timedelta | None = ...,
+        retention: Retention | timedelta | None = ...,
         blocker_failure: BlockerFailurePolicy = ...,
         concurrency: int | None = ...,
         key_concurrency: int | None = ...,
@@ -361,7 +362,7 @@ class JobTypeRegistry:
         timeout: timedelta | None = None,
         mode: ProcessingMode = "staged",
         abandon_after: timedelta | None = None,
-        retention: timedelta | None = None,
+        retention: Retention | timedelta | None = DEFAULT_RETENTION,
         blocker_failure: BlockerFailurePolicy = "fail",
         concurrency: int | None = None,
         key_concurrency: int | None = None,
@@ -379,8 +380,11 @@ class JobTypeRegistry:
         worker stopping) may take to end before the worker abandons it: frees its slot,
         stops renewing its lease and fails the attempt (default: the worker's).
         ``priority``: lower runs first within a queue.
-        ``retention``: delete this type's chains that long after they completed or failed
-        (a worker maintenance step; ``None`` keeps them).
+        ``retention``: how long after it ended a chain of this type is kept before the
+        workers' maintenance deletes it: a ``Retention`` (a period per way of ending;
+        default ``DEFAULT_RETENTION``, completed chains a day, failed and cancelled ones
+        a week), a ``timedelta`` for every way, or ``Retention.forever()`` (or ``None``)
+        to keep them until ``Client.delete_chains``.
         ``blocker_failure``: when a chain this job is blocked on fails or is cancelled,
         ``"fail"`` or ``"cancel"`` this job (and its chain), or ``"unblock"`` it anyway.
 
@@ -419,7 +423,6 @@ class JobTypeRegistry:
             ("lease", lease),
             ("timeout", timeout),
             ("abandon_after", abandon_after),
-            ("retention", retention),
         ):
             if value is not None:
                 check_delay(option, value, where=where)
@@ -439,8 +442,7 @@ class JobTypeRegistry:
                 check_atomic_deadline("timeout", timeout, where=where)
             else:
                 check_atomic_deadline("lease", lease, where=where)
-        if retention is not None and retention <= timedelta(0):
-            raise ConfigurationError(f"retention of {name!r} must be positive, got {retention}")
+        policy = as_retention(retention, where=where)
         if blocker_failure not in ("fail", "cancel", "unblock"):
             raise ConfigurationError(
                 f"blocker_failure of {name!r} must be 'fail', 'cancel' or 'unblock', "
@@ -469,7 +471,7 @@ class JobTypeRegistry:
             timeout=timeout,
             mode=mode,
             abandon_after=abandon_after,
-            retention=retention,
+            retention=policy,
             blocker_failure=blocker_failure,
             input_codec=Codec(input, type_name=name, what="input"),
             output_codec=Codec(output_model, type_name=name, what="output"),

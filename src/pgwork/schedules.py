@@ -2,8 +2,10 @@
 
 Schedules are declared in code and handed to workers (``schedules=[...]``). Every worker
 checks them; each tick is enqueued exactly once across all of them because the chain
-is started with the dedup key ``cron:<name>:<tick>`` (scope ``ever``), which pgwork
-serialises per key in the database. Ticks are computed on the database clock. A tick
+is started with the dedup key ``cron:<name>:<tick>``, which pgwork serialises per key
+in the database; the key deduplicates within a window of the misfire grace plus an
+hour (past the grace no worker enqueues the tick again), and retention keeps the tick's
+chain for that window, so a tick never fires twice. Ticks are computed on the database clock. A tick
 missed by more than ``misfire_grace`` (no worker was running) is skipped, as cron does.
 
 The expression is read on the zone's wall clock: a repeated hour (daylight saving
@@ -135,12 +137,20 @@ class CronSchedule(Generic[I]):
 
     def dedup(self, tick: datetime) -> DedupSpec:
         """The tick's key: its instant as the zone's wall clock writes it, offset
-        included, so the two occurrences of a repeated hour differ."""
+        included, so the two occurrences of a repeated hour differ. Its window outlasts
+        every enqueue of the tick (none after ``misfire_grace``, ``due_tick``), and the
+        chain is kept as long (``pgwork.retention``); a window rather than ``"ever"``,
+        which would keep every tick's chain for ever."""
         return DedupSpec(
-            f"cron:{self.name}:{tick.astimezone(self._zone).isoformat()}", scope="ever"
+            f"cron:{self.name}:{tick.astimezone(self._zone).isoformat()}",
+            scope="window",
+            window=self.misfire_grace + _TICK_MARGIN,
         )
 
 
+# How long a tick's key deduplicates past its misfire grace: for a worker that read
+# the clock within the grace, then paused before its enqueue.
+_TICK_MARGIN = timedelta(hours=1)
 _MICROSECOND = timedelta(microseconds=1)
 # Longer than any zone's change of offset (Antarctica/Troll shifts by two hours).
 _SHIFT = timedelta(hours=3)

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import (
+    BlockerEdge,
     BlockerStatus,
     ChainStatus,
     Client,
@@ -24,7 +25,7 @@ from pgwork import (
     PostgresStateAdapter,
 )
 from pgwork._ids import first_id_at
-from pgwork.adapters.state import PageKey
+from pgwork.adapters.state import LISTED_BLOCKERS, PageKey
 from pgwork.client._queries import encode_cursor
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres.sql import render
@@ -387,6 +388,50 @@ async def test_blocked_jobs_are_listed_with_their_blockers_status_in_order(
     assert listed[other.id].blockers == (BlockerStatus(first.id, None),)
 
 
+async def test_a_blocked_jobs_blockers_page_by_position_from_the_client(
+    make_client: ClientFactory, pgwork_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The listing shows the first ``LISTED_BLOCKERS`` and says there are more, with the
+    job's counts; ``list_blockers`` pages through all of them; a cursor of another job's
+    blockers, or of another listing, is refused."""
+    client = await make_client(registry())
+    email, report = client.registry.get("email"), client.registry.get("report")
+    chains = [await client.start_chain(conn, email, Email(to=f"{n}@x")) for n in range(23)]
+    declared = list(reversed(chains))
+    waiting = await client.start_chain(conn, report, Report(name="w"), blockers=declared)
+    other = await client.start_chain(conn, report, Report(name="o"), blockers=chains[:2])
+    await conn.commit()
+    await set_status(pgwork_dsn, [chains[0].id], "completed")
+
+    by_id = {item.job.id: item for item in (await client.list_blocked_jobs()).items}
+    shown = by_id[waiting.id]
+    assert [b.chain_id for b in shown.blockers] == [c.id for c in declared[:LISTED_BLOCKERS]]
+    assert shown.more_blockers
+    assert (shown.blockers_needed, shown.blockers_met, shown.blockers_open) == (23, 0, 23)
+    assert not by_id[other.id].more_blockers
+
+    edges: list[BlockerEdge] = []
+    cursor = None
+    while True:
+        page = await client.list_blockers(waiting.id, limit=5, cursor=cursor)
+        edges.extend(page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert [(e.position, e.chain_id) for e in edges] == list(enumerate(c.id for c in declared))
+    assert edges[-1].status is ChainStatus.COMPLETED  # set by hand: ended, not settled
+    assert {e.status for e in edges[:-1]} == {ChainStatus.ACTIVE}
+
+    first = await client.list_blockers(waiting.id, limit=5)
+    assert first.next_cursor is not None
+    with pytest.raises(InvalidCursorError, match="another job's blockers"):
+        await client.list_blockers(other.id, cursor=first.next_cursor)
+    blocked_cursor = (await client.list_blocked_jobs(limit=1)).next_cursor
+    with pytest.raises(InvalidCursorError, match="list_blocked_jobs, not list_blockers"):
+        await client.list_blockers(waiting.id, cursor=blocked_cursor)
+    assert (await client.list_blockers(UUID(int=5))).items == ()
+
+
 # --- counts ----------------------------------------------------------------------------
 
 
@@ -693,11 +738,24 @@ DELETION_STATEMENTS = {
     "find_dependants": ({"ids": SOME_IDS, "excluded": SOME_IDS}, "jobs_pkey"),
     "delete_chains": ({"ids": SOME_IDS}, "jobs_chain_idx"),
     "lock_expired_chains": (
-        {"type_names": ["email", "sync"], "seconds": [3600.0, 60.0], "limit": 1000},
+        {
+            "type_names": ["email", "sync"],
+            "endings": ["completed", "failed"],
+            "seconds": [3600.0, 60.0],
+            "limit": 1000,
+        },
         "jobs_chains_idx",
     ),
     "delete_expired_chains": ({"ids": SOME_IDS, "widths": HISTORY_WIDTHS_S}, "jobs_chain_idx"),
 }
+# A retention batch: a thousand ids, an eighth of the table's rows, still read by index
+# (the roots by primary key, their continuations in jobs_chain_idx); a condition that
+# ORs the two (as delete_chains's) is read as a scan of the whole table from a hundred.
+BATCH_IDS = [UUID(int=n) for n in range(1, 1001)]
+DELETION_STATEMENTS["delete_expired_chains-batch"] = (
+    {"ids": BATCH_IDS, "widths": HISTORY_WIDTHS_S},
+    "jobs_pkey",
+)
 
 
 @pytest.mark.parametrize(
@@ -708,7 +766,7 @@ DELETION_STATEMENTS = {
 async def test_deletion_and_retention_statements_read_through_an_index(
     loaded_client: Client, pgwork_dsn: str, name: str, params: dict[str, Any], index: str
 ) -> None:
-    statement = getattr(render("pgwork").queries, name)
+    statement = getattr(render("pgwork").queries, name.split("-")[0])
     async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as c:
         cur = await c.execute(b"EXPLAIN (FORMAT JSON) " + statement, params, prepare=False)
         row = await cur.fetchone()

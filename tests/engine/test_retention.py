@@ -18,10 +18,11 @@ from pgwork import (
     ConfigurationError,
     Continue,
     JobTypeRegistry,
-    StartedChain,
+    Retention,
 )
 from pgwork.postgres.sql.queries import retention_lock_key
 
+from ._retention_kit import end, execute, job_count, start
 from .conftest import ClientFactory, scalar
 
 pytestmark = pytest.mark.anyio
@@ -35,49 +36,8 @@ def registry() -> JobTypeRegistry:
     reg = JobTypeRegistry()
     reg.job_type("short", input=Item, retention=timedelta(hours=1), continue_with=["short.next"])
     reg.job_type("short.next", input=Item, entry=False)
-    reg.job_type("kept", input=Item)
+    reg.job_type("kept", input=Item, retention=None)
     return reg
-
-
-async def execute(dsn: str, query: str, params: Any = None) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as c:
-        await c.execute(query, params)
-
-
-async def start(
-    client: Client, dsn: str, type_name: str, *, blockers: list[UUID] | None = None
-) -> UUID:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        started: StartedChain[Any, Any] = await client.start_chain(
-            conn, client.registry.get(type_name), Item(), blockers=blockers or []
-        )
-        await conn.commit()
-    return started.id
-
-
-async def end(dsn: str, chain_id: UUID, status: str, *, ago: timedelta = timedelta(0)) -> None:
-    """End a chain ``ago`` in the past (and create it just before), as the engine would."""
-    await execute(
-        dsn,
-        """
-        UPDATE pgwork.jobs
-        SET status = %(s)s::text::pgwork.job_status,
-            completed_at = now() - %(ago)s,
-            created_at = now() - %(ago)s - interval '1 minute',
-            chain_status = CASE WHEN id = chain_id THEN %(s)s::text::pgwork.chain_status END,
-            chain_completed_at = CASE WHEN id = chain_id THEN now() - %(ago)s END
-        WHERE chain_id = %(id)s
-        """,
-        {"s": status, "ago": ago, "id": chain_id},
-    )
-
-
-async def job_count(dsn: str, chain_ids: list[UUID] | None = None) -> int:
-    if chain_ids is None:
-        return int(await scalar(dsn, "SELECT count(*) FROM pgwork.jobs"))
-    return int(
-        await scalar(dsn, "SELECT count(*) FROM pgwork.jobs WHERE chain_id = ANY(%s)", chain_ids)
-    )
 
 
 async def edge_count(dsn: str) -> int:
@@ -273,11 +233,11 @@ async def test_purge_keeps_a_chain_until_its_dependants_have_finished(
     assert await job_count(pgwork_dsn, [waiting]) == 1
 
 
-async def test_a_registry_without_retention_purges_nothing(
+async def test_a_registry_that_keeps_everything_purges_nothing(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     reg = JobTypeRegistry()
-    reg.job_type("short", input=Item)
+    reg.job_type("short", input=Item, retention=Retention.forever())
     client = await make_client(reg)
     await end(
         pgwork_dsn, await start(client, pgwork_dsn, "short"), "completed", ago=timedelta(days=9)

@@ -17,11 +17,22 @@ import anyio
 import psycopg
 from pydantic import BaseModel
 
-from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry
+from pgwork import Attempt, Children, Client, Continue, JobTypeRegistry, PostgresStateAdapter
 from pgwork.backoff import RetryPolicy
 from pgwork.job_types import BlockerFailurePolicy, JobType, ProcessingMode
 
-__all__ = ["Batch", "Done", "FanOut", "Part", "Summary", "rows", "start", "statuses"]
+__all__ = [
+    "Batch",
+    "Done",
+    "FanOut",
+    "Part",
+    "RefusedOnce",
+    "Summary",
+    "children_apart",
+    "rows",
+    "start",
+    "statuses",
+]
 
 
 class Batch(BaseModel):
@@ -148,3 +159,55 @@ async def statuses(dsn: str, type_name: str) -> Counter[str]:
         type_name,
     )
     return Counter({status: count for status, count in found})
+
+
+def children_apart() -> Any:
+    """The control build of the tests that kill or roll back a fan-out: the state
+    adapter's ``insert_jobs`` (to set on ``PostgresStateAdapter``) committing new chains
+    of ``part`` (children) in a transaction of their own, not in the completion's."""
+    insert = PostgresStateAdapter.insert_jobs
+
+    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
+        jobs = list(jobs)
+        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
+            async with self.transaction() as own:
+                return await insert(self, own, jobs=jobs, notify=notify)
+        return await insert(self, tx, jobs=jobs, notify=notify)
+
+    return insert_jobs
+
+
+class RefusedOnce:
+    """An atomic ``split`` handler whose first attempt is refused at its COMMIT: it
+    writes a row that a deferred constraint of ``TABLE`` refuses only then, after the
+    completion wrote its ``size`` children and its step in the same transaction. The
+    retry writes the row once and fans out again. ``started`` holds the ids of the
+    children each attempt started, by attempt number."""
+
+    TABLE = """
+    CREATE TABLE fan_once (
+        k int NOT NULL,
+        CONSTRAINT fan_once_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED
+    )
+    """
+
+    def __init__(self, fan: FanOut, size: int) -> None:
+        self.fan = fan
+        self.size = size
+        self.started: dict[int, set[UUID]] = {}
+
+    async def create(self, dsn: str) -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(self.TABLE)
+
+    async def __call__(self, attempt: Attempt[Batch, Any]) -> Continue[Batch]:
+        await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        if not self.started:
+            await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
+        batch = attempt.job.input
+        kids = [
+            attempt.start_chain(self.fan.part, Part(batch=batch.id, index=i))
+            for i in range(self.size)
+        ]
+        self.started[attempt.job.attempt] = {kid.id for kid in kids}
+        return Continue(self.fan.collect, batch, wait_for=Children(kids))

@@ -3,7 +3,8 @@
 ``atomic``).
 
 It runs the fan-out of ``_kit`` (every type in MODE, leases of ``LEASE_S``) with the
-ledger handlers (``_ledger``), and dies by SIGKILL at POINT:
+handlers of ``handlers``, each recording its attempt in the ledger ``fan`` (the shared
+kit, ``tests._victims``), and dies by SIGKILL at POINT:
 
 - ``completion``: inside the transaction that completes ``split``, once its children
   are written and before the step blocked on them (the state adapter's
@@ -19,26 +20,46 @@ behind. Prints ``ready`` once the worker runs.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sys
-from typing import Any
+from typing import Any, cast
+
+from tests._victims import Ledger, die, serve
 
 from pgwork import (
+    Attempt,
+    Continue,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     create_client,
     create_in_process_worker,
 )
+from pgwork.job_types import ProcessingMode
 
-from ._kit import FanOut
-from ._ledger import handlers
+from ._kit import Batch, Done, FanOut, Part, Summary, children_apart
+
+__all__ = ["LEASE_S", "LEDGER", "handlers"]
 
 LEASE_S = 1.5
+LEDGER = "fan"
 
 
-async def _die(self: Any, *args: Any, **kwargs: Any) -> Any:
-    os.kill(os.getpid(), signal.SIGKILL)
+def handlers(dsn: str, fan: FanOut) -> dict[Any, Any]:
+    """``fan``'s handlers, each recording its attempt in the ledger first."""
+    ledger = Ledger(dsn, LEDGER)
+
+    async def split(attempt: Attempt[Batch, Any]) -> Continue[Batch]:
+        await ledger.record(attempt)
+        return await fan.do_split(attempt)
+
+    async def part(attempt: Attempt[Part, Done]) -> Done:
+        await ledger.record(attempt)
+        return await fan.do_part(attempt)
+
+    async def collect(attempt: Attempt[Batch, Summary]) -> Summary:
+        await ledger.record(attempt)
+        return await fan.do_collect(attempt)
+
+    return {fan.split: split, fan.part: part, fan.collect: collect}
 
 
 _resolve = PostgresStateAdapter.resolve_dependants
@@ -47,34 +68,21 @@ _resolve = PostgresStateAdapter.resolve_dependants
 async def _die_settling(self: Any, tx: Any, *, chain_ids: Any) -> Any:
     """Die when asked to settle an end (every completion asks, mostly for none)."""
     if chain_ids:
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
     return await _resolve(self, tx, chain_ids=chain_ids)
-
-
-def _children_apart() -> None:
-    """The control build: children (new chains of ``part``) committed on their own."""
-    insert = PostgresStateAdapter.insert_jobs
-
-    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
-        jobs = list(jobs)
-        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
-            async with self.transaction() as own:
-                return await insert(self, own, jobs=jobs, notify=notify)
-        return await insert(self, tx, jobs=jobs, notify=notify)
-
-    PostgresStateAdapter.insert_jobs = insert_jobs  # type: ignore[method-assign]
 
 
 async def main(dsn: str, mode: str, point: str, control: bool) -> None:
     if control:
-        _children_apart()
+        PostgresStateAdapter.insert_jobs = children_apart()  # type: ignore[method-assign]
     if point == "completion":
-        PostgresStateAdapter._check_blockers = _die  # type: ignore[method-assign]
+        PostgresStateAdapter._check_blockers = die  # type: ignore[method-assign]
     else:
         PostgresStateAdapter.resolve_dependants = _die_settling  # type: ignore[method-assign]
+    kind = cast("ProcessingMode", mode)
     fan = FanOut(
-        split_mode=mode, part_mode=mode, collect_mode=mode, lease_s=LEASE_S, part_attempts=3
-    )  # type: ignore[arg-type]
+        split_mode=kind, part_mode=kind, collect_mode=kind, lease_s=LEASE_S, part_attempts=3
+    )
     client = create_client(
         state_adapter=await PostgresStateAdapter.connect(dsn),
         notify_adapter=PostgresNotifyAdapter(dsn),
@@ -83,12 +91,11 @@ async def main(dsn: str, mode: str, point: str, control: bool) -> None:
     processors = handlers(dsn, fan)
     if point == "settle":
         del processors[fan.split]  # the test's first worker fanned out already
-    worker = create_in_process_worker(
-        client=client, processors=processors, poll_interval=0.2, max_slots=4
+    await serve(
+        create_in_process_worker(
+            client=client, processors=processors, poll_interval=0.2, max_slots=4
+        )
     )
-    async with worker:
-        print("ready", flush=True)
-        await asyncio.Event().wait()
 
 
 if __name__ == "__main__":

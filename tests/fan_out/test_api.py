@@ -259,13 +259,25 @@ async def test_a_hand_on_that_waits_for_nothing_writes_its_children_too(
 async def test_a_sync_handler_fans_out_and_its_step_reads_the_outputs(
     pgwork_dsn: str, make_client: Any, workers: Any
 ) -> None:
+    """The sync attempt hands each child's options on to the async one's, which checks
+    them: the children get them, and a keyword no child takes is refused."""
     fan = FanOut()
     threads: list[str] = []
+    refused: list[str] = []
 
     def split(attempt: SyncAttempt[Batch, Any]) -> Continue[Batch]:
         threads.append(threading.current_thread().name)
         batch = attempt.job.input
-        kids = [attempt.start_chain(fan.part, Part(batch=batch.id, index=i)) for i in range(4)]
+        try:
+            attempt.start_chain(fan.part, Part(batch=batch.id, index=0), queues="x")  # type: ignore[call-arg]
+        except TypeError as exc:
+            refused.append(str(exc))
+        kids = [
+            attempt.start_chain(
+                fan.part, Part(batch=batch.id, index=i), priority=3, context={"tenant": "t"}
+            )
+            for i in range(4)
+        ]
         return Continue(fan.collect, batch, wait_for=Children(kids, need=4))
 
     def collect(attempt: SyncAttempt[Batch, Summary]) -> Summary:
@@ -280,6 +292,12 @@ async def test_a_sync_handler_fans_out_and_its_step_reads_the_outputs(
     chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=4))
     assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=4, missing=0)
     assert threads[0].startswith("pgwork-sync-")
+    [refusal] = refused
+    assert "['queues']" in refusal
+    children = await rows(
+        pgwork_dsn, "SELECT priority, context FROM pgwork.jobs WHERE type_name = 'part'"
+    )
+    assert children == [(3, {"tenant": "t"})] * 4
 
 
 async def test_a_hand_on_from_outside_any_worker_cannot_wait_for_children(

@@ -14,75 +14,45 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
 
-from pgwork import (
-    Attempt,
-    Children,
-    Continue,
-    PostgresNotifyAdapter,
-    PostgresStateAdapter,
-    create_client,
-)
+from pgwork import Attempt, PostgresNotifyAdapter, PostgresStateAdapter, create_client
 
-from ._kit import Batch, Done, FanOut, Part, Summary, rows, start, statuses
+from ._kit import (
+    Batch,
+    Done,
+    FanOut,
+    Part,
+    RefusedOnce,
+    Summary,
+    children_apart,
+    rows,
+    start,
+    statuses,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 PROMPT = 30.0
 SIZE = 5
 
-_ONCE = """
-CREATE TABLE fan_once (
-    k int NOT NULL,
-    CONSTRAINT fan_once_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED
-)
-"""
-
-
-def _children_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The control build: new chains of ``part`` committed in a transaction of their own."""
-    insert = PostgresStateAdapter.insert_jobs
-
-    async def insert_jobs(self: Any, tx: Any, *, jobs: Any, notify: Any = None) -> Any:
-        jobs = list(jobs)
-        if jobs and all(job.type_name == "part" and job.id == job.chain_id for job in jobs):
-            async with self.transaction() as own:
-                return await insert(self, own, jobs=jobs, notify=notify)
-        return await insert(self, tx, jobs=jobs, notify=notify)
-
-    monkeypatch.setattr(PostgresStateAdapter, "insert_jobs", insert_jobs)
-
 
 @pytest.mark.parametrize("build", ["one-transaction", "control-children-apart"])
 async def test_an_atomic_fan_out_commits_with_the_handlers_writes_or_not_at_all(
     pgwork_dsn: str, make_client: Any, workers: Any, build: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        await conn.execute(_ONCE)
     if build.startswith("control"):
-        _children_apart(monkeypatch)
+        monkeypatch.setattr(PostgresStateAdapter, "insert_jobs", children_apart())
     fan = FanOut(split_mode="atomic", collect_mode="atomic")
-    calls: list[int] = []
-
-    async def split(attempt: Attempt[Batch, Any]) -> Continue[Batch]:
-        calls.append(attempt.job.attempt)
-        await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
-        if len(calls) == 1:
-            # Refused only at COMMIT, after the children and the step were written.
-            await attempt.connection.execute("INSERT INTO fan_once VALUES (1)")
-        batch = attempt.job.input
-        kids = [attempt.start_chain(fan.part, Part(batch=batch.id, index=i)) for i in range(SIZE)]
-        return Continue(fan.collect, batch, wait_for=Children(kids))
-
+    split = RefusedOnce(fan, SIZE)
+    await split.create(pgwork_dsn)
     client = await make_client(fan.registry)
     processors = fan.processors() | {fan.split: split}
     await workers(client=client, processors=processors)
     chain_id = await start(pgwork_dsn, client, fan, Batch(id="b", size=SIZE))
 
     assert await client.await_chain(chain_id, timeout=PROMPT) == Summary(read=SIZE, missing=0)
-    assert calls == [1, 2]
+    assert list(split.started) == [1, 2]
     assert await rows(pgwork_dsn, "SELECT k FROM fan_once") == [(1,)]
     [split_job] = [j for j in await client.list_chain_jobs(chain_id) if j.type_name == "split"]
     assert split_job.attempt == 2

@@ -11,85 +11,60 @@ committed but not counted. Another worker's blocker sweep (as it starts) counts 
 the step runs once; in atomic mode each child's effect commits once. The control build's
 worker sweeps nothing: the step then never starts.
 
-The victim (``_victim``) is a worker process whose kill point is a SIGKILL.
+The victim (``_victim``) is a worker process whose kill point is a SIGKILL; the ledger
+(``tests._victims``) counts what ran and what committed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
-import psycopg
 import pytest
+from tests._victims import Ledger, killed
 from tests.engine.conftest import eventually
 
+from pgwork.job_types import ProcessingMode
 from pgwork.worker._side.maintenance import Maintenance
 
 from ._kit import Batch, FanOut, Summary, rows, start, statuses
-from ._ledger import TABLES, handlers
-from ._victim import LEASE_S
+from ._victim import LEASE_S, LEDGER, handlers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
-REPO = Path(__file__).resolve().parents[2]
 # Past COPY_MIN_ROWS: the children go by COPY.
 MANY = 300
 FEW = 20
 
 
-async def _tally(dsn: str, table: str) -> dict[str, tuple[int, int]]:
-    """Per type: (rows, distinct jobs)."""
-    found = await rows(
-        dsn, f"SELECT type_name, count(*), count(DISTINCT job_id) FROM {table} GROUP BY 1"
-    )
-    return {name: (count, distinct) for name, count, distinct in found}
-
-
 async def _killed(dsn: str, mode: str, point: str, *, control: bool = False) -> int:
     """Run the victim until it dies; its return code."""
-    args = [sys.executable, "-m", "tests.fan_out._victim", dsn, mode, point]
-    proc = subprocess.Popen(
-        [*args, *(["control"] if control else [])],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        await anyio.to_thread.run_sync(proc.wait, 60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        output = proc.communicate()[0]
-    assert "ready" in output, output
-    return proc.returncode
+    args = [dsn, mode, point, *(["control"] if control else [])]
+    return await killed("tests.fan_out._victim", *args, timeout=60)
 
 
-def _fan(mode: str) -> FanOut:
+def _fan(mode: ProcessingMode) -> FanOut:
     return FanOut(
         split_mode=mode, part_mode=mode, collect_mode=mode, lease_s=LEASE_S, part_attempts=3
-    )  # type: ignore[arg-type]
+    )
 
 
 @pytest.mark.parametrize("build", ["one-transaction", "control-children-apart"])
 @pytest.mark.parametrize("mode", ["staged", "atomic"])
 async def test_a_parent_killed_mid_completion_fans_out_once_when_run_again(
-    pgwork_dsn: str, make_client: Any, workers: Any, mode: str, build: str
+    pgwork_dsn: str, make_client: Any, workers: Any, mode: ProcessingMode, build: str
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        await conn.execute(TABLES)
+    ledger = Ledger(pgwork_dsn, LEDGER)
+    await ledger.create()
     fan = _fan(mode)
     client = await make_client(fan.registry)
     chain_id = await start(pgwork_dsn, client, fan, Batch(id="k", size=MANY))
 
     control = build.startswith("control")
     assert await _killed(pgwork_dsn, mode, "completion", control=control) == -signal.SIGKILL
-    assert await _tally(pgwork_dsn, "fan_ledger") == {"split": (1, 1)}
+    assert await ledger.tally() == {"split": (1, 1)}
     assert await statuses(pgwork_dsn, "collect") == {}
     assert await statuses(pgwork_dsn, "split") == {"running": 1}
     if control:
@@ -106,10 +81,10 @@ async def test_a_parent_killed_mid_completion_fans_out_once_when_run_again(
         assert sum(parts.values()) == 2 * MANY  # the first attempt's children, and the retry's
         return
     assert parts == {"completed": MANY}
-    ledger = await _tally(pgwork_dsn, "fan_ledger")
-    assert ledger == {"split": (2, 1), "part": (MANY, MANY), "collect": (1, 1)}
+    ran = await ledger.tally()
+    assert ran == {"split": (2, 1), "part": (MANY, MANY), "collect": (1, 1)}
     if mode == "atomic":
-        effects = await _tally(pgwork_dsn, "fan_effects")
+        effects = await ledger.tally(effects=True)
         assert effects == {"split": (1, 1), "part": (MANY, MANY), "collect": (1, 1)}
 
 
@@ -119,12 +94,12 @@ async def test_a_worker_killed_before_settling_a_childs_end_loses_nothing(
     pgwork_dsn: str,
     make_client: Any,
     workers: Any,
-    mode: str,
+    mode: ProcessingMode,
     build: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(pgwork_dsn, autocommit=True) as conn:
-        await conn.execute(TABLES)
+    ledger = Ledger(pgwork_dsn, LEDGER)
+    await ledger.create()
     fan = _fan(mode)
     client = await make_client(fan.registry)
     processors = handlers(pgwork_dsn, fan)
@@ -165,9 +140,9 @@ async def test_a_worker_killed_before_settling_a_childs_end_loses_nothing(
         return
     assert await client.await_chain(chain_id, timeout=30) == Summary(read=FEW, missing=0)
     await anyio.sleep(0.5)
-    ledger = await _tally(pgwork_dsn, "fan_ledger")
-    assert ledger["collect"] == (1, 1)
-    assert ledger["part"][1] == FEW
+    ran = await ledger.tally()
+    assert ran["collect"] == (1, 1)
+    assert ran["part"][1] == FEW
     if mode == "atomic":
-        effects = await _tally(pgwork_dsn, "fan_effects")
+        effects = await ledger.tally(effects=True)
         assert effects == {"split": (1, 1), "part": (FEW, FEW), "collect": (1, 1)}

@@ -160,7 +160,7 @@ def violations(dsn: str, chaos: Chaos, drain_bound: float) -> list[str]:
     if exits:
         found.append(
             "worker(s) stopped by themselves: "
-            + "; ".join(f"{e.worker_id} ({e.returncode}): {e.tail[-3:]}" for e in exits)
+            + "; ".join(f"{e.worker_id} ({e.returncode}): {e.tail[-30:]}" for e in exits)
         )
     return found
 

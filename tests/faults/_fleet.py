@@ -243,7 +243,7 @@ class Fleet:
                             worker.worker_id,
                             worker.proc.returncode,
                             worker.expected_exit,
-                            [line.text for line in worker.lines[-20:]],
+                            [line.text for line in worker.lines[-40:]],
                         )
                     )
                     self.retired.append(worker)

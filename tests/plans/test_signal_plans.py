@@ -3,7 +3,8 @@
 A match probes the waiting steps of its names through ``jobs_wait_signal_idx`` (no
 entry for a job that never waits, nor for a step matched or run) and their pending
 signals through ``signals_pending_idx``; a step's attempts find its signal through
-``signals_consumed_idx``; the sweep merges the two partial indexes in name order. With
+``signals_consumed_idx``; the sweep merges the two partial indexes in name order; the
+probe before a match reads at most one entry of each per name. With
 thousands of ordinary jobs (blocked on chains, scheduled, ended) and consumed signals
 around, none of them reads more than the rows it is about. The control drops the
 steps' index: the match then reads every blocked and scheduled job.
@@ -123,6 +124,25 @@ def test_a_match_reads_the_steps_and_signals_of_its_names_by_index(
         assert read <= 10, read  # the three steps, and their rows again by key
     else:
         assert read >= 5000, read  # every blocked or scheduled job
+
+
+@pytest.mark.parametrize("name", ["payment:1", "payment:2", "payment:3"])
+def test_the_probe_before_a_match_reads_its_names_index_entries_only(
+    pgwork_dsn: str, name: str
+) -> None:
+    """Whether a name has both a pending signal and a waiting step: a signal and steps
+    (``payment:1``), a consumed signal and no step (``payment:2``), a pending signal and
+    no step (``payment:3``)."""
+    with psycopg.connect(pgwork_dsn, autocommit=True) as conn:
+        _load(conn)
+        params = {"names": [name]}
+        scans = _scans(conn, SQL.matchable_names, params)
+        read = _jobs_read(conn, SQL.matchable_names, params)
+        found = conn.execute(SQL.matchable_names, params).fetchall()
+    assert scans <= {"jobs_wait_signal_idx", "signals_pending_idx"}, scans
+    assert "signals_pending_idx" in scans, scans
+    assert read <= 1, read  # the first waiting step, if any
+    assert found == ([("payment:1",)] if name == "payment:1" else [])
 
 
 def test_a_steps_signal_and_the_sweep_read_no_table_whole(pgwork_dsn: str) -> None:

@@ -99,7 +99,7 @@ def test_migrated_catalog_equals_metadata_create_all(
     migrated = _catalog(empty_database_dsn, "pgwork")
 
     assert migrated == expected
-    assert len(migrated["indexes"]) == 27  # 8 primary keys + 19 secondary indexes
+    assert len(migrated["indexes"]) == 28  # 8 primary keys + 20 secondary indexes
 
 
 def test_storage_parameters_are_on_the_jobs_table(pgwork_dsn: str, pgwork_schema: str) -> None:

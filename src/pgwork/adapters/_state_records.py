@@ -19,8 +19,10 @@ from pgwork.errors import ConfigurationError, InvalidDedupWindowError, InvalidOp
 from pgwork.records import AttemptError, ChainStatus, Job, JobStatus, WaitKind
 
 __all__ = [
+    "LISTED_BLOCKERS",
     "AcquiredJob",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerOutput",
     "BlockerStatus",
     "CancelledChain",
@@ -549,12 +551,41 @@ class BlockerStatus:
     status: ChainStatus | None
 
 
+# The blockers ``list_blocked_jobs`` gives each job at most: a step may wait for
+# 10,000 children, and a page of such steps must not carry all of their edges.
+LISTED_BLOCKERS = 20
+
+
 @dataclass(frozen=True, slots=True)
 class BlockedJob:
-    """A job in status ``blocked`` and the chains it waits for, in declaration order."""
+    """A job in status ``blocked``, its counts and the first chains it waits for.
+
+    ``blockers``: the first ``LISTED_BLOCKERS`` (20) chains it waits for, in
+    declaration order (the order a handler started its children), each with its
+    status now; ``more_blockers``: it waits for more than those (page through every
+    one with ``Client.list_blockers``). The counts are the job's own, kept as its
+    blockers' ends are settled: ``blockers_needed`` (how many must be met: all, or the
+    ``need`` of ``Children``), ``blockers_met`` and ``blockers_open`` (not ended yet, as
+    far as it knows: an end the blocker sweep has still to settle counts as open).
+    None for a step that waits for a signal (blocked, on no chain), and on a store
+    that keeps no counts."""
 
     job: Job[Any]
     blockers: tuple[BlockerStatus, ...]
+    more_blockers: bool = False
+    blockers_needed: int | None = None
+    blockers_met: int | None = None
+    blockers_open: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockerEdge:
+    """One chain a job waits for, at its ``position`` among the job's blockers (from 0,
+    in declaration order); ``status`` is ``None`` once the chain was deleted."""
+
+    position: int
+    chain_id: UUID
+    status: ChainStatus | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,10 @@ from uuid import UUID
 
 from pgwork._flow_control import Rate
 from pgwork.adapters._state_records import (
+    LISTED_BLOCKERS,
     AcquiredJob,
     BlockedJob,
+    BlockerEdge,
     BlockerOutput,
     BlockerStatus,
     CancelledChain,
@@ -88,14 +90,17 @@ from pgwork.adapters.work import (
     WorkFilter,
 )
 from pgwork.records import Chain, Job, SignalRecord, Waiting
+from pgwork.retention import Retention
 
 __all__ = [
+    "LISTED_BLOCKERS",
     "AcquiredJob",
     "AtomicAttempts",
     "AtomicGroup",
     "AtomicGroupCommit",
     "BatchedTurns",
     "BlockedJob",
+    "BlockerEdge",
     "BlockerOutput",
     "BlockerStatus",
     "CancelledChain",
@@ -896,7 +901,16 @@ class OperatorViews(Protocol):
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
-        """Blocked jobs with their blockers' status, in ``list_jobs`` order."""
+        """Blocked jobs in ``list_jobs`` order, each with its counts and its first
+        ``LISTED_BLOCKERS`` blockers' status (``BlockedJob``): a read bounded by
+        ``limit`` however many chains each job waits for."""
+        ...
+
+    async def list_blockers(
+        self, tx: TransactionHandle | None, *, job_id: UUID, after: int | None, limit: int
+    ) -> list[BlockerEdge]:
+        """The chains ``job_id`` waits for, by position, strictly after the position
+        ``after`` (None: from the first); at most ``limit``. Empty for an unknown job."""
         ...
 
     async def recent_activity(
@@ -1034,11 +1048,15 @@ class Maintenance(Protocol):
     """What the worker's maintenance runs: retention, the history rollup, pruning stopped
     workers and flow-control rows nothing reads any more."""
 
-    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
+    async def delete_expired_chains(self, *, retention: Mapping[str, Retention], limit: int) -> int:
         """Delete up to ``limit`` ended chains whose type is a key of ``retention`` and
-        that ended longer ago than its value, and commit; chains with dependants stay.
-        One caller at a time: a concurrent caller returns 0 at once. The ended jobs it
-        deletes that the history has not counted yet are counted into it."""
+        that ended longer ago than its policy's period for how they ended, and commit;
+        return how many. Kept whatever their period (``pgwork.retention``): a chain a job
+        that may still run waits on, one enqueued with a ``DedupSpec`` whose window has
+        not ended (``scope="window"``; ``"ever"`` has no end), and one awaited that
+        ended less than ``AWAITED_HOLD`` ago. One caller at a time:
+        a concurrent caller returns 0 at once. The ended jobs it deletes that the
+        history has not counted yet are counted into it."""
         ...
 
     async def roll_up_history(

@@ -21,6 +21,7 @@ from pgwork.adapters.state import Completion
 from pgwork.errors import (
     AwaitTimeoutError,
     ChainAlreadyFinishedError,
+    ChainDeletedError,
     ChainFailedError,
     ChainHasDependantsError,
     ChainNotFoundError,
@@ -64,7 +65,11 @@ class ControlMixin:
         in case a notice is missed. Raises ChainFailedError if the chain failed or was
         cancelled, AwaitTimeoutError after ``timeout`` seconds (its ``waiting`` and
         message say what the chain waits for, when it waits for a signal, a time, a
-        debounce or blocker chains), ChainNotFoundError.
+        debounce or blocker chains), ChainNotFoundError when there is no such chain,
+        and ChainDeletedError (a ChainNotFoundError) when it was there as the wait
+        began and is gone since. Retention keeps an awaited chain at least
+        ``pgwork.retention.AWAITED_HOLD`` after it ended, so a wait that reads it
+        within that gets its outcome however short its type's retention.
         """
         chain = await self.get_chain(chain_id)
         delay = 0.02
@@ -73,7 +78,10 @@ class ControlMixin:
             await self.state.mark_chain_awaited(chain_id=chain_id)
             with anyio.move_on_after(timeout):
                 while True:
-                    chain = await self.get_chain(chain_id)
+                    try:
+                        chain = await self.get_chain(chain_id)
+                    except ChainNotFoundError:
+                        raise ChainDeletedError(chain_id) from None
                     if chain.status is ChainStatus.COMPLETED:
                         return chain.output
                     if chain.status is not ChainStatus.ACTIVE:
@@ -244,15 +252,18 @@ class ControlMixin:
 
     async def purge_expired(self, *, limit: int = 1000) -> int:
         """Delete up to ``limit`` chains that ended (completed, failed or cancelled)
-        longer ago than their type's ``retention``; returns how many.
+        longer ago than their type's ``retention`` gives for how they ended; returns how
+        many (call again while it returns ``limit``).
 
-        Types without retention keep their chains. A chain another chain's job still
-        depends on is kept until that job has finished. Safe to call from every worker:
-        one call runs at a time per schema, the others return 0 at once.
+        Types declared with ``Retention.forever()`` keep their chains. A chain another
+        chain's job still depends on is kept until that job has finished, and so are
+        chains whose dedup window is open and awaited chains that just ended
+        (``pgwork.retention``). Safe to call from every worker: one call runs at a time
+        per schema, the others return 0 at once.
         """
         if limit < 1:
             raise ConfigurationError(f"limit must be >= 1, got {limit}")
-        retention = {t.name: t.retention for t in self.registry if t.retention is not None}
+        retention = {t.name: t.retention for t in self.registry if not t.retention.keeps_everything}
         if not retention:
             return 0
         return await self.capabilities.require_maintenance(

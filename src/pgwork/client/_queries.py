@@ -22,6 +22,7 @@ from uuid import UUID
 
 from pgwork.adapters.state import (
     BlockedJob,
+    BlockerEdge,
     ChainFilter,
     JobFilter,
     PageKey,
@@ -49,6 +50,7 @@ _LISTINGS = {
     "j": "list_jobs",
     "c": "list_chains",
     "b": "list_blocked_jobs",
+    "bl": "list_blockers",
     "i": "find_by_input",
     "wait": "list_waiting",
     "sig": "list_signals",
@@ -132,8 +134,11 @@ class QueryMixin:
     async def list_blocked_jobs(
         self, *, limit: int = 50, cursor: str | None = None, tx: object | None = None
     ) -> Page[BlockedJob]:
-        """One page of blocked jobs, newest first, each with the chains it waits for and
-        their status: what an operator looks at when work seems stuck."""
+        """One page of blocked jobs, newest first, each with its counts (how many of its
+        blockers it needs, has met, has open) and the first ``LISTED_BLOCKERS`` (20)
+        chains it waits for with their status (``BlockedJob``): what an operator looks
+        at when work seems stuck. A page reads that many edges a job at most, whatever
+        each waits for; ``list_blockers`` pages through all of one job's."""
         size, after = _fetch_size(limit), decode_cursor(cursor, "b")
         handle = await self._read_handle(tx)
         blocked = await self.capabilities.require_views(
@@ -141,6 +146,21 @@ class QueryMixin:
         ).list_blocked_jobs(handle, after=after, limit=size)
         items = [replace(item, job=self._decoded(item.job)) for item in blocked]
         return _page(items, limit, "b", lambda item: _job_key(item.job))
+
+    async def list_blockers(
+        self, job_id: UUID, *, limit: int = 50, cursor: str | None = None, tx: object | None = None
+    ) -> Page[BlockerEdge]:
+        """One page of the chains job ``job_id`` waits for, in declaration order (the
+        order a handler started its children), each with its position and its status
+        now: every blocker of a job, where ``list_blocked_jobs`` shows the first
+        ``LISTED_BLOCKERS``. Reads one index range of the job's edges, whatever their
+        number. Empty for a job that waits for no chain, or that does not exist. Pass
+        ``next_cursor`` back with the same ``job_id`` for the next page."""
+        size, after = _fetch_size(limit), _blocker_position(cursor, job_id)
+        edges = await self.capabilities.require_views("Client.list_blockers").list_blockers(
+            await self._read_handle(tx), job_id=job_id, after=after, limit=size
+        )
+        return _page(edges, limit, "bl", lambda edge: _blocker_key(job_id, edge.position))
 
     async def count_jobs(self, *, tx: object | None = None) -> list[QueueCount]:
         """Unfinished work per queue (ready, scheduled, leased — ``QueueCount.running``
@@ -212,6 +232,29 @@ def _page(items: list[T], limit: int, listing: str, key: Callable[[T], PageKey])
         return Page(items=tuple(items))
     shown = items[:limit]
     return Page(items=tuple(shown), next_cursor=encode_cursor(listing, key(shown[-1])))
+
+
+# A position among a job's blockers, as the cursor's time: that many microseconds after
+# the epoch; the job rides in the cursor's id, so another job's listing refuses it.
+_MAX_POSITION = 2**31 - 1
+
+
+def _blocker_key(job_id: UUID, position: int) -> PageKey:
+    return PageKey(_EPOCH + position * _MICROSECOND, job_id)
+
+
+def _blocker_position(cursor: str | None, job_id: UUID) -> int | None:
+    """The position after which ``cursor`` (of ``list_blockers`` for ``job_id``) goes on."""
+    key = decode_cursor(cursor, "bl")
+    if key is None:
+        return None
+    assert cursor is not None
+    if key.id != job_id:
+        raise InvalidCursorError(cursor, "it belongs to another job's blockers")
+    position = (key.created_at - _EPOCH) // _MICROSECOND
+    if not 0 <= position <= _MAX_POSITION:
+        raise InvalidCursorError(cursor, "it was not made by pgwork")
+    return position
 
 
 def _fetch_size(limit: int) -> int:

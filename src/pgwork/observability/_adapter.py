@@ -227,6 +227,7 @@ class InstrumentedStateAdapter:
     # OperatorViews
     count_jobs = _timed(StateAdapter.count_jobs)
     list_blocked_jobs = _timed(StateAdapter.list_blocked_jobs)
+    list_blockers = _timed(StateAdapter.list_blockers)
     recent_activity = _timed(StateAdapter.recent_activity)
     chain_links = _timed(StateAdapter.chain_links)
     list_work = _timed(StateAdapter.list_work)

@@ -1,7 +1,8 @@
 """The catalogue of events pgwork emits, and how they reach observers.
 
-Every name below is emitted from exactly one layer (client, worker, the instrumented
-state adapter, or the dashboard) with the fields its docstring lists. Fields common to
+Every name below is emitted from the layer its docstring names (client, worker, the
+instrumented state adapter, or the dashboard; ``job.enqueued`` from the client and the
+worker) with the fields its docstring lists. Fields common to
 attempt events: ``job_id``, ``chain_id``, ``job_type``, ``queue``, ``attempt``,
 ``max_attempts``, ``worker_id``, ``lease_token``; settlement events add ``duration_s``
 (seconds since the attempt started, on the worker's monotonic clock). Names are stable:
@@ -44,10 +45,13 @@ __all__ = [
 # --- the catalogue -------------------------------------------------------------------
 
 JOB_ENQUEUED = "job.enqueued"
-"""A chain was started by ``start_chain(s)`` (client). One event per chain, emitted
-after the insert and before the caller commits: the job exists only once the caller's
-transaction commits. Fields: ``job_id``, ``chain_id``, ``job_type``, ``queue``,
-``deduplicated`` (an existing chain was returned), ``scheduled`` (not runnable now)."""
+"""A chain was started (client, worker). One event per chain. By ``start_chain(s)``
+(client): emitted after the insert and before the caller commits, so the job exists
+only once the caller's transaction commits. By a handler's ``attempt.start_chain``
+(worker): emitted once the attempt's completion, which writes the child, committed;
+never for an attempt that failed, was rolled back or lost its lease. Fields:
+``job_id``, ``chain_id``, ``job_type``, ``queue``, ``deduplicated`` (an existing chain
+was returned), ``scheduled`` (not runnable now)."""
 
 ATTEMPT_STARTED = "attempt.started"
 """A worker is about to run a handler (worker). Fields: the attempt fields, ``mode``

@@ -40,7 +40,7 @@ from typing import Any
 import psycopg
 
 from pgwork.adapters.notify import Notice
-from pgwork.adapters.state import InsertedJob, NewJob
+from pgwork.adapters.state import DedupSpec, InsertedJob, NewJob
 from pgwork.postgres._callers import DbConn, can_copy, execute
 from pgwork.postgres._errors import translate_errors
 from pgwork.postgres.notify import encode_notice
@@ -175,8 +175,30 @@ def insert_params(
     params["dedup_keys"] = _array(
         ["NULL" if j.dedup is None else _element(j.dedup.key) for j in jobs]
     )
+    params["dedup_holds"] = _array([_hold_element(dedup_hold(j)) for j in jobs])
     params["statuses"] = _array(["blocked" if j.blockers else "pending" for j in jobs])
     return params
+
+
+def dedup_hold(job: NewJob) -> float | None:
+    """Seconds retention keeps ``job``'s chain for its dedup key: the window of a
+    ``DedupSpec`` with ``scope="window"``, infinity for ``"ever"``; None otherwise (a
+    key matched only while its chain is active, or a debounce's key, holds nothing
+    once the chain ended)."""
+    dedup = job.dedup
+    if not isinstance(dedup, DedupSpec):
+        return None
+    if dedup.scope == "ever":
+        return math.inf
+    if dedup.scope == "window" and dedup.window is not None:
+        return dedup.window.total_seconds()
+    return None
+
+
+def _hold_element(hold: float | None) -> str:
+    if hold is None:
+        return "NULL"
+    return "Infinity" if hold == math.inf else repr(hold)
 
 
 def _limit_keys(keys: Sequence[str | None]) -> str:
@@ -521,6 +543,7 @@ def _one(j: NewJob, channel: str | None, ready: Sequence[str]) -> dict[str, Any]
         "run_at": j.run_at,
         "run_after": j.run_after.total_seconds() if j.run_after else None,
         "dedup_key": j.dedup.key if j.dedup else None,
+        "dedup_hold": dedup_hold(j),
         "trace_context": json.dumps(dict(j.trace_context)) if j.trace_context else None,
         "context": json.dumps(dict(j.context)) if j.context else None,
         "limit_key": j.limit_key,

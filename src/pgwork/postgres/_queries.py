@@ -15,7 +15,9 @@ from uuid import UUID
 
 from pgwork._ids import first_id_at
 from pgwork.adapters.state import (
+    LISTED_BLOCKERS,
     BlockedJob,
+    BlockerEdge,
     BlockerStatus,
     ChainDeletion,
     ChainDependant,
@@ -31,6 +33,7 @@ from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
 from pgwork.postgres.sql.queries import retention_lock_key
 from pgwork.records import Chain, ChainStatus, Job
+from pgwork.retention import Retention
 
 __all__ = ["QueryOps"]
 
@@ -116,20 +119,36 @@ class QueryOps(AdapterBase):
     async def list_blocked_jobs(
         self, tx: TransactionHandle | None, *, after: PageKey | None, limit: int
     ) -> list[BlockedJob]:
-        rows = await self._read(
-            tx, self.statements.queries.list_blocked_jobs, _page_params(after, limit)
-        )
-        return [
-            BlockedJob(
-                job=job_from_row(row),
-                blockers=tuple(
-                    BlockerStatus(chain_id, ChainStatus(status) if status else None)
-                    for chain_id, status in zip(
-                        row[JOB_WIDTH] or (), row[JOB_WIDTH + 1] or (), strict=True
-                    )
-                ),
+        # One edge more than shown: its presence says the job waits for more.
+        params = {**_page_params(after, limit), "edges": LISTED_BLOCKERS + 1}
+        rows = await self._read(tx, self.statements.queries.list_blocked_jobs, params)
+        listed = []
+        for row in rows:
+            chain_ids, statuses = row[JOB_WIDTH + 3] or (), row[JOB_WIDTH + 4] or ()
+            blockers = tuple(
+                BlockerStatus(chain_id, ChainStatus(status) if status else None)
+                for chain_id, status in zip(chain_ids, statuses, strict=True)
             )
-            for row in rows
+            listed.append(
+                BlockedJob(
+                    job=job_from_row(row),
+                    blockers=blockers[:LISTED_BLOCKERS],
+                    more_blockers=len(blockers) > LISTED_BLOCKERS,
+                    blockers_needed=row[JOB_WIDTH],
+                    blockers_met=row[JOB_WIDTH + 1],
+                    blockers_open=row[JOB_WIDTH + 2],
+                )
+            )
+        return listed
+
+    async def list_blockers(
+        self, tx: TransactionHandle | None, *, job_id: UUID, after: int | None, limit: int
+    ) -> list[BlockerEdge]:
+        params = {"job_id": job_id, "after": after, "limit": limit}
+        rows = await self._read(tx, self.statements.queries.list_blockers, params)
+        return [
+            BlockerEdge(position, chain_id, ChainStatus(status) if status else None)
+            for position, chain_id, status in rows
         ]
 
     async def count_jobs(self, tx: TransactionHandle | None) -> list[QueueCount]:
@@ -192,12 +211,18 @@ class QueryOps(AdapterBase):
             deleted_chains=int(chains), deleted_jobs=int(jobs), dependants=tuple(found)
         )
 
-    async def delete_expired_chains(self, *, retention: Mapping[str, timedelta], limit: int) -> int:
-        if limit <= 0 or not retention:
+    async def delete_expired_chains(self, *, retention: Mapping[str, Retention], limit: int) -> int:
+        ranges = [
+            (type_name, ending, period.total_seconds())
+            for type_name, policy in retention.items()
+            for ending, period in policy.periods()
+        ]
+        if limit <= 0 or not ranges:
             return 0
         policy = {
-            "type_names": list(retention),
-            "seconds": [period.total_seconds() for period in retention.values()],
+            "type_names": [r[0] for r in ranges],
+            "endings": [r[1] for r in ranges],
+            "seconds": [r[2] for r in ranges],
             "limit": limit,
         }
         async with self.transaction() as tx:

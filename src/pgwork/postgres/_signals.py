@@ -14,6 +14,8 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import psycopg
+
 from pgwork.adapters.notify import Notice, NotifyAdapter
 from pgwork.adapters.state import (
     NewJob,
@@ -63,23 +65,41 @@ class SignalOps(AdapterBase):
     async def match_signals(self, *, names: Sequence[str], limit: int = 100) -> SignalMatch:
         if not names:
             return SignalMatch()
-        names = sorted(set(names))
         async with self._pooled() as conn:
-            await read_committed(conn)
-            async with conn.transaction():
-                # Two statements: the second's snapshot is taken once the first holds
-                # every lock, so it sees what the locks' previous holders committed.
-                await self._fetch(conn, self.statements.signals.lock_signal_names, {"names": names})
-                rows = await self._fetch(
-                    conn, self.statements.signals.match_signals, {"names": names, "limit": limit}
-                )
+            # Every worker that hears a name's notice asks: most find nothing left to
+            # pair (another worker's match took it, or one side is not there yet). A
+            # read without a lock says which names have both sides, and only those
+            # take a transaction and their locks.
+            found = await self._fetch(
+                conn, self.statements.signals.matchable_names, {"names": list(names)}
+            )
+            if not found:
+                return SignalMatch()
+            return await self._match_locked(conn, [row[0] for row in found], limit)
+
+    async def _match_locked(
+        self, conn: psycopg.AsyncConnection[Any], names: Sequence[str], limit: int
+    ) -> SignalMatch:
+        """Pair ``names``' pending signals and waiting steps under the names' locks, in
+        a transaction of its own on ``conn``, and commit."""
+        names = sorted(set(names))
+        await read_committed(conn)
+        async with conn.transaction():
+            # Two statements: the second's snapshot is taken once the first holds
+            # every lock, so it sees what the locks' previous holders committed.
+            await self._fetch(conn, self.statements.signals.lock_signal_names, {"names": names})
+            rows = await self._fetch(
+                conn, self.statements.signals.match_signals, {"names": names, "limit": limit}
+            )
         return _match(rows, limit)
 
     async def sweep_signals(self, *, limit: int = 100) -> SignalMatch:
         rows = await self._read(None, self.statements.signals.find_unmatched, {"limit": limit})
         if not rows:
             return SignalMatch()
-        return await self.match_signals(names=[row[0] for row in rows], limit=limit)
+        # Found with both sides already: no probe before the match.
+        async with self._pooled() as conn:
+            return await self._match_locked(conn, [row[0] for row in rows], limit)
 
     async def received_signal(
         self, tx: TransactionHandle | None, *, job_id: UUID

@@ -123,6 +123,11 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         sa.Column("blockers_needed", sa.Integer, nullable=True),
         sa.Column("blockers_met", sa.Integer, nullable=True),
         sa.Column("blockers_open", sa.Integer, nullable=True),
+        # A root enqueued with a dedup key that has a window (``DedupSpec``): the end of
+        # that window, infinity for ``scope="ever"``. Retention keeps the chain until
+        # then, so that deleting it reopens no window early; NULL for every other row
+        # (migration 0018).
+        sa.Column("dedup_until", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("attempt >= 0", name="jobs_attempt_non_negative"),
         sa.CheckConstraint("max_attempts >= 1", name="jobs_max_attempts_positive"),
         sa.CheckConstraint(
@@ -270,6 +275,9 @@ def build_metadata(schema: str = DEFAULT_SCHEMA) -> sa.MetaData:
         ),
         sa.CheckConstraint("counted IN ('met', 'failed')", name="job_blockers_counted_known"),
         sa.Index("job_blockers_blocker_idx", "blocker_chain_id"),
+        # A job's edges in declaration order: the first few of each blocked job listed,
+        # one job's paged (migration 0017).
+        sa.Index("job_blockers_position_idx", "job_id", "position"),
     )
 
     sa.Table(

@@ -11,10 +11,9 @@ stack trace points at the bug. The worker writes the outcome after the handler r
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, Unpack, overload
 from uuid import UUID
 
 from pgwork._continuations import child_job, continuation_job, split_schedule
@@ -36,7 +35,7 @@ from pgwork.errors import (
     LimitNotDeclaredError,
     WaitNotDeclaredError,
 )
-from pgwork.fan_out import Children
+from pgwork.fan_out import ChildOptions, Children
 from pgwork.job_types import Continuation, JobType, JobTypeRegistry
 from pgwork.records import AbortReason, AttemptError, ChainStatus, Job, JobStatus
 from pgwork.signals import Signalled, SignalType, TimedOut
@@ -227,15 +226,7 @@ class Attempt(Generic[I, O]):
         await self.reschedule(at=until, after=after)
 
     def start_chain(
-        self,
-        job_type: JobType[CI, CO],
-        input: CI,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        context: Mapping[str, str] | None = None,
-        limit_key: str | None = None,
+        self, job_type: JobType[CI, CO], input: CI, **options: Unpack[ChildOptions]
     ) -> StartedChain[CI, CO]:
         """Start a child chain with ``job_type``: recorded now (its id is made at once,
         so it can be handed to ``Children``), written in the transaction that completes
@@ -243,9 +234,11 @@ class Attempt(Generic[I, O]):
         attempt writes none of its children: the next attempt starts its own.
 
         Checked here as ``client.start_chain`` checks an enqueue (an entry type, its
-        input, the options), before anything is written. The child keeps this job's
-        logging context and limit key unless given its own, and its trace. A child that
-        no ``Children`` waits for is started and left to run (fire and forget).
+        input, the options: ``queue``, ``priority``, ``max_attempts``, ``context``,
+        ``limit_key``, see ``ChildOptions``), before anything is written. The child
+        keeps this job's logging context and limit key unless given its own, and its
+        trace. A child that no ``Children`` waits for is started and left to run (fire
+        and forget).
         Starting children after ``complete``/``reschedule`` raises
         ``AttemptAlreadyFinishedError``; on a store without ``ChainBlockers``,
         ``CapabilityMissingError``."""
@@ -255,6 +248,12 @@ class Attempt(Generic[I, O]):
             raise CapabilityMissingError(
                 "ChainBlockers", "Attempt.start_chain", "the worker's state adapter"
             )
+        unknown = options.keys() - ChildOptions.__optional_keys__
+        if unknown:
+            raise TypeError(
+                f"start_chain() got unexpected keyword arguments {sorted(unknown)}: a child "
+                f"takes {sorted(ChildOptions.__optional_keys__)}"
+            )
         child = child_job(
             self._registry,
             job_type,
@@ -262,11 +261,7 @@ class Attempt(Generic[I, O]):
             self.job,
             max_bytes=self._max_payload_bytes,
             trace_context=self._acquired.trace_context,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            context=context,
-            limit_key=limit_key,
+            **options,
         )
         self._children.append(child)
         self._child_ids.add(child.id)

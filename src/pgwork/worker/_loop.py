@@ -81,6 +81,9 @@ Processor = Handler | SyncHandler
 LOOP_BACKOFF_MAX = 5.0
 # A cancelled worker waits this long for the reports of its batcher's last write.
 LATE_SETTLE_S = 2.0
+# How long a stop waits for a maintenance step in progress to end by itself (a retention
+# round ends after its current batch).
+MAINTENANCE_WIND_DOWN_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +218,16 @@ class InProcessWorker:
                         with anyio.move_on_after(LATE_SETTLE_S):
                             await announce_ready(self.notify, [None])
                 finally:
+                    # Maintenance ends its step first: cut off mid-statement, it
+                    # would lose its connection (``Maintenance.wind_down``).
+                    left = self._left()
+                    bound = (
+                        MAINTENANCE_WIND_DOWN_S
+                        if left is None
+                        else min(left, MAINTENANCE_WIND_DOWN_S)
+                    )
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                        await self._maintenance.wind_down()
                     side.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True), anyio.move_on_after(self._left()):
                         await self._heartbeat.stopped()

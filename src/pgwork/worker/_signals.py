@@ -5,9 +5,13 @@ A name is to be matched (its pending signals paired with its waiting steps,
 after a staged hand-on of this worker into a waiting step, and on each ``signal``
 notice the worker hears for a signal type its job types wait for. Both only leave the
 name here (``want``) and go on; the matcher's own task matches what was left, several
-names per transaction, and announces the queues of the steps it started, so a worker
-starts each within milliseconds. A match that fails is tried again after a backoff;
-one lost with the process is left to the maintenance's sweep.
+names per match, and announces the queues of the steps it started, so a worker
+starts each within milliseconds. The notices of one wake of the listener are all left
+here before the task runs, so they make one match; and the store reads first which
+names have anything to pair, so a notice with nothing left to pair (one side not
+there yet, or another worker's match took it) costs one read, not a transaction. A
+match that fails is tried again after a backoff; one lost with the process is left to
+the maintenance's sweep.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from pgwork.observability import (
     ATTEMPT_FAILED,
     ATTEMPT_RETRIED,
     ATTEMPT_STARTED,
+    JOB_ENQUEUED,
     LEASE_LOST,
 )
 from pgwork.observability.emitter import Emitter
@@ -419,10 +420,16 @@ class AttemptSteps:
         )
 
     def report_outcome(self, slot: Slot, attempt: Attempt[Any, Any], written: bool) -> None:
+        """Report an outcome once it is committed (``written``: its lease held): every
+        caller calls this after the commit, an atomic attempt's and a group's included,
+        so the children it started are reported enqueued only if they exist."""
         outcome = attempt.outcome
         if not written:
             self.emit(LEASE_LOST, slot, duration=False, action="completion")
-        elif isinstance(outcome, Completed) and outcome.continuation is not None:
+            return
+        if isinstance(outcome, Completed) and outcome.children:
+            self._report_children(outcome)
+        if isinstance(outcome, Completed) and outcome.continuation is not None:
             self.emit(
                 ATTEMPT_COMPLETED,
                 slot,
@@ -432,6 +439,22 @@ class AttemptSteps:
         else:
             kind = "rescheduled" if isinstance(outcome, Rescheduled) else "completed"
             self.emit(ATTEMPT_COMPLETED, slot, outcome=kind, continued_with=None)
+
+    def _report_children(self, outcome: Completed) -> None:
+        """``job.enqueued`` for each chain the attempt started, as the client reports
+        the chains it starts (fields and all): each child is a new chain, runnable now."""
+        if not self._events.wants(JOB_ENQUEUED):
+            return
+        for child in outcome.children:
+            self._events.emit(
+                JOB_ENQUEUED,
+                job_id=child.id,
+                chain_id=child.chain_id,
+                job_type=child.type_name,
+                queue=child.queue,
+                deduplicated=False,
+                scheduled=False,
+            )
 
     async def write_outcome(self, slot: Slot, attempt: Attempt[Any, Any], tx: Any | None) -> bool:
         """Write the handler's outcome; False when the lease no longer held."""

@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, Unpack, overload
 
 from pgwork.adapters.state import TransactionLending, TransactionLoan
 from pgwork.client import StartedChain
@@ -36,6 +36,7 @@ from pgwork.errors import (
     SyncHandlerError,
     WorkerStateError,
 )
+from pgwork.fan_out import ChildOptions
 from pgwork.job_types import Continuation, JobType
 from pgwork.records import AbortReason, Job
 from pgwork.signals import Signalled, SignalType, TimedOut
@@ -172,28 +173,13 @@ class SyncAttempt(Generic[I, O]):
         self._run("throttle()", self._attempt.throttle(until=until, after=after))
 
     def start_chain(
-        self,
-        job_type: JobType[CI, CO],
-        input: CI,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        context: Mapping[str, str] | None = None,
-        limit_key: str | None = None,
+        self, job_type: JobType[CI, CO], input: CI, **options: Unpack[ChildOptions]
     ) -> StartedChain[CI, CO]:
         """Start a child chain, written with this job's completion
-        (``Attempt.start_chain``). Nothing waits: the child is only recorded here."""
+        (``Attempt.start_chain``, which checks and records it: the options go there as
+        they are). Nothing waits: the child is only recorded here."""
         self.raise_if_cancelled("start_chain()")
-        return self._attempt.start_chain(
-            job_type,
-            input,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            context=context,
-            limit_key=limit_key,
-        )
+        return self._attempt.start_chain(job_type, input, **options)
 
     @overload
     def blocker_outputs(self) -> list[Any]: ...

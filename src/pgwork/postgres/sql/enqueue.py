@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 __all__ = ["EnqueueStatements"]
 
+# Until when retention keeps a new chain for its dedup key's sake (``dedup_until``):
+# ``hold`` seconds from now, the end of the key's window (``DedupSpec(scope="window")``:
+# a later enqueue with that window matches the chain while its ``created_at``, this
+# transaction's now(), is within it); infinity for ``scope="ever"``; NULL (no hold)
+# for every other job.
+_DEDUP_UNTIL = """CASE WHEN {hold} = 'Infinity'::float8 THEN 'infinity'::timestamptz
+             ELSE now() + {hold} * interval '1 second' END"""
+
 # Each array is one text parameter holding an array literal written by pgwork
 # (``_enqueue.insert_params``), cast here: formatting a hundred rows of literals costs
 # less than psycopg's dumping of fifteen lists, the parameter count stays fixed
@@ -23,19 +31,20 @@ __all__ = ["EnqueueStatements"]
 # select list (a ProjectSet node, which hands each row on as it makes it), not in FROM
 # (a Function Scan, which first copies every row into a tuplestore): in lockstep all
 # the same, and less server CPU per row (`python -m bench --only enqueue`).
-INSERT_JOBS = """
+INSERT_JOBS = f"""
 WITH inserted AS (
-    INSERT INTO {jobs} (
+    INSERT INTO {{jobs}} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context, limit_key, limit_group
+        priority, max_attempts, scheduled_at, chain_status, dedup_key, dedup_until,
+        trace_context, context, limit_key, limit_group
     )
     SELECT
         n.id, n.type_name, n.chain_id, n.chain_type_name, n.chain_index, n.input::jsonb,
-        n.status::{job_status}, n.queue, n.priority, n.max_attempts,
+        n.status::{{job_status}}, n.queue, n.priority, n.max_attempts,
         GREATEST(now(), n.run_at, now() + n.run_after * interval '1 second'),
-        CASE WHEN n.id = n.chain_id THEN 'active'::{chain_status} END,
-        n.dedup_key, n.trace_context::jsonb, n.context::jsonb, n.limit_key, n.limit_group
+        CASE WHEN n.id = n.chain_id THEN 'active'::{{chain_status}} END,
+        n.dedup_key, {_DEDUP_UNTIL.format(hold="n.dedup_hold")},
+        n.trace_context::jsonb, n.context::jsonb, n.limit_key, n.limit_group
     FROM (
         SELECT
             unnest(%(ids)s::text::uuid[]) AS id,
@@ -50,6 +59,7 @@ WITH inserted AS (
             unnest(%(run_ats)s::text::timestamptz[]) AS run_at,
             unnest(%(run_afters)s::text::float8[]) AS run_after,
             unnest(%(dedup_keys)s::text::text[]) AS dedup_key,
+            unnest(%(dedup_holds)s::text::float8[]) AS dedup_hold,
             unnest(%(trace_contexts)s::text::text[]) AS trace_context,
             unnest(%(statuses)s::text::text[]) AS status,
             unnest(%(contexts)s::text::text[]) AS context,
@@ -97,23 +107,24 @@ SELECT pg_notify(%(channel)s::text, p) FROM unnest(%(ready)s::text::text[]) AS p
 # INSERT_JOBS for one job, with scalar parameters: psycopg dumps fourteen one-element
 # arrays about ten times slower than fourteen values, and a single start_chain is the
 # commonest enqueue. ``%(ready)s``: the one encoded notice, or NULL for none.
-INSERT_JOB = """
+INSERT_JOB = f"""
 WITH inserted AS (
-    INSERT INTO {jobs} (
+    INSERT INTO {{jobs}} (
         id, type_name, chain_id, chain_type_name, chain_index, input, status, queue,
-        priority, max_attempts, scheduled_at, chain_status, dedup_key, trace_context,
-        context, limit_key, limit_group
+        priority, max_attempts, scheduled_at, chain_status, dedup_key, dedup_until,
+        trace_context, context, limit_key, limit_group
     )
     VALUES (
         %(id)s::uuid, %(type_name)s::text, %(chain_id)s::uuid, %(chain_type_name)s::text,
-        %(chain_index)s::int, %(input)s::jsonb, %(status)s::text::{job_status},
+        %(chain_index)s::int, %(input)s::jsonb, %(status)s::text::{{job_status}},
         %(queue)s::text, %(priority)s::smallint, %(max_attempts)s::int,
         GREATEST(
             now(), %(run_at)s::timestamptz, now() + %(run_after)s::float8 * interval '1 second'
         ),
-        CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{chain_status} END,
-        %(dedup_key)s::text, %(trace_context)s::jsonb, %(context)s::jsonb,
-        %(limit_key)s::text, %(limit_group)s::text
+        CASE WHEN %(id)s::uuid = %(chain_id)s::uuid THEN 'active'::{{chain_status}} END,
+        %(dedup_key)s::text, {_DEDUP_UNTIL.format(hold="%(dedup_hold)s::float8")},
+        %(trace_context)s::jsonb, %(context)s::jsonb, %(limit_key)s::text,
+        %(limit_group)s::text
     )
 )
 SELECT pg_notify(%(channel)s::text, %(ready)s::text) WHERE %(ready)s::text IS NOT NULL

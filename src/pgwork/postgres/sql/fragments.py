@@ -1,5 +1,6 @@
 """SQL fragments several statements share: a job's columns, chain membership, a
-chain's newest job, an attempt appended to a job's history.
+chain's newest job, a job's first blocker edges, an attempt appended to a job's
+history.
 
 Each returns template text (``{jobs}`` still to fill, see ``pgwork.postgres.sql``).
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from pgwork.records import ATTEMPT_HISTORY_LIMIT, HISTORY_TRACEBACK_LIMIT
 
-__all__ = ["appended_history", "in_chain", "job_columns", "last_job"]
+__all__ = ["appended_history", "first_edges", "in_chain", "job_columns", "last_job"]
 
 # Columns of a full job row, in the order ``_rows.job_from_row`` reads them. Input and
 # output come as text and are parsed row by row (``_rows.parse_stored_json``).
@@ -37,6 +38,19 @@ def in_chain(alias: str, chain: str) -> str:
         f"(({alias}.id = {chain} AND {alias}.id = {alias}.chain_id)"
         f" OR ({alias}.chain_id = {chain} AND {alias}.id <> {alias}.chain_id))"
     )
+
+
+def first_edges(job: str, limit: str) -> str:
+    """SQL: a subquery of job ``job``'s first ``limit`` blocker edges (its blocker
+    chain and position), in declaration order: one range of job_blockers_position_idx,
+    however many chains the job waits for."""
+    return f"""(
+    SELECT b.blocker_chain_id, b.position
+    FROM {{job_blockers}} AS b
+    WHERE b.job_id = {job}.id
+    ORDER BY b.position
+    LIMIT {limit}
+)"""
 
 
 def last_job(root: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres.sql.fragments import in_chain
+from pgwork.postgres.sql.fragments import first_edges, in_chain
 
 __all__ = ["InsightStatements", "jobs_table"]
 
@@ -55,13 +55,14 @@ FROM buckets AS b
 ORDER BY 1, 2, 3
 """
 
-# The chains this chain's jobs wait for: the blocker edges of its jobs (primary key of
-# job_blockers leads with job_id; a chain's jobs come from the primary key and
-# jobs_chain_idx).
+# The chains this chain's jobs wait for: the first ``limit`` blocker edges of each of
+# its jobs by position (job_blockers_position_idx), then the first ``limit`` of those
+# (a chain's jobs come from the primary key and jobs_chain_idx). A step waiting for
+# 10,000 children costs ``limit`` edges, not 10,000.
 CHAIN_BLOCKERS = f"""
 SELECT j.chain_id, j.id, e.blocker_chain_id, r.chain_status::text, j.status::text
 FROM {{jobs}} AS j
-JOIN {{job_blockers}} AS e ON e.job_id = j.id
+CROSS JOIN LATERAL {first_edges("j", "%(limit)s")} AS e
 LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
 WHERE {in_chain("j", "%(chain_id)s::uuid")}
 ORDER BY j.chain_index, e.position

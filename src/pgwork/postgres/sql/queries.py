@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pgwork.postgres._names import validate_schema_name
-from pgwork.postgres.sql.fragments import in_chain, job_columns, last_job
+from pgwork.postgres.sql.fragments import first_edges, in_chain, job_columns, last_job
 from pgwork.postgres.sql.history import count_into_history, ended_row
+from pgwork.retention import AWAITED_HOLD
 
 __all__ = ["QueryStatements", "retention_lock_key"]
 
@@ -135,8 +136,12 @@ ORDER BY p.created_at DESC, p.id DESC
 
 # Blocked jobs are few (jobs_attention_idx); each comes with its blockers in declaration
 # order and their chain status (NULL: the blocker chain was deleted).
+# Blocked jobs, newest first, each with its counters and its first %(edges)s edges by
+# position (job_blockers_position_idx): a page reads at most that many edges a job,
+# whatever the number of chains a job waits for (a step may wait for 10,000 children).
 LIST_BLOCKED_JOBS = f"""
-SELECT {job_columns("j")}, blk.chain_ids, blk.statuses
+SELECT {job_columns("j")}, j.blockers_needed, j.blockers_met, j.blockers_open,
+    blk.chain_ids, blk.statuses
 FROM (
     SELECT b.*
     FROM {{jobs}} AS b
@@ -148,13 +153,24 @@ FROM (
     LIMIT %(limit)s
 ) AS j
 CROSS JOIN LATERAL (
-    SELECT array_agg(e.blocker_chain_id ORDER BY e.position) AS chain_ids,
-           array_agg(r.chain_status::text ORDER BY e.position) AS statuses
-    FROM {{job_blockers}} AS e
-    LEFT JOIN {{jobs}} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
-    WHERE e.job_id = j.id
+    SELECT array_agg(f.blocker_chain_id ORDER BY f.position) AS chain_ids,
+           array_agg(r.chain_status::text ORDER BY f.position) AS statuses
+    FROM {first_edges("j", "%(edges)s")} AS f
+    LEFT JOIN {{jobs}} AS r ON r.id = f.blocker_chain_id AND r.id = r.chain_id
 ) AS blk
 ORDER BY j.created_at DESC, j.id DESC
+"""
+
+# One job's edges by position, strictly after ``after`` (job_blockers_position_idx),
+# with each chain's status.
+LIST_BLOCKERS = """
+SELECT e.position, e.blocker_chain_id, r.chain_status::text
+FROM {job_blockers} AS e
+LEFT JOIN {jobs} AS r ON r.id = e.blocker_chain_id AND r.id = r.chain_id
+WHERE e.job_id = %(job_id)s::uuid
+  AND (%(after)s::int IS NULL OR e.position > %(after)s::int)
+ORDER BY e.position
+LIMIT %(limit)s
 """
 
 # Unfinished work per queue, each status read through its partial index (pending from
@@ -231,37 +247,51 @@ WITH gone AS (
 SELECT count(*) FILTER (WHERE id = chain_id), count(*) FROM gone
 """
 
-# One retention sweep per schema at a time; whoever does not get the lock skips.
+# One retention sweep per schema at a time; whoever does not get the lock skips. The
+# sweep's transaction runs without JIT compilation: its delete of thousands of ids by
+# primary key is estimated above ``jit_above_cost``, and compiling it would cost more
+# than running it (``python -m bench.retention``).
 TRY_RETENTION_LOCK = """
-SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s::text, 0))
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s::text, 0)),
+       set_config('jit', 'off', true)
 """
 
-# Ended chains past their type's retention, oldest first within each type. A chain
-# ends after it starts, so ``created_at`` before the cutoff bounds the range read from
-# jobs_chains_idx. A chain cancelled while its root still runs waits for that job to end
-# (a running root is not in that index). Locked with SKIP LOCKED: a chain someone is
-# changing waits for the next sweep. Chains with dependants are kept (they would take
-# the limit every time).
+# Ended chains past their type's retention for how they ended (one range of
+# jobs_chains_idx per type and ending, ``p``), oldest first within each. A chain ends
+# after it starts, so ``created_at`` before the cutoff bounds the range read. A chain
+# cancelled while its root still runs waits for that job to end (a running root is not
+# in that index). Locked with SKIP LOCKED: a chain someone is changing waits for the
+# next sweep. Kept whatever their period (``pgwork.retention``): a chain with
+# dependants that may still run (only a root flagged as having had some,
+# ``chain_has_dependants``, set in the transaction that adds one, is looked up among
+# the edges); one whose dedup window is still open (``dedup_until``), so that the key
+# still deduplicates; and one awaited (``chain_awaited``) that ended less than
+# AWAITED_HOLD ago, so that an awaiter that missed the end's notice reads the outcome.
+_AWAITED_HOLD_S = AWAITED_HOLD.total_seconds()
 LOCK_EXPIRED_CHAINS = f"""
 SELECT e.id
-FROM unnest(%(type_names)s::text[], %(seconds)s::float8[]) AS p(type_name, seconds)
+FROM unnest(%(type_names)s::text[], %(endings)s::text[], %(seconds)s::float8[])
+    AS p(type_name, ending, seconds)
 CROSS JOIN LATERAL (
     SELECT r.id
     FROM {{jobs}} AS r
     WHERE r.id = r.chain_id
       AND r.status <> 'running'
       AND r.chain_type_name = p.type_name
-      AND r.chain_status IN ('completed', 'failed', 'cancelled')
+      AND r.chain_status = p.ending::{{chain_status}}
       AND r.created_at < now() - p.seconds * interval '1 second'
       AND r.chain_completed_at < now() - p.seconds * interval '1 second'
-      AND NOT EXISTS (
+      AND (r.dedup_until IS NULL OR r.dedup_until < now())
+      AND (NOT r.chain_awaited
+           OR r.chain_completed_at < now() - {_AWAITED_HOLD_S!r} * interval '1 second')
+      AND (NOT r.chain_has_dependants OR NOT EXISTS (
           SELECT 1
           FROM {{job_blockers}} AS e
           JOIN {{jobs}} AS d ON d.id = e.job_id
           WHERE e.blocker_chain_id = r.id
             AND d.chain_id <> r.id
             AND d.status IN {_MAY_STILL_RUN}
-      )
+      ))
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED
 ) AS e
@@ -277,21 +307,34 @@ SELECT 1 FROM {job_history_progress} FOR UPDATE
 
 # Runs after LOCK_EXPIRED_CHAINS, under a fresh snapshot: a dependant enqueued between
 # that statement's snapshot and its lock is seen here, and its blocker kept. The jobs
-# deleted that ended at or after the history's progress, which no rollup has counted
-# yet, are counted into the history here (under LOCK_HISTORY_PROGRESS): the history
-# keeps every ended job whichever of the two reaches it first.
+# to delete are found by index, the roots by primary key and their continuations in
+# jobs_chain_idx, and deleted by primary key: a condition over thousands of ids that
+# ORs the two (``in_chain``) is read as a scan of the whole table. The jobs deleted
+# that ended at or after the history's progress, which no rollup has counted yet, are
+# counted into the history here (under LOCK_HISTORY_PROGRESS): the history keeps every
+# ended job whichever of the two reaches it first.
 DELETE_EXPIRED_CHAINS = f"""
-WITH gone AS (
-    DELETE FROM {{jobs}} AS j
-    WHERE {in_chain("j", "ANY(%(ids)s::uuid[])")}
-      AND NOT EXISTS (
+WITH doomed AS (
+    SELECT r.id
+    FROM {{jobs}} AS r
+    WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+      AND (NOT r.chain_has_dependants OR NOT EXISTS (
           SELECT 1
           FROM {{job_blockers}} AS e
           JOIN {{jobs}} AS d ON d.id = e.job_id
-          WHERE e.blocker_chain_id = j.chain_id
-            AND d.chain_id <> j.chain_id
+          WHERE e.blocker_chain_id = r.id
+            AND d.chain_id <> r.id
             AND d.status IN {_MAY_STILL_RUN}
-      )
+      ))
+), members AS (
+    SELECT x.id FROM doomed AS x
+    UNION ALL
+    SELECT c.id
+    FROM doomed AS x
+    JOIN {{jobs}} AS c ON c.chain_id = x.id AND c.id <> c.chain_id
+), gone AS (
+    DELETE FROM {{jobs}} AS j
+    WHERE j.id = ANY(ARRAY(SELECT m.id FROM members AS m))
     RETURNING j.id, j.chain_id, j.queue, j.type_name, j.status, j.scheduled_at,
         j.started_at, j.completed_at, j.attempt
 ), uncounted AS (
@@ -334,6 +377,7 @@ class QueryStatements:
     list_jobs: bytes
     list_chains: bytes
     list_blocked_jobs: bytes
+    list_blockers: bytes
     count_jobs: bytes
     lock_chains: bytes
     find_dependants: bytes

@@ -8,7 +8,9 @@ MATCH_SIGNALS, as the next statement (so under a snapshot taken after the lock),
 the oldest pending signals of each name with its oldest waiting steps, both locked
 ``FOR UPDATE``. The lock makes the matches of one name take turns: the second sees
 what the first committed, so no signal goes to two steps and no two matches each take
-half of a pair.
+half of a pair. Before that transaction, MATCHABLE_NAMES reads, without a lock, which
+of the names have both a pending signal and a waiting step: every worker that hears a
+name's notice asks for it, and most find nothing left to pair.
 """
 
 from __future__ import annotations
@@ -128,6 +130,21 @@ JOIN consumed AS c ON c.id = pairs.signal_id
 ORDER BY pairs.name, pairs.signal_id
 """
 
+# Which of ``names`` have both a pending signal and a waiting step, read before a
+# match's transaction, without a lock: a name it leaves out has nothing to pair as of
+# its snapshot, taken after the commit whose notice (or hand-on) asked for the name.
+# Whatever commits later that could pair it asks for it again, and the sweep catches a
+# name whose asking was lost; so no match need run for it. A name it returns may be
+# paired by another worker's match meanwhile: that is the match's to find out, under
+# the name's lock. Two probes of two partial indexes a name, no row locked or written.
+MATCHABLE_NAMES = f"""
+SELECT n.name
+FROM (SELECT DISTINCT n AS name FROM unnest(%(names)s::text[]) AS n) AS n
+WHERE EXISTS (SELECT 1 FROM {{signals}} AS s WHERE s.name = n.name AND s.consumed_by IS NULL)
+  AND EXISTS (SELECT 1 FROM {{jobs}} AS j WHERE {_WAITING})
+ORDER BY n.name
+"""
+
 # Names with both a pending signal and a waiting step: each was to be matched after
 # its second write committed, which a worker that died then (or a notice lost) left
 # undone. A merge of the two partial indexes in name order, stopping at ``limit``.
@@ -207,6 +224,7 @@ class SignalStatements:
     send_signals: bytes
     lock_signal_names: bytes
     match_signals: bytes
+    matchable_names: bytes
     find_unmatched: bytes
     received_signal: bytes
     prune_signals: bytes

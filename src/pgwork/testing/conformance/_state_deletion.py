@@ -17,6 +17,7 @@ import anyio
 
 from pgwork.adapters.state import ChainBlockers, ChainDeletion, ChainDependant, Maintenance, NewJob
 from pgwork.records import ChainStatus
+from pgwork.retention import Retention
 from pgwork.testing.conformance._harness import BETA, StateHarness, StateSuiteBase, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
@@ -149,7 +150,10 @@ class RetentionConformance(StateSuiteBase):
             await store.finish(job.id)
         await self._until_expired(store, completed, failed, cancelled, held_back)
 
-        retention = {SHORT: self.short_retention, LONG: timedelta(hours=1)}
+        retention = {
+            SHORT: Retention.uniform(self.short_retention),
+            LONG: Retention.uniform(timedelta(hours=1)),
+        }
         assert await store.adapter.delete_expired_chains(retention=retention, limit=100) == 3
         for gone in (completed.id, follow.id, failed.id, cancelled.id):
             assert not await store.exists(gone)
@@ -157,9 +161,38 @@ class RetentionConformance(StateSuiteBase):
             assert await store.exists(kept.id)
         assert await store.adapter.delete_expired_chains(retention=retention, limit=100) == 0
         assert await store.adapter.delete_expired_chains(retention={}, limit=100) == 0
-        everything = dict.fromkeys((SHORT, LONG, "conformance.chain"), timedelta(0))
+        everything = dict.fromkeys(
+            (SHORT, LONG, "conformance.chain"), Retention.uniform(timedelta(microseconds=1))
+        )
         assert await store.adapter.delete_expired_chains(retention=everything, limit=0) == 0
+        kept_for_ever = dict.fromkeys((SHORT, LONG, "conformance.chain"), Retention.forever())
+        assert await store.adapter.delete_expired_chains(retention=kept_for_ever, limit=100) == 0
         assert await store.exists(unlisted.id)
+
+    async def test_retention_periods_are_per_way_of_ending(self, store: StateHarness) -> None:
+        completed, failed, cancelled = (
+            store.new_job(queue=q, chain_type_name=SHORT, max_attempts=1)
+            for q in ("completed", "failed", "cancelled")
+        )
+        await store.seed(completed, failed, cancelled)
+        await store.finish(completed.id)
+        await store.fail_for_good(failed)
+        async with store.adapter.transaction() as tx:
+            await store.adapter.cancel_chains(tx, chain_ids=[cancelled.id])
+        await self._until_expired(store, completed, failed, cancelled)
+
+        policy = Retention(
+            completed=None, failed=timedelta(hours=1), cancelled=self.short_retention
+        )
+        retention = {SHORT: policy}
+        assert await store.adapter.delete_expired_chains(retention=retention, limit=100) == 1
+        assert not await store.exists(cancelled.id)
+        assert await store.exists(completed.id)
+        assert await store.exists(failed.id)
+        retention = {SHORT: Retention(completed=self.short_retention, failed=None, cancelled=None)}
+        assert await store.adapter.delete_expired_chains(retention=retention, limit=100) == 1
+        assert not await store.exists(completed.id)
+        assert await store.exists(failed.id)
 
     async def test_retention_deletes_at_most_limit_chains_per_call(
         self, store: StateHarness
@@ -169,7 +202,7 @@ class RetentionConformance(StateSuiteBase):
         for job in ended:
             await store.finish(job.id)
         await self._until_expired(store, *ended)
-        retention = {SHORT: self.short_retention}
+        retention = {SHORT: Retention.uniform(self.short_retention)}
         counts = [await store.adapter.delete_expired_chains(retention=retention, limit=2)]
         counts.append(await store.adapter.delete_expired_chains(retention=retention, limit=2))
         counts.append(await store.adapter.delete_expired_chains(retention=retention, limit=2))
@@ -183,7 +216,7 @@ class RetentionConformance(StateSuiteBase):
         for job in ended:
             await store.finish(job.id)
         await self._until_expired(store, *ended)
-        retention = {SHORT: self.short_retention}
+        retention = {SHORT: Retention.uniform(self.short_retention)}
         counts: list[int] = []
 
         async def sweep() -> None:

@@ -20,6 +20,7 @@ from pgwork.adapters.history import (
     JobHistory,
 )
 from pgwork.adapters.state import Maintenance, OperatorViews
+from pgwork.retention import Retention
 from pgwork.testing.conformance._harness import ALPHA, StateHarness, StateSuiteBase, requires
 
 HOUR = timedelta(hours=1)
@@ -90,10 +91,9 @@ class JobHistoryConformance(StateSuiteBase):
         await store.finish(ended[0].id)
         chain = await store.chain(ended[0].chain_id)
         assert chain.completed_at is not None
-        retention = {"conformance.short": timedelta(seconds=0.2)}
-        await store.wait_for_store_clock(
-            chain.completed_at + retention["conformance.short"], timeout=self.expiry_timeout
-        )
+        period = timedelta(seconds=0.2)
+        retention = {"conformance.short": Retention.uniform(period)}
+        await store.wait_for_store_clock(chain.completed_at + period, timeout=self.expiry_timeout)
 
         assert await store.adapter.delete_expired_chains(retention=retention, limit=10) == 1
         assert not await store.exists(ended[0].id)

@@ -18,6 +18,8 @@ from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from pgwork.adapters.state import (
+    LISTED_BLOCKERS,
+    BlockerEdge,
     BlockerStatus,
     ChainBlockers,
     ChainFilter,
@@ -39,6 +41,8 @@ from pgwork.testing.conformance._harness import (
 from pgwork.testing.conformance._rollback import rolled_back
 
 OTHER_CHAIN = "conformance.other"
+# No job has it.
+NO_SUCH_JOB = UUID(int=7)
 CLOCK_SLACK = timedelta(seconds=5)
 
 
@@ -294,9 +298,67 @@ class QueryConformance(StateSuiteBase):
         )
         walked = await all_pages(page, size=1)
         assert [j.id for j in walked] == [b.job.id for b in listed]
+        counts = {
+            b.job.id: (b.blockers_needed, b.blockers_met, b.blockers_open, b.more_blockers)
+            for b in listed
+        }
+        assert counts == {
+            both.id: (2, 1, 1, False),
+            one.id: (1, 0, 1, False),
+            later.id: (2, 1, 1, False),
+        }
 
         await store.finish(active.id)
         assert await store.adapter.list_blocked_jobs(None, after=None, limit=10) == []
+
+    @requires(ChainBlockers, OperatorViews)
+    async def test_a_job_waiting_for_many_chains_lists_its_first_and_pages_them_all(
+        self, store: StateHarness
+    ) -> None:
+        """A blocked job is listed with its first ``LISTED_BLOCKERS`` blockers in
+        declaration order (not their ids' order) and its counts; ``list_blockers`` pages
+        through every one by position."""
+        many = LISTED_BLOCKERS + 5
+        chains = [store.new_job(queue="a") for _ in range(many)]
+        await store.seed(*chains)
+        ended = {chains[0].id, chains[3].id, chains[-1].id}
+        for chain_id in ended:
+            await store.finish(chain_id)
+        declared = [c.id for c in reversed(chains)]
+        waiting = store.new_job(BETA, queue="merge", blockers=declared)
+        exactly = store.new_job(BETA, queue="merge", blockers=declared[:LISTED_BLOCKERS])
+        await store.seed(waiting, exactly)
+
+        def status(chain_id: UUID) -> ChainStatus:
+            return ChainStatus.COMPLETED if chain_id in ended else ChainStatus.ACTIVE
+
+        listed = {
+            b.job.id: b for b in await store.adapter.list_blocked_jobs(None, after=None, limit=10)
+        }
+        first = [BlockerStatus(c, status(c)) for c in declared[:LISTED_BLOCKERS]]
+        assert listed[waiting.id].blockers == tuple(first)
+        assert listed[waiting.id].more_blockers
+        assert (
+            listed[waiting.id].blockers_needed,
+            listed[waiting.id].blockers_met,
+            listed[waiting.id].blockers_open,
+        ) == (many, len(ended), many - len(ended))
+        assert listed[exactly.id].blockers == tuple(first)
+        assert not listed[exactly.id].more_blockers
+
+        edges: list[BlockerEdge] = []
+        after: int | None = None
+        for _ in range(many):
+            page = await store.adapter.list_blockers(None, job_id=waiting.id, after=after, limit=7)
+            assert len(page) <= 7
+            edges.extend(page)
+            if len(page) < 7:
+                break
+            after = page[-1].position
+        assert edges == [BlockerEdge(n, c, status(c)) for n, c in enumerate(declared)]
+        assert (
+            await store.adapter.list_blockers(None, job_id=NO_SUCH_JOB, after=None, limit=7) == []
+        )
 
     @requires(ChainBlockers, OperatorViews)
     async def test_count_jobs_gives_each_queues_unfinished_work_and_pause_state(

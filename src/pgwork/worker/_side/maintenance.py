@@ -52,6 +52,9 @@ __all__ = [
     "HISTORY_BATCHES_PER_ROUND",
     "LIMIT_PRUNE_BATCH",
     "LIMIT_PRUNE_BATCHES_PER_ROUND",
+    "RETENTION_BATCH",
+    "RETENTION_BEHIND_EVERY_S",
+    "RETENTION_ROUND_S",
     "WORKER_RETENTION_S",
     "Maintenance",
 ]
@@ -80,6 +83,19 @@ DEFAULT_SIGNAL_RETENTION = timedelta(days=7)
 SIGNAL_SWEEP_BATCH = 100
 SIGNAL_PRUNE_BATCH = 1000
 
+# Chains one retention step deletes (one transaction): a few thousand keep each
+# transaction short (its locks are on ended chains only) and the statements per chain
+# few. A round runs steps while a step comes back full, for at most RETENTION_ROUND_S,
+# so the other steps and the schedules' ticks wait at most that long. The first round
+# runs RETENTION_BEHIND_EVERY_S after the start; a round that ran out of time (still
+# behind) is followed by the next on the loop's next tick, one that deleted a batch's
+# worth or more by the next after RETENTION_BEHIND_EVERY_S (chains end at that pace),
+# and each round that found less doubles the wait, up to ``retention_every``.
+# ``python -m bench.retention`` measures how fast this deletes beside a drain.
+RETENTION_BATCH = 5000
+RETENTION_ROUND_S = 5.0
+RETENTION_BEHIND_EVERY_S = 1.0
+
 
 class Maintenance:
     def __init__(
@@ -90,6 +106,8 @@ class Maintenance:
         tick: float = 1.0,
         sweep_every: float = 30.0,
         retention_every: float = 60.0,
+        retention_batch: int = RETENTION_BATCH,
+        retention_round: float = RETENTION_ROUND_S,
         worker_retention: float = WORKER_RETENTION_S,
         prune_every: float = 600.0,
         history_every: float = 30.0,
@@ -101,6 +119,10 @@ class Maintenance:
         self.tick = tick
         self.sweep_every = sweep_every
         self.retention_every = retention_every
+        self.retention_batch = retention_batch
+        self.retention_round = retention_round
+        # The wait before the next retention round (see RETENTION_BATCH).
+        self.retention_wait = min(RETENTION_BEHIND_EVERY_S, retention_every)
         self.worker_retention = worker_retention
         self.prune_every = prune_every
         self.history_every = history_every
@@ -112,11 +134,18 @@ class Maintenance:
         self._store = client.capabilities.maintenance
         # Signals the sweep delivered (for tests and stats).
         self.swept = 0
-        self._retention = {t.name: t.retention for t in client.registry if t.retention is not None}
+        self._retention = {
+            t.name: t.retention for t in client.registry if not t.retention.keeps_everything
+        }
+        # Set by ``wind_down``: no step begins after it, a retention round ends after
+        # its batch. ``_between_steps`` is set while no step runs.
+        self._winding_down = anyio.Event()
+        self._between_steps = anyio.Event()
+        self._between_steps.set()
 
     async def run_forever(self) -> None:
         next_sweep = time.monotonic()  # at start: what a crash left
-        next_retention = time.monotonic() + self.retention_every
+        next_retention = time.monotonic() + self.retention_wait
         next_prune = time.monotonic() + self.prune_every
         next_history = time.monotonic() + self.history_every
         next_signal_sweep = time.monotonic()  # at start: what a crash left
@@ -136,8 +165,8 @@ class Maintenance:
                 next_history = now + self.history_every
                 await self._guarded("history rollup", self.roll_up_history)
             if maintained and self._retention and now >= next_retention:
-                next_retention = now + self.retention_every
                 await self._guarded("retention", self.purge)
+                next_retention = time.monotonic() + self.retention_wait
             if maintained and now >= next_prune:
                 next_prune = now + self.prune_every
                 await self._guarded("worker pruning", self.prune_workers)
@@ -148,10 +177,23 @@ class Maintenance:
             await anyio.sleep(self.tick)
 
     async def _guarded(self, what: str, step: Any) -> None:
+        if self._winding_down.is_set():
+            return
+        self._between_steps = anyio.Event()
         try:
             await step()
         except Exception as exc:
             log.warning("pgwork maintenance step %s failed: %r", what, exc)
+        finally:
+            self._between_steps.set()
+
+    async def wind_down(self) -> None:
+        """Begin no further step, and return once the one in progress ended (the
+        caller bounds the wait). A step cancelled mid-statement costs its pooled
+        connection: psycopg closes a connection whose query's cancellation was itself
+        cancelled, and says so in two warnings at every stop that came mid-step."""
+        self._winding_down.set()
+        await self._between_steps.wait()
 
     async def fire_due(self, now: datetime | None = None) -> int:
         """Enqueue each schedule's current tick unless this worker already did; ticks
@@ -268,8 +310,40 @@ class Maintenance:
                 break
         return counted
 
-    async def purge(self) -> None:
+    async def purge(self) -> int:
+        """Delete the chains past their type's retention, a batch at a time while a
+        batch comes back full and the round has time left; returns how many.
+
+        Sets ``retention_wait``: none after a round that ran out of time with a full
+        batch (more are expired: the next round runs on the loop's next tick),
+        ``RETENTION_BEHIND_EVERY_S`` after one that deleted a batch's worth or more,
+        else twice the last wait, up to ``retention_every``. A batch that finds
+        another worker's sweep in progress deletes nothing, and this one backs off as
+        if caught up."""
         store = self.client.capabilities.require_maintenance("retention")
-        deleted = await store.delete_expired_chains(retention=self._retention, limit=1000)
-        if deleted:
-            log.info("pgwork retention deleted %d expired chain(s)", deleted)
+        deadline = time.monotonic() + self.retention_round
+        deleted = 0
+        behind = False
+        try:
+            while True:
+                step = await store.delete_expired_chains(
+                    retention=self._retention, limit=self.retention_batch
+                )
+                deleted += step
+                if step < self.retention_batch or self._winding_down.is_set():
+                    break
+                if time.monotonic() >= deadline:
+                    behind = True
+                    break
+        finally:
+            if behind:
+                self.retention_wait = 0.0
+            elif deleted >= self.retention_batch:
+                self.retention_wait = min(RETENTION_BEHIND_EVERY_S, self.retention_every)
+            else:
+                self.retention_wait = min(
+                    max(self.retention_wait * 2, RETENTION_BEHIND_EVERY_S), self.retention_every
+                )
+            if deleted:
+                log.info("pgwork retention deleted %d expired chain(s)", deleted)
+        return deleted
