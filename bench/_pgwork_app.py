@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from pgwork import (
     Client,
     Continue,
     JobTypeRegistry,
+    NotifyAdapter,
     PostgresNotifyAdapter,
     PostgresStateAdapter,
     Rate,
@@ -35,6 +37,7 @@ from pgwork.testing import uuid7_sql
 
 __all__ = [
     "KEY_CONCURRENCY",
+    "NOTIFY_KINDS",
     "PACED_RATE",
     "RETAINED",
     "SCHEMA",
@@ -42,6 +45,7 @@ __all__ = [
     "Item",
     "bulk_load",
     "enqueue_jobs",
+    "make_notify",
     "open_client",
     "outstanding",
     "registry",
@@ -84,12 +88,39 @@ def registry() -> JobTypeRegistry:
     return reg
 
 
+# The notify transports a benchmark client can use (``make_notify``).
+NOTIFY_KINDS = ("postgres", "redis", "nats", "none")
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NATS_URL = "nats://127.0.0.1:4222"
+
+
+def make_notify(kind: str, dsn: str) -> NotifyAdapter | None:
+    """The notify adapter ``kind`` names: PostgreSQL's LISTEN/NOTIFY on ``dsn``, Redis or
+    NATS on this machine's servers (``PGWORK_BENCH_REDIS_URL``, ``PGWORK_BENCH_NATS_URL``
+    to point elsewhere), or None: no notification a worker in another process hears."""
+    if kind == "postgres":
+        return PostgresNotifyAdapter(dsn, schema=SCHEMA)
+    if kind == "redis":
+        from pgwork.notify.redis import RedisNotifyAdapter
+
+        return RedisNotifyAdapter(os.environ.get("PGWORK_BENCH_REDIS_URL", REDIS_URL))
+    if kind == "nats":
+        from pgwork.notify.nats import NatsNotifyAdapter
+
+        return NatsNotifyAdapter(os.environ.get("PGWORK_BENCH_NATS_URL", NATS_URL))
+    if kind == "none":
+        return None
+    raise ValueError(f"unknown notify kind {kind!r}; choose from {NOTIFY_KINDS}")
+
+
 @asynccontextmanager
-async def open_client(dsn: str, *, pool_size: int = 10) -> AsyncIterator[Client]:
+async def open_client(
+    dsn: str, *, pool_size: int = 10, notify: str = "postgres"
+) -> AsyncIterator[Client]:
     state = await PostgresStateAdapter.connect(dsn, schema=SCHEMA, max_size=pool_size)
     client = create_client(
         state_adapter=state,
-        notify_adapter=PostgresNotifyAdapter(dsn, schema=SCHEMA),
+        notify_adapter=make_notify(notify, dsn),
         registry=registry(),
     )
     try:

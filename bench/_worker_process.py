@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ import psycopg
 
 from bench._cost import CostMeter
 from bench._loop import current, run
-from bench._pgwork_app import Counter, enqueue_jobs, open_client
+from bench._pgwork_app import NOTIFY_KINDS, Counter, enqueue_jobs, open_client
 from bench._report import Cost
 from bench._spans import Spans
 
@@ -62,11 +63,50 @@ async def _go() -> bool:
     return line.strip() == "go"
 
 
+# The store's operations that acquire jobs, each one statement: what ``--count-acquires``
+# counts (an acquire that comes back empty counts too).
+ACQUIRING = ("acquire", "complete_and_acquire", "acquire_limited")
+
+
+class AcquireCount:
+    """Counts the acquiring calls a worker makes on its store: the instance's own
+    methods are wrapped, so the worker, which holds the same object, goes through them.
+    One operation may call another of them on the same instance (a turn without
+    completions is a plain ``acquire``): only the outermost call counts."""
+
+    def __init__(self, state: Any) -> None:
+        self.calls = 0
+        self._inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
+            "acquiring", default=False
+        )
+        for name in ACQUIRING:
+            original = getattr(state, name, None)
+            if original is not None:
+                setattr(state, name, self._counted(original))
+
+    def _counted(self, original: Any) -> Any:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            if self._inside.get():
+                return await original(*args, **kwargs)
+            self.calls += 1
+            token = self._inside.set(True)
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                self._inside.reset(token)
+
+        return counted
+
+
 async def _child(args: argparse.Namespace) -> None:
     from pgwork import create_in_process_worker
     from pgwork.worker import tune_gc
 
-    counter = Counter(target=args.target or 2**62, on_first=lambda: _say(event="first"))
+    counter = Counter(
+        target=args.target or 2**62,
+        on_first=lambda: _say(event="first"),
+        record_starts=args.record_starts,
+    )
     options: dict[str, Any] = {}
     if args.slots is not None:
         options["max_slots"] = args.slots
@@ -76,7 +116,15 @@ async def _child(args: argparse.Namespace) -> None:
         options["atomic_group"] = args.atomic_group
     spans = Spans(counter, args.hold_ms / 1e3) if args.hold_ms or args.spans else None
     handler = counter.handler() if spans is None else spans.handler()
-    async with open_client(args.dsn) as client:
+    async with open_client(args.dsn, pool_size=args.pool_size, notify=args.notify) as client:
+        acquires = AcquireCount(client.state) if args.count_acquires else None
+        extra: dict[str, Any] = {}
+
+        def counts() -> dict[str, Any]:
+            if acquires is not None:
+                extra["acquires"] = acquires.calls
+            return extra
+
         worker = create_in_process_worker(client=client, processors={args.type: handler}, **options)
         if not args.no_gc_tuning:
             tune_gc()  # as the `pgwork worker` program does once the application is loaded
@@ -87,7 +135,7 @@ async def _child(args: argparse.Namespace) -> None:
 
         async def report() -> None:
             while args.report_every > 0:
-                _say(event="count", count=counter.count, first=counter.first)
+                _say(event="count", count=counter.count, first=counter.first, **counts())
                 if counter.done.is_set():
                     await anyio.sleep(args.report_every)
                     continue
@@ -101,7 +149,9 @@ async def _child(args: argparse.Namespace) -> None:
         await stop()
         if spans is not None and args.spans:
             await spans.write(args.dsn)
-        _say(event="stopped", count=counter.count, first=counter.first)
+        if args.record_starts:
+            extra["starts"] = counter.starts
+        _say(event="stopped", count=counter.count, first=counter.first, **counts())
 
 
 async def _enqueuer(args: argparse.Namespace) -> None:
@@ -129,6 +179,8 @@ class WorkerProcess:
         self.seconds: float | None = None
         self.meter: CostMeter | None = None
         self.loop: str | None = None  # the event loop the child said it runs on
+        self.acquires = 0  # with --count-acquires: the acquiring calls, as last reported
+        self.starts: dict[int, float] = {}  # with --record-starts: job n -> handler start
         self._ready = asyncio.Event()
         self._stopped = asyncio.Event()
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -146,13 +198,24 @@ class WorkerProcess:
         target: int | None = None,
         hold_ms: float = 0.0,
         spans: bool = False,
+        notify: str = "postgres",
+        count_acquires: bool = False,
+        record_starts: bool = False,
+        pool_size: int = 10,
     ) -> WorkerProcess:
         """A worker process, ready (its client open); ``go()`` starts the worker.
         ``slots`` / ``poll_interval`` None: pgwork's defaults. ``target``: the count of
         handler starts it reports as soon as it is reached. ``hold_ms``: each handler
         holds its attempt that long; ``spans``: and the handlers' spans are written into
-        ``bench_spans`` as the worker stops."""
+        ``bench_spans`` as the worker stops. ``notify``: the transport it listens on
+        (``make_notify``); ``count_acquires``: it reports its acquiring calls;
+        ``record_starts``: it reports when each job's handler started."""
         args = ["--type", type_name, "--report-every", str(report_every)]
+        args += ["--notify", notify, "--pool-size", str(pool_size)]
+        if count_acquires:
+            args.append("--count-acquires")
+        if record_starts:
+            args.append("--record-starts")
         if hold_ms:
             args += ["--hold-ms", str(hold_ms)]
         if spans:
@@ -210,6 +273,10 @@ class WorkerProcess:
             elif kind in ("count", "stopped"):
                 self.count = int(event["count"])
                 self.first = event.get("first")
+                self.acquires = int(event.get("acquires", self.acquires))
+                starts = event.get("starts")
+                if starts:
+                    self.starts = {int(n): float(at) for n, at in starts.items()}
                 if kind == "stopped":
                     self._stopped.set()
             elif kind == "enqueued":
@@ -295,6 +362,14 @@ def main() -> None:
         "--spans", action="store_true", help="write the handlers' spans into bench_spans"
     )
     parser.add_argument("--enqueue", type=int, default=None, help="enqueue this many jobs")
+    parser.add_argument("--notify", choices=NOTIFY_KINDS, default="postgres")
+    parser.add_argument("--pool-size", type=int, default=10, help="the state adapter's pool")
+    parser.add_argument(
+        "--count-acquires", action="store_true", help="report the acquiring calls made"
+    )
+    parser.add_argument(
+        "--record-starts", action="store_true", help="report when each handler started"
+    )
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--batch", type=int, default=0)
     args = parser.parse_args()

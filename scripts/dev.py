@@ -38,8 +38,9 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / ("python.exe" if os.name == "nt" else "python")
 
 # pgwork's extras the suite exercises: psycopg's wheels (a libpq of their own), the
-# embedded server, the dashboard, metrics, asyncpg and uvloop.
-EXTRAS = "asyncpg,binary,dashboard,embedded,prometheus,uvloop"
+# embedded server, the dashboard, metrics, asyncpg, uvloop and the brokers' notify
+# adapters.
+EXTRAS = "asyncpg,binary,dashboard,embedded,nats,prometheus,redis,uvloop"
 # The first pip that installs a dependency group (`--group`).
 PIP = "pip>=25.1"
 # The files the install reads: a change to any of them reinstalls.

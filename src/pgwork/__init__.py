@@ -4,9 +4,10 @@ This module only re-exports the public API; see the README for a tour.
 """
 
 from pgwork._flow_control import Rate
+from pgwork.adapters.after_commit import notify_after_commit
 from pgwork.adapters.in_process import InProcessNotifyAdapter
 from pgwork.adapters.limits import KeyLimitStatus, Limits, LimitStatus
-from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
+from pgwork.adapters.notify import ClaimsHints, Listener, Notice, NotifyAdapter
 from pgwork.adapters.state import (
     BlockedJob,
     BlockerEdge,
@@ -120,6 +121,7 @@ __all__ = [
     "ChildNotStartedHereError",
     "ChildWaitNotAllowedError",
     "Children",
+    "ClaimsHints",
     "Client",
     "ConfigurationError",
     "ContinuationNotAllowedError",
@@ -207,4 +209,5 @@ __all__ = [
     "create_client",
     "create_in_process_worker",
     "log_context",
+    "notify_after_commit",
 ]

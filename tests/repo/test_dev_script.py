@@ -157,7 +157,7 @@ def test_pip_is_brought_to_one_that_reads_dependency_groups_before_the_install(
     assert upgrade[1:] == [*pip, "pip>=25.1"]
     assert install[1:] == [
         *pip,
-        *("-e", f"{tmp_path}[asyncpg,binary,dashboard,embedded,prometheus,uvloop]"),
+        *("-e", f"{tmp_path}[asyncpg,binary,dashboard,embedded,nats,prometheus,redis,uvloop]"),
         *("-e", str(tmp_path / "bench")),
         *("--group", "dev"),
     ]

@@ -23,6 +23,7 @@ EXPECTED = {
     "ChainStatus",
     "ChildNotStartedHereError",
     "ChildWaitNotAllowedError",
+    "ClaimsHints",
     "Children",
     "Client",
     "ConfigurationError",
@@ -111,6 +112,7 @@ EXPECTED = {
     "create_client",
     "create_in_process_worker",
     "log_context",
+    "notify_after_commit",
 }
 
 

@@ -1,9 +1,11 @@
 """A notify adapter for one process: workers and clients sharing an event loop.
 
 It cannot see the caller's transaction, so a notice is delivered at once, even if the
-enqueueing transaction later rolls back. That is harmless (notices are hints: a woken
-worker finds nothing and waits again) but the PostgreSQL adapter is the one to use when
-clients and workers live in different processes.
+enqueueing transaction later rolls back, unless a ``notify_after_commit`` block holds
+it until the transaction inside the block committed. A notice delivered early is
+harmless (notices are hints: a woken worker finds nothing and waits again) but the
+PostgreSQL adapter is the one to use when clients and workers live in different
+processes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from pgwork.adapters.after_commit import held_notices
 from pgwork.adapters.notify import Listener, Notice
 
 __all__ = ["InProcessNotifyAdapter"]
@@ -43,6 +46,14 @@ class InProcessNotifyAdapter:
         self._subscribers: set[MemoryObjectSendStream[Notice]] = set()
 
     async def publish(self, tx: object | None, *, notices: Sequence[Notice]) -> None:
+        held = held_notices() if tx is not None else None
+        if held is not None:
+            held.hold(self, notices)
+            return
+        await self.send_held(notices)
+
+    async def send_held(self, notices: Sequence[Notice]) -> None:
+        """Deliver ``notices`` now (what a ``notify_after_commit`` block held)."""
         for send in list(self._subscribers):
             for notice in notices:
                 try:

@@ -18,6 +18,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgwork.adapters.after_commit import notify_after_commit
 from pgwork.adapters.state import TransactionHandle
 from pgwork.errors import DatabaseTimeoutError
 from pgwork.postgres._callers import DbConn, fetch
@@ -99,8 +100,9 @@ class AdapterBase:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[TransactionHandle]:
-        # Not bounded: the block is the caller's, and may hold anything.
-        async with borrow(self.pool, None) as conn:
+        # Not bounded: the block is the caller's, and may hold anything. A broker's
+        # notices published in it are sent once it committed (``after_commit``).
+        async with notify_after_commit(independent=True), borrow(self.pool, None) as conn:
             await read_committed(conn)
             async with conn.transaction():
                 yield PgTransaction(conn)

@@ -18,7 +18,7 @@ from psycopg.pq import TransactionStatus
 
 from pgwork._frozen import frozen_builder
 from pgwork.adapters._state_records import earliest_due
-from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
+from pgwork.adapters.notify import Notice, NotifyAdapter, counted_ready, ready_notices
 from pgwork.adapters.state import (
     Completion,
     CompletionResult,
@@ -114,9 +114,9 @@ class CompletionOps(EnqueueOps):
             results = mark_deferred(results, deferred)
         if notify is not None:
             chain_ids = {row[0]: row[1] for row in rows}
-            notices = ready_notices(
-                _ready_of(results), earliest_due(d for r in results for d in r.due)
-            )
+            # Each queue with how many jobs the completions made ready in it.
+            notices = counted_ready(q for r in results for q in r.ready_queues)
+            notices += ready_notices((), earliest_due(d for r in results for d in r.due))
             notices += [
                 Notice(kind="chain_done", chain_id=chain_ids[r.job_id])
                 for r in results
@@ -138,7 +138,9 @@ class CompletionOps(EnqueueOps):
         runs_now = not scheduled(following)
         channel = notify.channel if isinstance(notify, PostgresNotifyAdapter) else None
         # A scheduled continuation is announced with its due time, for a timer.
-        [ready_notice] = due_notices([following]) or [Notice(kind="ready", queue=following.queue)]
+        [ready_notice] = due_notices([following]) or [
+            Notice(kind="ready", queue=following.queue, count=1)
+        ]
         params = {
             "id": completion.job_id,
             "token": completion.lease_token,
@@ -346,11 +348,6 @@ def _plain_hand_on(completion: Completion) -> bool:
         and following.dedup is None
         and following.wait_signal is None
     )
-
-
-def _ready_of(results: Sequence[CompletionResult]) -> list[str]:
-    """Every queue some result made ready, once."""
-    return sorted({q for r in results for q in r.ready_queues})
 
 
 def atomic_completion_params(completion: Completion) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from uuid import UUID
 
 import psycopg
 
-from pgwork.adapters.notify import Notice, NotifyAdapter, ready_notices
+from pgwork.adapters.notify import Notice, NotifyAdapter, counted_ready, ready_notices
 from pgwork.adapters.state import (
     DedupSpec,
     InsertedJob,
@@ -108,7 +108,7 @@ class EnqueueOps(ChainOps, QueryOps):
                 raise missing from exc
             raise
         if notify is not None and channel is None:
-            await notify.publish(tx, notices=[Notice(kind="ready", queue=job.queue)])
+            await notify.publish(tx, notices=[Notice(kind="ready", queue=job.queue, count=1)])
         return [InsertedJob(job.id, job.chain_id, _PENDING, False)]
 
     async def _insert_streamed(
@@ -196,8 +196,17 @@ class EnqueueOps(ChainOps, QueryOps):
                 if settled.get(job.id) is JobStatus.PENDING and not scheduled(job)
             }
         if notify is not None:
-            queues = late if announced else late.union(ready)
-            notices = [Notice(kind="ready", queue=q) for q in sorted(queues)]
+            if announced:
+                notices = [Notice(kind="ready", queue=q) for q in sorted(late)]
+            else:  # each queue with how many of its jobs are ready: that many may look
+                notices = counted_ready(
+                    [job.queue for job in fresh if not job.blockers and not scheduled(job)]
+                    + [
+                        job.queue
+                        for job in blocked
+                        if settled.get(job.id) is JobStatus.PENDING and not scheduled(job)
+                    ]
+                )
             notices += due_notices(fresh)
             notices += due_notices(waiting)  # the timeouts
             notices += ready_notices((), resolution.due)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -32,7 +33,13 @@ async def announce_ready(
     the poll interval covers for it."""
     if notify is None:
         return
-    notices = [Notice(kind="ready", queue=q, at=at) for q in dict.fromkeys(queues)]
+    # A queue named once per job, so that a broker hands out that many looks; None
+    # (any queue) or a due time: every worker hears it.
+    counts = Counter(queues)
+    notices = [
+        Notice(kind="ready", queue=q, at=at, count=n if q is not None and at is None else None)
+        for q, n in counts.items()
+    ]
     try:
         await notify.publish(tx, notices=notices)
     except Exception as exc:

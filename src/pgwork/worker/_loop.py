@@ -61,7 +61,7 @@ from pgwork.worker._fetch import Fetcher
 from pgwork.worker._side.heartbeat import Heartbeat
 from pgwork.worker._side.lease import renew_forever
 from pgwork.worker._side.maintenance import Maintenance
-from pgwork.worker._side.notices import Abort, NoticeRouter
+from pgwork.worker._side.notices import Abort, Claim, NoticeRouter, act_on_claim
 from pgwork.worker._side.reaper import Reaper
 from pgwork.worker._side.watchdog import keep_abandoned
 from pgwork.worker._signals import SignalMatcher
@@ -570,5 +570,25 @@ class InProcessWorker:
         async for action in self._notices.actions(listener, timeout=self.poll_interval):
             if isinstance(action, Abort):
                 self._slots.abort_job(action.job_id, action.reason)
+            elif isinstance(action, Claim):
+                await act_on_claim(
+                    listener,
+                    action,
+                    has_room=self._has_room,
+                    wakeups=self._wakeups,
+                    bell=self._bell,
+                )
             elif self._matcher is not None:
                 self._matcher.want([action.name])
+
+    @property
+    def _has_room(self) -> bool:
+        """A job acquired now would start or wait its turn here (the same room ``_fill``
+        asks for, ignoring what acquires in flight asked: their snapshots may predate
+        the job a notice announces)."""
+        return (
+            self._slots.admission.room() > 0
+            and len(self._slots) < self._limits.max_unsettled
+            and self._heartbeat.healthy
+            and not self._stop_requested.is_set()
+        )

@@ -4,6 +4,12 @@ Absence is shown by ordering, not by waiting: to prove a notice never arrives, a
 publishes a *marker* after it and collects until the marker shows up; an adapter
 delivers one publisher's notices in order, so anything still missing then is gone.
 Only the "not before commit" checks watch a quiet listener for ``quiet_period``.
+
+Every adapter honours ``notify_after_commit``: one that sees the caller's transaction
+delivers on commit anyway, one that does not holds what is published with a
+transaction inside the block until the block exits. An adapter that hands out hints
+(``hands_out_hints``) turns a counted ``ready`` notice into that many looks, claimed
+through its listeners (``ClaimsHints``).
 """
 
 from __future__ import annotations
@@ -11,13 +17,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import replace
 from typing import ClassVar
 
 import anyio
 import pytest
 
-from pgwork.adapters.notify import Listener, Notice, NotifyAdapter
+from pgwork.adapters.after_commit import notify_after_commit
+from pgwork.adapters.notify import ClaimsHints, Listener, Notice, NotifyAdapter
 from pgwork.testing.conformance._rollback import rolled_back
 
 __all__ = ["NotifyAdapterConformance", "TransactionFactory"]
@@ -29,6 +37,10 @@ back when the block raises."""
 
 def _marker() -> Notice:
     return Notice(kind="ready", queue=f"marker-{uuid.uuid4().hex}")
+
+
+class _BlockFailed(Exception):
+    """Raised inside a ``notify_after_commit`` block, as a failing caller would."""
 
 
 class NotifyAdapterConformance:
@@ -43,6 +55,9 @@ class NotifyAdapterConformance:
     after commit, never after rollback."""
     folds_identical_notices: ClassVar[bool] = False
     """Identical notices published in one transaction arrive once."""
+    hands_out_hints: ClassVar[bool] = False
+    """A ``ready`` notice with a ``count`` reaches every listener with a ``hint``, and
+    exactly ``count`` claims on it win (the listeners are ``ClaimsHints``)."""
 
     # --- timing knobs ------------------------------------------------------------------
     delivery_timeout: ClassVar[float] = 10.0
@@ -176,3 +191,83 @@ class NotifyAdapterConformance:
             got = await self._collect_until(listener, lambda got: notice in got)
             got += await self._through_marker(notify_adapter, listener)
         assert got.count(notice) == 1
+
+    async def test_notice_held_for_commit_arrives_once_the_block_exits(
+        self,
+        notify_adapter: NotifyAdapter,
+        notify_transaction: TransactionFactory | None,
+    ) -> None:
+        transaction = self._transactions(notify_transaction)
+        notice = Notice(kind="ready", queue="held-for-commit")
+        async with notify_adapter.listen() as listener:
+            async with notify_after_commit(), transaction() as tx:
+                await notify_adapter.publish(tx, notices=[notice])
+                early = await listener.wait(self.quiet_period)
+                assert notice not in early, "delivered before the transaction committed"
+            got = await self._collect_until(listener, lambda got: notice in got)
+        assert notice in got
+
+    async def test_notice_held_for_a_block_that_raises_never_arrives(
+        self,
+        notify_adapter: NotifyAdapter,
+        notify_transaction: TransactionFactory | None,
+    ) -> None:
+        transaction = self._transactions(notify_transaction)
+        notice = Notice(kind="ready", queue="held-then-raised")
+        async with notify_adapter.listen() as listener:
+            try:
+                async with notify_after_commit(), transaction() as tx:
+                    await notify_adapter.publish(tx, notices=[notice])
+                    raise _BlockFailed
+            except _BlockFailed:
+                pass
+            got = await self._through_marker(notify_adapter, listener)
+        assert notice not in got
+
+    async def test_notice_without_a_transaction_is_not_held_by_the_block(
+        self, notify_adapter: NotifyAdapter
+    ) -> None:
+        notice = Notice(kind="ready", queue="not-held")
+        async with notify_adapter.listen() as listener, notify_after_commit():
+            await notify_adapter.publish(None, notices=[notice])
+            got = await self._collect_until(listener, lambda got: notice in got)
+        assert notice in got
+
+    async def test_a_counted_notice_hands_out_as_many_looks_as_it_counts(
+        self, notify_adapter: NotifyAdapter
+    ) -> None:
+        if not self.hands_out_hints:
+            pytest.skip("adapter does not claim hands_out_hints")
+        sent = Notice(kind="ready", queue="hinted", count=2)
+        async with AsyncExitStack() as stack:
+            listeners = [await stack.enter_async_context(notify_adapter.listen()) for _ in range(5)]
+            await notify_adapter.publish(None, notices=[sent])
+            heard = []
+            for listener in listeners:
+                assert isinstance(listener, ClaimsHints), "a hinting adapter's listener claims"
+                got = await self._collect_until(
+                    listener, lambda got: any(n.queue == sent.queue for n in got)
+                )
+                [notice] = [n for n in got if n.queue == sent.queue]
+                assert notice.hint is not None, "a counted ready notice arrives with a hint"
+                assert replace(notice, hint=None) == sent
+                heard.append((listener, notice))
+            won = [await listener.claim(notice) for listener, notice in heard]
+        assert won.count(True) == 2, f"claims won: {won}"
+
+    async def test_a_notice_without_a_count_carries_no_hint(
+        self, notify_adapter: NotifyAdapter
+    ) -> None:
+        if not self.hands_out_hints:
+            pytest.skip("adapter does not claim hands_out_hints")
+        sent = [
+            Notice(kind="ready", queue="uncounted"),
+            Notice(kind="ready", queue="due-later", at=time.time() + 60, count=None),
+        ]
+        async with notify_adapter.listen() as listener:
+            await notify_adapter.publish(None, notices=sent)
+            got = await self._collect_until(listener, lambda got: all(n in got for n in sent))
+            assert isinstance(listener, ClaimsHints)
+            for notice in got:
+                assert notice.hint is None
+                assert await listener.claim(notice), "a notice without a hint: look"

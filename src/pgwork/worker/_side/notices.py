@@ -2,7 +2,10 @@
 
 ``ready`` for one of its queues is a hint (acquire now) or, with ``at``, a due time to
 set a timer for; ``reconnected`` is a hint too (notices may have been lost meanwhile):
-the router tells ``Wakeups`` and rings the loop's bell itself. ``abort`` stops the
+the router tells ``Wakeups`` and rings the loop's bell itself. A ``ready`` notice that
+carries a ``hint`` (an adapter that hands out hints: Redis, NATS) is handed back as a
+``Claim`` instead: only the loop knows whether the worker has room, and only a worker
+with room claims a look before it acquires (``act_on_claim``). ``abort`` stops the
 attempt on that job if this worker runs it: the router hands it back as an ``Abort``
 (``actions`` yields them), and the worker's slots act on it. ``signal`` for a signal
 type one of the worker's job types waits for is handed back as a ``MatchSignal``, for
@@ -20,7 +23,7 @@ from uuid import UUID
 
 import anyio
 
-from pgwork.adapters.notify import Listener, Notice
+from pgwork.adapters.notify import ClaimsHints, Listener, Notice
 from pgwork.observability import LISTENER_RECONNECTED
 from pgwork.observability.emitter import Emitter
 from pgwork.records import AbortReason
@@ -29,7 +32,7 @@ from pgwork.worker._wakeups import Wakeups
 
 log = logging.getLogger("pgwork.worker")
 
-__all__ = ["Abort", "MatchSignal", "NoticeRouter"]
+__all__ = ["Abort", "Claim", "MatchSignal", "NoticeRouter"]
 
 # A failing listener retries after a backoff capped at this many seconds.
 LISTEN_BACKOFF_MAX = 5.0
@@ -40,6 +43,13 @@ class Abort(NamedTuple):
 
     job_id: UUID
     reason: AbortReason
+
+
+class Claim(NamedTuple):
+    """A hinted ``ready`` notice for one of the worker's queues: a worker with room
+    claims one of its looks before it acquires."""
+
+    notice: Notice
 
 
 class MatchSignal(NamedTuple):
@@ -70,7 +80,7 @@ class NoticeRouter:
 
     async def actions(
         self, listener: Listener, *, timeout: float
-    ) -> AsyncIterator[Abort | MatchSignal]:
+    ) -> AsyncIterator[Abort | Claim | MatchSignal]:
         """Listen until cancelled, acting on each notice heard; yield the aborts, which
         only the worker's slots can act on, and the names to match."""
         failures = 0
@@ -88,10 +98,12 @@ class NoticeRouter:
                 if action is not None:
                     yield action
 
-    def route(self, notice: Notice) -> Abort | MatchSignal | None:
+    def route(self, notice: Notice) -> Abort | Claim | MatchSignal | None:
         """Act on ``notice``; an abort is returned for the slots to act on, a name to
-        match for the signal matcher."""
+        match for the signal matcher, a hinted ``ready`` notice for the loop to claim."""
         if notice.kind == "ready" and (notice.queue is None or notice.queue in self.queues):
+            if notice.hint is not None and notice.at is None:
+                return Claim(notice)
             if notice.at is None:
                 self._wakeups.hint()
             else:
@@ -115,3 +127,25 @@ class NoticeRouter:
         ):
             return MatchSignal(notice.name)
         return None
+
+
+async def act_on_claim(
+    listener: Listener, claim: Claim, *, has_room: bool, wakeups: Wakeups, bell: Bell
+) -> bool:
+    """Act on a hinted ``ready`` notice; return whether the worker will look.
+
+    With room, the worker looks only if it wins one of the notice's looks (a listener
+    that cannot claim, or a claim that fails, counts as won: a hint may cost an acquire,
+    never a job). Without room it looks as its slots free up, as for any ready notice,
+    and takes none of the notice's looks: an idle worker takes that one."""
+    if has_room and isinstance(listener, ClaimsHints):
+        try:
+            won = await listener.claim(claim.notice)
+        except Exception as exc:
+            log.warning("pgwork could not claim a hint (%r); looking anyway", exc)
+            won = True
+        if not won:
+            return False
+    wakeups.hint()
+    bell.ring()
+    return True
