@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 from tests._loop import TEST_LOOP
 
-pytest_plugins = ["pytester", "tests._skips", "tests._progress", "tests._controls"]
+pytest_plugins = [
+    "pytester",
+    "tests._skips",
+    "tests._progress",
+    "tests._controls",
+    "tests._shards",
+]
 
 
 @pytest.fixture
