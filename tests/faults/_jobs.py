@@ -84,12 +84,14 @@ BOOM_RETRY = RetryPolicy(initial=timedelta(seconds=0.3), multiplier=2.0)
 
 class Spec(BaseModel):
     """What one job does: sleep ``ms``, or ``first_ms`` on its first attempt (only on
-    worker ``slow_on`` when that is set)."""
+    worker ``slow_on`` when that is set). ``block`` handlers, given ``until``, block
+    their first attempt until that file exists, for ``first_ms`` at the most."""
 
     n: int = 0
     ms: int = 0
     first_ms: int | None = None
     slow_on: str | None = None
+    until: str | None = None
 
 
 def registry(lease: float = 2.0) -> JobTypeRegistry:

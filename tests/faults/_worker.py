@@ -429,7 +429,13 @@ def handlers(ledger: Ledger, reg: JobTypeRegistry) -> dict[str, Handler]:
 
     async def block(attempt: Attempt[Spec, Any]) -> str:
         await record(attempt)
-        time.sleep(duration(attempt))  # noqa: ASYNC251 - blocks the event loop on purpose
+        # Blocks the event loop on purpose: for the duration, or until the file exists.
+        ends = time.monotonic() + duration(attempt)
+        until = attempt.job.input.until if attempt.job.attempt == 1 else None
+        if until is None:
+            time.sleep(duration(attempt))  # noqa: ASYNC251
+        while until is not None and not os.path.exists(until) and time.monotonic() < ends:
+            time.sleep(0.02)  # noqa: ASYNC251
         return attempt.worker_id
 
     async def boom(attempt: Attempt[Spec, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from tests.faults._db import fetch, scalar
@@ -77,20 +78,25 @@ def hanging_handler(dsn: str, report: Callable[[Figures], Figures], broken: str 
 
 
 def test_handler_blocking_the_event_loop_loses_its_job_to_another_worker(
-    fault_dsn: str, report: Callable[[Figures], Figures]
+    fault_dsn: str, report: Callable[[Figures], Figures], tmp_path: Path
 ) -> None:
-    blocking_handler(fault_dsn, report)
+    blocking_handler(fault_dsn, report, tmp_path / "unblock")
 
 
 def test_build_that_never_reaps_fails_the_blocking_handler_oracle(
-    fault_dsn: str, report: Callable[[Figures], Figures]
+    fault_dsn: str, report: Callable[[Figures], Figures], tmp_path: Path
 ) -> None:
     with pytest.raises(AssertionError):
-        blocking_handler(fault_dsn, report, broken="no-reap")
+        blocking_handler(fault_dsn, report, tmp_path / "unblock", broken="no-reap")
     assert fetch(fault_dsn, "SELECT output #>> '{}', attempt FROM pgwork.jobs") == [("blocker", 1)]
 
 
-def blocking_handler(dsn: str, report: Callable[[Figures], Figures], broken: str = "") -> None:
+def blocking_handler(
+    dsn: str, report: Callable[[Figures], Figures], unblock: Path, broken: str = ""
+) -> None:
+    """The first attempt blocks its worker's event loop (``time.sleep``) until another
+    worker has taken the job over, however long that takes (a minute at the most), so
+    the lease expires and is reaped whatever the machine's load."""
     options = {
         "types": "block",
         "slots": 2,
@@ -102,17 +108,23 @@ def blocking_handler(dsn: str, report: Callable[[Figures], Figures], broken: str
     other = None
     started = time.monotonic()
     try:
-        (job,) = enqueue(dsn, [("block", Spec(first_ms=int(LEASE * 4000)))])
+        spec = Spec(first_ms=60_000, until=str(unblock))
+        (job,) = enqueue(dsn, [("block", spec)])
         blocker.wait_for(rf"^started {job} 1$")
         other = start_worker(dsn, "other", **options)
-        assert wait_settled(dsn, 20)
+        try:
+            other.wait_for(rf"^started {job} 2$", timeout=30)
+        finally:
+            unblock.touch()
+            settled = wait_settled(dsn, 20)
+        assert settled
         # When the loop unblocks, the first attempt's completion is refused.
         blocker.wait_for(rf'^event lease\.lost .*"{job}".*"action": "completion"', timeout=10)
     finally:
         blocker.close()
         if other is not None:
             other.close()
-    figures = measure(dsn, Figures("handler blocks the event loop (time.sleep 4 leases)"))
+    figures = measure(dsn, Figures("handler blocks the event loop until another worker runs it"))
     figures.elapsed_s = time.monotonic() - started
     report(figures)
     status, attempt, _, output = _job(dsn, job)
