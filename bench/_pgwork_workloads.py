@@ -39,6 +39,7 @@ from bench._plan import (
     row_chains,
     row_drain,
     row_enqueue,
+    row_fleet,
     row_rss,
 )
 from bench._progress import Bar
@@ -136,9 +137,12 @@ async def _drain_processes(
     *,
     slots: int | None = None,
     atomic_group: int = 1,
+    connections: list[int] | None = None,
 ) -> Measurement:
     """Drain with ``processes`` worker processes (pgwork, none of the harness, in them)
-    of ``slots`` slots each (default: the run's)."""
+    of ``slots`` slots each (default: the run's). ``connections``, when given, gets
+    the number of server connections to the database, sampled while they drain."""
+    next_sample = 0.0
     n = ctx.sizes.drain
     slots = slots or ctx.sizes.slots
     row = row or row_drain(slots, "2 processes")
@@ -167,6 +171,9 @@ async def _drain_processes(
                 bar.set(sum(c.count for c in children))
                 if time.monotonic() > deadline:
                     raise TimeoutError("worker processes did not drain the queue")
+                if connections is not None and time.monotonic() >= next_sample:
+                    connections.append(await _connections(ctx.dbs.admin_dsn, dsn))
+                    next_sample = time.monotonic() + 0.25
                 # The counts arrive over pipes; looking at them is no database query.
                 # (At 0.05 s this loop, with the children's 0.1 s reports, took up to
                 # 0.15 s, 75 ms on average, to see the last handler start: a tenth of
@@ -381,6 +388,40 @@ async def chains(ctx: Context) -> list[Measurement]:
     return [Measurement(row, LIB, rate, "chains/s")]
 
 
+async def _connections(admin_dsn: str, dsn: str) -> int:
+    """How many server connections the database ``dsn`` has (the harness's own aside)."""
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn).get("dbname")
+    async with await psycopg.AsyncConnection.connect(admin_dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = "
+            "'client backend'",
+            [dbname],
+        )
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def fleet(ctx: Context) -> list[Measurement]:
+    """The same drain with more and more worker processes of the run's slots: the rate
+    one server gives a fleet, and the connections the fleet holds."""
+    rows: list[Measurement] = []
+    for processes in ctx.sizes.fleet:
+        seen: list[int] = []
+        rate = await _drain_processes(
+            ctx, processes, row=row_fleet(processes, ctx.sizes.slots), connections=seen
+        )
+        rows.append(rate)
+        rows.append(
+            Measurement(
+                row_fleet(processes, ctx.sizes.slots, "server connections, most"),
+                LIB,
+                float(max(seen, default=0)),
+                "connections",
+            )
+        )
+    return rows
+
+
 PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] = {
     "enqueue": enqueue,
     "drain": drain,
@@ -390,4 +431,5 @@ PGWORK_WORKLOADS: dict[str, Callable[[Context], Awaitable[list[Measurement]]]] =
     "rss": rss,
     "chains": chains,
     "idle": idle,
+    "fleet": fleet,
 }

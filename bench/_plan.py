@@ -17,6 +17,7 @@ __all__ = [
     "row_chains",
     "row_drain",
     "row_enqueue",
+    "row_fleet",
     "row_idle",
     "row_latency",
 ]
@@ -34,6 +35,7 @@ WORKLOADS = {
     "rss": "worker RSS at start, after 100k and after 1M jobs",
     "chains": "3-step chains (Continue) per second",
     "idle": "idle cost: commits and CPU per minute of 1, then 10 idle worker processes",
+    "fleet": "drain 20k jobs with 1, 4, 16 and 50 worker processes; server connections used",
 }
 
 
@@ -54,6 +56,11 @@ def row_drain(slots: int, variant: str = "") -> str:
     if variant == "2 processes":
         return f"drain, 2 worker processes x {slots} slots"
     return f"drain, 1 worker x {slots} slots" + (f", {variant} mode" if variant else "")
+
+
+def row_fleet(processes: int, slots: int, what: str = "") -> str:
+    row = f"drain, {processes} worker process{'es' if processes > 1 else ''} x {slots} slots"
+    return f"{row}: {what}" if what else row
 
 
 def row_chains(slots: int) -> str:
@@ -113,6 +120,7 @@ class Sizes:
     chains: int
     idle_window: float = 60.0
     slots: int = 10
+    fleet: tuple[int, ...] = (1, 4, 16, 50)
 
     @classmethod
     def scaled(cls, size: float, *, slots: int = 10) -> Sizes:
@@ -129,6 +137,7 @@ class Sizes:
             chains=_scaled(5_000, size, 20),
             idle_window=max(5.0, 60.0 * size),
             slots=slots,
+            fleet=(1, 4, 16, 50) if size >= 0.5 else (1, 2),
         )
 
     def describe(self) -> str:
