@@ -30,12 +30,13 @@ import psycopg
 
 from pgwork.testing import sample_statements
 
-__all__ = ["main"]
+__all__ = ["main", "page_paths", "time_pages"]
 
 
-async def _ids(dsn: str) -> dict[str, str]:
-    """Ids of rows worth opening: a two-job chain, a failed job, a blocked chain, and an
-    id prefix shared by many jobs (a prefix only one job has redirects to that job)."""
+async def _ids(dsn: str, type_name: str) -> dict[str, str]:
+    """Ids of rows worth opening: a two-job chain, a failed job, a blocked chain, an
+    id prefix shared by many jobs (a prefix only one job has redirects to that job), a
+    dedup key, and the newest chain of ``type_name``'s input number."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         picks = {
             "chain": "SELECT chain_id FROM pgwork.jobs WHERE chain_index = 1 LIMIT 1",
@@ -45,22 +46,83 @@ async def _ids(dsn: str) -> dict[str, str]:
             " GROUP BY 1 ORDER BY count(*) DESC LIMIT 1",
             "key": "SELECT dedup_key FROM pgwork.jobs WHERE dedup_key IS NOT NULL LIMIT 1",
             "newest_email": "SELECT input ->> 'n' FROM pgwork.jobs"
-            " WHERE type_name = 'sample.email' AND chain_index = 0 ORDER BY id DESC LIMIT 1",
+            " WHERE type_name = %(type)s AND chain_index = 0 ORDER BY id DESC LIMIT 1",
         }
         found = {}
         for name, query in picks.items():
-            row = await (await conn.execute(query)).fetchone()
+            row = await (await conn.execute(query, {"type": type_name})).fetchone()
             assert row is not None, name
             found[name] = str(row[0])
         return found
 
 
-async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str, float, float]]:
+def page_paths(
+    ids: dict[str, str], cursors: dict[str, str], type_name: str, queue: str
+) -> dict[str, str]:
+    """Every page the bench renders, by label: each route of the dashboard, and the
+    listings filtered and paged as an operator does. ``ids``: from ``_ids``;
+    ``cursors``: the next pages of ``/chains`` and ``/failed``; ``type_name`` and
+    ``queue``: a busy type (whose inputs have an ``email`` field) and its queue."""
+    email = f"user{ids['newest_email']}@example.com".replace("@", "%40")
+    return {
+        "overview `/`": "/",
+        "chains `/chains`": "/chains",
+        "chains, next page": cursors["chains"],
+        "chains by status (failed)": "/chains?status=failed",
+        "chains by type": f"/chains?type={type_name}",
+        "chains by queue": f"/chains?queue={queue}",
+        "chains by dedup key": f"/chains?q={ids['key']}",
+        "chain `/chains/{id}`": f"/chains/{ids['chain']}",
+        "blocked chain": f"/chains/{ids['blocked']}",
+        "job `/jobs/{id}`": f"/jobs/{ids['failed']}",
+        "workers `/workers`": "/workers",
+        "failed `/failed`": "/failed",
+        "failed, next page": cursors["failed"],
+        "queues `/queues`": "/queues",
+        "ready jobs `/jobs`": "/jobs?status=ready",
+        "ready jobs of a queue": f"/jobs?status=ready&queue={queue}",
+        "scheduled jobs": "/jobs?status=scheduled",
+        "running jobs": "/jobs?status=running",
+        "failed jobs, newest": "/jobs?status=failed&order=newest",
+        "errors `/errors`": "/errors",
+        "waiting `/waiting`": "/waiting",
+        "limits `/limits`": "/limits",
+        "schedules `/schedules`": "/schedules",
+        "search by id prefix": f"/search?id={ids['shared_prefix']}",
+        "search by input field (a match among the newest)": (
+            f"/search?type={type_name}&field=email&value=%22{email}%22"
+        ),
+        "search by input field (none of 10,000 match)": (
+            f"/search?type={type_name}&field=email&value=%22nobody%40example.com%22"
+        ),
+        "history, last day `/history`": "/history",
+        "history, last week": "/history?window=7d",
+        "history, 90 days": "/history?window=90d",
+        "history of a queue and type": f"/history?queue={queue}&type={type_name}",
+    }
+
+
+def _next_page(html: str) -> str:
+    """The href of a page's ``rel="next"`` link."""
+    return html.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
+
+
+async def time_pages(
+    dsn: str,
+    repeat: int,
+    only: list[str],
+    *,
+    type_name: str = "sample.email",
+    queue: str = "mail",
+) -> list[tuple[str, float, float]]:
+    """(label, median ms, p95 ms) of each page of ``page_paths`` whose label contains
+    one of ``only`` (all if empty), rendered ``repeat`` times after one that warms the
+    plans and connections; the history is rolled up first, as the workers keep it."""
     from pgwork import PostgresStateAdapter, create_client
     from pgwork.dashboard import allow_any, create_dashboard
     from pgwork.job_types import JobTypeRegistry
 
-    ids = await _ids(dsn)
+    ids = await _ids(dsn, type_name)
     state = await PostgresStateAdapter.connect(dsn, max_size=4)
     client = create_client(state_adapter=state, registry=JobTypeRegistry(), observers=[])
     app = create_dashboard(client, authorize=allow_any)
@@ -74,45 +136,11 @@ async def _time_pages(dsn: str, repeat: int, only: list[str]) -> list[tuple[str,
         print(f"history rolled up in {steps} steps of 10,000 jobs: {took:.1f} s\n")
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
-            first = (await http.get("/chains")).text
-            cursor = first.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
-            failed = (await http.get("/failed")).text
-            failed_next = failed.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
-            pages = {
-                "overview `/`": "/",
-                "chains `/chains`": "/chains",
-                "chains, next page": cursor.replace("&amp;", "&"),
-                "chains by status (failed)": "/chains?status=failed",
-                "chains by type": "/chains?type=sample.email",
-                "chains by queue": "/chains?queue=mail",
-                "chains by dedup key": f"/chains?q={ids['key']}",
-                "chain `/chains/{id}`": f"/chains/{ids['chain']}",
-                "blocked chain": f"/chains/{ids['blocked']}",
-                "job `/jobs/{id}`": f"/jobs/{ids['failed']}",
-                "workers `/workers`": "/workers",
-                "failed `/failed`": "/failed",
-                "failed, next page": failed_next.replace("&amp;", "&"),
-                "queues `/queues`": "/queues",
-                "ready jobs `/jobs`": "/jobs?status=ready",
-                "ready jobs of a queue": "/jobs?status=ready&queue=mail",
-                "scheduled jobs": "/jobs?status=scheduled",
-                "running jobs": "/jobs?status=running",
-                "failed jobs, newest": "/jobs?status=failed&order=newest",
-                "errors `/errors`": "/errors",
-                "search by id prefix": f"/search?id={ids['shared_prefix']}",
-                "search by input field (a match among the newest)": (
-                    "/search?type=sample.email&field=email&value=%22user%40example.com%22".replace(
-                        "user", f"user{ids['newest_email']}"
-                    )
-                ),
-                "search by input field (none of 10,000 match)": (
-                    "/search?type=sample.email&field=email&value=%22nobody%40example.com%22"
-                ),
-                "history, last day `/history`": "/history",
-                "history, last week": "/history?window=7d",
-                "history, 90 days": "/history?window=90d",
-                "history of a queue and type": "/history?queue=mail&type=sample.email",
+            cursors = {
+                "chains": _next_page((await http.get("/chains")).text),
+                "failed": _next_page((await http.get("/failed")).text),
             }
+            pages = page_paths(ids, cursors, type_name, queue)
             for label, path in pages.items():
                 if only and not any(text in label for text in only):
                     continue
@@ -137,7 +165,7 @@ async def _time_pages_draining(
 
     async with draining(dsn, jobs=args.drain, slots=args.drain_slots) as drain:
         before = drain.handled
-        results = await _time_pages(dsn, args.repeat, args.only)
+        results = await time_pages(dsn, args.repeat, args.only)
         seconds = time.perf_counter() - drain.started
         handled = drain.handled - before
         left = await drain.backlog()
@@ -171,7 +199,7 @@ async def _run(args: argparse.Namespace) -> int:
                 if args.drain:
                     results = await _time_pages_draining(dsn, args)
                 else:
-                    results = await _time_pages(dsn, args.repeat, args.only)
+                    results = await time_pages(dsn, args.repeat, args.only)
         finally:
             from pgwork.testing.databases import drop_database
 
