@@ -170,6 +170,42 @@ class FanOutConformance(StateSuiteBase):
             (True, ChainStatus.COMPLETED),
         ]
 
+    async def test_need_met_by_children_ending_together_reads_only_that_many_as_met(
+        self, store: StateHarness
+    ) -> None:
+        """Three of four children end in one completion (a worker's batch) where two
+        are needed: the step reads two of them met, the first two it started."""
+        _, children, step, _ = await self._fan_out(store, 4, need=2)
+        ends = [Completion(c.id, None, str(i)) for i, c in enumerate(children[:3])]
+        [*results, last] = await store.adapter.complete(None, completions=ends)
+        assert all(r.accepted for r in (*results, last))
+        assert (await store.job(step.id)).status is JobStatus.PENDING
+        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
+        assert [(o.met, o.status) for o in outputs] == [
+            (True, ChainStatus.COMPLETED),
+            (True, ChainStatus.COMPLETED),
+            (False, ChainStatus.COMPLETED),
+            (False, ChainStatus.ACTIVE),
+        ]
+
+    @pytest.mark.parametrize("policy", ["fail", "cancel"])
+    async def test_a_retried_child_is_waited_for_again_before_the_policy_ends_the_step(
+        self, store: StateHarness, policy: Policy
+    ) -> None:
+        """Two of three needed; the first child fails and is retried: it runs again, so
+        the second's failure leaves the step two chains that can still make the need."""
+        _, children, step, _ = await self._fan_out(store, 3, need=2, policy=policy)
+        await store.fail_for_good(children[0])
+        async with store.adapter.transaction() as tx:
+            await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        await store.fail_for_good(children[1])
+        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        await store.finish(children[2].id, "two")
+        released = await store.finish(children[0].id, "zero, at last")
+        assert released.ready_queues == ("step",)
+        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
+        assert [o.met for o in outputs] == [True, False, True]
+
     @pytest.mark.parametrize("policy", ["fail", "cancel", "unblock"])
     async def test_a_failed_child_applies_the_steps_policy_to_it_and_its_chain(
         self, store: StateHarness, policy: Policy
