@@ -37,22 +37,36 @@ __all__ = ["ChainStatements"]
 # is the update's own (``FOR NO KEY UPDATE``), not ``FOR UPDATE``: a hand-on of the
 # chain, which locks its root ``FOR KEY SHARE`` (see ``_COMPLETE_CTES_ONE``), need not
 # wait for the enqueue to commit. Children written in the same transaction (fan-out)
-# are marked the same way: no other transaction sees them yet.
+# are marked the same way: no other transaction sees them yet. ``ids`` hold no
+# duplicate; when one names no chain its snapshot sees, nothing is locked or written:
+# the roots found are returned with no status, and the enqueue refuses with the
+# others' ids while the caller's transaction goes on.
 LOCK_BLOCKER_CHAINS = """
-WITH target AS (
+WITH found AS (
     SELECT r.id FROM {jobs} AS r
     WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+),
+target AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id IN (SELECT f.id FROM found AS f)
+      AND (SELECT count(*) FROM found) = cardinality(%(ids)s::uuid[])
     ORDER BY r.id
     FOR NO KEY UPDATE
+),
+marked AS (
+    UPDATE {jobs} AS r
+    SET chain_has_dependants = true
+    FROM target AS t
+    WHERE r.id = t.id
+    RETURNING r.id, r.chain_status::text,
+        CASE WHEN r.status = 'pending' THEN r.queue END,
+        CASE WHEN r.status = 'pending' AND r.scheduled_at > now()
+             THEN extract(epoch FROM r.scheduled_at)::float8 END
 )
-UPDATE {jobs} AS r
-SET chain_has_dependants = true
-FROM target AS t
-WHERE r.id = t.id
-RETURNING r.id, r.chain_status::text,
-    CASE WHEN r.status = 'pending' THEN r.queue END,
-    CASE WHEN r.status = 'pending' AND r.scheduled_at > now()
-         THEN extract(epoch FROM r.scheduled_at)::float8 END
+SELECT * FROM marked
+UNION ALL
+SELECT f.id, NULL, NULL, NULL FROM found AS f
+WHERE (SELECT count(*) FROM found) < cardinality(%(ids)s::uuid[])
 """
 
 INSERT_BLOCKERS = """
