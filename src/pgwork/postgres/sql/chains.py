@@ -294,12 +294,6 @@ ORDER BY d.id
 FOR UPDATE OF d SKIP LOCKED
 """
 
-HAS_DEPENDANTS = """
-SELECT DISTINCT b.blocker_chain_id
-FROM {job_blockers} AS b
-WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
-"""
-
 # Outputs of a job's blocker chains, in declaration order: the output of each chain's
 # last job once the chain completed, and whether the edge counts as met: counted met,
 # and among the first ``blockers_needed`` so counted, by position. Chains that end in
@@ -430,7 +424,6 @@ class ChainStatements:
     settle_ended: bytes
     count_blockers: bytes
     find_resolvable_blocked: bytes
-    has_dependants: bytes
     blocker_outputs: bytes
     lock_active_chains: bytes
     cancel_chains: bytes
