@@ -245,8 +245,15 @@ async def test_a_registry_that_keeps_everything_purges_nothing(
 
     assert await client.purge_expired() == 0
     assert await job_count(pgwork_dsn) == 1
-    with pytest.raises(ConfigurationError):
-        await client.purge_expired(limit=0)
+
+
+@pytest.mark.parametrize("limit", [0, -1, "100", 2.5, True, 10**20])
+async def test_a_purge_limit_that_is_not_a_batch_size_is_refused_before_any_sql(
+    make_client: ClientFactory, limit: Any
+) -> None:
+    client = await make_client(registry())
+    with pytest.raises(ConfigurationError, match="limit"):
+        await client.purge_expired(limit=limit)
 
 
 async def test_a_sweep_that_finds_another_in_progress_returns_zero_at_once(
