@@ -15,12 +15,10 @@ Role exercised: ``WorkerStore`` (``complete`` with children, ``resolve_dependant
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import replace
 from typing import Literal
 
-import anyio
 import pytest
 
 from pgwork.adapters.state import (
@@ -33,14 +31,15 @@ from pgwork.adapters.state import (
     Resolution,
 )
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
+from pgwork.testing.conformance._cut_off import CutOffEnds
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 Policy = Literal["fail", "cancel", "unblock"]
 
 
 @requires(ChainBlockers)
-class FanOutConformance(StateSuiteBase):
+class FanOutConformance(CutOffEnds):
     async def _fan_out(
         self,
         store: StateHarness,
@@ -71,6 +70,20 @@ class FanOutConformance(StateSuiteBase):
         else:
             [result] = await store.adapter.complete(None, completions=[completion])
         return parent, children, step, result
+
+    async def _first_child_failed(
+        self, store: StateHarness, *, policy: Policy = "fail", retried: bool = False
+    ) -> tuple[list[NewJob], NewJob]:
+        """Three children, two needed: the first failed for good (put back by a retry
+        with ``retried``), and the step still waits. The children and the step."""
+        _, children, step, _ = await self._fan_out(store, 3, need=2, policy=policy)
+        # (Children run in the order they were started: fail_for_good runs the next.)
+        await store.fail_for_good(children[0])
+        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        if retried:
+            async with store.adapter.transaction() as tx:
+                await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        return children, step
 
     async def test_a_completion_writes_its_children_then_a_step_blocked_on_them(
         self, store: StateHarness
@@ -194,10 +207,7 @@ class FanOutConformance(StateSuiteBase):
     ) -> None:
         """Two of three needed; the first child fails and is retried: it runs again, so
         the second's failure leaves the step two chains that can still make the need."""
-        _, children, step, _ = await self._fan_out(store, 3, need=2, policy=policy)
-        await store.fail_for_good(children[0])
-        async with store.adapter.transaction() as tx:
-            await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        children, step = await self._first_child_failed(store, policy=policy, retried=True)
         await store.fail_for_good(children[1])
         assert (await store.job(step.id)).status is JobStatus.BLOCKED
         await store.finish(children[2].id, "two")
@@ -258,10 +268,7 @@ class FanOutConformance(StateSuiteBase):
     async def test_need_fails_the_step_only_once_it_can_no_longer_be_met(
         self, store: StateHarness
     ) -> None:
-        _, children, step, _ = await self._fan_out(store, 3, need=2)
-        # (Children run in the order they were started: fail_for_good runs the next.)
-        await store.fail_for_good(children[0])
-        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        children, step = await self._first_child_failed(store)
         await store.fail_for_good(children[1])
         assert (await store.job(step.id)).status is JobStatus.FAILED
 
@@ -281,11 +288,7 @@ class FanOutConformance(StateSuiteBase):
     async def test_a_retried_child_that_then_completes_counts_as_met(
         self, store: StateHarness
     ) -> None:
-        _, children, step, _ = await self._fan_out(store, 3, need=2)
-        await store.fail_for_good(children[0])
-        assert (await store.job(step.id)).status is JobStatus.BLOCKED
-        async with store.adapter.transaction() as tx:
-            await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        children, step = await self._first_child_failed(store, retried=True)
         await store.finish(children[0].id, "zero, at last")
         assert (await store.job(step.id)).status is JobStatus.BLOCKED
         released = await store.finish(children[1].id, "one")
@@ -348,39 +351,11 @@ class FanOutConformance(StateSuiteBase):
         adapter = store.adapter
         parent, children, step, _ = await self._fan_out(store, 1)
         [child] = children
-        with anyio.fail_after(self.test_timeout):
-            # Another transaction holds the parent's chain (deleting it, then changing
-            # its mind) while the child's completion runs and is cut off.
-            async with rolled_back(adapter.transaction()) as busy:
-                deletion = await adapter.delete_chains(
-                    busy, chain_ids=[parent.chain_id], cascade=False
-                )
-                assert deletion.deleted_chains == 1
-                async with anyio.create_task_group() as tg:
-                    completing = anyio.CancelScope()
-
-                    async def complete() -> None:
-                        with completing:
-                            await adapter.complete(
-                                None, completions=[Completion(child.id, None, '"done"')]
-                            )
-
-                    tg.start_soon(complete)
-                    await self._until_chain_ended(store, child.id)
-                    completing.cancel()
-
-        ended = (await store.chain(child.id)).status is ChainStatus.COMPLETED
+        # Another transaction holds the parent's chain while the child's completion runs.
+        ended = await self._end_cut_off(store, child.id, held=[parent.chain_id])
         if ended and (await store.job(step.id)).status is JobStatus.BLOCKED:
             swept = await adapter.sweep_blocked()
             assert swept.ready_queues == ("step",)
         assert await adapter.sweep_blocked() == Resolution()
         settled = JobStatus.PENDING if ended else JobStatus.BLOCKED
         assert (await store.job(step.id)).status is settled
-
-    async def _until_chain_ended(self, store: StateHarness, chain_id: uuid.UUID) -> None:
-        """Wait (at most ``blocking_grace``) for the chain's end to be visible."""
-        deadline = time.monotonic() + self.blocking_grace
-        while time.monotonic() < deadline:
-            if (await store.chain(chain_id)).status is not ChainStatus.ACTIVE:
-                return
-            await anyio.sleep(self.poll / 5)
