@@ -71,6 +71,13 @@ class FanOutConformance(CutOffEnds):
             [result] = await store.adapter.complete(None, completions=[completion])
         return parent, children, step, result
 
+    async def _read(
+        self, store: StateHarness, step: NewJob
+    ) -> list[tuple[bool, ChainStatus | None]]:
+        """What the step reads of each child, in order: met or not, and its status."""
+        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
+        return [(o.met, o.status) for o in outputs]
+
     async def _first_child_failed(
         self, store: StateHarness, *, policy: Policy = "fail", retried: bool = False
     ) -> tuple[list[NewJob], NewJob]:
@@ -175,8 +182,7 @@ class FanOutConformance(CutOffEnds):
         await store.fail_for_good(children[2])
         assert (await store.job(step.id)).status is JobStatus.PENDING
         # Met: the two that completed before the release, whatever ended since.
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [(o.met, o.status) for o in outputs] == [
+        assert await self._read(store, step) == [
             (False, ChainStatus.COMPLETED),
             (True, ChainStatus.COMPLETED),
             (False, ChainStatus.FAILED),
@@ -193,8 +199,7 @@ class FanOutConformance(CutOffEnds):
         [*results, last] = await store.adapter.complete(None, completions=ends)
         assert all(r.accepted for r in (*results, last))
         assert (await store.job(step.id)).status is JobStatus.PENDING
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [(o.met, o.status) for o in outputs] == [
+        assert await self._read(store, step) == [
             (True, ChainStatus.COMPLETED),
             (True, ChainStatus.COMPLETED),
             (False, ChainStatus.COMPLETED),
@@ -213,8 +218,7 @@ class FanOutConformance(CutOffEnds):
         await store.finish(children[2].id, "two")
         released = await store.finish(children[0].id, "zero, at last")
         assert released.ready_queues == ("step",)
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [o.met for o in outputs] == [True, False, True]
+        assert [met for met, _ in await self._read(store, step)] == [True, False, True]
 
     @pytest.mark.parametrize("policy", ["fail", "cancel", "unblock"])
     async def test_a_failed_child_applies_the_steps_policy_to_it_and_its_chain(
@@ -231,8 +235,7 @@ class FanOutConformance(CutOffEnds):
             last = await store.finish(children[2].id, "two")
             assert last.ready_queues == ("step",)
             assert (await store.job(step.id)).status is JobStatus.PENDING
-            outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-            assert [(o.met, o.status) for o in outputs] == [
+            assert await self._read(store, step) == [
                 (True, ChainStatus.COMPLETED),
                 (True, ChainStatus.FAILED),
                 (True, ChainStatus.COMPLETED),
@@ -293,8 +296,7 @@ class FanOutConformance(CutOffEnds):
         assert (await store.job(step.id)).status is JobStatus.BLOCKED
         released = await store.finish(children[1].id, "one")
         assert released.ready_queues == ("step",)
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [o.met for o in outputs] == [True, True, False]
+        assert [met for met, _ in await self._read(store, step)] == [True, True, False]
 
     async def test_children_without_a_step_are_started_and_left_to_run(
         self, store: StateHarness
