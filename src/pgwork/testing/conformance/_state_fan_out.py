@@ -40,17 +40,12 @@ Policy = Literal["fail", "cancel", "unblock"]
 
 @requires(ChainBlockers)
 class FanOutConformance(CutOffEnds):
-    async def _fan_out(
-        self,
-        store: StateHarness,
-        size: int,
-        *,
-        need: int | None = None,
-        policy: Policy = "fail",
-        tx_complete: bool = False,
-    ) -> tuple[AcquiredJob, list[NewJob], NewJob, CompletionResult]:
-        """A parent acquired and completed with ``size`` children (queue ``kids``, one
-        attempt each) and a step (queue ``step``) blocked on them."""
+    async def _splitting(
+        self, store: StateHarness, size: int, *, need: int | None = None, policy: Policy = "fail"
+    ) -> tuple[AcquiredJob, list[NewJob], NewJob, Completion]:
+        """A parent acquired, and its completion, not yet written: with ``size``
+        children (queue ``kids``, one attempt each) and a step (queue ``step``) blocked
+        on them."""
         await store.seed(store.new_job(queue="parents"))
         parent = await store.acquire_one(ALPHA, queues=["parents"])
         children = [
@@ -64,6 +59,22 @@ class FanOutConformance(CutOffEnds):
             blocker_failure=policy,
         )
         completion = Completion(parent.id, parent.lease_token, '"split"', step, tuple(children))
+        return parent, children, step, completion
+
+    async def _fan_out(
+        self,
+        store: StateHarness,
+        size: int,
+        *,
+        need: int | None = None,
+        policy: Policy = "fail",
+        tx_complete: bool = False,
+    ) -> tuple[AcquiredJob, list[NewJob], NewJob, CompletionResult]:
+        """``_splitting``'s parent completed (in a transaction of the store's own with
+        ``tx_complete``)."""
+        parent, children, step, completion = await self._splitting(
+            store, size, need=need, policy=policy
+        )
         if tx_complete:
             async with store.adapter.transaction() as tx:
                 [result] = await store.adapter.complete(tx, completions=[completion])
@@ -119,11 +130,8 @@ class FanOutConformance(CutOffEnds):
     async def test_a_refused_completion_writes_neither_children_nor_step(
         self, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(queue="parents"))
-        parent = await store.acquire_one(ALPHA, queues=["parents"])
-        children = [store.new_job(queue="kids") for _ in range(2)]
-        step = replace(store.continuation(parent), blockers=tuple(c.id for c in children))
-        stale = Completion(parent.id, uuid.uuid4(), '"late"', step, tuple(children))
+        parent, children, step, completion = await self._splitting(store, 2)
+        stale = replace(completion, lease_token=uuid.uuid4())
         [refused] = await store.adapter.complete(None, completions=[stale])
         assert not refused.accepted
         for job_id in (step.id, *(c.id for c in children)):
@@ -133,11 +141,7 @@ class FanOutConformance(CutOffEnds):
     async def test_children_written_in_a_callers_transaction_go_with_it(
         self, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(queue="parents"))
-        parent = await store.acquire_one(ALPHA, queues=["parents"])
-        children = [store.new_job(queue="kids") for _ in range(2)]
-        step = replace(store.continuation(parent), blockers=tuple(c.id for c in children))
-        completion = Completion(parent.id, parent.lease_token, '"p"', step, tuple(children))
+        parent, children, step, completion = await self._splitting(store, 2)
         async with rolled_back(store.adapter.transaction()) as tx:
             [result] = await store.adapter.complete(tx, completions=[completion])
             assert result.accepted
