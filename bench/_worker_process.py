@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import json
 import sys
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any
 import anyio
 import psycopg
 
+from bench._acquires import AcquireCount
 from bench._cost import CostMeter
 from bench._loop import current, run
 from bench._pgwork_app import NOTIFY_KINDS, Counter, enqueue_jobs, open_client
@@ -61,41 +61,6 @@ def _say(**event: Any) -> None:
 async def _go() -> bool:
     line: str = await anyio.to_thread.run_sync(sys.stdin.readline)
     return line.strip() == "go"
-
-
-# The store's operations that acquire jobs, each one statement: what ``--count-acquires``
-# counts (an acquire that comes back empty counts too).
-ACQUIRING = ("acquire", "complete_and_acquire", "acquire_limited")
-
-
-class AcquireCount:
-    """Counts the acquiring calls a worker makes on its store: the instance's own
-    methods are wrapped, so the worker, which holds the same object, goes through them.
-    One operation may call another of them on the same instance (a turn without
-    completions is a plain ``acquire``): only the outermost call counts."""
-
-    def __init__(self, state: Any) -> None:
-        self.calls = 0
-        self._inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
-            "acquiring", default=False
-        )
-        for name in ACQUIRING:
-            original = getattr(state, name, None)
-            if original is not None:
-                setattr(state, name, self._counted(original))
-
-    def _counted(self, original: Any) -> Any:
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            if self._inside.get():
-                return await original(*args, **kwargs)
-            self.calls += 1
-            token = self._inside.set(True)
-            try:
-                return await original(*args, **kwargs)
-            finally:
-                self._inside.reset(token)
-
-        return counted
 
 
 async def _child(args: argparse.Namespace) -> None:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypedDict, TypeVar, Unpack, overload
 
 from pgwork._flow_control import Rate, check_concurrency, check_rate
 from pgwork._limits import (
@@ -43,6 +43,7 @@ __all__ = [
     "Continuation",
     "Continue",
     "JobType",
+    "JobTypeOptions",
     "JobTypeRegistry",
     "ProcessingMode",
     "WaitingJobType",
@@ -123,6 +124,29 @@ class JobType(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"JobType({self.name!r})"
+
+
+class JobTypeOptions(TypedDict, total=False):
+    """The options of ``JobTypeRegistry.job_type`` besides the name, the models and
+    ``waits_for``, each described there: one list for the overloads that type a
+    declaration by its models and signal."""
+
+    entry: bool
+    continue_with: Iterable[str | JobType[Any, Any]]
+    lease: timedelta
+    retry: RetryPolicy | None
+    max_attempts: int
+    queue: str
+    priority: int
+    timeout: timedelta | None
+    mode: ProcessingMode
+    abandon_after: timedelta | None
+    retention: Retention | timedelta | None
+    blocker_failure: BlockerFailurePolicy
+    concurrency: int | None
+    key_concurrency: int | None
+    rate: Rate | None
+    key_rate: Rate | None
 
 
 class WaitingJobType(JobType[I, O], Generic[I, O, P]):
@@ -249,23 +273,8 @@ class JobTypeRegistry:
         *,
         input: type[I],
         output: type[O],
-        entry: bool = ...,
-        continue_with: Iterable[str | JobType[Any, Any]] = ...,
-        lease: timedelta = ...,
-        retry: RetryPolicy | None = ...,
-        max_attempts: int = ...,
-        queue: str = ...,
-        priority: int = ...,
-        timeout: timedelta | None = ...,
-        mode: ProcessingMode = ...,
-        abandon_after: timedelta | None = ...,
-        retention: Retention | timedelta | None = ...,
-        blocker_failure: BlockerFailurePolicy = ...,
-        concurrency: int | None = ...,
-        key_concurrency: int | None = ...,
-        rate: Rate | None = ...,
-        key_rate: Rate | None = ...,
         waits_for: SignalType[P],
+        **options: Unpack[JobTypeOptions],
     ) -> WaitingJobType[I, O, P]: ...
 
     @overload
@@ -275,23 +284,8 @@ class JobTypeRegistry:
         *,
         input: type[I],
         output: None = ...,
-        entry: bool = ...,
-        continue_with: Iterable[str | JobType[Any, Any]] = ...,
-        lease: timedelta = ...,
-        retry: RetryPolicy | None = ...,
-        max_attempts: int = ...,
-        queue: str = ...,
-        priority: int = ...,
-        timeout: timedelta | None = ...,
-        mode: ProcessingMode = ...,
-        abandon_after: timedelta | None = ...,
-        retention: Retention | timedelta | None = ...,
-        blocker_failure: BlockerFailurePolicy = ...,
-        concurrency: int | None = ...,
-        key_concurrency: int | None = ...,
-        rate: Rate | None = ...,
-        key_rate: Rate | None = ...,
         waits_for: SignalType[P],
+        **options: Unpack[JobTypeOptions],
     ) -> WaitingJobType[I, Any, P]: ...
 
     @overload
@@ -301,23 +295,8 @@ class JobTypeRegistry:
         *,
         input: type[I],
         output: type[O],
-        entry: bool = ...,
-        continue_with: Iterable[str | JobType[Any, Any]] = ...,
-        lease: timedelta = ...,
-        retry: RetryPolicy | None = ...,
-        max_attempts: int = ...,
-        queue: str = ...,
-        priority: int = ...,
-        timeout: timedelta | None = ...,
-        mode: ProcessingMode = ...,
-        abandon_after: timedelta | None = ...,
-        retention: Retention | timedelta | None = ...,
-        blocker_failure: BlockerFailurePolicy = ...,
-        concurrency: int | None = ...,
-        key_concurrency: int | None = ...,
-        rate: Rate | None = ...,
-        key_rate: Rate | None = ...,
         waits_for: None = ...,
+        **options: Unpack[JobTypeOptions],
     ) -> JobType[I, O]: ...
 
     @overload
@@ -327,23 +306,8 @@ class JobTypeRegistry:
         *,
         input: type[I],
         output: None = ...,
-        entry: bool = ...,
-        continue_with: Iterable[str | JobType[Any, Any]] = ...,
-        lease: timedelta = ...,
-        retry: RetryPolicy | None = ...,
-        max_attempts: int = ...,
-        queue: str = ...,
-        priority: int = ...,
-        timeout: timedelta | None = ...,
-        mode: ProcessingMode = ...,
-        abandon_after: timedelta | None = ...,
-        retention: Retention | timedelta | None = ...,
-        blocker_failure: BlockerFailurePolicy = ...,
-        concurrency: int | None = ...,
-        key_concurrency: int | None = ...,
-        rate: Rate | None = ...,
-        key_rate: Rate | None = ...,
         waits_for: None = ...,
+        **options: Unpack[JobTypeOptions],
     ) -> JobType[I, Any]: ...
 
     def job_type(

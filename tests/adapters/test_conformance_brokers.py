@@ -6,56 +6,25 @@ inside ``notify_after_commit``, and is repeated to its taker otherwise."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import psycopg
 import pytest
 from tests.adapters._brokers import nats_url, redis_url, unique_name
+from tests.adapters._notify_suite import InCallersTransactions
 
 from pgwork.notify.nats import NatsNotifyAdapter
 from pgwork.notify.redis import RedisNotifyAdapter
-from pgwork.testing.conformance import NotifyAdapterConformance, TransactionFactory
 
 pytestmark = pytest.mark.anyio
 
 
-def _caller_transactions(dsn: str) -> TransactionFactory:
-    @asynccontextmanager
-    async def transaction() -> AsyncIterator[object]:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            yield conn
-
-    return transaction
-
-
-class TestRedisNotifyAdapter(NotifyAdapterConformance):
+class TestRedisNotifyAdapter(InCallersTransactions):
     hands_out_hints = True
 
-    @pytest.fixture
-    async def notify_adapter(self) -> AsyncIterator[RedisNotifyAdapter]:
-        adapter = RedisNotifyAdapter(redis_url(), channel=unique_name("pgwork-test"))
-        try:
-            yield adapter
-        finally:
-            await adapter.close()
-
-    @pytest.fixture
-    def notify_transaction(self, pgwork_dsn: str) -> TransactionFactory:
-        return _caller_transactions(pgwork_dsn)
+    def new_adapter(self) -> RedisNotifyAdapter:
+        return RedisNotifyAdapter(redis_url(), channel=unique_name("pgwork-test"))
 
 
-class TestNatsNotifyAdapter(NotifyAdapterConformance):
+class TestNatsNotifyAdapter(InCallersTransactions):
     hands_out_hints = True
 
-    @pytest.fixture
-    async def notify_adapter(self) -> AsyncIterator[NatsNotifyAdapter]:
-        adapter = NatsNotifyAdapter(nats_url(), subject=unique_name("pgwork.test"))
-        try:
-            yield adapter
-        finally:
-            await adapter.close()
-
-    @pytest.fixture
-    def notify_transaction(self, pgwork_dsn: str) -> TransactionFactory:
-        return _caller_transactions(pgwork_dsn)
+    def new_adapter(self) -> NatsNotifyAdapter:
+        return NatsNotifyAdapter(nats_url(), subject=unique_name("pgwork.test"))

@@ -5,7 +5,6 @@ suite see a blocked writer instead of timing it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +13,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 from psycopg import sql
+from tests.adapters._notify_suite import InCallersTransactions
 
 from pgwork import PostgresNotifyAdapter, PostgresStateAdapter
 from pgwork.adapters.state import Completion
@@ -23,10 +23,8 @@ from pgwork.postgres._transactions import own_connection
 from pgwork.records import JobStatus
 from pgwork.testing.conformance import (
     LockWaiters,
-    NotifyAdapterConformance,
     StateAdapterConformance,
     StateHarness,
-    TransactionFactory,
 )
 from pgwork.testing.conformance._state_atomic_group import AtomicGroupConformance
 
@@ -494,18 +492,7 @@ class TestPostgresAtomicGroupWithoutPreparedStatements(AtomicGroupConformance):
             assert (await store.job(job.id)).output == "grouped"
 
 
-def caller_transactions(dsn: str) -> TransactionFactory:
-    """A caller's own psycopg connection: committed on clean exit, else rolled back."""
-
-    @asynccontextmanager
-    async def transaction() -> AsyncIterator[object]:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            yield conn
-
-    return transaction
-
-
-class TestPostgresNotifyAdapter(NotifyAdapterConformance):
+class TestPostgresNotifyAdapter(InCallersTransactions):
     delivers_on_commit_only = True
     folds_identical_notices = True
 
@@ -518,7 +505,3 @@ class TestPostgresNotifyAdapter(NotifyAdapterConformance):
             yield adapter
         finally:
             await adapter.close()
-
-    @pytest.fixture
-    def notify_transaction(self, pgwork_dsn: str) -> TransactionFactory:
-        return caller_transactions(pgwork_dsn)

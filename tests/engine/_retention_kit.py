@@ -20,7 +20,7 @@ from pgwork.postgres.state import PostgresStateAdapter
 
 from .conftest import scalar
 
-__all__ = ["age", "end", "execute", "job_count", "start", "start_many", "without"]
+__all__ = ["age", "end", "ended", "execute", "job_count", "start", "start_many", "without"]
 
 
 async def execute(dsn: str, query: str, params: Any = None) -> None:
@@ -71,6 +71,16 @@ async def end(
         """,
         {"s": status, "ago": ago, "ids": ids},
     )
+
+
+async def ended(
+    client: Client, dsn: str, type_name: str, count: int, status: str, *, ago: timedelta
+) -> list[UUID]:
+    """``count`` chains of ``type_name`` started and ended ``status`` ``ago`` in the
+    past (``start_many``, then ``end``); their ids."""
+    chain_ids = await start_many(client, dsn, type_name, count)
+    await end(dsn, chain_ids, status, ago=ago)
+    return chain_ids
 
 
 async def age(dsn: str, chain_id: UUID, ago: timedelta) -> None:

@@ -210,6 +210,31 @@ async def test_blocking_on_a_chain_that_does_not_exist_names_it(
     await conn.rollback()
 
 
+async def test_a_missing_blocker_leaves_the_others_untouched_while_the_transaction_goes_on(
+    make_client: ClientFactory, pgwork_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The enqueue is refused before anything is written: the blocker that exists is
+    neither locked (a worker takes it while the caller's transaction stays open) nor
+    marked as having a dependant once that transaction commits."""
+    client = await make_client(fan_in_registry())
+    fetch, merge = client.registry.get("fetch"), client.registry.get("merge")
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as setup:
+        real = await client.start_chain(setup, fetch, Word(text="x"))
+        await setup.commit()
+
+    with pytest.raises(ChainNotFoundError) as err:
+        await client.start_chain(conn, merge, Word(text="y"), blockers=[real, new_id()])
+    assert real.id not in err.value.chain_ids
+    taken = await client.state.acquire(
+        worker_id="w", leases={"fetch": timedelta(seconds=60)}, queues=None, limit=1
+    )
+    assert [job.id for job in taken] == [real.id]
+    await conn.commit()
+    assert not await scalar(
+        pgwork_dsn, "SELECT chain_has_dependants FROM pgwork.jobs WHERE id = %s", real.id
+    )
+
+
 async def test_a_blocker_ending_while_its_dependant_is_enqueued_never_strands_it(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:

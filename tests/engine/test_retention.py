@@ -22,7 +22,7 @@ from pgwork import (
 )
 from pgwork.postgres.sql.queries import retention_lock_key
 
-from ._retention_kit import end, execute, job_count, start
+from ._retention_kit import end, ended, execute, job_count, start
 from .conftest import ClientFactory, scalar
 
 pytestmark = pytest.mark.anyio
@@ -204,13 +204,7 @@ async def test_purge_deletes_at_most_limit_chains_per_call(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
-    for _ in range(5):
-        await end(
-            pgwork_dsn,
-            await start(client, pgwork_dsn, "short"),
-            "completed",
-            ago=timedelta(hours=3),
-        )
+    await ended(client, pgwork_dsn, "short", 5, "completed", ago=timedelta(hours=3))
 
     assert [await client.purge_expired(limit=2) for _ in range(4)] == [2, 2, 1, 0]
     assert await job_count(pgwork_dsn) == 0
@@ -245,21 +239,22 @@ async def test_a_registry_that_keeps_everything_purges_nothing(
 
     assert await client.purge_expired() == 0
     assert await job_count(pgwork_dsn) == 1
-    with pytest.raises(ConfigurationError):
-        await client.purge_expired(limit=0)
+
+
+@pytest.mark.parametrize("limit", [0, -1, "100", 2.5, True, 10**20])
+async def test_a_purge_limit_that_is_not_a_batch_size_is_refused_before_any_sql(
+    make_client: ClientFactory, limit: Any
+) -> None:
+    client = await make_client(registry())
+    with pytest.raises(ConfigurationError, match="limit"):
+        await client.purge_expired(limit=limit)
 
 
 async def test_a_sweep_that_finds_another_in_progress_returns_zero_at_once(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
-    for _ in range(3):
-        await end(
-            pgwork_dsn,
-            await start(client, pgwork_dsn, "short"),
-            "completed",
-            ago=timedelta(hours=2),
-        )
+    await ended(client, pgwork_dsn, "short", 3, "completed", ago=timedelta(hours=2))
     async with await psycopg.AsyncConnection.connect(pgwork_dsn) as holder:
         await holder.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [retention_lock_key("pgwork")]
@@ -276,10 +271,7 @@ async def test_two_concurrent_sweeps_delete_each_expired_chain_once(
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     first, second = await make_client(registry()), await make_client(registry())
-    for _ in range(20):
-        await end(
-            pgwork_dsn, await start(first, pgwork_dsn, "short"), "completed", ago=timedelta(hours=2)
-        )
+    await ended(first, pgwork_dsn, "short", 20, "completed", ago=timedelta(hours=2))
     results: list[int] = []
 
     async def sweep(client: Client) -> None:

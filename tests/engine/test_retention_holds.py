@@ -20,6 +20,7 @@ from pgwork import (
     ChainDeletedError,
     ChainNotFoundError,
     ChainStatus,
+    Client,
     DedupSpec,
     JobTypeRegistry,
     Retention,
@@ -51,19 +52,31 @@ def registry() -> JobTypeRegistry:
     return reg
 
 
+# Each hold's test runs as built, and as its control build: the retention statements
+# without the condition that keeps the chain (``hold``, replaced by ``instead``).
+HELD_OR_NOT = pytest.mark.parametrize("build", ["held", "control-no-hold"])
+
+
+async def held_client(
+    make_client: ClientFactory, build: str, hold: bytes, instead: bytes = b"true"
+) -> Client:
+    client = await make_client(registry())
+    if build == "control-no-hold":
+        without(client, hold, instead)
+    return client
+
+
 # --- dedup windows ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", ["held", "control-no-hold"])
+@HELD_OR_NOT
 async def test_a_chain_is_kept_while_its_dedup_window_is_open(
     make_client: ClientFactory,
     pgwork_dsn: str,
     conn: psycopg.AsyncConnection[Any],
     build: str,
 ) -> None:
-    client = await make_client(registry())
-    if build == "control-no-hold":
-        without(client, DEDUP_HOLD, b"")
+    client = await held_client(make_client, build, DEDUP_HOLD, b"")
     window = DedupSpec("invoice-7", scope="window", window=timedelta(days=3))
     first = await start(client, pgwork_dsn, "short", dedup=window)
     await end(pgwork_dsn, first, "completed", ago=timedelta(hours=2))  # past the hour
@@ -110,13 +123,11 @@ async def test_a_key_deduplicated_for_ever_keeps_its_chain_for_ever(
     assert await scalar(pgwork_dsn, "SELECT dedup_until = 'infinity' FROM pgwork.jobs")
 
 
-@pytest.mark.parametrize("build", ["held", "control-no-hold"])
+@HELD_OR_NOT
 async def test_a_cron_tick_whose_chain_ended_does_not_fire_again_after_retention(
     make_client: ClientFactory, pgwork_dsn: str, conn: psycopg.AsyncConnection[Any], build: str
 ) -> None:
-    client = await make_client(registry())
-    if build == "control-no-hold":
-        without(client, DEDUP_HOLD, b"")
+    client = await held_client(make_client, build, DEDUP_HOLD, b"")
     schedule = CronSchedule("minutely", "* * * * *", client.registry.get("brief"), Item())
     now = await client.state.now()
     assert await Maintenance(client, [schedule]).fire_due(now) == 1
@@ -141,16 +152,14 @@ async def test_a_cron_tick_whose_chain_ended_does_not_fire_again_after_retention
 # --- blockers --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", ["held", "control-no-hold"])
+@HELD_OR_NOT
 async def test_a_blocker_is_kept_until_the_job_waiting_on_it_has_read_it(
     make_client: ClientFactory,
     pgwork_dsn: str,
     conn: psycopg.AsyncConnection[Any],
     build: str,
 ) -> None:
-    client = await make_client(registry())
-    if build == "control-no-hold":
-        without(client, DEPENDANTS, b"true OR")
+    client = await held_client(make_client, build, DEPENDANTS, b"true OR")
     made = await start(client, pgwork_dsn, "short")
     other = await start(client, pgwork_dsn, "short")
     waiting = await start(client, pgwork_dsn, "uses", blockers=[made, other])
@@ -179,16 +188,14 @@ async def test_a_blocker_is_kept_until_the_job_waiting_on_it_has_read_it(
 # --- await_chain -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("build", ["held", "control-no-hold"])
+@HELD_OR_NOT
 async def test_an_awaited_chain_is_kept_for_its_awaiter_however_short_its_retention(
     make_client: ClientFactory,
     pgwork_dsn: str,
     conn: psycopg.AsyncConnection[Any],
     build: str,
 ) -> None:
-    client = await make_client(registry())
-    if build == "control-no-hold":
-        without(client, AWAITED)
+    client = await held_client(make_client, build, AWAITED)
     chain = await start(client, pgwork_dsn, "brief")
     # An awaiter marks the chain, then misses the end's notice: retention runs between
     # the end and the awaiter's next read.

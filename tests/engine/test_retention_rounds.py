@@ -16,7 +16,7 @@ from pgwork import ConfigurationError, JobTypeRegistry, PostgresStateAdapter, Re
 from pgwork.retention import DEFAULT_RETENTION
 from pgwork.worker._side.maintenance import RETENTION_BEHIND_EVERY_S, Maintenance
 
-from ._retention_kit import end, job_count, start_many
+from ._retention_kit import end, ended, job_count, start_many
 from .conftest import ClientFactory, eventually
 
 pytestmark = pytest.mark.anyio
@@ -32,6 +32,10 @@ def registry() -> JobTypeRegistry:
     return reg
 
 
+# Past the hour "short" (and "hourly") keep their ended chains.
+EXPIRED = timedelta(hours=2)
+
+
 # --- batches, rounds -------------------------------------------------------------------
 
 
@@ -40,12 +44,7 @@ async def test_a_round_clears_a_backlog_larger_than_one_batch(
     make_client: ClientFactory, pgwork_dsn: str, build: str
 ) -> None:
     client = await make_client(registry())
-    await end(
-        pgwork_dsn,
-        await start_many(client, pgwork_dsn, "short", 25),
-        "completed",
-        ago=timedelta(hours=2),
-    )
+    await ended(client, pgwork_dsn, "short", 25, "completed", ago=EXPIRED)
     # The control: one batch a round (a round with no time for a second), as retention
     # ran before it deleted in batches.
     maintenance = Maintenance(
@@ -66,12 +65,7 @@ async def test_rounds_run_again_at_once_while_behind_and_back_off_once_caught_up
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
-    await end(
-        pgwork_dsn,
-        await start_many(client, pgwork_dsn, "short", 25),
-        "completed",
-        ago=timedelta(hours=2),
-    )
+    await ended(client, pgwork_dsn, "short", 25, "completed", ago=EXPIRED)
     maintenance = Maintenance(
         client, [], retention_every=6.0, retention_batch=10, retention_round=0.0
     )
@@ -86,12 +80,7 @@ async def test_a_workers_maintenance_clears_a_backlog_of_batches_soon_after_it_s
     make_client: ClientFactory, pgwork_dsn: str
 ) -> None:
     client = await make_client(registry())
-    await end(
-        pgwork_dsn,
-        await start_many(client, pgwork_dsn, "short", 35),
-        "completed",
-        ago=timedelta(hours=2),
-    )
+    await ended(client, pgwork_dsn, "short", 35, "completed", ago=EXPIRED)
     # One batch a round: the rounds that clear the rest run on the next ticks, long
     # before the hour ``retention_every`` allows a caught-up worker to wait.
     maintenance = Maintenance(
@@ -114,8 +103,7 @@ async def test_purge_expired_deletes_one_batch_of_each_kind_of_ending(
 ) -> None:
     client = await make_client(registry())
     for status in ("completed", "failed", "cancelled"):
-        chains = await start_many(client, pgwork_dsn, "short", 4)
-        await end(pgwork_dsn, chains, status, ago=timedelta(hours=2))
+        await ended(client, pgwork_dsn, "short", 4, status, ago=EXPIRED)
 
     assert [await client.purge_expired(limit=5) for _ in range(4)] == [5, 5, 2, 0]
 
@@ -156,10 +144,8 @@ async def test_a_type_declared_to_keep_everything_keeps_every_ended_chain(
     reg.job_type("short", input=Item, retention=timedelta(hours=1))
     client = await make_client(reg)
     for status in ("completed", "failed", "cancelled"):
-        [chain] = await start_many(client, pgwork_dsn, "kept", 1)
-        await end(pgwork_dsn, chain, status, ago=timedelta(days=365))
-    [short] = await start_many(client, pgwork_dsn, "short", 1)
-    await end(pgwork_dsn, short, "completed", ago=timedelta(days=365))
+        await ended(client, pgwork_dsn, "kept", 1, status, ago=timedelta(days=365))
+    await ended(client, pgwork_dsn, "short", 1, "completed", ago=timedelta(days=365))
 
     assert kept.retention.keeps_everything
     assert await Maintenance(client, []).purge() == 1  # the other type's
@@ -173,8 +159,7 @@ async def test_a_plain_period_applies_to_every_way_of_ending(
     hourly = reg.job_type("hourly", input=Item, retention=timedelta(hours=1))
     client = await make_client(reg)
     for status in ("completed", "failed", "cancelled"):
-        [chain] = await start_many(client, pgwork_dsn, "hourly", 1)
-        await end(pgwork_dsn, chain, status, ago=timedelta(hours=2))
+        await ended(client, pgwork_dsn, "hourly", 1, status, ago=EXPIRED)
 
     assert hourly.retention == Retention.uniform(timedelta(hours=1))
     assert await client.purge_expired() == 3

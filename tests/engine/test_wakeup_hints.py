@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from typing import Any
 
 import psycopg
 import pytest
+from bench._acquires import AcquireCount
 from tests.adapters._brokers import nats_url, redis_url, unique_name
 
 from pgwork import (
@@ -39,35 +39,6 @@ pytestmark = pytest.mark.anyio
 
 WORKERS = 6
 JOBS = 8
-ACQUIRING = ("acquire", "complete_and_acquire", "acquire_limited")
-
-
-class AcquireCount:
-    """The acquiring calls made on the stores wrapped (only the outermost of nested
-    ones, per task: a turn without completions is a plain acquire)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self._inside: ContextVar[bool] = ContextVar("acquiring", default=False)
-
-    def wrap(self, state: Any) -> None:
-        for name in ACQUIRING:
-            original = getattr(state, name, None)
-            if original is not None:
-                setattr(state, name, self._counted(original))
-
-    def _counted(self, original: Any) -> Any:
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            if self._inside.get():
-                return await original(*args, **kwargs)
-            self.calls += 1
-            token = self._inside.set(True)
-            try:
-                return await original(*args, **kwargs)
-            finally:
-                self._inside.reset(token)
-
-        return counted
 
 
 @asynccontextmanager

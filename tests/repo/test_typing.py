@@ -3,7 +3,8 @@
 One snippet holds correct usage and the mistakes, each marked ``# E: <message part>``;
 mypy must report exactly those lines, so correct usage is proven clean too. Signals are
 typed by their payload: a wrong payload to ``client.signal``, or a wait for another
-signal type than the step's ``waits_for``, is a type error. Fan-out is typed by the
+signal type than the step's ``waits_for``, is a type error, and so is a job type's
+option of the wrong type, with or without ``waits_for``. Fan-out is typed by the
 child's job type: a wrong input to ``attempt.start_chain`` (async or sync), a wrong
 input to the step that waits for the children, and a field the children's output lacks
 are type errors.
@@ -35,6 +36,7 @@ class Sent(BaseModel):
 registry = JobTypeRegistry()
 send_email = registry.job_type("send_email", input=Email, output=Sent, continue_with=["audit"])
 audit = registry.job_type("audit", input=Sent, entry=False)
+slow = registry.job_type("slow", input=Email, lease=60)  # E: "job_type"
 
 async def handle(attempt: Attempt[Email, Sent]) -> Sent:
     return Sent(message_id=attempt.job.input.to)
@@ -66,6 +68,7 @@ class Refunded(BaseModel):
 payment = registry.signal("payment", payload=Paid)
 refund = registry.signal("refund", payload=Refunded)
 ship = registry.job_type("ship", input=Email, entry=False, waits_for=payment)
+ship_later = registry.job_type("later", input=Email, waits_for=payment, queue=3)  # E: "job_type"
 
 async def waits_for_payment(attempt: Attempt[Email, Sent]) -> None:
     wait = payment.named("order-1", timeout=timedelta(days=3))

@@ -395,7 +395,9 @@ class BlockerOutput:
     ``met``: whether the blocker was counted as met (completed, deleted, or ended
     under ``"unblock"``) when it was last counted for the job: by the job's release at
     the latest. A job released once ``blocker_need`` of its blockers were met reads
-    the others as not met, whatever became of them since."""
+    the others as not met, whatever became of them since; of blockers that ended
+    together with the last one needed, only the first ``blocker_need`` met, in the
+    order given, read as met."""
 
     chain_id: UUID
     status: ChainStatus | None

@@ -486,7 +486,9 @@ class ControlCore(Store, Protocol):
     async def retry_failed(
         self, tx: TransactionHandle, *, job_ids: Sequence[UUID], front: bool
     ) -> list[tuple[UUID, str]]:
-        """Failed jobs back to pending with fresh attempts; returns (job id, queue)."""
+        """Failed jobs back to pending with fresh attempts; returns (job id, queue).
+        A chain this reopens is waited for again by the jobs still blocked on it
+        (``ChainBlockers``): its failure no longer counts against their need."""
         ...
 
     async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:
@@ -784,7 +786,8 @@ class ChainBlockers(Protocol):
     ) -> list[BlockerOutput]:
         """Each of ``job_id``'s blockers in the order given, with its chain's status and
         final output, and whether it was met when last counted (``BlockerOutput.met``:
-        a job released with ``blocker_need`` of them reads the rest as not met)."""
+        a job released with ``blocker_need`` of them reads the rest as not met, those
+        that ended together with the last one needed included)."""
         ...
 
     async def resolve_dependants(

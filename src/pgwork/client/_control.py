@@ -25,7 +25,7 @@ from pgwork.errors import (
     ChainFailedError,
     ChainHasDependantsError,
     ChainNotFoundError,
-    ConfigurationError,
+    InvalidOptionError,
     JobAlreadyFinishedError,
     JobNotFoundError,
     JobNotRetryableError,
@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from pgwork.adapters.state import CoreStateAdapter
 
 __all__ = ["ControlMixin"]
+
+# The most chains one ``purge_expired`` call deletes: one transaction, whose locks and
+# dead rows grow with it (the workers' own batches are ``RETENTION_BATCH``).
+MAX_PURGE = 1_000_000
 
 
 class ControlMixin:
@@ -261,8 +265,13 @@ class ControlMixin:
         (``pgwork.retention``). Safe to call from every worker: one call runs at a time
         per schema, the others return 0 at once.
         """
-        if limit < 1:
-            raise ConfigurationError(f"limit must be >= 1, got {limit}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PURGE:
+            raise InvalidOptionError(
+                "limit",
+                limit,
+                f"an integer from 1 to {MAX_PURGE:,} (chains deleted in one transaction)",
+                "Client.purge_expired",
+            )
         retention = {t.name: t.retention for t in self.registry if not t.retention.keeps_everything}
         if not retention:
             return 0

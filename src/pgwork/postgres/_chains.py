@@ -113,7 +113,8 @@ class ChainOps(AdapterBase):
         return _resolution(rows)
 
     async def _resolve_dependants_of(self, conn: DbConn, chain_ids: Sequence[UUID]) -> Resolution:
-        """Settle jobs blocked on ``chain_ids`` (which just ended), level by level.
+        """Settle jobs blocked on ``chain_ids`` (which just ended, or were reopened by a
+        retry), level by level.
 
         Must run inside a transaction: the lock and the decision are two statements.
         """
@@ -221,9 +222,12 @@ class ChainOps(AdapterBase):
             rows = await self._fetch(
                 conn, self.statements.chains.retry_failed, {"ids": list(job_ids), "front": front}
             )
-            await self._fetch(
-                conn, self.statements.chains.reopen_chains, {"chain_ids": [r[1] for r in rows]}
-            )
+            chain_ids = sorted({r[1] for r in rows})
+            await self._fetch(conn, self.statements.chains.reopen_chains, {"chain_ids": chain_ids})
+            # A reopened chain runs again: the jobs blocked on it wait for its new end
+            # rather than count the failure it no longer is. Reopening an edge makes no
+            # blocked job pending nor ends one, so there is nothing to announce.
+            await self._resolve_dependants_of(conn, chain_ids)
         return [(row[0], row[2]) for row in rows]
 
     async def trigger(self, tx: TransactionHandle, *, job_ids: Sequence[UUID]) -> list[str]:

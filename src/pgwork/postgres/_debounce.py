@@ -85,7 +85,9 @@ class DebounceOps(AdapterBase):
                     results[position] = InsertedJob(job_id, job_id, JobStatus.PENDING, True, True)
                 if not merged:
                     queue = k.carrier.queue
-                    due[queue] = min(due.get(queue, math.inf), time.time() + k.delay_s)
+                    # Due after the delay, held to the deadline as the statement holds it.
+                    start_s = min(k.delay_s, k.max_wait_s)
+                    due[queue] = min(due.get(queue, math.inf), time.time() + start_s)
         if notify is not None and due:
             notices = [Notice(kind="ready", queue=q, at=at) for q, at in sorted(due.items())]
             await notify.publish(tx, notices=notices)

@@ -314,7 +314,8 @@ class Attempt(Generic[I, O]):
         chain that was not met when this job was released: one that failed or was
         cancelled and let it run anyway (``blocker_failure="unblock"``), and, for a
         step released by ``Children(..., need=n)``, each chain that had not completed
-        by then (every attempt of the step reads the same list). Empty for a job
+        by then, and of chains that completed together, those past the first ``n`` in
+        the order given (every attempt of the step reads the same list). Empty for a job
         without blockers, as every job is on a store without ``ChainBlockers``.
 
         ``job_type``: decode every output with that type's output model instead, for a

@@ -6,11 +6,11 @@ for the children its parent's completion started (docs/design/fan-out.md). Its r
 keeps three counters: ``blockers_needed`` (how many blockers must be met: all, or the
 first n), ``blockers_met`` and ``blockers_open`` (not yet counted); each edge records
 how it was counted (``counted``: NULL while its chain runs, ``'met'`` or ``'failed'``).
-A blocker's end is settled by SETTLE_ENDED: it flips that blocker's edges and adds
-what it flipped to each job's counters, reading nothing of the job's other edges; a
-statement that runs twice flips nothing the second time. COUNT_BLOCKERS counts a job's
-edges from scratch: as the job is inserted, and in the sweep, for a job some of whose
-blockers ended unsettled.
+A blocker's end (or its retry) is settled by SETTLE_ENDED: it flips that blocker's
+edges and adds what it flipped to each job's counters, reading nothing of the job's
+other edges; a statement that runs twice flips nothing the second time.
+COUNT_BLOCKERS counts a job's edges from scratch: as the job is inserted, and in the
+sweep, for a job some of whose blockers ended unsettled.
 
 Settling is two statements in one transaction: LOCK_BLOCKED_DEPENDANTS first (the
 dependants' chain roots ``FOR KEY SHARE``, then the dependants ``FOR UPDATE``, each in
@@ -37,22 +37,36 @@ __all__ = ["ChainStatements"]
 # is the update's own (``FOR NO KEY UPDATE``), not ``FOR UPDATE``: a hand-on of the
 # chain, which locks its root ``FOR KEY SHARE`` (see ``_COMPLETE_CTES_ONE``), need not
 # wait for the enqueue to commit. Children written in the same transaction (fan-out)
-# are marked the same way: no other transaction sees them yet.
+# are marked the same way: no other transaction sees them yet. ``ids`` hold no
+# duplicate; when one names no chain its snapshot sees, nothing is locked or written:
+# the roots found are returned with no status, and the enqueue refuses with the
+# others' ids while the caller's transaction goes on.
 LOCK_BLOCKER_CHAINS = """
-WITH target AS (
+WITH found AS (
     SELECT r.id FROM {jobs} AS r
     WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id
+),
+target AS (
+    SELECT r.id FROM {jobs} AS r
+    WHERE r.id IN (SELECT f.id FROM found AS f)
+      AND (SELECT count(*) FROM found) = cardinality(%(ids)s::uuid[])
     ORDER BY r.id
     FOR NO KEY UPDATE
+),
+marked AS (
+    UPDATE {jobs} AS r
+    SET chain_has_dependants = true
+    FROM target AS t
+    WHERE r.id = t.id
+    RETURNING r.id, r.chain_status::text,
+        CASE WHEN r.status = 'pending' THEN r.queue END,
+        CASE WHEN r.status = 'pending' AND r.scheduled_at > now()
+             THEN extract(epoch FROM r.scheduled_at)::float8 END
 )
-UPDATE {jobs} AS r
-SET chain_has_dependants = true
-FROM target AS t
-WHERE r.id = t.id
-RETURNING r.id, r.chain_status::text,
-    CASE WHEN r.status = 'pending' THEN r.queue END,
-    CASE WHEN r.status = 'pending' AND r.scheduled_at > now()
-         THEN extract(epoch FROM r.scheduled_at)::float8 END
+SELECT * FROM marked
+UNION ALL
+SELECT f.id, NULL, NULL, NULL FROM found AS f
+WHERE (SELECT count(*) FROM found) < cardinality(%(ids)s::uuid[])
 """
 
 INSERT_BLOCKERS = """
@@ -155,25 +169,24 @@ LEFT JOIN roots AS rt ON rt.id = c.chain_id
 WHERE c.status <> 'blocked'
 """
 
-# Settle the ends of ``chain_ids`` for the locked dependants ``job_ids``: flip each
-# ended chain's edges to them (by blocker, one edge per dependant) and add what was
-# flipped to their counters. An edge already counted so is left alone, so settling an
-# end twice changes nothing; one counted failed whose chain was retried and then
-# completed turns met. Never reads a dependant's other edges: a child's end costs the
-# same with ten siblings as with ten thousand.
+# Settle the status of ``chain_ids`` for the locked dependants ``job_ids``: an end, or a
+# failed chain active again after a retry. Each chain's edges to them (by blocker, one
+# edge per dependant) are counted as its status now says (``_COUNTED``), and what was
+# flipped is added to their counters. An edge already counted so is left alone, so
+# settling an end twice changes nothing; one counted failed whose chain was retried
+# turns open again (and met once it completes). Never reads a dependant's other edges:
+# a child's end costs the same with ten siblings as with ten thousand.
 SETTLE_ENDED = f"""
-WITH ended AS (
+WITH settled AS (
     SELECT r.id, r.chain_status
     FROM {{jobs}} AS r
     WHERE r.id = ANY(%(chain_ids)s::uuid[]) AND r.id = r.chain_id
-      AND r.chain_status <> 'active'
 ),
 edges AS (
     SELECT b.job_id, b.blocker_chain_id, b.on_failure, b.counted AS was,
-        CASE WHEN x.chain_status = 'completed' OR b.on_failure = 'unblock' THEN 'met'
-             ELSE 'failed' END AS counted
-    FROM ended AS x
-    JOIN {{job_blockers}} AS b ON b.blocker_chain_id = x.id
+        {_COUNTED} AS counted
+    FROM settled AS r
+    JOIN {{job_blockers}} AS b ON b.blocker_chain_id = r.id
     WHERE b.job_id = ANY(%(job_ids)s::uuid[])
 ),
 flipped AS (
@@ -188,7 +201,8 @@ tally AS (
     SELECT f.job_id,
         count(*) FILTER (WHERE f.counted = 'met') - count(*) FILTER (WHERE f.was = 'met')
             AS met,
-        count(*) FILTER (WHERE f.was IS NULL) AS closed,
+        count(*) FILTER (WHERE f.was IS NULL) - count(*) FILTER (WHERE f.counted IS NULL)
+            AS closed,
         bool_or(f.counted = 'failed' AND f.on_failure = 'fail') AS fail,
         min(f.blocker_chain_id::text) FILTER (WHERE f.counted = 'failed') AS culprit
     FROM flipped AS f
@@ -280,18 +294,19 @@ ORDER BY d.id
 FOR UPDATE OF d SKIP LOCKED
 """
 
-HAS_DEPENDANTS = """
-SELECT DISTINCT b.blocker_chain_id
-FROM {job_blockers} AS b
-WHERE b.blocker_chain_id = ANY(%(chain_ids)s::uuid[])
-"""
-
 # Outputs of a job's blocker chains, in declaration order: the output of each chain's
-# last job once the chain completed, and whether the edge was counted met.
+# last job once the chain completed, and whether the edge counts as met: counted met,
+# and among the first ``blockers_needed`` so counted, by position. Chains that end in
+# one transaction are settled together, so the edges counted met may be more than the
+# need: the step reads the first of them, as many as it needed.
 BLOCKER_OUTPUTS = f"""
 SELECT b.blocker_chain_id, r.chain_status::text, last.type_name, last.output,
-    b.counted IS NOT DISTINCT FROM 'met'
+    b.counted IS NOT DISTINCT FROM 'met' AND (
+        d.blockers_needed IS NULL
+        OR count(*) FILTER (WHERE b.counted = 'met') OVER (ORDER BY b.position)
+            <= d.blockers_needed)
 FROM {{job_blockers}} AS b
+JOIN {{jobs}} AS d ON d.id = b.job_id
 LEFT JOIN {{jobs}} AS r ON r.id = b.blocker_chain_id AND r.id = r.chain_id
 LEFT JOIN LATERAL {last_job("r")} AS last ON true
 WHERE b.job_id = %(job_id)s
@@ -409,7 +424,6 @@ class ChainStatements:
     settle_ended: bytes
     count_blockers: bytes
     find_resolvable_blocked: bytes
-    has_dependants: bytes
     blocker_outputs: bytes
     lock_active_chains: bytes
     cancel_chains: bytes

@@ -94,6 +94,29 @@ class NotifyAdapterConformance:
             got.extend(await listener.wait(left))
         return got
 
+    async def _arrives_once_committed(
+        self,
+        adapter: NotifyAdapter,
+        transaction: TransactionFactory,
+        notice: Notice,
+        *,
+        held: bool,
+    ) -> None:
+        """Publish ``notice`` in a transaction (``held``: inside ``notify_after_commit``)
+        and see it arrive once that commits; not before, where the block holds it or
+        the adapter claims ``delivers_on_commit_only``."""
+        async with adapter.listen() as listener:
+            async with AsyncExitStack() as block:
+                if held:
+                    await block.enter_async_context(notify_after_commit())
+                tx = await block.enter_async_context(transaction())
+                await adapter.publish(tx, notices=[notice])
+                if held or self.delivers_on_commit_only:
+                    early = await listener.wait(self.quiet_period)
+                    assert notice not in early, "delivered before the transaction committed"
+            got = await self._collect_until(listener, lambda got: notice in got)
+        assert notice in got
+
     async def _through_marker(self, adapter: NotifyAdapter, listener: Listener) -> list[Notice]:
         """Publish a marker and return everything that arrived up to and including it."""
         marker = _marker()
@@ -149,16 +172,9 @@ class NotifyAdapterConformance:
         notify_adapter: NotifyAdapter,
         notify_transaction: TransactionFactory | None,
     ) -> None:
-        transaction = self._transactions(notify_transaction)
         notice = Notice(kind="ready", queue="after-commit")
-        async with notify_adapter.listen() as listener:
-            async with transaction() as tx:
-                await notify_adapter.publish(tx, notices=[notice])
-                if self.delivers_on_commit_only:
-                    early = await listener.wait(self.quiet_period)
-                    assert notice not in early, "delivered before the transaction committed"
-            got = await self._collect_until(listener, lambda got: notice in got)
-        assert notice in got
+        transaction = self._transactions(notify_transaction)
+        await self._arrives_once_committed(notify_adapter, transaction, notice, held=False)
 
     async def test_notice_published_in_a_rolled_back_transaction_never_arrives(
         self,
@@ -197,15 +213,9 @@ class NotifyAdapterConformance:
         notify_adapter: NotifyAdapter,
         notify_transaction: TransactionFactory | None,
     ) -> None:
-        transaction = self._transactions(notify_transaction)
         notice = Notice(kind="ready", queue="held-for-commit")
-        async with notify_adapter.listen() as listener:
-            async with notify_after_commit(), transaction() as tx:
-                await notify_adapter.publish(tx, notices=[notice])
-                early = await listener.wait(self.quiet_period)
-                assert notice not in early, "delivered before the transaction committed"
-            got = await self._collect_until(listener, lambda got: notice in got)
-        assert notice in got
+        transaction = self._transactions(notify_transaction)
+        await self._arrives_once_committed(notify_adapter, transaction, notice, held=True)
 
     async def test_notice_held_for_a_block_that_raises_never_arrives(
         self,

@@ -13,24 +13,22 @@ Role exercised: ``EnqueueStore`` (blocked inserts) and ``WorkerStore``
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Literal
 
-import anyio
 import pytest
 
 from pgwork.adapters.state import BlockerOutput, ChainBlockers, Completion, NewJob, Resolution
 from pgwork.errors import ChainNotFoundError
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
-from pgwork.testing.conformance._rollback import rolled_back
+from pgwork.testing.conformance._cut_off import CutOffEnds
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, requires
 
 Ending = Literal["failed", "cancelled", "reaped"]
 
 
 @requires(ChainBlockers)
-class BlockerConformance(StateSuiteBase):
+class BlockerConformance(CutOffEnds):
     async def test_job_with_active_blockers_is_inserted_blocked_and_not_acquirable(
         self, store: StateHarness
     ) -> None:
@@ -284,28 +282,8 @@ class BlockerConformance(StateSuiteBase):
         dependants = [store.new_job(BETA, queue="merge", blockers=[blocker.id]) for _ in "12"]
         await store.seed(*dependants)
 
-        with anyio.fail_after(self.test_timeout):
-            # Another transaction holds the dependants (deleting them, then changing its
-            # mind) while the blocker's completion runs and is cut off.
-            async with rolled_back(adapter.transaction()) as busy:
-                deletion = await adapter.delete_chains(
-                    busy, chain_ids=[d.id for d in dependants], cascade=False
-                )
-                assert deletion.deleted_chains == 2
-                async with anyio.create_task_group() as tg:
-                    completing = anyio.CancelScope()
-
-                    async def complete() -> None:
-                        with completing:
-                            await adapter.complete(
-                                None, completions=[Completion(blocker.id, None, '"done"')]
-                            )
-
-                    tg.start_soon(complete)
-                    await self._until_chain_ended(store, blocker.id)
-                    completing.cancel()
-
-        ended = (await store.chain(blocker.id)).status is ChainStatus.COMPLETED
+        # Another transaction holds the dependants while the blocker's completion runs.
+        ended = await self._end_cut_off(store, blocker.id, held=[d.id for d in dependants])
         stuck = [d.id for d in dependants if (await store.job(d.id)).status is JobStatus.BLOCKED]
         if ended and stuck:
             first = await adapter.sweep_blocked(limit=1)
@@ -317,11 +295,3 @@ class BlockerConformance(StateSuiteBase):
         assert await adapter.sweep_blocked() == Resolution()
         settled = JobStatus.PENDING if ended else JobStatus.BLOCKED
         assert [(await store.job(d.id)).status for d in dependants] == [settled, settled]
-
-    async def _until_chain_ended(self, store: StateHarness, chain_id: uuid.UUID) -> None:
-        """Wait (at most ``blocking_grace``) for the chain's end to be visible."""
-        deadline = time.monotonic() + self.blocking_grace
-        while time.monotonic() < deadline:
-            if (await store.chain(chain_id)).status is not ChainStatus.ACTIVE:
-                return
-            await anyio.sleep(self.poll / 5)

@@ -228,6 +228,24 @@ class DebounceConformance(StateSuiteBase):
         assert merged.job_id == a.id
         assert (await store.job(a.id)).input == {"v": 5}
 
+    async def test_debounce_within_one_batch_announces_the_start_its_deadline_allows(
+        self, store: StateHarness
+    ) -> None:
+        """The first enqueue of the batch sets the deadline, ten minutes away; a later
+        one's hour of delay is held to it, and so is the time the job is announced for
+        (the store's clock and the caller's agree within a minute here)."""
+        notify = RecordingNotify()
+        soon = debounced(store, "capped", {"v": 1}, delay=HOUR / 6, max_wait=HOUR / 6)
+        later = debounced(store, "capped", {"v": 2}, delay=HOUR, max_wait=2 * HOUR)
+        await debounce(store, soon, later, notify=notify)
+        job = await store.job(soon.id)
+        assert job.scheduled_at - job.created_at == HOUR / 6
+        [notice] = notify.published
+        assert notice.at is not None
+        assert abs(notice.at - job.scheduled_at.timestamp()) < 60, (
+            f"announced for {notice.at}, due at {job.scheduled_at.timestamp()}"
+        )
+
     async def test_concurrent_debounce_of_a_key_waits_for_the_first_commit_then_merges(
         self,
         state_adapter: StateAdapter,

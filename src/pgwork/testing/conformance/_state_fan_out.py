@@ -15,12 +15,10 @@ Role exercised: ``WorkerStore`` (``complete`` with children, ``resolve_dependant
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import replace
 from typing import Literal
 
-import anyio
 import pytest
 
 from pgwork.adapters.state import (
@@ -33,25 +31,21 @@ from pgwork.adapters.state import (
     Resolution,
 )
 from pgwork.records import ChainStatus, JobStatus
-from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, StateSuiteBase, requires
+from pgwork.testing.conformance._cut_off import CutOffEnds
+from pgwork.testing.conformance._harness import ALPHA, BETA, StateHarness, requires
 from pgwork.testing.conformance._rollback import rolled_back
 
 Policy = Literal["fail", "cancel", "unblock"]
 
 
 @requires(ChainBlockers)
-class FanOutConformance(StateSuiteBase):
-    async def _fan_out(
-        self,
-        store: StateHarness,
-        size: int,
-        *,
-        need: int | None = None,
-        policy: Policy = "fail",
-        tx_complete: bool = False,
-    ) -> tuple[AcquiredJob, list[NewJob], NewJob, CompletionResult]:
-        """A parent acquired and completed with ``size`` children (queue ``kids``, one
-        attempt each) and a step (queue ``step``) blocked on them."""
+class FanOutConformance(CutOffEnds):
+    async def _splitting(
+        self, store: StateHarness, size: int, *, need: int | None = None, policy: Policy = "fail"
+    ) -> tuple[AcquiredJob, list[NewJob], NewJob, Completion]:
+        """A parent acquired, and its completion, not yet written: with ``size``
+        children (queue ``kids``, one attempt each) and a step (queue ``step``) blocked
+        on them."""
         await store.seed(store.new_job(queue="parents"))
         parent = await store.acquire_one(ALPHA, queues=["parents"])
         children = [
@@ -65,12 +59,49 @@ class FanOutConformance(StateSuiteBase):
             blocker_failure=policy,
         )
         completion = Completion(parent.id, parent.lease_token, '"split"', step, tuple(children))
+        return parent, children, step, completion
+
+    async def _fan_out(
+        self,
+        store: StateHarness,
+        size: int,
+        *,
+        need: int | None = None,
+        policy: Policy = "fail",
+        tx_complete: bool = False,
+    ) -> tuple[AcquiredJob, list[NewJob], NewJob, CompletionResult]:
+        """``_splitting``'s parent completed (in a transaction of the store's own with
+        ``tx_complete``)."""
+        parent, children, step, completion = await self._splitting(
+            store, size, need=need, policy=policy
+        )
         if tx_complete:
             async with store.adapter.transaction() as tx:
                 [result] = await store.adapter.complete(tx, completions=[completion])
         else:
             [result] = await store.adapter.complete(None, completions=[completion])
         return parent, children, step, result
+
+    async def _read(
+        self, store: StateHarness, step: NewJob
+    ) -> list[tuple[bool, ChainStatus | None]]:
+        """What the step reads of each child, in order: met or not, and its status."""
+        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
+        return [(o.met, o.status) for o in outputs]
+
+    async def _first_child_failed(
+        self, store: StateHarness, *, policy: Policy = "fail", retried: bool = False
+    ) -> tuple[list[NewJob], NewJob]:
+        """Three children, two needed: the first failed for good (put back by a retry
+        with ``retried``), and the step still waits. The children and the step."""
+        _, children, step, _ = await self._fan_out(store, 3, need=2, policy=policy)
+        # (Children run in the order they were started: fail_for_good runs the next.)
+        await store.fail_for_good(children[0])
+        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        if retried:
+            async with store.adapter.transaction() as tx:
+                await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        return children, step
 
     async def test_a_completion_writes_its_children_then_a_step_blocked_on_them(
         self, store: StateHarness
@@ -99,11 +130,8 @@ class FanOutConformance(StateSuiteBase):
     async def test_a_refused_completion_writes_neither_children_nor_step(
         self, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(queue="parents"))
-        parent = await store.acquire_one(ALPHA, queues=["parents"])
-        children = [store.new_job(queue="kids") for _ in range(2)]
-        step = replace(store.continuation(parent), blockers=tuple(c.id for c in children))
-        stale = Completion(parent.id, uuid.uuid4(), '"late"', step, tuple(children))
+        parent, children, step, completion = await self._splitting(store, 2)
+        stale = replace(completion, lease_token=uuid.uuid4())
         [refused] = await store.adapter.complete(None, completions=[stale])
         assert not refused.accepted
         for job_id in (step.id, *(c.id for c in children)):
@@ -113,11 +141,7 @@ class FanOutConformance(StateSuiteBase):
     async def test_children_written_in_a_callers_transaction_go_with_it(
         self, store: StateHarness
     ) -> None:
-        await store.seed(store.new_job(queue="parents"))
-        parent = await store.acquire_one(ALPHA, queues=["parents"])
-        children = [store.new_job(queue="kids") for _ in range(2)]
-        step = replace(store.continuation(parent), blockers=tuple(c.id for c in children))
-        completion = Completion(parent.id, parent.lease_token, '"p"', step, tuple(children))
+        parent, children, step, completion = await self._splitting(store, 2)
         async with rolled_back(store.adapter.transaction()) as tx:
             [result] = await store.adapter.complete(tx, completions=[completion])
             assert result.accepted
@@ -162,13 +186,43 @@ class FanOutConformance(StateSuiteBase):
         await store.fail_for_good(children[2])
         assert (await store.job(step.id)).status is JobStatus.PENDING
         # Met: the two that completed before the release, whatever ended since.
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [(o.met, o.status) for o in outputs] == [
+        assert await self._read(store, step) == [
             (False, ChainStatus.COMPLETED),
             (True, ChainStatus.COMPLETED),
             (False, ChainStatus.FAILED),
             (True, ChainStatus.COMPLETED),
         ]
+
+    async def test_need_met_by_children_ending_together_reads_only_that_many_as_met(
+        self, store: StateHarness
+    ) -> None:
+        """Three of four children end in one completion (a worker's batch) where two
+        are needed: the step reads two of them met, the first two it started."""
+        _, children, step, _ = await self._fan_out(store, 4, need=2)
+        ends = [Completion(c.id, None, str(i)) for i, c in enumerate(children[:3])]
+        [*results, last] = await store.adapter.complete(None, completions=ends)
+        assert all(r.accepted for r in (*results, last))
+        assert (await store.job(step.id)).status is JobStatus.PENDING
+        assert await self._read(store, step) == [
+            (True, ChainStatus.COMPLETED),
+            (True, ChainStatus.COMPLETED),
+            (False, ChainStatus.COMPLETED),
+            (False, ChainStatus.ACTIVE),
+        ]
+
+    @pytest.mark.parametrize("policy", ["fail", "cancel"])
+    async def test_a_retried_child_is_waited_for_again_before_the_policy_ends_the_step(
+        self, store: StateHarness, policy: Policy
+    ) -> None:
+        """Two of three needed; the first child fails and is retried: it runs again, so
+        the second's failure leaves the step two chains that can still make the need."""
+        children, step = await self._first_child_failed(store, policy=policy, retried=True)
+        await store.fail_for_good(children[1])
+        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        await store.finish(children[2].id, "two")
+        released = await store.finish(children[0].id, "zero, at last")
+        assert released.ready_queues == ("step",)
+        assert [met for met, _ in await self._read(store, step)] == [True, False, True]
 
     @pytest.mark.parametrize("policy", ["fail", "cancel", "unblock"])
     async def test_a_failed_child_applies_the_steps_policy_to_it_and_its_chain(
@@ -185,8 +239,7 @@ class FanOutConformance(StateSuiteBase):
             last = await store.finish(children[2].id, "two")
             assert last.ready_queues == ("step",)
             assert (await store.job(step.id)).status is JobStatus.PENDING
-            outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-            assert [(o.met, o.status) for o in outputs] == [
+            assert await self._read(store, step) == [
                 (True, ChainStatus.COMPLETED),
                 (True, ChainStatus.FAILED),
                 (True, ChainStatus.COMPLETED),
@@ -222,10 +275,7 @@ class FanOutConformance(StateSuiteBase):
     async def test_need_fails_the_step_only_once_it_can_no_longer_be_met(
         self, store: StateHarness
     ) -> None:
-        _, children, step, _ = await self._fan_out(store, 3, need=2)
-        # (Children run in the order they were started: fail_for_good runs the next.)
-        await store.fail_for_good(children[0])
-        assert (await store.job(step.id)).status is JobStatus.BLOCKED
+        children, step = await self._first_child_failed(store)
         await store.fail_for_good(children[1])
         assert (await store.job(step.id)).status is JobStatus.FAILED
 
@@ -245,17 +295,12 @@ class FanOutConformance(StateSuiteBase):
     async def test_a_retried_child_that_then_completes_counts_as_met(
         self, store: StateHarness
     ) -> None:
-        _, children, step, _ = await self._fan_out(store, 3, need=2)
-        await store.fail_for_good(children[0])
-        assert (await store.job(step.id)).status is JobStatus.BLOCKED
-        async with store.adapter.transaction() as tx:
-            await store.adapter.retry_failed(tx, job_ids=[children[0].id], front=False)
+        children, step = await self._first_child_failed(store, retried=True)
         await store.finish(children[0].id, "zero, at last")
         assert (await store.job(step.id)).status is JobStatus.BLOCKED
         released = await store.finish(children[1].id, "one")
         assert released.ready_queues == ("step",)
-        outputs = await store.adapter.blocker_outputs(None, job_id=step.id)
-        assert [o.met for o in outputs] == [True, True, False]
+        assert [met for met, _ in await self._read(store, step)] == [True, True, False]
 
     async def test_children_without_a_step_are_started_and_left_to_run(
         self, store: StateHarness
@@ -312,39 +357,11 @@ class FanOutConformance(StateSuiteBase):
         adapter = store.adapter
         parent, children, step, _ = await self._fan_out(store, 1)
         [child] = children
-        with anyio.fail_after(self.test_timeout):
-            # Another transaction holds the parent's chain (deleting it, then changing
-            # its mind) while the child's completion runs and is cut off.
-            async with rolled_back(adapter.transaction()) as busy:
-                deletion = await adapter.delete_chains(
-                    busy, chain_ids=[parent.chain_id], cascade=False
-                )
-                assert deletion.deleted_chains == 1
-                async with anyio.create_task_group() as tg:
-                    completing = anyio.CancelScope()
-
-                    async def complete() -> None:
-                        with completing:
-                            await adapter.complete(
-                                None, completions=[Completion(child.id, None, '"done"')]
-                            )
-
-                    tg.start_soon(complete)
-                    await self._until_chain_ended(store, child.id)
-                    completing.cancel()
-
-        ended = (await store.chain(child.id)).status is ChainStatus.COMPLETED
+        # Another transaction holds the parent's chain while the child's completion runs.
+        ended = await self._end_cut_off(store, child.id, held=[parent.chain_id])
         if ended and (await store.job(step.id)).status is JobStatus.BLOCKED:
             swept = await adapter.sweep_blocked()
             assert swept.ready_queues == ("step",)
         assert await adapter.sweep_blocked() == Resolution()
         settled = JobStatus.PENDING if ended else JobStatus.BLOCKED
         assert (await store.job(step.id)).status is settled
-
-    async def _until_chain_ended(self, store: StateHarness, chain_id: uuid.UUID) -> None:
-        """Wait (at most ``blocking_grace``) for the chain's end to be visible."""
-        deadline = time.monotonic() + self.blocking_grace
-        while time.monotonic() < deadline:
-            if (await store.chain(chain_id)).status is not ChainStatus.ACTIVE:
-                return
-            await anyio.sleep(self.poll / 5)
