@@ -107,12 +107,30 @@ class PrivateCluster:
                 f"\n{extra}\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
                 f"unix_socket_directories = '{self.sockets}'\n"
             )
+        self._own_sockets()
+
+    def _own_sockets(self) -> None:
         self.sockets.mkdir()
         if self._user is not None:
             import pwd
 
             entry = pwd.getpwnam(self._user)
             os.chown(self.sockets, entry.pw_uid, entry.pw_gid)
+
+    def clone_of(self, primary: PrivateCluster) -> None:
+        """Make this cluster a hot standby of ``primary`` (running): a base backup of it
+        that goes on replaying the primary's WAL, streamed, once started."""
+        self._run(
+            "pg_basebackup", "-D", str(self.data), "-h", "127.0.0.1", "-p", str(primary.port),
+            "-U", "postgres", "-R", "-X", "stream", "-c", "fast",
+        )  # fmt: skip
+        with (self.data / "postgresql.auto.conf").open("a") as conf:
+            # Later lines win over the primary's, copied with its data.
+            conf.write(
+                f"\nport = {self.port}\nunix_socket_directories = '{self.sockets}'\n"
+                "hot_standby = on\n"
+            )
+        self._own_sockets()
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
