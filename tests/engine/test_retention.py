@@ -121,6 +121,32 @@ async def test_a_chain_other_chains_wait_for_is_not_deleted(
     assert await job_count(pgwork_dsn) == 3
 
 
+@pytest.mark.parametrize("refusal", ["unknown id", "dependants"])
+async def test_a_refused_delete_leaves_the_chains_to_the_workers_while_the_transaction_goes_on(
+    refusal: str, make_client: ClientFactory, pgwork_dsn: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A delete that refuses holds no lock on the chains it named: a worker takes their
+    jobs while the caller's transaction, which caught the error, stays open."""
+    client = await make_client(registry())
+    chain = await start(client, pgwork_dsn, "kept")
+    if refusal == "dependants":
+        await start(client, pgwork_dsn, "kept", blockers=[chain])
+        refused: type[Exception] = ChainHasDependantsError
+        named = [chain]
+    else:
+        refused = ChainNotFoundError
+        named = [chain, UUID(int=1)]
+
+    with pytest.raises(refused):
+        await client.delete_chains(conn, named)
+    taken = await client.state.acquire(
+        worker_id="w", leases={"kept": timedelta(seconds=60)}, queues=None, limit=1
+    )
+
+    assert [job.id for job in taken] == [chain]
+    await conn.rollback()
+
+
 async def test_cascade_deletes_dependant_chains_transitively(
     make_client: ClientFactory, pgwork_dsn: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:

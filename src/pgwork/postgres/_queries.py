@@ -28,12 +28,17 @@ from pgwork.adapters.state import (
     TransactionHandle,
 )
 from pgwork.postgres._base import AdapterBase
+from pgwork.postgres._callers import DbConn
 from pgwork.postgres._history import HISTORY_WIDTHS_S
 from pgwork.postgres._rows import JOB_WIDTH, chain_from_row, job_from_row
 from pgwork.postgres._transactions import unwrap
 from pgwork.postgres.sql.queries import retention_lock_key
 from pgwork.records import Chain, ChainStatus, Job
 from pgwork.retention import Retention
+
+_SAVEPOINT = b"SAVEPOINT pgwork_delete"
+_ROLLBACK_TO_SAVEPOINT = b"ROLLBACK TO SAVEPOINT pgwork_delete"
+_RELEASE_SAVEPOINT = b"RELEASE SAVEPOINT pgwork_delete"
 
 __all__ = ["QueryOps"]
 
@@ -177,6 +182,20 @@ class QueryOps(AdapterBase):
         wanted = list(dict.fromkeys(chain_ids))
         if not wanted:
             return ChainDeletion(deleted_chains=0, deleted_jobs=0)
+        # In a savepoint of the caller's transaction: a delete that refuses gives back
+        # the locks it took, so that workers may go on with those chains while the
+        # caller, having caught the error, goes on with its transaction.
+        await self._fetch(conn, _SAVEPOINT, {})
+        deletion = await self._delete_chains(conn, wanted, cascade=cascade)
+        refused = bool(deletion.missing) or (bool(deletion.dependants) and not cascade)
+        if refused:
+            await self._fetch(conn, _ROLLBACK_TO_SAVEPOINT, {})
+        await self._fetch(conn, _RELEASE_SAVEPOINT, {})
+        return deletion
+
+    async def _delete_chains(
+        self, conn: DbConn, wanted: list[UUID], *, cascade: bool
+    ) -> ChainDeletion:
         locked = {
             row[0]
             for row in await self._fetch(conn, self.statements.queries.lock_chains, {"ids": wanted})
