@@ -23,6 +23,7 @@ committed queues on the lock, then matches again and finds nothing.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -43,25 +44,37 @@ PAIRINGS = 5
 
 class Counted:
     """Counts the state adapters' match transactions, and the matches run in them (the
-    statement that pairs, under the names' locks)."""
+    statement that pairs, under the names' locks); not the maintenance's sweep, which
+    comes round when it will (as each worker starts, then every 30 s)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.transactions = 0
         self.matches = 0
+        sweeping: ContextVar[bool] = ContextVar("sweeping", default=False)
         fetch = PostgresStateAdapter._fetch
         locked = PostgresStateAdapter._match_locked
+        sweep = PostgresStateAdapter.sweep_signals
 
         async def counting_fetch(self_: Any, conn: Any, query: bytes, params: Any) -> Any:
-            if query == self_.statements.signals.match_signals:
+            if query == self_.statements.signals.match_signals and not sweeping.get():
                 self.matches += 1
             return await fetch(self_, conn, query, params)
 
         async def counting_transaction(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            self.transactions += 1
+            if not sweeping.get():
+                self.transactions += 1
             return await locked(self_, *args, **kwargs)
+
+        async def marked_sweep(self_: Any, **kwargs: Any) -> Any:
+            token = sweeping.set(True)
+            try:
+                return await sweep(self_, **kwargs)
+            finally:
+                sweeping.reset(token)
 
         monkeypatch.setattr(PostgresStateAdapter, "_fetch", counting_fetch)
         monkeypatch.setattr(PostgresStateAdapter, "_match_locked", counting_transaction)
+        monkeypatch.setattr(PostgresStateAdapter, "sweep_signals", marked_sweep)
 
     def now(self) -> tuple[int, int]:
         return self.transactions, self.matches
@@ -174,12 +187,17 @@ async def test_a_notice_that_pairs_costs_one_match_transaction_among_all_workers
     assert sum(w._matcher.delivered for w in running if w._matcher is not None) == PAIRINGS
     assert sum(w._maintenance.swept for w in running) == 0  # each by its notice
     matches = [m for _, m in spent]
+    # One match per notice. A second is possible only where another worker's statement
+    # straddled the first match's commit (its snapshot taken before that commit, the
+    # name's lock tried after it): it then matches, and finds nothing. That takes a
+    # worker's backend stalling inside one statement, so the count allows it once.
+    one_each = min(matches) == 1 and sum(matches) <= PAIRINGS + 1
     if build.startswith("control"):
         # Each worker whose probe ran before the first match committed queued on the
         # name's lock and matched again, finding nothing.
-        assert sum(matches) > PAIRINGS, spent
+        assert not one_each, spent
         return
-    assert matches == [1] * PAIRINGS, spent
+    assert one_each, spent
     # The other workers' transactions, if any (their probe ran before the match took
     # the lock): one statement each, which found the lock held or nothing left.
     assert all(t <= WORKERS for t, _ in spent), spent
