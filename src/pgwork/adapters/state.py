@@ -1000,7 +1000,9 @@ class OperatorViews(Protocol):
         one ``Waiting`` per chain whose step waits (any order); none for a chain that
         is missing, ended, or whose step is ready, running or retrying. A signal wait
         is the one ``ChainSignals.match_signals`` pairs: not started, and blocked or
-        pending with its timeout still to come."""
+        pending with its timeout still to come. A blockers wait's ``done`` of ``total``
+        is the job's own count of its blockers' ends (``ChainBlockers``: an end counts
+        once settled), read without going through its blockers one by one."""
         ...
 
     async def list_waiting(
