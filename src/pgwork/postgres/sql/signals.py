@@ -56,13 +56,16 @@ ORDER BY l.k
 def step_waits(alias: str) -> str:
     """SQL: job ``alias`` is a step waiting for its signal (``wait_signal``).
 
-    A step is waiting while it has not started: blocked (no timeout), or pending and
-    scheduled at its timeout still to come. A timed step whose timeout has passed is
-    due to start without a signal, whether a worker has leased it yet or not; a step
-    that ran and was handed back (``attempt`` back to 0) is past its timeout too. The
-    one rule: the match, the sweep and the read side (``sql.waiting``) all use it."""
+    A step is waiting while it has not started: never leased (``started_at``, set by
+    its first lease and kept), and blocked (no timeout) or pending and scheduled at its
+    timeout still to come. A timed step whose timeout has passed is due to start
+    without a signal, whether a worker has leased it yet or not; a step that ran and
+    was handed back (``attempt`` back to 0) is past its timeout, or, had its attempt
+    put it back for later (``reschedule``, which does not count), has started. The one
+    rule: the match, the sweep and the read side (``sql.waiting``) all use it."""
     return (
         f"{alias}.wait_signal IS NOT NULL AND {alias}.attempt = 0"
+        f" AND {alias}.started_at IS NULL"
         f"\n              AND ({alias}.status = 'blocked'"
         f" OR ({alias}.status = 'pending' AND {alias}.scheduled_at > now()))"
     )

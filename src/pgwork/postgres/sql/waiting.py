@@ -38,10 +38,12 @@ WAIT_KINDS = ("signal", "debounce", "sleep", "blockers")
 
 def _sleeps(alias: str) -> str:
     """SQL: ``alias`` is pending for a time still to come, never having run, and waits
-    for no signal (``debounce`` or ``sleep``)."""
+    for no signal (``debounce`` or ``sleep``): a step that started without its signal
+    and put itself back for later waits for that time, not for the signal."""
     return (
         f"{alias}.status = 'pending' AND {alias}.scheduled_at > now()"
-        f" AND {alias}.attempt = 0 AND {alias}.wait_signal IS NULL"
+        f" AND {alias}.attempt = 0"
+        f" AND ({alias}.wait_signal IS NULL OR {alias}.started_at IS NOT NULL)"
     )
 
 
