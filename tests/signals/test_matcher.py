@@ -169,3 +169,18 @@ async def test_a_busy_names_backoff_delays_no_other_name(monkeypatch: pytest.Mon
         assert store.asked == [["held"], ["other"]]
         assert not matcher._idle.is_set()  # "held" is still to be asked again
         group.cancel_scope.cancel()
+
+
+async def test_the_steps_a_match_starts_are_announced_one_look_each() -> None:
+    """Three steps of one queue started by one match: a ``ready`` notice counting three,
+    so that an adapter handing out looks (Redis, NATS) wakes a worker for each."""
+    store, notify = Store(), Notify()
+    store.release.set()
+    matcher = SignalMatcher(store=store, notify=notify)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as group:
+        group.start_soon(matcher.run_forever)
+        matcher.want(["a", "b", "c"])
+        with anyio.fail_after(5):
+            await matcher.flush()
+        group.cancel_scope.cancel()
+    assert [(n.kind, n.queue, n.count) for n in notify.published] == [("ready", "q", 3)]

@@ -129,7 +129,9 @@ class SignalMatcher:
             self._busy.update(dict.fromkeys(match.busy))
         if match.delivered:
             self.delivered += len(match.delivered)
-            await announce_ready(self._notify, match.ready_queues)
+            # A queue once per step: an adapter that hands out looks (Redis, NATS)
+            # hands out one per step, not one per queue.
+            await announce_ready(self._notify, [d.queue for d in match.delivered])
 
     async def flush(self) -> None:
         """Wait until every name left so far was matched (or the caller gives up): a
