@@ -209,7 +209,10 @@ class InvalidOptionError(ConfigurationError):
         self.option = option
         self.value = value
         self.valid = valid
-        shown = repr(value)
+        try:
+            shown = repr(value)
+        except ValueError:  # an integer of more digits than Python prints
+            shown = f"<{type(value).__name__} too long to show>"
         if len(shown) > 80:
             shown = shown[:77] + "..."
         of = f" of {where}" if where else ""

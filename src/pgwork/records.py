@@ -267,8 +267,10 @@ class Waiting:
     happens first (a signal's timeout, a sleep's end, a debounce's next start),
     ``None`` for no time (a signal waited for without a timeout, blockers).
     ``signal``: the name waited for; ``deadline``: a debounce's latest start; ``done``
-    of ``total``: the blocker chains that have ended, of all it waits for. ``as_of``:
-    the database's clock when this was read, which ``describe`` measures from.
+    of ``total``: the blocker chains that have ended, of all it waits for, as the step
+    counts them for its release (an end is counted once settled, a moment after it
+    commits). ``as_of``: the database's clock when this was read, which ``describe``
+    measures from.
     """
 
     kind: WaitKind

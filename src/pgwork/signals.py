@@ -41,6 +41,9 @@ MAX_SIGNAL_KEY_LENGTH = 200
 SignalKey = str | int | UUID
 """What names one signal of a type: a string, an integer or a UUID (as text)."""
 
+# An integer of more bits has more than MAX_SIGNAL_KEY_LENGTH digits.
+_KEY_BITS = 700
+
 # Job type names, less ':' (the separator of a signal's name).
 _TYPE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,199}$")
 
@@ -108,6 +111,9 @@ class SignalType(Generic[P]):
 
 def _key_text(key: Any) -> str:
     if isinstance(key, bool) or not isinstance(key, str | int | UUID):
+        return ""
+    if isinstance(key, int) and key.bit_length() > _KEY_BITS:
+        # Refused: too long as text (and past a few thousand digits ``str`` raises).
         return ""
     return key if isinstance(key, str) else str(key)
 

@@ -161,3 +161,37 @@ def test_signals_list_prints_pending_signals_with_their_age(
     assert signal["age_seconds"] >= 0
     empty = run_json(runner, pgwork_dsn, "signals", "list", "--name", "payment:o-7")
     assert empty["signals"] == []
+
+
+def test_a_signal_name_is_printed_without_its_control_characters(
+    runner: CliRunner, pgwork_dsn: str
+) -> None:
+    """A key is the application's data: one holding a terminal escape or a line break
+    is printed escaped, as ``chains show`` prints it, not sent to the terminal."""
+    key = "o-9\x1b[2J\nx"
+
+    async def go() -> None:
+        client = create_client(
+            state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
+            notify_adapter=PostgresNotifyAdapter(pgwork_dsn),
+            registry=registry,
+            observers=[],
+        )
+        try:
+            async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+                started = await client.start_chain(conn, order, Order(id="o-9"))
+                await conn.commit()
+                step = Continue(ship, Order(id="o-9"), wait_for=payment.named(key))
+                await client.complete_job(conn, started.job_id, continue_with=step)
+                await client.signal(conn, payment, key, Paid(amount=1))
+                await conn.commit()
+        finally:
+            await client.close()
+
+    anyio.run(go)
+    for args in (("chains", "waiting"), ("signals", "list")):
+        result = run(runner, pgwork_dsn, *args)
+        assert result.exit_code == 0, result.output
+        assert "\x1b" not in result.stdout, args
+        [_, row] = result.stdout.splitlines()
+        assert "payment:o-9\\x1b[2J\\nx" in row, row

@@ -142,7 +142,7 @@ def test_the_probe_before_a_match_reads_its_names_index_entries_only(
     assert scans <= {"jobs_wait_signal_idx", "signals_pending_idx"}, scans
     assert "signals_pending_idx" in scans, scans
     assert read <= 1, read  # the first waiting step, if any
-    assert found == ([("payment:1",)] if name == "payment:1" else [])
+    assert found == ([("payment:1", True)] if name == "payment:1" else [])
 
 
 def test_a_steps_signal_and_the_sweep_read_no_table_whole(pgwork_dsn: str) -> None:

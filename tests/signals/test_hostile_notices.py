@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.adapters._brokers import redis_url, unique_name
 from tests.engine._wakeup_kit import PROMPT
 
 from pgwork import (
@@ -22,6 +23,7 @@ from pgwork import (
     create_client,
 )
 from pgwork.adapters.notify import Notice
+from pgwork.notify.redis import RedisNotifyAdapter
 from pgwork.postgres.notify import decode_notice, encode_notice
 
 from ._kit import Order, Shipments, Shop, send, start_order, waiting
@@ -106,6 +108,50 @@ async def test_a_worker_ignores_undecoded_signal_notices_from_the_in_process_ada
         await notify.publish(None, notices=[Notice(kind="signal", name="payment:h-2")])
         assert await shipments.within(PROMPT)
         assert shipments.amounts == [4]
+    finally:
+        await worker.stop(grace_period=0)
+        await client.close()
+
+
+@pytest.mark.parametrize("transport", ["in-process", "redis"])
+async def test_a_signal_name_no_database_can_hold_holds_up_no_real_signal(
+    pgwork_dsn: str, start_worker: Any, transport: str
+) -> None:
+    """Names with a NUL character or a lone surrogate (a JSON message on a broker can
+    carry either; no statement can): a match that asked for them would fail however
+    often it was tried, and every name batched with them with it."""
+    shop = Shop()
+    notify: Any = (
+        InProcessNotifyAdapter()
+        if transport == "in-process"
+        else RedisNotifyAdapter(redis_url(), channel=unique_name("pgwork-signals"))
+    )
+    client = create_client(
+        state_adapter=await PostgresStateAdapter.connect(pgwork_dsn),
+        notify_adapter=notify,
+        registry=shop.registry,
+    )
+    shipments = Shipments(shop.payment)
+    worker = await start_worker(
+        client=client, processors={shop.order: shop.hand_on, shop.ship: shipments}
+    )
+    try:
+        await start_order(pgwork_dsn, client, shop, Order(id="h-3"))
+        if transport == "in-process":
+            await notify.publish(None, notices=[Notice(kind="ready", queue="default")])
+        await waiting(pgwork_dsn, 1)
+        await notify.publish(
+            None,
+            notices=[
+                Notice(kind="signal", name="payment:h-3\x00"),
+                Notice(kind="signal", name="payment:\ud800"),
+            ],
+        )
+        await send(pgwork_dsn, client, shop, "h-3", 5)
+        # Said again after the commit (an adapter that cannot see it may be early).
+        await notify.publish(None, notices=[Notice(kind="signal", name="payment:h-3")])
+        assert await shipments.within(PROMPT)
+        assert shipments.amounts == [5]
     finally:
         await worker.stop(grace_period=0)
         await client.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from typing import Any
 from uuid import UUID
 
@@ -96,20 +97,25 @@ async def test_two_signals_racing_to_one_name_each_go_to_one_waiter(
     assert got.payload.amount == 1, shipments.runs
 
 
-# The match without what makes matches of one name take turns: no advisory lock, and
-# no row locks (a signal or a step another match took is not re-read).
+# The match without what makes matches of one name take turns: no advisory lock (the
+# sweep's taken out, a match's always "got"), and no row locks (a signal or a step
+# another match took is not re-read).
 _UNLOCKED = (
     b"SELECT 1 WHERE %(names)s::text[] IS NOT NULL",
+    lambda probe: re.sub(rb"pg_try_advisory_xact_lock\([^)]*\)\)", b"true", probe),
     lambda match: match.replace(b"FOR UPDATE", b""),
 )
 
 
 def _unlocked(client: Any) -> None:
     statements = client.state.statements
-    lock, strip = _UNLOCKED
+    lock, always_got, strip = _UNLOCKED
+    probe = always_got(statements.signals.matchable_names)
+    assert probe != statements.signals.matchable_names
     signals = dataclasses.replace(
         statements.signals,
         lock_signal_names=lock,
+        matchable_names=probe,
         match_signals=strip(statements.signals.match_signals),
     )
     client.state.statements = dataclasses.replace(statements, signals=signals)

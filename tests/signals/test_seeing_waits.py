@@ -12,9 +12,11 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+import anyio
 import psycopg
 import pytest
 from pydantic import BaseModel
+from tests.fan_out._kit import Batch, FanOut, start, statuses
 
 from pgwork import Continue, Debounce, JobTypeRegistry, WaitKind
 from pgwork.errors import AwaitTimeoutError, ConfigurationError, InvalidCursorError
@@ -209,6 +211,8 @@ async def test_a_sleep_a_debounce_and_blockers_each_say_what_they_wait_for(
     assert scheduled is not None
     assert scheduled.kind is WaitKind.SLEEP
 
+    # The blocker's end is counted once settled, a moment after it committed.
+    await _until(lambda: _figures(client, blocked.id), (1, 2))
     gated = await client.waiting(blocked.id)
     assert gated is not None
     assert gated.kind is WaitKind.BLOCKERS
@@ -258,6 +262,12 @@ async def _kind(client: Any, chain_id: UUID) -> Any:
     return await client.waiting(chain_id)
 
 
+async def _figures(client: Any, chain_id: UUID) -> tuple[int | None, int | None] | None:
+    """(done, total) of what the chain's step waits for; None if it waits for nothing."""
+    found = await client.waiting(chain_id)
+    return None if found is None else (found.done, found.total)
+
+
 async def _until(read: Any, wanted: Any, *, timeout: float = PROMPT) -> Any:
     """Read until the result is ``wanted`` (a value, or the kind of a ``Waiting``)."""
     import anyio
@@ -268,3 +278,57 @@ async def _until(read: Any, wanted: Any, *, timeout: float = PROMPT) -> Any:
             if got == wanted or getattr(got, "kind", object()) == wanted:
                 return got
             await anyio.sleep(0.05)
+
+
+async def test_blockers_say_how_many_ended_whatever_ended_them(
+    pgwork_dsn: str, make_client: Any, workers: Any
+) -> None:
+    """The figures of a blocked step, read from its own counts: a chain started with
+    blockers (one completed, one cancelled under "unblock", one not yet due), and a step
+    waiting for the first two of four children (one completed, one failed for good, two
+    still running)."""
+    fan = FanOut()
+    gate = fan.registry.job_type("gate", input=Step)
+    lenient = fan.registry.job_type("lenient", input=Step, blocker_failure="unblock")
+    client = await make_client(fan.registry)
+    hold = anyio.Event()
+
+    async def part(attempt: Any) -> Any:
+        if attempt.job.input.index >= 2:
+            await hold.wait()
+        return await fan.do_part(attempt)
+
+    async def noop(attempt: Any) -> None:
+        return None
+
+    await workers(client=client, processors={fan.split: fan.do_split, fan.part: part, gate: noop})
+    try:
+        async with await psycopg.AsyncConnection.connect(pgwork_dsn) as conn:
+            done = await client.start_chain(conn, gate, Step(n=1))
+            dropped = await client.start_chain(conn, gate, Step(n=2), schedule=DAY)
+            later = await client.start_chain(conn, gate, Step(n=3), schedule=DAY)
+            await conn.commit()
+            await client.await_chain(done.id, timeout=PROMPT)
+            await client.cancel(conn, [dropped.id])
+            blocked = await client.start_chain(
+                conn, lenient, Step(n=4), blockers=[done, dropped, later]
+            )
+            await conn.commit()
+        batch = await start(pgwork_dsn, client, fan, Batch(id="b", size=4, fail_at=1, need=2))
+
+        gated = await client.waiting(blocked.id)
+        assert gated is not None
+        assert (gated.kind, gated.done, gated.total) == (WaitKind.BLOCKERS, 2, 3)
+        assert gated.describe() == "blocker chains (2 of 3 ended)"
+        # The children: one completes, one fails, two run on (settled as each ends).
+        await _until(lambda: _figures(client, batch), (2, 4))
+        collecting = await client.waiting(batch)
+        assert collecting is not None
+        assert (collecting.type_name, collecting.chain_index) == ("collect", 1)
+        assert collecting.describe() == "blocker chains (2 of 4 ended)"
+        assert await statuses(pgwork_dsn, "part") == {"completed": 1, "failed": 1, "running": 2}
+        listed = {w.chain_id: (w.done, w.total) for w in (await client.list_waiting()).items}
+        assert listed[blocked.id] == (2, 3)
+        assert listed[batch] == (2, 4)
+    finally:
+        hold.set()

@@ -10,13 +10,19 @@ control's step must not start in that time; the counts say which path ran.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
+import psycopg
 import pytest
 from tests.engine._wakeup_kit import PROMPT
+from tests.engine.conftest import eventually
 
 from pgwork.adapters.notify import Notice
+from pgwork.adapters.state import SignalMatch
+from pgwork.postgres.sql.signals import SIGNAL_LOCK
+from pgwork.postgres.state import PostgresStateAdapter
 from pgwork.worker import _signals as worker_signals
 
 from ._kit import Order, Shipments, Shop, pending_signals, send, start_order, step_statuses, waiting
@@ -133,3 +139,51 @@ async def test_an_atomic_hand_on_is_matched_by_the_notice_its_commit_sends(
     assert worker._maintenance.swept == 0
     if build == "control-deaf":
         assert await step_statuses(pgwork_dsn) == ["blocked"]
+
+
+@pytest.mark.parametrize("build", ["asked-again", "control-dropped"])
+async def test_a_name_another_match_held_is_asked_for_again_and_delivered(
+    pgwork_dsn: str,
+    clients: Any,
+    start_worker: Any,
+    build: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another worker's match holds the name when the signal's notice comes (its
+    snapshot may predate the signal): the worker finds the name busy, and asks for it
+    again until that match ended, then delivers it. The control forgets a busy name."""
+    dropped: list[str] = []
+    if build == "control-dropped":
+        match_signals = PostgresStateAdapter.match_signals
+
+        async def forgetful(self: Any, **kwargs: Any) -> SignalMatch:
+            match = await match_signals(self, **kwargs)
+            dropped.extend(match.busy)
+            return dataclasses.replace(match, busy=())
+
+        monkeypatch.setattr(PostgresStateAdapter, "match_signals", forgetful)
+    shop = Shop()
+    client, worker = await _worker(clients, start_worker, shop)
+    await _ordered(pgwork_dsn, client, shop, worker, "w-5")
+    asked = worker._matcher.matches
+    async with await psycopg.AsyncConnection.connect(pgwork_dsn) as holder:
+        await holder.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext('payment:w-5'))", (SIGNAL_LOCK,)
+        )
+        await send(pgwork_dsn, client, shop, "w-5", 15)
+
+        async def matched() -> bool:
+            # Its notice matched: the name found busy (left so by the control).
+            found = worker._matcher.busy > 0 or bool(dropped)
+            return worker._matcher.matches > asked and found
+
+        await eventually(matched, what="the worker finding the name busy")
+        assert await step_statuses(pgwork_dsn) == ["blocked"]
+        await holder.rollback()
+    started = await worker.shipments.within(PROMPT)
+    assert started is (build == "asked-again")
+    assert worker._maintenance.swept == 0
+    if build == "asked-again":
+        assert worker.shipments.amounts == [15]
+    else:
+        assert await pending_signals(pgwork_dsn) == ["payment:w-5"]

@@ -666,10 +666,13 @@ class SignalDelivery:
 class SignalMatch:
     """What a match (or a sweep) did: each signal delivered, with its step. ``full``:
     the names where a side reached the match's ``limit``, which may have more pairs
-    (match them again)."""
+    (match them again). ``busy``: the names another match was pairing at that moment,
+    left alone by this one (nothing of theirs delivered); that match may have begun
+    before the commit that asked for the name, so ask again shortly."""
 
     delivered: tuple[SignalDelivery, ...] = ()
     full: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
 
     @property
     def ready_queues(self) -> tuple[str, ...]:

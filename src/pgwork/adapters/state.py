@@ -869,12 +869,16 @@ class ChainSignals(Protocol):
         consumed by its step, and the step is pending now. A step waits while it has not
         started: blocked, or pending with its timeout still to come. Matches of one name
         never overlap (a signal goes to one step); a match that begins after a signal
-        and a step were committed pairs them."""
+        and a step were committed pairs them, unless another match of the name is under
+        way then: it waits for none, and returns that name in ``busy`` instead, pairing
+        nothing of it (the other match may have begun before that commit: the caller
+        asks again shortly)."""
         ...
 
     async def sweep_signals(self, *, limit: int = 100) -> SignalMatch:
         """Match up to ``limit`` names that have both a pending signal and a waiting
-        step (a match lost with a worker that died, or a notice never heard)."""
+        step (a match lost with a worker that died, or a notice never heard); a name
+        another match is pairing is waited for, not returned ``busy``."""
         ...
 
     async def received_signal(
@@ -999,7 +1003,9 @@ class OperatorViews(Protocol):
         one ``Waiting`` per chain whose step waits (any order); none for a chain that
         is missing, ended, or whose step is ready, running or retrying. A signal wait
         is the one ``ChainSignals.match_signals`` pairs: not started, and blocked or
-        pending with its timeout still to come."""
+        pending with its timeout still to come. A blockers wait's ``done`` of ``total``
+        is the job's own count of its blockers' ends (``ChainBlockers``: an end counts
+        once settled), read without going through its blockers one by one."""
         ...
 
     async def list_waiting(

@@ -21,10 +21,18 @@ def waiting_page_json(page: Page[Waiting]) -> dict[str, Any]:
     return {"waiting": [waiting_json(w) for w in page.items], "next_cursor": page.next_cursor}
 
 
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``): a signal's
+    name holds the application's key, which a terminal must not take for commands."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _what(waiting: Waiting) -> str:
     """The WAITS FOR cell: the kind, and what it names."""
     if waiting.kind is WaitKind.SIGNAL:
-        return f"signal {waiting.signal}"
+        return f"signal {_printable(waiting.signal or '')}"
     if waiting.kind is WaitKind.BLOCKERS:
         return f"blockers ({waiting.done or 0}/{waiting.total or 0} ended)"
     if waiting.kind is WaitKind.DEBOUNCE and waiting.deadline is not None:
@@ -87,7 +95,7 @@ def signals_view(page: Page[SignalRecord], *, width: int) -> RenderableType:
     rows = [
         [
             Text(str(s.id)),
-            Text(s.name),
+            Text(_printable(s.name)),
             Text(age(s.age)),
             Text("pending", style="yellow")
             if s.pending

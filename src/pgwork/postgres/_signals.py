@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -67,39 +68,58 @@ class SignalOps(AdapterBase):
             return SignalMatch()
         async with self._pooled() as conn:
             # Every worker that hears a name's notice asks: most find nothing left to
-            # pair (another worker's match took it, or one side is not there yet). A
-            # read without a lock says which names have both sides, and only those
-            # take a transaction and their locks.
+            # pair (another worker's match took it, or one side is not there yet), or
+            # another match pairing it now. A read in autocommit says which names have
+            # both sides and which of those are free (their lock tried, and let go as
+            # it ends); only the free ones take a transaction, and the held ones are
+            # the caller's to ask for again (the holder's snapshot may predate the
+            # commit that asked).
             found = await self._fetch(
                 conn, self.statements.signals.matchable_names, {"names": list(names)}
             )
-            if not found:
-                return SignalMatch()
-            return await self._match_locked(conn, [row[0] for row in found], limit)
+            free = [name for name, got in found if got]
+            held = tuple(name for name, got in found if not got)
+            if not free:
+                return SignalMatch(busy=held)
+            match = await self._match_locked(conn, free, limit, wait=False)
+        return replace(match, busy=tuple(sorted((*held, *match.busy))))
 
     async def _match_locked(
-        self, conn: psycopg.AsyncConnection[Any], names: Sequence[str], limit: int
+        self, conn: psycopg.AsyncConnection[Any], names: Sequence[str], limit: int, *, wait: bool
     ) -> SignalMatch:
         """Pair ``names``' pending signals and waiting steps under the names' locks, in
-        a transaction of its own on ``conn``, and commit."""
+        a transaction of its own on ``conn``, and commit. ``wait``: wait for each lock
+        another transaction holds (the sweep); else take only the free locks of the
+        names with something to pair, and return the others held as ``busy``."""
         names = sorted(set(names))
+        statements = self.statements.signals
+        busy: tuple[str, ...] = ()
         await read_committed(conn)
         async with conn.transaction():
             # Two statements: the second's snapshot is taken once the first holds
-            # every lock, so it sees what the locks' previous holders committed.
-            await self._fetch(conn, self.statements.signals.lock_signal_names, {"names": names})
-            rows = await self._fetch(
-                conn, self.statements.signals.match_signals, {"names": names, "limit": limit}
+            # the locks, so it sees what the locks' previous holders committed.
+            if wait:
+                await self._fetch(conn, statements.lock_signal_names, {"names": names})
+                locked = names
+            else:
+                found = await self._fetch(conn, statements.matchable_names, {"names": names})
+                locked = [name for name, got in found if got]
+                busy = tuple(name for name, got in found if not got)
+            rows = (
+                await self._fetch(conn, statements.match_signals, {"names": locked, "limit": limit})
+                if locked
+                else []
             )
-        return _match(rows, limit)
+        return replace(_match(rows, limit), busy=busy)
 
     async def sweep_signals(self, *, limit: int = 100) -> SignalMatch:
         rows = await self._read(None, self.statements.signals.find_unmatched, {"limit": limit})
         if not rows:
             return SignalMatch()
-        # Found with both sides already: no probe before the match.
+        # Found with both sides already: no probe before the match. The sweep is the
+        # backstop: it waits its turn on a name rather than leave it to anyone.
         async with self._pooled() as conn:
-            return await self._match_locked(conn, [row[0] for row in rows], limit)
+            return await self._match_locked(conn, [row[0] for row in rows], limit, wait=True)
 
     async def received_signal(
         self, tx: TransactionHandle | None, *, job_id: UUID

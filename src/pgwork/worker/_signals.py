@@ -9,14 +9,20 @@ names per match, and announces the queues of the steps it started, so a worker
 starts each within milliseconds. The notices of one wake of the listener are all left
 here before the task runs, so they make one match; and the store reads first which
 names have anything to pair, so a notice with nothing left to pair (one side not
-there yet, or another worker's match took it) costs one read, not a transaction. A
-match that fails is tried again after a backoff; one lost with the process is left to
-the maintenance's sweep.
+there yet, or another worker's match took it) costs one read, not a transaction.
+
+Every worker that runs a type waiting for a signal's type hears its notice, so most
+of them find the name *busy*: another worker's match is pairing it. Such a name is
+not dropped, since that match may have begun before the commit this notice announces:
+it is asked for again after a short backoff (doubling while the name stays busy), by
+when the read usually finds nothing left to pair. A match that fails is tried again
+after a backoff; one lost with the process is left to the maintenance's sweep.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 import anyio
@@ -36,6 +42,11 @@ MATCH_LIMIT = 100
 MAX_WANTED = 10_000
 # A failed match is tried again after a backoff capped at this many seconds.
 RETRY_MAX_S = 5.0
+# A busy name (another match pairing it) is asked for again after this many seconds,
+# twice that if it is busy again, and so on up to the cap. The first is about one
+# match transaction's length: by then the other match has usually committed.
+BUSY_RETRY_S = 0.02
+BUSY_RETRY_MAX_S = 1.0
 
 
 class SignalMatcher:
@@ -45,12 +56,19 @@ class SignalMatcher:
         self._store = store
         self._notify = notify
         self._wanted: dict[str, None] = {}
+        # Names found busy, asked for again at ``_busy_at`` (the event loop's clock);
+        # ``_busy_rounds`` how many times running a retry found one busy again.
+        self._busy: dict[str, None] = {}
+        self._busy_at = 0.0
+        self._busy_rounds = 0
         self._news = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
-        # Signals this worker delivered, and matches it ran (for tests and stats).
+        # Signals this worker delivered, matches it ran, and names it found busy (for
+        # tests and stats).
         self.delivered = 0
         self.matches = 0
+        self.busy = 0
 
     def want(self, names: Iterable[str]) -> None:
         """Have ``names`` matched soon (no I/O here)."""
@@ -66,8 +84,13 @@ class SignalMatcher:
     async def run_forever(self) -> None:
         failures = 0
         while True:
-            await self._news.wait()
+            with anyio.move_on_after(self._until_retry()):
+                await self._news.wait()
             self._news = anyio.Event()
+            if self._busy and anyio.current_time() >= self._busy_at:
+                # Asked again, as if wanted anew.
+                self._wanted.update(self._busy)
+                self._busy.clear()
             while self._wanted:
                 # Taken before the match: a name wanted again meanwhile (a commit after
                 # this match's snapshot) is matched once more.
@@ -82,17 +105,35 @@ class SignalMatcher:
                     failures += 1
                     log.warning("pgwork could not match signals %s: %r", names[:3], exc)
                     await anyio.sleep(min(RETRY_MAX_S, 0.05 * 2**failures))
-            self._idle.set()
+            if not self._busy:
+                self._busy_rounds = 0
+                self._idle.set()
+
+    def _until_retry(self) -> float:
+        """Seconds until the busy names are due again (infinite: none is busy)."""
+        if not self._busy:
+            return math.inf
+        return max(0.0, self._busy_at - anyio.current_time())
 
     async def _match(self, names: list[str]) -> None:
         match = await self._store.match_signals(names=names, limit=MATCH_LIMIT)
         self.matches += 1
         for name in match.full:  # more pairs than one match makes
             self._wanted[name] = None
+        if match.busy:
+            self.busy += len(match.busy)
+            if not self._busy:
+                delay = BUSY_RETRY_S * 2**self._busy_rounds
+                self._busy_at = anyio.current_time() + min(BUSY_RETRY_MAX_S, delay)
+                self._busy_rounds += 1
+            self._busy.update(dict.fromkeys(match.busy))
         if match.delivered:
             self.delivered += len(match.delivered)
-            await announce_ready(self._notify, match.ready_queues)
+            # A queue once per step: an adapter that hands out looks (Redis, NATS)
+            # hands out one per step, not one per queue.
+            await announce_ready(self._notify, [d.queue for d in match.delivered])
 
     async def flush(self) -> None:
-        """Wait until every name left so far was matched (or the caller gives up)."""
+        """Wait until every name left so far was matched (or the caller gives up): a
+        busy name is matched once its retry found it free, or nothing left to pair."""
         await self._idle.wait()

@@ -3,14 +3,18 @@
 A signal is a row of ``signals``, inserted in the sender's transaction; a waiting step
 is a job with ``wait_signal`` set, inserted by the hand-on that continues its chain.
 Neither write looks for the other. Matching pairs them afterwards, in a transaction of
-its own at READ COMMITTED: LOCK_SIGNAL_NAMES takes each name's advisory lock, then
-MATCH_SIGNALS, as the next statement (so under a snapshot taken after the lock), pairs
-the oldest pending signals of each name with its oldest waiting steps, both locked
-``FOR UPDATE``. The lock makes the matches of one name take turns: the second sees
-what the first committed, so no signal goes to two steps and no two matches each take
-half of a pair. Before that transaction, MATCHABLE_NAMES reads, without a lock, which
-of the names have both a pending signal and a waiting step: every worker that hears a
-name's notice asks for it, and most find nothing left to pair.
+its own at READ COMMITTED: MATCHABLE_NAMES takes, without waiting, the advisory lock of
+each name that has something to pair and whose lock no other match holds, then
+MATCH_SIGNALS, as the next statement (so under a snapshot taken after the locks),
+pairs the oldest pending signals of those names with their oldest waiting steps, both
+locked ``FOR UPDATE``. The lock makes the matches of one name take turns: the next
+sees what the last committed, so no signal goes to two steps and no two matches each
+take half of a pair. A match waits for no lock: a name whose lock another holds is
+the caller's to ask for again shortly (the holder's snapshot may predate the commit
+that asked). Before that transaction, the same MATCHABLE_NAMES runs alone, in
+autocommit, as a probe: every worker that hears a name's notice asks for it, and most
+find nothing left to pair, or the name being paired, without a transaction. The sweep
+(FIND_UNMATCHED) waits for its names' locks instead (LOCK_SIGNAL_NAMES).
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ SELECT pg_notify(%(channel)s::text, n) FROM unnest(%(notices)s::text[]) AS n
 WHERE %(channel)s::text IS NOT NULL
 """
 
-# Each name's lock, in the order of its key, so two matches of overlapping names
-# cannot deadlock (the lock function is volatile: PostgreSQL calls it after sorting).
+# The sweep's locks: each name's, waited for, in the order of its key, so two sweeps
+# of overlapping names cannot deadlock (the lock function is volatile: PostgreSQL
+# calls it after sorting). A match's try-locks never wait, so they close no cycle.
 LOCK_SIGNAL_NAMES = """
 SELECT pg_advisory_xact_lock({signal_lock}, l.k)
 FROM (SELECT DISTINCT hashtext(n) AS k FROM unnest(%(names)s::text[]) AS n) AS l
@@ -51,13 +56,16 @@ ORDER BY l.k
 def step_waits(alias: str) -> str:
     """SQL: job ``alias`` is a step waiting for its signal (``wait_signal``).
 
-    A step is waiting while it has not started: blocked (no timeout), or pending and
-    scheduled at its timeout still to come. A timed step whose timeout has passed is
-    due to start without a signal, whether a worker has leased it yet or not; a step
-    that ran and was handed back (``attempt`` back to 0) is past its timeout too. The
-    one rule: the match, the sweep and the read side (``sql.waiting``) all use it."""
+    A step is waiting while it has not started: never leased (``started_at``, set by
+    its first lease and kept), and blocked (no timeout) or pending and scheduled at its
+    timeout still to come. A timed step whose timeout has passed is due to start
+    without a signal, whether a worker has leased it yet or not; a step that ran and
+    was handed back (``attempt`` back to 0) is past its timeout, or, had its attempt
+    put it back for later (``reschedule``, which does not count), has started. The one
+    rule: the match, the sweep and the read side (``sql.waiting``) all use it."""
     return (
         f"{alias}.wait_signal IS NOT NULL AND {alias}.attempt = 0"
+        f" AND {alias}.started_at IS NULL"
         f"\n              AND ({alias}.status = 'blocked'"
         f" OR ({alias}.status = 'pending' AND {alias}.scheduled_at > now()))"
     )
@@ -65,7 +73,8 @@ def step_waits(alias: str) -> str:
 
 _WAITING = f"j.wait_signal = n.name AND {step_waits('j')}"
 
-# Run after LOCK_SIGNAL_NAMES, in the same transaction. Up to ``limit`` of each
+# Run after the names' locks (MATCHABLE_NAMES's, or LOCK_SIGNAL_NAMES for the
+# sweep), in the same transaction, for the names locked. Up to ``limit`` of each
 # side per name are locked (pending signals, then waiting steps, each in id order);
 # ``FOR UPDATE`` re-reads a row another transaction changed meanwhile and drops it if
 # it no longer qualifies (a step that started, a signal pruned). The n-th signal of a
@@ -130,15 +139,24 @@ JOIN consumed AS c ON c.id = pairs.signal_id
 ORDER BY pairs.name, pairs.signal_id
 """
 
-# Which of ``names`` have both a pending signal and a waiting step, read before a
-# match's transaction, without a lock: a name it leaves out has nothing to pair as of
-# its snapshot, taken after the commit whose notice (or hand-on) asked for the name.
-# Whatever commits later that could pair it asks for it again, and the sweep catches a
-# name whose asking was lost; so no match need run for it. A name it returns may be
-# paired by another worker's match meanwhile: that is the match's to find out, under
-# the name's lock. Two probes of two partial indexes a name, no row locked or written.
+# Which of ``names`` have both a pending signal and a waiting step, and, of those,
+# whether this transaction got the name's lock (``pg_try_advisory_xact_lock``, which
+# waits for nothing: false while another transaction holds it). Run twice by a match:
+#
+# - First as a probe, in autocommit, so the lock is let go as the statement ends: a
+#   name it leaves out has nothing to pair as of its snapshot, taken after the commit
+#   whose notice (or hand-on) asked for the name. Whatever commits later that could
+#   pair it asks for it again, and the sweep catches a name whose asking was lost; so
+#   no match need run for it. A name whose lock was held is being paired: the caller
+#   asks for it again shortly, without a transaction now.
+# - Then as the first statement of the match's transaction, for the names the probe
+#   found free: the locks it gets are held to the commit. Its check is of a snapshot
+#   taken just before the locks, so a match that committed since the probe (every
+#   worker heard the same notice) leaves nothing to pair, and no lock is taken for it.
+#
+# Two probes of two partial indexes a name, no row locked or written.
 MATCHABLE_NAMES = f"""
-SELECT n.name
+SELECT n.name, pg_try_advisory_xact_lock({{signal_lock}}, hashtext(n.name)) AS locked
 FROM (SELECT DISTINCT n AS name FROM unnest(%(names)s::text[]) AS n) AS n
 WHERE EXISTS (SELECT 1 FROM {{signals}} AS s WHERE s.name = n.name AND s.consumed_by IS NULL)
   AND EXISTS (SELECT 1 FROM {{jobs}} AS j WHERE {_WAITING})

@@ -13,7 +13,8 @@ happen first. What it waits for is read from its row alone, by one expression
 - ``sleep``: any other job pending for a time still to come that has not run (a
   ``Continue(..., after=...)``, a chain started later, a snoozed attempt handed back);
   a retry's backoff (``attempt`` above 0) is not a wait;
-- ``blockers``: blocked on other chains (``job_blockers``), with how many have ended.
+- ``blockers``: blocked on other chains (``job_blockers``), with how many have ended,
+  from the step's counters (BLOCKER_COUNTS), never by counting its edges.
 
 A new kind of wait is one more arm of the expression and one more branch of the
 listing. The listing is newest first by the step's id (ids are UUIDv7: the order the
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pgwork.postgres.sql.fragments import last_job
 from pgwork.postgres.sql.signals import step_waits
 
-__all__ = ["WAIT_KINDS", "WaitingStatements", "wait_kind"]
+__all__ = ["BLOCKER_COUNTS", "WAIT_KINDS", "WaitingStatements", "wait_kind"]
 
 # Every kind, in the order ``wait_kind`` tests them.
 WAIT_KINDS = ("signal", "debounce", "sleep", "blockers")
@@ -37,10 +38,12 @@ WAIT_KINDS = ("signal", "debounce", "sleep", "blockers")
 
 def _sleeps(alias: str) -> str:
     """SQL: ``alias`` is pending for a time still to come, never having run, and waits
-    for no signal (``debounce`` or ``sleep``)."""
+    for no signal (``debounce`` or ``sleep``): a step that started without its signal
+    and put itself back for later waits for that time, not for the signal."""
     return (
         f"{alias}.status = 'pending' AND {alias}.scheduled_at > now()"
-        f" AND {alias}.attempt = 0 AND {alias}.wait_signal IS NULL"
+        f" AND {alias}.attempt = 0"
+        f" AND ({alias}.wait_signal IS NULL OR {alias}.started_at IS NOT NULL)"
     )
 
 
@@ -65,9 +68,8 @@ def wait_kind(alias: str) -> str:
 # The columns of a wait (``_waiting.waiting_from_row`` reads them in this order), for
 # a job row ``w`` whose kind is ``w_kind``: the kind, the step, when it was written,
 # until when it waits (a signal's timeout, a sleep's end, a debounce's next start),
-# the signal, the debounce's deadline, its blockers and how many of them ended (a
-# blocker chain deleted counts as ended: the blockers' sweep settles it), and the
-# database clock.
+# the signal, the debounce's deadline, its blockers and how many of them ended
+# (BLOCKER_COUNTS), and the database clock.
 _WAIT_COLUMNS = """
     w.kind, w.id, w.type_name, w.chain_id, w.chain_type_name, w.chain_index, w.queue,
     w.created_at,
@@ -76,13 +78,24 @@ _WAIT_COLUMNS = """
     CASE WHEN w.kind = 'debounce' THEN w.debounce_deadline END,
     b.total, b.ended, now()"""
 
-_BLOCKER_COUNTS = """(
-    SELECT count(*) AS total,
-           count(*) FILTER (WHERE bc.chain_status IS DISTINCT FROM 'active') AS ended
-    FROM {job_blockers} AS e
-    LEFT JOIN {jobs} AS bc ON bc.id = e.blocker_chain_id AND bc.id = bc.chain_id
-    WHERE e.job_id = w.id AND w.kind = 'blockers'
-    HAVING w.kind = 'blockers'
+# How many chains a blocked step ``w`` waits for, and how many of them ended, read
+# without counting its edges (a step may wait for 10,000 children). The total is its
+# last edge's position + 1: a job's edges are numbered from 0, one per distinct
+# blocker, as they are inserted (one entry of job_blockers_position_idx, read from its
+# end). Those that ended are the total less the step's ``blockers_open``, the edges its
+# counters have not seen end (a failed one counts ended, as a met one does). So the
+# figure is the step's own, the one its release goes by: a blocker whose end is not
+# settled yet (in the moment after it ends, or until the blockers' sweep after a
+# crash) is not ended here, and one that failed and was retried since stays ended
+# until it ends again or the sweep counts the step afresh.
+BLOCKER_COUNTS = """(
+    SELECT t.total, t.total - w.blockers_open AS ended
+    FROM (
+        SELECT COALESCE(max(e.position) + 1, 0) AS total
+        FROM {job_blockers} AS e
+        WHERE e.job_id = w.id
+    ) AS t
+    WHERE w.kind = 'blockers'
 )"""
 
 # What the current step (the newest job) of each active chain of ``ids`` waits for;
@@ -95,7 +108,7 @@ CROSS JOIN LATERAL (
     SELECT cur.*, {wait_kind("cur")} AS kind
     FROM {last_job("r")} AS cur
 ) AS w
-LEFT JOIN LATERAL {_BLOCKER_COUNTS} AS b ON true
+LEFT JOIN LATERAL {BLOCKER_COUNTS} AS b ON true
 WHERE r.id = ANY(%(ids)s::uuid[]) AND r.id = r.chain_id AND r.chain_status = 'active'
   AND w.kind IS NOT NULL
 """
@@ -176,7 +189,7 @@ FROM page AS p
 CROSS JOIN LATERAL (
     SELECT j.*, {wait_kind("j")} AS kind FROM {{jobs}} AS j WHERE j.id = p.id
 ) AS w
-LEFT JOIN LATERAL {_BLOCKER_COUNTS} AS b ON true
+LEFT JOIN LATERAL {BLOCKER_COUNTS} AS b ON true
 WHERE w.kind IS NOT NULL
 ORDER BY w.id DESC
 """

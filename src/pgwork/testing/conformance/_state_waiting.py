@@ -75,6 +75,28 @@ class WaitingConformance(StateSuiteBase):
         )
         assert [w.job_id for w in prefixed] == [timed.id]
 
+    async def test_a_step_that_timed_out_and_put_itself_back_sleeps(
+        self, store: StateHarness
+    ) -> None:
+        """Started without its signal, then put back for an hour by its attempt (which
+        does not count): it waits for that time, not for the signal any more."""
+        adapter, views = store.adapter, _views(store)
+        step = await _waiting(store, "payment:6", timeout=timedelta(milliseconds=200))
+        held = await store.acquire_when_due(queues=None, timeout=self.expiry_timeout)
+        assert held.id == step.id
+        assert await adapter.reschedule(
+            None, lease=held.lease, run_at=None, run_after=DAY, count_attempt=False
+        )
+
+        [waits] = await views.chain_waits(None, chain_ids=[step.chain_id])
+        assert (waits.kind, waits.job_id, waits.signal) == (WaitKind.SLEEP, step.id, None)
+        signal_waits = await views.list_waiting(
+            None, where=WaitingFilter(kinds=(WaitKind.SIGNAL,)), after=None, limit=10
+        )
+        assert signal_waits == []
+        every = await views.list_waiting(None, where=WaitingFilter(), after=None, limit=10)
+        assert [(w.kind, w.job_id) for w in every] == [(WaitKind.SLEEP, step.id)]
+
     async def test_a_step_that_took_its_signal_waits_no_longer(self, store: StateHarness) -> None:
         adapter, views = store.adapter, _views(store)
         assert isinstance(adapter, ChainSignals)

@@ -23,6 +23,7 @@ from uuid import UUID
 
 import anyio
 
+from pgwork._limits import storable_text
 from pgwork.adapters.notify import ClaimsHints, Listener, Notice
 from pgwork.observability import LISTENER_RECONNECTED
 from pgwork.observability.emitter import Emitter
@@ -124,6 +125,9 @@ class NoticeRouter:
             notice.kind == "signal"
             and isinstance(notice.name, str)  # an in-process notice is not decoded
             and notice.name.split(":", 1)[0] in self.signal_types
+            # A name no statement can carry (a broker's JSON may hold a NUL or a lone
+            # surrogate) names no signal, and would fail every match asked for with it.
+            and storable_text(notice.name)
         ):
             return MatchSignal(notice.name)
         return None
