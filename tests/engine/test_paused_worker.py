@@ -42,7 +42,9 @@ async def test_paused_worker_is_reaped_and_its_late_completion_refused(
         assert proc.stdout.readline().strip() == "ready"
         started = await client.start_chain(conn, slow, Num(n=1))
         await conn.commit()
-        assert (await anyio.to_thread.run_sync(proc.stdout.readline)).strip() == "started"
+        with anyio.fail_after(30):
+            read = await anyio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+        assert read.strip() == "started"
 
         proc.send_signal(signal.SIGSTOP)
         # Wait (on the database clock) until the paused worker's lease has expired.
@@ -60,14 +62,16 @@ async def test_paused_worker_is_reaped_and_its_late_completion_refused(
 
         await eventually(completed, what="completion by the rescuer")
         proc.send_signal(signal.SIGCONT)
-        lines = []
-        while not any(
-            line.startswith(("log ", "aborted")) and ("refused" in line or "aborted" in line)
-            for line in lines
-        ):
-            line = await anyio.to_thread.run_sync(proc.stdout.readline)
-            assert line, f"worker process ended early; output: {lines}"
-            lines.append(line.strip())
+        # Resumed, the worker learns that its lease is gone: from the renewal, which
+        # aborts the attempt, or, if the handler's sleep ended first, from the refused
+        # completion (a lease.lost event). Read within a bound (a thread blocked on the
+        # pipe would outlive the test's timeout), so a worker that learns neither fails.
+        lines: list[str] = []
+        with anyio.fail_after(30):
+            while not any(_learnt_lease_lost(line) for line in lines):
+                line = await anyio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+                assert line, f"worker process ended early; output: {lines}"
+                lines.append(line.strip())
     finally:
         proc.send_signal(signal.SIGCONT)
         proc.terminate()
@@ -81,4 +85,10 @@ async def test_paused_worker_is_reaped_and_its_late_completion_refused(
 async def _expired(dsn: str, job_id: Any) -> bool:
     return bool(
         await scalar(dsn, "SELECT leased_until < now() FROM pgwork.jobs WHERE id = %s", job_id)
+    )
+
+
+def _learnt_lease_lost(line: str) -> bool:
+    return line.startswith("aborted") or (
+        line.startswith("log ") and ("refused" in line or "lease.lost" in line)
     )
