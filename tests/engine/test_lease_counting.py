@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel
 
 from pgwork import Attempt, JobTypeRegistry, PostgresStateAdapter
+from pgwork.worker import _loop as worker_loop
 from pgwork.worker._runner import SlotRunner
 from pgwork.worker._slots import Slots
 
@@ -134,6 +135,10 @@ async def test_a_handler_starts_with_most_of_its_lease_ahead(
         return jobs
 
     monkeypatch.setattr(PostgresStateAdapter, "acquire", answer_late)
+    # No periodic renewal: on a loaded machine its tick (a third of the lease) could
+    # fall between the late answer and the handler's start, and renew the lease that
+    # the control build leaves as it came.
+    monkeypatch.setattr(worker_loop, "renew_forever", _never_renew)
     if build != "renews-first":
         monkeypatch.setattr(SlotRunner, "run", SlotRunner._start)
 
@@ -168,3 +173,7 @@ async def test_a_handler_starts_with_most_of_its_lease_ahead(
     # A fresh lease has (nearly) all of its second ahead; the one taken by the acquire
     # had at most 0.4 s left when its answer arrived.
     assert (ahead_at_start[0] > 0.5) is (build == "renews-first"), ahead_at_start
+
+
+async def _never_renew(*args: Any, **kwargs: Any) -> None:
+    await anyio.sleep_forever()
