@@ -47,6 +47,10 @@ def _transactions(dsn: str) -> int:
     raise AssertionError("the transaction count did not settle")
 
 
+# Transactions an idle worker makes at most in the window, its start and stop included.
+IDLE_TRANSACTIONS = 30
+
+
 @pytest.mark.parametrize("build", ["", "spin"])
 def test_an_idle_worker_process_makes_few_transactions(fault_dsn: str, build: str) -> None:
     before = _transactions(fault_dsn)
@@ -60,10 +64,12 @@ def test_an_idle_worker_process_makes_few_transactions(fault_dsn: str, build: st
     finally:
         worker.close()
     made = _transactions(fault_dsn) - before
-    if build:
-        assert made > 500, f"the control build made only {made} transactions"
-        return
     # Start and stop take about ten (schema check, register, first acquire, look-ahead,
     # the stop mark); idling: a poll every 2 s, a heartbeat, a reap.
-    assert made < 30, f"{made} transactions in {IDLE_S}s idle (with start and stop)"
+    if build:
+        # The spinning build fails the bound (by far on a quiet machine; on a loaded
+        # one it spins slower, and still fails it).
+        assert made >= IDLE_TRANSACTIONS, f"the control build made only {made} transactions"
+        return
+    assert made < IDLE_TRANSACTIONS, f"{made} transactions in {IDLE_S}s idle (with start and stop)"
     assert cpu < 0.05 * IDLE_S, f"{cpu:.2f}s CPU in {IDLE_S}s idle"
