@@ -108,7 +108,8 @@ async def test_limits_hold_for_atomic_attempts(
         items += [ChainStart(keyed, Item(n=n), limit_key=key) for key in KEYS]
     await client.start_chains(conn, items)
     await conn.commit()
-    handler = Overlap(hold=0.05)
+    # Long enough that the free type's attempts overlap on a loaded machine too.
+    handler = Overlap(hold=0.2)
 
     for _ in range(2):
         # A group waits longer than a handler holds, so the members stay grouped.

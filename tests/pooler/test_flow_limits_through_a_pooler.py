@@ -56,7 +56,8 @@ rated = registry.job_type("rated", input=Item, rate=RATE)
 free = registry.job_type("free", input=Item)
 
 KEYS: tuple[str | None, ...] = ("a", "b", "c", None)
-HOLD = 0.03
+# Long enough that the free type's attempts overlap on a loaded machine too.
+HOLD = 0.15
 
 SPANS = """
 CREATE TABLE flow_spans (
